@@ -1,0 +1,39 @@
+// Defaults and validation of ModelConfig / TrainConfig / RunConfig.
+//
+// No LibTorch here: the coordinator, the CLI and the worker all validate with the same code, so a
+// config that passes `ablate expand` is one the worker can build. Thread-safe (pure functions).
+#ifndef ABLATE_ORCHESTRATOR_MODEL_CONFIG_H_
+#define ABLATE_ORCHESTRATOR_MODEL_CONFIG_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "proto/ablate.pb.h"
+
+namespace ablate {
+
+// The documented defaults of every field (see the comments in proto/ablate.proto).
+ModelConfig DefaultModelConfig();
+TrainConfig DefaultTrainConfig();
+RunConfig DefaultRunConfig();
+
+// InvalidArgument naming the offending fields (e.g. "model.gate.granularity: HEADWISE is not
+// allowed at G5"), OK otherwise. `prefix` is prepended to field paths ("model.").
+absl::Status ValidateModelConfig(const ModelConfig& config, const std::string& prefix = "model.");
+absl::Status ValidateTrainConfig(const TrainConfig& config, const std::string& prefix = "train.");
+// Both of the above plus the cross checks (seq_len <= max_seq_len, vocab vs data format).
+absl::Status ValidateRunConfig(const RunConfig& config);
+
+// Width of one gate position's scores per token, before any head sharing:
+// heads_at_position * (elementwise ? head_dim : 1), or d_model at G5; 0 without a gate.
+int64_t GateScoreWidth(const ModelConfig& config);
+// Number of heads the gated tensor has at the configured position (q heads for G1/G4, KV heads
+// for G2/G3, 1 for G5); 0 without a gate.
+int64_t GateHeads(const ModelConfig& config);
+
+// A short human-readable name of the gate ("G1 elementwise sigmoid", "none").
+std::string DescribeGate(const GateConfig& gate);
+
+}  // namespace ablate
+
+#endif  // ABLATE_ORCHESTRATOR_MODEL_CONFIG_H_

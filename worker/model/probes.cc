@@ -1,0 +1,130 @@
+#include "worker/model/probes.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace ablate {
+
+namespace {
+
+// Histogram range by activation: sigmoid-like scores live in [0, 1]; others get a wide window
+// and values outside land in the edge bins.
+void HistogramRange(GateActivation activation, double* lo, double* hi) {
+  switch (activation) {
+    case GATE_SILU: *lo = -0.5; *hi = 4.0; return;
+    case GATE_IDENTITY: *lo = -4.0; *hi = 4.0; return;
+    default: *lo = 0.0; *hi = 1.0; return;
+  }
+}
+
+int64_t CountBelow(const torch::Tensor& abs_values, double threshold) {
+  return (abs_values < threshold).sum().item<int64_t>();
+}
+
+}  // namespace
+
+ProbeRecorder::ProbeRecorder(const ModelConfig& config) : layers_(config.num_layers()) {
+  HistogramRange(config.gate().activation(), &hist_lo_, &hist_hi_);
+  for (Layer& l : layers_) l.histogram.assign(kHistogramBins, 0);
+}
+
+void ProbeRecorder::GateScores(int layer, const at::Tensor& scores) {
+  Layer& l = layers_.at(layer);
+  torch::Tensor s = scores.detach().to(torch::kCPU, torch::kFloat64).reshape({-1});
+  const double mn = s.min().item<double>(), mx = s.max().item<double>();
+  l.gate_min = l.gate_n == 0 ? mn : std::min(l.gate_min, mn);
+  l.gate_max = l.gate_n == 0 ? mx : std::max(l.gate_max, mx);
+  l.gate_sum += s.sum().item<double>();
+  l.gate_sq_sum += s.pow(2).sum().item<double>();
+  l.gate_n += s.numel();
+  // Clamp into the range so out-of-range values land in the edge bins (histc drops them).
+  const double eps = (hist_hi_ - hist_lo_) * 1e-9;
+  torch::Tensor hist = torch::histc(s.clamp(hist_lo_, hist_hi_ - eps).to(torch::kFloat32),
+                                    kHistogramBins, hist_lo_, hist_hi_);
+  auto acc = hist.accessor<float, 1>();
+  for (int i = 0; i < kHistogramBins; ++i) l.histogram[i] += static_cast<int64_t>(acc[i]);
+}
+
+void ProbeRecorder::FirstTokenAttention(int layer, const at::Tensor& probs) {
+  if (probs.size(2) < 2) return;  // no query position > 0
+  Layer& l = layers_.at(layer);
+  torch::Tensor first = probs.detach().select(3, 0).slice(2, 1);  // (B, H, T-1)
+  l.first_token_sum += first.to(torch::kFloat64).sum().item<double>();
+  l.first_token_n += first.numel();
+}
+
+void ProbeRecorder::Sparsity(int layer, const at::Tensor& before, const at::Tensor& after,
+                             const at::Tensor& g1_scores) {
+  Layer& l = layers_.at(layer);
+  const torch::Tensor b = before.detach().abs();
+  const torch::Tensor a = after.detach().abs();
+  const torch::Tensor m =
+      g1_scores.defined() ? b * g1_scores.detach().to(torch::kFloat64).mean().item<double>() : b;
+  const torch::Tensor* views[3] = {&b, &a, &m};
+  for (int i = 0; i < 3; ++i) {
+    l.below[i][0] += CountBelow(*views[i], 1e-2);
+    l.below[i][1] += CountBelow(*views[i], 1e-3);
+  }
+  l.sdpa_n += b.numel();
+}
+
+void ProbeRecorder::Residuals(int layer, const at::Tensor& attn_out,
+                              const at::Tensor& attn_residual, const at::Tensor& ffn_out,
+                              const at::Tensor& ffn_residual) {
+  Layer& l = layers_.at(layer);
+  const at::Tensor* t[4] = {&attn_out, &attn_residual, &ffn_out, &ffn_residual};
+  for (int i = 0; i < 4; ++i) {
+    l.max_abs[i] = std::max(l.max_abs[i], t[i]->detach().abs().max().item<double>());
+  }
+  if (layer == 0) tokens_ += ffn_residual.size(0) * ffn_residual.size(1);
+}
+
+Probes ProbeRecorder::Finish() const {
+  Probes out;
+  out.set_tokens(tokens_);
+  double gate = 0, m_act = 0, f_attn = 0;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = layers_[i];
+    LayerProbes* p = out.add_layers();
+    p->set_layer(static_cast<int>(i));
+    if (l.gate_n > 0) {
+      const double mean = l.gate_sum / l.gate_n;
+      p->set_has_gate(true);
+      p->set_gate_mean(mean);
+      p->set_gate_std(std::sqrt(std::max(0.0, l.gate_sq_sum / l.gate_n - mean * mean)));
+      p->set_gate_min(l.gate_min);
+      p->set_gate_max(l.gate_max);
+      Histogram* h = p->mutable_gate_histogram();
+      h->set_lo(hist_lo_);
+      h->set_hi(hist_hi_);
+      for (int64_t c : l.histogram) h->add_counts(c);
+      gate += mean;
+    }
+    p->set_attn_out_max_abs(l.max_abs[0]);
+    p->set_attn_residual_max_abs(l.max_abs[1]);
+    p->set_ffn_out_max_abs(l.max_abs[2]);
+    p->set_ffn_residual_max_abs(l.max_abs[3]);
+    p->set_first_token_attention(l.first_token_n ? l.first_token_sum / l.first_token_n : 0.0);
+    if (l.sdpa_n > 0) {
+      const double n = static_cast<double>(l.sdpa_n);
+      ablate::Sparsity* s = p->mutable_sparsity();
+      s->set_before_gate_1e2(l.below[0][0] / n);
+      s->set_before_gate_1e3(l.below[0][1] / n);
+      s->set_after_gate_1e2(l.below[1][0] / n);
+      s->set_after_gate_1e3(l.below[1][1] / n);
+      s->set_mean_scaled_1e2(l.below[2][0] / n);
+      s->set_mean_scaled_1e3(l.below[2][1] / n);
+    }
+    m_act += p->ffn_residual_max_abs();
+    f_attn += p->first_token_attention();
+  }
+  const double n = layers_.empty() ? 1.0 : static_cast<double>(layers_.size());
+  out.set_gate_score_mean(gate / n);
+  out.set_m_act(m_act / n);
+  out.set_f_attn(f_attn / n);
+  return out;
+}
+
+}  // namespace ablate

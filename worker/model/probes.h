@@ -1,0 +1,63 @@
+// Probes of PAPER.md §5, recorded from the forward pass that trains (the model calls these
+// hooks when handed a recorder; there is no second implementation of attention).
+//
+// Usage: build a recorder, run forward(tokens, &recorder) on one or more evaluation batches under
+// NoGradGuard, then Finish(). Values accumulate across batches: means are over every token
+// seen, maxima over all batches. Not thread-safe; one recorder per evaluation.
+#ifndef ABLATE_WORKER_MODEL_PROBES_H_
+#define ABLATE_WORKER_MODEL_PROBES_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "proto/ablate.pb.h"
+
+namespace at {
+class Tensor;
+}  // namespace at
+
+namespace ablate {
+
+class ProbeRecorder {
+ public:
+  static constexpr int kHistogramBins = 20;
+
+  explicit ProbeRecorder(const ModelConfig& config);
+
+  // Gate scores as applied (after activation and head sharing), any shape.
+  void GateScores(int layer, const at::Tensor& scores);
+  // Attention probabilities (B, H, T, T): accumulates probs[:, :, i, 0] for i >= 1.
+  void FirstTokenAttention(int layer, const at::Tensor& probs);
+  // SDPA output before the gate, the tensor W_O receives, and (G1 only, else undefined) the
+  // gate scores: the mean-scaled control multiplies `before` by their mean over this batch.
+  void Sparsity(int layer, const at::Tensor& before, const at::Tensor& after,
+                const at::Tensor& g1_scores);
+  // Attention output, residual after it, FFN output, residual after it.
+  void Residuals(int layer, const at::Tensor& attn_out, const at::Tensor& attn_residual,
+                 const at::Tensor& ffn_out, const at::Tensor& ffn_residual);
+
+  Probes Finish() const;
+
+ private:
+  struct Layer {
+    // Gate scores.
+    double gate_sum = 0, gate_sq_sum = 0, gate_min = 0, gate_max = 0;
+    int64_t gate_n = 0;
+    std::vector<int64_t> histogram;
+    // Elements of |SDPA output| below 1e-2 / 1e-3: before the gate, as W_O receives it, and
+    // before the gate times the mean gate score of the same batch and layer.
+    int64_t below[3][2] = {{0, 0}, {0, 0}, {0, 0}};  // [before, after, mean-scaled][1e-2, 1e-3]
+    int64_t sdpa_n = 0;
+    double first_token_sum = 0;
+    int64_t first_token_n = 0;
+    double max_abs[4] = {0, 0, 0, 0};
+  };
+
+  double hist_lo_, hist_hi_;
+  std::vector<Layer> layers_;
+  int64_t tokens_ = 0;
+};
+
+}  // namespace ablate
+
+#endif  // ABLATE_WORKER_MODEL_PROBES_H_

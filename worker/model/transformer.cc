@@ -1,0 +1,361 @@
+#include "worker/model/transformer.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "orchestrator/model_config.h"
+#include "worker/model/probes.h"
+
+namespace ablate {
+
+namespace F = torch::nn::functional;
+
+namespace {
+
+thread_local bool skip_init = false;
+
+// N(0, std) for every matrix (PAPER.md §1).
+void InitNormal(const torch::Tensor& t, double std) {
+  if (skip_init) return;
+  torch::NoGradGuard no_grad;
+  t.normal_(0.0, std);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+SkipInitGuard::SkipInitGuard() : previous_(skip_init) { skip_init = true; }
+SkipInitGuard::~SkipInitGuard() { skip_init = previous_; }
+
+LinearImpl::LinearImpl(int64_t in, int64_t out, double init_std) {
+  weight = register_parameter("weight", torch::empty({out, in}));
+  InitNormal(weight, init_std);
+}
+
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) { return F::linear(x, weight); }
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps_) * weight;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+torch::Tensor GateActivate(const torch::Tensor& logits, GateActivation activation) {
+  switch (activation) {
+    case GATE_SIGMOID:
+      return torch::sigmoid(logits);
+    case GATE_SILU:
+      return F::silu(logits);
+    case GATE_IDENTITY:
+      return logits;
+    case GATE_NS_SIGMOID:
+      return 0.5 + 0.5 * torch::sigmoid(logits);
+    default:
+      TORCH_CHECK(false, "unknown gate activation ", static_cast<int>(activation));
+  }
+}
+
+torch::Tensor ApplyGate(const torch::Tensor& y, const torch::Tensor& scores, GateMode mode) {
+  return mode == GATE_ADDITIVE ? y + scores : y * scores;
+}
+
+GateImpl::GateImpl(const ModelConfig& c) : gate_(c.gate()) {
+  const bool g5 = gate_.position() == GATE_G5;
+  heads_ = g5 ? 1 : GateHeads(c);
+  per_head_ = g5 ? c.d_model() : (gate_.granularity() == GATE_HEADWISE ? 1 : c.head_dim());
+  if (gate_.input_independent()) {
+    theta_ = register_parameter(
+        "theta", g5 ? torch::zeros({c.d_model()}) : torch::zeros({heads_, per_head_}));
+  } else {
+    proj_ = register_module("proj", Linear(c.d_model(), heads_ * per_head_, c.init_std()));
+  }
+}
+
+torch::Tensor GateImpl::Scores(const torch::Tensor& x) {
+  const bool g5 = gate_.position() == GATE_G5;
+  if (gate_.input_independent()) {
+    torch::Tensor s = GateActivate(theta_, gate_.activation());  // (heads, per_head) | (d)
+    return g5 ? s.view({1, 1, -1}) : s.view({1, 1, heads_, per_head_});
+  }
+  torch::Tensor logits = proj_(x);  // (B, T, heads * per_head)
+  if (g5) return GateActivate(logits, gate_.activation());  // (B, T, d_model)
+  logits = logits.view({x.size(0), x.size(1), heads_, per_head_});  // (B, T, H, per_head)
+  if (gate_.sharing() != GATE_HEAD_SHARED) return GateActivate(logits, gate_.activation());
+  if (gate_.shared_reduce() == GATE_AVERAGE_LOGITS) {
+    return GateActivate(logits.mean(2, /*keepdim=*/true), gate_.activation());  // (B, T, 1, ph)
+  }
+  return GateActivate(logits, gate_.activation()).mean(2, /*keepdim=*/true);  // (B, T, 1, ph)
+}
+
+// ---------------------------------------------------------------------------------------------
+
+SwitchHeadProjectionImpl::SwitchHeadProjectionImpl(int64_t d_model, int64_t kv_heads,
+                                                   int64_t head_dim, int64_t experts,
+                                                   double init_std)
+    : kv_heads_(kv_heads), head_dim_(head_dim), experts_(experts) {
+  experts_proj_ =
+      register_module("experts", Linear(d_model, kv_heads * experts * head_dim, init_std));
+}
+
+torch::Tensor SwitchHeadProjectionImpl::forward(const torch::Tensor& x,
+                                                const torch::Tensor& router_scores) {
+  const int64_t B = x.size(0), T = x.size(1);
+  torch::Tensor all = experts_proj_(x).view({B, T, kv_heads_, experts_, head_dim_});
+  return (all * router_scores.unsqueeze(-1)).sum(3);  // (B, T, kv, d_k)
+}
+
+// ---------------------------------------------------------------------------------------------
+
+AttentionImpl::AttentionImpl(const ModelConfig& c, int layer) : config_(c), layer_(layer) {
+  const int64_t d = c.d_model(), q = c.num_heads(), kv = c.num_kv_heads(), dk = c.head_dim();
+  q_proj_ = register_module("q_proj", Linear(d, q * dk, c.init_std()));
+  o_proj_ = register_module("o_proj", Linear(q * dk, d, c.init_std()));
+  const SwitchHeadConfig& sh = c.switchhead();
+  if (sh.target() != SWITCHHEAD_NONE) {
+    switch_router_ = register_module("switch_router", Linear(d, kv * sh.num_experts(), c.init_std()));
+    switch_v_ = register_module("switch_v",
+                                SwitchHeadProjection(d, kv, dk, sh.num_experts(), c.init_std()));
+    if (sh.target() == SWITCHHEAD_KV) {
+      switch_k_ = register_module("switch_k",
+                                  SwitchHeadProjection(d, kv, dk, sh.num_experts(), c.init_std()));
+    }
+  }
+  if (!switch_k_) k_proj_ = register_module("k_proj", Linear(d, kv * dk, c.init_std()));
+  if (!switch_v_) v_proj_ = register_module("v_proj", Linear(d, kv * dk, c.init_std()));
+  if (c.qk_norm()) {
+    q_norm_ = register_module("q_norm", RMSNorm(dk, c.norm_eps()));
+    k_norm_ = register_module("k_norm", RMSNorm(dk, c.norm_eps()));
+  }
+  if (c.attn_output_control() == CONTROL_HEAD_RMSNORM) {
+    control_norm_ = register_module("control_norm", RMSNorm(dk, c.norm_eps()));
+  }
+  if (c.gate().position() != GATE_NONE) gate_ = register_module("gate", Gate(c));
+
+  // RoPE tables: angle(t, i) = t * base^(-2i / d_k), halves duplicated (rotate-half layout).
+  const int64_t T = c.max_seq_len();
+  torch::Tensor inv_freq =
+      torch::pow(c.rope_base(), -torch::arange(0, dk, 2, torch::kFloat64) / dk);  // (dk/2)
+  torch::Tensor angles = torch::outer(torch::arange(T, torch::kFloat64), inv_freq);  // (T, dk/2)
+  angles = torch::cat({angles, angles}, -1);                                         // (T, dk)
+  rope_cos_ = register_buffer("rope_cos", angles.cos().to(torch::kFloat32));
+  rope_sin_ = register_buffer("rope_sin", angles.sin().to(torch::kFloat32));
+  causal_mask_ = register_buffer(
+      "causal_mask",
+      torch::full({T, T}, -std::numeric_limits<float>::infinity()).triu(/*diagonal=*/1));
+}
+
+torch::Tensor AttentionImpl::Rope(const torch::Tensor& x) {
+  const int64_t T = x.size(1), half = x.size(3) / 2;
+  torch::Tensor cos = rope_cos_.slice(0, 0, T).view({1, T, 1, -1}).to(x.dtype());
+  torch::Tensor sin = rope_sin_.slice(0, 0, T).view({1, T, 1, -1}).to(x.dtype());
+  torch::Tensor rotated = torch::cat({-x.slice(3, half), x.slice(3, 0, half)}, 3);
+  return x * cos + rotated * sin;
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, ProbeRecorder* probes) {
+  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t H = config_.num_heads(), KV = config_.num_kv_heads(), dk = config_.head_dim();
+  const GatePosition pos = config_.gate().position();
+  const GateMode mode = config_.gate().mode();
+
+  torch::Tensor q = q_proj_(x).view({B, T, H, dk});  // (B, T, H, dk)
+  torch::Tensor k, v;                                // (B, T, KV, dk)
+  if (switch_router_) {
+    const SwitchHeadConfig& sh = config_.switchhead();
+    torch::Tensor scores =
+        torch::sigmoid(switch_router_(x)).view({B, T, KV, sh.num_experts()});  // (B, T, KV, E)
+    if (sh.top_k() < sh.num_experts()) {
+      torch::Tensor top = std::get<1>(scores.topk(sh.top_k(), -1));
+      scores = scores * torch::zeros_like(scores).scatter_(-1, top, 1.0);
+    }
+    v = switch_v_(x, scores);
+    k = switch_k_ ? switch_k_(x, scores) : k_proj_(x).view({B, T, KV, dk});
+  } else {
+    k = k_proj_(x).view({B, T, KV, dk});
+  }
+  if (!v.defined()) v = v_proj_(x).view({B, T, KV, dk});
+  if (q_norm_) {
+    q = q_norm_(q);
+    k = k_norm_(k);
+  }
+
+  // Scores of this layer's gate, shaped to broadcast on its target; the probes see them
+  // broadcast to the gated tensor, so statistics are per element for every kind of gate.
+  torch::Tensor gate = gate_ ? gate_->Scores(x) : torch::Tensor();
+  auto gated = [&](const torch::Tensor& target) {
+    if (probes) probes->GateScores(layer_, gate.expand_as(target));
+    return ApplyGate(target, gate, mode);
+  };
+  if (pos == GATE_G2) v = gated(v);
+  if (pos == GATE_G3) k = gated(k);
+  if (pos == GATE_G4) q = gated(q);
+  q = Rope(q).transpose(1, 2);  // (B, H, T, dk)
+  k = Rope(k).transpose(1, 2);  // (B, KV, T, dk)
+  v = v.transpose(1, 2);        // (B, KV, T, dk)
+  if (KV != H) {                // GQA: each KV head serves H / KV consecutive query heads
+    k = k.repeat_interleave(H / KV, 1);  // (B, H, T, dk)
+    v = v.repeat_interleave(H / KV, 1);  // (B, H, T, dk)
+  }
+
+  torch::Tensor att = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(dk))),
+                                    k.transpose(-2, -1));          // (B, H, T, T)
+  att = att + causal_mask_.slice(0, 0, T).slice(1, 0, T).to(att.dtype());
+  torch::Tensor probs = torch::softmax(att, -1);                 // (B, H, T, T)
+  if (probes) probes->FirstTokenAttention(layer_, probs);
+  torch::Tensor y = torch::matmul(probs, v).transpose(1, 2);     // (B, T, H, dk)
+  const torch::Tensor sdpa = y;
+
+  switch (config_.attn_output_control()) {
+    case CONTROL_HEAD_RMSNORM: y = control_norm_(y); break;
+    case CONTROL_SILU: y = F::silu(y); break;
+    default: break;
+  }
+  if (pos == GATE_G1) y = gated(y);
+  if (probes) probes->Sparsity(layer_, sdpa, y, pos == GATE_G1 ? gate : torch::Tensor());
+
+  torch::Tensor out = o_proj_(y.reshape({B, T, H * dk}));  // (B, T, d_model)
+  if (pos == GATE_G5) out = gated(out);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+SwiGLUImpl::SwiGLUImpl(int64_t d_model, int64_t width, double init_std) {
+  gate_ = register_module("gate", Linear(d_model, width, init_std));
+  up_ = register_module("up", Linear(d_model, width, init_std));
+  down_ = register_module("down", Linear(width, d_model, init_std));
+}
+
+torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
+  return down_(F::silu(gate_(x)) * up_(x));
+}
+
+MoEImpl::MoEImpl(const ModelConfig& c) : moe_(c.moe()) {
+  const int64_t E = moe_.num_experts(), d = c.d_model(), w = moe_.expert_dim();
+  router_ = register_module("router", Linear(d, E, c.init_std()));
+  w_gate_ = register_parameter("w_gate", torch::empty({E, w, d}));
+  w_up_ = register_parameter("w_up", torch::empty({E, w, d}));
+  w_down_ = register_parameter("w_down", torch::empty({E, d, w}));
+  for (const torch::Tensor& w : {w_gate_, w_up_, w_down_}) InitNormal(w, c.init_std());
+}
+
+MoEImpl::Routing MoEImpl::Route(const torch::Tensor& x2d) {
+  Routing r;
+  r.logits = router_(x2d).to(torch::kFloat32);  // (N, E): routing in fp32 under autocast
+  r.probs = torch::softmax(r.logits, -1);
+  std::tie(r.weights, r.experts) = r.probs.topk(moe_.top_k(), -1);  // (N, k)
+  if (moe_.normalize_top_k()) r.weights = r.weights / r.weights.sum(-1, /*keepdim=*/true);
+  return r;
+}
+
+torch::Tensor MoEImpl::forward(const torch::Tensor& x, torch::Tensor* aux_loss) {
+  const int64_t d = x.size(-1), E = moe_.num_experts(), k = moe_.top_k();
+  torch::Tensor x2d = x.reshape({-1, d});  // (N, d)
+  const int64_t N = x2d.size(0);
+  Routing r = Route(x2d);
+
+  // Group the N*k (token, expert) assignments by expert: one sort, one host sync for counts.
+  torch::Tensor flat_expert = r.experts.reshape({-1});                   // (N*k)
+  torch::Tensor order = std::get<1>(flat_expert.sort(c10::optional<bool>(true), /*dim=*/0));  // (N*k)
+  torch::Tensor token_of = order.div(k, "floor");                        // (N*k)
+  torch::Tensor weight_of = r.weights.reshape({-1}).index_select(0, order).unsqueeze(1);
+  torch::Tensor counts = torch::bincount(flat_expert, {}, E).cpu();
+  const int64_t* count = counts.data_ptr<int64_t>();
+
+  torch::Tensor out = torch::zeros_like(x2d);
+  int64_t start = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = count[e];
+    if (n == 0) continue;
+    torch::Tensor tokens = token_of.slice(0, start, start + n);  // (n)
+    torch::Tensor xe = x2d.index_select(0, tokens);              // (n, d)
+    torch::Tensor h = F::silu(F::linear(xe, w_gate_[e])) * F::linear(xe, w_up_[e]);  // (n, w)
+    torch::Tensor ye = F::linear(h, w_down_[e]) * weight_of.slice(0, start, start + n);
+    out = out.index_add(0, tokens, ye.to(out.dtype()));
+    start += n;
+  }
+
+  if (aux_loss != nullptr) {
+    // Switch Transformer balance loss: E * sum_e (fraction of assignments to e) * (mean prob).
+    torch::Tensor fraction = torch::bincount(flat_expert, {}, E).to(torch::kFloat32) / (N * k);
+    torch::Tensor balance = E * (fraction * r.probs.mean(0)).sum();
+    torch::Tensor z = torch::logsumexp(r.logits, -1).pow(2).mean();
+    *aux_loss = *aux_loss + moe_.load_balance_coef() * balance + moe_.router_z_coef() * z;
+  }
+  return out.view(x.sizes());
+}
+
+// ---------------------------------------------------------------------------------------------
+
+BlockImpl::BlockImpl(const ModelConfig& c, int layer) : config_(c), layer_(layer) {
+  attn_norm_ = register_module("attn_norm", RMSNorm(c.d_model(), c.norm_eps()));
+  attn_ = register_module("attn", Attention(c, layer));
+  ffn_norm_ = register_module("ffn_norm", RMSNorm(c.d_model(), c.norm_eps()));
+  if (c.moe().num_experts() > 0) {
+    moe_ = register_module("moe", MoE(c));
+  } else {
+    ffn_ = register_module("ffn", SwiGLU(c.d_model(), c.ffn_dim(), c.init_std()));
+  }
+  if (c.sandwich_norm()) {
+    attn_post_norm_ = register_module("attn_post_norm", RMSNorm(c.d_model(), c.norm_eps()));
+    ffn_post_norm_ = register_module("ffn_post_norm", RMSNorm(c.d_model(), c.norm_eps()));
+  }
+}
+
+torch::Tensor BlockImpl::Finish(torch::Tensor h, RMSNorm& post_norm) {
+  if (post_norm) h = post_norm(h);
+  if (config_.output_clamp() > 0) h = h.clamp(-config_.output_clamp(), config_.output_clamp());
+  return h;
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, torch::Tensor* aux_loss,
+                                 ProbeRecorder* probes) {
+  torch::Tensor a = Finish(attn_(attn_norm_(x), probes), attn_post_norm_);  // (B, T, d)
+  torch::Tensor h = x + a;
+  torch::Tensor normed = ffn_norm_(h);
+  torch::Tensor f = Finish(moe_ ? moe_(normed, aux_loss) : ffn_(normed), ffn_post_norm_);
+  torch::Tensor out = h + f;
+  if (probes) probes->Residuals(layer_, a, h, f, out);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TransformerImpl::TransformerImpl(const ModelConfig& c) : config_(c) {
+  embedding_ = register_parameter("embedding", torch::empty({c.vocab_size(), c.d_model()}));
+  InitNormal(embedding_, c.init_std());
+  blocks_ = register_module("blocks", torch::nn::ModuleList());
+  for (int i = 0; i < c.num_layers(); ++i) blocks_->push_back(Block(c, i));
+  final_norm_ = register_module("final_norm", RMSNorm(c.d_model(), c.norm_eps()));
+  if (!c.tie_embeddings()) {
+    lm_head_ = register_module("lm_head", Linear(c.d_model(), c.vocab_size(), c.init_std()));
+  }
+}
+
+TransformerImpl::Output TransformerImpl::forward(const torch::Tensor& tokens,
+                                                 ProbeRecorder* probes) {
+  TORCH_CHECK(tokens.dim() == 2, "tokens must be (B, T), got ", tokens.sizes());
+  TORCH_CHECK(tokens.size(1) <= config_.max_seq_len(), "sequence of ", tokens.size(1),
+              " tokens exceeds max_seq_len ", config_.max_seq_len());
+  Output out;
+  out.aux_loss = torch::zeros({}, torch::TensorOptions().device(tokens.device()));
+  torch::Tensor x = F::embedding(tokens, embedding_);  // (B, T, d)
+  for (auto& block : *blocks_) x = block->as<Block>()->forward(x, &out.aux_loss, probes);
+  x = final_norm_(x);
+  out.logits = lm_head_ ? lm_head_(x) : F::linear(x, embedding_);  // (B, T, vocab)
+  return out;
+}
+
+int64_t CountAllocatedParams(torch::nn::Module& module) {
+  int64_t n = 0;
+  for (const auto& p : module.parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace ablate

@@ -1,0 +1,210 @@
+// The gated decoder-only transformer of PAPER.md §1-§3, one class per concept.
+//
+// Every variant is a ModelConfig: the gate (position, granularity, sharing, mode, activation,
+// input dependence), the non-gate controls, SwitchHead, MoE, sandwich norm and output clamp are
+// switches inside these modules, not subclasses. Parameter layout mirrors
+// orchestrator/param_count.cc exactly (a test proves the totals are equal).
+//
+// Tensor layout inside attention is (B, T, H, d_k) until SDPA, so every gate position applies
+// to the same layout; shapes are commented at line ends. The config must be valid
+// (ValidateModelConfig) before a module is built. Modules are not thread-safe, as in LibTorch.
+//
+// Includes <torch/torch.h>: only worker/ code may include this header.
+#ifndef ABLATE_WORKER_MODEL_TRANSFORMER_H_
+#define ABLATE_WORKER_MODEL_TRANSFORMER_H_
+
+#include <torch/torch.h>
+
+#include "proto/ablate.pb.h"
+
+namespace ablate {
+
+class ProbeRecorder;  // worker/model/probes.h
+
+// While alive on a thread, models built on that thread skip the N(0, std) initialisation and keep
+// their parameters uninitialised (torch::empty: no memory is touched). For counting what a
+// paper-scale model allocates without paying for random numbers; never for training.
+class SkipInitGuard {
+ public:
+  SkipInitGuard();
+  ~SkipInitGuard();
+  SkipInitGuard(const SkipInitGuard&) = delete;
+  SkipInitGuard& operator=(const SkipInitGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// y = x W^T with W (out, in) ~ N(0, init_std): no biases anywhere (PAPER.md §1).
+class LinearImpl : public torch::nn::Module {
+ public:
+  LinearImpl(int64_t in, int64_t out, double init_std);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor weight;
+};
+TORCH_MODULE(Linear);
+
+// x * rsqrt(mean(x^2) + eps) * weight over the last dimension; weight starts at 1.
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+// act() of a gate, elementwise (PAPER.md §2).
+torch::Tensor GateActivate(const torch::Tensor& logits, GateActivation activation);
+
+// Y' = Y * scores (multiplicative) or Y + scores (additive); scores broadcast against Y.
+torch::Tensor ApplyGate(const torch::Tensor& y, const torch::Tensor& scores, GateMode mode);
+
+// The gate of one position: a bias-free d_model -> width projection of the pre-norm hidden state
+// X (or a zero-initialised theta when input-independent), activated, and averaged over heads when
+// head-shared.
+class GateImpl : public torch::nn::Module {
+ public:
+  explicit GateImpl(const ModelConfig& config);
+
+  // Scores for the hidden state x (B, T, d_model): (B, T, heads, d_k or 1) at G1-G4, where
+  // heads is 1 when head-shared; (B, T, d_model) at G5. Input-independent scores have leading
+  // singleton dimensions instead of B, T.
+  torch::Tensor Scores(const torch::Tensor& x);
+
+  const GateConfig& config() const { return gate_; }
+
+ private:
+  GateConfig gate_;
+  int64_t heads_;     // heads of the gated tensor (1 at G5)
+  int64_t per_head_;  // d_k (elementwise), 1 (headwise), d_model at G5
+  Linear proj_{nullptr};  // input-dependent
+  torch::Tensor theta_;              // input-independent, (heads, per_head) or (d_model)
+};
+TORCH_MODULE(Gate);
+
+// One projection of each KV head made a mixture of experts, chosen per token and head by a
+// sigmoid router with top-k (SwitchHead). With 1 expert and top-1 it is a headwise value gate.
+class SwitchHeadProjectionImpl : public torch::nn::Module {
+ public:
+  SwitchHeadProjectionImpl(int64_t d_model, int64_t kv_heads, int64_t head_dim, int64_t experts,
+                           double init_std);
+  // x (B, T, d_model), router scores (B, T, kv_heads, experts), zero off the top-k.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& router_scores);
+
+ private:
+  int64_t kv_heads_, head_dim_, experts_;
+  Linear experts_proj_{nullptr};  // d_model -> kv_heads * experts * head_dim
+};
+TORCH_MODULE(SwitchHeadProjection);
+
+// Grouped-query causal self-attention with QK-norm, RoPE, the gate at any position, the non-gate
+// controls at G1 and SwitchHead K/V.
+class AttentionImpl : public torch::nn::Module {
+ public:
+  AttentionImpl(const ModelConfig& config, int layer);
+  // x: the pre-norm hidden state (B, T, d_model). `probes` may be null (training).
+  torch::Tensor forward(const torch::Tensor& x, ProbeRecorder* probes);
+
+ private:
+  // Rotary embedding of (B, T, H, d_k) with the rotate-half convention, positions 0..T-1.
+  torch::Tensor Rope(const torch::Tensor& x);
+
+  ModelConfig config_;
+  int layer_;
+  Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
+  RMSNorm q_norm_{nullptr}, k_norm_{nullptr}, control_norm_{nullptr};
+  Gate gate_{nullptr};
+  Linear switch_router_{nullptr};
+  SwitchHeadProjection switch_k_{nullptr}, switch_v_{nullptr};
+  torch::Tensor rope_cos_, rope_sin_;  // buffers (max_seq_len, d_k)
+  torch::Tensor causal_mask_;          // buffer (max_seq_len, max_seq_len): 0 or -inf
+};
+TORCH_MODULE(Attention);
+
+// down(silu(gate(x)) * up(x)).
+class SwiGLUImpl : public torch::nn::Module {
+ public:
+  SwiGLUImpl(int64_t d_model, int64_t width, double init_std);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  Linear gate_{nullptr}, up_{nullptr}, down_{nullptr};
+};
+TORCH_MODULE(SwiGLU);
+
+// E SwiGLU experts of width expert_dim, softmax router, top-k; adds the load-balancing loss and
+// router z-loss (scaled by their coefficients) to *aux_loss.
+class MoEImpl : public torch::nn::Module {
+ public:
+  explicit MoEImpl(const ModelConfig& config);
+  torch::Tensor forward(const torch::Tensor& x, torch::Tensor* aux_loss);  // (B, T, d) -> same
+
+  // The experts each token is routed to and their weights: (N, top_k) each, N = B*T.
+  struct Routing {
+    torch::Tensor logits;   // (N, E)
+    torch::Tensor probs;    // (N, E)
+    torch::Tensor experts;  // (N, k) int64
+    torch::Tensor weights;  // (N, k)
+  };
+  Routing Route(const torch::Tensor& x2d);
+
+ private:
+  MoeConfig moe_;
+  Linear router_{nullptr};
+  torch::Tensor w_gate_, w_up_;  // (E, expert_dim, d_model)
+  torch::Tensor w_down_;         // (E, d_model, expert_dim)
+};
+TORCH_MODULE(MoE);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(const ModelConfig& config, int layer);
+  torch::Tensor forward(const torch::Tensor& x, torch::Tensor* aux_loss, ProbeRecorder* probes);
+
+ private:
+  // Sandwich norm and clamp of a sublayer output, before the residual add.
+  torch::Tensor Finish(torch::Tensor h, RMSNorm& post_norm);
+
+  ModelConfig config_;
+  int layer_;
+  RMSNorm attn_norm_{nullptr}, ffn_norm_{nullptr};
+  RMSNorm attn_post_norm_{nullptr}, ffn_post_norm_{nullptr};  // sandwich norm only
+  Attention attn_{nullptr};
+  SwiGLU ffn_{nullptr};
+  MoE moe_{nullptr};
+};
+TORCH_MODULE(Block);
+
+class TransformerImpl : public torch::nn::Module {
+ public:
+  explicit TransformerImpl(const ModelConfig& config);
+
+  struct Output {
+    torch::Tensor logits;    // (B, T, vocab)
+    torch::Tensor aux_loss;  // scalar: MoE load-balancing + z losses (0 for dense)
+  };
+  // tokens: (B, T) int64 with T <= max_seq_len.
+  Output forward(const torch::Tensor& tokens, ProbeRecorder* probes = nullptr);
+
+  const ModelConfig& config() const { return config_; }
+
+ private:
+  ModelConfig config_;
+  torch::Tensor embedding_;  // (vocab, d_model); also the output projection when tied
+  torch::nn::ModuleList blocks_{nullptr};
+  RMSNorm final_norm_{nullptr};
+  Linear lm_head_{nullptr};  // untied only
+};
+TORCH_MODULE(Transformer);
+
+// Number of parameter elements the module allocates (each tensor once).
+int64_t CountAllocatedParams(torch::nn::Module& module);
+
+}  // namespace ablate
+
+#endif  // ABLATE_WORKER_MODEL_TRANSFORMER_H_
