@@ -1,0 +1,50 @@
+// Token data for training: byte-level text or nanoGPT token files, a deterministic
+// train/validation split, and batches that are pure functions of (data seed, batch index).
+//
+// No LibTorch here: batches are written into caller-provided int64 buffers, so resuming or
+// rolling back a run needs no iterator state. Immutable after Load(); thread-safe to read.
+#ifndef ABLATE_WORKER_DATA_H_
+#define ABLATE_WORKER_DATA_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/ablate.pb.h"
+
+namespace ablate {
+
+// Where the default corpus lives: $ABLATE_DATA_DIR/kjv.txt, else ./data/kjv.txt.
+std::string DefaultCorpusPath();
+
+class TokenData {
+ public:
+  // Loads config.path (or the default corpus). Errors name the file: unreadable, empty, tokens
+  // outside the vocabulary, or a split shorter than seq_len + 1 tokens.
+  static absl::StatusOr<TokenData> Load(const DataConfig& config, int64_t vocab_size,
+                                        int64_t seq_len);
+
+  enum class Split { kTrain, kVal };
+
+  // Writes batch `index` of `split`: inputs (batch_size x seq_len) and the next-token targets,
+  // row-major int64. The same (data_seed, split, index) always gives the same batch.
+  void Batch(Split split, int64_t index, int64_t batch_size, int64_t* inputs,
+             int64_t* targets) const;
+
+  int64_t train_tokens() const { return static_cast<int64_t>(train_.size()); }
+  int64_t val_tokens() const { return static_cast<int64_t>(val_.size()); }
+  const std::string& source() const { return source_; }
+
+ private:
+  TokenData() = default;
+
+  std::vector<uint16_t> train_, val_;
+  uint64_t seed_ = 0;
+  int64_t seq_len_ = 0;
+  std::string source_;  // human-readable: the path(s) loaded
+};
+
+}  // namespace ablate
+
+#endif  // ABLATE_WORKER_DATA_H_
