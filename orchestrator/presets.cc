@@ -142,4 +142,55 @@ const VariantPreset* FindVariantPreset(const std::string& name) {
   return nullptr;
 }
 
+const std::vector<PresetGroup>& AllPresetGroups() {
+  static const auto* groups = [] {
+    auto* g = new std::vector<PresetGroup>();
+    auto of_group = [](std::initializer_list<const char*> groups) {
+      std::vector<std::string> names;
+      for (const VariantPreset& p : AllVariantPresets()) {
+        for (const char* group : groups) {
+          if (p.group == group) names.push_back(p.name);
+        }
+      }
+      return names;
+    };
+    g->push_back({"paper_moe_table",
+                  "every MoE variant of PAPER.md §3: baseline, expansions, gates, controls, "
+                  "SwitchHead (Tables 1, 3, 4, A.1)",
+                  of_group({"baseline", "expansion", "gate", "nonlinearity", "sparsity",
+                            "switchhead"})});
+    g->push_back({"expansion", "parameter-expansion baselines: more KV heads, query heads, experts",
+                  of_group({"expansion"})});
+    g->push_back({"gates", "the eleven gate variants of PAPER.md §3.3", of_group({"gate"})});
+    std::vector<std::string> nonlinearity = {"baseline", "g1_elementwise"};
+    for (const std::string& n : of_group({"nonlinearity"})) nonlinearity.push_back(n);
+    g->push_back({"nonlinearity_controls",
+                  "baseline, G1 elementwise and the non-linearity controls without a gate",
+                  nonlinearity});
+    std::vector<std::string> sparsity = {"baseline", "g1_elementwise"};
+    for (const std::string& n : of_group({"sparsity"})) sparsity.push_back(n);
+    g->push_back({"sparsity_controls",
+                  "baseline, G1 elementwise, input-independent and NS-sigmoid gates", sparsity});
+    std::vector<std::string> switchhead = {"baseline", "g1_elementwise"};
+    for (const std::string& n : of_group({"switchhead"})) switchhead.push_back(n);
+    g->push_back({"switchhead", "baseline, G1 elementwise and the SwitchHead baselines (A.1)",
+                  switchhead});
+    g->push_back({"dense_stability", "the dense table (Table 2): baseline, G1 elementwise, "
+                  "G1 headwise, sandwich norm",
+                  {"baseline", "g1_elementwise", "g1_headwise", "sandwich_norm"}});
+    std::vector<std::string> clamp = {"baseline"};
+    for (const std::string& n : of_group({"clamp"})) clamp.push_back(n);
+    g->push_back({"clamp", "baseline and its output-clamped versions (appendix A.6)", clamp});
+    return g;
+  }();
+  return *groups;
+}
+
+const PresetGroup* FindPresetGroup(const std::string& name) {
+  for (const PresetGroup& g : AllPresetGroups()) {
+    if (g.name == name) return &g;
+  }
+  return nullptr;
+}
+
 }  // namespace ablate

@@ -29,6 +29,21 @@ const std::vector<VariantPreset>& AllVariantPresets();
 // nullptr when unknown.
 const VariantPreset* FindVariantPreset(const std::string& name);
 
+// A named list of presets: one table of the paper, usable as one entry of a spec's variants.
+// Groups that are comparison tables start with "baseline".
+struct PresetGroup {
+  std::string name;         // "paper_moe_table"
+  std::string description;  // one line for docs and errors
+  std::vector<std::string> variants;  // preset names, in the paper's order
+};
+
+// Every group: paper_moe_table (every MoE variant of PAPER.md §3, SwitchHead included),
+// expansion, gates, nonlinearity_controls, sparsity_controls, switchhead, dense_stability, clamp.
+const std::vector<PresetGroup>& AllPresetGroups();
+
+// nullptr when unknown.
+const PresetGroup* FindPresetGroup(const std::string& name);
+
 }  // namespace ablate
 
 #endif  // ABLATE_ORCHESTRATOR_PRESETS_H_

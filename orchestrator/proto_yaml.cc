@@ -24,6 +24,12 @@ namespace ablate {
 
 namespace pb = google::protobuf;
 
+YAML::Node YamlChild(const YAML::Node& node, const std::string& key) {
+  if (!node.IsDefined() || !node.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+  const YAML::Node child = node[key];
+  return child.IsDefined() ? child : YAML::Node(YAML::NodeType::Undefined);
+}
+
 int YamlLine(const YAML::Node& node) {
   if (!node.IsDefined()) return 0;
   const YAML::Mark mark = node.Mark();
@@ -96,23 +102,33 @@ size_t EditDistance(const std::string& a, const std::string& b) {
 
 // "unknown key "gatee" (did you mean "gate"?)" or, with no close name, the list of known keys.
 std::string UnknownKey(const std::string& key, const pb::Descriptor* d) {
-  std::string best;
-  size_t best_distance = std::numeric_limits<size_t>::max();
   std::vector<std::string> names;
-  for (int i = 0; i < d->field_count(); ++i) {
-    const std::string& name = d->field(i)->name();
-    names.push_back(name);
-    const size_t dist = EditDistance(absl::AsciiStrToLower(key), name);
-    if (dist < best_distance) {
-      best_distance = dist;
-      best = name;
-    }
-  }
-  if (!best.empty() && best_distance <= std::max<size_t>(2, key.size() / 3)) {
+  for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
+  const std::string best = ClosestName(key, names);
+  if (!best.empty()) {
     return absl::StrCat("unknown key \"", key, "\" (did you mean \"", best, "\"?)");
   }
   return absl::StrCat("unknown key \"", key, "\"; known keys: ", absl::StrJoin(names, ", "));
 }
+
+}  // namespace
+
+std::string ClosestName(const std::string& name, const std::vector<std::string>& known) {
+  std::string best;
+  size_t best_distance = std::numeric_limits<size_t>::max();
+  const std::string lower = absl::AsciiStrToLower(name);
+  for (const std::string& k : known) {
+    const size_t dist = EditDistance(lower, absl::AsciiStrToLower(k));
+    if (dist < best_distance) {
+      best_distance = dist;
+      best = k;
+    }
+  }
+  if (best.empty() || best_distance > std::max<size_t>(2, name.size() / 3)) return "";
+  return best;
+}
+
+namespace {
 
 // The prefix shared by all value names of an enum, cut after its last '_' ("GATE_").
 std::string EnumPrefix(const pb::EnumDescriptor* e) {
@@ -149,7 +165,7 @@ class Overlayer {
   explicit Overlayer(const std::string& file) : file_(file) {}
 
   void Message(const YAML::Node& node, int line, const std::string& path, pb::Message* m) {
-    if (node.IsNull()) return;  // `gate:` with nothing under it changes nothing
+    if (!node.IsDefined() || node.IsNull()) return;  // `gate:` with nothing under it changes nothing
     if (!node.IsMap()) {
       Problem(line_or(node, line), path,
               absl::StrCat("expected a mapping of ", m->GetDescriptor()->name(), " fields, got ",
@@ -406,6 +422,18 @@ class Overlayer {
       const std::string& name = e->value(i)->name();
       if (name == want || name == prefix + want) return e->value(i);
     }
+    // A longer tail of the name ("head_shared" for GATE_HEAD_SHARED), when unambiguous.
+    const pb::EnumValueDescriptor* tail_match = nullptr;
+    int tail_matches = 0;
+    for (int i = 0; i < e->value_count(); ++i) {
+      const std::string& name = e->value(i)->name();
+      if (name.size() > want.size() + 1 && name.compare(name.size() - want.size(), want.size(), want) == 0 &&
+          name[name.size() - want.size() - 1] == '_') {
+        tail_match = e->value(i);
+        ++tail_matches;
+      }
+    }
+    if (tail_matches == 1) return tail_match;
     Problem(line, path, absl::StrCat("bad value \"", s, "\"; allowed: ", AllowedNames(e)));
     return nullptr;
   }
@@ -439,6 +467,10 @@ void TouchSubmessages(pb::Message* m, int depth) {
 }
 
 }  // namespace
+
+std::string EnumShortName(const pb::EnumValueDescriptor* value) {
+  return value->name().substr(EnumPrefix(value->type()).size());
+}
 
 absl::Status OverlayYaml(const YAML::Node& node, const std::string& file, const std::string& path,
                          pb::Message* message) {
@@ -479,7 +511,7 @@ int LineOfPath(const YAML::Node& root, const std::string& dotted_path, int fallb
   YAML::Node node;
   node.reset(root);
   for (absl::string_view part : absl::StrSplit(dotted_path, '.')) {
-    if (!node.IsMap()) break;
+    if (!node.IsDefined() || !node.IsMap()) break;
     bool found = false;
     for (auto it = node.begin(); it != node.end(); ++it) {
       if (it->first.IsScalar() && it->first.Scalar() == part) {

@@ -15,14 +15,26 @@
 #define ABLATE_ORCHESTRATOR_PROTO_YAML_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "proto/ablate.pb.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ablate {
+
+// The name in `known` closest to `name` (edit distance at most max(2, |name| / 3)), or "".
+std::string ClosestName(const std::string& name, const std::vector<std::string>& known);
+
+// An enum value's name without the prefix its enum's values share ("G1" for GATE_G1).
+std::string EnumShortName(const google::protobuf::EnumValueDescriptor* value);
+
+// node[key] when `node` is a mapping holding `key`, else an undefined node (operator bool
+// false). yaml-cpp throws on a scalar's operator[] and on most calls on a missing key's node.
+YAML::Node YamlChild(const YAML::Node& node, const std::string& key);
 
 // 1-based line of a node, or 0 when the node carries no position (a null value, a node built
 // in code).

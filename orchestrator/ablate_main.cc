@@ -1,0 +1,6 @@
+// `ablate`: the researcher's command line. Logic lives in orchestrator/cli.cc.
+#include <iostream>
+
+#include "orchestrator/cli.h"
+
+int main(int argc, char** argv) { return ablate::RunAblateCli(argc, argv, std::cout, std::cerr); }

@@ -1,0 +1,34 @@
+#include "orchestrator/cli.h"
+
+#include <functional>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "orchestrator/expand_command.h"
+#include "orchestrator/version.h"
+
+namespace ablate {
+
+int RunAblateCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  CLI::App app{"ablate: model-architecture ablation sweeps (gated attention and friends)",
+               "ablate"};
+  app.set_version_flag("--version", std::string(CodeVersion()));
+  app.require_subcommand(1);
+  std::function<absl::Status()> action;
+  AddExpandCommand(&app, &out, &action);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e, out, err);
+  }
+  if (!action) return 0;
+  const absl::Status status = action();
+  if (!status.ok()) {
+    err << status.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace ablate

@@ -1,0 +1,45 @@
+// Sweep expansion: a parsed spec becomes the list of runs it launches (the variant matrix).
+//
+// For each seed, each axis point (the product of the axes' points) and each variant, in that
+// order (the run order: every variant gets its first seed before any gets its second):
+//   config = base -> axis values -> the variant's preset -> its model/train overrides
+//            -> budget matching -> train.seed = seed
+// Variant overrides therefore win over axis values. Budget anchors (the reference of an FFN
+// rule, the target of a heads/experts rule) are taken at the same axis point *before* their own
+// matching, so "added parameters of G1" means the gate's parameters even when G1 is itself
+// narrowed. Each run gets its canonical config, exact parameter counts, FLOPs per token, the
+// diff against the reference variant and a run key = SHA-256(code version, canonical JSON).
+// Filters then drop runs; the kept runs are numbered in order.
+//
+// Errors (a preset that does not fit the base, an invalid config, an impossible budget) are
+// InvalidArgument, one "FILE:LINE: variants[NAME].field: what" per line, at the line of the
+// variant entry (or the line that sets the offending field). Pure function; thread-safe.
+// Costs O(runs) canonical JSON encodings; 1,000 runs take a few milliseconds.
+#ifndef ABLATE_ORCHESTRATOR_EXPAND_H_
+#define ABLATE_ORCHESTRATOR_EXPAND_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "orchestrator/spec.h"
+#include "proto/ablate.pb.h"
+
+namespace ablate {
+
+struct ExpandOptions {
+  std::string code_version;  // "" = CodeVersion() of this build
+};
+
+absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec, const ExpandOptions& options = {});
+
+// LoadSweepSpecFile + ExpandSweep.
+absl::StatusOr<ExpandedSweep> ExpandSweepFile(const std::string& path,
+                                              const ExpandOptions& options = {});
+
+// The run key of a complete config: the first 16 hex digits of
+// SHA-256(code_version + "\n" + CanonicalJson(config)).
+std::string RunKey(const RunConfig& config, const std::string& code_version);
+
+}  // namespace ablate
+
+#endif  // ABLATE_ORCHESTRATOR_EXPAND_H_
