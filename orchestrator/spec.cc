@@ -204,8 +204,8 @@ class Parser {
     for (const VariantSpec& existing : spec_.variants) {
       if (existing.name != v.name) continue;
       // A preset pulled in again by a group is the same variant: keep the first.
-      if (from_group && existing.preset == v.preset && !existing.model && !existing.train &&
-          !existing.budget) {
+      if (from_group && existing.preset == v.preset && existing.name == existing.preset &&
+          existing.model.IsNull() && existing.train.IsNull() && !existing.budget) {
         return false;
       }
       Problem(v.line, absl::StrCat("variants[", v.name, "]"),
