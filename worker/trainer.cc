@@ -192,6 +192,8 @@ struct Trainer::State {
 Trainer::Trainer(std::unique_ptr<State> state) : state_(std::move(state)) {}
 Trainer::~Trainer() = default;
 
+int64_t Trainer::step() const { return state_->step; }
+
 double Trainer::LearningRate(const OptimizerConfig& o, int64_t step, int64_t total_steps) {
   if (step <= o.warmup_steps()) {
     return o.lr() * static_cast<double>(step) / std::max(1, o.warmup_steps());

@@ -50,6 +50,9 @@ class Trainer {
                                                          TrainerOptions options);
   ~Trainer();
 
+  // Optimizer steps already taken: the checkpoint's step after a resume, else 0.
+  int64_t step() const;
+
   // Trains to the end (or divergence, interrupt, cancel). `observer` may be null.
   absl::StatusOr<RunSummary> Run(TrainerObserver* observer);
 

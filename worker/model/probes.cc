@@ -47,12 +47,14 @@ void ProbeRecorder::GateScores(int layer, const at::Tensor& scores) {
   for (int i = 0; i < kHistogramBins; ++i) l.histogram[i] += static_cast<int64_t>(acc[i]);
 }
 
-void ProbeRecorder::FirstTokenAttention(int layer, const at::Tensor& probs) {
-  if (probs.size(2) < 2) return;  // no query position > 0
+void ProbeRecorder::FirstTokenAttention(int layer, const at::Tensor& probs_on_key0,
+                                        int64_t first_query) {
   Layer& l = layers_.at(layer);
-  torch::Tensor first = probs.detach().select(3, 0).slice(2, 1);  // (B, H, T-1)
-  l.first_token_sum += first.to(torch::kFloat64).sum().item<double>();
-  l.first_token_n += first.numel();
+  torch::Tensor p = probs_on_key0.detach();  // (B, H, n)
+  if (first_query == 0) p = p.slice(2, 1);   // query 0 can only attend to key 0
+  if (p.size(2) == 0) return;
+  l.first_token_sum += p.to(torch::kFloat64).sum().item<double>();
+  l.first_token_n += p.numel();
 }
 
 void ProbeRecorder::Sparsity(int layer, const at::Tensor& before, const at::Tensor& after,

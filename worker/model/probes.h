@@ -26,8 +26,9 @@ class ProbeRecorder {
 
   // Gate scores as applied (after activation and head sharing), any shape.
   void GateScores(int layer, const at::Tensor& scores);
-  // Attention probabilities (B, H, T, T): accumulates probs[:, :, i, 0] for i >= 1.
-  void FirstTokenAttention(int layer, const at::Tensor& probs);
+  // Attention probability on key 0 of query positions [first_query, first_query + n):
+  // (B, H, n). Positions > 0 are accumulated; called once per query block.
+  void FirstTokenAttention(int layer, const at::Tensor& probs_on_key0, int64_t first_query);
   // SDPA output before the gate, the tensor W_O receives, and (G1 only, else undefined) the
   // gate scores: the mean-scaled control multiplies `before` by their mean over this batch.
   void Sparsity(int layer, const at::Tensor& before, const at::Tensor& after,

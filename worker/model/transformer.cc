@@ -78,19 +78,21 @@ GateImpl::GateImpl(const ModelConfig& c) : gate_(c.gate()) {
 }
 
 torch::Tensor GateImpl::Scores(const torch::Tensor& x) {
-  const bool g5 = gate_.position() == GATE_G5;
   if (gate_.input_independent()) {
     torch::Tensor s = GateActivate(theta_, gate_.activation());  // (heads, per_head) | (d)
-    return g5 ? s.view({1, 1, -1}) : s.view({1, 1, heads_, per_head_});
+    return gate_.position() == GATE_G5 ? s.view({1, 1, -1}) : s.view({1, 1, heads_, per_head_});
   }
-  torch::Tensor logits = proj_(x);  // (B, T, heads * per_head)
-  if (g5) return GateActivate(logits, gate_.activation());  // (B, T, d_model)
-  logits = logits.view({x.size(0), x.size(1), heads_, per_head_});  // (B, T, H, per_head)
-  if (gate_.sharing() != GATE_HEAD_SHARED) return GateActivate(logits, gate_.activation());
+  return ScoresFromLogits(proj_(x));
+}
+
+torch::Tensor GateImpl::ScoresFromLogits(const torch::Tensor& logits) {
+  if (gate_.position() == GATE_G5) return GateActivate(logits, gate_.activation());  // (B, T, d)
+  torch::Tensor l = logits.view({logits.size(0), logits.size(1), heads_, per_head_});  // (B, T, H, ph)
+  if (gate_.sharing() != GATE_HEAD_SHARED) return GateActivate(l, gate_.activation());
   if (gate_.shared_reduce() == GATE_AVERAGE_LOGITS) {
-    return GateActivate(logits.mean(2, /*keepdim=*/true), gate_.activation());  // (B, T, 1, ph)
+    return GateActivate(l.mean(2, /*keepdim=*/true), gate_.activation());  // (B, T, 1, ph)
   }
-  return GateActivate(logits, gate_.activation()).mean(2, /*keepdim=*/true);  // (B, T, 1, ph)
+  return GateActivate(l, gate_.activation()).mean(2, /*keepdim=*/true);  // (B, T, 1, ph)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -158,14 +160,46 @@ torch::Tensor AttentionImpl::Rope(const torch::Tensor& x) {
   return x * cos + rotated * sin;
 }
 
+torch::Tensor AttentionImpl::CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                             const torch::Tensor& v, ProbeRecorder* probes) {
+  // Query block i sees keys [0, end_i): the masked triangle right of each block is never
+  // computed, about (n + 1) / 2n of the full work for n blocks. On the CPU small blocks win; on
+  // a GPU fewer, larger kernels do.
+  const int64_t T = q.size(2);
+  const int64_t block = q.is_cuda() ? 512 : 64;
+  std::vector<torch::Tensor> outs;
+  for (int64_t s = 0; s < T; s += block) {
+    const int64_t e = std::min(T, s + block);
+    torch::Tensor att = torch::matmul(q.slice(2, s, e), k.slice(2, 0, e).transpose(-2, -1)) +
+                        causal_mask_.slice(0, s, e).slice(1, 0, e).to(q.dtype());  // (B, H, bq, e)
+    torch::Tensor probs = torch::softmax(att, -1);
+    if (probes) probes->FirstTokenAttention(layer_, probs.select(3, 0), s);
+    outs.push_back(torch::matmul(probs, v.slice(2, 0, e)));  // (B, H, bq, dk)
+  }
+  return outs.size() == 1 ? outs[0] : torch::cat(outs, 2);  // (B, H, T, dk)
+}
+
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, ProbeRecorder* probes) {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t H = config_.num_heads(), KV = config_.num_kv_heads(), dk = config_.head_dim();
   const GatePosition pos = config_.gate().position();
   const GateMode mode = config_.gate().mode();
 
-  torch::Tensor q = q_proj_(x).view({B, T, H, dk});  // (B, T, H, dk)
-  torch::Tensor k, v;                                // (B, T, KV, dk)
+  // One GEMM for every plain projection of x: [q | k | v | gate] weights concatenated. Each
+  // stays its own parameter, so counts, checkpoints and weight decay see them separately.
+  std::vector<torch::Tensor> weights = {q_proj_->weight};
+  if (k_proj_) weights.push_back(k_proj_->weight);
+  if (v_proj_) weights.push_back(v_proj_->weight);
+  const torch::Tensor gate_weight = gate_ ? gate_->projection_weight() : torch::Tensor();
+  if (gate_weight.defined()) weights.push_back(gate_weight);
+  std::vector<int64_t> widths;
+  for (const torch::Tensor& w : weights) widths.push_back(w.size(0));
+  std::vector<torch::Tensor> parts = F::linear(x, torch::cat(weights, 0)).split_with_sizes(widths, -1);
+  size_t next = 0;
+  torch::Tensor q = parts[next++].view({B, T, H, dk});  // (B, T, H, dk)
+  torch::Tensor k, v;                                   // (B, T, KV, dk)
+  if (k_proj_) k = parts[next++].view({B, T, KV, dk});
+  if (v_proj_) v = parts[next++].view({B, T, KV, dk});
   if (switch_router_) {
     const SwitchHeadConfig& sh = config_.switchhead();
     torch::Tensor scores =
@@ -175,11 +209,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, ProbeRecorder* prob
       scores = scores * torch::zeros_like(scores).scatter_(-1, top, 1.0);
     }
     v = switch_v_(x, scores);
-    k = switch_k_ ? switch_k_(x, scores) : k_proj_(x).view({B, T, KV, dk});
-  } else {
-    k = k_proj_(x).view({B, T, KV, dk});
+    if (switch_k_) k = switch_k_(x, scores);
   }
-  if (!v.defined()) v = v_proj_(x).view({B, T, KV, dk});
   if (q_norm_) {
     q = q_norm_(q);
     k = k_norm_(k);
@@ -187,7 +218,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, ProbeRecorder* prob
 
   // Scores of this layer's gate, shaped to broadcast on its target; the probes see them
   // broadcast to the gated tensor, so statistics are per element for every kind of gate.
-  torch::Tensor gate = gate_ ? gate_->Scores(x) : torch::Tensor();
+  torch::Tensor gate;
+  if (gate_) gate = gate_weight.defined() ? gate_->ScoresFromLogits(parts[next++]) : gate_->Scores(x);
   auto gated = [&](const torch::Tensor& target) {
     if (probes) probes->GateScores(layer_, gate.expand_as(target));
     return ApplyGate(target, gate, mode);
@@ -195,20 +227,16 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, ProbeRecorder* prob
   if (pos == GATE_G2) v = gated(v);
   if (pos == GATE_G3) k = gated(k);
   if (pos == GATE_G4) q = gated(q);
-  q = Rope(q).transpose(1, 2);  // (B, H, T, dk)
-  k = Rope(k).transpose(1, 2);  // (B, KV, T, dk)
-  v = v.transpose(1, 2);        // (B, KV, T, dk)
-  if (KV != H) {                // GQA: each KV head serves H / KV consecutive query heads
-    k = k.repeat_interleave(H / KV, 1);  // (B, H, T, dk)
-    v = v.repeat_interleave(H / KV, 1);  // (B, H, T, dk)
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
+  q = (Rope(q) * scale).transpose(1, 2);  // (B, H, T, dk)
+  k = Rope(k).transpose(1, 2);            // (B, KV, T, dk)
+  v = v.transpose(1, 2);                  // (B, KV, T, dk)
+  if (KV != H) {                          // GQA: each KV head serves H / KV consecutive query heads
+    k = k.repeat_interleave(H / KV, 1);   // (B, H, T, dk)
+    v = v.repeat_interleave(H / KV, 1);   // (B, H, T, dk)
   }
-
-  torch::Tensor att = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(dk))),
-                                    k.transpose(-2, -1));          // (B, H, T, T)
-  att = att + causal_mask_.slice(0, 0, T).slice(1, 0, T).to(att.dtype());
-  torch::Tensor probs = torch::softmax(att, -1);                 // (B, H, T, T)
-  if (probes) probes->FirstTokenAttention(layer_, probs);
-  torch::Tensor y = torch::matmul(probs, v).transpose(1, 2);     // (B, T, H, dk)
+  torch::Tensor y = CausalAttention(q.contiguous(), k.contiguous(), v.contiguous(), probes)
+                        .transpose(1, 2);  // (B, T, H, dk)
   const torch::Tensor sdpa = y;
 
   switch (config_.attn_output_control()) {
@@ -233,7 +261,9 @@ SwiGLUImpl::SwiGLUImpl(int64_t d_model, int64_t width, double init_std) {
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
-  return down_(F::silu(gate_(x)) * up_(x));
+  // gate and up in one GEMM; each weight stays its own parameter.
+  std::vector<torch::Tensor> gu = F::linear(x, torch::cat({gate_->weight, up_->weight}, 0)).chunk(2, -1);
+  return down_(F::silu(gu[0]) * gu[1]);
 }
 
 MoEImpl::MoEImpl(const ModelConfig& c) : moe_(c.moe()) {

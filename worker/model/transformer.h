@@ -75,6 +75,11 @@ class GateImpl : public torch::nn::Module {
   // heads is 1 when head-shared; (B, T, d_model) at G5. Input-independent scores have leading
   // singleton dimensions instead of B, T.
   torch::Tensor Scores(const torch::Tensor& x);
+  // The same from precomputed logits x W^T (B, T, heads * per_head): lets attention fuse the gate
+  // projection into its input GEMM. Input-dependent gates only.
+  torch::Tensor ScoresFromLogits(const torch::Tensor& logits);
+  // The projection weight (heads * per_head, d_model); undefined when input-independent.
+  torch::Tensor projection_weight() const { return proj_ ? proj_->weight : torch::Tensor(); }
 
   const GateConfig& config() const { return gate_; }
 
@@ -113,6 +118,10 @@ class AttentionImpl : public torch::nn::Module {
  private:
   // Rotary embedding of (B, T, H, d_k) with the rotate-half convention, positions 0..T-1.
   torch::Tensor Rope(const torch::Tensor& x);
+  // Causal softmax(q k^T) v over (B, H, T, d_k) inputs, q already scaled, in query blocks that
+  // only see their own keys. Returns (B, H, T, d_k).
+  torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v, ProbeRecorder* probes);
 
   ModelConfig config_;
   int layer_;
