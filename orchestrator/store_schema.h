@@ -1,0 +1,33 @@
+// The SQLite schema of the results store, and its forward-only migrations.
+//
+// The schema version is PRAGMA user_version. Migration i (0-based) takes a database from version
+// i to i + 1; a new database runs them all. Migrations only ever append: a released migration is
+// never edited, so every database at version N has the same schema. docs/schema.md documents the
+// current version table by table. Thread-safe (pure functions over a connection the caller owns).
+#ifndef ABLATE_ORCHESTRATOR_STORE_SCHEMA_H_
+#define ABLATE_ORCHESTRATOR_STORE_SCHEMA_H_
+
+#include <sqlite3.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace ablate {
+
+// The schema version this build writes (the number of migrations).
+int StoreSchemaVersion();
+
+// The SQL of each migration, in order.
+const std::vector<std::string>& StoreMigrations();
+
+// Brings the database open on `db` (a read-write connection) to StoreSchemaVersion(), each
+// migration in its own IMMEDIATE transaction together with its user_version bump, so a crash
+// leaves the database at a whole version. FailedPrecondition when the file's version is newer
+// than this build ("written by a newer ablate").
+absl::Status MigrateStore(sqlite3* db);
+
+}  // namespace ablate
+
+#endif  // ABLATE_ORCHESTRATOR_STORE_SCHEMA_H_
