@@ -4,6 +4,7 @@
 //
 //   build/bench_train --d-model 128 --steps 20 [--variant g1_elementwise --match-ffn]
 //   build/bench_train --matmul
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -57,7 +58,7 @@ int main(int argc, char** argv) {
   CLI::App app{"ablate training throughput, one measurement"};
   int d_model = 128, layers = 4, heads = 0, head_dim = 32, ffn = 0, batch = 16, seq = 256;
   int steps = 20, warmup = 3, threads = static_cast<int>(std::thread::hardware_concurrency());
-  std::string variant = "baseline", device = "cpu";
+  std::string variant = "baseline", device = "cpu", profile;
   bool match_ffn = false, matmul = false;
   app.add_option("--d-model", d_model);
   app.add_option("--layers", layers);
@@ -73,6 +74,7 @@ int main(int argc, char** argv) {
   app.add_option("--device", device);
   app.add_flag("--match-ffn", match_ffn, "narrow the FFN until params match the baseline's");
   app.add_flag("--matmul", matmul, "measure fp32 matmul FLOP/s instead");
+  app.add_option("--profile", profile, "write a chrome://tracing profile of the run to this file");
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(threads);
 
@@ -120,7 +122,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   StepClock clock(warmup);
+  std::unique_ptr<torch::autograd::profiler::RecordProfile> recording;
+  if (!profile.empty()) recording = std::make_unique<torch::autograd::profiler::RecordProfile>(profile);
   auto summary = (*trainer)->Run(&clock);
+  recording.reset();
   std::filesystem::remove_all(options.checkpoint_dir);
   if (!summary.ok()) {
     std::fprintf(stderr, "bench_train: %s\n", std::string(summary.status().message()).c_str());

@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <ATen/autocast_mode.h>
+#include <malloc.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -47,6 +48,21 @@ class AutocastGuard {
  private:
   bool enabled_;
 };
+
+// glibc serves tensors over 128 KiB with fresh mmaps and unmaps them on free, so every training
+// step page-faults its activations back in (measured: 10-20% of a CPU step at d_model 128).
+// Keep freed blocks in the heap instead. Process-wide and idempotent; trainers own their process.
+void KeepFreedMemoryInHeap() {
+#ifdef M_MMAP_THRESHOLD
+  static const bool done = [] {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's maximum
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    mallopt(M_TOP_PAD, 64 << 20);
+    return true;
+  }();
+  (void)done;
+#endif
+}
 
 }  // namespace
 
@@ -231,6 +247,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const RunConfig& config
                                                       torch::cuda::device_count(), " CUDA devices)"));
   }
   s->autocast = t.precision() == PRECISION_BF16_AUTOCAST && s->device.is_cuda();
+  KeepFreedMemoryInHeap();
   torch::set_num_threads(t.threads() > 0 ? t.threads()
                                          : std::max(1u, std::thread::hardware_concurrency()));
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "orchestrator/model_config.h"
+#include "worker/model/fused_ops.h"
 #include "worker/model/probes.h"
 
 namespace ablate {
@@ -21,6 +22,71 @@ void InitNormal(const torch::Tensor& t, double std) {
   torch::NoGradGuard no_grad;
   t.normal_(0.0, std);
 }
+
+// Causal softmax attention on the CPU, one (batch, KV head) group at a time: the groups are split
+// across the intra-op threads and each does single-threaded BLAS products and an in-cache softmax
+// on T x T tiles. LibTorch 1.13's CPU bmm walks the batch on one thread and lets BLAS thread
+// every small product, and the unfused mask/softmax passes stream the whole (B, H, T, T) tensor
+// through memory several times; this does neither, reads K/V once per group instead of
+// repeating them for GQA, and writes the output in the (B, T, H, dk) layout W_O reads.
+//
+// q (pre-scaled), k: (B, H, T, dk) and (B, KV, T, dk); v: (B, T, KV, dk); all contiguous fp32.
+// Returns {out (B, T, H, dk), probs (B, H, T, T)}; probs is saved for the backward pass and
+// handed to the probes.
+class CausalAttentionCpu : public torch::autograd::Function<CausalAttentionCpu> {
+ public:
+  static torch::autograd::tensor_list forward(torch::autograd::AutogradContext* ctx,
+                                              const torch::Tensor& q, const torch::Tensor& k,
+                                              const torch::Tensor& v, const torch::Tensor& mask) {
+    const int64_t B = q.size(0), H = q.size(1), T = q.size(2), KV = k.size(1);
+    torch::Tensor out = torch::empty({B, T, H, q.size(3)}, q.options());
+    torch::Tensor probs = torch::empty({B, H, T, T}, q.options());
+    at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; ++g) {
+        const int64_t b = g / KV, kvh = g % KV;
+        const torch::Tensor kt = k[b][kvh].t(), vg = v[b].select(1, kvh);  // (dk, T), (T, dk)
+        for (int64_t h = kvh * (H / KV); h < (kvh + 1) * (H / KV); ++h) {
+          torch::Tensor p = probs[b][h], o = out[b].select(1, h);
+          at::addmm_out(p, mask, q[b][h], kt);  // mask + q k^T
+          at::_softmax_out(p, p, 1, false);
+          at::mm_out(o, p, vg);
+        }
+      }
+    });
+    ctx->save_for_backward({q, k, v, probs});
+    ctx->mark_non_differentiable({probs});
+    ctx->set_materialize_grads(false);  // no (B, H, T, T) zero gradient for probs
+    return {out, probs};
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &probs = saved[3];
+    const torch::Tensor grad_out = grads[0].contiguous();  // (B, T, H, dk)
+    const int64_t B = q.size(0), H = q.size(1), T = q.size(2), KV = k.size(1);
+    torch::Tensor dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
+    at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
+      torch::Tensor dp = torch::empty({T, T}, q.options()), ds = torch::empty({T, T}, q.options());
+      for (int64_t g = begin; g < end; ++g) {
+        const int64_t b = g / KV, kvh = g % KV;
+        const torch::Tensor kg = k[b][kvh], vg = v[b].select(1, kvh);
+        torch::Tensor dkg = dk[b][kvh], dvg = dv[b].select(1, kvh);
+        for (int64_t h = kvh * (H / KV); h < (kvh + 1) * (H / KV); ++h) {
+          const float beta = h == kvh * (H / KV) ? 0.0f : 1.0f;  // accumulate over the group
+          const torch::Tensor p = probs[b][h], go = grad_out[b].select(1, h);
+          torch::Tensor dqh = dq[b][h];
+          at::addmm_out(dvg, dvg, p.t(), go, beta);                      // dV += P^T dO
+          at::mm_out(dp, go, vg.t());                                    // dP = dO V^T
+          at::_softmax_backward_data_out(ds, dp, p, 1, torch::kFloat32);  // dS = P (dP - rowsum)
+          at::mm_out(dqh, ds, kg);                                       // dQ = dS K
+          at::addmm_out(dkg, dkg, ds.t(), q[b][h], beta);                // dK += dS^T Q
+        }
+      }
+    });
+    return {dq, dk, dv, torch::Tensor()};
+  }
+};
 
 }  // namespace
 
@@ -40,9 +106,7 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({dim}));
 }
 
-torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps_) * weight;
-}
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return RmsNorm(x, weight, eps_); }
 
 // ---------------------------------------------------------------------------------------------
 
@@ -152,31 +216,30 @@ AttentionImpl::AttentionImpl(const ModelConfig& c, int layer) : config_(c), laye
       torch::full({T, T}, -std::numeric_limits<float>::infinity()).triu(/*diagonal=*/1));
 }
 
-torch::Tensor AttentionImpl::Rope(const torch::Tensor& x) {
-  const int64_t T = x.size(1), half = x.size(3) / 2;
-  torch::Tensor cos = rope_cos_.slice(0, 0, T).view({1, T, 1, -1}).to(x.dtype());
-  torch::Tensor sin = rope_sin_.slice(0, 0, T).view({1, T, 1, -1}).to(x.dtype());
-  torch::Tensor rotated = torch::cat({-x.slice(3, half), x.slice(3, 0, half)}, 3);
-  return x * cos + rotated * sin;
+torch::Tensor AttentionImpl::RopeToHeads(const torch::Tensor& x, double scale) {
+  return ablate::RopeToHeads(x, rope_cos_.to(x.dtype()), rope_sin_.to(x.dtype()), scale);
 }
 
 torch::Tensor AttentionImpl::CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                                              const torch::Tensor& v, ProbeRecorder* probes) {
-  // Query block i sees keys [0, end_i): the masked triangle right of each block is never
-  // computed, about (n + 1) / 2n of the full work for n blocks. On the CPU small blocks win; on
-  // a GPU fewer, larger kernels do.
-  const int64_t T = q.size(2);
-  const int64_t block = q.is_cuda() ? 512 : 64;
-  std::vector<torch::Tensor> outs;
-  for (int64_t s = 0; s < T; s += block) {
-    const int64_t e = std::min(T, s + block);
-    torch::Tensor att = torch::matmul(q.slice(2, s, e), k.slice(2, 0, e).transpose(-2, -1)) +
-                        causal_mask_.slice(0, s, e).slice(1, 0, e).to(q.dtype());  // (B, H, bq, e)
-    torch::Tensor probs = torch::softmax(att, -1);
-    if (probes) probes->FirstTokenAttention(layer_, probs.select(3, 0), s);
-    outs.push_back(torch::matmul(probs, v.slice(2, 0, e)));  // (B, H, bq, dk)
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), KV = k.size(1);
+  const torch::Tensor mask = causal_mask_.slice(0, 0, T).slice(1, 0, T).to(q.dtype());  // (T, T)
+  torch::Tensor out, probs;
+  if (q.is_cpu() && q.scalar_type() == torch::kFloat32) {
+    torch::autograd::tensor_list r = CausalAttentionCpu::apply(q, k, v.contiguous(), mask);
+    out = r[0];
+    probs = r[1];
+  } else {
+    torch::Tensor kh = k, vh = v.transpose(1, 2);  // (B, KV, T, dk)
+    if (KV != H) {  // GQA: each KV head serves H / KV consecutive query heads
+      kh = kh.repeat_interleave(H / KV, 1);
+      vh = vh.repeat_interleave(H / KV, 1);
+    }
+    probs = torch::softmax(torch::matmul(q, kh.transpose(-2, -1)) + mask, -1);  // (B, H, T, T)
+    out = torch::matmul(probs, vh).transpose(1, 2).contiguous();                // (B, T, H, dk)
   }
-  return outs.size() == 1 ? outs[0] : torch::cat(outs, 2);  // (B, H, T, dk)
+  if (probes) probes->FirstTokenAttention(layer_, probs.select(3, 0), 0);
+  return out;
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, ProbeRecorder* probes) {
@@ -185,21 +248,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, ProbeRecorder* prob
   const GatePosition pos = config_.gate().position();
   const GateMode mode = config_.gate().mode();
 
-  // One GEMM for every plain projection of x: [q | k | v | gate] weights concatenated. Each
-  // stays its own parameter, so counts, checkpoints and weight decay see them separately.
-  std::vector<torch::Tensor> weights = {q_proj_->weight};
-  if (k_proj_) weights.push_back(k_proj_->weight);
-  if (v_proj_) weights.push_back(v_proj_->weight);
-  const torch::Tensor gate_weight = gate_ ? gate_->projection_weight() : torch::Tensor();
-  if (gate_weight.defined()) weights.push_back(gate_weight);
-  std::vector<int64_t> widths;
-  for (const torch::Tensor& w : weights) widths.push_back(w.size(0));
-  std::vector<torch::Tensor> parts = F::linear(x, torch::cat(weights, 0)).split_with_sizes(widths, -1);
-  size_t next = 0;
-  torch::Tensor q = parts[next++].view({B, T, H, dk});  // (B, T, H, dk)
-  torch::Tensor k, v;                                   // (B, T, KV, dk)
-  if (k_proj_) k = parts[next++].view({B, T, KV, dk});
-  if (v_proj_) v = parts[next++].view({B, T, KV, dk});
+  torch::Tensor q = q_proj_(x).view({B, T, H, dk});                // (B, T, H, dk)
+  torch::Tensor k = k_proj_ ? k_proj_(x).view({B, T, KV, dk}) : torch::Tensor();  // (B, T, KV, dk)
+  torch::Tensor v = v_proj_ ? v_proj_(x).view({B, T, KV, dk}) : torch::Tensor();  // (B, T, KV, dk)
   if (switch_router_) {
     const SwitchHeadConfig& sh = config_.switchhead();
     torch::Tensor scores =
@@ -218,8 +269,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, ProbeRecorder* prob
 
   // Scores of this layer's gate, shaped to broadcast on its target; the probes see them
   // broadcast to the gated tensor, so statistics are per element for every kind of gate.
-  torch::Tensor gate;
-  if (gate_) gate = gate_weight.defined() ? gate_->ScoresFromLogits(parts[next++]) : gate_->Scores(x);
+  const torch::Tensor gate = gate_ ? gate_->Scores(x) : torch::Tensor();
   auto gated = [&](const torch::Tensor& target) {
     if (probes) probes->GateScores(layer_, gate.expand_as(target));
     return ApplyGate(target, gate, mode);
@@ -228,15 +278,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, ProbeRecorder* prob
   if (pos == GATE_G3) k = gated(k);
   if (pos == GATE_G4) q = gated(q);
   const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
-  q = (Rope(q) * scale).transpose(1, 2);  // (B, H, T, dk)
-  k = Rope(k).transpose(1, 2);            // (B, KV, T, dk)
-  v = v.transpose(1, 2);                  // (B, KV, T, dk)
-  if (KV != H) {                          // GQA: each KV head serves H / KV consecutive query heads
-    k = k.repeat_interleave(H / KV, 1);   // (B, H, T, dk)
-    v = v.repeat_interleave(H / KV, 1);   // (B, H, T, dk)
-  }
-  torch::Tensor y = CausalAttention(q.contiguous(), k.contiguous(), v.contiguous(), probes)
-                        .transpose(1, 2);  // (B, T, H, dk)
+  torch::Tensor y = CausalAttention(RopeToHeads(q, scale), RopeToHeads(k, 1.0), v, probes);  // (B, T, H, dk)
   const torch::Tensor sdpa = y;
 
   switch (config_.attn_output_control()) {
@@ -260,11 +302,7 @@ SwiGLUImpl::SwiGLUImpl(int64_t d_model, int64_t width, double init_std) {
   down_ = register_module("down", Linear(width, d_model, init_std));
 }
 
-torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
-  // gate and up in one GEMM; each weight stays its own parameter.
-  std::vector<torch::Tensor> gu = F::linear(x, torch::cat({gate_->weight, up_->weight}, 0)).chunk(2, -1);
-  return down_(F::silu(gu[0]) * gu[1]);
-}
+torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) { return down_(SiluMul(gate_(x), up_(x))); }
 
 MoEImpl::MoEImpl(const ModelConfig& c) : moe_(c.moe()) {
   const int64_t E = moe_.num_experts(), d = c.d_model(), w = moe_.expert_dim();

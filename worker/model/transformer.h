@@ -75,15 +75,11 @@ class GateImpl : public torch::nn::Module {
   // heads is 1 when head-shared; (B, T, d_model) at G5. Input-independent scores have leading
   // singleton dimensions instead of B, T.
   torch::Tensor Scores(const torch::Tensor& x);
-  // The same from precomputed logits x W^T (B, T, heads * per_head): lets attention fuse the gate
-  // projection into its input GEMM. Input-dependent gates only.
-  torch::Tensor ScoresFromLogits(const torch::Tensor& logits);
-  // The projection weight (heads * per_head, d_model); undefined when input-independent.
-  torch::Tensor projection_weight() const { return proj_ ? proj_->weight : torch::Tensor(); }
-
-  const GateConfig& config() const { return gate_; }
 
  private:
+  // Activation and head sharing of logits x W^T (B, T, heads * per_head).
+  torch::Tensor ScoresFromLogits(const torch::Tensor& logits);
+
   GateConfig gate_;
   int64_t heads_;     // heads of the gated tensor (1 at G5)
   int64_t per_head_;  // d_k (elementwise), 1 (headwise), d_model at G5
@@ -116,10 +112,11 @@ class AttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, ProbeRecorder* probes);
 
  private:
-  // Rotary embedding of (B, T, H, d_k) with the rotate-half convention, positions 0..T-1.
-  torch::Tensor Rope(const torch::Tensor& x);
-  // Causal softmax(q k^T) v over (B, H, T, d_k) inputs, q already scaled, in query blocks that
-  // only see their own keys. Returns (B, H, T, d_k).
+  // Rotary embedding of (B, T, H, d_k), positions 0..T-1, times `scale`: (B, H, T, d_k).
+  torch::Tensor RopeToHeads(const torch::Tensor& x, double scale);
+  // Causal softmax(q k^T) v: q (B, H, T, d_k) already scaled, k (B, KV, T, d_k),
+  // v (B, T, KV, d_k); returns (B, T, H, d_k). A fused per-(batch, KV head) kernel on the CPU,
+  // plain LibTorch ops elsewhere.
   torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                                 const torch::Tensor& v, ProbeRecorder* probes);
 

@@ -1,0 +1,210 @@
+#include "worker/model/fused_ops.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <vector>
+
+namespace ablate {
+
+namespace reference {
+
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+}
+
+torch::Tensor RopeToHeads(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                          double scale) {
+  const int64_t T = x.size(1), half = x.size(3) / 2;
+  torch::Tensor c = cos.slice(0, 0, T).view({1, T, 1, -1}).to(x.dtype());
+  torch::Tensor s = sin.slice(0, 0, T).view({1, T, 1, -1}).to(x.dtype());
+  torch::Tensor y = x * c + torch::cat({-x.slice(3, half), x.slice(3, 0, half)}, 3) * s;
+  return (scale == 1.0 ? y : y * scale).transpose(1, 2).contiguous();
+}
+
+torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b) {
+  return torch::silu(a) * b;
+}
+
+}  // namespace reference
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+bool Fusable(const torch::Tensor& t) { return t.is_cpu() && t.scalar_type() == torch::kFloat32; }
+
+// Rows per parallel task: enough work to amortise scheduling.
+int64_t Grain(int64_t row_len) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, row_len)); }
+
+class RmsNormCpu : public torch::autograd::Function<RmsNormCpu> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input,
+                               const torch::Tensor& weight, double eps) {
+    const torch::Tensor x = input.contiguous();
+    const int64_t d = x.size(-1), rows = x.numel() / d;
+    torch::Tensor y = torch::empty_like(x);
+    torch::Tensor rstd = torch::empty({rows}, x.options());
+    const float* xp = x.data_ptr<float>();
+    const float* wp = weight.contiguous().data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    float* rp = rstd.data_ptr<float>();
+    at::parallel_for(0, rows, Grain(d), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const float* xr = xp + r * d;
+        float* yr = yp + r * d;
+        float ss = 0;
+        for (int64_t i = 0; i < d; ++i) ss += xr[i] * xr[i];
+        const float s = 1.0f / std::sqrt(ss / static_cast<float>(d) + static_cast<float>(eps));
+        for (int64_t i = 0; i < d; ++i) yr[i] = xr[i] * s * wp[i];
+        rp[r] = s;
+      }
+    });
+    ctx->save_for_backward({x, weight, rstd});
+    return y;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight = saved[1], &rstd = saved[2];
+    const torch::Tensor dy = grads[0].contiguous();
+    const int64_t d = x.size(-1), rows = x.numel() / d;
+    torch::Tensor dx = torch::empty_like(x);
+    // dw = sum over rows of dy * x * rstd: one partial row per thread, summed at the end.
+    const int threads = at::get_num_threads();
+    std::vector<float> partial(static_cast<size_t>(threads) * d, 0.0f);
+    const float *xp = x.data_ptr<float>(), *dyp = dy.data_ptr<float>(), *rp = rstd.data_ptr<float>();
+    const torch::Tensor wc = weight.contiguous();
+    const float* wp = wc.data_ptr<float>();
+    float* dxp = dx.data_ptr<float>();
+    at::parallel_for(0, rows, Grain(d), [&](int64_t begin, int64_t end) {
+      float* dw = partial.data() + static_cast<size_t>(at::get_thread_num()) * d;
+      for (int64_t r = begin; r < end; ++r) {
+        const float* xr = xp + r * d;
+        const float* g = dyp + r * d;
+        float* out = dxp + r * d;
+        const float s = rp[r];
+        float dot = 0;  // sum(dy * w * x)
+        for (int64_t i = 0; i < d; ++i) {
+          dot += g[i] * wp[i] * xr[i];
+          dw[i] += g[i] * xr[i] * s;
+        }
+        const float c = dot * s * s * s / static_cast<float>(d);
+        for (int64_t i = 0; i < d; ++i) out[i] = g[i] * wp[i] * s - xr[i] * c;
+      }
+    });
+    torch::Tensor dw = torch::zeros({d}, x.options());
+    float* dwp = dw.data_ptr<float>();
+    for (int t = 0; t < threads; ++t) {
+      for (int64_t i = 0; i < d; ++i) dwp[i] += partial[static_cast<size_t>(t) * d + i];
+    }
+    return {dx, dw.view(weight.sizes()), torch::Tensor()};
+  }
+};
+
+// Forward (sign +1): x (B, T, H, d) -> y (B, H, T, d), y1 = k (x1 c - x2 s), y2 = k (x2 c + x1 s)
+// at position t over the two halves of d. Backward (sign -1): dy (B, H, T, d) -> dx (B, T, H, d),
+// dx1 = k (dy1 c + dy2 s), dx2 = k (dy2 c - dy1 s).
+void RopeKernel(const torch::Tensor& in, const torch::Tensor& cos, const torch::Tensor& sin,
+                torch::Tensor& out, float sign, float scale, int64_t B, int64_t T, int64_t H,
+                int64_t d) {
+  const int64_t half = d / 2;
+  const float *xp = in.data_ptr<float>(), *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
+  float* yp = out.data_ptr<float>();
+  at::parallel_for(0, B * T, Grain(H * d), [&](int64_t begin, int64_t end) {
+    for (int64_t bt = begin; bt < end; ++bt) {
+      const int64_t b = bt / T, t = bt % T;
+      const float* c = cp + t * d;
+      const float* s = sp + t * d;
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t bthd = (bt * H + h) * d, bhtd = ((b * H + h) * T + t) * d;
+        const float* x = xp + (sign > 0 ? bthd : bhtd);
+        float* y = yp + (sign > 0 ? bhtd : bthd);
+        for (int64_t i = 0; i < half; ++i) {
+          const float x1 = x[i], x2 = x[i + half];
+          y[i] = scale * (x1 * c[i] - sign * x2 * s[i]);
+          y[i + half] = scale * (x2 * c[i] + sign * x1 * s[i]);
+        }
+      }
+    }
+  });
+}
+
+class RopeCpu : public torch::autograd::Function<RopeCpu> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input,
+                               const torch::Tensor& cos, const torch::Tensor& sin, double scale) {
+    const torch::Tensor x = input.contiguous();
+    const torch::Tensor c = cos.contiguous(), s = sin.contiguous();
+    const int64_t B = x.size(0), T = x.size(1), H = x.size(2), d = x.size(3);
+    torch::Tensor y = torch::empty({B, H, T, d}, x.options());
+    RopeKernel(x, c, s, y, 1.0f, static_cast<float>(scale), B, T, H, d);
+    ctx->save_for_backward({c, s});
+    ctx->saved_data["scale"] = scale;
+    return y;
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor dy = grads[0].contiguous();  // (B, H, T, d)
+    const int64_t B = dy.size(0), H = dy.size(1), T = dy.size(2), d = dy.size(3);
+    torch::Tensor dx = torch::empty({B, T, H, d}, dy.options());
+    RopeKernel(dy, saved[0], saved[1], dx, -1.0f,
+               static_cast<float>(ctx->saved_data["scale"].toDouble()), B, T, H, d);
+    return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+class SiluMulCpu : public torch::autograd::Function<SiluMulCpu> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& a_in,
+                               const torch::Tensor& b_in) {
+    const torch::Tensor a = a_in.contiguous(), b = b_in.contiguous();
+    torch::Tensor y = torch::empty_like(a);
+    const float *ap = a.data_ptr<float>(), *bp = b.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    at::parallel_for(0, a.numel(), 16384, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) yp[i] = ap[i] / (1.0f + std::exp(-ap[i])) * bp[i];
+    });
+    ctx->save_for_backward({a, b});
+    return y;
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &a = saved[0], &b = saved[1];
+    const torch::Tensor g = grads[0].contiguous();
+    torch::Tensor da = torch::empty_like(a), db = torch::empty_like(b);
+    const float *ap = a.data_ptr<float>(), *bp = b.data_ptr<float>(), *gp = g.data_ptr<float>();
+    float *dap = da.data_ptr<float>(), *dbp = db.data_ptr<float>();
+    at::parallel_for(0, a.numel(), 16384, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const float sig = 1.0f / (1.0f + std::exp(-ap[i]));
+        const float silu = ap[i] * sig;
+        dbp[i] = gp[i] * silu;
+        dap[i] = gp[i] * bp[i] * (sig + silu * (1.0f - sig));  // d silu / da
+      }
+    });
+    return {da, db};
+  }
+};
+
+}  // namespace
+
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  if (!Fusable(x) || !Fusable(weight)) return reference::RmsNorm(x, weight, eps);
+  return RmsNormCpu::apply(x, weight, eps);
+}
+
+torch::Tensor RopeToHeads(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                          double scale) {
+  if (!Fusable(x) || !Fusable(cos)) return reference::RopeToHeads(x, cos, sin, scale);
+  const int64_t T = x.size(1);
+  return RopeCpu::apply(x, cos.slice(0, 0, T), sin.slice(0, 0, T), scale);
+}
+
+torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b) {
+  if (!Fusable(a) || !Fusable(b) || a.sizes() != b.sizes()) return reference::SiluMul(a, b);
+  return SiluMulCpu::apply(a, b);
+}
+
+}  // namespace ablate

@@ -1,0 +1,38 @@
+// Fused CPU kernels for the model's elementwise chains, with hand-written backward passes.
+//
+// LibTorch eager runs RMSNorm as ~6 passes over memory forward and more backward, RoPE as a
+// slice/cat/neg/mul/add chain plus a transpose copy, SwiGLU's silu(a) * b as 2 (and 4 backward). At CPU scale these
+// passes cost as much as the GEMMs; each function here is one pass forward and one or two
+// backward. They take effect for fp32 CPU tensors; on other devices and dtypes they run the
+// eager reference (same math), so the model code is device-agnostic. Thread-safe (pure).
+// Includes <torch/torch.h>: worker/ only.
+#ifndef ABLATE_WORKER_MODEL_FUSED_OPS_H_
+#define ABLATE_WORKER_MODEL_FUSED_OPS_H_
+
+#include <torch/torch.h>
+
+namespace ablate {
+
+// x * rsqrt(mean(x^2, -1) + eps) * weight, over the last dimension.
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+// Rotary embedding, rotate-half convention, moved to the layout attention reads: x (B, T, H, d)
+// with cos, sin (>= T, d) whose halves are equal; returns (B, H, T, d) contiguous,
+// scale * (x * cos + cat(-x2, x1) * sin) at position t.
+torch::Tensor RopeToHeads(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                          double scale);
+
+// silu(a) * b (SwiGLU's activation).
+torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b);
+
+// The eager LibTorch versions: the fallback, and what the tests compare against.
+namespace reference {
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+torch::Tensor RopeToHeads(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                          double scale);
+torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b);
+}  // namespace reference
+
+}  // namespace ablate
+
+#endif  // ABLATE_WORKER_MODEL_FUSED_OPS_H_
