@@ -198,6 +198,7 @@ bool Scheduler::Stop(int64_t run_id) {
 }
 
 std::optional<Lease> Scheduler::Release(int64_t run_id) {
+  leased_runs_.erase(run_id);
   auto it = leases_.find(run_id);
   if (it == leases_.end()) return std::nullopt;
   Lease lease = it->second;

@@ -156,7 +156,8 @@ class Scheduler {
   bool Renew(int64_t run_id, int32_t attempt, int64_t worker_id);
   // Sets the stop flag of a running run's lease. False when it has none.
   bool Stop(int64_t run_id);
-  // Ends a lease (the attempt finished). Returns the lease, nullopt when there was none.
+  // Ends a lease (the attempt finished) and forgets its run. Returns the lease, nullopt when
+  // there was none.
   std::optional<Lease> Release(int64_t run_id);
   // Removes and returns every lease whose expiry is <= now, oldest first.
   std::vector<Lease> ExpireLeases();

@@ -1,0 +1,145 @@
+// CoordinatorCore: the client API (submit, list, get, cancel, rerun, watch, query, table) and the
+// worker API (register, acquire, report, finish) over the Store and the Scheduler, without gRPC
+// (coordinator_server.h wraps it in the gRPC services of proto/ablate.proto). Every method
+// returns an absl::Status whose code is the gRPC status code the service answers with.
+//
+// Runs. The Store holds the truth (run states, attempts, metrics, checkpoints); the Scheduler
+// holds the queue of PENDING runs and the leases of RUNNING ones. Every state change is a
+// compare-and-set in the Store first (TransitionRun), then mirrored in the Scheduler, so a run
+// completes once even when a worker's Finish races its lost lease or a cancellation.
+//  - Submit: spec -> expansion -> CreateSweep. A run whose run_key already SUCCEEDED elsewhere is
+//    reused (it becomes SUCCEEDED at once with the earlier run's results, reason "reused run N")
+//    unless `force`; the rest are queued. Resubmitting a spec whose sweep exists with the same
+//    runs returns that sweep (nothing is stored); a different spec under an existing name is
+//    AlreadyExists.
+//  - AcquireJob: long poll; a dispatched run starts its next attempt (PENDING -> RUNNING) and the
+//    job carries the latest checkpoint of any earlier attempt to resume from.
+//  - Report: renews the lease and stores the batch (idempotent by seq); a report of an attempt
+//    that no longer holds the lease is FailedPrecondition (the worker must stop). The reply says
+//    DIRECTIVE_STOP once the run's sweep is cancelled.
+//  - Finish: SUCCEEDED, DIVERGED (a result: never retried) and CANCELLED are terminal; FAILED is
+//    retried with backoff until max_attempts; INTERRUPTED is queued again at once to resume.
+//  - Lost leases (CheckLeases, also run by a background thread): the attempt ends LOST and the run
+//    is queued again with backoff (or FAILED after max_attempts, CANCELLED when its sweep was).
+// On Create the Scheduler is rebuilt from the Store: PENDING runs are queued, INTERRUPTED ones
+// queued again, RUNNING ones get a fresh lease from now: a worker that keeps reporting keeps its
+// job, one that does not loses it after the lease timeout.
+//
+// Thread safety: every method is thread-safe. AcquireJob and Watch block (bounded by their
+// deadlines); Shutdown wakes them. The store must outlive the CoordinatorCore.
+#ifndef ABLATE_ORCHESTRATOR_COORDINATOR_H_
+#define ABLATE_ORCHESTRATOR_COORDINATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "orchestrator/scheduler.h"
+#include "orchestrator/store.h"
+#include "proto/ablate.pb.h"
+
+namespace ablate {
+
+struct CoordinatorOptions {
+  // Runs' checkpoints live under checkpoint_root/run-<id> (a shared filesystem on clusters).
+  std::string checkpoint_root = ".ablate/checkpoints";
+  SchedulerOptions scheduler;
+  // The longest an AcquireJob long poll waits (a worker's wait_s is capped to this).
+  absl::Duration max_acquire_wait = absl::Seconds(30);
+  // Limits on what clients and workers send.
+  int64_t max_spec_bytes = 1 << 20;     // SubmitRequest.spec_yaml
+  int max_runs_per_sweep = 10000;       // runs after expansion
+  int64_t max_batch_rows = 200000;      // MetricBatch::Rows() of one report
+  // Query limits: default and maximum rows, time per statement.
+  int64_t default_query_rows = 10000;
+  int64_t max_query_rows = 1000000;
+  absl::Duration query_timeout = absl::Seconds(10);
+  // How often Watch polls the store, and how often the background thread checks leases.
+  absl::Duration watch_interval = absl::Milliseconds(200);
+  absl::Duration lease_check_interval = absl::Seconds(1);
+  bool background_lease_checks = true;  // tests with a fake clock call CheckLeases themselves
+  const Clock* clock = RealClock::Get();
+};
+
+class CoordinatorCore {
+ public:
+  // Rebuilds the scheduler from the store (see above) and starts the lease checker.
+  static absl::StatusOr<std::unique_ptr<CoordinatorCore>> Create(Store* store,
+                                                             const CoordinatorOptions& options);
+  ~CoordinatorCore();  // Shutdown() and join
+
+  CoordinatorCore(const CoordinatorCore&) = delete;
+  CoordinatorCore& operator=(const CoordinatorCore&) = delete;
+
+  // ---- Client API ----
+  absl::StatusOr<SubmitResponse> Submit(const SubmitRequest& request);
+  absl::StatusOr<ListSweepsResponse> ListSweeps();
+  absl::StatusOr<GetSweepResponse> GetSweep(const GetSweepRequest& request);
+  absl::StatusOr<CancelResponse> Cancel(const CancelRequest& request);
+  absl::StatusOr<RerunResponse> Rerun(const RerunRequest& request);
+  // Calls `write` for every event of the sweep, in order, until the sweep is done (the last event
+  // is sweep_done), `write` returns false or `cancelled` returns true (the client went away:
+  // Cancelled), or Shutdown (Unavailable). NotFound for an unknown sweep.
+  absl::Status Watch(const WatchRequest& request,
+                     const std::function<bool(const WatchEvent&)>& write,
+                     const std::function<bool()>& cancelled);
+  absl::StatusOr<QueryResponse> Query(const QueryRequest& request);
+  absl::StatusOr<TableResponse> Table(const TableRequest& request);
+
+  // ---- Worker API ----
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
+  // Waits up to min(wait_s, max_acquire_wait) and until `deadline` for a job. No job (has_job()
+  // false) when nothing fits in time. NotFound for an unknown worker.
+  absl::StatusOr<AcquireJobResponse> AcquireJob(const AcquireJobRequest& request,
+                                                absl::Time deadline = absl::InfiniteFuture());
+  absl::StatusOr<ReportResponse> Report(const ReportRequest& request);
+  absl::StatusOr<FinishResponse> Finish(const FinishRequest& request);
+
+  // Ends every expired lease (LOST) and requeues or fails its run. Returns how many.
+  int CheckLeases();
+  // Wakes long polls and watches (they return), stops the lease checker. Idempotent.
+  void Shutdown();
+
+  const Scheduler& scheduler_for_testing() const { return scheduler_; }
+
+ private:
+  CoordinatorCore(Store* store, const CoordinatorOptions& options);
+  absl::Status Rebuild();
+  absl::StatusOr<WorkerOffer> OfferOf(int64_t worker_id);
+  absl::StatusOr<Job> MakeJob(int64_t run_id, int32_t attempt);
+  // Queues a PENDING run of the store in the scheduler.
+  void EnqueueLocked(const RunInfo& run, absl::Time not_before) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a lost or failed attempt: queue again with backoff, or fail, or cancel. Does the store
+  // transition from RUNNING (attempt `attempt`) and mirrors it in the scheduler.
+  absl::Status EndAttemptAndRetry(int64_t run_id, int64_t sweep_id, int32_t attempt,
+                                  const std::string& attempt_end, const std::string& reason);
+  RunStatus ToRunStatus(const RunInfo& run);
+  void LeaseCheckerLoop();
+
+  // Constant after construction.
+  Store* const store_;
+  const CoordinatorOptions options_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar work_cv_;  // signalled when runs are queued, and on Shutdown
+  Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, WorkerOffer> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::string> worker_names_ ABSL_GUARDED_BY(mu_);
+  // Attempts a run had when it was last queued by a user (rerun): retries count from there.
+  std::map<int64_t, int> attempt_base_ ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::thread lease_checker_;
+};
+
+}  // namespace ablate
+
+#endif  // ABLATE_ORCHESTRATOR_COORDINATOR_H_

@@ -1,0 +1,253 @@
+#include "orchestrator/coordinator_server.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "proto/ablate.grpc.pb.h"
+
+namespace ablate {
+namespace {
+
+namespace fs = std::filesystem;
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+// Constant-time comparison of the `authorization` metadata with "Bearer <token>".
+absl::Status Authorize(const grpc::ServerContext* context, const std::string& expected) {
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) {
+    return absl::UnauthenticatedError(
+        "no bearer token: pass --token, set ABLATE_TOKEN or use the state dir's token file");
+  }
+  const grpc::string_ref got = it->second;
+  unsigned char diff = got.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    diff |= static_cast<unsigned char>(expected[i] ^ (i < got.size() ? got.data()[i] : 0));
+  }
+  if (diff != 0) return absl::UnauthenticatedError("wrong bearer token");
+  return absl::OkStatus();
+}
+
+// Runs `fn` (returning StatusOr<Response>) after the token check; copies its value to `out`.
+template <typename Response, typename Fn>
+grpc::Status Serve(const grpc::ServerContext* context, const std::string& bearer, Response* out,
+                   Fn fn) {
+  if (absl::Status s = Authorize(context, bearer); !s.ok()) return ToGrpc(s);
+  absl::StatusOr<Response> result = fn();
+  if (!result.ok()) return ToGrpc(result.status());
+  *out = *std::move(result);
+  return grpc::Status::OK;
+}
+
+class ClientService final : public ablate::Coordinator::Service {
+ public:
+  ClientService(CoordinatorCore* core, std::string token)
+      : core_(core), bearer_("Bearer " + std::move(token)) {}
+
+  grpc::Status Submit(grpc::ServerContext* c, const SubmitRequest* r, SubmitResponse* o) override {
+    return Serve(c, bearer_, o, [&] { return core_->Submit(*r); });
+  }
+  grpc::Status ListSweeps(grpc::ServerContext* c, const ListSweepsRequest*,
+                          ListSweepsResponse* o) override {
+    return Serve(c, bearer_, o, [&] { return core_->ListSweeps(); });
+  }
+  grpc::Status GetSweep(grpc::ServerContext* c, const GetSweepRequest* r,
+                        GetSweepResponse* o) override {
+    return Serve(c, bearer_, o, [&] { return core_->GetSweep(*r); });
+  }
+  grpc::Status Cancel(grpc::ServerContext* c, const CancelRequest* r, CancelResponse* o) override {
+    return Serve(c, bearer_, o, [&] { return core_->Cancel(*r); });
+  }
+  grpc::Status Rerun(grpc::ServerContext* c, const RerunRequest* r, RerunResponse* o) override {
+    return Serve(c, bearer_, o, [&] { return core_->Rerun(*r); });
+  }
+  grpc::Status Watch(grpc::ServerContext* c, const WatchRequest* r,
+                     grpc::ServerWriter<WatchEvent>* writer) override {
+    if (absl::Status s = Authorize(c, bearer_); !s.ok()) return ToGrpc(s);
+    return ToGrpc(core_->Watch(
+        *r, [writer](const WatchEvent& e) { return writer->Write(e); },
+        [c] { return c->IsCancelled(); }));
+  }
+  grpc::Status Query(grpc::ServerContext* c, const QueryRequest* r, QueryResponse* o) override {
+    return Serve(c, bearer_, o, [&] { return core_->Query(*r); });
+  }
+  grpc::Status Table(grpc::ServerContext* c, const TableRequest* r, TableResponse* o) override {
+    return Serve(c, bearer_, o, [&] { return core_->Table(*r); });
+  }
+
+ private:
+  CoordinatorCore* const core_;
+  const std::string bearer_;
+};
+
+class WorkerApi final : public WorkerService::Service {
+ public:
+  WorkerApi(CoordinatorCore* core, std::string token)
+      : core_(core), bearer_("Bearer " + std::move(token)) {}
+
+  grpc::Status Register(grpc::ServerContext* c, const RegisterRequest* r,
+                        RegisterResponse* o) override {
+    return Serve(c, bearer_, o, [&] { return core_->Register(*r); });
+  }
+  grpc::Status AcquireJob(grpc::ServerContext* c, const AcquireJobRequest* r,
+                          AcquireJobResponse* o) override {
+    // Answer (maybe without a job) a little before the client's deadline.
+    const absl::Time deadline = absl::FromChrono(c->deadline()) - absl::Milliseconds(500);
+    return Serve(c, bearer_, o, [&] { return core_->AcquireJob(*r, deadline); });
+  }
+  grpc::Status Report(grpc::ServerContext* c, const ReportRequest* r, ReportResponse* o) override {
+    return Serve(c, bearer_, o, [&] { return core_->Report(*r); });
+  }
+  grpc::Status Finish(grpc::ServerContext* c, const FinishRequest* r, FinishResponse* o) override {
+    return Serve(c, bearer_, o, [&] { return core_->Finish(*r); });
+  }
+
+ private:
+  CoordinatorCore* const core_;
+  const std::string bearer_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> LoadOrCreateToken(const std::string& state_dir) {
+  std::error_code ec;
+  if (!fs::exists(state_dir)) {
+    fs::create_directories(state_dir, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot create state dir ", state_dir, ": ", ec.message()));
+    }
+    ::chmod(state_dir.c_str(), 0700);
+  }
+  const std::string path = (fs::path(state_dir) / "token").string();
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    if ((st.st_mode & 077) != 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s is readable by others (mode %o): chmod 600 %s", path, st.st_mode & 0777, path));
+    }
+    std::ifstream in(path);
+    std::string token;
+    in >> token;
+    if (token.empty()) return absl::FailedPreconditionError(path + " is empty");
+    return token;
+  }
+  std::random_device random;
+  std::string token;
+  for (int i = 0; i < 8; ++i) absl::StrAppend(&token, absl::Hex(random(), absl::kZeroPad8));
+  // Created with mode 0600 from the start: never readable by others, not even briefly.
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp));
+  const std::string line = token + "\n";
+  const bool written = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  ::close(fd);
+  if (!written || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
+  }
+  return token;
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const ServerOptions& options) {
+  std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
+  server->grace_ = options.shutdown_grace;
+  if (options.token.empty()) {
+    absl::StatusOr<std::string> token = LoadOrCreateToken(options.state_dir);
+    if (!token.ok()) return token.status();
+    server->token_ = *token;
+  } else {
+    std::error_code ec;
+    fs::create_directories(options.state_dir, ec);
+    server->token_ = options.token;
+  }
+  CoordinatorOptions core_options = options.coordinator;
+  core_options.checkpoint_root = options.checkpoint_root.empty()
+                                     ? (fs::path(options.state_dir) / "checkpoints").string()
+                                     : options.checkpoint_root;
+  std::error_code ec;
+  fs::create_directories(core_options.checkpoint_root, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot create checkpoint root ",
+                                                    core_options.checkpoint_root, ": ",
+                                                    ec.message()));
+  }
+  core_options.checkpoint_root = fs::absolute(core_options.checkpoint_root).string();
+
+  StoreOptions store_options;
+  store_options.path = (fs::path(options.state_dir) / "ablate.db").string();
+  store_options.synchronous_full = options.synchronous_full;
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(store_options);
+  if (!store.ok()) return store.status();
+  server->store_ = *std::move(store);
+  absl::StatusOr<std::unique_ptr<CoordinatorCore>> core =
+      CoordinatorCore::Create(server->store_.get(), core_options);
+  if (!core.ok()) return core.status();
+  server->core_ = *std::move(core);
+
+  server->client_service_ = std::make_unique<ClientService>(server->core_.get(), server->token_);
+  server->worker_service_ = std::make_unique<WorkerApi>(server->core_.get(), server->token_);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
+                           grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.RegisterService(server->client_service_.get());
+  builder.RegisterService(server->worker_service_.get());
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.host, ":", options.port,
+                     " (in use? pick another with --port)"));
+  }
+  server->port_ = port;
+  const bool any = options.host == "0.0.0.0" || options.host == "::" || options.host == "[::]";
+  server->address_ = absl::StrCat(any ? "127.0.0.1" : options.host, ":", port);
+  server->server_->GetHealthCheckService()->SetServingStatus(true);
+  {
+    std::ofstream out(fs::path(options.state_dir) / "address");
+    out << server->address_ << "\n";
+  }
+  return server;
+}
+
+CoordinatorServer::~CoordinatorServer() { Shutdown(); }
+
+void CoordinatorServer::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (server_ != nullptr) server_->GetHealthCheckService()->SetServingStatus(false);
+  if (core_ != nullptr) core_->Shutdown();
+  if (server_ != nullptr) {
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + grace_));
+    server_->Wait();
+  }
+  core_.reset();
+  if (store_ != nullptr) (void)store_->Flush();
+  store_.reset();
+}
+
+}  // namespace ablate

@@ -1,0 +1,413 @@
+// The coordinator over real gRPC (a server on port 0, loopback) and a real SQLite file; fake
+// workers drive the WorkerService stubs in-process. Time is a fake clock: lease expiry and
+// retry backoff are tested by advancing it, not by sleeping.
+#include "tests/orchestrator/coordinator_test_util.h"
+
+#include <sys/stat.h>
+
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ablate {
+namespace {
+
+using ::testing::HasSubstr;
+
+class CoordinatorTest : public CoordinatorFixture {};
+
+TEST_F(CoordinatorTest, WorkerRunsAJobReportsIdempotentlyAndFinishesOnce) {
+  SubmitResponse submitted = SubmitQuick();
+  EXPECT_EQ(submitted.runs(), 4);
+  EXPECT_EQ(submitted.queued(), 4);
+  EXPECT_EQ(submitted.reused(), 0);
+
+  const int64_t worker = RegisterWorker("w1");
+  Job job = Acquire(worker);
+  ASSERT_GT(job.run_id(), 0);
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_EQ(job.resume_from_step(), 0);
+  EXPECT_EQ(job.variant(), "baseline");  // run order
+  EXPECT_THAT(job.checkpoint_dir(), HasSubstr("/checkpoints/run-"));
+  EXPECT_EQ(job.config().train().steps(), 200);
+
+  ReportRequest report = MakeReport(worker, job, 1, {1, 2, 3});
+  ReportResponse reply;
+  ASSERT_TRUE(CallReport(report, &reply).ok());
+  EXPECT_FALSE(reply.duplicate());
+  EXPECT_EQ(reply.directive(), DIRECTIVE_CONTINUE);
+  // The same batch again (the worker missed the reply): acknowledged, stored once.
+  ASSERT_TRUE(CallReport(report, &reply).ok());
+  EXPECT_TRUE(reply.duplicate());
+  EXPECT_EQ(CountRows("step_metrics WHERE run_id = " + std::to_string(job.run_id())), 3);
+
+  ASSERT_TRUE(CallFinish(worker, job, SUCCEEDED).ok());
+  // A retried Finish (lost reply) is acknowledged; the run completed once.
+  ASSERT_TRUE(CallFinish(worker, job, SUCCEEDED).ok());
+  EXPECT_EQ(CountRows("attempts WHERE run_id = " + std::to_string(job.run_id())), 1);
+  EXPECT_EQ(StateOf(job.run_id()), SUCCEEDED);
+  // A different outcome for the finished attempt is refused.
+  EXPECT_EQ(CallFinish(worker, job, FAILED).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  // And reports after the finish are refused: the worker stops.
+  report.set_seq(2);
+  EXPECT_EQ(CallReport(report, &reply).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(CoordinatorTest, LostLeaseRequeuesWithBackoffAndResumesFromCheckpoint) {
+  SubmitQuick();
+  const int64_t w1 = RegisterWorker("w1");
+  Job job = Acquire(w1);
+  ReportRequest report = MakeReport(w1, job, 1, {49, 50});
+  report.set_checkpoint_step(50);
+  report.set_checkpoint_path(job.checkpoint_dir() + "/step-50.pt");
+  ReportResponse reply;
+  ASSERT_TRUE(CallReport(report, &reply).ok());
+
+  clock_.Advance(absl::Seconds(20));
+  EXPECT_EQ(server_->core()->CheckLeases(), 0);  // renewed by the report
+  clock_.Advance(absl::Seconds(11));
+  EXPECT_EQ(server_->core()->CheckLeases(), 1);
+  EXPECT_EQ(StateOf(job.run_id()), PENDING);
+  EXPECT_EQ(Scalar("SELECT state FROM attempts WHERE run_id = " + std::to_string(job.run_id()) +
+                   " AND attempt = 1"),
+            "LOST");
+  // The lost worker's late report is refused, and stored nothing.
+  report.set_seq(2);
+  report.clear_steps();
+  *report.add_steps() = StepMetrics();
+  report.mutable_steps(0)->set_step(51);
+  EXPECT_EQ(CallReport(report, &reply).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(CountRows("step_metrics WHERE run_id = " + std::to_string(job.run_id())), 2);
+
+  // Backoff: 5 s before the run is handed out again; meanwhile the next run goes first.
+  const int64_t w2 = RegisterWorker("w2");
+  Job other = Acquire(w2);
+  EXPECT_NE(other.run_id(), job.run_id());
+  clock_.Advance(absl::Seconds(5));
+  Job again = Acquire(w2);
+  EXPECT_EQ(again.run_id(), job.run_id());
+  EXPECT_EQ(again.attempt(), 2);
+  EXPECT_EQ(again.resume_from_step(), 50);
+  EXPECT_EQ(again.checkpoint_dir(), job.checkpoint_dir());
+}
+
+TEST_F(CoordinatorTest, CancelMidRunStopsTheWorker) {
+  SubmitResponse submitted = SubmitQuick();
+  const int64_t worker = RegisterWorker("w1");
+  Job job = Acquire(worker);
+  CancelRequest cancel;
+  cancel.set_sweep("quick");
+  CancelResponse cancelled;
+  auto ctx = Context();
+  ASSERT_TRUE(client_->Cancel(ctx.get(), cancel, &cancelled).ok());
+  EXPECT_EQ(cancelled.cancelled(), 4);  // 3 pending + the running one (stopping)
+  ReportResponse reply;
+  ASSERT_TRUE(CallReport(MakeReport(worker, job, 1, {1}), &reply).ok());
+  EXPECT_EQ(reply.directive(), DIRECTIVE_STOP);
+  ASSERT_TRUE(CallFinish(worker, job, CANCELLED).ok());
+  EXPECT_EQ(StateOf(job.run_id()), CANCELLED);
+  EXPECT_EQ(CountRows("runs WHERE state = 'CANCELLED'"), 4);
+  EXPECT_EQ(Scalar("SELECT state FROM sweeps"), "CANCELLED");
+  EXPECT_FALSE(TryAcquire(worker).has_job());
+}
+
+TEST_F(CoordinatorTest, RerunFailedRequeuesFailedAndCancelledNeverDiverged) {
+  SubmitQuick();
+  const int64_t worker = RegisterWorker("w1");
+  Job diverged = Acquire(worker);
+  ASSERT_TRUE(CallFinish(worker, diverged, DIVERGED).ok());
+  // The next run fails three times (max_attempts): FAILED. DIVERGED was never retried.
+  Job failing = Acquire(worker);
+  const int64_t failing_id = failing.run_id();
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    ASSERT_EQ(failing.attempt(), attempt);
+    ASSERT_TRUE(CallFinish(worker, failing, FAILED, "out of memory").ok());
+    if (attempt < 3) {
+      EXPECT_EQ(StateOf(failing.run_id()), PENDING);
+      clock_.Advance(absl::Seconds(5 << (attempt - 1)));
+      failing = Acquire(worker);
+      ASSERT_EQ(failing.run_id(), failing_id);
+    }
+  }
+  EXPECT_EQ(StateOf(failing.run_id()), FAILED);
+  EXPECT_EQ(StateOf(diverged.run_id()), DIVERGED);
+  auto ctx = Context();
+  CancelRequest cancel;
+  cancel.set_sweep("quick");
+  CancelResponse cancelled;
+  ASSERT_TRUE(client_->Cancel(ctx.get(), cancel, &cancelled).ok());
+  EXPECT_EQ(cancelled.cancelled(), 2);
+
+  RerunRequest rerun;
+  rerun.set_sweep("quick");
+  rerun.set_failed_only(true);
+  RerunResponse rerun_reply;
+  ctx = Context();
+  ASSERT_TRUE(client_->Rerun(ctx.get(), rerun, &rerun_reply).ok());
+  EXPECT_EQ(rerun_reply.queued(), 3);  // FAILED + 2 CANCELLED
+  EXPECT_EQ(StateOf(diverged.run_id()), DIVERGED);
+  EXPECT_EQ(StateOf(failing.run_id()), PENDING);
+  EXPECT_EQ(Scalar("SELECT state FROM sweeps"), "ACTIVE");
+  // The rerun run gets fresh retries: attempt 4 failing is queued again, not FAILED.
+  Job retried = Acquire(worker);
+  EXPECT_EQ(retried.run_id(), failing.run_id());
+  EXPECT_EQ(retried.attempt(), 4);
+  ASSERT_TRUE(CallFinish(worker, retried, FAILED, "again").ok());
+  EXPECT_EQ(StateOf(failing.run_id()), PENDING);
+}
+
+TEST_F(CoordinatorTest, DuplicateSubmissionIsDeduplicated) {
+  SubmitResponse first = SubmitQuick();
+  SubmitResponse again = SubmitQuick();
+  EXPECT_EQ(again.sweep_id(), first.sweep_id());
+  EXPECT_EQ(again.queued(), 0);
+  EXPECT_EQ(again.reused(), 4);
+  EXPECT_EQ(CountRows("runs"), 4);
+  EXPECT_EQ(CountRows("sweeps"), 1);
+
+  // Train them all; a new sweep with the same runs reuses the results.
+  const int64_t worker = RegisterWorker("w1");
+  for (int i = 0; i < 4; ++i) {
+    Job job = Acquire(worker);
+    ASSERT_TRUE(CallFinish(worker, job, SUCCEEDED).ok());
+  }
+  SubmitResponse renamed = Submit(QuickSpec("quick_again"), "again.yaml", false);
+  EXPECT_EQ(renamed.queued(), 0);
+  EXPECT_EQ(renamed.reused(), 4);
+  GetSweepResponse sweep = GetSweep("quick_again");
+  ASSERT_EQ(sweep.runs_size(), 4);
+  for (const RunStatus& run : sweep.runs()) {
+    EXPECT_EQ(run.state(), SUCCEEDED);
+    EXPECT_GT(run.reused_from(), 0);
+    EXPECT_DOUBLE_EQ(run.val_loss(), 2.5);
+  }
+  EXPECT_EQ(sweep.sweep().state(), "DONE");
+  EXPECT_FALSE(TryAcquire(worker).has_job());
+  // --force trains them again.
+  SubmitResponse forced = Submit(QuickSpec("quick_forced"), "forced.yaml", true);
+  EXPECT_EQ(forced.queued(), 4);
+  EXPECT_EQ(forced.reused(), 0);
+}
+
+TEST_F(CoordinatorTest, BadInputIsAClearErrorAndChangesNothing) {
+  SubmitQuick();
+  const std::string before = DatabaseDigest();
+
+  SubmitRequest bad;
+  bad.set_spec_file("bad.yaml");
+  bad.set_spec_yaml("sweep: bad\nbase:\n  model: {d_model: 64, num_heads: 5}\nvariants:\n"
+                    "  - baseline\n  - no_such_preset\n");
+  SubmitResponse reply;
+  auto ctx = Context();
+  grpc::Status s = client_->Submit(ctx.get(), bad, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("bad.yaml:6"));
+
+  bad.set_spec_yaml(std::string(2 << 20, '#'));
+  ctx = Context();
+  s = client_->Submit(ctx.get(), bad, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  // Another spec under an existing sweep's name.
+  ctx = Context();
+  SubmitRequest clash;
+  clash.set_spec_file("clash.yaml");
+  std::string text = QuickSpec("quick");
+  text.replace(text.find("seeds: [0]"), 10, "seeds: [7]");
+  clash.set_spec_yaml(text);
+  s = client_->Submit(ctx.get(), clash, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+
+  for (const char* method : {"get", "cancel", "rerun", "table", "watch"}) {
+    EXPECT_EQ(CallWithSweep(method, "no_such_sweep").error_code(), grpc::StatusCode::NOT_FOUND)
+        << method;
+  }
+
+  for (const char* sql : {"DELETE FROM runs", "UPDATE runs SET state = 'FAILED'",
+                          "DROP TABLE runs", "INSERT INTO sweeps (name, created_at) VALUES "
+                          "('x', 0)", "SELECT 1; DELETE FROM runs", "PRAGMA user_version = 9"}) {
+    QueryRequest q;
+    q.set_sql(sql);
+    QueryResponse out;
+    ctx = Context();
+    s = client_->Query(ctx.get(), q, &out);
+    EXPECT_FALSE(s.ok()) << sql;
+    EXPECT_FALSE(s.error_message().empty()) << sql;
+  }
+  QueryRequest q;
+  q.set_sql("DELETE FROM runs");
+  QueryResponse out;
+  ctx = Context();
+  s = client_->Query(ctx.get(), q, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(s.error_message(), HasSubstr("not allowed"));
+  EXPECT_EQ(DatabaseDigest(), before);
+
+  // A worker's oversized batch and a bad finish state.
+  const int64_t worker = RegisterWorker("w1");
+  Job job = Acquire(worker);
+  ReportRequest huge = MakeReport(worker, job, 1, {});
+  for (int i = 1; i <= 300000; ++i) huge.add_steps()->set_step(i);
+  ReportResponse r;
+  EXPECT_EQ(CallReport(huge, &r).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(CallFinish(worker, job, PENDING).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Nothing above changed the results (the acquire started an attempt: compare the rest).
+  EXPECT_EQ(CountRows("step_metrics"), 0);
+  EXPECT_EQ(CountRows("sweeps"), 1);
+  EXPECT_EQ(CountRows("runs"), 4);
+}
+
+TEST_F(CoordinatorTest, EveryMethodNeedsTheToken) {
+  struct stat st;
+  ASSERT_EQ(::stat((state_dir_ + "/token").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600);
+  EXPECT_EQ(server_->token().size(), 64u);
+
+  for (const std::string& token : {std::string(), std::string("wrong")}) {
+    grpc::ClientContext c1, c2, c3;
+    for (grpc::ClientContext* c : {&c1, &c2, &c3}) {
+      c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      if (!token.empty()) c->AddMetadata("authorization", "Bearer " + token);
+    }
+    ListSweepsResponse sweeps;
+    EXPECT_EQ(client_->ListSweeps(&c1, ListSweepsRequest(), &sweeps).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    RegisterRequest reg;
+    reg.set_name("intruder");
+    RegisterResponse reg_reply;
+    EXPECT_EQ(worker_->Register(&c2, reg, &reg_reply).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    QueryRequest q;
+    q.set_sql("SELECT 1");
+    QueryResponse out;
+    EXPECT_EQ(client_->Query(&c3, q, &out).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  EXPECT_EQ(CountRows("workers"), 0);
+}
+
+TEST_F(CoordinatorTest, RestartKeepsReportingWorkersAndNeverCompletesTwice) {
+  SubmitQuick();
+  const int64_t w1 = RegisterWorker("w1");
+  const int64_t w2 = RegisterWorker("w2");
+  Job kept = Acquire(w1);
+  Job dropped = Acquire(w2);
+  ReportResponse reply;
+  ASSERT_TRUE(CallReport(MakeReport(w1, kept, 1, {1, 2}), &reply).ok());
+  ASSERT_TRUE(CallReport(MakeReport(w2, dropped, 1, {1}), &reply).ok());
+
+  Restart();  // same state dir and token, new port
+  // w1 keeps reporting on the new coordinator and keeps its job; its resent batch is a duplicate.
+  ASSERT_TRUE(CallReport(MakeReport(w1, kept, 1, {1, 2}), &reply).ok());
+  EXPECT_TRUE(reply.duplicate());
+  clock_.Advance(absl::Seconds(20));
+  ASSERT_TRUE(CallReport(MakeReport(w1, kept, 2, {3}), &reply).ok());
+  clock_.Advance(absl::Seconds(11));
+  // w2 went silent: its lease (fresh from the restart) is lost and the run queued again.
+  EXPECT_EQ(server_->core()->CheckLeases(), 1);
+  EXPECT_EQ(StateOf(dropped.run_id()), PENDING);
+  EXPECT_EQ(StateOf(kept.run_id()), RUNNING);
+  ASSERT_TRUE(CallFinish(w1, kept, SUCCEEDED).ok());
+  EXPECT_EQ(CountRows("step_metrics WHERE run_id = " + std::to_string(kept.run_id())), 3);
+
+  Restart();
+  // Nothing completes twice: the finished run stays finished with one attempt.
+  ASSERT_TRUE(CallFinish(w1, kept, SUCCEEDED).ok());  // an idempotent retry
+  EXPECT_EQ(CountRows("attempts WHERE run_id = " + std::to_string(kept.run_id())), 1);
+  EXPECT_EQ(CountRows("events WHERE kind = 'run_state' AND run_id = " +
+                      std::to_string(kept.run_id()) + " AND message LIKE '%-> SUCCEEDED%'"),
+            1);
+  // The requeued run and the two never started are all dispatched, each once.
+  clock_.Advance(absl::Seconds(10));
+  std::set<int64_t> handed_out;
+  for (int i = 0; i < 3; ++i) handed_out.insert(Acquire(w1).run_id());
+  EXPECT_EQ(handed_out.size(), 3u);
+  EXPECT_TRUE(handed_out.count(dropped.run_id()));
+  EXPECT_FALSE(TryAcquire(w1).has_job());
+}
+
+TEST_F(CoordinatorTest, WatchStreamsProgressSpikesAndEndsWithTheSweep) {
+  SubmitQuick();
+  std::vector<WatchEvent> events;
+  grpc::Status watch_status;
+  std::thread watcher([&] {
+    auto ctx = Context(std::chrono::seconds(30));
+    WatchRequest request;
+    request.set_sweep("quick");
+    request.set_include_steps(true);
+    auto reader = client_->Watch(ctx.get(), request);
+    WatchEvent e;
+    while (reader->Read(&e)) events.push_back(e);
+    watch_status = reader->Finish();
+  });
+  const int64_t worker = RegisterWorker("w1");
+  for (int i = 0; i < 4; ++i) {
+    Job job = Acquire(worker);
+    ReportRequest report = MakeReport(worker, job, 1, {1, 2});
+    if (i == 1) {
+      SpikeEvent* spike = report.add_spikes();
+      spike->set_step(2);
+      spike->set_signal("loss");
+      spike->set_value(40);
+      spike->set_baseline(3);
+      spike->set_kind(SPIKE_CATASTROPHIC);
+    }
+    ReportResponse reply;
+    ASSERT_TRUE(CallReport(report, &reply).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));  // let the watch see it
+    ASSERT_TRUE(CallFinish(worker, job, i == 1 ? DIVERGED : SUCCEEDED).ok());
+  }
+  watcher.join();
+  ASSERT_TRUE(watch_status.ok()) << watch_status.error_message();
+  ASSERT_FALSE(events.empty());
+  EXPECT_TRUE(events.back().has_sweep_done());
+  EXPECT_EQ(events.back().sweep_done().state(), "DONE");
+  int spikes = 0, progress = 0, diverged = 0;
+  for (const WatchEvent& e : events) {
+    if (e.has_spike()) {
+      ++spikes;
+      EXPECT_EQ(e.spike().kind(), SPIKE_CATASTROPHIC);
+      EXPECT_FALSE(e.variant().empty());
+    }
+    if (e.has_run() && e.run().state() == RUNNING && e.run().step() == 2) ++progress;
+    if (e.has_run() && e.run().state() == DIVERGED) ++diverged;
+  }
+  EXPECT_EQ(spikes, 1);
+  EXPECT_GE(progress, 1);
+  EXPECT_EQ(diverged, 1);
+}
+
+TEST_F(CoordinatorTest, LongPollWakesWhenWorkArrives) {
+  const int64_t worker = RegisterWorker("w1");
+  AcquireJobResponse got;
+  std::thread poller([&] {
+    AcquireJobRequest request;
+    request.set_worker_id(worker);
+    request.set_wait_s(20);
+    auto ctx = Context(std::chrono::seconds(25));
+    ASSERT_TRUE(worker_->AcquireJob(ctx.get(), request, &got).ok());
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto start = std::chrono::steady_clock::now();
+  SubmitQuick();
+  poller.join();
+  EXPECT_TRUE(got.has_job());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST_F(CoordinatorTest, ResourcesDecideWhoGetsAJob) {
+  SubmitQuick();  // threads: 1 on cpu
+  RegisterRequest gpu;
+  gpu.set_name("gpu");
+  gpu.mutable_resources()->set_device("cuda:0");
+  gpu.mutable_resources()->set_cores(8);
+  gpu.mutable_resources()->set_memory_gb(80);
+  RegisterResponse reply;
+  auto ctx = Context();
+  ASSERT_TRUE(worker_->Register(ctx.get(), gpu, &reply).ok());
+  EXPECT_FALSE(TryAcquire(reply.worker_id()).has_job());
+  EXPECT_TRUE(TryAcquire(RegisterWorker("cpu")).has_job());
+}
+
+}  // namespace
+}  // namespace ablate
