@@ -1,12 +1,39 @@
-// ablate-worker: `train` runs one config standalone. (The coordinator agent mode,
-// `--coordinator HOST:PORT`, comes with the coordinator.)
+// ablate-worker: `--coordinator HOST:PORT` pulls jobs from a coordinator (worker/agent.h);
+// `train` runs one config standalone (worker/standalone.h).
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
 
+#include "absl/time/time.h"
+#include "worker/agent.h"
 #include "worker/standalone.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"ablate-worker: trains ablate runs (LibTorch, CPU or CUDA)"};
-  app.require_subcommand(1);
+  CLI::App app{"ablate-worker: trains ablate runs (LibTorch, CPU or CUDA)\n"
+               "  ablate-worker --coordinator HOST:PORT   pull and train jobs from a coordinator\n"
+               "  ablate-worker train --config FILE       train one run, no coordinator"};
+  app.require_subcommand(0, 1);
+
+  ablate::AgentOptions agent;
+  std::string token_file;
+  double idle_exit_s = 0, report_interval_s = 1;
+  app.add_option("--coordinator", agent.coordinator, "the coordinator's HOST:PORT")
+      ->envname("ABLATE_COORDINATOR");
+  CLI::Option* token =
+      app.add_option("--token", agent.token, "bearer token for the coordinator (else ABLATE_TOKEN)");
+  app.add_option("--token-file", token_file, "read the bearer token from this file")
+      ->excludes(token);
+  app.add_option("--device", agent.device, "cpu, cuda or cuda:N for every job (overrides train.device)");
+  app.add_option("--checkpoint-root", agent.checkpoint_root,
+                 "keep checkpoints in DIR/run-<id> instead of the job's checkpoint dir");
+  app.add_option("--idle-exit", idle_exit_s, "exit after this many seconds without a job (0 = never)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-jobs", agent.max_jobs, "exit after this many jobs (0 = no limit)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--name", agent.name, "this worker's name (default hostname:pid)");
+  app.add_option("--report-interval", report_interval_s, "seconds between metric reports")
+      ->check(CLI::PositiveNumber);
+
   ablate::StandaloneOptions train;
   CLI::App* cmd = app.add_subcommand("train", "train one run from a config file, no coordinator");
   cmd->add_option("--config", train.config_path, "RunConfig as YAML or JSON (model:, train:)");
@@ -17,5 +44,24 @@ int main(int argc, char** argv) {
   int code = 0;
   cmd->callback([&] { code = ablate::RunStandalone(train); });
   CLI11_PARSE(app, argc, argv);
-  return code;
+  if (cmd->parsed()) return code;
+
+  if (agent.coordinator.empty()) {
+    std::fprintf(stderr, "ablate-worker: --coordinator HOST:PORT (or ABLATE_COORDINATOR) is "
+                         "required, or run one config with `ablate-worker train`\n");
+    return 1;
+  }
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> read = ablate::ReadTokenFile(token_file);
+    if (!read.ok()) {
+      std::fprintf(stderr, "ablate-worker: %s\n", std::string(read.status().message()).c_str());
+      return 1;
+    }
+    agent.token = *read;
+  } else if (agent.token.empty() && std::getenv("ABLATE_TOKEN") != nullptr) {
+    agent.token = std::getenv("ABLATE_TOKEN");
+  }
+  agent.idle_exit = absl::Seconds(idle_exit_s);
+  agent.report_interval = absl::Seconds(report_interval_s);
+  return ablate::RunAgentCommand(std::move(agent));
 }
