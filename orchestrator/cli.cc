@@ -5,7 +5,9 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "orchestrator/client_commands.h"
 #include "orchestrator/expand_command.h"
+#include "orchestrator/serve_command.h"
 #include "orchestrator/version.h"
 
 namespace ablate {
@@ -17,6 +19,8 @@ int RunAblateCli(int argc, const char* const* argv, std::ostream& out, std::ostr
   app.require_subcommand(1);
   std::function<absl::Status()> action;
   AddExpandCommand(&app, &out, &action);
+  AddServeCommand(&app, &out, &action);
+  AddClientCommands(&app, &out, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,74 @@
+#include "orchestrator/serve_command.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "fmt/format.h"
+
+namespace ablate {
+
+absl::Status RunServe(const ServerOptions& options, std::ostream& out) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options);
+  if (!server.ok()) return server.status();
+  const std::filesystem::path dir(options.state_dir);
+  out << fmt::format(
+             "ablate serve: listening on {}:{} (clients: {}); database {}, token {} (mode 0600), "
+             "checkpoints under {}\n",
+             options.host, (*server)->port(), (*server)->address(),
+             (dir / "ablate.db").string(), (dir / "token").string(),
+             options.checkpoint_root.empty() ? (dir / "checkpoints").string()
+                                             : options.checkpoint_root)
+      << std::flush;
+  int signal = 0;
+  sigwait(&signals, &signal);
+  out << fmt::format("ablate serve: {}: shutting down\n", signal == SIGINT ? "SIGINT" : "SIGTERM")
+      << std::flush;
+  (*server)->Shutdown();
+  out << "ablate serve: stopped\n" << std::flush;
+  return absl::OkStatus();
+}
+
+void AddServeCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
+  CLI::App* cmd = app->add_subcommand(
+      "serve", "Run the coordinator: the gRPC API workers and the CLI talk to, the scheduler and "
+               "the results database. Stops cleanly on SIGINT/SIGTERM.");
+  auto options = std::make_shared<ServerOptions>();
+  auto lease_s = std::make_shared<double>(60);
+  cmd->add_option("--host", options->host, "address to listen on (0.0.0.0: every interface)")
+      ->capture_default_str();
+  cmd->add_option("--port,-p", options->port, "port (0: any free one; see STATE_DIR/address)")
+      ->capture_default_str();
+  cmd->add_option("--state-dir", options->state_dir,
+                  "database (ablate.db), token, address file, checkpoints/")
+      ->capture_default_str();
+  cmd->add_option("--checkpoint-root", options->checkpoint_root,
+                  "where runs' checkpoints live (default STATE_DIR/checkpoints; a shared "
+                  "filesystem path on clusters)");
+  cmd->add_option("--lease-timeout", *lease_s,
+                  "seconds without a report after which a running job is LOST")
+      ->capture_default_str();
+  cmd->add_option("--max-attempts", options->coordinator.scheduler.max_attempts,
+                  "attempts (lost or failed) before a run is FAILED")
+      ->capture_default_str();
+  cmd->callback([out, action, options, lease_s] {
+    *action = [out, options, lease_s] {
+      ServerOptions o = *options;
+      o.coordinator.scheduler.lease_timeout = absl::Seconds(*lease_s);
+      return RunServe(o, *out);
+    };
+  });
+}
+
+}  // namespace ablate
