@@ -1,0 +1,210 @@
+// The `ablate` client commands run in-process (RunAblateCli) against a real coordinator on
+// loopback, and the real `ablate serve` process: defaults from the state dir, SIGTERM.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "orchestrator/cli.h"
+#include "tests/orchestrator/coordinator_test_util.h"
+
+namespace ablate {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+struct CliResult {
+  int code;
+  std::string out, err;
+};
+
+CliResult RunCli(std::vector<std::string> args) {
+  args.insert(args.begin(), "ablate");
+  std::vector<const char*> argv;
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  const int code = RunAblateCli(static_cast<int>(argv.size()), argv.data(), out, err);
+  return {code, out.str(), err.str()};
+}
+
+class CoordinatorCliTest : public CoordinatorFixture {
+ protected:
+  void SetUp() override {
+    CoordinatorFixture::SetUp();
+    spec_path_ = root_ + "/quick.yaml";
+    std::ofstream(spec_path_) << QuickSpec("quick");
+  }
+  // A client command with this coordinator's address and token.
+  CliResult Cli(std::vector<std::string> args) {
+    args.insert(args.end(), {"--coordinator", server_->address(), "--token", token_});
+    return RunCli(args);
+  }
+  // A fake worker takes every queued run and finishes it (the second DIVERGED).
+  void TrainAll() {
+    const int64_t worker = RegisterWorker("cli-worker");
+    for (int i = 0;; ++i) {
+      AcquireJobResponse r = TryAcquire(worker);
+      if (!r.has_job()) break;
+      ReportRequest report = MakeReport(worker, r.job(), 1, {1, 2, 3});
+      if (i == 1) {
+        SpikeEvent* spike = report.add_spikes();
+        spike->set_step(3);
+        spike->set_signal("loss");
+        spike->set_value(55);
+        spike->set_baseline(4);
+        spike->set_kind(SPIKE_DIVERGENCE);
+        spike->set_action(SPIKE_ACTION_STOPPED);
+      }
+      ReportResponse reply;
+      ASSERT_TRUE(CallReport(report, &reply).ok());
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      ASSERT_TRUE(CallFinish(worker, r.job(), i == 1 ? DIVERGED : SUCCEEDED).ok());
+    }
+  }
+  std::string spec_path_;
+};
+
+TEST_F(CoordinatorCliTest, SubmitStatusTableExportQuery) {
+  CliResult r = Cli({"submit", spec_path_});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("4 runs, 4 queued, 0 reused"));
+  r = Cli({"submit", spec_path_});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("0 queued, 4 reused"));
+
+  r = Cli({"status"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("quick"));
+  EXPECT_THAT(r.out, HasSubstr("4 PENDING"));
+
+  TrainAll();
+  r = Cli({"status", "quick"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("3 SUCCEEDED, 1 DIVERGED"));
+  EXPECT_THAT(r.out, HasSubstr("g1_headwise"));
+
+  r = Cli({"table", "quick"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("| baseline |"));
+  EXPECT_THAT(r.out, HasSubstr("2.500"));
+  r = Cli({"table", "quick", "--format", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"variant\""));
+
+  r = Cli({"export", "quick", "--format", "csv"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 5);  // header + 4 runs
+  EXPECT_THAT(r.out, HasSubstr("val_loss"));
+  r = Cli({"export", "quick", "--format", "json", "--steps"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"grad_norm\""));
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '{'), 12);  // 4 runs x 3 steps
+
+  r = Cli({"query", "SELECT variant, state FROM run_summary ORDER BY run_id", "--format", "csv"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("g1_elementwise,DIVERGED"));
+}
+
+TEST_F(CoordinatorCliTest, WatchPrintsSpikesDivergenceAndExitsWithTheSweep) {
+  ASSERT_EQ(Cli({"submit", spec_path_}).code, 0);
+  CliResult watched;
+  std::thread watcher([&] { watched = Cli({"watch", "quick", "--plain"}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  TrainAll();
+  watcher.join();
+  ASSERT_EQ(watched.code, 0) << watched.err;
+  EXPECT_THAT(watched.out, HasSubstr("spike: run 2 g1_elementwise step 3: loss 55"));
+  EXPECT_THAT(watched.out, HasSubstr("run 2 g1_elementwise: DIVERGED"));
+  EXPECT_THAT(watched.out, HasSubstr("sweep quick DONE: 3 SUCCEEDED, 1 DIVERGED"));
+  EXPECT_THAT(watched.out, HasSubstr("run 1 baseline: RUNNING (attempt 1, worker cli-worker)"));
+}
+
+TEST_F(CoordinatorCliTest, CancelAndRerunFailed) {
+  ASSERT_EQ(Cli({"submit", spec_path_}).code, 0);
+  CliResult r = Cli({"cancel", "quick"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("4 runs cancelled"));
+  r = Cli({"rerun", "quick"});
+  EXPECT_NE(r.code, 0);  // --failed is required
+  r = Cli({"rerun", "quick", "--failed"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("4 runs queued again"));
+}
+
+TEST_F(CoordinatorCliTest, ErrorsAreOneClearLineAndExitNonZero) {
+  const std::string bad = root_ + "/bad.yaml";
+  std::ofstream(bad) << "sweep: bad\nvariants:\n  - baseline\n  - g9_nonsense\n";
+  CliResult r = Cli({"submit", bad});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr(bad + ":4"));
+  EXPECT_EQ(CountRows("sweeps"), 0);
+
+  r = Cli({"status", "no_such_sweep"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("no_such_sweep"));
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
+
+  r = Cli({"query", "DELETE FROM runs"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("not allowed"));
+
+  r = RunCli({"status", "--coordinator", server_->address(), "--token", "nope",
+              "--state-dir", root_ + "/none"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("refused the token"));
+
+  r = RunCli({"status", "--coordinator", "127.0.0.1:1", "--token", "x", "--timeout", "2"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("127.0.0.1:1"));
+
+  r = Cli({"submit", root_ + "/missing.yaml"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("missing.yaml"));
+}
+
+// The real binary: `ablate serve` with defaults taken from its state dir, stopped by SIGTERM.
+TEST(ServeProcessTest, ServesUntilSigtermAndClientsNeedNoFlags) {
+  char tmpl[] = "/tmp/ablate_serve_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string state = dir + "/.ablate";
+  const std::string log = dir + "/serve.log";
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::freopen(log.c_str(), "w", stdout);
+    std::freopen(log.c_str(), "a", stderr);
+    ::execl(ABLATE_BIN, "ablate", "serve", "--port", "0", "--state-dir", state.c_str(),
+            static_cast<char*>(nullptr));
+    std::_Exit(127);
+  }
+  for (int i = 0; i < 200 && !std::filesystem::exists(state + "/address"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(std::filesystem::exists(state + "/address"));
+  CliResult r = RunCli({"status", "--state-dir", state});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("no sweeps"));
+
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  std::ifstream in(log);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("listening on 127.0.0.1:"));
+  EXPECT_THAT(text, HasSubstr("SIGTERM: shutting down"));
+  EXPECT_THAT(text, HasSubstr("stopped"));
+  EXPECT_THAT(text, Not(HasSubstr("error")));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ablate
