@@ -260,12 +260,14 @@ class JobReporter {
     outbox_.push_back(std::move(item));
   }
 
-  // The next batch: up to max_batch_points from the front of the outbox, in order.
+  // The next batch: up to max_batch_points from the front of the outbox, in order. With the
+  // outbox empty, a heartbeat: seq 0 renews the lease and stores nothing.
   ReportRequest TakeBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ReportRequest batch;
     batch.set_worker_id(p_.worker_id);
     batch.set_run_id(p_.run_id);
     batch.set_attempt(p_.attempt);
+    if (outbox_.empty()) return batch;
     batch.set_seq(next_seq_++);
     int points = 0;
     while (!outbox_.empty() && points < p_.options->max_batch_points) {

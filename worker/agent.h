@@ -11,7 +11,8 @@
 // coordinator is unreachable; training goes on meanwhile (the outbox is bounded only by memory).
 // A checkpoint notice travels in the same batch as, or after, every step it covers, so the
 // coordinator never resumes a run from a checkpoint whose earlier steps it has not stored. When
-// nothing was reported for a third of the lease timeout an empty batch renews the lease.
+// nothing was reported for a third of the lease timeout a heartbeat (a report with seq 0 and
+// nothing in it) renews the lease.
 //
 // Crash safety. Each time the trainer writes a checkpoint the agent also writes the points not yet
 // acknowledged to `<checkpoint_dir>/unreported.binpb` (atomically). A later attempt at the same

@@ -101,7 +101,12 @@ class FakeCoordinator {
     const auto key = std::make_pair(req->run_id(), req->attempt());
     auto& applied_batches = applied[key];
     const int64_t last = static_cast<int64_t>(applied_batches.size());
-    if (req->seq() <= last) {
+    if (req->seq() == 0) {  // a heartbeat: renews the lease, carries nothing
+      ++heartbeats;
+      if (req->steps_size() + req->evals_size() + req->spikes_size() > 0 || req->checkpoint_step() > 0) {
+        errors.push_back("a heartbeat with points");
+      }
+    } else if (req->seq() <= last) {
       resp->set_duplicate(true);
       ++duplicates;
       if (applied_batches[req->seq() - 1].SerializeAsString() != req->SerializeAsString()) {
@@ -168,7 +173,7 @@ class FakeCoordinator {
   std::vector<FinishRequest> finishes;
   std::vector<std::string> errors;  // protocol violations
   int64_t max_step = 0, stop_sent_at_step = 0;
-  int duplicates = 0, refused_stale = 0, acquire_calls = 0;
+  int duplicates = 0, refused_stale = 0, acquire_calls = 0, heartbeats = 0;
 
  private:
   grpc::Status Authorize(grpc::ServerContext* ctx) {
@@ -383,6 +388,52 @@ TEST_F(AgentTest, RegistersTrainsReportsEveryStepOnceAndFinishes) {
   EXPECT_EQ(f.summary().steps_done(), 40);
   EXPECT_EQ(f.summary().final_eval().step(), 40);
   EXPECT_GT(f.summary().spike_steps(), 0);
+}
+
+TEST_F(AgentTest, HeartbeatsRenewTheLeaseWhileNothingIsReported) {
+  FakeCoordinator c;
+  c.lease_timeout_s = 1;  // a heartbeat after a third of it without a report
+  TestServer server(&c);
+  RunConfig config = Config(10);
+  config.mutable_train()->set_eval_every(10);
+  config.mutable_train()->set_eval_batches(600);  // a long (~1 s) evaluation at the end: no steps
+  c.AddJob(MakeJob(4, 1, config));
+  const absl::Time start = absl::Now();
+  auto result = RunAgent(Options(server));
+  ASSERT_TRUE(result.ok()) << result.status();
+  const absl::Duration took = absl::Now() - start;
+
+  absl::MutexLock lock(&c.mu_);
+  EXPECT_TRUE(c.errors.empty()) << c.errors.front();
+  EXPECT_GE(c.heartbeats, 1) << "the run took " << took;
+  EXPECT_EQ(c.steps[K(4, 1)], Range(1, 10));
+  ASSERT_EQ(c.finishes.size(), 1u);
+  EXPECT_EQ(c.finishes[0].summary().state(), SUCCEEDED);
+}
+
+TEST_F(AgentTest, ATrainerErrorFinishesFailedWithTheErrorAndTheAgentGoesOn) {
+  FakeCoordinator c;
+  TestServer server(&c);
+  RunConfig broken = Config(40);
+  broken.mutable_train()->mutable_data()->set_path((dir_ / "no_such_corpus.txt").string());
+  c.AddJob(MakeJob(13, 1, broken));
+  c.AddJob(MakeJob(14, 1, Config(20)));
+  AgentOptions o = Options(server);
+  o.max_jobs = 2;
+  auto result = RunAgent(o);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->jobs, 2);
+
+  absl::MutexLock lock(&c.mu_);
+  ASSERT_EQ(c.finishes.size(), 2u);
+  EXPECT_EQ(c.finishes[0].run_id(), 13);
+  EXPECT_EQ(c.finishes[0].summary().state(), FAILED);
+  EXPECT_TRUE(absl::StrContains(c.finishes[0].error(), "no_such_corpus.txt")) << c.finishes[0].error();
+  EXPECT_TRUE(absl::StrContains(c.finishes[0].summary().reason(), "no_such_corpus.txt"));
+  EXPECT_EQ(c.finishes[1].run_id(), 14);
+  EXPECT_EQ(c.finishes[1].summary().state(), SUCCEEDED);
+  EXPECT_EQ(c.steps[K(14, 1)], Range(1, 20));
+  EXPECT_EQ(c.registrations.size(), 1u);
 }
 
 TEST_F(AgentTest, ResendsRefusedBatchesUnchangedAndLosesNothing) {
