@@ -9,50 +9,14 @@
 #include "orchestrator/model_config.h"
 #include "orchestrator/param_count.h"
 #include "tests/test_configs.h"
+#include "tests/worker/count_check.h"
 #include "worker/model/probes.h"
 #include "worker/model/transformer.h"
 
 namespace ablate {
 namespace {
 
-// Sums allocated parameter elements into the analytic counter's components, by module name.
-ParamBreakdown ClassifyAllocated(torch::nn::Module& model) {
-  ParamBreakdown b;
-  for (const auto& p : model.named_parameters()) {
-    const std::string& n = p.key();
-    const int64_t k = p.value().numel();
-    auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
-    if (n == "embedding") {
-      b.set_embedding(b.embedding() + k);
-    } else if (n.rfind("lm_head.", 0) == 0) {
-      b.set_lm_head(b.lm_head() + k);
-    } else if (has(".ffn.") || has(".moe.")) {
-      b.set_ffn(b.ffn() + k);
-    } else if (has(".attn.gate.") || has(".attn.control_norm.")) {
-      b.set_gate(b.gate() + k);
-    } else if (has(".attn.")) {
-      b.set_attention(b.attention() + k);
-    } else {
-      b.set_norms(b.norms() + k);
-    }
-  }
-  return b;
-}
-
-void ExpectCountsMatch(const ModelConfig& c) {
-  Transformer model(c);
-  const ParamCount count = CountParams(c);
-  EXPECT_EQ(CountAllocatedParams(*model), count.total());
-  const ParamBreakdown got = ClassifyAllocated(*model);
-  const ParamBreakdown& want = count.breakdown();
-  EXPECT_EQ(got.embedding(), want.embedding());
-  EXPECT_EQ(got.lm_head(), want.lm_head());
-  EXPECT_EQ(got.attention(), want.attention());
-  EXPECT_EQ(got.gate(), want.gate());
-  EXPECT_EQ(got.ffn(), want.ffn());
-  EXPECT_EQ(got.norms(), want.norms());
-  EXPECT_LE(count.activated(), count.total());
-}
+void ExpectCountsMatch(const ModelConfig& c) { ExpectAllocatedEquals(c, CountParams(c), ""); }
 
 class VariantTest : public ::testing::TestWithParam<VariantCase> {
  protected:

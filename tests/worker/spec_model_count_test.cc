@@ -10,35 +10,10 @@
 #include "orchestrator/expand.h"
 #include "orchestrator/param_count.h"
 #include "orchestrator/proto_yaml.h"
-#include "worker/model/transformer.h"
+#include "tests/worker/count_check.h"
 
 namespace ablate {
 namespace {
-
-// Sums allocated parameter elements into the analytic counter's components, by module name
-// (the same classification as tests/worker/model_test.cc).
-ParamBreakdown ClassifyAllocated(torch::nn::Module& model) {
-  ParamBreakdown b;
-  for (const auto& p : model.named_parameters()) {
-    const std::string& n = p.key();
-    const int64_t k = p.value().numel();
-    auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
-    if (n == "embedding") {
-      b.set_embedding(b.embedding() + k);
-    } else if (n.rfind("lm_head.", 0) == 0) {
-      b.set_lm_head(b.lm_head() + k);
-    } else if (has(".ffn.") || has(".moe.")) {
-      b.set_ffn(b.ffn() + k);
-    } else if (has(".attn.gate.") || has(".attn.control_norm.")) {
-      b.set_gate(b.gate() + k);
-    } else if (has(".attn.")) {
-      b.set_attention(b.attention() + k);
-    } else {
-      b.set_norms(b.norms() + k);
-    }
-  }
-  return b;
-}
 
 class SpecModelCountTest : public ::testing::TestWithParam<std::string> {};
 
@@ -50,17 +25,7 @@ TEST_P(SpecModelCountTest, ExpandedCountsEqualAllocated) {
   for (const RunSpec& run : sweep->runs()) {
     const ModelConfig& c = run.config().model();
     if (!built.insert(CanonicalJson(c)).second) continue;
-    SkipInitGuard skip_init;  // counting only: values are irrelevant
-    Transformer model(c);
-    const ParamBreakdown got = ClassifyAllocated(*model);
-    const ParamBreakdown& want = run.params().breakdown();
-    EXPECT_EQ(CountAllocatedParams(*model), run.params().total()) << run.variant();
-    EXPECT_EQ(got.embedding(), want.embedding()) << run.variant();
-    EXPECT_EQ(got.lm_head(), want.lm_head()) << run.variant();
-    EXPECT_EQ(got.attention(), want.attention()) << run.variant();
-    EXPECT_EQ(got.gate(), want.gate()) << run.variant();
-    EXPECT_EQ(got.ffn(), want.ffn()) << run.variant();
-    EXPECT_EQ(got.norms(), want.norms()) << run.variant();
+    ExpectAllocatedEquals(c, run.params(), run.variant());
     EXPECT_EQ(run.params().total(), CountParams(c).total());
   }
   EXPECT_FALSE(built.empty());
