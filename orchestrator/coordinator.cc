@@ -225,6 +225,12 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
     absl::MutexLock lock(&mu_);
     scheduler_.AddSweep(ids->sweep_id, expanded->priority());
   }
+  RunFilter stored_filter;
+  stored_filter.sweep_id = ids->sweep_id;
+  absl::StatusOr<std::vector<RunInfo>> stored = reader.ListRuns(stored_filter);
+  if (!stored.ok()) return stored.status();
+  std::map<int64_t, const RunInfo*> stored_by_id;
+  for (const RunInfo& r : *stored) stored_by_id[r.id] = &r;
   int queued = 0, reused = 0;
   for (int i = 0; i < expanded->runs_size(); ++i) {
     const RunSpec& spec_run = expanded->runs(i);
@@ -264,10 +270,12 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
       ++reused;
       continue;
     }
-    absl::StatusOr<RunInfo> run = reader.GetRun(run_id);
-    if (!run.ok()) return run.status();
+    auto run = stored_by_id.find(run_id);
+    if (run == stored_by_id.end()) {
+      return absl::InternalError(absl::StrCat("submit: run ", run_id, " was not stored"));
+    }
     absl::MutexLock lock(&mu_);
-    scheduler_.Enqueue(ToQueued(*run, absl::InfinitePast()));
+    scheduler_.Enqueue(ToQueued(*run->second, absl::InfinitePast()));
     ++queued;
   }
   {
@@ -684,6 +692,10 @@ absl::StatusOr<ReportResponse> CoordinatorCore::Report(const ReportRequest& requ
                                                      ": send smaller batches"));
   }
   if (request.seq() < 0) return absl::InvalidArgumentError("report: seq must be >= 0");
+  if (request.seq() == 0 && batch.Rows() > 2) {
+    return absl::InvalidArgumentError(
+        "report: seq 0 is a heartbeat; number metric batches 1, 2, 3...");
+  }
   {
     absl::MutexLock lock(&mu_);
     if (!scheduler_.Renew(request.run_id(), request.attempt(), request.worker_id())) {

@@ -92,6 +92,21 @@ TEST_F(CoordinatorTest, LostLeaseRequeuesWithBackoffAndResumesFromCheckpoint) {
   EXPECT_EQ(again.checkpoint_dir(), job.checkpoint_dir());
 }
 
+TEST_F(CoordinatorTest, HeartbeatRenewsTheLeaseAndCarriesNoMetrics) {
+  SubmitQuick();
+  const int64_t worker = RegisterWorker("w1");
+  Job job = Acquire(worker);
+  ReportResponse reply;
+  for (int i = 0; i < 4; ++i) {
+    clock_.Advance(absl::Seconds(25));
+    ASSERT_TRUE(CallReport(MakeReport(worker, job, 0, {}), &reply).ok());
+    EXPECT_EQ(server_->core()->CheckLeases(), 0);
+  }
+  EXPECT_EQ(CallReport(MakeReport(worker, job, 0, {1}), &reply).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(StateOf(job.run_id()), RUNNING);
+}
+
 TEST_F(CoordinatorTest, CancelMidRunStopsTheWorker) {
   SubmitResponse submitted = SubmitQuick();
   const int64_t worker = RegisterWorker("w1");
