@@ -8,6 +8,7 @@
 #include "orchestrator/client_commands.h"
 #include "orchestrator/expand_command.h"
 #include "orchestrator/serve_command.h"
+#include "orchestrator/up_command.h"
 #include "orchestrator/version.h"
 
 namespace ablate {
@@ -20,6 +21,7 @@ int RunAblateCli(int argc, const char* const* argv, std::ostream& out, std::ostr
   std::function<absl::Status()> action;
   AddExpandCommand(&app, &out, &action);
   AddServeCommand(&app, &out, &action);
+  AddUpCommand(&app, &out, &action);
   AddClientCommands(&app, &out, &action);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,221 @@
+// End to end, as a user runs it: a real `ablate serve` and two real `ablate-worker
+// --coordinator` processes train a tiny sweep to completion; then `ablate up --workers 2` does
+// the same in one command and Ctrl-C stops it all, handing running runs back as INTERRUPTED.
+// Results are read straight from the SQLite file, as pandas or sqlite3 would.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Starts `bin args...` with stdout and stderr appended to `log`.
+pid_t Spawn(const std::string& bin, const std::vector<std::string>& args, const fs::path& log) {
+  std::vector<char*> argv = {const_cast<char*>(bin.c_str())};
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, bin.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  return rc == 0 ? pid : -1;
+}
+
+// The exit code, or -1 when it did not exit within `timeout` (it is then killed).
+int WaitExit(pid_t pid, std::chrono::seconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > end) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// One integer from the results database (read-only, as any reader would open it).
+int64_t QueryInt(const fs::path& db_path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  int64_t value = -1;
+  if (sqlite3_open_v2(db_path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+    sqlite3_busy_timeout(db, 2000);
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) == SQLITE_OK &&
+        sqlite3_step(stmt) == SQLITE_ROW) {
+      value = sqlite3_column_int64(stmt, 0);
+    }
+    sqlite3_finalize(stmt);
+  }
+  sqlite3_close(db);
+  return value;
+}
+
+bool WaitFor(const std::function<bool()>& done, std::chrono::seconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+class EndToEndTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("ablate_e2e_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    state_ = dir_ / "state";
+    std::ofstream corpus(dir_ / "corpus.txt");
+    for (int i = 0; i < 300; ++i) corpus << "And God said, Let there be light: and there was light " << i << ".\n";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Two variants x two seeds of a 2-layer, d_model 32 model.
+  fs::path Spec(const std::string& name, int steps) {
+    const fs::path p = dir_ / (name + ".yaml");
+    std::ofstream(p) << "sweep: " << name << "\n"
+                     << "base:\n"
+                     << "  model: {d_model: 32, num_layers: 2, num_heads: 2, num_kv_heads: 2, "
+                        "head_dim: 16, ffn_dim: 64, max_seq_len: 32}\n"
+                     << "  train: {steps: " << steps << ", batch_size: 4, seq_len: 32, threads: 1, "
+                     << "eval_every: 15, eval_batches: 1, checkpoint_every: 10, "
+                     << "data: {path: " << (dir_ / "corpus.txt").string() << "}}\n"
+                     << "variants: [baseline, g1_elementwise]\n"
+                     << "seeds: [0, 1]\n"
+                     << "resources: {device: cpu, threads: 1}\n";
+    return p;
+  }
+
+  // `ablate ARGS --state-dir STATE`, waited for.
+  int Ablate(std::vector<std::string> args, const fs::path& log) {
+    args.insert(args.end(), {"--state-dir", state_.string()});
+    return WaitExit(Spawn(ABLATE_BIN, args, log), std::chrono::seconds(60));
+  }
+
+  fs::path Db() const { return state_ / "ablate.db"; }
+
+  fs::path dir_, state_;
+};
+
+TEST_F(EndToEndTest, ServeAndTwoWorkersTrainASweepToCompletion) {
+  const pid_t serve = Spawn(ABLATE_BIN, {"serve", "--port", "0", "--state-dir", state_.string()},
+                            dir_ / "serve.log");
+  ASSERT_GT(serve, 0);
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)))
+      << Slurp(dir_ / "serve.log");
+  std::string address = Slurp(state_ / "address");
+  while (!address.empty() && std::isspace(static_cast<unsigned char>(address.back()))) address.pop_back();
+  ASSERT_EQ(Ablate({"submit", Spec("e2e", 30).string()}, dir_ / "submit.log"), 0)
+      << Slurp(dir_ / "submit.log");
+
+  std::vector<pid_t> workers;
+  for (const char* name : {"w1", "w2"}) {
+    workers.push_back(Spawn(ABLATE_WORKER_BIN,
+                            {"--coordinator", address, "--token-file", (state_ / "token").string(),
+                             "--name", name, "--idle-exit", "3", "--report-interval", "0.2"},
+                            dir_ / (std::string(name) + ".log")));
+    ASSERT_GT(workers.back(), 0);
+  }
+  for (size_t i = 0; i < workers.size(); ++i) {
+    EXPECT_EQ(WaitExit(workers[i], std::chrono::seconds(180)), 0)
+        << Slurp(dir_ / ("w" + std::to_string(i + 1) + ".log"));
+  }
+  kill(serve, SIGTERM);
+  EXPECT_EQ(WaitExit(serve, std::chrono::seconds(30)), 0) << Slurp(dir_ / "serve.log");
+
+  const fs::path db = Db();
+  EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM runs"), 4);
+  EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM runs WHERE state = 'SUCCEEDED'"), 4)
+      << Slurp(dir_ / "w1.log") << Slurp(dir_ / "w2.log");
+  EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM runs WHERE steps_done = 30 AND val_loss > 0"), 4);
+  // Every step of every run, once.
+  EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM step_metrics"), 4 * 30);
+  EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM (SELECT run_id FROM step_metrics GROUP BY run_id "
+                         "HAVING min(step) = 1 AND max(step) = 30 AND count(*) = 30)"),
+            4);
+  EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM eval_metrics"), 4 * 2);  // steps 15 and 30
+  EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM attempts WHERE state = 'SUCCEEDED'"), 4);
+  EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM attempts WHERE checkpoint_step = 30"), 4);
+  EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM workers"), 2);
+}
+
+TEST_F(EndToEndTest, UpRunsCoordinatorAndWorkersAndCtrlCStopsAll) {
+  const fs::path log = dir_ / "up.log";
+  const pid_t up = Spawn(ABLATE_BIN, {"up", "--workers", "2", "--port", "0", "--state-dir",
+                                      state_.string()},
+                         log);
+  ASSERT_GT(up, 0);
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)))
+      << Slurp(log);
+  ASSERT_EQ(Ablate({"submit", Spec("quick", 30).string()}, dir_ / "submit.log"), 0)
+      << Slurp(dir_ / "submit.log");
+  EXPECT_TRUE(WaitFor([&] { return QueryInt(Db(), "SELECT count(*) FROM runs WHERE state = "
+                                                  "'SUCCEEDED'") == 4; },
+                      std::chrono::seconds(180)))
+      << Slurp(log);
+
+  // A long sweep: Ctrl-C while both workers train.
+  ASSERT_EQ(Ablate({"submit", Spec("long", 100000).string()}, dir_ / "submit.log"), 0)
+      << Slurp(dir_ / "submit.log");
+  EXPECT_TRUE(WaitFor([&] { return QueryInt(Db(), "SELECT count(*) FROM runs r JOIN sweeps s ON "
+                                                  "s.id = r.sweep_id WHERE s.name = 'long' AND "
+                                                  "r.steps_done >= 10") == 2; },
+                      std::chrono::seconds(120)))
+      << Slurp(log);
+  kill(up, SIGINT);
+  EXPECT_EQ(WaitExit(up, std::chrono::seconds(90)), 0) << Slurp(log);
+
+  const std::string text = Slurp(log);
+  EXPECT_NE(text.find("ablate up: coordinator on 127.0.0.1:"), std::string::npos) << text;
+  EXPECT_NE(text.find("SIGINT: stopping 2 workers"), std::string::npos) << text;
+  EXPECT_NE(text.find("ablate up: stopped"), std::string::npos) << text;
+  EXPECT_EQ(text.find("killing"), std::string::npos) << text;
+  // Every worker is gone.
+  std::regex pid_line("worker up-\\d: pid (\\d+)");
+  int pids = 0;
+  for (std::sregex_iterator it(text.begin(), text.end(), pid_line), end; it != end; ++it, ++pids) {
+    EXPECT_NE(kill(std::stoi((*it)[1]), 0), 0) << "worker " << (*it)[1] << " still runs";
+  }
+  EXPECT_EQ(pids, 2);
+  // The two runs in progress were checkpointed and handed back to resume: none is left RUNNING.
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM attempts WHERE state = 'INTERRUPTED' AND "
+                           "checkpoint_step >= 10"),
+            2)
+      << text;
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM runs WHERE state = 'RUNNING'"), 0);
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM runs WHERE state = 'SUCCEEDED'"), 4);
+}
+
+}  // namespace
