@@ -1,0 +1,212 @@
+// #/sweep/NAME : the run table and the overlaid curves of every run, growing live from the
+// stream, with spike markers, diverged runs in red and an alert when a run spikes or diverges.
+import { api, openStream } from '../api.js';
+import { ema, joinSeries, lineChart } from '../charts.js';
+import { el, num, count, duration, stateBadge, runColor, DIVERGED_COLOR } from '../format.js';
+import { progressBar } from './sweeps.js';
+
+const CURVE_POINTS = 600;      // per run, downsampled by the server (min/max per bucket)
+const MAX_LIVE_POINTS = 4000;  // per run in the browser: older points are thinned beyond this
+
+export async function render(view, ctx, name) {
+  ctx.crumbs([[null, name], [`#/compare/${encodeURIComponent(name)}`, 'compare']]);
+  const state = {
+    sweep: null,
+    runs: new Map(),    // id -> run row (from the API, updated by `run` events)
+    curves: new Map(),  // id -> {step: [], value: [], spikes: [{step, value, kind}]}
+    metric: 'loss',
+    log: false,
+    smooth: 0,
+    chart: null,
+    chartKey: '',
+    dirty: false,
+  };
+
+  const header = el('div');
+  const controls = el('div', { class: 'controls' },
+    el('label', {}, 'metric', el('select', { id: 'metric', onchange: (e) => { state.metric = e.target.value; reloadCurves(); } },
+      el('option', { value: 'loss' }, 'train loss'), el('option', { value: 'grad_norm' }, 'gradient norm'))),
+    el('label', {}, el('input', { type: 'checkbox', id: 'log', onchange: (e) => { state.log = e.target.checked; redraw(true); } }), 'log scale'),
+    el('label', {}, 'EMA smoothing', el('input', { type: 'range', id: 'smooth', min: 0, max: 0.99, step: 0.01, value: 0,
+      oninput: (e) => { state.smooth = Number(e.target.value); smoothOut.textContent = state.smooth.toFixed(2); redraw(false); } })),
+  );
+  const smoothOut = el('span', { class: 'muted' }, '0.00');
+  controls.lastChild.append(smoothOut);
+  const chartBox = el('div', { class: 'chart', id: 'curves', 'data-points': 0 });
+  const tbody = el('tbody');
+  view.replaceChildren(header, controls, chartBox,
+    el('h2', {}, 'Runs'),
+    el('table', { id: 'runs' }, el('thead', {}, el('tr', {}, ['', 'run', 'variant', 'seed', 'state', 'step / total', 'last loss',
+      'spikes', 'params', 'budget', 'val loss'].map((h) => el('th', {}, h)))), tbody));
+
+  // The sweep first (a missing token or sweep fails here, at once).
+  const detail = await api(`sweeps/${encodeURIComponent(name)}`);
+  state.sweep = detail.sweep;
+  for (const r of detail.runs) state.runs.set(r.id, r);
+  drawHeader();
+  drawTable();
+  // Then the stream: its `hello` marks the moment after which every point comes live, then the
+  // curves are loaded (points on both are merged by step).
+  let resolveHello;
+  const hello = new Promise((r) => { resolveHello = r; });
+  const source = openStream(name, {
+    hello: () => resolveHello(),
+    points: onPoints,
+    run: onRun,
+    spike: onSpike,
+    sweep: (s) => { state.sweep = s; drawHeader(); },
+  }, ctx.live);
+  ctx.onLeave(() => source.close());
+  await Promise.race([hello, new Promise((r) => setTimeout(r, 2000))]);
+
+  await reloadCurves();
+  ctx.every(250, () => { if (state.dirty) { state.dirty = false; redraw(false); drawTable(); } });
+
+  async function reloadCurves() {
+    const body = await api(`sweeps/${encodeURIComponent(name)}/curves`, { points: CURVE_POINTS, metric: state.metric });
+    for (const c of body.runs) {
+      const old = state.curves.get(c.id);
+      // Live points already received past the loaded range stay.
+      const last = c.step.length ? c.step[c.step.length - 1] : 0;
+      const step = [...c.step], value = [...c.value];
+      if (old) {
+        for (let i = 0; i < old.step.length; i++) {
+          if (old.step[i] > last) { step.push(old.step[i]); value.push(old.value[i]); }
+        }
+      }
+      state.curves.set(c.id, { step, value, spikes: c.spikes });
+    }
+    redraw(true);
+  }
+
+  function onPoints(p) {
+    if (state.metric !== 'loss' && state.metric !== 'grad_norm') return;
+    let c = state.curves.get(p.run);
+    if (!c) { c = { step: [], value: [], spikes: [] }; state.curves.set(p.run, c); }
+    const values = state.metric === 'loss' ? p.loss : p.grad_norm;
+    const last = c.step.length ? c.step[c.step.length - 1] : 0;
+    for (let i = 0; i < p.step.length; i++) {
+      if (p.step[i] > last) { c.step.push(p.step[i]); c.value.push(values[i]); }
+    }
+    if (c.step.length > MAX_LIVE_POINTS) thin(c);
+    const run = state.runs.get(p.run);
+    if (run) {
+      run.steps_done = Math.max(run.steps_done, p.step[p.step.length - 1]);
+      const l = p.loss[p.loss.length - 1];
+      run.last_loss = l;
+    }
+    state.dirty = true;
+  }
+
+  function onRun(r) {
+    const old = state.runs.get(r.id);
+    state.runs.set(r.id, { ...old, ...r });
+    if (r.state === 'DIVERGED' && old?.state !== 'DIVERGED') {
+      ctx.alert(`Run ${r.id} (${r.variant}, seed ${r.seed}) DIVERGED at step ${r.steps_done}${r.reason ? `: ${r.reason}` : ''}`, 'diverged', `#/run/${r.id}`);
+    }
+    state.dirty = true;
+    state.chartKey = '';  // colours change
+  }
+
+  function onSpike(s) {
+    const c = state.curves.get(s.run);
+    if (c) c.spikes.push({ step: s.step, signal: s.signal, kind: s.kind, value: s.value });
+    const run = state.runs.get(s.run);
+    if (run) run.spike_steps = (run.spike_steps || 0) + 1;
+    const what = s.kind.replace('SPIKE_', '').toLowerCase();
+    ctx.alert(`Run ${s.run}${run ? ` (${run.variant}, seed ${run.seed})` : ''}: ${what} spike of ${s.signal} at step ${s.step} (${num(s.value)} vs ${num(s.baseline)})`,
+      s.kind === 'SPIKE_DIVERGENCE' || s.kind === 'SPIKE_NONFINITE' ? 'diverged' : 'spike', `#/run/${s.run}`);
+    state.dirty = true;
+  }
+
+  function runsInOrder() {
+    return [...state.runs.values()].sort((a, b) => a.run_index - b.run_index);
+  }
+
+  function drawHeader() {
+    const s = state.sweep;
+    if (!s) return;
+    header.replaceChildren(
+      el('h1', {}, s.name, ' ', stateBadge(s.state)),
+      el('div', { class: 'controls' }, progressBar(s),
+        el('span', {}, `${s.by_state.RUNNING} running, ${s.by_state.SUCCEEDED} succeeded, ${s.by_state.DIVERGED} diverged, ${s.by_state.FAILED} failed, ${s.by_state.PENDING} pending`),
+        el('span', { class: 'muted' }, `ETA ${duration(s.eta_s)}`),
+        s.description ? el('span', { class: 'muted' }, s.description) : null));
+  }
+
+  function colorOf(run, i) {
+    return run.state === 'DIVERGED' ? DIVERGED_COLOR : runColor(i);
+  }
+
+  function drawTable() {
+    const rows = runsInOrder().map((r, i) => el('tr', { class: r.state === 'DIVERGED' ? 'diverged' : '', 'data-run': r.id },
+      el('td', {}, el('span', { class: 'swatch', style: `background:${colorOf(r, i)}` })),
+      el('td', {}, el('a', { href: `#/run/${r.id}` }, `#${r.id}`)),
+      el('td', {}, r.variant, r.axes ? el('span', { class: 'muted' }, ` ${r.axes}`) : null),
+      el('td', { class: 'num' }, r.seed),
+      el('td', {}, stateBadge(r.state)),
+      el('td', { class: 'num' }, `${r.steps_done} / ${r.steps_total}`),
+      el('td', { class: 'num' }, num(r.last_loss)),
+      el('td', { class: 'num' }, r.spike_steps),
+      el('td', { class: 'num' }, count(r.params_total)),
+      el('td', { class: 'muted' }, r.budget || '—'),
+      el('td', { class: 'num' }, num(r.val_loss))));
+    tbody.replaceChildren(...rows);
+  }
+
+  function redraw(rebuild) {
+    const runs = runsInOrder().filter((r) => state.curves.has(r.id));
+    const list = runs.map((r) => {
+      const c = state.curves.get(r.id);
+      return { step: c.step, value: ema(c.value, state.smooth) };
+    });
+    const data = joinSeries(list);
+    let points = 0;
+    for (const r of runs) points += state.curves.get(r.id).step.length;
+    chartBox.dataset.points = points;
+    const key = `${state.metric}|${state.log}|${runs.map((r) => `${r.id}:${r.state}`).join(',')}`;
+    if (rebuild || !state.chart || key !== state.chartKey) {
+      if (state.chart) state.chart.destroy();
+      chartBox.replaceChildren();
+      const spikes = () => runs.flatMap((r, i) => state.curves.get(r.id).spikes
+        .filter((s) => s.signal === state.metric || state.metric === 'loss')
+        .map((s) => ({ seriesIdx: i + 1, step: s.step, value: valueAt(r.id, s.step) ?? s.value })));
+      state.chart = lineChart(chartBox, {
+        title: state.metric === 'loss' ? 'Training loss' : 'Gradient norm',
+        yLabel: state.metric,
+        log: state.log,
+        spikes,
+        height: 380,
+        series: runs.map((r, i) => ({
+          label: `#${r.id} ${r.variant} s${r.seed}`, stroke: colorOf(r, i), width: r.state === 'DIVERGED' ? 2.5 : 1.25,
+        })),
+        data,
+      });
+      state.chartKey = key;
+    } else {
+      state.chart.setData(data);
+    }
+  }
+
+  function valueAt(id, step) {
+    const c = state.curves.get(id);
+    let lo = 0, hi = c.step.length - 1;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      if (c.step[mid] === step) return c.value[mid];
+      if (c.step[mid] < step) lo = mid + 1; else hi = mid - 1;
+    }
+    return null;
+  }
+}
+
+// Keeps the newest quarter of a live curve whole and every other point of the rest.
+function thin(c) {
+  const keepFrom = Math.floor(c.step.length * 0.75);
+  const step = [], value = [];
+  for (let i = 0; i < c.step.length; i++) {
+    if (i >= keepFrom || i % 2 === 0) { step.push(c.step[i]); value.push(c.value[i]); }
+  }
+  c.step = step;
+  c.value = value;
+}
