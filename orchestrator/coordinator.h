@@ -108,8 +108,6 @@ class CoordinatorCore {
   // Wakes long polls and watches (they return), stops the lease checker. Idempotent.
   void Shutdown();
 
-  const Scheduler& scheduler_for_testing() const { return scheduler_; }
-
  private:
   CoordinatorCore(Store* store, const CoordinatorOptions& options);
   absl::Status Rebuild();

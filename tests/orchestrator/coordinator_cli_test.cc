@@ -206,5 +206,110 @@ TEST(ServeProcessTest, ServesUntilSigtermAndClientsNeedNoFlags) {
   std::filesystem::remove_all(dir);
 }
 
+// `ablate serve` on `state` as a child process; its address once it listens.
+pid_t SpawnServe(const std::string& state, const std::string& log, std::string* address) {
+  std::filesystem::remove(state + "/address");
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::freopen(log.c_str(), "a", stdout);
+    std::freopen(log.c_str(), "a", stderr);
+    ::execl(ABLATE_BIN, "ablate", "serve", "--port", "0", "--state-dir", state.c_str(),
+            static_cast<char*>(nullptr));
+    std::_Exit(127);
+  }
+  for (int i = 0; i < 200 && !std::filesystem::exists(state + "/address"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::ifstream in(state + "/address");
+  std::getline(in, *address);
+  return pid;
+}
+
+// SIGKILL the coordinator mid-run: on restart the worker's resent batch is a duplicate, it keeps
+// its job, and the run completes once with every metric point.
+TEST(ServeProcessTest, SigkillLosesNoMetricAndCompletesOnce) {
+  char tmpl[] = "/tmp/ablate_kill_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, state = dir + "/.ablate", log = dir + "/serve.log";
+  const std::string spec = dir + "/quick.yaml";
+  std::ofstream(spec) << QuickSpec("quick");
+  std::string address;
+  pid_t pid = SpawnServe(state, log, &address);
+  ASSERT_FALSE(address.empty());
+  ASSERT_EQ(RunCli({"submit", spec, "--state-dir", state}).code, 0);
+  std::string token;
+  std::ifstream(state + "/token") >> token;
+
+  auto call = [&](auto method, const auto& request, auto* response) {
+    auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+    auto stub = WorkerService::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ctx.AddMetadata("authorization", "Bearer " + token);
+    return ((*stub).*method)(&ctx, request, response);
+  };
+  RegisterRequest reg;
+  reg.set_name("survivor");
+  reg.mutable_resources()->set_cores(2);
+  RegisterResponse registered;
+  ASSERT_TRUE(call(&WorkerService::Stub::Register, reg, &registered).ok());
+  AcquireJobRequest acquire;
+  acquire.set_worker_id(registered.worker_id());
+  AcquireJobResponse acquired;
+  ASSERT_TRUE(call(&WorkerService::Stub::AcquireJob, acquire, &acquired).ok());
+  ASSERT_TRUE(acquired.has_job());
+  const Job job = acquired.job();
+  auto batch = [&](int64_t seq) {
+    ReportRequest r;
+    r.set_worker_id(registered.worker_id());
+    r.set_run_id(job.run_id());
+    r.set_attempt(job.attempt());
+    r.set_seq(seq);
+    for (int64_t i = 1; i <= 10; ++i) {
+      StepMetrics* m = r.add_steps();
+      m->set_step((seq - 1) * 10 + i);
+      m->set_loss(4.0);
+    }
+    return r;
+  };
+  ReportResponse reply;
+  ASSERT_TRUE(call(&WorkerService::Stub::Report, batch(1), &reply).ok());
+  ASSERT_TRUE(call(&WorkerService::Stub::Report, batch(2), &reply).ok());
+
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  pid = SpawnServe(state, log, &address);
+  ASSERT_FALSE(address.empty());
+
+  // The worker did not see batch 2's reply: it resends it, then goes on.
+  ASSERT_TRUE(call(&WorkerService::Stub::Report, batch(2), &reply).ok());
+  EXPECT_TRUE(reply.duplicate());
+  ASSERT_TRUE(call(&WorkerService::Stub::Report, batch(3), &reply).ok());
+  EXPECT_FALSE(reply.duplicate());
+  FinishRequest finish;
+  finish.set_worker_id(registered.worker_id());
+  finish.set_run_id(job.run_id());
+  finish.set_attempt(job.attempt());
+  finish.mutable_summary()->set_state(SUCCEEDED);
+  finish.mutable_summary()->set_steps_done(30);
+  FinishResponse finished;
+  ASSERT_TRUE(call(&WorkerService::Stub::Finish, finish, &finished).ok());
+  ASSERT_TRUE(call(&WorkerService::Stub::Finish, finish, &finished).ok());  // a retry
+
+  const std::string id = std::to_string(job.run_id());
+  CliResult r = RunCli({"query",
+                        "SELECT (SELECT count(*) FROM step_metrics WHERE run_id = " + id +
+                            ") || ' ' || (SELECT count(*) FROM attempts WHERE run_id = " + id +
+                            ") || ' ' || (SELECT state FROM runs WHERE id = " + id + ")",
+                        "--format", "csv", "--state-dir", state});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("30 1 SUCCEEDED"));
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace ablate
