@@ -7,6 +7,8 @@
 
 #include <thread>
 
+#include "grpcpp/generic/generic_stub.h"
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -390,6 +392,38 @@ TEST_F(CoordinatorTest, WatchStreamsProgressSpikesAndEndsWithTheSweep) {
   EXPECT_EQ(spikes, 1);
   EXPECT_GE(progress, 1);
   EXPECT_EQ(diverged, 1);
+}
+
+// grpc.health.v1.Health/Check over a generic stub (the health proto's C++ stubs are not
+// installed): request {} -> response {status: SERVING (1)} = bytes 08 01.
+TEST_F(CoordinatorTest, StandardHealthServiceIsServing) {
+  auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1);
+  auto call = stub.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
+  call->StartCall();
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  ASSERT_TRUE(ok);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices) {
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 TEST_F(CoordinatorTest, LongPollWakesWhenWorkArrives) {
