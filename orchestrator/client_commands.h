@@ -5,7 +5,7 @@
 //   ablate watch SWEEP                        live progress per run, spikes and divergences as
 //                                             they happen; exits when the sweep ends
 //   ablate cancel SWEEP                       cancel queued runs, stop running ones
-//   ablate rerun SWEEP --failed               queue FAILED and CANCELLED runs again (never DIVERGED)
+//   ablate rerun SWEEP --failed               queue FAILED and CANCELLED runs again (not DIVERGED)
 //   ablate query "SQL" [--format table|csv|json]   read-only SQL on the results database
 //   ablate table SWEEP [--format markdown|csv|json] the paper-style comparison table
 //   ablate export SWEEP --format csv|json [--steps] runs with final metrics, or step metrics

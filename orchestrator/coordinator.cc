@@ -160,7 +160,7 @@ void CoordinatorCore::LeaseCheckerLoop() {
   }
 }
 
-// ---- Client API ----------------------------------------------------------------------------------
+// ---- Client API --------------------------------------------------------------------------------
 
 absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& request) {
   if (static_cast<int64_t>(request.spec_yaml().size()) > options_.max_spec_bytes) {
@@ -548,7 +548,7 @@ absl::StatusOr<TableResponse> CoordinatorCore::Table(const TableRequest& request
   return response;
 }
 
-// ---- Worker API ----------------------------------------------------------------------------------
+// ---- Worker API --------------------------------------------------------------------------------
 
 absl::StatusOr<RegisterResponse> CoordinatorCore::Register(const RegisterRequest& request) {
   if (request.name().empty()) return absl::InvalidArgumentError("register: no worker name");
@@ -739,7 +739,8 @@ absl::Status CoordinatorCore::EndAttemptAndRetry(int64_t run_id, int64_t sweep_i
     absl::MutexLock lock(&mu_);
     cancelled = scheduler_.IsCancelled(sweep_id);
     auto base = attempt_base_.find(run_id);
-    decision = scheduler_.RetryAfterLoss(attempt - (base == attempt_base_.end() ? 0 : base->second));
+    const int before_rerun = base == attempt_base_.end() ? 0 : base->second;
+    decision = scheduler_.RetryAfterLoss(attempt - before_rerun);
     queued = scheduler_.LeasedRun(run_id);
   }
   RunTransition t;
