@@ -12,7 +12,10 @@ PACKAGES := cmake ninja-build g++ pkg-config \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libsqlite3-dev sqlite3 libfmt-dev libboost-dev libyaml-cpp-dev nlohmann-json3-dev \
   libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  bible-kjv
+  bible-kjv \
+  nodejs chromium
+# nodejs brings npm here (the machine's Node.js); the build runs `npm ci` in dashboard/ (uPlot,
+# playwright-core), and the browser test drives Debian's chromium, never a downloaded one.
 # Only for `make bench`: Debian's PyTorch (same kernels as our LibTorch) as the reference.
 BENCH_PACKAGES := python3-torch
 

@@ -96,7 +96,10 @@ export function barChart(target, { title, labels, values, xLabel, yLabel, color 
     width,
     height,
     legend: { show: false },
-    scales: { x: { time: false, range: [-0.5, Math.max(0.5, labels.length - 0.5)] } },
+    scales: {
+      x: { time: false, range: [-0.5, Math.max(0.5, labels.length - 0.5)] },
+      y: { range: (u, min, max) => [Math.min(0, min), max > 0 ? max * 1.08 : 1] },
+    },
     axes: [
       { label: xLabel, values: (u, ticks) => ticks.map((t) => (Number.isInteger(t) ? labels[t] ?? '' : '')) },
       { label: yLabel, size: 60 },

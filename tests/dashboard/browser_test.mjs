@@ -1,0 +1,182 @@
+// The dashboard in a real browser: Debian's headless Chromium driven by playwright-core.
+//
+//   node tests/dashboard/browser_test.mjs --sim BUILD/dashboard_sim --out DIR
+//
+// 1. A live sweep (dashboard_sim --mode live: runs appear, points grow, one run spikes then
+//    DIVERGES): the run table fills, the curves grow without a reload, the divergence alert shows,
+//    no console errors. Screenshots of the sweep, run, compare and sweeps pages.
+// 2. Without the token: the API answers 401 and the page says how to get in.
+// 3. Load time: a finished sweep of 40 runs x 10,000 steps, navigation to curves drawn.
+// Prints 'N passed, N failed'; exits non-zero on any failure.
+import { spawn } from 'node:child_process';
+import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+
+const require = createRequire(new URL('../../dashboard/package.json', import.meta.url));
+const { chromium } = require('playwright-core');
+
+const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
+  (a.startsWith('--') ? [...acc, [a.slice(2), all[i + 1]]] : acc), []));
+const SIM = args.sim;
+const OUT = args.out || join(tmpdir(), 'dashboard_browser_test');
+const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+const LOAD_BUDGET_MS = Number(process.env.DASHBOARD_LOAD_BUDGET_MS || 1000);
+mkdirSync(OUT, { recursive: true });
+
+let passed = 0;
+let failed = 0;
+function check(ok, what) {
+  if (ok) { passed++; console.log(`ok   ${what}`); } else { failed++; console.log(`FAIL ${what}`); }
+}
+
+const children = [];
+const scratch = mkdtempSync(join(tmpdir(), 'ablate-dash-'));
+
+// Starts the simulator; resolves with its JSON line (url, port, sweep, diverging_run).
+function startSim(extra) {
+  const child = spawn(SIM, ['--db', join(scratch, `${extra[1]}.db`), '--token', 'browser-test-token', ...extra],
+    { stdio: ['ignore', 'pipe', 'inherit'] });
+  children.push(child);
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('dashboard_sim did not start in 120 s')), 120000);
+    createInterface({ input: child.stdout }).once('line', (line) => { clearTimeout(timer); resolve(JSON.parse(line)); });
+    child.once('exit', (code) => reject(new Error(`dashboard_sim exited with ${code}`)));
+  });
+}
+
+async function launch() {
+  // A fresh profile each time; never a downloaded browser.
+  const profile = mkdtempSync(join(scratch, 'profile-'));
+  return chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM,
+    headless: true,
+    viewport: { width: 1400, height: 1000 },
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking',
+      '--disable-component-update', '--disable-sync'],
+  });
+}
+
+function watchConsole(page, errors) {
+  page.on('console', (msg) => { if (msg.type() === 'error') errors.push(msg.text()); });
+  page.on('pageerror', (err) => errors.push(String(err)));
+}
+
+async function livePhase() {
+  const sim = await startSim(['--mode', 'live', '--steps', '3000']);
+  const base = sim.url.replace(/\/\?token=.*/, '');
+  const context = await launch();
+  const page = context.pages()[0] || await context.newPage();
+  const errors = [];
+  watchConsole(page, errors);
+  await page.goto(`${sim.url}#/sweep/${sim.sweep}`);
+  await page.evaluate(() => { window.__sameDocument = true; });
+
+  await page.waitForFunction(() => document.querySelectorAll('#runs tbody tr').length === 6, null, { timeout: 10000 });
+  check(await page.locator('#runs tbody tr').count() === 6, 'the run table fills (6 runs)');
+  check(!page.url().includes('token='), 'the token leaves the address bar (kept in sessionStorage)');
+  await page.waitForFunction(() => Number(document.querySelector('#curves').dataset.points) > 0, null, { timeout: 10000 });
+  check(await page.locator('#curves canvas').count() === 1, 'the curves are drawn on a canvas');
+  const first = Number(await page.getAttribute('#curves', 'data-points'));
+  await page.waitForTimeout(1500);
+  const second = Number(await page.getAttribute('#curves', 'data-points'));
+  check(second > first, `the curves grow without a reload (${first} -> ${second} points)`);
+  check(await page.evaluate(() => window.__sameDocument === true), 'no reload happened');
+  const stepsBefore = await page.locator(`#runs tr[data-run="1"] td:nth-child(6)`).textContent();
+
+  // Now the third run spikes, then diverges (the page is open: the alerts are live ones).
+  children[children.length - 1].kill('SIGUSR1');
+  await page.waitForSelector('.alert[data-kind="spike"]', { timeout: 20000 });
+  check(true, 'a spike alert shows');
+  const diverged = page.locator('.alert.diverged', { hasText: 'DIVERGED' });
+  await diverged.waitFor({ timeout: 20000 });
+  const alert = (await diverged.first().textContent()).replace('×', '').trim();
+  check(alert.includes(`Run ${sim.diverging_run}`), `the divergence alert shows: "${alert}"`);
+  await page.waitForSelector(`#runs tr.diverged[data-run="${sim.diverging_run}"]`, { timeout: 5000 });
+  check(true, 'the diverged run is highlighted in the table');
+  const stepsAfter = await page.locator(`#runs tr[data-run="1"] td:nth-child(6)`).textContent();
+  check(stepsBefore !== stepsAfter, `the run table's steps move live (${stepsBefore} -> ${stepsAfter})`);
+  await page.waitForTimeout(500);
+  await page.screenshot({ path: join(OUT, 'sweep.png'), fullPage: true });
+
+  // Log scale and smoothing redraw without errors.
+  await page.check('#log');
+  await page.locator('#smooth').fill('0.9');
+  await page.waitForTimeout(300);
+  await page.screenshot({ path: join(OUT, 'sweep_log_smoothed.png'), fullPage: true });
+
+  await page.goto(`${base}/#/run/${sim.diverging_run}`);
+  await page.waitForSelector('#spikes tbody tr', { timeout: 10000 });
+  check(await page.locator('.grid .chart canvas').count() >= 6, 'the run page draws loss, val loss, grad norm, lr, M-Act, F-Attn, gate histogram');
+  check(await page.locator('#spikes tbody tr').count() >= 2, 'the run page lists its spike events');
+  await page.screenshot({ path: join(OUT, 'run.png'), fullPage: true });
+
+  await page.goto(`${base}/#/compare/${sim.sweep}`);
+  await page.waitForSelector('#compare tbody tr');
+  check(await page.locator('#compare tbody tr').count() === 3, 'the compare page has one row per variant');
+  await page.click('#compare th[data-key="variant"]');
+  const firstVariant = await page.locator('#compare tbody tr td').first().textContent();
+  check(firstVariant === 'baseline', `the compare table sorts by a clicked column (${firstVariant})`);
+  await page.screenshot({ path: join(OUT, 'compare.png'), fullPage: true });
+
+  await page.goto(`${base}/#/`);
+  await page.waitForSelector('#sweeps tbody tr');
+  check(await page.locator('#sweeps tbody tr').count() === 1, 'the sweeps page lists the sweep');
+  await page.screenshot({ path: join(OUT, 'sweeps.png'), fullPage: true });
+  check(errors.length === 0, `no console errors${errors.length ? `: ${errors.join(' | ')}` : ''}`);
+  await context.close();
+
+  // Without the token.
+  const res = await fetch(`${base}/api/sweeps`);
+  check(res.status === 401, `the API answers 401 without the token (${res.status})`);
+  const anon = await launch();
+  const anonPage = anon.pages()[0] || await anon.newPage();
+  await anonPage.goto(`${base}/#/sweep/${sim.sweep}`);
+  await anonPage.waitForSelector('#unauthorized', { timeout: 10000 });
+  const text = await anonPage.locator('#unauthorized').textContent();
+  check(text.includes('Not authorized') && text.includes('open the URL ablate printed'), `the page says so: "${text}"`);
+  await anonPage.screenshot({ path: join(OUT, 'unauthorized.png') });
+  await anon.close();
+}
+
+async function loadPhase() {
+  const sim = await startSim(['--mode', 'bench', '--runs', '40', '--steps', '10000']);
+  const context = await launch();
+  const page = context.pages()[0] || await context.newPage();
+  const errors = [];
+  watchConsole(page, errors);
+  const times = [];
+  for (let i = 0; i < 3; i++) {
+    await page.goto('about:blank');
+    await page.goto(`${sim.url}#/sweep/${sim.sweep}`);
+    await page.waitForFunction(() => document.querySelector('#curves')?.dataset.drawnAt, null, { timeout: 20000 });
+    times.push(Number(await page.getAttribute('#curves', 'data-drawn-at')));
+  }
+  const rows = await page.locator('#runs tbody tr').count();
+  const points = Number(await page.getAttribute('#curves', 'data-points'));
+  const best = Math.min(...times);
+  console.log(`load: sweep page, ${rows} runs x 10,000 steps (${points} points drawn): ` +
+    `navigation -> curves drawn ${times.map((t) => t.toFixed(0)).join(', ')} ms (best ${best.toFixed(0)} ms)`);
+  check(rows === 40, 'the load sweep has 40 runs');
+  check(best < LOAD_BUDGET_MS, `the 40 x 10,000 sweep page loads in under ${LOAD_BUDGET_MS} ms (${best.toFixed(0)} ms)`);
+  await page.screenshot({ path: join(OUT, 'sweep_40x10000.png'), fullPage: true });
+  check(errors.length === 0, `no console errors on the load page${errors.length ? `: ${errors.join(' | ')}` : ''}`);
+  await context.close();
+}
+
+try {
+  if (!SIM) throw new Error('usage: browser_test.mjs --sim PATH/dashboard_sim [--out DIR]');
+  await livePhase();
+  await loadPhase();
+} catch (err) {
+  failed++;
+  console.log(`FAIL ${err.stack || err}`);
+} finally {
+  for (const c of children) c.kill('SIGTERM');
+  rmSync(scratch, { recursive: true, force: true });
+  console.log(`screenshots: ${OUT}`);
+  console.log(`${passed} passed, ${failed} failed`);
+  process.exitCode = failed > 0 ? 1 : 0;
+}

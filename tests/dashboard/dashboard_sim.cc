@@ -1,0 +1,238 @@
+// A running sweep without LibTorch, for the browser test and the load benchmark: writes a results
+// store through the real Store API (as the coordinator would from workers' reports) and serves it
+// with a real DashboardServer reading the file read-only.
+//
+//   dashboard_sim --db DIR/ablate.db --token T --mode live   # runs appear, points grow, one run
+//                                                            # spikes then DIVERGES (SIGUSR1)
+//   dashboard_sim --db ... --mode bench --runs 40 --steps 10000  # a finished sweep to load
+//
+// Prints one JSON line {"url", "port", "sweep", "diverging_run"} once serving, then runs until
+// SIGINT/SIGTERM or --duration seconds. SIGUSR1 (live): the third run spikes, then DIVERGES, soon.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "orchestrator/dashboard_server.h"
+#include "tests/orchestrator/dashboard_test_util.h"
+
+namespace ablate {
+namespace {
+
+using namespace dashboard_test;
+
+std::atomic<bool> g_stop{false};
+std::atomic<bool> g_diverge_now{false};
+
+void OnSignal(int) { g_stop = true; }
+void OnDivergeSignal(int) { g_diverge_now = true; }
+
+struct LiveRun {
+  int64_t id = 0;
+  int64_t step = 0;
+  int64_t seq = 0;
+};
+
+absl::Status Check(const absl::Status& s) {
+  if (!s.ok()) std::cerr << "dashboard_sim: " << s << "\n";
+  return s;
+}
+
+// A finished sweep of `runs` runs x `steps` steps (4 variants), evaluations every steps/10.
+absl::Status WriteBench(Store* store, int runs, int64_t steps) {
+  const std::vector<std::string> variants = {"baseline", "g1_elementwise", "g1_headwise",
+                                             "g2_elementwise"};
+  const int seeds = (runs + 3) / 4;
+  absl::StatusOr<SweepIds> ids = store->CreateSweep(MakeSweep("bench", variants, seeds, steps));
+  if (!ids.ok()) return ids.status();
+  for (size_t i = 0; i < ids->run_ids.size() && static_cast<int>(i) < runs; ++i) {
+    const int64_t id = ids->run_ids[i];
+    if (absl::StatusOr<TransitionResult> r = StartRun(store, id); !r.ok()) return r.status();
+    const int64_t chunk = 5000;
+    for (int64_t first = 1, seq = 1; first <= steps; first += chunk, ++seq) {
+      MetricBatch b = StepBatch(id, 1, seq, first, std::min(chunk, steps - first + 1));
+      for (int64_t e = first; e < first + chunk && e <= steps; ++e) {
+        if (e % std::max<int64_t>(1, steps / 10) == 0) b.evals.push_back(Eval(e, 4, true));
+      }
+      if (absl::StatusOr<ReportResult> r = store->ReportMetrics(b); !r.ok()) return r.status();
+    }
+    if (auto r = FinishRun(store, id, SUCCEEDED, steps, ""); !r.ok()) return r.status();
+  }
+  return store->Flush();
+}
+
+// One tick of the live sweep: every RUNNING run advances `per_tick` steps; the diverging run
+// spikes at spike_step and goes non-finite at diverge_step; finished runs make room for pending
+// ones (at most `parallel` running).
+class LiveSweep {
+ public:
+  LiveSweep(Store* store, std::vector<int64_t> ids, int64_t steps, int parallel,
+            int64_t spike_step, int64_t diverge_step)
+      : store_(store), pending_(std::move(ids)), steps_(steps), parallel_(parallel),
+        spike_step_(spike_step), diverge_step_(diverge_step) {
+    diverging_ = pending_.size() > 2 ? pending_[2] : pending_.back();
+  }
+  int64_t diverging() const { return diverging_; }
+
+  // SIGUSR1: the diverging run spikes 10 steps from now and goes non-finite 60 steps from now.
+  void DivergeSoon() {
+    auto it = running_.find(diverging_);
+    const int64_t at = it == running_.end() ? 0 : it->second.step;
+    spike_step_ = at + 10;
+    diverge_step_ = at + 60;
+  }
+
+  absl::Status Tick(int64_t per_tick) {
+    while (static_cast<int>(running_.size()) < parallel_ && !pending_.empty()) {
+      const int64_t id = pending_.front();
+      pending_.erase(pending_.begin());
+      if (auto r = StartRun(store_, id); !r.ok()) return r.status();
+      running_[id] = LiveRun{id, 0, 0};
+    }
+    for (auto it = running_.begin(); it != running_.end();) {
+      LiveRun& run = it->second;
+      const int64_t n = std::min(per_tick, steps_ - run.step);
+      MetricBatch b = StepBatch(run.id, 1, ++run.seq, run.step + 1, n);
+      bool diverged = false;
+      for (StepMetrics& m : b.steps) {
+        if (m.step() % 100 == 0) b.evals.push_back(Eval(m.step(), 4, true));
+        if (run.id != diverging_) continue;
+        if (m.step() >= spike_step_ && m.step() < spike_step_ + 3) m.set_loss(m.loss() * 8);
+        if (m.step() == spike_step_) {
+          SpikeEvent& s = b.spikes.emplace_back();
+          s.set_step(m.step());
+          s.set_signal("loss");
+          s.set_value(m.loss());
+          s.set_baseline(m.loss() / 8 * 1.2);
+          s.set_kind(SPIKE_CATASTROPHIC);
+          s.set_action(SPIKE_ACTION_RECORDED);
+        }
+        if (m.step() >= diverge_step_) {
+          m.set_loss(std::numeric_limits<double>::quiet_NaN());
+          m.set_skipped(true);
+          if (m.step() == diverge_step_ + 2) {
+            SpikeEvent& s = b.spikes.emplace_back();
+            s.set_step(m.step());
+            s.set_signal("loss");
+            s.set_value(std::numeric_limits<double>::quiet_NaN());
+            s.set_baseline(3);
+            s.set_kind(SPIKE_NONFINITE);
+            s.set_action(SPIKE_ACTION_STOPPED);
+            diverged = true;
+            b.steps.resize(m.step() - b.steps.front().step() + 1);
+            break;
+          }
+        }
+      }
+      if (absl::StatusOr<ReportResult> r = store_->ReportMetrics(b); !r.ok()) return r.status();
+      run.step = b.steps.back().step();
+      if (diverged) {
+        if (auto r = FinishRun(store_, run.id, DIVERGED, run.step, "loss non-finite for 3 steps", 2);
+            !r.ok()) {
+          return r.status();
+        }
+        it = running_.erase(it);
+      } else if (run.step >= steps_) {
+        if (auto r = FinishRun(store_, run.id, SUCCEEDED, run.step, ""); !r.ok()) {
+          return r.status();
+        }
+        it = running_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  Store* store_;
+  std::vector<int64_t> pending_;
+  std::map<int64_t, LiveRun> running_;
+  const int64_t steps_;
+  const int parallel_;
+  int64_t spike_step_, diverge_step_;
+  int64_t diverging_ = 0;
+};
+
+int Main(int argc, char** argv) {
+  CLI::App app("Simulated sweep + dashboard server for the dashboard's browser test and bench");
+  std::string db, token = "dashboard-sim-token", mode = "live";
+  int runs = 40, parallel = 4, port = 0;
+  int64_t steps = 10000, per_tick = 5;
+  int64_t spike_step = std::numeric_limits<int64_t>::max() / 2, diverge_step = spike_step;
+  double duration_s = 300, tick_s = 0.1;
+  app.add_option("--db", db, "database file (created)")->required();
+  app.add_option("--token", token);
+  app.add_option("--port", port);
+  app.add_option("--mode", mode, "live | bench")->check(CLI::IsMember({"live", "bench"}));
+  app.add_option("--runs", runs, "bench: runs");
+  app.add_option("--steps", steps, "steps per run");
+  app.add_option("--parallel", parallel, "live: runs training at once");
+  app.add_option("--spike-step", spike_step, "live: the diverging run spikes here (or on SIGUSR1)");
+  app.add_option("--diverge-step", diverge_step, "live: ... and goes non-finite here");
+  app.add_option("--steps-per-tick", per_tick);
+  app.add_option("--tick", tick_s, "live: seconds between reports");
+  app.add_option("--duration", duration_s, "seconds before exiting by itself");
+  CLI11_PARSE(app, argc, argv);
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  signal(SIGUSR1, OnDivergeSignal);
+
+  StoreOptions so;
+  so.path = db;
+  so.synchronous_full = false;
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(so);
+  if (!Check(store.status()).ok()) return 1;
+  std::unique_ptr<LiveSweep> live;
+  std::string sweep;
+  if (mode == "bench") {
+    sweep = "bench";
+    if (!Check(WriteBench(store->get(), runs, steps)).ok()) return 1;
+  } else {
+    sweep = "quick";
+    if (mode == "live" && steps == 10000) steps = 600;
+    absl::StatusOr<SweepIds> ids = (*store)->CreateSweep(
+        MakeSweep(sweep, {"baseline", "g1_elementwise", "g1_headwise"}, 2, steps));
+    if (!Check(ids.status()).ok()) return 1;
+    live = std::make_unique<LiveSweep>(store->get(), ids->run_ids, steps, parallel, spike_step,
+                                       diverge_step);
+    if (!Check(live->Tick(50)).ok()) return 1;  // runs already under way when the page opens
+    if (!Check((*store)->Flush()).ok()) return 1;
+  }
+
+  DashboardOptions o;
+  o.port = port;
+  o.token = token;
+  o.db_path = db;
+  absl::StatusOr<std::unique_ptr<DashboardServer>> server = DashboardServer::Start(o);
+  if (!Check(server.status()).ok()) return 1;
+  std::cout << nlohmann::json{{"url", (*server)->Url()},
+                              {"port", (*server)->port()},
+                              {"sweep", sweep},
+                              {"diverging_run", live ? live->diverging() : 0}}
+                   .dump()
+            << std::endl;
+
+  const auto end = std::chrono::steady_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(duration_s * 1000));
+  while (!g_stop && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(tick_s * 1000)));
+    if (live && g_diverge_now.exchange(false)) live->DivergeSoon();
+    if (live && !Check(live->Tick(per_tick)).ok()) return 1;
+  }
+  (*server)->Stop();
+  return 0;
+}
+
+}  // namespace
+}  // namespace ablate
+
+int main(int argc, char** argv) { return ablate::Main(argc, argv); }
