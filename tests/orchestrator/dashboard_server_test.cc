@@ -276,7 +276,7 @@ TEST_F(DashboardServerTest, CurvesAreDownsampledPerRun) {
   ASSERT_EQ(j["runs"].size(), 4u);
   EXPECT_EQ(j["points"], 100);
   const json& first = j["runs"][0];
-  // min/max per bucket + the last point + the spike step.
+  // Every 10th step (a grid shared by the runs) + the last point + the spike step.
   EXPECT_LE(first["step"].size(), 102u);
   EXPECT_GE(first["step"].size(), 90u);
   EXPECT_EQ(first["step"].size(), first["value"].size());
@@ -291,7 +291,13 @@ TEST_F(DashboardServerTest, CurvesAreDownsampledPerRun) {
   EXPECT_EQ(Get(port_, "/api/sweeps/gates/curves?points=5000").Json()["runs"][1]["step"].size(),
             300u);
   // Huge requests are capped.
-  EXPECT_EQ(Get(port_, "/api/sweeps/gates/curves?points=1000000000").Json()["points"], 20000);
+  EXPECT_EQ(Get(port_, "/api/sweeps/gates/curves?points=1000000000").Json()["points"], 5000);
+  // The runs share their steps: the grid's, with the spike steps added.
+  json shared = Get(port_, "/api/sweeps/gates/curves?points=50").Json();
+  EXPECT_EQ(shared["stride"], 20);
+  EXPECT_EQ(shared["runs"][2]["step"][0], 20);
+  EXPECT_EQ(shared["runs"][0]["step"][0], 20);
+  EXPECT_EQ(shared["runs"][2]["step"].back(), 500);
   json grad = Get(port_, "/api/sweeps/gates/curves?metric=grad_norm&points=10").Json();
   EXPECT_EQ(grad["metric"], "grad_norm");
   EXPECT_LE(grad["runs"][0]["step"].size(), 12u);
