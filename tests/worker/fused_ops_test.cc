@@ -67,5 +67,14 @@ TEST(FusedOpsTest, SiluMulMatchesEager) {
                       [](const auto& x) { return reference::SiluMul(x[0], x[1]); });
 }
 
+TEST(FusedOpsTest, SigmoidGateMatchesEagerElementwiseAndHeadwise) {
+  torch::manual_seed(4);
+  for (int64_t p : {8, 1}) {
+    ExpectSameWithGrads({torch::randn({2, 5, 3, 8}), torch::randn({2, 5, 3, p}) * 3},
+                        [](const auto& x) { return SigmoidGate(x[0], x[1]); },
+                        [](const auto& x) { return reference::SigmoidGate(x[0], x[1]); });
+  }
+}
+
 }  // namespace
 }  // namespace ablate

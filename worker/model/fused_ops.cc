@@ -26,6 +26,10 @@ torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b) {
   return torch::silu(a) * b;
 }
 
+torch::Tensor SigmoidGate(const torch::Tensor& y, const torch::Tensor& logits) {
+  return y * torch::sigmoid(logits);
+}
+
 }  // namespace reference
 
 namespace {
@@ -188,6 +192,69 @@ class SiluMulCpu : public torch::autograd::Function<SiluMulCpu> {
   }
 };
 
+// Rows of y (length P) each gated by P logits, or by one when `headwise`.
+class SigmoidGateCpu : public torch::autograd::Function<SigmoidGateCpu> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& y_in,
+                               const torch::Tensor& logits_in) {
+    const torch::Tensor y = y_in.contiguous(), l = logits_in.contiguous();
+    const int64_t P = y.size(-1), rows = y.numel() / P;
+    const bool headwise = l.size(-1) == 1 && P != 1;
+    torch::Tensor out = torch::empty_like(y);
+    const float *yp = y.data_ptr<float>(), *lp = l.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    at::parallel_for(0, rows, Grain(P), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const float* yr = yp + r * P;
+        float* o = op + r * P;
+        if (headwise) {
+          const float s = 1.0f / (1.0f + std::exp(-lp[r]));
+          for (int64_t i = 0; i < P; ++i) o[i] = yr[i] * s;
+        } else {
+          const float* lr = lp + r * P;
+          for (int64_t i = 0; i < P; ++i) o[i] = yr[i] / (1.0f + std::exp(-lr[i]));
+        }
+      }
+    });
+    ctx->save_for_backward({y, l});
+    return out;
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &y = saved[0], &l = saved[1];
+    const torch::Tensor g = grads[0].contiguous();
+    const int64_t P = y.size(-1), rows = y.numel() / P;
+    const bool headwise = l.size(-1) == 1 && P != 1;
+    torch::Tensor dy = torch::empty_like(y), dl = torch::empty_like(l);
+    const float *yp = y.data_ptr<float>(), *lp = l.data_ptr<float>(), *gp = g.data_ptr<float>();
+    float *dyp = dy.data_ptr<float>(), *dlp = dl.data_ptr<float>();
+    at::parallel_for(0, rows, Grain(P), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const float *yr = yp + r * P, *gr = gp + r * P;
+        float* dyr = dyp + r * P;
+        if (headwise) {
+          const float s = 1.0f / (1.0f + std::exp(-lp[r]));
+          float dot = 0;
+          for (int64_t i = 0; i < P; ++i) {
+            dyr[i] = gr[i] * s;
+            dot += gr[i] * yr[i];
+          }
+          dlp[r] = dot * s * (1.0f - s);
+        } else {
+          const float* lr = lp + r * P;
+          float* dlr = dlp + r * P;
+          for (int64_t i = 0; i < P; ++i) {
+            const float s = 1.0f / (1.0f + std::exp(-lr[i]));
+            dyr[i] = gr[i] * s;
+            dlr[i] = gr[i] * yr[i] * s * (1.0f - s);
+          }
+        }
+      }
+    });
+    return {dy, dl};
+  }
+};
+
 }  // namespace
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
@@ -205,6 +272,15 @@ torch::Tensor RopeToHeads(const torch::Tensor& x, const torch::Tensor& cos, cons
 torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b) {
   if (!Fusable(a) || !Fusable(b) || a.sizes() != b.sizes()) return reference::SiluMul(a, b);
   return SiluMulCpu::apply(a, b);
+}
+
+torch::Tensor SigmoidGate(const torch::Tensor& y, const torch::Tensor& logits) {
+  const bool shapes_fit =
+      y.dim() == logits.dim() && y.dim() >= 1 &&
+      y.sizes().slice(0, y.dim() - 1) == logits.sizes().slice(0, y.dim() - 1) &&
+      (logits.size(-1) == y.size(-1) || logits.size(-1) == 1);
+  if (!Fusable(y) || !Fusable(logits) || !shapes_fit) return reference::SigmoidGate(y, logits);
+  return SigmoidGateCpu::apply(y, logits);
 }
 
 }  // namespace ablate

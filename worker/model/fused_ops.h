@@ -25,12 +25,17 @@ torch::Tensor RopeToHeads(const torch::Tensor& x, const torch::Tensor& cos, cons
 // silu(a) * b (SwiGLU's activation).
 torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b);
 
+// y * sigmoid(logits), the paper's default gate: y (..., P) with logits (..., P) (elementwise)
+// or (..., 1) (headwise), leading dimensions equal.
+torch::Tensor SigmoidGate(const torch::Tensor& y, const torch::Tensor& logits);
+
 // The eager LibTorch versions: the fallback, and what the tests compare against.
 namespace reference {
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 torch::Tensor RopeToHeads(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                           double scale);
 torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b);
+torch::Tensor SigmoidGate(const torch::Tensor& y, const torch::Tensor& logits);
 }  // namespace reference
 
 }  // namespace ablate

@@ -149,6 +149,15 @@ torch::Tensor GateImpl::Scores(const torch::Tensor& x) {
   return ScoresFromLogits(proj_(x));
 }
 
+torch::Tensor GateImpl::SigmoidLogits(const torch::Tensor& x) {
+  if (gate_.input_independent() || gate_.position() == GATE_G5 ||
+      gate_.sharing() == GATE_HEAD_SHARED || gate_.mode() != GATE_MULTIPLICATIVE ||
+      gate_.activation() != GATE_SIGMOID) {
+    return torch::Tensor();
+  }
+  return proj_(x).view({x.size(0), x.size(1), heads_, per_head_});  // (B, T, H, ph)
+}
+
 torch::Tensor GateImpl::ScoresFromLogits(const torch::Tensor& logits) {
   if (gate_.position() == GATE_G5) return GateActivate(logits, gate_.activation());  // (B, T, d)
   torch::Tensor l = logits.view({logits.size(0), logits.size(1), heads_, per_head_});  // (B, T, H, ph)
@@ -269,8 +278,14 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, ProbeRecorder* prob
 
   // Scores of this layer's gate, shaped to broadcast on its target; the probes see them
   // broadcast to the gated tensor, so statistics are per element for every kind of gate.
-  const torch::Tensor gate = gate_ ? gate_->Scores(x) : torch::Tensor();
+  // The default sigmoid gate runs as one fused multiply; every other kind as scores.
+  const torch::Tensor logits = gate_ ? gate_->SigmoidLogits(x) : torch::Tensor();
+  const torch::Tensor gate = gate_ && !logits.defined() ? gate_->Scores(x) : torch::Tensor();
   auto gated = [&](const torch::Tensor& target) {
+    if (logits.defined()) {
+      if (probes) probes->GateScores(layer_, torch::sigmoid(logits).expand_as(target));
+      return SigmoidGate(target, logits);
+    }
     if (probes) probes->GateScores(layer_, gate.expand_as(target));
     return ApplyGate(target, gate, mode);
   };
@@ -287,7 +302,11 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, ProbeRecorder* prob
     default: break;
   }
   if (pos == GATE_G1) y = gated(y);
-  if (probes) probes->Sparsity(layer_, sdpa, y, pos == GATE_G1 ? gate : torch::Tensor());
+  if (probes) {
+    const torch::Tensor g1 = pos != GATE_G1 ? torch::Tensor()
+                             : logits.defined() ? torch::sigmoid(logits) : gate;
+    probes->Sparsity(layer_, sdpa, y, g1);
+  }
 
   torch::Tensor out = o_proj_(y.reshape({B, T, H * dk}));  // (B, T, d_model)
   if (pos == GATE_G5) out = gated(out);

@@ -75,6 +75,9 @@ class GateImpl : public torch::nn::Module {
   // heads is 1 when head-shared; (B, T, d_model) at G5. Input-independent scores have leading
   // singleton dimensions instead of B, T.
   torch::Tensor Scores(const torch::Tensor& x);
+  // The paper's default gate, head-specific multiplicative sigmoid of x W: the logits
+  // (B, T, heads, d_k or 1), for the fused y * sigmoid(logits) kernel. Empty for every other kind.
+  torch::Tensor SigmoidLogits(const torch::Tensor& x);
 
  private:
   // Activation and head sharing of logits x W^T (B, T, heads * per_head).
