@@ -34,9 +34,11 @@
 //
 // Connection. Every call carries `authorization: Bearer <token>` and a deadline. While the
 // coordinator is unreachable the agent retries with capped exponential backoff and registers
-// again once it answers, logging one line per change of state (not one per retry).
-// UNAUTHENTICATED, PERMISSION_DENIED, UNIMPLEMENTED and INVALID_ARGUMENT from Register or
-// AcquireJob are not retried: Run() returns them.
+// again once it answers, logging one line per change of state (not one per retry). Transient
+// codes (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, INTERNAL, UNKNOWN,
+// CANCELLED) are retried; NOT_FOUND from AcquireJob (a coordinator that forgot this worker)
+// registers again; any other code (UNAUTHENTICATED: a wrong token, UNIMPLEMENTED, ...) from
+// Register, AcquireJob, Report or Finish ends Run() with that error, naming the coordinator.
 //
 // Thread safety: an Agent is driven by one thread (Run); it starts and joins its sender threads.
 // `interrupt` and `abort` may be set from any thread or a signal handler.
