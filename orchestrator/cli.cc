@@ -6,6 +6,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "orchestrator/client_commands.h"
+#include "orchestrator/dashboard_command.h"
 #include "orchestrator/expand_command.h"
 #include "orchestrator/serve_command.h"
 #include "orchestrator/up_command.h"
@@ -23,6 +24,7 @@ int RunAblateCli(int argc, const char* const* argv, std::ostream& out, std::ostr
   AddServeCommand(&app, &out, &action);
   AddUpCommand(&app, &out, &action);
   AddClientCommands(&app, &out, &action);
+  AddDashboardCommand(&app, &out, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

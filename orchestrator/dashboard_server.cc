@@ -1,5 +1,6 @@
 #include "orchestrator/dashboard_server.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -39,6 +40,7 @@ constexpr int kDefaultCurvePoints = 600;
 constexpr int kMaxCurvePoints = 5000;  // per run, on the sweep overlay
 constexpr int kMaxEventsPerPage = 1000;
 constexpr size_t kMaxHeaderBytes = 16 << 10;
+constexpr absl::Duration kIdleTimeout = absl::Seconds(30);
 
 // ---- Requests and responses -----------------------------------------------------------------
 
@@ -498,7 +500,9 @@ void DashboardServer::Impl::AcceptLoop() {
     if (stopping) return;
     if (ec) {
       if (ec == asio::error::invalid_argument || ec == asio::error::bad_descriptor) return;
-      continue;  // EMFILE, a connection reset before accept: keep serving
+      // EMFILE, a connection reset before accept: keep serving, without spinning.
+      mu.AwaitWithTimeout(absl::Condition(&stopping), absl::Milliseconds(20));
+      continue;
     }
     if (active >= options.max_connections) {
       static constexpr char kBusy[] =
@@ -535,6 +539,11 @@ bool DashboardServer::Impl::Sleep(absl::Duration d) {
 void DashboardServer::Impl::Serve(tcp::socket* socket) {
   beast::flat_buffer buffer;
   while (true) {
+    // An idle keep-alive connection is closed after kIdleTimeout: it holds a thread and a slot.
+    if (buffer.size() == 0) {
+      pollfd p{socket->native_handle(), POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(kIdleTimeout))) <= 0) break;
+    }
     http::request_parser<http::string_body> parser;
     parser.header_limit(kMaxHeaderBytes);
     parser.body_limit(64 << 10);

@@ -10,10 +10,11 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "fmt/format.h"
+#include "orchestrator/dashboard_command.h"
 
 namespace ablate {
 
-absl::Status RunServe(const ServerOptions& options, std::ostream& out) {
+absl::Status RunServe(const ServerOptions& options, std::ostream& out, int dashboard_port) {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
@@ -31,10 +32,13 @@ absl::Status RunServe(const ServerOptions& options, std::ostream& out) {
              options.checkpoint_root.empty() ? (dir / "checkpoints").string()
                                              : options.checkpoint_root)
       << std::flush;
+  std::unique_ptr<DashboardServer> dashboard =
+      StartCoordinatorDashboard(server->get(), options.host, dashboard_port, out);
   int signal = 0;
   sigwait(&signals, &signal);
   out << fmt::format("ablate serve: {}: shutting down\n", signal == SIGINT ? "SIGINT" : "SIGTERM")
       << std::flush;
+  dashboard.reset();  // it reads the coordinator's store
   (*server)->Shutdown();
   out << "ablate serve: stopped\n" << std::flush;
   return absl::OkStatus();
@@ -62,11 +66,15 @@ void AddServeCommand(CLI::App* app, std::ostream* out, std::function<absl::Statu
   cmd->add_option("--max-attempts", options->coordinator.scheduler.max_attempts,
                   "attempts (lost or failed) before a run is FAILED")
       ->capture_default_str();
-  cmd->callback([out, action, options, lease_s] {
-    *action = [out, options, lease_s] {
+  auto dashboard_port = std::make_shared<int>(8080);
+  cmd->add_option("--dashboard-port", *dashboard_port,
+                  "port of the web dashboard on --host (0: no dashboard); its URL carries the token")
+      ->capture_default_str();
+  cmd->callback([out, action, options, lease_s, dashboard_port] {
+    *action = [out, options, lease_s, dashboard_port] {
       ServerOptions o = *options;
       o.coordinator.scheduler.lease_timeout = absl::Seconds(*lease_s);
-      return RunServe(o, *out);
+      return RunServe(o, *out, *dashboard_port);
     };
   });
 }

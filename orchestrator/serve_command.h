@@ -19,7 +19,8 @@ namespace ablate {
 // Starts the server and blocks until SIGINT/SIGTERM. The signals are blocked in the calling
 // thread before any server thread starts (so those threads inherit the mask) and taken with
 // sigwait: no async handler runs.
-absl::Status RunServe(const ServerOptions& options, std::ostream& out);
+// With dashboard_port > 0 the web dashboard runs beside it (orchestrator/dashboard_command.h).
+absl::Status RunServe(const ServerOptions& options, std::ostream& out, int dashboard_port = 0);
 
 // Registers `serve` on `app`; when chosen, *action runs it. `out` must outlive *action.
 void AddServeCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action);

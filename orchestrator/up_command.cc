@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "fmt/format.h"
+#include "orchestrator/dashboard_command.h"
 
 extern char** environ;
 
@@ -109,6 +110,8 @@ absl::Status RunUp(const UpOptions& options, std::ostream& out) {
                      (*server)->address(), (state / "ablate.db").string(),
                      (state / "token").string(), options.workers, options.workers == 1 ? "" : "s")
       << std::flush;
+  std::unique_ptr<DashboardServer> dashboard = StartCoordinatorDashboard(
+      server->get(), options.server.host, options.dashboard_port, out);
 
   // The workers' environment: ours, with the coordinator's token and no stale address.
   std::vector<std::string> env;
@@ -178,6 +181,7 @@ absl::Status RunUp(const UpOptions& options, std::ostream& out) {
       killed = true;
     }
   }
+  dashboard.reset();  // it reads the coordinator's store
   (*server)->Shutdown();
   out << "ablate up: stopped\n" << std::flush;
   return absl::OkStatus();
@@ -204,6 +208,9 @@ void AddUpCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()
                   "where runs' checkpoints live (default STATE_DIR/checkpoints)");
   cmd->add_option("--lease-timeout", *lease_s,
                   "seconds without a report after which a running job is LOST")
+      ->capture_default_str();
+  cmd->add_option("--dashboard-port", options->dashboard_port,
+                  "port of the web dashboard on --host (0: no dashboard); its URL carries the token")
       ->capture_default_str();
   cmd->add_option("--worker-bin", options->worker_bin,
                   "the ablate-worker to run (default: the one beside ablate)");
