@@ -17,6 +17,7 @@ let generation = 0;
 function leave() {
   for (const fn of leaveHandlers) fn();
   leaveHandlers = [];
+  alerts.replaceChildren();  // a page's alerts are about what it showed
 }
 
 function showError(err) {

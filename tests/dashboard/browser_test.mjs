@@ -162,6 +162,11 @@ async function loadPhase() {
   check(rows === 40, 'the load sweep has 40 runs');
   check(best < LOAD_BUDGET_MS, `the 40 x 10,000 sweep page loads in under ${LOAD_BUDGET_MS} ms (${best.toFixed(0)} ms)`);
   await page.screenshot({ path: join(OUT, 'sweep_40x10000.png'), fullPage: true });
+  await page.goto(`${sim.url.replace(/\/\?token=.*/, '')}/#/compare/${sim.sweep}`);
+  await page.waitForSelector('#compare tbody tr');
+  const cell = await page.locator('#compare tbody tr').first().locator('td').nth(2).textContent();
+  check(/^\d+\.\d+ ± \d+\.\d+$/.test(cell), `the compare page shows mean ± std over seeds (${cell})`);
+  await page.screenshot({ path: join(OUT, 'compare_40x10000.png'), fullPage: true });
   check(errors.length === 0, `no console errors on the load page${errors.length ? `: ${errors.join(' | ')}` : ''}`);
   await context.close();
 }

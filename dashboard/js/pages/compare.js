@@ -19,7 +19,10 @@ const COLUMNS = [
 
 function meanStd(m, digits) {
   if (m.mean === null) return '—';
-  return m.std === null ? num(m.mean, digits) : `${num(m.mean, digits)} ± ${num(m.std, digits)}`;
+  if (m.std === null) return num(m.mean, digits);
+  // A spread below the shown precision (float noise over identical values) reads as 0.
+  const std = Math.abs(m.std) < 0.5 * 10 ** -digits ? 0 : m.std;
+  return `${num(m.mean, digits)} ± ${num(std, digits)}`;
 }
 
 function sortValue(col, row) {
