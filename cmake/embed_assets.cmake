@@ -24,9 +24,8 @@ foreach(entry IN LISTS ASSETS)
   file(READ "${file}" hex HEX)
   string(LENGTH "${hex}" hex_length)
   math(EXPR size "${hex_length} / 2")
-  # 0xAB, for every byte; a line break every 32 bytes keeps the file readable by compilers' tools.
+  # "0xAB," for every byte (one long line per asset: compilers do not mind).
   string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," bytes "${hex}")
-  string(REGEX REPLACE "((0x[0-9a-f][0-9a-f],){32})" "\\1\n" bytes "${bytes}")
   string(APPEND body "// ${url}\nconst unsigned char kAsset${index}[] = {\n${bytes}0x00};\n")
   string(APPEND table "    {\"${url}\", kAsset${index}, ${size}},\n")
   math(EXPR index "${index} + 1")
