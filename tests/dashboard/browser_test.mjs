@@ -148,7 +148,7 @@ async function loadPhase() {
   const errors = [];
   watchConsole(page, errors);
   const times = [];
-  for (let i = 0; i < 3; i++) {
+  for (let i = 0; i < 5; i++) {
     await page.goto('about:blank');
     await page.goto(`${sim.url}#/sweep/${sim.sweep}`);
     await page.waitForFunction(() => document.querySelector('#curves')?.dataset.drawnAt, null, { timeout: 20000 });
