@@ -59,7 +59,6 @@ function context(gen) {
       while (alerts.children.length > 6) alerts.lastChild.remove();
       if (kind !== 'diverged') setTimeout(() => box.remove(), 15000);
     },
-    rerender: route,
   };
 }
 

@@ -107,6 +107,14 @@ async function livePhase() {
   await page.waitForTimeout(300);
   await page.screenshot({ path: join(OUT, 'sweep_log_smoothed.png'), fullPage: true });
 
+  // A running run's page refreshes in place.
+  await page.goto(`${base}/#/run/1`);
+  await page.waitForFunction(() => Number(document.querySelector('#run-charts')?.dataset.points) > 0, null, { timeout: 10000 });
+  const runBefore = Number(await page.getAttribute('#run-charts', 'data-points'));
+  await page.waitForFunction((n) => Number(document.querySelector('#run-charts').dataset.points) > n, runBefore, { timeout: 10000 });
+  const runAfter = Number(await page.getAttribute('#run-charts', 'data-points'));
+  check(runAfter > runBefore, `a running run's page grows in place (${runBefore} -> ${runAfter} points)`);
+
   await page.goto(`${base}/#/run/${sim.diverging_run}`);
   await page.waitForSelector('#spikes tbody tr', { timeout: 10000 });
   check(await page.locator('.grid .chart canvas').count() >= 6, 'the run page draws loss, val loss, grad norm, lr, M-Act, F-Attn, gate histogram');

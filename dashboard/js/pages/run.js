@@ -1,21 +1,18 @@
 // #/run/ID : loss, validation loss, gradient norm and learning rate over steps; per-layer M-Act,
-// F-Attn and the gate-score histogram at each evaluation; spike events; the config.
+// F-Attn and the gate-score histogram at each evaluation; spike events; the config. While the run
+// trains, everything is refreshed in place every few seconds.
 import { api } from '../api.js';
 import { barChart, lineChart } from '../charts.js';
 import { el, num, count, time, stateBadge } from '../format.js';
 
-export async function render(view, ctx, idText) {
-  const id = Number(idText);
-  const { run } = await api(`runs/${encodeURIComponent(idText)}`);
-  ctx.crumbs([[`#/sweep/${encodeURIComponent(run.sweep)}`, run.sweep], [null, `run ${id}`]]);
-  const charts = el('div', { class: 'grid' });
-  const probeBox = el('div');
-  const spikeBox = el('div');
-  view.replaceChildren(
-    el('h1', {}, `Run #${id}: ${run.variant} (seed ${run.seed}) `, stateBadge(run.state)),
+const REFRESH_MS = 3000;
+
+function headerNodes(run) {
+  return [
+    el('h1', {}, `Run #${run.id}: ${run.variant} (seed ${run.seed}) `, stateBadge(run.state)),
     el('dl', { class: 'kv' },
       el('dt', {}, 'sweep'), el('dd', {}, el('a', { href: `#/sweep/${encodeURIComponent(run.sweep)}` }, run.sweep)),
-      el('dt', {}, 'steps'), el('dd', {}, `${run.steps_done} / ${run.steps_total}`),
+      el('dt', {}, 'steps'), el('dd', { id: 'run-steps' }, `${run.steps_done} / ${run.steps_total}`),
       el('dt', {}, 'axes'), el('dd', {}, run.axes || '—'),
       el('dt', {}, 'params'), el('dd', {}, `${count(run.params_total)} total, ${count(run.params_activated)} activated, ${count(run.params_added, true)} added`),
       el('dt', {}, 'val loss / PPL'), el('dd', {}, `${num(run.val_loss)} / ${num(run.val_ppl, 2)}`),
@@ -23,75 +20,118 @@ export async function render(view, ctx, idText) {
       el('dt', {}, 'spike score'), el('dd', {}, `${num(run.spike_score)} (${run.spike_steps} steps)`),
       el('dt', {}, 'attempts'), el('dd', {}, `${run.attempts}${run.reason ? ` — ${run.reason}` : ''}`),
       el('dt', {}, 'started / finished'), el('dd', {}, `${time(run.started_at)} / ${time(run.finished_at)}`)),
+  ];
+}
+
+function spikeTable(spikes) {
+  if (spikes.length === 0) return el('p', { class: 'muted' }, 'No spike event.');
+  return el('table', { id: 'spikes' },
+    el('thead', {}, el('tr', {}, ['step', 'signal', 'kind', 'value', 'baseline', 'action'].map((h) => el('th', {}, h)))),
+    el('tbody', {}, spikes.map((s) => el('tr', {}, el('td', { class: 'num' }, s.step), el('td', {}, s.signal),
+      el('td', {}, s.kind), el('td', { class: 'num' }, num(s.value)), el('td', { class: 'num' }, num(s.baseline)),
+      el('td', {}, s.action + (s.rollback_to_step ? ` → ${s.rollback_to_step}` : ''))))));
+}
+
+export async function render(view, ctx, idText) {
+  const id = Number(idText);
+  let { run } = await api(`runs/${encodeURIComponent(idText)}`);
+  ctx.crumbs([[`#/sweep/${encodeURIComponent(run.sweep)}`, run.sweep], [null, `run ${id}`]]);
+  const header = el('div', {}, headerNodes(run));
+  const charts = el('div', { class: 'grid', id: 'run-charts' });
+  const probeBox = el('div');
+  const spikeBox = el('div');
+  view.replaceChildren(header,
     el('h2', {}, 'Training'), charts,
     el('h2', {}, 'Probes per layer'), probeBox,
     el('h2', {}, 'Spike events'), spikeBox,
     el('h2', {}, 'Config'), el('pre', { class: 'config' }, JSON.stringify(run.config, null, 2)));
 
-  const [metrics, { evals }, { spikes }] = await Promise.all([
-    api(`runs/${id}/metrics`, { points: 2000 }), api(`runs/${id}/evals`), api(`runs/${id}/spikes`)]);
-  const cell = (title) => { const box = el('div', { class: 'chart' }); charts.append(box); return box; };
-  const lossSpikes = () => spikes.map((s) => ({ step: s.step, value: s.signal === 'loss' ? s.value : null }));
-  lineChart(cell(), { title: 'Training loss', yLabel: 'loss', height: 260, spikes: lossSpikes,
+  const load = () => Promise.all([api(`runs/${id}/metrics`, { points: 2000 }), api(`runs/${id}/evals`), api(`runs/${id}/spikes`)]);
+  let [metrics, { evals }, { spikes }] = await load();
+  const cell = () => { const box = el('div', { class: 'chart' }); charts.append(box); return box; };
+  const loss = lineChart(cell(), { title: 'Training loss', yLabel: 'loss', height: 260,
+    spikes: () => spikes.map((s) => ({ step: s.step, value: s.signal === 'loss' ? s.value : null })),
     series: [{ label: 'loss', stroke: '#2f6fde' }], data: [metrics.step, metrics.loss] });
-  lineChart(cell(), { title: 'Validation loss', yLabel: 'val loss', height: 260,
+  const val = lineChart(cell(), { title: 'Validation loss', yLabel: 'val loss', height: 260,
     series: [{ label: 'val loss', stroke: '#2e9d5b', width: 2 }],
     data: [evals.map((e) => e.step), evals.map((e) => e.val_loss)] });
-  lineChart(cell(), { title: 'Gradient norm', yLabel: 'grad norm', height: 260,
+  const grad = lineChart(cell(), { title: 'Gradient norm', yLabel: 'grad norm', height: 260,
     spikes: () => spikes.filter((s) => s.signal === 'grad_norm').map((s) => ({ step: s.step, value: s.value })),
     series: [{ label: 'grad norm', stroke: '#8e44ad' }], data: [metrics.step, metrics.grad_norm] });
-  lineChart(cell(), { title: 'Learning rate', yLabel: 'lr', height: 260,
+  const lr = lineChart(cell(), { title: 'Learning rate', yLabel: 'lr', height: 260,
     series: [{ label: 'lr', stroke: '#e69a17' }], data: [metrics.step, metrics.lr] });
+  charts.dataset.points = metrics.step.length;
 
   // Probes: one evaluation at a time.
+  const stepSelect = el('select', { id: 'eval-step' });
+  const layerSelect = el('select', { id: 'hist-layer' });
+  const probeCharts = el('div', { class: 'grid' });
+  let layers = [];
+  const drawProbes = () => {
+    probeCharts.replaceChildren();
+    const box = () => { const b = el('div', { class: 'chart' }); probeCharts.append(b); return b; };
+    const names = layers.map((l) => String(l.layer));
+    barChart(box(), { title: 'M-Act: max |hidden state| per layer', labels: names, values: layers.map((l) => l.m_act), xLabel: 'layer', yLabel: 'M-Act' });
+    barChart(box(), { title: 'F-Attn: attention on the first token per layer', labels: names, values: layers.map((l) => l.f_attn), xLabel: 'layer', yLabel: 'F-Attn', color: '#8e44ad' });
+    const gated = layers.filter((l) => l.gate_histogram);
+    const chosen = layerSelect.value === 'all' ? gated : gated.filter((l) => String(l.layer) === layerSelect.value);
+    if (chosen.length === 0) {
+      probeCharts.append(el('div', { class: 'chart muted' }, 'No gate in this model: no gate-score histogram.'));
+      return;
+    }
+    const h0 = chosen[0].gate_histogram;
+    const bins = h0.counts.map((_, i) => chosen.reduce((s, l) => s + (l.gate_histogram.counts[i] || 0), 0));
+    const w = (h0.hi - h0.lo) / Math.max(1, bins.length);
+    barChart(box(), { title: `Gate scores (${layerSelect.value === 'all' ? 'all layers' : `layer ${layerSelect.value}`})`,
+      labels: bins.map((_, i) => (h0.lo + w * (i + 0.5)).toFixed(2)), values: bins, xLabel: 'gate score', yLabel: 'count', color: '#2e9d5b' });
+  };
+  const loadProbes = async () => {
+    const body = await api(`runs/${id}/probes`, { step: stepSelect.value });
+    layers = body.layers;
+    const keep = layerSelect.value || 'all';
+    layerSelect.replaceChildren(el('option', { value: 'all' }, 'all layers'),
+      ...layers.filter((l) => l.gate_histogram).map((l) => el('option', { value: l.layer }, `layer ${l.layer}`)));
+    layerSelect.value = [...layerSelect.options].some((o) => o.value === keep) ? keep : 'all';
+    drawProbes();
+  };
+  // New evaluations join the list; following the latest one stays on the latest.
+  const updateEvalOptions = async () => {
+    if (evals.length === stepSelect.options.length) return;
+    const wasLatest = stepSelect.selectedIndex === stepSelect.options.length - 1;
+    stepSelect.replaceChildren(...evals.map((e) => el('option', { value: e.step }, `step ${e.step}`)));
+    if (wasLatest || stepSelect.selectedIndex < 0) {
+      stepSelect.value = evals[evals.length - 1].step;
+      await loadProbes();
+    }
+  };
   if (evals.length === 0) {
-    probeBox.replaceChildren(el('p', { class: 'muted' }, 'No evaluation yet.'));
+    probeBox.replaceChildren(el('p', { class: 'muted', id: 'no-evals' }, 'No evaluation yet.'));
   } else {
-    const stepSelect = el('select', { id: 'eval-step' }, evals.map((e) => el('option', { value: e.step }, `step ${e.step}`)));
-    stepSelect.value = evals[evals.length - 1].step;
-    const layerSelect = el('select', { id: 'hist-layer' });
-    const probeCharts = el('div', { class: 'grid' });
     probeBox.replaceChildren(el('div', { class: 'controls' },
       el('label', {}, 'evaluation', stepSelect), el('label', {}, 'gate histogram of', layerSelect)), probeCharts);
-    let layers = [];
-    const drawProbes = () => {
-      probeCharts.replaceChildren();
-      const box = () => { const b = el('div', { class: 'chart' }); probeCharts.append(b); return b; };
-      const names = layers.map((l) => String(l.layer));
-      barChart(box(), { title: 'M-Act: max |hidden state| per layer', labels: names, values: layers.map((l) => l.m_act), xLabel: 'layer', yLabel: 'M-Act' });
-      barChart(box(), { title: 'F-Attn: attention on the first token per layer', labels: names, values: layers.map((l) => l.f_attn), xLabel: 'layer', yLabel: 'F-Attn', color: '#8e44ad' });
-      const gated = layers.filter((l) => l.gate_histogram);
-      const chosen = layerSelect.value === 'all' ? gated : gated.filter((l) => String(l.layer) === layerSelect.value);
-      if (chosen.length === 0) {
-        probeCharts.append(el('div', { class: 'chart muted' }, 'No gate in this model: no gate-score histogram.'));
-        return;
-      }
-      const h0 = chosen[0].gate_histogram;
-      const bins = h0.counts.map((_, i) => chosen.reduce((s, l) => s + (l.gate_histogram.counts[i] || 0), 0));
-      const w = (h0.hi - h0.lo) / Math.max(1, bins.length);
-      barChart(box(), { title: `Gate scores (${layerSelect.value === 'all' ? 'all layers' : `layer ${layerSelect.value}`})`,
-        labels: bins.map((_, i) => (h0.lo + w * (i + 0.5)).toFixed(2)), values: bins, xLabel: 'gate score', yLabel: 'count', color: '#2e9d5b' });
-    };
-    const loadProbes = async () => {
-      const body = await api(`runs/${id}/probes`, { step: stepSelect.value });
-      layers = body.layers;
-      const keep = layerSelect.value || 'all';
-      layerSelect.replaceChildren(el('option', { value: 'all' }, 'all layers'),
-        ...layers.filter((l) => l.gate_histogram).map((l) => el('option', { value: l.layer }, `layer ${l.layer}`)));
-      layerSelect.value = [...layerSelect.options].some((o) => o.value === keep) ? keep : 'all';
-      drawProbes();
-    };
-    stepSelect.addEventListener('change', loadProbes);
-    layerSelect.addEventListener('change', drawProbes);
-    await loadProbes();
+    await updateEvalOptions();
   }
+  stepSelect.addEventListener('change', loadProbes);
+  layerSelect.addEventListener('change', drawProbes);
+  spikeBox.replaceChildren(spikeTable(spikes));
 
-  spikeBox.replaceChildren(spikes.length === 0 ? el('p', { class: 'muted' }, 'No spike event.') :
-    el('table', { id: 'spikes' }, el('thead', {}, el('tr', {}, ['step', 'signal', 'kind', 'value', 'baseline', 'action']
-      .map((h) => el('th', {}, h)))),
-    el('tbody', {}, spikes.map((s) => el('tr', {}, el('td', { class: 'num' }, s.step), el('td', {}, s.signal),
-      el('td', {}, s.kind), el('td', { class: 'num' }, num(s.value)), el('td', { class: 'num' }, num(s.baseline)),
-      el('td', {}, s.action + (s.rollback_to_step ? ` → ${s.rollback_to_step}` : '')))))));
-
-  if (run.state === 'RUNNING' || run.state === 'PENDING') ctx.every(5000, () => ctx.rerender());
+  if (run.state !== 'RUNNING' && run.state !== 'PENDING') return;
+  ctx.every(REFRESH_MS, async () => {
+    const before = `${run.state}|${run.steps_done}`;
+    ({ run } = await api(`runs/${id}`));
+    if (`${run.state}|${run.steps_done}` === before) return;
+    header.replaceChildren(...headerNodes(run));
+    [metrics, { evals }, { spikes }] = await load();
+    loss.setData([metrics.step, metrics.loss]);
+    grad.setData([metrics.step, metrics.grad_norm]);
+    lr.setData([metrics.step, metrics.lr]);
+    val.setData([evals.map((e) => e.step), evals.map((e) => e.val_loss)]);
+    charts.dataset.points = metrics.step.length;
+    if (evals.length > 0 && !probeBox.contains(stepSelect)) {
+      probeBox.replaceChildren(el('div', { class: 'controls' },
+        el('label', {}, 'evaluation', stepSelect), el('label', {}, 'gate histogram of', layerSelect)), probeCharts);
+    }
+    if (evals.length > 0) await updateEvalOptions();
+    spikeBox.replaceChildren(spikeTable(spikes));
+  });
 }
