@@ -86,6 +86,22 @@ async function livePhase() {
   check(await page.evaluate(() => window.__sameDocument === true), 'no reload happened');
   const stepsBefore = await page.locator(`#runs tr[data-run="1"] td:nth-child(6)`).textContent();
 
+  // End to end: from the moment the store has step S (not yet written when the clock starts: an
+  // upper bound) to the page's run table showing it.
+  const latencies = [];
+  for (let i = 0; i < 5; i++) {
+    const res = await fetch(`${base}/api/runs/1`, { headers: { Authorization: 'Bearer browser-test-token' } });
+    const target = (await res.json()).run.steps_done + 1;
+    const t0 = Date.now();
+    await page.waitForFunction((s) => {
+      const td = document.querySelector('#runs tr[data-run="1"] td:nth-child(6)');
+      return td && Number(td.textContent.split('/')[0]) >= s;
+    }, target, { timeout: 5000, polling: 10 });
+    latencies.push(Date.now() - t0);
+  }
+  console.log(`latency: store -> browser ${latencies.join(', ')} ms`);
+  check(Math.max(...latencies) < 1000, `a point reported by a worker shows in the browser within 1 s (max ${Math.max(...latencies)} ms)`);
+
   // Now the third run spikes, then diverges (the page is open: the alerts are live ones).
   children[children.length - 1].kill('SIGUSR1');
   await page.waitForSelector('.alert[data-kind="spike"]', { timeout: 20000 });
