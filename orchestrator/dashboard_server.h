@@ -13,7 +13,8 @@
 // tell a user without the token what to do. Malformed requests get 400/404/405 JSON errors; no
 // input crashes the server.
 //
-// Threads: one accept thread, one thread per connection (at most max_connections; more get 503).
+// Threads: one accept thread, one thread per connection (at most max_connections; more get 503;
+// an idle keep-alive connection is closed after 30 s).
 // Stop() closes the listener and every connection (streams included) and joins the threads.
 //
 // Thread safety: Start/Stop/port may be called from any thread; Stop is idempotent.
@@ -59,7 +60,7 @@ struct DashboardOptions {
   // Called on the connection's thread for every scrape; may be empty.
   std::function<std::vector<DashboardMetric>()> operator_stats;
   absl::Duration poll_interval = absl::Milliseconds(200);  // the stream's store polling period
-  int max_connections = 64;                                // concurrent connections
+  int max_connections = 256;  // concurrent connections (a browser tab holds up to 6); more: 503
 };
 
 class DashboardServer {

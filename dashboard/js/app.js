@@ -22,6 +22,9 @@ function leave() {
 
 function showError(err) {
   if (err instanceof Unauthorized) {
+    leave();  // no stream or timer keeps knocking
+    live.textContent = '';
+    live.classList.remove('on');
     view.replaceChildren(el('div', { class: 'error-box', id: 'unauthorized' },
       el('strong', {}, 'Not authorized: '),
       'open the URL ablate printed (it carries the token). ',

@@ -134,6 +134,7 @@ class DashboardServerTest : public ::testing::Test {
     o.token = kToken;
     o.db_path = so.path;  // its own read-only connections, as `ablate dashboard` has
     o.poll_interval = absl::Milliseconds(50);
+    o.max_connections = 1000;  // ManyConcurrentClients: threads of a loaded machine linger
     o.operator_stats = [] {
       return std::vector<DashboardMetric>{
           {"ablate_store_queued_rows", "Rows waiting for the writer.", "gauge", {}, 7},
@@ -515,13 +516,57 @@ TEST_F(DashboardServerTest, StreamDeliversPointsSpikesAndDivergenceWithinOneSeco
 TEST_F(DashboardServerTest, ManyConcurrentClients) {
   std::vector<std::thread> threads;
   std::atomic<int> ok{0};
+  absl::Mutex mu;
+  std::vector<std::string> errors;
   for (int i = 0; i < 16; ++i) {
     threads.emplace_back([&] {
-      for (int k = 0; k < 10; ++k) ok += Get(port_, "/api/sweeps/gates").status == 200;
+      for (int k = 0; k < 10; ++k) {
+        try {
+          ok += Get(port_, "/api/sweeps/gates").status == 200;
+        } catch (const std::exception& e) {
+          absl::MutexLock lock(&mu);
+          errors.push_back(e.what());
+        }
+      }
     });
   }
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(ok.load(), 160);
+  EXPECT_TRUE(errors.empty()) << errors.size() << " failed, e.g. " << errors[0];
+}
+
+TEST_F(DashboardServerTest, ConnectionsBeyondTheCapGet503) {
+  DashboardOptions o;
+  o.port = 0;
+  o.token = kToken;
+  o.reader = &store_->reader();
+  o.max_connections = 2;
+  absl::StatusOr<std::unique_ptr<DashboardServer>> server = DashboardServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  asio::io_context io;
+  tcp::socket a(io), b(io);  // two idle connections hold both slots
+  a.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  b.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const std::string third = Raw(port, "");
+  EXPECT_TRUE(absl::StartsWith(third, "HTTP/1.1 503")) << third;
+  EXPECT_TRUE(absl::StrContains(third, "too many connections")) << third;
+  a.close();
+  b.close();
+  // The slots free up: a request is served again.
+  bool served = false;
+  for (int i = 0; i < 50 && !served; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    served = Get(port, "/api/sweeps").status == 200;
+  }
+  EXPECT_TRUE(served);
+  // Stop does not wait for idle connections to time out.
+  tcp::socket idle(io);
+  idle.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  const auto t0 = std::chrono::steady_clock::now();
+  (*server)->Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
 }
 
 }  // namespace
