@@ -14,13 +14,16 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "nlohmann/json.hpp"
 #include "orchestrator/dashboard_assets.h"
 
