@@ -55,13 +55,31 @@ $(DATA_DIR)/kjv.txt:
 test: build data
 	cd $(BUILD) && ABLATE_DATA_DIR=$(CURDIR)/$(DATA_DIR) ctest --output-on-failure -j 2
 
+# The demo: a coordinator, 2 local workers and the dashboard (`ablate up`), the quick sweep
+# submitted and watched to the end, its comparison table. The coordinator stays up afterwards so
+# the dashboard can be browsed; the last lines say how to stop it.
+DEMO_DIR ?= $(BUILD)/demo
+DEMO_DASHBOARD_PORT ?= 8080
 demo: build data
-	@echo "== ablate demo: model tests (the coordinator and the quick sweep are not built yet) =="
-	$(BUILD)/model_test --gtest_brief=1
-	$(BUILD)/bench_model_step --rounds 3 --batch 8 --seq 128
+	@if [ -f $(DEMO_DIR)/up.pid ]; then kill $$(cat $(DEMO_DIR)/up.pid) 2>/dev/null; sleep 2; fi
+	@rm -rf $(DEMO_DIR) && mkdir -p $(DEMO_DIR)
+	@echo "== the quick sweep: every run, its parameters and how its budget was matched =="
+	$(BUILD)/ablate expand experiments/quick.yaml
+	@echo "== ablate up --workers 2 (log: $(DEMO_DIR)/up.log) =="
+	@ABLATE_DATA_DIR=$(CURDIR)/$(DATA_DIR) nohup $(BUILD)/ablate up --workers 2 --port 0 \
+	  --dashboard-port $(DEMO_DASHBOARD_PORT) --state-dir $(DEMO_DIR) > $(DEMO_DIR)/up.log 2>&1 & \
+	  echo $$! > $(DEMO_DIR)/up.pid
+	@for i in $$(seq 150); do [ -s $(DEMO_DIR)/address ] && break; sleep 0.2; done; \
+	  [ -s $(DEMO_DIR)/address ] || { cat $(DEMO_DIR)/up.log; exit 1; }
+	$(BUILD)/ablate submit experiments/quick.yaml --watch --state-dir $(DEMO_DIR)
+	$(BUILD)/ablate table quick --state-dir $(DEMO_DIR)
+	@echo; grep -h "dashboard" $(DEMO_DIR)/up.log || true
+	@echo "the coordinator and dashboard keep running; stop them with: kill $$(cat $(DEMO_DIR)/up.pid)"
 
 bench: deps-bench build data
 	$(BUILD)/bench_model_step
+	/usr/bin/python3 bench/train_throughput.py --build $(BUILD)
+	$(BUILD)/bench_store
 
 clean:
 	rm -rf $(BUILD)
