@@ -218,4 +218,60 @@ TEST_F(EndToEndTest, UpRunsCoordinatorAndWorkersAndCtrlCStopsAll) {
   EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM runs WHERE state = 'SUCCEEDED'"), 4);
 }
 
+TEST_F(EndToEndTest, ADivergedRunIsAResultNotRetriedAndWatchShowsIt) {
+  // Two variants x two seeds on 2 workers: the "diverge" runs (an absurd learning rate) end
+  // DIVERGED after one attempt each, their workers go on to train the others.
+  const fs::path spec = dir_ / "diverge.yaml";
+  std::ofstream(spec) << "sweep: diverge\n"
+                      << "base:\n"
+                      << "  model: {d_model: 32, num_layers: 2, num_heads: 2, num_kv_heads: 2, "
+                         "head_dim: 16, ffn_dim: 64, max_seq_len: 32}\n"
+                      << "  train: {steps: 40, batch_size: 4, seq_len: 32, threads: 1, "
+                      << "eval_every: 20, eval_batches: 1, checkpoint_every: 10, "
+                      << "data: {path: " << (dir_ / "corpus.txt").string() << "}}\n"
+                      << "variants:\n"
+                      << "  - baseline\n"
+                      << "  - name: diverge\n"
+                      << "    train: {optimizer: {lr: 10000, warmup_steps: 0, grad_clip: 0}}\n"
+                      << "seeds: [0, 1]\n";
+  const fs::path log = dir_ / "up.log";
+  const pid_t up = Spawn(ABLATE_BIN, {"up", "--workers", "2", "--port", "0", "--dashboard-port",
+                                      "0", "--state-dir", state_.string()},
+                         log);
+  ASSERT_GT(up, 0);
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)))
+      << Slurp(log);
+  const fs::path watch = dir_ / "watch.log";
+  ASSERT_EQ(WaitExit(Spawn(ABLATE_BIN, {"submit", spec.string(), "--watch", "--state-dir",
+                                        state_.string()},
+                           watch),
+                     std::chrono::seconds(240)),
+            0)
+      << Slurp(watch) << Slurp(log);
+  const std::string watched = Slurp(watch);
+  EXPECT_NE(watched.find("DIVERGED"), std::string::npos) << watched;
+  EXPECT_NE(watched.find("sweep diverge DONE"), std::string::npos) << watched;
+
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM run_summary WHERE variant = 'diverge' AND "
+                           "state = 'DIVERGED' AND attempts = 1 AND reason != ''"),
+            2)
+      << watched;
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM run_summary WHERE variant = 'baseline' AND "
+                           "state = 'SUCCEEDED' AND steps_done = 40"),
+            2);
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM attempts"), 4);  // nothing was retried
+  EXPECT_GT(QueryInt(Db(), "SELECT count(*) FROM spike_events WHERE kind = 'SPIKE_NONFINITE' OR "
+                           "kind LIKE '%NONFINITE%'"),
+            0);
+
+  const fs::path table = dir_ / "table.log";
+  ASSERT_EQ(Ablate({"table", "diverge"}, table), 0) << Slurp(table);
+  const std::string text = Slurp(table);
+  EXPECT_NE(text.find("| baseline |"), std::string::npos) << text;
+  EXPECT_NE(text.find("| diverge |"), std::string::npos) << text;
+
+  kill(up, SIGINT);
+  EXPECT_EQ(WaitExit(up, std::chrono::seconds(60)), 0) << Slurp(log);
+}
+
 }  // namespace
