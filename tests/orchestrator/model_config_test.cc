@@ -49,17 +49,17 @@ TEST(ParamCountTest, GateAddsItsProjection) {
   // G1 elementwise on the tiny dense base adds d_model x (q * d_k) per layer.
   ModelConfig c = TinyDense();
   const int64_t base = CountParams(c).total();
-  FindVariantPreset("g1_elementwise")->apply(&c);
+  ASSERT_TRUE(FindVariantPreset("g1_elementwise")->apply(&c).ok());
   EXPECT_EQ(CountParams(c).total() - base, 2 * 32 * 32);
   ModelConfig h = TinyDense();
-  FindVariantPreset("g1_headwise")->apply(&h);
+  ASSERT_TRUE(FindVariantPreset("g1_headwise")->apply(&h).ok());
   EXPECT_EQ(CountParams(h).total() - base, 2 * 32 * 4);
 }
 
 TEST(DescribeGateTest, NamesTheAxes) {
   ModelConfig c = TinyDense();
   EXPECT_EQ(DescribeGate(c.gate()), "none");
-  FindVariantPreset("g1_additive_silu")->apply(&c);
+  ASSERT_TRUE(FindVariantPreset("g1_additive_silu")->apply(&c).ok());
   EXPECT_EQ(DescribeGate(c.gate()), "G1 elementwise additive silu");
 }
 

@@ -54,7 +54,7 @@ class TrainerTest : public ::testing::Test {
   RunConfig Config() {
     RunConfig r;
     *r.mutable_model() = TinyDense();
-    FindVariantPreset("g1_elementwise")->apply(r.mutable_model());
+    EXPECT_TRUE(FindVariantPreset("g1_elementwise")->apply(r.mutable_model()).ok());
     r.mutable_model()->set_vocab_size(256);
     r.mutable_model()->set_max_seq_len(32);
     *r.mutable_train() = DefaultTrainConfig();
