@@ -1,0 +1,100 @@
+// Helpers for tests that run real processes (`ablate`, `ablate-worker`, slurmd...): start one
+// with its output in a log file, wait for its exit with a time limit, poll for a condition, read
+// one integer from a results database the way any reader would. Header-only, no LibTorch.
+#ifndef ABLATE_TESTS_PROCESS_UTIL_H_
+#define ABLATE_TESTS_PROCESS_UTIL_H_
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace ablate::testing {
+
+inline std::string Slurp(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Starts `bin args...` with stdout and stderr appended to `log`, in this process's environment
+// plus `env` ("NAME=value" entries, which win). -1 when it cannot start.
+inline pid_t Spawn(const std::string& bin, const std::vector<std::string>& args,
+                   const std::filesystem::path& log, const std::vector<std::string>& env = {}) {
+  std::vector<char*> argv = {const_cast<char*>(bin.c_str())};
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);  // first match wins in getenv
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, bin.c_str(), &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  return rc == 0 ? pid : -1;
+}
+
+// The exit code (128 + signal when killed), or -1 when it did not exit within `timeout` (it is
+// then killed with SIGKILL and reaped).
+inline int WaitExit(pid_t pid, std::chrono::seconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > end) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Polls `done` every 100 ms until it is true (true) or `timeout` passes (false).
+inline bool WaitFor(const std::function<bool()>& done, std::chrono::seconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return done();
+}
+
+// One integer from the results database, opened read-only; -1 when the query fails.
+inline int64_t QueryInt(const std::filesystem::path& db_path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  int64_t value = -1;
+  if (sqlite3_open_v2(db_path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+    sqlite3_busy_timeout(db, 2000);
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) == SQLITE_OK &&
+        sqlite3_step(stmt) == SQLITE_ROW) {
+      value = sqlite3_column_int64(stmt, 0);
+    }
+    sqlite3_finalize(stmt);
+  }
+  sqlite3_close(db);
+  return value;
+}
+
+}  // namespace ablate::testing
+
+#endif  // ABLATE_TESTS_PROCESS_UTIL_H_
