@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "orchestrator/tls.h"
 
 namespace ablate {
 namespace {
@@ -32,6 +33,7 @@ ClientOptions ResolveClientOptions(const ClientOptions& flags) {
   if (o.coordinator.empty()) o.coordinator = "127.0.0.1:50051";
   if (o.token.empty()) o.token = Env("ABLATE_TOKEN");
   if (o.token.empty()) o.token = FirstLine((dir / "token").string());
+  o.tls_ca = ResolveTlsCa(o.tls_ca, dir.string());
   return o;
 }
 
@@ -56,11 +58,17 @@ absl::Status FromGrpc(const grpc::Status& status, const std::string& address) {
 
 CoordinatorClient::CoordinatorClient(const ClientOptions& options)
     : options_(ResolveClientOptions(options)) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(options_.tls_ca);
+  if (!credentials.ok()) {
+    ready_ = credentials.status();
+    return;
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  stub_ = ablate::Coordinator::NewStub(grpc::CreateCustomChannel(
-      options_.coordinator, grpc::InsecureChannelCredentials(), args));
+  stub_ = ablate::Coordinator::NewStub(
+      grpc::CreateCustomChannel(options_.coordinator, *credentials, args));
 }
 
 std::unique_ptr<grpc::ClientContext> CoordinatorClient::Context(absl::Duration timeout) const {
@@ -71,49 +79,39 @@ std::unique_ptr<grpc::ClientContext> CoordinatorClient::Context(absl::Duration t
   return ctx;
 }
 
-absl::StatusOr<SubmitResponse> CoordinatorClient::Submit(const SubmitRequest& request) {
-  SubmitResponse response;
+template <typename Request, typename Response>
+absl::StatusOr<Response> CoordinatorClient::Unary(
+    grpc::Status (ablate::Coordinator::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                      Response*),
+    const Request& request) {
+  if (!ready_.ok()) return ready_;
+  Response response;
   auto ctx = Context();
-  if (absl::Status s = FromGrpc(stub_->Submit(ctx.get(), request, &response), address());
+  if (absl::Status s = FromGrpc((stub_.get()->*method)(ctx.get(), request, &response), address());
       !s.ok()) {
     return s;
   }
   return response;
 }
 
+absl::StatusOr<SubmitResponse> CoordinatorClient::Submit(const SubmitRequest& request) {
+  return Unary(&ablate::Coordinator::Stub::Submit, request);
+}
+
 absl::StatusOr<ListSweepsResponse> CoordinatorClient::ListSweeps() {
-  ListSweepsResponse response;
-  auto ctx = Context();
-  if (absl::Status s =
-          FromGrpc(stub_->ListSweeps(ctx.get(), ListSweepsRequest(), &response), address());
-      !s.ok()) {
-    return s;
-  }
-  return response;
+  return Unary(&ablate::Coordinator::Stub::ListSweeps, ListSweepsRequest());
 }
 
 absl::StatusOr<GetSweepResponse> CoordinatorClient::GetSweep(const std::string& sweep) {
   GetSweepRequest request;
   request.set_sweep(sweep);
-  GetSweepResponse response;
-  auto ctx = Context();
-  if (absl::Status s = FromGrpc(stub_->GetSweep(ctx.get(), request, &response), address());
-      !s.ok()) {
-    return s;
-  }
-  return response;
+  return Unary(&ablate::Coordinator::Stub::GetSweep, request);
 }
 
 absl::StatusOr<CancelResponse> CoordinatorClient::Cancel(const std::string& sweep) {
   CancelRequest request;
   request.set_sweep(sweep);
-  CancelResponse response;
-  auto ctx = Context();
-  if (absl::Status s = FromGrpc(stub_->Cancel(ctx.get(), request, &response), address());
-      !s.ok()) {
-    return s;
-  }
-  return response;
+  return Unary(&ablate::Coordinator::Stub::Cancel, request);
 }
 
 absl::StatusOr<RerunResponse> CoordinatorClient::Rerun(const std::string& sweep,
@@ -121,23 +119,11 @@ absl::StatusOr<RerunResponse> CoordinatorClient::Rerun(const std::string& sweep,
   RerunRequest request;
   request.set_sweep(sweep);
   request.set_failed_only(failed_only);
-  RerunResponse response;
-  auto ctx = Context();
-  if (absl::Status s = FromGrpc(stub_->Rerun(ctx.get(), request, &response), address());
-      !s.ok()) {
-    return s;
-  }
-  return response;
+  return Unary(&ablate::Coordinator::Stub::Rerun, request);
 }
 
 absl::StatusOr<QueryResponse> CoordinatorClient::Query(const QueryRequest& request) {
-  QueryResponse response;
-  auto ctx = Context();
-  if (absl::Status s = FromGrpc(stub_->Query(ctx.get(), request, &response), address());
-      !s.ok()) {
-    return s;
-  }
-  return response;
+  return Unary(&ablate::Coordinator::Stub::Query, request);
 }
 
 absl::StatusOr<TableResponse> CoordinatorClient::Table(const std::string& sweep,
@@ -145,13 +131,7 @@ absl::StatusOr<TableResponse> CoordinatorClient::Table(const std::string& sweep,
   TableRequest request;
   request.set_sweep(sweep);
   request.set_format(format);
-  TableResponse response;
-  auto ctx = Context();
-  if (absl::Status s = FromGrpc(stub_->Table(ctx.get(), request, &response), address());
-      !s.ok()) {
-    return s;
-  }
-  return response;
+  return Unary(&ablate::Coordinator::Stub::Table, request);
 }
 
 }  // namespace ablate

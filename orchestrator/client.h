@@ -6,6 +6,8 @@
 //   2. $ABLATE_COORDINATOR / $ABLATE_TOKEN
 //   3. <state dir>/address and <state dir>/token (written by `ablate serve`; default ./.ablate)
 //   4. address 127.0.0.1:50051 (no token: the coordinator will refuse the call)
+// TLS (orchestrator/tls.h): --tls-ca FILE, else $ABLATE_TLS_CA, else <state dir>/tls-ca.pem,
+// else plaintext.
 // gRPC errors become absl::Status with the same code and a message naming the coordinator
 // ("cannot reach the coordinator at 127.0.0.1:50051: ... (is `ablate serve` running?)").
 //
@@ -28,10 +30,11 @@ struct ClientOptions {
   std::string coordinator;  // "" = resolve (above)
   std::string token;        // "" = resolve (above)
   std::string state_dir = ".ablate";
+  std::string tls_ca;       // "" = resolve (above)
   absl::Duration timeout = absl::Seconds(30);  // the deadline of each unary call
 };
 
-// Fills coordinator and token as described above.
+// Fills coordinator, token and tls_ca as described above.
 ClientOptions ResolveClientOptions(const ClientOptions& flags);
 
 // grpc::Status -> absl::Status (same code), the message prefixed for the CLI.
@@ -53,10 +56,19 @@ class CoordinatorClient {
   absl::StatusOr<RerunResponse> Rerun(const std::string& sweep, bool failed_only);
   absl::StatusOr<QueryResponse> Query(const QueryRequest& request);
   absl::StatusOr<TableResponse> Table(const std::string& sweep, const std::string& format);
+  // OK, or why no call can be made (an unreadable --tls-ca file): check it before using stub().
+  const absl::Status& ready() const { return ready_; }
   ablate::Coordinator::Stub* stub() { return stub_.get(); }
 
  private:
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Unary(
+      grpc::Status (ablate::Coordinator::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                        Response*),
+      const Request& request);
+
   const ClientOptions options_;
+  absl::Status ready_;
   std::unique_ptr<ablate::Coordinator::Stub> stub_;
 };
 

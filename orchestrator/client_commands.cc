@@ -21,12 +21,13 @@ namespace {
 
 // Flags every client command shares.
 struct ClientFlags {
-  std::string coordinator, token, state_dir = ".ablate";
+  std::string coordinator, token, tls_ca, state_dir = ".ablate";
   double timeout_s = 30;
   ClientOptions Options() const {
     ClientOptions o;
     o.coordinator = coordinator;
     o.token = token;
+    o.tls_ca = tls_ca;
     o.state_dir = state_dir;
     o.timeout = absl::Seconds(timeout_s);
     return o;
@@ -39,6 +40,9 @@ void AddClientFlags(CLI::App* cmd, ClientFlags* flags) {
                   "127.0.0.1:50051)");
   cmd->add_option("--token", flags->token,
                   "bearer token (default: $ABLATE_TOKEN, else STATE_DIR/token)");
+  cmd->add_option("--tls-ca", flags->tls_ca,
+                  "PEM CA bundle to verify a TLS coordinator (default: $ABLATE_TLS_CA, else "
+                  "STATE_DIR/tls-ca.pem when present, else plaintext)");
   cmd->add_option("--state-dir", flags->state_dir, "the coordinator's state dir")
       ->capture_default_str();
   cmd->add_option("--timeout", flags->timeout_s, "seconds each call may take")
@@ -108,6 +112,7 @@ bool IsTerminal(std::ostream& out) { return &out == &std::cout && ::isatty(STDOU
 
 absl::Status RunWatch(CoordinatorClient& client, const std::string& sweep, bool live,
                       absl::Duration timeout, std::ostream& out) {
+  if (!client.ready().ok()) return client.ready();
   WatchRequest request;
   request.set_sweep(sweep);
   request.set_include_steps(true);

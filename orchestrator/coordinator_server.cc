@@ -15,6 +15,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "orchestrator/tls.h"
 #include "proto/ablate.grpc.pb.h"
 
 namespace ablate {
@@ -168,6 +169,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const ServerOptions& options) {
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   server->grace_ = options.shutdown_grace;
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(options.tls_cert_file, options.tls_key_file);
+  if (!credentials.ok()) return credentials.status();
   if (options.token.empty()) {
     absl::StatusOr<std::string> token = LoadOrCreateToken(options.state_dir);
     if (!token.ok()) return token.status();
@@ -207,8 +211,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
-                           grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port), *credentials, &port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(server->client_service_.get());
@@ -223,6 +226,19 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   const bool any = options.host == "0.0.0.0" || options.host == "::" || options.host == "[::]";
   server->address_ = absl::StrCat(any ? "127.0.0.1" : options.host, ":", port);
   server->server_->GetHealthCheckService()->SetServingStatus(true);
+  // Local clients trust the certificate through this copy; a plaintext server removes a stale
+  // one, which would make them fail to connect.
+  const fs::path ca_copy = fs::path(options.state_dir) / kTlsCaFile;
+  std::error_code ec_copy;
+  if (options.tls_cert_file.empty()) {
+    fs::remove(ca_copy, ec_copy);
+  } else {
+    fs::copy_file(options.tls_cert_file, ca_copy, fs::copy_options::overwrite_existing, ec_copy);
+  }
+  if (ec_copy) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot update ", ca_copy.string(), ": ", ec_copy.message()));
+  }
   {
     std::ofstream out(fs::path(options.state_dir) / "address");
     out << server->address_ << "\n";

@@ -44,6 +44,9 @@ struct ServerOptions {
   std::string token;
   // "" = <state_dir>/checkpoints.
   std::string checkpoint_root;
+  // TLS (orchestrator/tls.h): PEM certificate and key, both or neither ("" = plaintext).
+  std::string tls_cert_file;
+  std::string tls_key_file;
   int max_message_bytes = 64 << 20;
   absl::Duration shutdown_grace = absl::Seconds(5);
   CoordinatorOptions coordinator;  // checkpoint_root is overwritten from the above

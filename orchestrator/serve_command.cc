@@ -25,9 +25,10 @@ absl::Status RunServe(const ServerOptions& options, std::ostream& out, int dashb
   if (!server.ok()) return server.status();
   const std::filesystem::path dir(options.state_dir);
   out << fmt::format(
-             "ablate serve: listening on {}:{} (clients: {}); database {}, token {} (mode 0600), "
+             "ablate serve: listening on {}:{}{} (clients: {}); database {}, token {} (mode 0600), "
              "checkpoints under {}\n",
-             options.host, (*server)->port(), (*server)->address(),
+             options.host, (*server)->port(), options.tls_cert_file.empty() ? "" : " with TLS",
+             (*server)->address(),
              (dir / "ablate.db").string(), (dir / "token").string(),
              options.checkpoint_root.empty() ? (dir / "checkpoints").string()
                                              : options.checkpoint_root)
@@ -44,12 +45,7 @@ absl::Status RunServe(const ServerOptions& options, std::ostream& out, int dashb
   return absl::OkStatus();
 }
 
-void AddServeCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
-  CLI::App* cmd = app->add_subcommand(
-      "serve", "Run the coordinator: the gRPC API workers and the CLI talk to, the scheduler and "
-               "the results database. Stops cleanly on SIGINT/SIGTERM.");
-  auto options = std::make_shared<ServerOptions>();
-  auto lease_s = std::make_shared<double>(60);
+void AddServerFlags(CLI::App* cmd, ServerOptions* options, double* lease_s, int* dashboard_port) {
   cmd->add_option("--host", options->host, "address to listen on (0.0.0.0: every interface)")
       ->capture_default_str();
   cmd->add_option("--port,-p", options->port, "port (0: any free one; see STATE_DIR/address)")
@@ -62,18 +58,45 @@ void AddServeCommand(CLI::App* app, std::ostream* out, std::function<absl::Statu
                   "filesystem path on clusters)");
   cmd->add_option("--lease-timeout", *lease_s,
                   "seconds without a report after which a running job is LOST")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--max-attempts", options->coordinator.scheduler.max_attempts,
                   "attempts (lost or failed) before a run is FAILED")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--fsync,!--no-fsync", options->synchronous_full,
+                "fsync the database at every group commit: acknowledged writes survive a power "
+                "loss (--no-fsync: they survive a crash of the coordinator, and the OS writes "
+                "them back; several times the job throughput on slow disks, docs/operations.md)")
       ->capture_default_str();
-  auto dashboard_port = std::make_shared<int>(8080);
+  CLI::Option* cert = cmd->add_option("--tls-cert", options->tls_cert_file,
+                                      "serve gRPC over TLS with this PEM certificate (its "
+                                      "subjectAltName must name the address clients dial)");
+  CLI::Option* key = cmd->add_option("--tls-key", options->tls_key_file,
+                                     "the PEM private key of --tls-cert");
+  cert->needs(key);
+  key->needs(cert);
   cmd->add_option("--dashboard-port", *dashboard_port,
                   "port of the web dashboard on --host (0: no dashboard); its URL carries the token")
       ->capture_default_str();
+}
+
+void ApplyServerFlags(double lease_s, ServerOptions* options) {
+  options->coordinator.scheduler.lease_timeout = absl::Seconds(lease_s);
+}
+
+void AddServeCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
+  CLI::App* cmd = app->add_subcommand(
+      "serve", "Run the coordinator: the gRPC API workers and the CLI talk to, the scheduler and "
+               "the results database. Stops cleanly on SIGINT/SIGTERM.");
+  auto options = std::make_shared<ServerOptions>();
+  auto lease_s = std::make_shared<double>(60);
+  auto dashboard_port = std::make_shared<int>(8080);
+  AddServerFlags(cmd, options.get(), lease_s.get(), dashboard_port.get());
   cmd->callback([out, action, options, lease_s, dashboard_port] {
     *action = [out, options, lease_s, dashboard_port] {
       ServerOptions o = *options;
-      o.coordinator.scheduler.lease_timeout = absl::Seconds(*lease_s);
+      ApplyServerFlags(*lease_s, &o);
       return RunServe(o, *out, *dashboard_port);
     };
   });

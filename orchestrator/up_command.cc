@@ -19,6 +19,8 @@
 #include "absl/time/clock.h"
 #include "fmt/format.h"
 #include "orchestrator/dashboard_command.h"
+#include "orchestrator/serve_command.h"
+#include "orchestrator/tls.h"
 
 extern char** environ;
 
@@ -126,6 +128,9 @@ absl::Status RunUp(const UpOptions& options, std::ostream& out) {
     Child child;
     child.name = absl::StrCat("up-", i);
     child.args = {worker_bin, "--coordinator", (*server)->address(), "--name", child.name};
+    if (!options.server.tls_cert_file.empty()) {
+      child.args.insert(child.args.end(), {"--tls-ca", (state / kTlsCaFile).string()});
+    }
     if (!options.device.empty()) child.args.insert(child.args.end(), {"--device", options.device});
     child.pid = SpawnWorker(child, env);
     if (child.pid < 0) {
@@ -197,27 +202,13 @@ void AddUpCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--device", options->device, "cpu, cuda or cuda:N for every worker's jobs");
-  cmd->add_option("--host", options->server.host, "address to listen on (0.0.0.0: every interface)")
-      ->capture_default_str();
-  cmd->add_option("--port,-p", options->server.port, "port (0: any free one; see STATE_DIR/address)")
-      ->capture_default_str();
-  cmd->add_option("--state-dir", options->server.state_dir,
-                  "database (ablate.db), token, address file, checkpoints/")
-      ->capture_default_str();
-  cmd->add_option("--checkpoint-root", options->server.checkpoint_root,
-                  "where runs' checkpoints live (default STATE_DIR/checkpoints)");
-  cmd->add_option("--lease-timeout", *lease_s,
-                  "seconds without a report after which a running job is LOST")
-      ->capture_default_str();
-  cmd->add_option("--dashboard-port", options->dashboard_port,
-                  "port of the web dashboard on --host (0: no dashboard); its URL carries the token")
-      ->capture_default_str();
+  AddServerFlags(cmd, &options->server, lease_s.get(), &options->dashboard_port);
   cmd->add_option("--worker-bin", options->worker_bin,
                   "the ablate-worker to run (default: the one beside ablate)");
   cmd->callback([out, action, options, lease_s] {
     *action = [out, options, lease_s] {
       UpOptions o = *options;
-      o.server.coordinator.scheduler.lease_timeout = absl::Seconds(*lease_s);
+      ApplyServerFlags(*lease_s, &o.server);
       return RunUp(o, *out);
     };
   });

@@ -25,6 +25,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "orchestrator/tls.h"
 #include "proto/ablate.grpc.pb.h"
 #include "worker/trainer.h"
 
@@ -455,8 +456,13 @@ class Agent::Impl {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::max(1, min_ms));
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::max(1, min_ms));
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(1, max_ms));
-    channel_ = grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(),
-                                         args);
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        MakeChannelCredentials(options_.tls_ca);
+    if (!credentials.ok()) {
+      credentials_ = credentials.status();  // Run() reports it
+      return;
+    }
+    channel_ = grpc::CreateCustomChannel(options_.coordinator, *credentials, args);
     stub_ = WorkerService::NewStub(channel_);
   }
 
@@ -486,6 +492,7 @@ class Agent::Impl {
   WorkerResources resources_;
   Logger log_;
   ConnectionLog connection_;
+  absl::Status credentials_;  // why no channel could be made (an unreadable --tls-ca)
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<WorkerService::Stub> stub_;
 
@@ -533,6 +540,7 @@ absl::StatusOr<AgentResult> Agent::Impl::Run() {
     return absl::InvalidArgumentError("--coordinator HOST:PORT (or ABLATE_COORDINATOR) is required");
   }
   if (options_.max_batch_points < 1) return absl::InvalidArgumentError("max_batch_points must be >= 1");
+  if (!credentials_.ok()) return credentials_;
   AgentResult result;
   Backoff backoff(options_.backoff_min, options_.backoff_max);
   bool registered = false;

@@ -32,7 +32,8 @@
 // stops waiting for an unreachable coordinator: Run() returns Aborted at once, and the journal of
 // the last checkpoint keeps the unsent points for the next attempt.
 //
-// Connection. Every call carries `authorization: Bearer <token>` and a deadline. While the
+// Connection. Every call carries `authorization: Bearer <token>` and a deadline, over TLS when
+// tls_ca is set. While the
 // coordinator is unreachable the agent retries with capped exponential backoff and registers
 // again once it answers, logging one line per change of state (not one per retry). Transient
 // codes (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, INTERNAL, UNKNOWN,
@@ -63,6 +64,8 @@ struct AgentOptions {
   std::string coordinator;
   // Sent as `authorization: Bearer <token>` on every call. "" sends no authorization.
   std::string token;
+  // PEM CA bundle to verify a TLS coordinator (orchestrator/tls.h). "" = plaintext.
+  std::string tls_ca;
   // This worker's name, stable across reconnects. "" = hostname:pid.
   std::string name;
   // Overrides train.device of every job ("cpu", "cuda", "cuda:1") and is the device advertised

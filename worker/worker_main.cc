@@ -23,6 +23,8 @@ int main(int argc, char** argv) {
       app.add_option("--token", agent.token, "bearer token for the coordinator (else ABLATE_TOKEN)");
   app.add_option("--token-file", token_file, "read the bearer token from this file")
       ->excludes(token);
+  app.add_option("--tls-ca", agent.tls_ca, "PEM CA bundle to verify a TLS coordinator")
+      ->envname("ABLATE_TLS_CA");
   app.add_option("--device", agent.device, "cpu, cuda or cuda:N for every job (overrides train.device)");
   app.add_option("--checkpoint-root", agent.checkpoint_root,
                  "keep checkpoints in DIR/run-<id> instead of the job's checkpoint dir");

@@ -311,5 +311,124 @@ TEST(ServeProcessTest, SigkillLosesNoMetricAndCompletesOnce) {
   std::filesystem::remove_all(dir);
 }
 
+
+// ---- TLS (orchestrator/tls.h) ------------------------------------------------------------------
+
+// A self-signed certificate for 127.0.0.1 (openssl, as a user would make one) in `dir`.
+bool MakeCertificate(const std::string& dir, const std::string& name) {
+  const std::string command =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=ablate-test -addext "
+      "subjectAltName=IP:127.0.0.1 -keyout " + dir + "/" + name + ".key -out " + dir + "/" + name +
+      ".pem 2>/dev/null";
+  return std::system(command.c_str()) == 0;
+}
+
+class TlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ablate_tls_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+    ASSERT_TRUE(MakeCertificate(root_, "server")) << "openssl failed";
+    ASSERT_TRUE(MakeCertificate(root_, "other"));
+  }
+  void TearDown() override {
+    server_.reset();
+    std::filesystem::remove_all(root_);
+  }
+  absl::Status Start(bool tls) {
+    ServerOptions o;
+    o.state_dir = root_ + "/state";
+    o.port = 0;
+    o.synchronous_full = false;
+    o.shutdown_grace = absl::Seconds(1);
+    if (tls) {
+      o.tls_cert_file = root_ + "/server.pem";
+      o.tls_key_file = root_ + "/server.key";
+    }
+    server_.reset();
+    absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(o);
+    if (!server.ok()) return server.status();
+    server_ = *std::move(server);
+    return absl::OkStatus();
+  }
+  // `ablate ARGS --coordinator ADDRESS --token TOKEN`, nothing else taken from the state dir.
+  CliResult Cli(std::vector<std::string> args) {
+    args.insert(args.end(), {"--coordinator", server_->address(), "--token", server_->token(),
+                             "--state-dir", root_ + "/elsewhere", "--timeout", "5"});
+    return RunCli(args);
+  }
+  std::string root_;
+  std::unique_ptr<CoordinatorServer> server_;
+};
+
+TEST_F(TlsTest, ClientsNeedTheRightCertificateAndLocalOnesFindItInTheStateDir) {
+  ASSERT_TRUE(Start(true).ok());
+  const std::string state = root_ + "/state";
+  ASSERT_TRUE(std::filesystem::exists(state + "/tls-ca.pem"));
+
+  // The local CLI: address, token and certificate all from the state dir.
+  CliResult local = RunCli({"status", "--state-dir", state, "--timeout", "5"});
+  EXPECT_EQ(local.code, 0) << local.err;
+
+  CliResult with_ca = Cli({"status", "--tls-ca", root_ + "/server.pem"});
+  EXPECT_EQ(with_ca.code, 0) << with_ca.err;
+
+  CliResult plaintext = Cli({"status"});
+  EXPECT_EQ(plaintext.code, 1);
+  EXPECT_THAT(plaintext.err, HasSubstr("cannot reach the coordinator"));
+
+  CliResult wrong_ca = Cli({"status", "--tls-ca", root_ + "/other.pem"});
+  EXPECT_EQ(wrong_ca.code, 1);
+  EXPECT_THAT(wrong_ca.err, HasSubstr("cannot reach the coordinator"));
+
+  CliResult missing = Cli({"status", "--tls-ca", root_ + "/nope.pem"});
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_THAT(missing.err, HasSubstr("cannot read the TLS CA file " + root_ + "/nope.pem"));
+
+  // The worker API is behind the same TLS: a plaintext worker cannot even register.
+  auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+  RegisterRequest request;
+  RegisterResponse response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  ctx.AddMetadata("authorization", "Bearer " + server_->token());
+  EXPECT_EQ(WorkerService::NewStub(channel)->Register(&ctx, request, &response).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+
+  // Restarted without TLS: the stale copy goes, so local clients speak plaintext again.
+  ASSERT_TRUE(Start(false).ok());
+  EXPECT_FALSE(std::filesystem::exists(state + "/tls-ca.pem"));
+  local = RunCli({"status", "--state-dir", state, "--timeout", "5"});
+  EXPECT_EQ(local.code, 0) << local.err;
+}
+
+TEST_F(TlsTest, BadCertificateFlagsAreClearErrors) {
+  std::ofstream(root_ + "/not.pem") << "hello\n";
+  ServerOptions o;
+  o.state_dir = root_ + "/state";
+  o.port = 0;
+  o.tls_cert_file = root_ + "/server.pem";
+  EXPECT_THAT(std::string(CoordinatorServer::Start(o).status().message()),
+              HasSubstr("TLS needs both --tls-cert and --tls-key"));
+  o.tls_key_file = root_ + "/not.pem";
+  EXPECT_THAT(std::string(CoordinatorServer::Start(o).status().message()),
+              HasSubstr("the TLS private key " + root_ + "/not.pem is not a PEM file"));
+  o.tls_key_file = root_ + "/server.pem";  // a certificate where the key should be
+  EXPECT_THAT(std::string(CoordinatorServer::Start(o).status().message()),
+              HasSubstr("holds no PRIVATE KEY block"));
+  o.tls_cert_file = root_ + "/missing.pem";
+  o.tls_key_file = root_ + "/server.key";
+  EXPECT_THAT(std::string(CoordinatorServer::Start(o).status().message()),
+              HasSubstr("cannot read the TLS certificate " + root_ + "/missing.pem"));
+  // Nothing was created for a server that did not start.
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/state/ablate.db"));
+  // The CLI refuses one flag without the other before starting anything.
+  CliResult half = RunCli({"serve", "--tls-cert", root_ + "/server.pem", "--state-dir",
+                           root_ + "/state"});
+  EXPECT_NE(half.code, 0);
+  EXPECT_THAT(half.out + half.err, HasSubstr("--tls-key"));
+}
+
 }  // namespace
 }  // namespace ablate
