@@ -365,13 +365,15 @@ absl::Status ApplyTransition(StoreWriter& w, const RunTransition& t, TransitionR
   STORE_RETURN_IF_ERROR(InsertEvent(w, sweep_id, t.run_id, "run_state", message));
 
   // The sweep is DONE when nothing of it is left to run; a requeued run makes it ACTIVE again.
-  STORE_ASSIGN_OR_RETURN(left, w.Get("SELECT count(*) FROM runs WHERE sweep_id = ?1 AND state "
-                                     "IN ('PENDING', 'RUNNING', 'INTERRUPTED')"));
+  // EXISTS, not count(*): it stops at the first index entry, where a count walked every queued
+  // run of a 10,000-run sweep on each transition.
+  STORE_ASSIGN_OR_RETURN(left, w.Get("SELECT EXISTS (SELECT 1 FROM runs WHERE sweep_id = ?1 AND "
+                                     "state IN ('PENDING', 'RUNNING', 'INTERRUPTED'))"));
   left->Bind(1, sweep_id);
   STORE_ASSIGN_OR_RETURN(row, left->Step());
-  const int64_t unfinished = row ? left->ColumnInt(0) : 0;
+  const bool unfinished = row && left->ColumnInt(0) != 0;
   left->Reset();
-  if (unfinished == 0) {
+  if (!unfinished) {
     STORE_ASSIGN_OR_RETURN(done, w.Get("UPDATE sweeps SET state = 'DONE', finished_at = ?2 "
                                        "WHERE id = ?1 AND state = 'ACTIVE'"));
     done->Bind(1, sweep_id).Bind(2, now);

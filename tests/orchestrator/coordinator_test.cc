@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "grpcpp/generic/generic_stub.h"
+#include "tests/sim_worker.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -479,6 +480,63 @@ TEST_F(CoordinatorTest, DispatchWithThousandsQueued) {
   EXPECT_NEAR(served["high"], 150, 2);
   EXPECT_NEAR(served["low"], 50, 2);
   EXPECT_LT(seconds, 30.0);
+}
+
+// Load: 64 simulated workers (each its own connection, the real protocol, no-op jobs that report
+// 10 steps and finish at once) drain 10,000 queued runs. None is lost, none runs twice, every
+// metric point is stored. bench/scheduler_bench.cc measures the same setup for speed.
+TEST_F(CoordinatorTest, SixtyFourWorkersDrainTenThousandJobsExactlyOnce) {
+  constexpr int kWorkers = 64, kPoints = 10;
+  std::string seeds = "seeds: [0";
+  for (int i = 1; i < 2500; ++i) seeds += ", " + std::to_string(i);
+  seeds += "]";
+  std::string text = QuickSpec("load");
+  text.replace(text.find("seeds: [0]"), 10, seeds);
+  ASSERT_EQ(Submit(text, "load.yaml", false).queued(), 10000);
+
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> finished{0};
+  std::vector<std::unique_ptr<testing::SimWorker>> workers;
+  for (int i = 0; i < kWorkers; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt("ablate.test.connection", i);
+    workers.push_back(std::make_unique<testing::SimWorker>(
+        grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args),
+        token_, "sim-" + std::to_string(i), kPoints));
+    ASSERT_TRUE(workers.back()->Register());
+    workers.back()->CountFinishesIn(&finished);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (auto& w : workers) threads.emplace_back([&stop, w = w.get()] { w->Run(stop); });
+  const auto limit = start + std::chrono::minutes(3);
+  while (finished.load() < 10000 && std::chrono::steady_clock::now() < limit) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stop = true;
+  for (std::thread& t : threads) t.join();
+  std::printf("64 simulated workers drained %lld jobs in %.1f s (%.0f jobs/s)\n",
+              static_cast<long long>(finished.load()), seconds, finished.load() / seconds);
+
+  std::map<int64_t, int> starts;
+  int busy_workers = 0;
+  for (const auto& w : workers) {
+    EXPECT_THAT(w->errors(), ::testing::IsEmpty()) << "worker " << w->worker_id();
+    busy_workers += !w->jobs().empty();
+    for (const testing::SimJob& job : w->jobs()) ++starts[job.run_id];
+  }
+  EXPECT_EQ(finished.load(), 10000);
+  EXPECT_EQ(starts.size(), 10000u);
+  int twice = 0;
+  for (const auto& [run, n] : starts) twice += n > 1;
+  EXPECT_EQ(twice, 0);
+  EXPECT_GT(busy_workers, kWorkers / 2);  // the queue was shared, not drained by a few
+  EXPECT_EQ(CountRows("runs WHERE state = 'SUCCEEDED' AND attempts = 1"), 10000);
+  EXPECT_EQ(CountRows("attempts"), 10000);
+  EXPECT_EQ(CountRows("step_metrics"), 10000 * kPoints);
+  EXPECT_EQ(Scalar("SELECT state FROM sweeps WHERE name = 'load'"), "DONE");
 }
 
 TEST_F(CoordinatorTest, ResourcesDecideWhoGetsAJob) {

@@ -95,7 +95,10 @@ class CoordinatorFixture : public ::testing::Test {
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     token_ = server_->token();
-    auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(256 << 20);  // as the CLI: a 10,000-run expansion is ~5 MB
+    auto channel =
+        grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args);
     client_ = ablate::Coordinator::NewStub(channel);
     worker_ = WorkerService::NewStub(channel);
   }

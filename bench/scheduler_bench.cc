@@ -1,0 +1,276 @@
+// The coordinator under load, against issue 7's targets, in one run. A real `ablate serve`
+// process (its own database in a temp dir, production settings: fsync per flush) is driven over
+// loopback gRPC by simulated workers (tests/sim_worker.h: the real worker protocol, no-op jobs
+// that report `--points` step metrics and finish at once), each with its own connection:
+//   1. memory: the coordinator's RSS with `--jobs` runs queued and `--workers` workers
+//      registered and long-polling. Target < 300 MB.
+//   2. dispatch throughput: the workers drain the queue; jobs/s from release to the last Finish
+//      acknowledged. Target >= 5,000 jobs/s.
+//   3. submit-to-start latency: with every worker idle in its long poll, one-run sweeps are
+//      submitted one at a time; from the Submit call to the job arriving at a worker, p50/p99.
+//      Target p99 < 50 ms.
+// It then checks that every run finished once and every metric point was stored.
+//
+// By default it runs twice, `serve --fsync` (the default) then `--no-fsync`, and prints both.
+//
+//   bench_scheduler [--ablate PATH] [--workers 64] [--jobs 10000] [--points 10]
+//                   [--latency-samples 200] [--durability fsync|no-fsync|both]
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/ablate.grpc.pb.h"
+#include "tests/process_util.h"
+#include "tests/sim_worker.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+// VmRSS and VmHWM of `pid`, in MB.
+std::pair<double, double> MemoryMb(pid_t pid) {
+  const std::string status = ablate::testing::Slurp(absl::StrCat("/proc/", pid, "/status"));
+  auto field = [&](const std::string& name) {
+    const size_t at = status.find(name + ":");
+    return at == std::string::npos ? -1.0 : std::stod(status.substr(at + name.size() + 1)) / 1024;
+  };
+  return {field("VmRSS"), field("VmHWM")};
+}
+
+// `runs` runs: 4 variants (FFN-matched) x runs/4 seeds of a small model; jobs are no-ops anyway.
+std::string Spec(const std::string& name, int runs) {
+  std::string seeds;
+  for (int i = 0; i < std::max(1, runs / 4); ++i) seeds += (i ? ", " : "") + std::to_string(i);
+  const std::string variants =
+      runs >= 4 ? "[baseline, g1_elementwise, g1_headwise, g1_ns_sigmoid]" : "[baseline]";
+  return absl::StrCat("sweep: ", name, R"(
+base:
+  model: {d_model: 64, num_layers: 4, num_heads: 4, num_kv_heads: 4, head_dim: 16, ffn_dim: 256,
+          max_seq_len: 128}
+  train: {steps: 200, batch_size: 8, seq_len: 128, threads: 1}
+variants: )", variants, R"(
+budget: {match: ffn, reference: baseline, tolerance: 0.01}
+seeds: [)", seeds, R"(]
+resources: {device: cpu, threads: 1}
+)");
+}
+
+// User + system CPU seconds `pid` used so far.
+double CpuSeconds(pid_t pid) {
+  const std::string stat = ablate::testing::Slurp(absl::StrCat("/proc/", pid, "/stat"));
+  std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+  std::string f;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {
+    if (i == 14 || i == 15) ticks += std::stod(f);  // utime, stime
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+struct Args {
+  std::string ablate_bin = ABLATE_BIN;
+  int workers = 64, jobs = 10000, points = 10, samples = 200;
+  bool fsync = true;
+};
+
+// One `ablate serve` from scratch through the three phases; true when every check passed.
+bool Scenario(const Args& args) {
+  char tmpl[] = "/tmp/ablate_bench_sched_XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return false;
+  const fs::path dir = tmpl, state = dir / "state";
+  const pid_t serve = ablate::testing::Spawn(
+      args.ablate_bin,
+      {"serve", "--port", "0", "--dashboard-port", "0", "--state-dir", state.string(),
+       args.fsync ? "--fsync" : "--no-fsync"},
+      dir / "serve.log");
+  // A failed check must not leave the server behind.
+  struct KillOnReturn {
+    pid_t pid;
+    ~KillOnReturn() {
+      if (pid > 0) ablate::testing::WaitExit((kill(pid, SIGKILL), pid), std::chrono::seconds(5));
+    }
+  } guard{serve};
+  if (serve < 0 || !ablate::testing::WaitFor([&] { return fs::exists(state / "address"); },
+                                             std::chrono::seconds(20))) {
+    std::fprintf(stderr, "bench_scheduler: ablate serve did not start:\n%s\n",
+                 ablate::testing::Slurp(dir / "serve.log").c_str());
+    return false;
+  }
+  std::string address = ablate::testing::Slurp(state / "address");
+  while (!address.empty() && std::isspace(static_cast<unsigned char>(address.back()))) address.pop_back();
+  std::string token = ablate::testing::Slurp(state / "token");
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+  const auto [idle_rss, idle_hwm] = MemoryMb(serve);
+  (void)idle_hwm;
+
+  auto channel = [&](int i) {
+    grpc::ChannelArguments channel_args;
+    channel_args.SetInt("ablate.bench.connection", i);  // a connection of its own, as hosts have
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_args);
+  };
+  auto client = ablate::Coordinator::NewStub(channel(-1));
+  // `force`: the latency sweeps repeat a run of the load sweep, which would be reused, not run.
+  auto submit = [&](const std::string& spec, bool force) {
+    ablate::SubmitRequest request;
+    request.set_force(force);
+    request.set_spec_yaml(spec);
+    request.set_spec_file("bench.yaml");
+    ablate::SubmitResponse response;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + token);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    grpc::Status s = client->Submit(&ctx, request, &response);
+    if (!s.ok()) std::fprintf(stderr, "submit: %s\n", s.error_message().c_str());
+    return s.ok() ? response.queued() : -1;
+  };
+
+  std::vector<std::unique_ptr<ablate::testing::SimWorker>> sims;
+  for (int i = 0; i < args.workers; ++i) {
+    sims.push_back(std::make_unique<ablate::testing::SimWorker>(channel(i), token,
+                                                                absl::StrCat("sim-", i), args.points));
+    if (!sims.back()->Register()) {
+      std::fprintf(stderr, "register: %s\n", sims.back()->errors().front().c_str());
+      return false;
+    }
+  }
+  const auto submit_start = Clock::now();
+  const int queued = submit(Spec("load", args.jobs), false);
+  const double submit_ms = Ms(Clock::now() - submit_start);
+  if (queued != args.jobs) return false;
+
+  // Workers start long-polling; memory is read with the queue full and all of them waiting.
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> finished{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (auto& sim : sims) {
+    sim->CountFinishesIn(&finished);
+    threads.emplace_back([&, w = sim.get()] {
+      while (!go.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      w->Run(stop, /*wait_s=*/10);
+    });
+  }
+  const auto [queued_rss, queued_hwm] = MemoryMb(serve);
+  (void)queued_hwm;
+  const auto drain_start = Clock::now();
+  const double cpu_start = CpuSeconds(serve), self_cpu_start = CpuSeconds(getpid());
+  go = true;
+  while (finished.load() < args.jobs) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const double drain_s = std::chrono::duration<double>(Clock::now() - drain_start).count();
+  const double drain_cpu = CpuSeconds(serve) - cpu_start;
+  const double workers_cpu = CpuSeconds(getpid()) - self_cpu_start;
+
+  // Latency: the workers are idle in their long polls; one-run sweeps, one at a time.
+  std::map<std::string, Clock::time_point> submitted;
+  std::vector<double> submit_call_ms;
+  for (int i = 0; i < args.samples; ++i) {
+    const std::string name = absl::StrCat("lat-", i);
+    const int64_t before = finished.load();
+    submitted[name] = Clock::now();
+    if (submit(Spec(name, 1), true) != 1) {
+      stop = true;
+      kill(serve, SIGTERM);
+      for (std::thread& t : threads) t.join();
+      return false;
+    }
+    submit_call_ms.push_back(Ms(Clock::now() - submitted[name]));
+    while (finished.load() == before) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  const auto [end_rss, end_hwm] = MemoryMb(serve);
+  stop = true;
+  kill(serve, SIGTERM);  // wakes the long polls
+  for (std::thread& t : threads) t.join();
+  const int serve_exit = ablate::testing::WaitExit(serve, std::chrono::seconds(30));
+  guard.pid = -1;
+
+  std::vector<double> latency_ms;
+  std::map<int64_t, int> starts;
+  size_t errors = 0;
+  for (const auto& sim : sims) {
+    errors += sim->errors().size();
+    for (const ablate::testing::SimJob& job : sim->jobs()) {
+      ++starts[job.run_id];
+      auto it = submitted.find(job.sweep);
+      if (it != submitted.end()) latency_ms.push_back(Ms(job.received - it->second));
+    }
+  }
+  int twice = 0;
+  for (const auto& [run, n] : starts) twice += n > 1;
+  const fs::path db = state / "ablate.db";
+  const int64_t succeeded = ablate::testing::QueryInt(
+      db, "SELECT count(*) FROM runs WHERE state = 'SUCCEEDED' AND attempts = 1");
+  const int64_t step_rows = ablate::testing::QueryInt(db, "SELECT count(*) FROM step_metrics");
+  const int64_t total = args.jobs + args.samples;
+
+  std::printf("ablate serve %s + %d simulated workers over loopback gRPC, no-op jobs of %d "
+              "points\n", args.fsync ? "--fsync" : "--no-fsync", args.workers, args.points);
+  std::printf("  submit of %d runs:            %8.0f ms\n", args.jobs, submit_ms);
+  std::printf("  coordinator RSS: idle %.0f MB, %d queued + %d workers %.0f MB (target < 300 MB), "
+              "peak %.0f MB\n", idle_rss, args.jobs, args.workers, queued_rss, end_hwm);
+  std::printf("  dispatch: %d jobs in %.2f s = %8.0f jobs/s (target >= 5,000)\n", args.jobs, drain_s,
+              args.jobs / drain_s);
+  std::printf("            CPU: coordinator %.2f s, simulated workers %.2f s (%d cores)\n",
+              drain_cpu, workers_cpu, static_cast<int>(std::thread::hardware_concurrency()));
+  std::printf("  submit call (1-run sweep): p50 %.1f ms, p99 %.1f ms\n",
+              Percentile(submit_call_ms, 0.5), Percentile(submit_call_ms, 0.99));
+  std::printf("  submit-to-start: p50 %.1f ms, p99 %.1f ms over %zu samples (target p99 < 50 ms)\n",
+              Percentile(latency_ms, 0.5), Percentile(latency_ms, 0.99), latency_ms.size());
+  std::printf("  checks: %lld/%lld runs SUCCEEDED in one attempt, %d started twice, %lld/%lld step "
+              "rows, %zu call errors, serve exit %d, RSS at end %.0f MB\n",
+              static_cast<long long>(succeeded), static_cast<long long>(total), twice,
+              static_cast<long long>(step_rows), static_cast<long long>(total * args.points), errors,
+              serve_exit, end_rss);
+  const bool ok = succeeded == total && twice == 0 && step_rows == total * args.points && errors == 0 &&
+                  serve_exit == 0;
+  if (ok) fs::remove_all(dir);
+  else std::fprintf(stderr, "bench_scheduler: checks failed; kept %s\n", dir.c_str());
+  return ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_scheduler: coordinator dispatch throughput, latency and memory"};
+  Args args;
+  std::string modes = "both";
+  app.add_option("--ablate", args.ablate_bin, "the ablate binary")->capture_default_str();
+  app.add_option("--workers", args.workers)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--jobs", args.jobs, "runs queued (a multiple of 4)")->capture_default_str()
+      ->check(CLI::Range(4, 10000));
+  app.add_option("--points", args.points, "step metrics each no-op job reports")
+      ->capture_default_str();
+  app.add_option("--latency-samples", args.samples)->capture_default_str();
+  app.add_option("--durability", modes, "fsync, no-fsync or both (side by side)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fsync", "no-fsync", "both"}));
+  CLI11_PARSE(app, argc, argv);
+  args.jobs -= args.jobs % 4;
+  bool ok = true;
+  for (bool fsync : {true, false}) {
+    if (modes != "both" && (modes == "fsync") != fsync) continue;
+    args.fsync = fsync;
+    ok = Scenario(args) && ok;
+  }
+  return ok ? 0 : 1;
+}

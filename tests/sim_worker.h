@@ -1,0 +1,151 @@
+// A simulated worker for load tests and scheduler benchmarks: it speaks the real worker protocol
+// (Register, AcquireJob long polls, Report, Finish over gRPC) but its jobs are no-ops: each job
+// reports `points_per_job` step metrics in one batch and finishes SUCCEEDED at once. Dozens of
+// them run as threads of one process, where dozens of LibTorch workers would not fit.
+//
+// What it records (for the caller's checks): every job it was given, with the steady-clock time
+// it arrived, and every call that failed.
+//
+// Thread safety: one SimWorker per thread; Run() blocks until `stop` is set and the current long
+// poll returned, or until `max_jobs` were done.
+#ifndef ABLATE_TESTS_SIM_WORKER_H_
+#define ABLATE_TESTS_SIM_WORKER_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "proto/ablate.grpc.pb.h"
+
+namespace ablate::testing {
+
+struct SimJob {
+  int64_t run_id = 0;
+  int32_t attempt = 0;
+  std::string sweep;
+  std::chrono::steady_clock::time_point received;
+};
+
+class SimWorker {
+ public:
+  SimWorker(std::shared_ptr<grpc::Channel> channel, std::string token, std::string name,
+            int points_per_job)
+      : stub_(WorkerService::NewStub(std::move(channel))),
+        bearer_("Bearer " + std::move(token)),
+        name_(std::move(name)),
+        points_(points_per_job) {}
+
+  // Registers; false (with the error in errors()) when that fails.
+  bool Register() {
+    RegisterRequest request;
+    request.set_name(name_);
+    request.mutable_resources()->set_device("cpu");
+    request.mutable_resources()->set_cores(1);
+    request.mutable_resources()->set_memory_gb(4);
+    RegisterResponse response;
+    grpc::ClientContext ctx;
+    Prepare(&ctx, std::chrono::seconds(30));
+    grpc::Status s = stub_->Register(&ctx, request, &response);
+    if (!s.ok()) return Failed("register", s);
+    worker_id_ = response.worker_id();
+    return true;
+  }
+
+  // Takes, reports and finishes jobs until `stop` is set (checked between long polls of
+  // `wait_s` seconds) or `max_jobs` (0: no limit) were done.
+  void Run(const std::atomic<bool>& stop, int wait_s = 1, int64_t max_jobs = 0) {
+    while (!stop.load() && (max_jobs == 0 || static_cast<int64_t>(jobs_.size()) < max_jobs)) {
+      AcquireJobRequest acquire;
+      acquire.set_worker_id(worker_id_);
+      acquire.set_wait_s(wait_s);
+      AcquireJobResponse offered;
+      {
+        grpc::ClientContext ctx;
+        Prepare(&ctx, std::chrono::seconds(wait_s + 30));
+        grpc::Status s = stub_->AcquireJob(&ctx, acquire, &offered);
+        if (!s.ok()) {
+          Failed("acquire", s);
+          continue;
+        }
+      }
+      if (!offered.has_job()) continue;
+      const Job& job = offered.job();
+      jobs_.push_back({job.run_id(), job.attempt(), job.sweep(), std::chrono::steady_clock::now()});
+      ReportRequest report;
+      report.set_worker_id(worker_id_);
+      report.set_run_id(job.run_id());
+      report.set_attempt(job.attempt());
+      report.set_seq(1);
+      for (int i = 1; i <= points_; ++i) {
+        StepMetrics* m = report.add_steps();
+        m->set_step(i);
+        m->set_loss(5.0 - 0.001 * i);
+        m->set_grad_norm(1.0);
+        m->set_lr(1e-3);
+        m->set_tokens_per_s(1e5);
+      }
+      if (!Call("report", [&](grpc::ClientContext* ctx) {
+            ReportResponse r;
+            return stub_->Report(ctx, report, &r);
+          })) {
+        continue;
+      }
+      FinishRequest finish;
+      finish.set_worker_id(worker_id_);
+      finish.set_run_id(job.run_id());
+      finish.set_attempt(job.attempt());
+      RunSummary* summary = finish.mutable_summary();
+      summary->set_state(SUCCEEDED);
+      summary->set_steps_done(points_);
+      summary->set_final_train_loss(5.0 - 0.001 * points_);
+      if (Call("finish", [&](grpc::ClientContext* ctx) {
+            FinishResponse r;
+            return stub_->Finish(ctx, finish, &r);
+          }) &&
+          finished_ != nullptr) {
+        finished_->fetch_add(1);
+      }
+    }
+  }
+
+  // Counts acknowledged Finish calls in `*finished` too (shared by several workers).
+  void CountFinishesIn(std::atomic<int64_t>* finished) { finished_ = finished; }
+
+  int64_t worker_id() const { return worker_id_; }
+  const std::vector<SimJob>& jobs() const { return jobs_; }
+  const std::vector<std::string>& errors() const { return errors_; }
+
+ private:
+  void Prepare(grpc::ClientContext* ctx, std::chrono::seconds timeout) {
+    ctx->set_deadline(std::chrono::system_clock::now() + timeout);
+    ctx->AddMetadata("authorization", bearer_);
+  }
+  bool Failed(const char* what, const grpc::Status& s) {
+    errors_.push_back(std::string(what) + ": " + s.error_message());
+    return false;
+  }
+  template <typename Fn>
+  bool Call(const char* what, Fn fn) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx, std::chrono::seconds(30));
+    grpc::Status s = fn(&ctx);
+    return s.ok() || Failed(what, s);
+  }
+
+  std::unique_ptr<WorkerService::Stub> stub_;
+  const std::string bearer_;
+  const std::string name_;
+  const int points_;
+  int64_t worker_id_ = 0;
+  std::atomic<int64_t>* finished_ = nullptr;
+  std::vector<SimJob> jobs_;
+  std::vector<std::string> errors_;
+};
+
+}  // namespace ablate::testing
+
+#endif  // ABLATE_TESTS_SIM_WORKER_H_
