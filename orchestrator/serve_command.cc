@@ -45,7 +45,8 @@ absl::Status RunServe(const ServerOptions& options, std::ostream& out, int dashb
   return absl::OkStatus();
 }
 
-void AddServerFlags(CLI::App* cmd, ServerOptions* options, double* lease_s, int* dashboard_port) {
+void AddServerFlags(CLI::App* cmd, ServerOptions* options, ServerFlagSeconds* seconds,
+                    int* dashboard_port) {
   cmd->add_option("--host", options->host, "address to listen on (0.0.0.0: every interface)")
       ->capture_default_str();
   cmd->add_option("--port,-p", options->port, "port (0: any free one; see STATE_DIR/address)")
@@ -56,10 +57,15 @@ void AddServerFlags(CLI::App* cmd, ServerOptions* options, double* lease_s, int*
   cmd->add_option("--checkpoint-root", options->checkpoint_root,
                   "where runs' checkpoints live (default STATE_DIR/checkpoints; a shared "
                   "filesystem path on clusters)");
-  cmd->add_option("--lease-timeout", *lease_s,
+  cmd->add_option("--lease-timeout", seconds->lease,
                   "seconds without a report after which a running job is LOST")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--retry-backoff", seconds->retry_backoff,
+                  "seconds before a lost or failed run is retried, doubling per attempt (up to "
+                  "5 minutes)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-attempts", options->coordinator.scheduler.max_attempts,
                   "attempts (lost or failed) before a run is FAILED")
       ->capture_default_str()
@@ -81,8 +87,9 @@ void AddServerFlags(CLI::App* cmd, ServerOptions* options, double* lease_s, int*
       ->capture_default_str();
 }
 
-void ApplyServerFlags(double lease_s, ServerOptions* options) {
-  options->coordinator.scheduler.lease_timeout = absl::Seconds(lease_s);
+void ApplyServerFlags(const ServerFlagSeconds& seconds, ServerOptions* options) {
+  options->coordinator.scheduler.lease_timeout = absl::Seconds(seconds.lease);
+  options->coordinator.scheduler.retry_base = absl::Seconds(seconds.retry_backoff);
 }
 
 void AddServeCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
@@ -90,13 +97,13 @@ void AddServeCommand(CLI::App* app, std::ostream* out, std::function<absl::Statu
       "serve", "Run the coordinator: the gRPC API workers and the CLI talk to, the scheduler and "
                "the results database. Stops cleanly on SIGINT/SIGTERM.");
   auto options = std::make_shared<ServerOptions>();
-  auto lease_s = std::make_shared<double>(60);
+  auto seconds = std::make_shared<ServerFlagSeconds>();
   auto dashboard_port = std::make_shared<int>(8080);
-  AddServerFlags(cmd, options.get(), lease_s.get(), dashboard_port.get());
-  cmd->callback([out, action, options, lease_s, dashboard_port] {
-    *action = [out, options, lease_s, dashboard_port] {
+  AddServerFlags(cmd, options.get(), seconds.get(), dashboard_port.get());
+  cmd->callback([out, action, options, seconds, dashboard_port] {
+    *action = [out, options, seconds, dashboard_port] {
       ServerOptions o = *options;
-      ApplyServerFlags(*lease_s, &o);
+      ApplyServerFlags(*seconds, &o);
       return RunServe(o, *out, *dashboard_port);
     };
   });

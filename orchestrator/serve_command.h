@@ -22,12 +22,19 @@ namespace ablate {
 // With dashboard_port > 0 the web dashboard runs beside it (orchestrator/dashboard_command.h).
 absl::Status RunServe(const ServerOptions& options, std::ostream& out, int dashboard_port = 0);
 
+// Coordinator flags given in seconds, applied to ServerOptions by ApplyServerFlags.
+struct ServerFlagSeconds {
+  double lease = 60;         // --lease-timeout
+  double retry_backoff = 5;  // --retry-backoff
+};
+
 // The coordinator flags `serve` and `up` share: --host, --port, --state-dir, --checkpoint-root,
-// --lease-timeout (seconds, into *lease_s: apply it with ApplyServerFlags), --max-attempts,
-// --fsync/--no-fsync, --tls-cert, --tls-key, --dashboard-port (into *dashboard_port).
-void AddServerFlags(CLI::App* cmd, ServerOptions* options, double* lease_s, int* dashboard_port);
-// Copies what AddServerFlags parsed outside ServerOptions into it.
-void ApplyServerFlags(double lease_s, ServerOptions* options);
+// --lease-timeout, --retry-backoff, --max-attempts, --fsync/--no-fsync, --tls-cert, --tls-key,
+// --dashboard-port (into *dashboard_port).
+void AddServerFlags(CLI::App* cmd, ServerOptions* options, ServerFlagSeconds* seconds,
+                    int* dashboard_port);
+// Copies the durations AddServerFlags parsed into `options`.
+void ApplyServerFlags(const ServerFlagSeconds& seconds, ServerOptions* options);
 
 // Registers `serve` on `app`; when chosen, *action runs it. `out` must outlive *action.
 void AddServeCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action);

@@ -197,18 +197,18 @@ void AddUpCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()
       "up", "Run the coordinator and N local workers in one command; Ctrl-C stops all (runs in "
             "progress are checkpointed and resume on the next start).");
   auto options = std::make_shared<UpOptions>();
-  auto lease_s = std::make_shared<double>(60);
+  auto seconds = std::make_shared<ServerFlagSeconds>();
   cmd->add_option("--workers,-w", options->workers, "local ablate-worker processes")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--device", options->device, "cpu, cuda or cuda:N for every worker's jobs");
-  AddServerFlags(cmd, &options->server, lease_s.get(), &options->dashboard_port);
+  AddServerFlags(cmd, &options->server, seconds.get(), &options->dashboard_port);
   cmd->add_option("--worker-bin", options->worker_bin,
                   "the ablate-worker to run (default: the one beside ablate)");
-  cmd->callback([out, action, options, lease_s] {
-    *action = [out, options, lease_s] {
+  cmd->callback([out, action, options, seconds] {
+    *action = [out, options, seconds] {
       UpOptions o = *options;
-      ApplyServerFlags(*lease_s, &o.server);
+      ApplyServerFlags(*seconds, &o.server);
       return RunUp(o, *out);
     };
   });

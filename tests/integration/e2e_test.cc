@@ -216,4 +216,178 @@ TEST_F(EndToEndTest, ADivergedRunIsAResultNotRetriedAndWatchShowsIt) {
   EXPECT_EQ(WaitExit(up, std::chrono::seconds(60)), 0) << Slurp(log);
 }
 
+
+// Faults: SIGKILL the worker training a run at three points (before its first checkpoint, and
+// twice after checkpoints). Each time the lease expires, the run is retried on a new worker that
+// resumes from the run's last checkpoint, and in the end every step's loss, the final training
+// loss and the validation loss are bit for bit those of the same run trained without
+// interruption (CPU training is deterministic), with each step stored once.
+TEST_F(EndToEndTest, KilledWorkersRunsResumeElsewhereAndMatchAnUninterruptedRun) {
+  auto spec = [&](const std::string& name) {
+    const fs::path p = dir_ / (name + ".yaml");
+    std::ofstream(p) << "sweep: " << name << "\n"
+                     << "base:\n"
+                     << "  model: {d_model: 64, num_layers: 4, num_heads: 4, num_kv_heads: 4, "
+                        "head_dim: 16, ffn_dim: 128, max_seq_len: 64}\n"
+                     << "  train: {steps: 400, batch_size: 8, seq_len: 64, threads: 1, "
+                     << "eval_every: 100, eval_batches: 2, checkpoint_every: 40, "
+                     << "data: {path: " << (dir_ / "corpus.txt").string() << "}}\n"
+                     << "variants: [g1_elementwise]\n"
+                     << "seeds: [0]\n"
+                     << "resources: {device: cpu, threads: 1}\n";
+    return p.string();
+  };
+  const fs::path log = dir_ / "serve.log";
+  const pid_t serve = Spawn(ABLATE_BIN,
+                            {"serve", "--port", "0", "--dashboard-port", "0", "--no-fsync",
+                             "--lease-timeout", "2", "--retry-backoff", "0.2", "--max-attempts",
+                             "6", "--state-dir", state_.string()},
+                            log);
+  ASSERT_GT(serve, 0);
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)))
+      << Slurp(log);
+  std::string address = Slurp(state_ / "address");
+  address.erase(address.find_last_not_of(" \n") + 1);
+  auto worker = [&](const std::string& name) {
+    return Spawn(ABLATE_WORKER_BIN,
+                 {"--coordinator", address, "--token-file", (state_ / "token").string(), "--name",
+                  name, "--report-interval", "0.1"},
+                 dir_ / (name + ".log"));
+  };
+  auto steps_of = [&](const std::string& sweep, int attempt) {
+    return QueryInt(Db(), "SELECT coalesce(max(m.step), 0) FROM step_metrics m JOIN runs r ON "
+                          "r.id = m.run_id JOIN sweeps s ON s.id = r.sweep_id WHERE s.name = '" +
+                              sweep + "' AND m.attempt = " + std::to_string(attempt));
+  };
+  auto state_of = [&](const std::string& sweep) {
+    return QueryInt(Db(), "SELECT count(*) FROM runs r JOIN sweeps s ON s.id = r.sweep_id WHERE "
+                          "s.name = '" + sweep + "' AND r.state = 'SUCCEEDED'");
+  };
+  // The same run trained without interruption, beside it: the reference is queued first and
+  // taken by its own one-job worker before the other run exists (--force: it would be reused).
+  ASSERT_EQ(Ablate({"submit", spec("reference")}, dir_ / "submit.log"), 0)
+      << Slurp(dir_ / "submit.log");
+  const pid_t calm = Spawn(ABLATE_WORKER_BIN,
+                           {"--coordinator", address, "--token-file", (state_ / "token").string(),
+                            "--name", "calm", "--max-jobs", "1"},
+                           dir_ / "calm.log");
+  ASSERT_TRUE(WaitFor([&] { return steps_of("reference", 1) > 0; }, std::chrono::seconds(60)))
+      << Slurp(dir_ / "calm.log");
+  ASSERT_EQ(Ablate({"submit", spec("faults"), "--force"}, dir_ / "submit.log"), 0)
+      << Slurp(dir_ / "submit.log");
+
+  const int kill_at[] = {3, 130, 270};
+  for (int k = 0; k < 3; ++k) {
+    const std::string name = "victim-" + std::to_string(k + 1);
+    const pid_t w = worker(name);
+    ASSERT_GT(w, 0);
+    ASSERT_TRUE(WaitFor([&] { return steps_of("faults", k + 1) >= kill_at[k]; },
+                        std::chrono::seconds(120)))
+        << Slurp(dir_ / (name + ".log"));
+    kill(w, SIGKILL);
+    EXPECT_EQ(WaitExit(w, std::chrono::seconds(10)), 128 + SIGKILL);
+    EXPECT_LT(steps_of("faults", k + 1), 400) << "the run finished before the kill";
+  }
+  const pid_t last = worker("survivor");
+  ASSERT_TRUE(WaitFor([&] { return state_of("faults") == 1; }, std::chrono::seconds(120)))
+      << Slurp(dir_ / "survivor.log") << Slurp(log);
+  EXPECT_EQ(QueryInt(Db(), "SELECT attempts FROM runs WHERE id = 2"), 4);
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM attempts WHERE run_id = 2 AND state = 'LOST'"), 3);
+  // The first replacement started over (no checkpoint yet); the later ones resumed from one.
+  const std::string second = Slurp(dir_ / "victim-2.log");
+  EXPECT_EQ(second.find("resuming from the checkpoint"), std::string::npos) << second;
+  for (const char* name : {"victim-3", "survivor"}) {
+    const std::string text = Slurp(dir_ / (std::string(name) + ".log"));
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(text, m, std::regex("resuming from the checkpoint of step (\\d+)")))
+        << name << ": " << text;
+    EXPECT_GE(std::stoi(m[1]), std::string(name) == "survivor" ? 240 : 120) << text;
+  }
+  kill(last, SIGTERM);
+  EXPECT_EQ(WaitExit(last, std::chrono::seconds(30)), 0);
+  EXPECT_EQ(WaitExit(calm, std::chrono::seconds(120)), 0) << Slurp(dir_ / "calm.log");
+  ASSERT_EQ(state_of("reference"), 1);
+
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM step_metrics WHERE run_id = 1"), 400);
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM step_metrics WHERE run_id = 2"), 400);
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM step_metrics a JOIN step_metrics b ON "
+                           "b.step = a.step WHERE a.run_id = 1 AND b.run_id = 2 AND "
+                           "a.loss = b.loss AND a.grad_norm = b.grad_norm"),
+            400);
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM runs a, runs b WHERE a.id = 1 AND b.id = 2 AND "
+                           "a.final_train_loss = b.final_train_loss AND a.val_loss = b.val_loss "
+                           "AND a.val_loss > 0"),
+            1);
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM eval_metrics a JOIN eval_metrics b ON "
+                           "b.step = a.step WHERE a.run_id = 1 AND b.run_id = 2 AND "
+                           "a.val_loss = b.val_loss"),
+            QueryInt(Db(), "SELECT count(*) FROM eval_metrics WHERE run_id = 1"));
+  kill(serve, SIGTERM);
+  EXPECT_EQ(WaitExit(serve, std::chrono::seconds(30)), 0);
+}
+
+
+// Faults: SIGKILL the coordinator three times during a sweep that two real workers train, and
+// restart it on the same database and port. The workers reconnect and keep their jobs, every
+// run completes exactly once (one attempt each), and every step is stored exactly once.
+TEST_F(EndToEndTest, KilledCoordinatorRestartsAndTheSweepFinishesWithEveryStepOnce) {
+  constexpr int kSteps = 1000;
+  const fs::path log = dir_ / "serve.log";
+  auto serve = [&](const std::string& port) {
+    return Spawn(ABLATE_BIN,
+                 {"serve", "--port", port, "--dashboard-port", "0", "--state-dir",
+                  state_.string()},
+                 log);
+  };
+  pid_t coordinator = serve("0");
+  ASSERT_GT(coordinator, 0);
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)))
+      << Slurp(log);
+  std::string address = Slurp(state_ / "address");
+  address.erase(address.find_last_not_of(" \n") + 1);
+  const std::string port = address.substr(address.rfind(':') + 1);
+  ASSERT_EQ(Ablate({"submit", Spec("restarts", kSteps).string()}, dir_ / "submit.log"), 0)
+      << Slurp(dir_ / "submit.log");
+  std::vector<pid_t> workers;
+  for (const char* name : {"w1", "w2"}) {
+    workers.push_back(Spawn(ABLATE_WORKER_BIN,
+                            {"--coordinator", address, "--token-file",
+                             (state_ / "token").string(), "--name", name, "--report-interval",
+                             "0.1"},
+                            dir_ / (std::string(name) + ".log")));
+  }
+  auto stored = [&] { return QueryInt(Db(), "SELECT count(*) FROM step_metrics"); };
+  for (double fraction : {0.1, 0.4, 0.7}) {
+    const int64_t target = static_cast<int64_t>(fraction * 4 * kSteps);
+    ASSERT_TRUE(WaitFor([&] { return stored() >= target; }, std::chrono::seconds(120)))
+        << Slurp(log);
+    ASSERT_EQ(kill(coordinator, SIGKILL), 0);
+    EXPECT_EQ(WaitExit(coordinator, std::chrono::seconds(10)), 128 + SIGKILL);
+    fs::remove(state_ / "address");
+    coordinator = serve(port);
+    ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)))
+        << Slurp(log);
+  }
+  EXPECT_TRUE(WaitFor([&] { return QueryInt(Db(), "SELECT count(*) FROM sweeps WHERE state = "
+                                                  "'DONE'") == 1; },
+                      std::chrono::seconds(180)))
+      << Slurp(log) << Slurp(dir_ / "w1.log") << Slurp(dir_ / "w2.log");
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM runs WHERE state = 'SUCCEEDED' AND attempts = 1"),
+            4);
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM attempts"), 4);
+  EXPECT_EQ(stored(), 4 * kSteps);
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM (SELECT run_id FROM step_metrics GROUP BY run_id "
+                           "HAVING min(step) = 1 AND max(step) = " + std::to_string(kSteps) + ")"),
+            4);
+  // The workers noticed, and came back.
+  for (const char* name : {"w1", "w2"}) {
+    const std::string text = Slurp(dir_ / (std::string(name) + ".log"));
+    EXPECT_NE(text.find("is reachable again"), std::string::npos) << text;
+  }
+  for (pid_t w : workers) kill(w, SIGTERM);
+  for (pid_t w : workers) EXPECT_EQ(WaitExit(w, std::chrono::seconds(30)), 0);
+  kill(coordinator, SIGTERM);
+  EXPECT_EQ(WaitExit(coordinator, std::chrono::seconds(30)), 0);
+}
+
 }  // namespace
