@@ -1,6 +1,7 @@
 // Helpers for tests that run real processes (`ablate`, `ablate-worker`, slurmd...): start one
 // with its output in a log file, wait for its exit with a time limit, poll for a condition, read
-// one integer from a results database the way any reader would. Header-only, no LibTorch.
+// one integer from a results database the way any reader would, signal the processes a test
+// tagged through their environment. Header-only, no LibTorch.
 #ifndef ABLATE_TESTS_PROCESS_UTIL_H_
 #define ABLATE_TESTS_PROCESS_UTIL_H_
 
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -93,6 +95,37 @@ inline int64_t QueryInt(const std::filesystem::path& db_path, const std::string&
   }
   sqlite3_close(db);
   return value;
+}
+
+// Sends `sig` to every process but this one whose environment (as it was at exec) holds `entry`
+// ("NAME=value"): a test tags what it starts with a value of its own (the SLURM test: its private
+// SLURM_CONF) and so finds the daemons' grandchildren (slurmstepd, the jobs' processes) without
+// touching anyone else's processes. Returns how many were signalled.
+inline int SignalProcessesWithEnv(const std::string& entry, int sig) {
+  int signalled = 0;
+  std::error_code ec;
+  for (const auto& proc : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = proc.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    if (pid == getpid()) continue;
+    std::ifstream in(proc.path() / "environ", std::ios::binary);
+    std::string variable;
+    bool tagged = false;
+    while (!tagged && std::getline(in, variable, '\0')) tagged = variable == entry;
+    if (tagged && kill(pid, sig) == 0) ++signalled;
+  }
+  return signalled;
+}
+
+// A self-signed certificate for 127.0.0.1 made with openssl, as a user would make one:
+// DIR/NAME.pem and DIR/NAME.key. False when openssl failed.
+inline bool MakeSelfSignedCertificate(const std::string& dir, const std::string& name) {
+  const std::string command =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=ablate-test -addext "
+      "subjectAltName=IP:127.0.0.1 -keyout " + dir + "/" + name + ".key -out " + dir + "/" + name +
+      ".pem 2>/dev/null";
+  return std::system(command.c_str()) == 0;
 }
 
 }  // namespace ablate::testing

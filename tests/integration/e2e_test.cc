@@ -390,4 +390,36 @@ TEST_F(EndToEndTest, KilledCoordinatorRestartsAndTheSweepFinishesWithEveryStepOn
   EXPECT_EQ(WaitExit(coordinator, std::chrono::seconds(30)), 0);
 }
 
+
+// TLS end to end: `ablate up` serving with a self-signed certificate; its workers and the local
+// CLI find the certificate in the state dir and train a sweep to completion.
+TEST_F(EndToEndTest, UpWithTlsTrainsASweepOverEncryptedConnections) {
+  ASSERT_TRUE(ablate::testing::MakeSelfSignedCertificate(dir_.string(), "server"));
+  const fs::path log = dir_ / "up.log";
+  const pid_t up = Spawn(ABLATE_BIN,
+                         {"up", "--workers", "1", "--port", "0", "--dashboard-port", "0",
+                          "--tls-cert", (dir_ / "server.pem").string(), "--tls-key",
+                          (dir_ / "server.key").string(), "--state-dir", state_.string()},
+                         log);
+  ASSERT_GT(up, 0);
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)))
+      << Slurp(log);
+  EXPECT_EQ(Ablate({"submit", Spec("tls", 20).string(), "--watch"}, dir_ / "submit.log"), 0)
+      << Slurp(dir_ / "submit.log") << Slurp(log);
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM runs WHERE state = 'SUCCEEDED'"), 4);
+  // A client without the certificate gets nowhere.
+  std::string address = Slurp(state_ / "address");
+  address.erase(address.find_last_not_of(" \n") + 1);
+  EXPECT_EQ(WaitExit(Spawn(ABLATE_BIN,
+                           {"status", "--coordinator", address, "--state-dir",
+                            (dir_ / "elsewhere").string(), "--timeout", "3"},
+                           dir_ / "plain.log"),
+                     std::chrono::seconds(30)),
+            1);
+  EXPECT_NE(Slurp(dir_ / "plain.log").find("cannot reach the coordinator"), std::string::npos)
+      << Slurp(dir_ / "plain.log");
+  kill(up, SIGINT);
+  EXPECT_EQ(WaitExit(up, std::chrono::seconds(60)), 0) << Slurp(log);
+}
+
 }  // namespace

@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "orchestrator/cli.h"
 #include "tests/orchestrator/coordinator_test_util.h"
+#include "tests/process_util.h"
 
 namespace ablate {
 namespace {
@@ -314,23 +315,14 @@ TEST(ServeProcessTest, SigkillLosesNoMetricAndCompletesOnce) {
 
 // ---- TLS (orchestrator/tls.h) ------------------------------------------------------------------
 
-// A self-signed certificate for 127.0.0.1 (openssl, as a user would make one) in `dir`.
-bool MakeCertificate(const std::string& dir, const std::string& name) {
-  const std::string command =
-      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=ablate-test -addext "
-      "subjectAltName=IP:127.0.0.1 -keyout " + dir + "/" + name + ".key -out " + dir + "/" + name +
-      ".pem 2>/dev/null";
-  return std::system(command.c_str()) == 0;
-}
-
 class TlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     char tmpl[] = "/tmp/ablate_tls_XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     root_ = tmpl;
-    ASSERT_TRUE(MakeCertificate(root_, "server")) << "openssl failed";
-    ASSERT_TRUE(MakeCertificate(root_, "other"));
+    ASSERT_TRUE(ablate::testing::MakeSelfSignedCertificate(root_, "server")) << "openssl failed";
+    ASSERT_TRUE(ablate::testing::MakeSelfSignedCertificate(root_, "other"));
   }
   void TearDown() override {
     server_.reset();
