@@ -625,11 +625,23 @@ absl::StatusOr<Job> CoordinatorCore::MakeJob(int64_t run_id, int32_t attempt) {
   return job;
 }
 
+void CoordinatorCore::NoteWorker(int64_t worker_id, const char* state) {
+  const absl::Time now = options_.clock->Now();
+  {
+    absl::MutexLock lock(&mu_);
+    WorkerSeen& seen = worker_seen_[worker_id];
+    if (seen.state == state && now - seen.written < kWorkerSeenInterval) return;
+    seen.state = state;
+    seen.written = now;
+  }
+  (void)store_->EnqueueHeartbeat(worker_id, state);
+}
+
 absl::StatusOr<AcquireJobResponse> CoordinatorCore::AcquireJob(const AcquireJobRequest& request,
                                                            absl::Time deadline) {
   absl::StatusOr<WorkerOffer> offer = OfferOf(request.worker_id());
   if (!offer.ok()) return offer.status();
-  (void)store_->EnqueueHeartbeat(request.worker_id(), "IDLE");
+  NoteWorker(request.worker_id(), "IDLE");
   const absl::Duration wait =
       std::min(absl::Seconds(std::max(0, request.wait_s())), options_.max_acquire_wait);
   deadline = std::min(deadline, absl::Now() + wait);
@@ -671,7 +683,7 @@ absl::StatusOr<AcquireJobResponse> CoordinatorCore::AcquireJob(const AcquireJobR
                                std::string(job.status().message()));
       return job.status();
     }
-    (void)store_->EnqueueHeartbeat(request.worker_id(), "BUSY");
+    NoteWorker(request.worker_id(), "BUSY");
     *response.mutable_job() = *std::move(job);
     return response;
   }
@@ -705,7 +717,7 @@ absl::StatusOr<ReportResponse> CoordinatorCore::Report(const ReportRequest& requ
                        " (lease lost, finished or cancelled): stop this attempt"));
     }
   }
-  (void)store_->EnqueueHeartbeat(request.worker_id(), "BUSY");
+  NoteWorker(request.worker_id(), "BUSY");
   // Queued before the batch: committed by the time the batch is acknowledged.
   if (request.checkpoint_step() > 0) {
     if (absl::Status s = store_->EnqueueCheckpoint(request.run_id(), request.attempt(),
@@ -792,7 +804,7 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
                      " is not leased to worker ", request.worker_id(), " (it is ",
                      RunStateName(run->state), ", attempt ", run->attempts, ")"));
   }
-  (void)store_->EnqueueHeartbeat(request.worker_id(), "IDLE");
+  NoteWorker(request.worker_id(), "IDLE");
   const std::string reason =
       !request.error().empty() ? request.error() : request.summary().reason();
   if (state == FAILED) {

@@ -120,6 +120,11 @@ class CoordinatorCore {
   absl::Status EndAttemptAndRetry(int64_t run_id, int64_t sweep_id, int32_t attempt,
                                   const std::string& attempt_end, const std::string& reason);
   RunStatus ToRunStatus(const RunInfo& run);
+  // Records in the store that a worker was seen IDLE or BUSY: at once when its state changed,
+  // else at most every kWorkerSeenInterval (a report or long poll per job need not each write
+  // the workers table).
+  void NoteWorker(int64_t worker_id, const char* state);
+  static constexpr absl::Duration kWorkerSeenInterval = absl::Seconds(5);
   void LeaseCheckerLoop();
 
   // Constant after construction.
@@ -131,6 +136,11 @@ class CoordinatorCore {
   Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, WorkerOffer> workers_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::string> worker_names_ ABSL_GUARDED_BY(mu_);
+  struct WorkerSeen {
+    std::string state;
+    absl::Time written = absl::InfinitePast();
+  };
+  std::map<int64_t, WorkerSeen> worker_seen_ ABSL_GUARDED_BY(mu_);
   // Attempts a run had when it was last queued by a user (rerun): retries count from there.
   std::map<int64_t, int> attempt_base_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
