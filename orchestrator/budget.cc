@@ -3,11 +3,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
-#include <limits>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "orchestrator/model_config.h"
 #include "orchestrator/param_count.h"
 
 namespace ablate {
@@ -47,6 +47,7 @@ struct Dimension {
   std::function<void(ModelConfig*, int64_t)> set;
   std::function<bool(const ModelConfig&, int64_t)> admissible;  // beyond >= 1 and the multiple
   bool only_grow;
+  int64_t max;  // the bound ValidateModelConfig enforces (kMax*): beyond it counts could overflow
 };
 
 absl::StatusOr<Dimension> DimensionFor(const BudgetRule& rule, const ModelConfig& c) {
@@ -57,21 +58,24 @@ absl::StatusOr<Dimension> DimensionFor(const BudgetRule& rule, const ModelConfig
         return Dimension{"moe.expert_dim", "expert",
                          [](const ModelConfig& m) { return int64_t{m.moe().expert_dim()}; },
                          [](ModelConfig* m, int64_t v) { m->mutable_moe()->set_expert_dim(v); },
-                         any, false};
+                         any, false, kMaxFfnDim};
       }
       return Dimension{"ffn_dim", "ffn", [](const ModelConfig& m) { return int64_t{m.ffn_dim()}; },
-                       [](ModelConfig* m, int64_t v) { m->set_ffn_dim(v); }, any, false};
+                       [](ModelConfig* m, int64_t v) { m->set_ffn_dim(v); }, any, false,
+                       kMaxFfnDim};
     case BUDGET_HEADS:
       if (rule.heads() == BUDGET_HEADS_QUERY) {
         return Dimension{
             "num_heads", "q_heads", [](const ModelConfig& m) { return int64_t{m.num_heads()}; },
             [](ModelConfig* m, int64_t v) { m->set_num_heads(v); },
-            [](const ModelConfig& m, int64_t v) { return v % m.num_kv_heads() == 0; }, true};
+            [](const ModelConfig& m, int64_t v) { return v % m.num_kv_heads() == 0; }, true,
+            kMaxNumHeads};
       }
       return Dimension{
           "num_kv_heads", "kv_heads", [](const ModelConfig& m) { return int64_t{m.num_kv_heads()}; },
           [](ModelConfig* m, int64_t v) { m->set_num_kv_heads(v); },
-          [](const ModelConfig& m, int64_t v) { return m.num_heads() % v == 0; }, true};
+          [](const ModelConfig& m, int64_t v) { return m.num_heads() % v == 0; }, true,
+          kMaxNumHeads};
     case BUDGET_EXPERTS:
       if (c.moe().num_experts() == 0) {
         return absl::InvalidArgumentError(
@@ -80,7 +84,7 @@ absl::StatusOr<Dimension> DimensionFor(const BudgetRule& rule, const ModelConfig
       return Dimension{"moe.num_experts", "experts",
                        [](const ModelConfig& m) { return int64_t{m.moe().num_experts()}; },
                        [](ModelConfig* m, int64_t v) { m->mutable_moe()->set_num_experts(v); },
-                       any, true};
+                       any, true, kMaxExperts};
     default:
       return absl::InvalidArgumentError("budget.match: unknown rule");
   }
@@ -116,7 +120,9 @@ absl::StatusOr<BudgetSolution> SolveBudget(const BudgetRule& rule, const ModelCo
   }
   auto total_at = [&](int64_t v) { return total0 + (v - v0) * slope; };  // CountParams is affine
   const int64_t lower_bound = dim.only_grow ? v0 : 1;
-  const int64_t upper_bound = std::numeric_limits<int32_t>::max();
+  // Not INT32_MAX: total_at() of a value past the dimension's bound can overflow int64 (found with
+  // tests/fuzz/spec_fuzz), and ValidateModelConfig would refuse the result anyway.
+  const int64_t upper_bound = dim.max;
   auto admissible = [&](int64_t v) {
     return v >= lower_bound && v <= upper_bound && v % multiple == 0 &&
            dim.admissible(*variant, v);

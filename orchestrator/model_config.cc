@@ -88,6 +88,9 @@ class Problems {
   void NonNegative(const std::string& field, double v) {
     if (!(v >= 0)) Add(field, absl::StrCat("must be >= 0, got ", v));
   }
+  void AtMost(const std::string& field, int64_t v, int64_t max) {
+    if (v > max) Add(field, absl::StrCat("must be <= ", max, ", got ", v));
+  }
   absl::Status Status() const {
     if (list_.empty()) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrJoin(list_, "; "));
@@ -160,6 +163,17 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& prefix
   if (c.head_dim() > 0 && c.head_dim() % 2 != 0) {
     p.Add("head_dim", absl::StrCat("must be even for RoPE, got ", c.head_dim()));
   }
+  // Bounds that keep parameter counts exact (found with tests/fuzz/spec_fuzz: int64 overflow).
+  p.AtMost("vocab_size", c.vocab_size(), kMaxVocabSize);
+  p.AtMost("num_layers", c.num_layers(), kMaxNumLayers);
+  p.AtMost("d_model", c.d_model(), kMaxDModel);
+  p.AtMost("num_heads", c.num_heads(), kMaxNumHeads);
+  p.AtMost("num_kv_heads", c.num_kv_heads(), kMaxNumHeads);
+  p.AtMost("head_dim", c.head_dim(), kMaxHeadDim);
+  p.AtMost("ffn_dim", c.ffn_dim(), kMaxFfnDim);
+  p.AtMost("moe.num_experts", c.moe().num_experts(), kMaxExperts);
+  p.AtMost("moe.expert_dim", c.moe().expert_dim(), kMaxFfnDim);
+  p.AtMost("switchhead.num_experts", c.switchhead().num_experts(), kMaxSwitchHeadExperts);
 
   const MoeConfig& moe = c.moe();
   if (moe.num_experts() < 0) p.Add("moe.num_experts", "must be >= 0");

@@ -5,6 +5,7 @@
 #ifndef ABLATE_ORCHESTRATOR_MODEL_CONFIG_H_
 #define ABLATE_ORCHESTRATOR_MODEL_CONFIG_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -16,6 +17,18 @@ namespace ablate {
 ModelConfig DefaultModelConfig();
 TrainConfig DefaultTrainConfig();
 RunConfig DefaultRunConfig();
+
+// Upper bounds of a model's dimensions: far above any model trained, and low enough that exact
+// parameter counts (CountParams, int64) and budget matching cannot overflow: at the bounds a
+// model has under 2^62 parameters. ValidateModelConfig refuses larger values.
+inline constexpr int32_t kMaxVocabSize = 1 << 21;   // 2,097,152
+inline constexpr int32_t kMaxNumLayers = 1 << 10;   // 1,024
+inline constexpr int32_t kMaxDModel = 1 << 16;      // 65,536
+inline constexpr int32_t kMaxNumHeads = 1 << 10;    // num_heads and num_kv_heads
+inline constexpr int32_t kMaxHeadDim = 1 << 12;     // 4,096
+inline constexpr int32_t kMaxFfnDim = 1 << 20;      // ffn_dim and moe.expert_dim
+inline constexpr int32_t kMaxExperts = 1 << 14;     // moe.num_experts
+inline constexpr int32_t kMaxSwitchHeadExperts = 1 << 10;
 
 // InvalidArgument naming the offending fields (e.g. "model.gate.granularity: HEADWISE is not
 // allowed at G5"), OK otherwise. `prefix` is prepended to field paths ("model.").

@@ -36,13 +36,39 @@ int YamlLine(const YAML::Node& node) {
   return mark.is_null() ? 0 : mark.line + 1;
 }
 
+namespace {
+
+// `text` with control characters written as escapes (\n, \t, \x01), so that a problem quoting a
+// key or value from the document (or yaml-cpp quoting the character it choked on) stays on its
+// one line. Found with tests/fuzz/spec_fuzz.
+std::string OneLine(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (u < 0x20 || u == 0x7f) {
+      absl::StrAppend(&out, "\\x", absl::Hex(u, absl::kZeroPad2));
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string YamlProblem(const std::string& file, int line, const std::string& path,
                         const std::string& what) {
   std::string out = file;
   if (line > 0) absl::StrAppend(&out, ":", line);
   absl::StrAppend(&out, ": ");
-  if (!path.empty()) absl::StrAppend(&out, path, ": ");
-  absl::StrAppend(&out, what);
+  if (!path.empty()) absl::StrAppend(&out, OneLine(path), ": ");
+  absl::StrAppend(&out, OneLine(what));
   return out;
 }
 
@@ -175,7 +201,8 @@ class Overlayer {
     const pb::Descriptor* d = m->GetDescriptor();
     std::set<std::string> seen;
     for (auto it = node.begin(); it != node.end(); ++it) {
-      const YAML::Node& key = it->first;
+      // A copy: `it->first` lives in a proxy that dies at the end of this statement.
+      const YAML::Node key = it->first;
       const int key_line = line_or(key, line);
       if (!key.IsScalar()) {
         Problem(key_line, path, "keys must be plain names");

@@ -40,7 +40,8 @@ YAML::Node YamlChild(const YAML::Node& node, const std::string& key);
 // in code).
 int YamlLine(const YAML::Node& node);
 
-// "FILE:LINE: path: what" (LINE and path omitted when 0 / empty).
+// "FILE:LINE: path: what" (LINE and path omitted when 0 / empty), one line: control characters
+// in path and what are escaped ("\n", "\x01").
 std::string YamlProblem(const std::string& file, int line, const std::string& path,
                         const std::string& what);
 

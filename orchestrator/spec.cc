@@ -72,6 +72,7 @@ class Parser {
     ParseSeeds(Child(root, "seeds"));
     if (const YAML::Node axes = Child(root, "axes"); axes) ParseAxes(axes);
     if (const YAML::Node filters = Child(root, "filters"); filters) ParseFilters(filters);
+    if (!HasProblems()) CheckRunCount(root);
     return Finish();
   }
 
@@ -433,6 +434,28 @@ class Parser {
     }
   }
 
+  // ---- size --------------------------------------------------------------------------------
+
+  // `a` x `b`, or kMaxSpecRuns + 1 when that is larger (no overflow).
+  static int64_t TimesCapped(int64_t a, int64_t b) {
+    return b != 0 && a > kMaxSpecRuns / b ? kMaxSpecRuns + 1 : a * b;
+  }
+
+  void CheckRunCount(const YAML::Node& root) {
+    int64_t runs = TimesCapped(spec_.seeds.size(), spec_.variants.size());
+    std::vector<std::string> factors = {absl::StrCat(spec_.seeds.size(), " seeds"),
+                                        absl::StrCat(spec_.variants.size(), " variants")};
+    for (const AxisSpec& axis : spec_.axes) {
+      runs = TimesCapped(runs, axis.points.size());
+      factors.push_back(absl::StrCat(axis.points.size(), " points (line ", axis.line, ")"));
+    }
+    if (runs <= kMaxSpecRuns) return;
+    const YAML::Node seeds = Child(root, "seeds");
+    Problem(seeds ? YamlLine(seeds) : YamlLine(root), "",
+            absl::StrCat("the sweep expands to more than ", kMaxSpecRuns, " runs before filters (",
+                         absl::StrJoin(factors, " x "), "); split it into several sweeps"));
+  }
+
   // ---- seeds, axes, filters ----------------------------------------------------------------
 
   bool ParseSeed(const YAML::Node& node, const std::string& path, uint64_t* out) {
@@ -553,6 +576,19 @@ class Parser {
             axis.points.push_back(std::move(point));
           }
         } else {
+          // Refused before it is built: the product grows exponentially with the spec's size.
+          int64_t size = 1;
+          std::vector<std::string> sizes;
+          for (const auto& column : columns) {
+            size = TimesCapped(size, column.size());
+            sizes.push_back(absl::StrCat(column.size()));
+          }
+          if (size > kMaxSpecRuns) {
+            Problem(axis.line, path + ".product",
+                    absl::StrCat(absl::StrJoin(sizes, " x "), " is more than ", kMaxSpecRuns,
+                                 " points (the most runs a sweep may have)"));
+            continue;
+          }
           axis.points = {AxisPoint{}};
           for (const auto& column : columns) {
             std::vector<AxisPoint> next;

@@ -81,6 +81,12 @@ struct SweepSpec {
   int32_t priority = 1;     // `priority:`, higher first
 };
 
+// The most runs a spec may expand to before filters (seeds x axis points x variants), checked
+// while parsing: expansion time and memory grow with it, so a few lines of `axes:` must not make
+// the coordinator build millions of configs (found with tests/fuzz/spec_fuzz). The coordinator's
+// own limit on the runs it queues (10,000 by default) is lower.
+inline constexpr int64_t kMaxSpecRuns = 100000;
+
 absl::StatusOr<SweepSpec> ParseSweepSpec(const YAML::Node& root, const std::string& file);
 absl::StatusOr<SweepSpec> ParseSweepSpecText(const std::string& text, const std::string& file);
 // NotFound naming the path when the file cannot be read.

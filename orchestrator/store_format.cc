@@ -136,12 +136,15 @@ absl::StatusOr<std::string> FormatQueryResult(const QueryResult& result,
       for (size_t i = 0; i < row.size(); ++i) object[result.columns[i]] = ValueJson(row[i]);
       rows.push_back(std::move(object));
     }
-    if (!result.truncated) return rows.dump(2) + "\n";
+    // A TEXT or BLOB need not be UTF-8 (SELECT x'ff'): dump() would throw; write U+FFFD instead.
+    // Found with tests/fuzz/query_fuzz.
+    constexpr auto kReplace = nlohmann::json::error_handler_t::replace;
+    if (!result.truncated) return rows.dump(2, ' ', false, kReplace) + "\n";
     nlohmann::json out;
     out["columns"] = result.columns;
     out["rows"] = std::move(rows);
     out["truncated"] = true;
-    return out.dump(2) + "\n";
+    return out.dump(2, ' ', false, kReplace) + "\n";
   }
   if (format == "csv") {
     std::vector<std::string> header;
@@ -166,6 +169,19 @@ absl::StatusOr<std::string> FormatQueryResult(const QueryResult& result,
         }
       }
       rows.push_back(std::move(cells));
+    }
+    // Every row is padded to the widest cell of each column: one long value in a column of many
+    // rows multiplies (found with tests/fuzz/query_fuzz). Refuse before building it.
+    size_t row_width = 0;
+    for (size_t i = 0; i < result.columns.size(); ++i) {
+      size_t width = result.columns[i].size();
+      for (const auto& row : rows) width = std::max(width, row[i].size());
+      row_width += width + 2;
+    }
+    if (row_width * (rows.size() + 1) > kMaxTableBytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "query: the aligned table would be ", row_width * (rows.size() + 1),
+          " bytes (the limit is ", kMaxTableBytes, "); use --format csv or json"));
     }
     std::string out = AlignedTable(result.columns, rows, right);
     absl::StrAppend(&out, "(", result.rows.size(), result.rows.size() == 1 ? " row" : " rows",

@@ -13,7 +13,10 @@ namespace ablate {
 // `format`: "table" (aligned columns, NULL shown as empty), "csv" (RFC 4180, header row) or
 // "json" (an array of objects keyed by column name; NULL -> null, non-finite -> null).
 // InvalidArgument for another format. A truncated result ends with a note (table) or carries
-// "truncated": true (json: {"columns", "rows", "truncated"} when truncated).
+// "truncated": true (json: {"columns", "rows", "truncated"} when truncated). JSON writes bytes
+// that are not UTF-8 as U+FFFD. A table that padding would make larger than kMaxTableBytes is
+// ResourceExhausted (csv and json have no padding).
+inline constexpr size_t kMaxTableBytes = size_t{64} << 20;
 absl::StatusOr<std::string> FormatQueryResult(const QueryResult& result,
                                               const std::string& format);
 

@@ -4,8 +4,9 @@
 // Every connection is opened SQLITE_OPEN_READONLY, with `PRAGMA query_only`, no ATTACH slots and
 // an authorizer that refuses every statement but SELECT (and a few read-only PRAGMAs), so no SQL
 // handed to ReadOnlyQuery can change the database or reach another file. A progress handler
-// enforces a time limit per statement. In WAL mode a reader reads the last committed snapshot
-// and never waits for the writer, nor makes it wait.
+// enforces a time limit per statement; so that no single function call outruns it, values are at
+// most kMaxQueryValueBytes and printf()/format() are refused. In WAL mode a reader reads the last
+// committed snapshot and never waits for the writer, nor makes it wait.
 //
 // Thread safety: all methods are thread-safe. Connections come from a pool (one per concurrent
 // caller, up to ReaderOptions::max_connections; further callers wait for a free one).
@@ -34,10 +35,20 @@ struct ReaderOptions {
   absl::Duration busy_timeout = absl::Seconds(5);  // only while a WAL is being recovered
 };
 
+// The longest string or BLOB a reader connection reads or builds (SQLITE_LIMIT_LENGTH): far
+// above anything the store holds (a spec is at most 1 MiB), and it keeps one function call
+// (randomblob, zeroblob, replace, group_concat) from allocating gigabytes or running for seconds
+// where the time limit cannot interrupt it. Beyond it a query fails "string or blob too big".
+// Found with tests/fuzz/query_fuzz.
+inline constexpr int kMaxQueryValueBytes = 32 << 20;
+
 // Limits of one ReadOnlyQuery.
 struct QueryLimits {
   absl::Duration timeout = absl::Seconds(10);  // DeadlineExceeded past this
   int64_t max_rows = 100000;                   // rows beyond are dropped, `truncated` set
+  // The memory the rows may take (values and their text); rows beyond are dropped, `truncated`
+  // set. The default is gRPC's largest message (a query result goes back in one).
+  int64_t max_bytes = int64_t{64} << 20;
 };
 
 // A NULL, an INTEGER, a REAL or a TEXT (BLOBs are returned as TEXT of their bytes).
@@ -46,7 +57,7 @@ using SqlValue = std::variant<std::monostate, int64_t, double, std::string>;
 struct QueryResult {
   std::vector<std::string> columns;
   std::vector<std::vector<SqlValue>> rows;
-  bool truncated = false;  // max_rows was reached; more rows exist
+  bool truncated = false;  // max_rows or max_bytes was reached; more rows exist
 };
 
 inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();

@@ -56,6 +56,53 @@ TEST(ParamCountTest, GateAddsItsProjection) {
   EXPECT_EQ(CountParams(h).total() - base, 2 * 32 * 4);
 }
 
+// Found with tests/fuzz/spec_fuzz: int32 dimensions near 2^31 overflowed the int64 counts. At the
+// dimension bounds, the largest model the counting formulas allow (MoE FFN, SwitchHead KV,
+// elementwise G1 gate, untied embeddings) still counts exactly; one past a bound is refused.
+TEST(ParamCountTest, ModelsAtTheDimensionBoundsCountExactly) {
+  ModelConfig c = DefaultModelConfig();
+  c.set_vocab_size(kMaxVocabSize);
+  c.set_num_layers(kMaxNumLayers);
+  c.set_d_model(kMaxDModel);
+  c.set_num_heads(kMaxNumHeads);
+  c.set_num_kv_heads(kMaxNumHeads);
+  c.set_head_dim(kMaxHeadDim);
+  c.set_ffn_dim(kMaxFfnDim);
+  c.set_tie_embeddings(false);
+  c.mutable_moe()->set_num_experts(kMaxExperts);
+  c.mutable_moe()->set_top_k(1);
+  c.mutable_moe()->set_expert_dim(kMaxFfnDim);
+  c.mutable_switchhead()->set_target(SWITCHHEAD_KV);
+  c.mutable_switchhead()->set_num_experts(kMaxSwitchHeadExperts);
+  c.mutable_switchhead()->set_top_k(1);
+  c.mutable_gate()->set_position(GATE_G1);
+  ASSERT_TRUE(ValidateModelConfig(c).ok()) << ValidateModelConfig(c);
+  const ParamCount p = CountParams(c);
+  // The same sum in floating point (exact enough to catch a wrapped int64).
+  const double d = kMaxDModel, L = kMaxNumLayers, h = kMaxNumHeads, dk = kMaxHeadDim;
+  const double kv_proj = d * h * dk;
+  const double attention = 2 * d * h * dk + 2 * kMaxSwitchHeadExperts * kv_proj +
+                           d * h * kMaxSwitchHeadExperts + 2 * dk;
+  const double ffn = d * kMaxExperts + kMaxExperts * 3.0 * d * kMaxFfnDim;
+  const double total = 2.0 * kMaxVocabSize * d + L * (attention + d * h * dk + ffn + 2 * d) + d;
+  EXPECT_GT(p.total(), 0);
+  EXPECT_NEAR(static_cast<double>(p.total()), total, total * 1e-12);
+  EXPECT_LT(static_cast<double>(p.total()), 0x1p62);
+  EXPECT_GT(p.activated(), 0);
+  EXPECT_LT(p.activated(), p.total());
+
+  for (auto* set : std::vector<void (*)(ModelConfig*)>{
+           [](ModelConfig* m) { m->set_d_model(kMaxDModel + 1); },
+           [](ModelConfig* m) { m->set_num_layers(2000000000); },
+           [](ModelConfig* m) { m->mutable_moe()->set_num_experts(kMaxExperts + 1); }}) {
+    ModelConfig over = c;
+    set(&over);
+    const absl::Status s = ValidateModelConfig(over);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("must be <= "), absl::string_view::npos) << s;
+  }
+}
+
 TEST(DescribeGateTest, NamesTheAxes) {
   ModelConfig c = TinyDense();
   EXPECT_EQ(DescribeGate(c.gate()), "none");

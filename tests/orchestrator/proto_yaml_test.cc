@@ -15,6 +15,7 @@ namespace ablate {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::StartsWith;
 
 absl::Status Overlay(const std::string& text, google::protobuf::Message* m) {
   absl::StatusOr<YAML::Node> node = ParseYaml(text, "t.yaml");
@@ -111,6 +112,22 @@ TEST(OverlayYamlTest, ReportsEveryProblemOnItsOwnLine) {
   EXPECT_EQ(std::string(s.message()),
             "t.yaml:2: model.d_model: expected an integer, got \"x\"\n"
             "t.yaml:3: model.num_heads: expected an integer, got \"y\"");
+}
+
+// Found with tests/fuzz/spec_fuzz: a key, a value or yaml-cpp's own message quoting a control
+// character broke the one-problem-per-line format.
+TEST(OverlayYamlTest, ControlCharactersInProblemsAreEscaped) {
+  RunConfig c = DefaultRunConfig();
+  const absl::Status s = Overlay("model: {\"d_\\nmodel\": 1, \"\\tx\\x01\": 2}\n", &c);
+  EXPECT_THAT(std::string(s.message()),
+              StartsWith("t.yaml:1: model: unknown key \"d_\\nmodel\" (did you mean \"d_model\"?)\n"
+                         "t.yaml:1: model: unknown key \"\\tx\\x01\"; known keys: vocab_size,"));
+  EXPECT_EQ(std::string(s.message()).find('\t'), std::string::npos);
+  const absl::StatusOr<YAML::Node> n = ParseYaml("sweep: \"bad\\\x01\"\n", "t.yaml");
+  ASSERT_FALSE(n.ok());
+  EXPECT_EQ(std::string(n.status().message()).find('\n'), std::string::npos) << n.status();
+  EXPECT_THAT(std::string(n.status().message()),
+              HasSubstr("t.yaml:1: unknown escape character: \\x01"));
 }
 
 TEST(OverlayYamlTest, SyntaxErrorsHaveALine) {

@@ -462,6 +462,49 @@ TEST_F(StoreTest, ARunawayQueryHitsTheTimeLimitAndRowsAreCapped) {
   EXPECT_TRUE(capped->truncated);
 }
 
+// Found with tests/fuzz/query_fuzz: one function call allocated gigabytes or ran for seconds where
+// the time limit could not interrupt it; the result and its formatting grew without bound.
+TEST_F(StoreTest, NoQueryOutrunsItsLimitsInOneCall) {
+  QueryLimits limits;
+  limits.timeout = absl::Milliseconds(200);
+  for (const char* sql : {"SELECT randomblob(900000000)", "SELECT zeroblob(900000000)",
+                          "SELECT length(replace(hex(zeroblob(30000000)), '0', '00'))"}) {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<QueryResult> r = store_->reader().ReadOnlyQuery(sql, limits);
+    EXPECT_FALSE(r.ok()) << sql;
+    EXPECT_NE(r.status().message().find("too big"), std::string::npos) << sql << r.status();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << sql;
+  }
+  absl::StatusOr<QueryResult> printf_call = store_->reader().ReadOnlyQuery(
+      "SELECT printf('%.*c', 2000000000, 'x')", limits);
+  EXPECT_TRUE(absl::IsPermissionDenied(printf_call.status())) << printf_call.status();
+  EXPECT_NE(printf_call.status().message().find("printf() is not allowed"), std::string::npos);
+
+  // Rows beyond max_bytes are dropped like rows beyond max_rows.
+  limits.max_bytes = 3 << 20;
+  absl::StatusOr<QueryResult> big = store_->reader().ReadOnlyQuery(
+      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 10) "
+      "SELECT x, zeroblob(1000000) FROM c",
+      limits);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->rows.size(), 3u);
+  EXPECT_TRUE(big->truncated);
+
+  // A table that padding would blow up is refused; CSV and JSON of the same rows are not. JSON
+  // writes bytes that are not UTF-8 as U+FFFD instead of throwing.
+  limits.max_bytes = QueryLimits().max_bytes;
+  absl::StatusOr<QueryResult> wide = store_->reader().ReadOnlyQuery(
+      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 100) "
+      "SELECT CASE WHEN x = 1 THEN hex(zeroblob(1000000)) ELSE x'ff' END FROM c",
+      limits);
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  EXPECT_TRUE(absl::IsResourceExhausted(FormatQueryResult(*wide, "table").status()));
+  EXPECT_TRUE(FormatQueryResult(*wide, "csv").ok());
+  absl::StatusOr<std::string> json = FormatQueryResult(*wide, "json");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_NE(json->find("\xef\xbf\xbd"), std::string::npos);
+}
+
 TEST_F(StoreTest, QueryResultsFormatAsTableCsvAndJson) {
   absl::StatusOr<QueryResult> r = store_->reader().ReadOnlyQuery(
       "SELECT 1 AS a, 2.5 AS b, 'x,\"y\"' AS c, NULL AS d");

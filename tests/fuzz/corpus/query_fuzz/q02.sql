@@ -1,0 +1,1 @@
+SELECT sweep, variant, seed, state, val_loss FROM run_summary ORDER BY val_loss

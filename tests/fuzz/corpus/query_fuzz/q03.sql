@@ -1,0 +1,1 @@
+SELECT r.id, count(*), avg(m.loss), max(m.grad_norm) FROM runs r JOIN step_metrics m ON m.run_id = r.id GROUP BY r.id

@@ -1,0 +1,1 @@
+SELECT run_id, step, layer, gate_mean FROM eval_layer_probes WHERE run_id IN (SELECT id FROM runs WHERE state = 'SUCCEEDED')

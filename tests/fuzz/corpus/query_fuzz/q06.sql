@@ -1,0 +1,1 @@
+SELECT json_extract(config_json, '$.model.d_model'), json_extract(config_json, '$.train.optimizer.lr') FROM runs

@@ -1,0 +1,1 @@
+SELECT kind, count(*) FROM spike_events GROUP BY kind HAVING count(*) > 0

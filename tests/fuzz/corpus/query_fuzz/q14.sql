@@ -1,0 +1,1 @@
+SELECT step, loss, avg(loss) OVER (ORDER BY step ROWS BETWEEN 10 PRECEDING AND CURRENT ROW) FROM step_metrics WHERE run_id = 1

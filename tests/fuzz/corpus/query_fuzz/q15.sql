@@ -1,0 +1,1 @@
+ATTACH DATABASE 'attack.db' AS x

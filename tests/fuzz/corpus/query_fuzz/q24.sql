@@ -1,0 +1,1 @@
+INSERT INTO events (time, kind, message) VALUES (0, 'x', 'y')

@@ -1,0 +1,1 @@
+SELECT writefile('x', 'y')

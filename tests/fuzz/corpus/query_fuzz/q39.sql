@@ -1,0 +1,1 @@
+SELECT printf('%.*c', 100000, 'x')

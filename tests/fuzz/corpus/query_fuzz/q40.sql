@@ -1,0 +1,1 @@
+SELECT replace(hex(zeroblob(10000)), '0', '00000000')

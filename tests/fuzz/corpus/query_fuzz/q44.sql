@@ -1,0 +1,1 @@
+SELECT sqlite_version(), sqlite_source_id(), typeof(1.5), quote(x'00ff'), unicode('é')

@@ -1,0 +1,1 @@
+SELECT * FROM runs a, runs b, runs c, runs d, runs e, step_metrics f

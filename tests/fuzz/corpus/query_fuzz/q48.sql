@@ -1,0 +1,1 @@
+SELECT group_concat(message, ',') FROM events

@@ -1,0 +1,1 @@
+SELECT 'a' LIKE '%a%a%a%a%a%a%a%a%a%b' ESCAPE '\'

@@ -1,0 +1,1 @@
+SELECT * FROM runs WHERE id = ? OR name = :n OR @x OR $y

@@ -1,0 +1,1 @@
+/* a comment */ SELECT 1 -- trailing

@@ -1,0 +1,1 @@
+SELECT x'ff', CAST(x'c328' AS TEXT)

@@ -1,0 +1,1 @@
+SELECT length(printf('%.*c', 2000000000, 'x') || printf('%.*c', 2000000000, 'x'))

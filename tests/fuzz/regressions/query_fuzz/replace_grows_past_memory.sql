@@ -1,0 +1,1 @@
+SELECT length(replace(hex(zeroblob(100000000)), '0', '00'))

@@ -1,0 +1,1 @@
+SELECT zeroblob(900000000), zeroblob(900000000)
