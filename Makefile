@@ -13,13 +13,19 @@ PACKAGES := cmake ninja-build g++ pkg-config \
   libsqlite3-dev sqlite3 libfmt-dev libboost-dev libyaml-cpp-dev nlohmann-json3-dev \
   libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev \
   bible-kjv \
-  nodejs chromium
+  nodejs chromium \
+  slurmctld slurmd slurm-client munge \
+  clang libclang-rt-14-dev
 # nodejs brings npm here (the machine's Node.js); the build runs `npm ci` in dashboard/ (uPlot,
 # playwright-core), and the browser test drives Debian's chromium, never a downloaded one.
+# SLURM and munge: tests/integration/slurm_test.cc starts its own single-node cluster from them
+# (private ports and dirs; the packages' system services are not used).
+# clang (Debian 12's default, 14) and libclang-rt-14-dev (libFuzzer and the sanitizer runtimes)
+# build the fuzz targets (`make fuzz`).
 # Only for `make bench`: Debian's PyTorch (same kernels as our LibTorch) as the reference.
 BENCH_PACKAGES := python3-torch
 
-.PHONY: all deps deps-bench build data test test-all demo bench clean
+.PHONY: all deps deps-bench build data test test-all demo bench clean fuzz
 
 all: build
 
@@ -52,8 +58,46 @@ $(DATA_DIR)/kjv.txt:
 	@mkdir -p $(DATA_DIR)
 	bible -f "Gen1:1-Rev22:21" > $@.tmp && mv $@.tmp $@
 
-test: build data
+test: build data fuzz
 	cd $(BUILD) && ABLATE_DATA_DIR=$(CURDIR)/$(DATA_DIR) ctest --output-on-failure -j 2
+
+# Fuzzing (docs/fuzzing.md): the libFuzzer targets of tests/fuzz/, built with clang, ASan and
+# UBSan in $(FUZZ_BUILD) (only the libraries they need), each run for FUZZ_SECONDS from its seeds
+# and past findings. Inputs that found new coverage accumulate in $(FUZZ_BUILD)/corpus/TARGET
+# (kept between runs); a finding stops the build and leaves its input in
+# $(FUZZ_BUILD)/findings/TARGET/.
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 30
+FUZZ_FLAGS   ?= -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+FUZZ_INPUTS_spec_fuzz  := experiments tests/orchestrator/bad_specs tests/fuzz/corpus/spec_fuzz \
+                          tests/fuzz/regressions/spec_fuzz
+FUZZ_INPUTS_query_fuzz := tests/fuzz/corpus/query_fuzz tests/fuzz/regressions/query_fuzz
+
+$(FUZZ_BUILD)/build.ninja: CMakeLists.txt tests/fuzz/CMakeLists.txt
+	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_CXX_COMPILER=clang++ -DABLATE_FUZZ=ON
+
+# $(call run_fuzzer,TARGET): the whole log goes to $(FUZZ_BUILD)/TARGET.log; its tail is shown
+# on a finding.
+define run_fuzzer
+	@mkdir -p $(FUZZ_BUILD)/corpus/$(1) $(FUZZ_BUILD)/findings/$(1)
+	@echo "fuzz: $(1) for $(FUZZ_SECONDS) s (log: $(FUZZ_BUILD)/$(1).log)"
+	@if $(FUZZ_BUILD)/tests/fuzz/$(1) -max_total_time=$(FUZZ_SECONDS) $(FUZZ_FLAGS) \
+	    -dict=tests/fuzz/$(1).dict -artifact_prefix=$(FUZZ_BUILD)/findings/$(1)/ \
+	    $(FUZZ_BUILD)/corpus/$(1) $(FUZZ_INPUTS_$(1)) > $(FUZZ_BUILD)/$(1).log 2>&1; then \
+	  grep -E '^stat::(number_of_executed_units|average_exec_per_sec)' $(FUZZ_BUILD)/$(1).log; \
+	else \
+	  tail -n 60 $(FUZZ_BUILD)/$(1).log; \
+	  echo "fuzz: $(1) found a problem; its input is in $(FUZZ_BUILD)/findings/$(1)/. Fix it and"; \
+	  echo "      keep the input in tests/fuzz/regressions/$(1)/ (docs/fuzzing.md)."; \
+	  exit 1; \
+	fi
+endef
+
+fuzz: deps $(FUZZ_BUILD)/build.ninja
+	cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	$(call run_fuzzer,spec_fuzz)
+	$(call run_fuzzer,query_fuzz)
 
 # The demo: a coordinator, 2 local workers and the dashboard (`ablate up`), the quick sweep
 # submitted and watched to the end, its comparison table. The coordinator stays up afterwards so

@@ -11,6 +11,7 @@
 #include "orchestrator/serve_command.h"
 #include "orchestrator/up_command.h"
 #include "orchestrator/version.h"
+#include "orchestrator/workers_command.h"
 
 namespace ablate {
 
@@ -25,6 +26,7 @@ int RunAblateCli(int argc, const char* const* argv, std::ostream& out, std::ostr
   AddUpCommand(&app, &out, &action);
   AddClientCommands(&app, &out, &action);
   AddDashboardCommand(&app, &out, &action);
+  AddWorkersCommand(&app, &out, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -9,30 +9,26 @@
 #include "orchestrator/tls.h"
 
 namespace ablate {
-namespace {
-
-std::string FirstLine(const std::string& path) {
+std::string ReadFirstLine(const std::string& path) {
   std::ifstream in(path);
   std::string line;
   if (in) std::getline(in, line);
   return std::string(absl::StripAsciiWhitespace(line));
 }
 
-std::string Env(const char* name) {
+std::string EnvOrEmpty(const char* name) {
   const char* value = std::getenv(name);
   return value != nullptr ? value : "";
 }
 
-}  // namespace
-
 ClientOptions ResolveClientOptions(const ClientOptions& flags) {
   ClientOptions o = flags;
   const std::filesystem::path dir(o.state_dir.empty() ? ".ablate" : o.state_dir);
-  if (o.coordinator.empty()) o.coordinator = Env("ABLATE_COORDINATOR");
-  if (o.coordinator.empty()) o.coordinator = FirstLine((dir / "address").string());
+  if (o.coordinator.empty()) o.coordinator = EnvOrEmpty("ABLATE_COORDINATOR");
+  if (o.coordinator.empty()) o.coordinator = ReadFirstLine((dir / "address").string());
   if (o.coordinator.empty()) o.coordinator = "127.0.0.1:50051";
-  if (o.token.empty()) o.token = Env("ABLATE_TOKEN");
-  if (o.token.empty()) o.token = FirstLine((dir / "token").string());
+  if (o.token.empty()) o.token = EnvOrEmpty("ABLATE_TOKEN");
+  if (o.token.empty()) o.token = ReadFirstLine((dir / "token").string());
   o.tls_ca = ResolveTlsCa(o.tls_ca, dir.string());
   return o;
 }

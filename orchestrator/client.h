@@ -34,6 +34,11 @@ struct ClientOptions {
   absl::Duration timeout = absl::Seconds(30);  // the deadline of each unary call
 };
 
+// The first line of a file without surrounding whitespace; "" when it cannot be read.
+std::string ReadFirstLine(const std::string& path);
+// The environment variable, "" when unset.
+std::string EnvOrEmpty(const char* name);
+
 // Fills coordinator, token and tls_ca as described above.
 ClientOptions ResolveClientOptions(const ClientOptions& flags);
 

@@ -28,8 +28,6 @@ namespace ablate {
 
 namespace fs = std::filesystem;
 
-namespace {
-
 absl::StatusOr<std::string> FindWorkerBinary(const std::string& given) {
   fs::path bin = given;
   if (bin.empty()) {
@@ -38,6 +36,7 @@ absl::StatusOr<std::string> FindWorkerBinary(const std::string& given) {
     if (ec) return absl::InternalError(absl::StrCat("/proc/self/exe: ", ec.message()));
     bin = self.parent_path() / "ablate-worker";
   }
+  bin = fs::absolute(bin).lexically_normal();
   if (::access(bin.c_str(), X_OK) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "ablate-worker not found at ", bin.string(), ": build it beside ablate (cmake --build ",
@@ -45,6 +44,9 @@ absl::StatusOr<std::string> FindWorkerBinary(const std::string& given) {
   }
   return bin.string();
 }
+
+namespace {
+
 
 // A child process: its argv and environment are built before fork, so that the child only
 // makes async-signal-safe calls between fork and exec (the parent has gRPC threads).

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "orchestrator/coordinator_server.h"
 
@@ -25,6 +26,10 @@ class App;
 }  // namespace CLI
 
 namespace ablate {
+
+// The ablate-worker to run: `given`, else the one beside this ablate binary (/proc/self/exe);
+// absolute. FailedPrecondition naming the path when it is not an executable.
+absl::StatusOr<std::string> FindWorkerBinary(const std::string& given);
 
 struct UpOptions {
   ServerOptions server;

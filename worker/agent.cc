@@ -750,10 +750,16 @@ WorkerResources Agent::DetectResources(const std::string& device) {
     meminfo.ignore(256, '\n');
   }
   r.set_hostname(Hostname());
-  const char* job = std::getenv("SLURM_JOB_ID");
-  const char* task = std::getenv("SLURM_ARRAY_TASK_ID");
-  if (job != nullptr && *job != '\0') {
-    r.set_slurm_job(task != nullptr && *task != '\0' ? absl::StrCat(job, "_", task) : job);
+  // An array task has a job id of its own; squeue and scancel name it <array job>_<task>.
+  auto env = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::string(value != nullptr ? value : "");
+  };
+  const std::string array_job = env("SLURM_ARRAY_JOB_ID"), task = env("SLURM_ARRAY_TASK_ID");
+  if (!array_job.empty() && !task.empty()) {
+    r.set_slurm_job(absl::StrCat(array_job, "_", task));
+  } else if (const std::string job = env("SLURM_JOB_ID"); !job.empty()) {
+    r.set_slurm_job(job);
   }
   return r;
 }

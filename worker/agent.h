@@ -120,8 +120,8 @@ class Agent {
   absl::StatusOr<AgentResult> Run();
 
   // This machine as registration describes it: `device` ("" = "cpu"), usable cores (the CPU
-  // affinity mask), host memory from /proc/meminfo, hostname, and the SLURM job
-  // ("<SLURM_JOB_ID>" or "<SLURM_JOB_ID>_<SLURM_ARRAY_TASK_ID>") when run under SLURM.
+  // affinity mask), host memory from /proc/meminfo, hostname, and the SLURM job as squeue names
+  // it ("<SLURM_ARRAY_JOB_ID>_<SLURM_ARRAY_TASK_ID>" in an array, else "<SLURM_JOB_ID>").
   static WorkerResources DetectResources(const std::string& device);
 
  private:

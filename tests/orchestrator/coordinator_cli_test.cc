@@ -10,7 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "orchestrator/cli.h"
+#include "tests/cli_util.h"
 #include "tests/orchestrator/coordinator_test_util.h"
 #include "tests/process_util.h"
 
@@ -20,19 +20,8 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct CliResult {
-  int code;
-  std::string out, err;
-};
-
-CliResult RunCli(std::vector<std::string> args) {
-  args.insert(args.begin(), "ablate");
-  std::vector<const char*> argv;
-  for (const std::string& a : args) argv.push_back(a.c_str());
-  std::ostringstream out, err;
-  const int code = RunAblateCli(static_cast<int>(argv.size()), argv.data(), out, err);
-  return {code, out.str(), err.str()};
-}
+using testing::CliResult;
+using testing::RunCli;
 
 class CoordinatorCliTest : public CoordinatorFixture {
  protected:

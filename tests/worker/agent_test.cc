@@ -657,11 +657,15 @@ TEST_F(AgentTest, ExitsWhenIdleAndWhenTheCoordinatorStaysAway) {
 }
 
 TEST(AgentResourcesTest, DescribesThisMachineAndItsSlurmJob) {
-  ::setenv("SLURM_JOB_ID", "4242", 1);
+  // Task 3 of array job 4242 has its own job id, 4245: squeue shows it as 4242_3.
+  ::setenv("SLURM_JOB_ID", "4245", 1);
+  ::setenv("SLURM_ARRAY_JOB_ID", "4242", 1);
   ::setenv("SLURM_ARRAY_TASK_ID", "3", 1);
   WorkerResources r = Agent::DetectResources("cuda:1");
-  ::unsetenv("SLURM_JOB_ID");
+  ::unsetenv("SLURM_ARRAY_JOB_ID");
   ::unsetenv("SLURM_ARRAY_TASK_ID");
+  EXPECT_EQ(Agent::DetectResources("").slurm_job(), "4245");  // a plain batch job
+  ::unsetenv("SLURM_JOB_ID");
   EXPECT_EQ(r.device(), "cuda:1");
   EXPECT_EQ(r.slurm_job(), "4242_3");
   EXPECT_GE(r.cores(), 1);
