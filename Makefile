@@ -124,6 +124,7 @@ bench: deps-bench build data
 	$(BUILD)/bench_model_step
 	/usr/bin/python3 bench/train_throughput.py --build $(BUILD)
 	$(BUILD)/bench_store
+	$(BUILD)/bench_scheduler
 
 clean:
 	rm -rf $(BUILD)

@@ -129,7 +129,10 @@ bool Scenario(const Args& args) {
     channel_args.SetInt("ablate.bench.connection", i);  // a connection of its own, as hosts have
     return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_args);
   };
-  auto client = ablate::Coordinator::NewStub(channel(-1));
+  grpc::ChannelArguments client_args;
+  client_args.SetMaxReceiveMessageSize(256 << 20);  // as the CLI: a 10,000-run expansion is ~5 MB
+  auto client = ablate::Coordinator::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), client_args));
   // `force`: the latency sweeps repeat a run of the load sweep, which would be reused, not run.
   auto submit = [&](const std::string& spec, bool force) {
     ablate::SubmitRequest request;

@@ -583,14 +583,24 @@ absl::StatusOr<std::vector<SweepInfo>> StoreReader::ListSweeps() const {
 absl::StatusOr<SweepInfo> StoreReader::GetSweep(const std::string& name_or_id) const {
   absl::StatusOr<Lease> lease = Acquire();
   if (!lease.ok()) return lease.status();
+  // The id first (a name wins over an id that looks the same), then the view by its GROUP BY
+  // column, which SQLite pushes into the aggregate: filtering the view by name aggregated every
+  // run of every sweep first (35 ms per call with 10,000 runs stored).
+  absl::StatusOr<Stmt*> find = (*lease)->cache->Get(
+      "SELECT id FROM sweeps WHERE name = ?2 OR id = ?1 ORDER BY name = ?2 DESC LIMIT 1");
+  if (!find.ok()) return find.status();
   int64_t id = 0;
-  const bool by_id = absl::SimpleAtoi(name_or_id, &id);
-  absl::StatusOr<Stmt*> stmt = (*lease)->cache->Get(absl::StrCat(
-      "SELECT ", kSweepColumns, " FROM sweep_progress WHERE ",
-      by_id ? "sweep_id = ?1 OR sweep = ?2" : "sweep = ?2", " ORDER BY sweep = ?2 DESC LIMIT 1"));
+  if (!absl::SimpleAtoi(name_or_id, &id)) id = -1;
+  (*find)->Bind(1, id).Bind(2, name_or_id);
+  absl::StatusOr<bool> found = (*find)->Step();
+  if (!found.ok()) return found.status();
+  if (!*found) return absl::NotFoundError(absl::StrCat("store: no sweep named ", name_or_id));
+  id = (*find)->ColumnInt(0);
+  (*find)->Reset();
+  absl::StatusOr<Stmt*> stmt = (*lease)->cache->Get(
+      absl::StrCat("SELECT ", kSweepColumns, " FROM sweep_progress WHERE sweep_id = ?1"));
   if (!stmt.ok()) return stmt.status();
-  if (by_id) (*stmt)->Bind(1, id);
-  (*stmt)->Bind(2, name_or_id);
+  (*stmt)->Bind(1, id);
   absl::StatusOr<bool> row = (*stmt)->Step();
   if (!row.ok()) return row.status();
   if (!*row) return absl::NotFoundError(absl::StrCat("store: no sweep named ", name_or_id));
