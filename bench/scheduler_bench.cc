@@ -9,12 +9,16 @@
 //   3. submit-to-start latency: with every worker idle in its long poll, one-run sweeps are
 //      submitted one at a time; from the Submit call to the job arriving at a worker, p50/p99.
 //      Target p99 < 50 ms.
+//   4. ingestion end to end: each worker gets one run of `--ingest-points` steps and reports
+//      them in batches of 1,000 over gRPC, each acknowledged after its commit. Target >= 200,000
+//      points/s.
 // It then checks that every run finished once and every metric point was stored.
 //
 // By default it runs twice, `serve --fsync` (the default) then `--no-fsync`, and prints both.
 //
 //   bench_scheduler [--ablate PATH] [--workers 64] [--jobs 10000] [--points 10]
-//                   [--latency-samples 200] [--durability fsync|no-fsync|both]
+//                   [--latency-samples 200] [--ingest-points 20000]
+//                   [--durability fsync|no-fsync|both]
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,8 +57,9 @@ std::pair<double, double> MemoryMb(pid_t pid) {
   return {field("VmRSS"), field("VmHWM")};
 }
 
-// `runs` runs: 4 variants (FFN-matched) x runs/4 seeds of a small model; jobs are no-ops anyway.
-std::string Spec(const std::string& name, int runs) {
+// `runs` runs: 4 variants (FFN-matched) x runs/4 seeds of a small model of `steps` steps: the
+// no-op jobs report that many step metrics.
+std::string Spec(const std::string& name, int runs, int steps) {
   std::string seeds;
   for (int i = 0; i < std::max(1, runs / 4); ++i) seeds += (i ? ", " : "") + std::to_string(i);
   const std::string variants =
@@ -63,7 +68,7 @@ std::string Spec(const std::string& name, int runs) {
 base:
   model: {d_model: 64, num_layers: 4, num_heads: 4, num_kv_heads: 4, head_dim: 16, ffn_dim: 256,
           max_seq_len: 128}
-  train: {steps: 200, batch_size: 8, seq_len: 128, threads: 1}
+  train: {steps: )", steps, R"(, batch_size: 8, seq_len: 128, threads: 1}
 variants: )", variants, R"(
 budget: {match: ffn, reference: baseline, tolerance: 0.01}
 seeds: [)", seeds, R"(]
@@ -90,7 +95,7 @@ double Percentile(std::vector<double> v, double p) {
 }
 struct Args {
   std::string ablate_bin = ABLATE_BIN;
-  int workers = 64, jobs = 10000, points = 10, samples = 200;
+  int workers = 64, jobs = 10000, points = 10, samples = 200, ingest_points = 20000;
   bool fsync = true;
 };
 
@@ -151,14 +156,15 @@ bool Scenario(const Args& args) {
   std::vector<std::unique_ptr<ablate::testing::SimWorker>> sims;
   for (int i = 0; i < args.workers; ++i) {
     sims.push_back(std::make_unique<ablate::testing::SimWorker>(channel(i), token,
-                                                                absl::StrCat("sim-", i), args.points));
+                                                                absl::StrCat("sim-", i), /*points_per_job=*/0,
+                                                                /*batch_points=*/1000));
     if (!sims.back()->Register()) {
       std::fprintf(stderr, "register: %s\n", sims.back()->errors().front().c_str());
       return false;
     }
   }
   const auto submit_start = Clock::now();
-  const int queued = submit(Spec("load", args.jobs), false);
+  const int queued = submit(Spec("load", args.jobs, args.points), false);
   const double submit_ms = Ms(Clock::now() - submit_start);
   if (queued != args.jobs) return false;
 
@@ -191,7 +197,7 @@ bool Scenario(const Args& args) {
     const std::string name = absl::StrCat("lat-", i);
     const int64_t before = finished.load();
     submitted[name] = Clock::now();
-    if (submit(Spec(name, 1), true) != 1) {
+    if (submit(Spec(name, 1, args.points), true) != 1) {
       stop = true;
       kill(serve, SIGTERM);
       for (std::thread& t : threads) t.join();
@@ -200,6 +206,24 @@ bool Scenario(const Args& args) {
     submit_call_ms.push_back(Ms(Clock::now() - submitted[name]));
     while (finished.load() == before) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+
+  // Ingestion end to end: one long no-op run per worker, each reporting its points in batches of
+  // 1,000 (the real agent's default), every batch acknowledged before the next.
+  const int64_t before_ingest = finished.load();
+  const auto ingest_start = Clock::now();
+  if (submit(Spec("ingest", args.workers, args.ingest_points), true) != args.workers - args.workers % 4) {
+    stop = true;
+    kill(serve, SIGTERM);
+    for (std::thread& t : threads) t.join();
+    return false;
+  }
+  const int ingest_runs = args.workers - args.workers % 4;
+  while (finished.load() < before_ingest + ingest_runs) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const double ingest_s = std::chrono::duration<double>(Clock::now() - ingest_start).count();
+  const int64_t ingested = static_cast<int64_t>(ingest_runs) * args.ingest_points;
+
   const auto [end_rss, end_hwm] = MemoryMb(serve);
   stop = true;
   kill(serve, SIGTERM);  // wakes the long polls
@@ -224,7 +248,8 @@ bool Scenario(const Args& args) {
   const int64_t succeeded = ablate::testing::QueryInt(
       db, "SELECT count(*) FROM runs WHERE state = 'SUCCEEDED' AND attempts = 1");
   const int64_t step_rows = ablate::testing::QueryInt(db, "SELECT count(*) FROM step_metrics");
-  const int64_t total = args.jobs + args.samples;
+  const int64_t total = args.jobs + args.samples + ingest_runs;
+  const int64_t expected_rows = (args.jobs + args.samples) * int64_t{args.points} + ingested;
 
   std::printf("ablate serve %s + %d simulated workers over loopback gRPC, no-op jobs of %d "
               "points\n", args.fsync ? "--fsync" : "--no-fsync", args.workers, args.points);
@@ -239,12 +264,15 @@ bool Scenario(const Args& args) {
               Percentile(submit_call_ms, 0.5), Percentile(submit_call_ms, 0.99));
   std::printf("  submit-to-start: p50 %.1f ms, p99 %.1f ms over %zu samples (target p99 < 50 ms)\n",
               Percentile(latency_ms, 0.5), Percentile(latency_ms, 0.99), latency_ms.size());
+  std::printf("  ingestion: %lld step points from %d workers (batches of 1,000, each acknowledged) "
+              "in %.2f s = %.0f points/s (target >= 200,000)\n",
+              static_cast<long long>(ingested), ingest_runs, ingest_s, ingested / ingest_s);
   std::printf("  checks: %lld/%lld runs SUCCEEDED in one attempt, %d started twice, %lld/%lld step "
               "rows, %zu call errors, serve exit %d, RSS at end %.0f MB\n",
               static_cast<long long>(succeeded), static_cast<long long>(total), twice,
-              static_cast<long long>(step_rows), static_cast<long long>(total * args.points), errors,
+              static_cast<long long>(step_rows), static_cast<long long>(expected_rows), errors,
               serve_exit, end_rss);
-  const bool ok = succeeded == total && twice == 0 && step_rows == total * args.points && errors == 0 &&
+  const bool ok = succeeded == total && twice == 0 && step_rows == expected_rows && errors == 0 &&
                   serve_exit == 0;
   if (ok) fs::remove_all(dir);
   else std::fprintf(stderr, "bench_scheduler: checks failed; kept %s\n", dir.c_str());
@@ -264,6 +292,10 @@ int main(int argc, char** argv) {
   app.add_option("--points", args.points, "step metrics each no-op job reports")
       ->capture_default_str();
   app.add_option("--latency-samples", args.samples)->capture_default_str();
+  app.add_option("--ingest-points", args.ingest_points,
+                 "step metrics each worker's run reports in the ingestion phase")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
   app.add_option("--durability", modes, "fsync, no-fsync or both (side by side)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fsync", "no-fsync", "both"}));

@@ -1,6 +1,7 @@
 // A simulated worker for load tests and scheduler benchmarks: it speaks the real worker protocol
 // (Register, AcquireJob long polls, Report, Finish over gRPC) but its jobs are no-ops: each job
-// reports `points_per_job` step metrics in one batch and finishes SUCCEEDED at once. Dozens of
+// reports its step metrics (a fixed number, or the job's train.steps) in numbered batches and
+// finishes SUCCEEDED at once. Dozens of
 // them run as threads of one process, where dozens of LibTorch workers would not fit.
 //
 // What it records (for the caller's checks): every job it was given, with the steady-clock time
@@ -11,6 +12,7 @@
 #ifndef ABLATE_TESTS_SIM_WORKER_H_
 #define ABLATE_TESTS_SIM_WORKER_H_
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -32,12 +34,14 @@ struct SimJob {
 
 class SimWorker {
  public:
+  // points_per_job 0: as many as the job's train.steps. batch_points 0: all in one report.
   SimWorker(std::shared_ptr<grpc::Channel> channel, std::string token, std::string name,
-            int points_per_job)
+            int points_per_job, int batch_points = 0)
       : stub_(WorkerService::NewStub(std::move(channel))),
         bearer_("Bearer " + std::move(token)),
         name_(std::move(name)),
-        points_(points_per_job) {}
+        points_(points_per_job),
+        batch_(batch_points) {}
 
   // Registers; false (with the error in errors()) when that fails.
   bool Register() {
@@ -68,40 +72,44 @@ class SimWorker {
         Prepare(&ctx, std::chrono::seconds(wait_s + 30));
         grpc::Status s = stub_->AcquireJob(&ctx, acquire, &offered);
         if (!s.ok()) {
-          Failed("acquire", s);
+          if (!stop.load()) Failed("acquire", s);  // else the server's shutdown ended the poll
           continue;
         }
       }
       if (!offered.has_job()) continue;
       const Job& job = offered.job();
       jobs_.push_back({job.run_id(), job.attempt(), job.sweep(), std::chrono::steady_clock::now()});
-      ReportRequest report;
-      report.set_worker_id(worker_id_);
-      report.set_run_id(job.run_id());
-      report.set_attempt(job.attempt());
-      report.set_seq(1);
-      for (int i = 1; i <= points_; ++i) {
-        StepMetrics* m = report.add_steps();
-        m->set_step(i);
-        m->set_loss(5.0 - 0.001 * i);
-        m->set_grad_norm(1.0);
-        m->set_lr(1e-3);
-        m->set_tokens_per_s(1e5);
+      const int points = points_ > 0 ? points_ : static_cast<int>(job.config().train().steps());
+      const int batch = batch_ > 0 ? batch_ : std::max(points, 1);
+      bool reported = true;
+      for (int first = 1, seq = 1; first <= points && reported; first += batch, ++seq) {
+        ReportRequest report;
+        report.set_worker_id(worker_id_);
+        report.set_run_id(job.run_id());
+        report.set_attempt(job.attempt());
+        report.set_seq(seq);
+        for (int i = first; i < first + batch && i <= points; ++i) {
+          StepMetrics* m = report.add_steps();
+          m->set_step(i);
+          m->set_loss(5.0 - 0.001 * i);
+          m->set_grad_norm(1.0);
+          m->set_lr(1e-3);
+          m->set_tokens_per_s(1e5);
+        }
+        reported = Call("report", [&](grpc::ClientContext* ctx) {
+          ReportResponse r;
+          return stub_->Report(ctx, report, &r);
+        });
       }
-      if (!Call("report", [&](grpc::ClientContext* ctx) {
-            ReportResponse r;
-            return stub_->Report(ctx, report, &r);
-          })) {
-        continue;
-      }
+      if (!reported) continue;
       FinishRequest finish;
       finish.set_worker_id(worker_id_);
       finish.set_run_id(job.run_id());
       finish.set_attempt(job.attempt());
       RunSummary* summary = finish.mutable_summary();
       summary->set_state(SUCCEEDED);
-      summary->set_steps_done(points_);
-      summary->set_final_train_loss(5.0 - 0.001 * points_);
+      summary->set_steps_done(points);
+      summary->set_final_train_loss(5.0 - 0.001 * points);
       if (Call("finish", [&](grpc::ClientContext* ctx) {
             FinishResponse r;
             return stub_->Finish(ctx, finish, &r);
@@ -140,6 +148,7 @@ class SimWorker {
   const std::string bearer_;
   const std::string name_;
   const int points_;
+  const int batch_;
   int64_t worker_id_ = 0;
   std::atomic<int64_t>* finished_ = nullptr;
   std::vector<SimJob> jobs_;
