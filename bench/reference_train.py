@@ -4,7 +4,10 @@ plainly in PyTorch, the way a researcher would (nanoGPT style). Run by Debian's 
 (torch 1.13, the same kernels as our LibTorch). Prints one JSON line: tokens/s over the timed
 steps.
 
-    /usr/bin/python3 bench/reference_train.py --d-model 128 --layers 4 --heads 4 --steps 20
+    /usr/bin/python3 bench/reference_train.py --d-model 128 --layers 4 --steps 20
+
+Its defaults are bench_train's (heads = d_model / head_dim, ffn = 4 x d_model), and it prints its
+parameter count, so bench/train_throughput.py can check that both sides train the same model.
 """
 import argparse
 import json
@@ -119,7 +122,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--heads", type=int, default=0, help="default d_model / head_dim")
     p.add_argument("--kv-heads", type=int, default=0)
     p.add_argument("--head-dim", type=int, default=32)
     p.add_argument("--ffn", type=int, default=0, help="default 4 x d_model")
@@ -129,6 +132,7 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     c = p.parse_args()
+    c.heads = c.heads or c.d_model // c.head_dim
     c.kv_heads = c.kv_heads or c.heads
     c.ffn = c.ffn or 4 * c.d_model
     torch.set_num_threads(c.threads)
@@ -157,7 +161,8 @@ def main():
         opt.step()
         loss.item()
     elapsed = time.perf_counter() - start
-    print(json.dumps({"impl": "pytorch", "d_model": c.d_model, "tokens_per_s": c.steps * tokens_per_step / elapsed,
+    print(json.dumps({"impl": "pytorch", "d_model": c.d_model, "params": sum(p.numel() for p in model.parameters()),
+                      "tokens_per_s": c.steps * tokens_per_step / elapsed,
                       "step_ms": 1e3 * elapsed / c.steps, "threads": c.threads}))
 
 

@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch);
   app.add_option("--seq", seq);
   app.add_option("--steps", steps, "timed steps");
-  app.add_option("--warmup", warmup);
+  app.add_option("--warmup", warmup, "untimed steps first (the clock starts as the last ends)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--threads", threads);
   app.add_option("--variant", variant, "a preset name");
   app.add_option("--device", device);

@@ -48,17 +48,23 @@ def main():
             last[k] = out
             results[k].append(out["flops"] if k == ("matmul",) else out["tokens_per_s"])
         print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
+    # A ratio means something only between equal models: the reference must mirror bench_train.
+    for d in sizes:
+        ours_params, ref_params = last[(d, "ablate")]["params"], last[(d, "pytorch")]["params"]
+        if ours_params != ref_params:
+            sys.exit(f"train_throughput: at d_model {d} ablate trains {ours_params} parameters and "
+                     f"the reference {ref_params}: the two models differ")
     med = {k: statistics.median(v) for k, v in results.items()}
     peak = med[("matmul",)]
     print(f"train_throughput: batch 16 x 256 tokens, 4 layers, {a.threads} threads, "
           f"{a.rounds} rounds x {a.steps} steps, medians")
     print(f"fp32 matmul (1024^3): {peak / 1e9:.1f} GFLOP/s")
-    print(f"{'d_model':>8} {'ablate tok/s':>13} {'pytorch tok/s':>14} {'ratio':>6} "
+    print(f"{'d_model':>8} {'params':>9} {'ablate tok/s':>13} {'pytorch tok/s':>14} {'ratio':>6} "
           f"{'g1 tok/s':>9} {'g1 step/base':>13} {'ablate MFU':>11}")
     for d in sizes:
         ours_tps, ref_tps, g1_tps = med[(d, "ablate")], med[(d, "pytorch")], med[(d, "g1")]
         mfu = ours_tps * last[(d, "ablate")]["flops_per_token"] / peak
-        print(f"{d:>8} {ours_tps:>13.0f} {ref_tps:>14.0f} {ours_tps / ref_tps:>6.2f} "
+        print(f"{d:>8} {last[(d, 'ablate')]['params']:>9} {ours_tps:>13.0f} {ref_tps:>14.0f} {ours_tps / ref_tps:>6.2f} "
               f"{g1_tps:>9.0f} {ours_tps / g1_tps:>13.3f} {100 * mfu:>10.1f}%")
 
 

@@ -74,10 +74,13 @@ class GateImpl : public torch::nn::Module {
   // Scores for the hidden state x (B, T, d_model): (B, T, heads, d_k or 1) at G1-G4, where
   // heads is 1 when head-shared; (B, T, d_model) at G5. Input-independent scores have leading
   // singleton dimensions instead of B, T.
-  torch::Tensor Scores(const torch::Tensor& x);
+  // `projected`, when given, is x W^T computed by the caller (fused with other projections of x).
+  torch::Tensor Scores(const torch::Tensor& x, const torch::Tensor& projected = {});
   // The paper's default gate, head-specific multiplicative sigmoid of x W: the logits
   // (B, T, heads, d_k or 1), for the fused y * sigmoid(logits) kernel. Empty for every other kind.
-  torch::Tensor SigmoidLogits(const torch::Tensor& x);
+  torch::Tensor SigmoidLogits(const torch::Tensor& x, const torch::Tensor& projected = {});
+  // W (width, d_model) of an input-dependent gate, else an undefined tensor.
+  torch::Tensor ProjectionWeight() const { return proj_ ? proj_->weight : torch::Tensor(); }
 
  private:
   // Activation and head sharing of logits x W^T (B, T, heads * per_head).
