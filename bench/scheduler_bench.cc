@@ -14,11 +14,16 @@
 //      points/s.
 // It then checks that every run finished once and every metric point was stored.
 //
-// By default it runs twice, `serve --fsync` (the default) then `--no-fsync`, and prints both.
+// The workers speak the protocol one of two ways (`--protocol`): `calls`, an AcquireJob, a
+// Report and a Finish per no-op job; `carry`, the job's metrics inside its Finish and the next
+// job in the reply (FinishRequest.final_report, acquire_next), one call per job.
+//
+// By default it runs each protocol twice, `serve --fsync` (the default) then `--no-fsync`, and
+// prints all four.
 //
 //   bench_scheduler [--ablate PATH] [--workers 64] [--jobs 10000] [--points 10]
 //                   [--latency-samples 200] [--ingest-points 20000]
-//                   [--durability fsync|no-fsync|both]
+//                   [--durability fsync|no-fsync|both] [--protocol calls|carry|both]
 #include <unistd.h>
 
 #include <algorithm>
@@ -97,6 +102,7 @@ struct Args {
   std::string ablate_bin = ABLATE_BIN;
   int workers = 64, jobs = 10000, points = 10, samples = 200, ingest_points = 20000;
   bool fsync = true;
+  ablate::testing::SimProtocol protocol = ablate::testing::SimProtocol::kFinishCarries;
 };
 
 // One `ablate serve` from scratch through the three phases; true when every check passed.
@@ -157,7 +163,8 @@ bool Scenario(const Args& args) {
   for (int i = 0; i < args.workers; ++i) {
     sims.push_back(std::make_unique<ablate::testing::SimWorker>(channel(i), token,
                                                                 absl::StrCat("sim-", i), /*points_per_job=*/0,
-                                                                /*batch_points=*/1000));
+                                                                /*batch_points=*/1000,
+                                                                args.protocol));
     if (!sims.back()->Register()) {
       std::fprintf(stderr, "register: %s\n", sims.back()->errors().front().c_str());
       return false;
@@ -251,8 +258,11 @@ bool Scenario(const Args& args) {
   const int64_t total = args.jobs + args.samples + ingest_runs;
   const int64_t expected_rows = (args.jobs + args.samples) * int64_t{args.points} + ingested;
 
+  const bool carry = args.protocol == ablate::testing::SimProtocol::kFinishCarries;
   std::printf("ablate serve %s + %d simulated workers over loopback gRPC, no-op jobs of %d "
-              "points\n", args.fsync ? "--fsync" : "--no-fsync", args.workers, args.points);
+              "points, %s\n", args.fsync ? "--fsync" : "--no-fsync", args.workers, args.points,
+              carry ? "1 call per job (metrics in the Finish, next job in its reply)"
+                    : "3 calls per job (AcquireJob, Report, Finish)");
   std::printf("  submit of %d runs:            %8.0f ms\n", args.jobs, submit_ms);
   std::printf("  coordinator RSS: idle %.0f MB, %d queued + %d workers %.0f MB (target < 300 MB), "
               "peak %.0f MB\n", idle_rss, args.jobs, args.workers, queued_rss, end_hwm);
@@ -284,7 +294,7 @@ bool Scenario(const Args& args) {
 int main(int argc, char** argv) {
   CLI::App app{"bench_scheduler: coordinator dispatch throughput, latency and memory"};
   Args args;
-  std::string modes = "both";
+  std::string modes = "both", protocols = "both";
   app.add_option("--ablate", args.ablate_bin, "the ablate binary")->capture_default_str();
   app.add_option("--workers", args.workers)->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--jobs", args.jobs, "runs queued (a multiple of 4)")->capture_default_str()
@@ -299,13 +309,22 @@ int main(int argc, char** argv) {
   app.add_option("--durability", modes, "fsync, no-fsync or both (side by side)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fsync", "no-fsync", "both"}));
+  app.add_option("--protocol", protocols,
+                 "calls (AcquireJob, Report, Finish per job), carry (one Finish per job) or both")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"calls", "carry", "both"}));
   CLI11_PARSE(app, argc, argv);
   args.jobs -= args.jobs % 4;
   bool ok = true;
-  for (bool fsync : {true, false}) {
-    if (modes != "both" && (modes == "fsync") != fsync) continue;
-    args.fsync = fsync;
-    ok = Scenario(args) && ok;
+  for (bool carry : {false, true}) {
+    if (protocols != "both" && (protocols == "carry") != carry) continue;
+    args.protocol = carry ? ablate::testing::SimProtocol::kFinishCarries
+                          : ablate::testing::SimProtocol::kCallPerStep;
+    for (bool fsync : {true, false}) {
+      if (modes != "both" && (modes == "fsync") != fsync) continue;
+      args.fsync = fsync;
+      ok = Scenario(args) && ok;
+    }
   }
   return ok ? 0 : 1;
 }

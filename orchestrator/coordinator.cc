@@ -664,29 +664,37 @@ absl::StatusOr<AcquireJobResponse> CoordinatorCore::AcquireJob(const AcquireJobR
     start.from = {PENDING};
     start.to = RUNNING;
     start.worker_id = request.worker_id();
-    absl::StatusOr<TransitionResult> started = store_->TransitionRun(start);
-    if (!started.ok()) {
-      absl::MutexLock lock(&mu_);
-      scheduler_.Release(run->run_id);
-      // Cancelled meanwhile (FailedPrecondition): dropped. A store hiccup: queued again.
-      if (!absl::IsFailedPrecondition(started.status())) scheduler_.Enqueue(*run);
-      if (absl::IsUnavailable(started.status())) return started.status();
-      continue;
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      scheduler_.SetLeaseAttempt(run->run_id, started->attempt);
-    }
-    absl::StatusOr<Job> job = MakeJob(run->run_id, started->attempt);
-    if (!job.ok()) {
-      (void)EndAttemptAndRetry(run->run_id, run->sweep_id, started->attempt, "FAILED",
-                               std::string(job.status().message()));
-      return job.status();
-    }
-    NoteWorker(request.worker_id(), "BUSY");
-    *response.mutable_job() = *std::move(job);
+    absl::StatusOr<std::optional<Job>> job =
+        LeaseStarted(request.worker_id(), *run, store_->TransitionRun(start));
+    if (!job.ok()) return job.status();
+    if (!job->has_value()) continue;
+    *response.mutable_job() = **std::move(job);
     return response;
   }
+}
+
+absl::StatusOr<std::optional<Job>> CoordinatorCore::LeaseStarted(
+    int64_t worker_id, const QueuedRun& run, const absl::StatusOr<TransitionResult>& started) {
+  if (!started.ok()) {
+    absl::MutexLock lock(&mu_);
+    scheduler_.Release(run.run_id);
+    // Cancelled meanwhile (FailedPrecondition): dropped. A store hiccup: queued again.
+    if (!absl::IsFailedPrecondition(started.status())) scheduler_.Enqueue(run);
+    if (absl::IsUnavailable(started.status())) return started.status();
+    return std::nullopt;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    scheduler_.SetLeaseAttempt(run.run_id, started->attempt);
+  }
+  absl::StatusOr<Job> job = MakeJob(run.run_id, started->attempt);
+  if (!job.ok()) {
+    (void)EndAttemptAndRetry(run.run_id, run.sweep_id, started->attempt, "FAILED",
+                             std::string(job.status().message()));
+    return job.status();
+  }
+  NoteWorker(worker_id, "BUSY");
+  return std::optional<Job>(*std::move(job));
 }
 
 absl::StatusOr<ReportResponse> CoordinatorCore::Report(const ReportRequest& request) {
@@ -788,6 +796,34 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
         "finish: state must be SUCCEEDED, DIVERGED, FAILED, CANCELLED or INTERRUPTED, got ",
         RunStateName(state)));
   }
+  std::optional<MetricBatch> batch;
+  if (request.has_final_report()) {
+    const ReportRequest& r = request.final_report();
+    if ((r.worker_id() != 0 && r.worker_id() != request.worker_id()) ||
+        (r.run_id() != 0 && r.run_id() != request.run_id()) ||
+        (r.attempt() != 0 && r.attempt() != request.attempt())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "finish: final_report is of worker ", r.worker_id(), " run ", r.run_id(), " attempt ",
+          r.attempt(), ", not of the finished worker ", request.worker_id(), " run ",
+          request.run_id(), " attempt ", request.attempt()));
+    }
+    if (r.seq() < 1) {
+      return absl::InvalidArgumentError(
+          "finish: final_report.seq must be >= 1 (the batch after the last acknowledged one)");
+    }
+    batch.emplace();
+    batch->run_id = request.run_id();
+    batch->attempt = request.attempt();
+    batch->seq = r.seq();
+    batch->steps.assign(r.steps().begin(), r.steps().end());
+    batch->evals.assign(r.evals().begin(), r.evals().end());
+    batch->spikes.assign(r.spikes().begin(), r.spikes().end());
+    if (batch->Rows() > options_.max_batch_rows) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "finish: final_report has ", batch->Rows(), " rows; the limit is ",
+          options_.max_batch_rows, ": send the rest with Report first"));
+    }
+  }
   std::optional<Lease> lease;
   {
     absl::MutexLock lock(&mu_);
@@ -795,7 +831,8 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
   }
   if (!lease.has_value() || lease->attempt != request.attempt() ||
       lease->worker_id != request.worker_id()) {
-    // A retried Finish whose first try was applied is acknowledged again.
+    // A retried Finish whose first try was applied is acknowledged again (without a next job:
+    // one leased by the first try comes back when its lease expires).
     absl::StatusOr<RunInfo> run = store_->reader().GetRun(request.run_id());
     if (!run.ok()) return run.status();
     if (run->attempts == request.attempt() && run->state == state) return FinishResponse();
@@ -805,17 +842,40 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
                      RunStateName(run->state), ", attempt ", run->attempts, ")"));
   }
   NoteWorker(request.worker_id(), "IDLE");
+  if (batch.has_value() && request.final_report().checkpoint_step() > 0) {
+    // Queued before the finish: committed with it or earlier.
+    if (absl::Status s = store_->EnqueueCheckpoint(request.run_id(), request.attempt(),
+                                                   request.final_report().checkpoint_path(),
+                                                   request.final_report().checkpoint_step());
+        !s.ok()) {
+      return s;
+    }
+  }
   const std::string reason =
       !request.error().empty() ? request.error() : request.summary().reason();
+  FinishResponse response;
   if (state == FAILED) {
+    // Retries and backoff have their own path; the batch and the next job then take their own
+    // transactions (a failed attempt is not the hot path).
+    if (batch.has_value()) {
+      if (absl::StatusOr<ReportResult> r = store_->ReportMetrics(*batch); !r.ok()) return r.status();
+    }
     if (absl::Status s = EndAttemptAndRetry(request.run_id(), lease->sweep_id, request.attempt(),
                                             "FAILED", reason);
         !s.ok()) {
       return s;
     }
-    return FinishResponse();
+    if (request.acquire_next()) {
+      AcquireJobRequest acquire;
+      acquire.set_worker_id(request.worker_id());
+      absl::StatusOr<AcquireJobResponse> next = AcquireJob(acquire);
+      if (next.ok() && next->has_job()) *response.mutable_next_job() = next->job();
+    }
+    return response;
   }
-  RunTransition t;
+  FinishWrite write;
+  write.batch = std::move(batch);
+  RunTransition& t = write.end;
   t.run_id = request.run_id();
   t.from = {RUNNING};
   t.expected_attempt = request.attempt();
@@ -829,17 +889,49 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
     t.has_summary = true;
     t.summary = request.summary();
   }
-  absl::StatusOr<TransitionResult> r = store_->TransitionRun(t);
-  if (!r.ok()) return r.status();
-  absl::MutexLock lock(&mu_);
-  std::optional<QueuedRun> queued = scheduler_.LeasedRun(request.run_id());
-  scheduler_.Release(request.run_id());
-  if (t.to == PENDING && queued.has_value()) {
-    queued->not_before = absl::InfinitePast();
-    scheduler_.Enqueue(*queued);
-    work_cv_.SignalAll();
+  // The next run is picked now and started in the same transaction that ends this one.
+  std::optional<QueuedRun> next;
+  if (request.acquire_next()) {
+    absl::StatusOr<WorkerOffer> offer = OfferOf(request.worker_id());
+    absl::MutexLock lock(&mu_);
+    if (offer.ok() && !shutdown_) next = scheduler_.Acquire(request.worker_id(), *offer);
   }
-  return FinishResponse();
+  if (next.has_value()) {
+    RunTransition& start = write.start.emplace();
+    start.run_id = next->run_id;
+    start.from = {PENDING};
+    start.to = RUNNING;
+    start.worker_id = request.worker_id();
+  }
+  absl::StatusOr<FinishWriteResult> r = store_->FinishAttempt(write);
+  if (!r.ok()) {
+    if (next.has_value()) {
+      absl::MutexLock lock(&mu_);
+      scheduler_.Release(next->run_id);
+      scheduler_.Enqueue(*next);
+      work_cv_.SignalAll();
+    }
+    return r.status();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    std::optional<QueuedRun> queued = scheduler_.LeasedRun(request.run_id());
+    scheduler_.Release(request.run_id());
+    if (t.to == PENDING && queued.has_value()) {
+      queued->not_before = absl::InfinitePast();
+      scheduler_.Enqueue(*queued);
+      work_cv_.SignalAll();
+    }
+  }
+  if (next.has_value()) {
+    // A next job that cannot be made is not this Finish's failure: the worker asks again.
+    absl::StatusOr<std::optional<Job>> job =
+        LeaseStarted(request.worker_id(), *next,
+                     r->start_status.ok() ? absl::StatusOr<TransitionResult>(r->start)
+                                          : absl::StatusOr<TransitionResult>(r->start_status));
+    if (job.ok() && job->has_value()) *response.mutable_next_job() = **std::move(job);
+  }
+  return response;
 }
 
 int CoordinatorCore::CheckLeases() {

@@ -19,6 +19,9 @@
 //    DIRECTIVE_STOP once the run's sweep is cancelled.
 //  - Finish: SUCCEEDED, DIVERGED (a result: never retried) and CANCELLED are terminal; FAILED is
 //    retried with backoff until max_attempts; INTERRUPTED is queued again at once to resume.
+//    The attempt's last metric batch (final_report) and the start of the worker's next run
+//    (acquire_next) go into the same store transaction: a short job costs one call and one
+//    commit instead of three of each.
 //  - Lost leases (CheckLeases, also run by a background thread): the attempt ends LOST and the run
 //    is queued again with backoff (or FAILED after max_attempts, CANCELLED when its sweep was).
 // On Create the Scheduler is rebuilt from the Store: PENDING runs are queued, INTERRUPTED ones
@@ -34,6 +37,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -113,6 +117,12 @@ class CoordinatorCore {
   absl::Status Rebuild();
   absl::StatusOr<WorkerOffer> OfferOf(int64_t worker_id);
   absl::StatusOr<Job> MakeJob(int64_t run_id, int32_t attempt);
+  // After the store started (or refused to start) `run`, picked from the scheduler for
+  // worker_id: records the lease's attempt and makes the job. nullopt when the start failed and
+  // another pick may succeed (the run was cancelled, or queued again after a store hiccup);
+  // Unavailable when the store cannot write.
+  absl::StatusOr<std::optional<Job>> LeaseStarted(int64_t worker_id, const QueuedRun& run,
+                                                  const absl::StatusOr<TransitionResult>& started);
   // Queues a PENDING run of the store in the scheduler.
   void EnqueueLocked(const RunInfo& run, absl::Time not_before) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a lost or failed attempt: queue again with backoff, or fail, or cancel. Does the store

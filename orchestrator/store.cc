@@ -731,6 +731,33 @@ absl::StatusOr<TransitionResult> Store::TransitionRun(const RunTransition& trans
   return *result;
 }
 
+absl::StatusOr<FinishWriteResult> Store::FinishAttempt(const FinishWrite& write) {
+  if (write.batch.has_value() && write.batch->seq < 1) {
+    return absl::InvalidArgumentError("store: metric batch seq must be >= 1");
+  }
+  auto result = std::make_shared<FinishWriteResult>();
+  absl::Status s = RunSync(
+      [&write, result](StoreWriter& w) -> absl::Status {
+        *result = FinishWriteResult();
+        if (write.batch.has_value()) {
+          STORE_RETURN_IF_ERROR(ApplyMetrics(w, *write.batch, &result->report));
+        }
+        STORE_RETURN_IF_ERROR(ApplyTransition(w, write.end, &result->end));
+        if (!write.start.has_value()) return absl::OkStatus();
+        // The start under its own savepoint: when it cannot happen, only it is undone.
+        STORE_RETURN_IF_ERROR(w.Run("SAVEPOINT start_next"));
+        result->start_status = ApplyTransition(w, *write.start, &result->start);
+        if (!result->start_status.ok()) {
+          if (IsTransient(result->start_status)) return result->start_status;
+          STORE_RETURN_IF_ERROR(w.Run("ROLLBACK TO start_next"));
+        }
+        return w.Run("RELEASE start_next");
+      },
+      (write.batch.has_value() ? write.batch->Rows() : 0) + 8);
+  if (!s.ok()) return s;
+  return *result;
+}
+
 absl::StatusOr<int64_t> Store::RegisterWorker(const std::string& name,
                                               const std::string& resources_json) {
   auto id = std::make_shared<int64_t>(0);

@@ -48,6 +48,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -139,6 +140,23 @@ struct TransitionResult {
   int32_t attempt = 0;  // the run's current attempt after the transition
 };
 
+// The end of an attempt as a worker's Finish writes it, in one transaction: its last metric
+// batch (optional), the transition that ends it, and optionally the start of the worker's next run.
+struct FinishWrite {
+  std::optional<MetricBatch> batch;
+  RunTransition end;
+  std::optional<RunTransition> start;  // -> RUNNING of another run on the same worker
+};
+
+struct FinishWriteResult {
+  ReportResult report;      // of the batch, when there was one
+  TransitionResult end;
+  // The start's own outcome: a start that fails (FailedPrecondition: cancelled meanwhile) is
+  // undone alone; the batch and the end commit.
+  absl::Status start_status;
+  TransitionResult start;
+};
+
 struct StoreStats {
   int64_t queued_writes = 0;
   int64_t queued_rows = 0;
@@ -175,6 +193,11 @@ class Store {
   // FailedPrecondition "run 7 is SUCCEEDED, not RUNNING" when the CAS fails (nothing changes),
   // NotFound for an unknown run, InvalidArgument for an edge that is not allowed.
   absl::StatusOr<TransitionResult> TransitionRun(const RunTransition& transition);
+
+  // A FinishWrite in one transaction: fewer commits per job than ReportMetrics plus two
+  // TransitionRuns. Errors of the batch or the end fail the whole write, as ReportMetrics and
+  // TransitionRun would (nothing is kept for a retry: the worker resends its Finish).
+  absl::StatusOr<FinishWriteResult> FinishAttempt(const FinishWrite& write);
 
   absl::StatusOr<int64_t> RegisterWorker(const std::string& name,
                                          const std::string& resources_json);

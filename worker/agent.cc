@@ -483,9 +483,11 @@ class Agent::Impl {
   }
   grpc::Status CallAcquire(absl::Duration wait, AcquireJobResponse* response);
   std::string CheckpointDir(const Job& job) const;
-  // Trains one job and finishes it. Non-OK: the agent must stop (refused, aborted).
-  absl::Status RunJob(const Job& job, AgentResult* result);
-  absl::Status SendFinish(const FinishRequest& request, const std::string& run);
+  // Trains one job and finishes it, asking in the Finish for the next job (into *next) unless
+  // the agent is to stop after it. Non-OK: the agent must stop (refused, aborted).
+  absl::Status RunJob(const Job& job, AgentResult* result, std::optional<Job>* next);
+  absl::Status SendFinish(const FinishRequest& request, const std::string& run,
+                          std::optional<Job>* next = nullptr);
 
   // Constant after construction.
   AgentOptions options_;
@@ -589,13 +591,34 @@ absl::StatusOr<AgentResult> Agent::Impl::Run() {
         connection_.Reachable();
         backoff.Reset();
         if (!response.has_job()) continue;
-        ++result.jobs;
-        absl::Status job_status = RunJob(response.job(), &result);
-        idle_since = absl::Now();
-        if (!job_status.ok()) return job_status;
-        if (options_.max_jobs > 0 && result.jobs >= options_.max_jobs) {
-          log_(absl::StrCat("done: ", result.jobs, " job", result.jobs == 1 ? "" : "s"));
-          return result;
+        // Each Finish may hand over the next job: no AcquireJob between back-to-back jobs.
+        std::optional<Job> job = response.job();
+        while (job.has_value()) {
+          ++result.jobs;
+          std::optional<Job> next;
+          absl::Status job_status = RunJob(*job, &result, &next);
+          idle_since = absl::Now();
+          if (!job_status.ok()) return job_status;
+          if (options_.max_jobs > 0 && result.jobs >= options_.max_jobs) {
+            log_(absl::StrCat("done: ", result.jobs, " job", result.jobs == 1 ? "" : "s"));
+            return result;
+          }
+          job = std::move(next);
+          if (job.has_value() && IsSet(options_.interrupt)) {
+            // Handed over as the interrupt came: given back untouched, queued again at once.
+            FinishRequest back;
+            back.set_worker_id(worker_id_);
+            back.set_run_id(job->run_id());
+            back.set_attempt(job->attempt());
+            back.mutable_summary()->set_state(INTERRUPTED);
+            back.mutable_summary()->set_reason("the worker stopped before starting it");
+            if (absl::Status s = SendFinish(
+                    back, absl::StrCat("run ", job->run_id(), " attempt ", job->attempt()));
+                !s.ok()) {
+              return s;
+            }
+            job.reset();
+          }
         }
         continue;
       }
@@ -613,7 +636,7 @@ absl::StatusOr<AgentResult> Agent::Impl::Run() {
   }
 }
 
-absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result) {
+absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optional<Job>* next) {
   const std::string run = absl::StrCat("run ", job.run_id(), " attempt ", job.attempt());
   RunConfig config = job.config();
   if (!options_.device.empty()) config.mutable_train()->set_device(options_.device);
@@ -694,10 +717,13 @@ absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result) {
     s->set_steps_done(trainer != nullptr ? trainer->step() : 0);
     finish.set_error(summary.status().ToString());
   }
-  return SendFinish(finish, run);
+  finish.set_acquire_next(!IsSet(options_.interrupt) &&
+                          (options_.max_jobs == 0 || result->jobs < options_.max_jobs));
+  return SendFinish(finish, run, next);
 }
 
-absl::Status Agent::Impl::SendFinish(const FinishRequest& request, const std::string& run) {
+absl::Status Agent::Impl::SendFinish(const FinishRequest& request, const std::string& run,
+                                     std::optional<Job>* next) {
   Backoff backoff(options_.backoff_min, options_.backoff_max);
   while (true) {
     grpc::ClientContext context;
@@ -709,6 +735,7 @@ absl::Status Agent::Impl::SendFinish(const FinishRequest& request, const std::st
       const RunSummary& s = request.summary();
       log_(absl::StrCat(run, ": ", RunState_Name(s.state()), " after ", s.steps_done(), " steps",
                         s.reason().empty() ? "" : absl::StrCat(" (", s.reason(), ")")));
+      if (next != nullptr && response.has_next_job()) *next = response.next_job();
       return absl::OkStatus();
     }
     if (LeaseLost(status.error_code())) {

@@ -59,6 +59,107 @@ TEST_F(CoordinatorTest, WorkerRunsAJobReportsIdempotentlyAndFinishesOnce) {
   EXPECT_EQ(CallReport(report, &reply).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+TEST_F(CoordinatorTest, FinishStoresTheLastBatchAndHandsOverTheNextJob) {
+  SubmitQuick();  // 4 runs
+  const int64_t worker = RegisterWorker("w1");
+  Job job = Acquire(worker);
+  ReportResponse reply;
+  ASSERT_TRUE(CallReport(MakeReport(worker, job, 1, {1, 2}), &reply).ok());
+
+  FinishRequest finish = MakeFinish(worker, job, SUCCEEDED);
+  // The last batch rides in the Finish; its ids may be left 0 (they are the Finish's).
+  *finish.mutable_final_report() = MakeReport(0, Job(), 2, {3, 4, 5});
+  finish.set_acquire_next(true);
+  FinishResponse response;
+  ASSERT_TRUE(CallFinish(finish, &response).ok());
+  const std::string run = std::to_string(job.run_id());
+  EXPECT_EQ(StateOf(job.run_id()), SUCCEEDED);
+  EXPECT_EQ(CountRows("step_metrics WHERE run_id = " + run), 5);
+  ASSERT_TRUE(response.has_next_job());
+  const Job next = response.next_job();
+  EXPECT_NE(next.run_id(), job.run_id());
+  EXPECT_EQ(next.attempt(), 1);
+  EXPECT_EQ(next.config().train().steps(), 200);
+  EXPECT_EQ(StateOf(next.run_id()), RUNNING);
+  EXPECT_EQ(Scalar("SELECT worker_id FROM attempts WHERE run_id = " +
+                   std::to_string(next.run_id())),
+            std::to_string(worker));
+
+  // The same Finish again (its reply was lost): acknowledged, nothing stored twice, and no
+  // second job is leased.
+  FinishResponse again;
+  ASSERT_TRUE(CallFinish(finish, &again).ok());
+  EXPECT_FALSE(again.has_next_job());
+  EXPECT_EQ(CountRows("step_metrics WHERE run_id = " + run), 5);
+  EXPECT_EQ(CountRows("attempts WHERE run_id = " + run), 1);
+  EXPECT_EQ(CountRows("runs WHERE state = 'RUNNING'"), 1);
+
+  // The handed-over job holds a real lease: it reports, and the chain drains the sweep.
+  ASSERT_TRUE(CallReport(MakeReport(worker, next, 1, {1}), &reply).ok());
+  Job current = next;
+  for (int i = 0; i < 3; ++i) {
+    FinishRequest f = MakeFinish(worker, current, SUCCEEDED);
+    f.set_acquire_next(true);
+    FinishResponse r;
+    ASSERT_TRUE(CallFinish(f, &r).ok());
+    EXPECT_EQ(r.has_next_job(), i < 2) << i;  // the last Finish finds the queue empty
+    if (r.has_next_job()) current = r.next_job();
+  }
+  EXPECT_EQ(CountRows("runs WHERE state = 'SUCCEEDED' AND attempts = 1"), 4);
+  EXPECT_EQ(Scalar("SELECT state FROM sweeps WHERE name = 'quick'"), "DONE");
+}
+
+TEST_F(CoordinatorTest, FailedFinishAlsoHandsOverTheNextJob) {
+  SubmitQuick();
+  const int64_t worker = RegisterWorker("w1");
+  Job job = Acquire(worker);
+  FinishRequest finish = MakeFinish(worker, job, FAILED, "out of memory");
+  *finish.mutable_final_report() = MakeReport(worker, job, 1, {1, 2});
+  finish.set_acquire_next(true);
+  FinishResponse response;
+  ASSERT_TRUE(CallFinish(finish, &response).ok());
+  EXPECT_EQ(StateOf(job.run_id()), PENDING);  // retried after its backoff
+  EXPECT_EQ(CountRows("step_metrics WHERE run_id = " + std::to_string(job.run_id())), 2);
+  ASSERT_TRUE(response.has_next_job());
+  EXPECT_NE(response.next_job().run_id(), job.run_id());
+  EXPECT_EQ(StateOf(response.next_job().run_id()), RUNNING);
+}
+
+TEST_F(CoordinatorTest, FinishWithABadFinalReportIsRefusedAndChangesNothing) {
+  SubmitQuick();
+  const int64_t worker = RegisterWorker("w1");
+  Job job = Acquire(worker);
+  const std::string run = std::to_string(job.run_id());
+  FinishResponse response;
+
+  FinishRequest other_run = MakeFinish(worker, job, SUCCEEDED);
+  *other_run.mutable_final_report() = MakeReport(worker, job, 1, {1});
+  other_run.mutable_final_report()->set_run_id(job.run_id() + 1);
+  other_run.set_acquire_next(true);
+  grpc::Status s = CallFinish(other_run, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("final_report is of worker"));
+
+  FinishRequest seq0 = MakeFinish(worker, job, SUCCEEDED);
+  *seq0.mutable_final_report() = MakeReport(worker, job, 0, {1});
+  s = CallFinish(seq0, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("final_report.seq must be >= 1"));
+
+  // A batch the store refuses (seq 1 again, after batch 1 was applied) is a duplicate, not an
+  // error: acknowledged, stored once, and the run finishes.
+  ReportResponse reply;
+  ASSERT_TRUE(CallReport(MakeReport(worker, job, 1, {1}), &reply).ok());
+  EXPECT_EQ(StateOf(job.run_id()), RUNNING);
+  EXPECT_EQ(CountRows("runs WHERE state = 'RUNNING'"), 1);  // no next job was leased
+  FinishRequest dup = MakeFinish(worker, job, SUCCEEDED);
+  *dup.mutable_final_report() = MakeReport(worker, job, 1, {1});
+  ASSERT_TRUE(CallFinish(dup, &response).ok());
+  EXPECT_FALSE(response.has_next_job());  // not asked for
+  EXPECT_EQ(CountRows("step_metrics WHERE run_id = " + run), 1);
+  EXPECT_EQ(StateOf(job.run_id()), SUCCEEDED);
+}
+
 TEST_F(CoordinatorTest, LostLeaseRequeuesWithBackoffAndResumesFromCheckpoint) {
   SubmitQuick();
   const int64_t w1 = RegisterWorker("w1");
@@ -500,9 +601,12 @@ TEST_F(CoordinatorTest, SixtyFourWorkersDrainTenThousandJobsExactlyOnce) {
   for (int i = 0; i < kWorkers; ++i) {
     grpc::ChannelArguments args;
     args.SetInt("ablate.test.connection", i);
+    // Half of them finish with their metrics and take the next job in one call, half make a
+    // call of each kind: both paths of the protocol race each other.
     workers.push_back(std::make_unique<testing::SimWorker>(
         grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args),
-        token_, "sim-" + std::to_string(i), kPoints));
+        token_, "sim-" + std::to_string(i), kPoints, /*batch_points=*/0,
+        i % 2 == 0 ? testing::SimProtocol::kFinishCarries : testing::SimProtocol::kCallPerStep));
     ASSERT_TRUE(workers.back()->Register());
     workers.back()->CountFinishesIn(&finished);
   }

@@ -194,6 +194,15 @@ class CoordinatorFixture : public ::testing::Test {
   }
   grpc::Status CallFinish(int64_t worker_id, const Job& job, RunState state,
                           const std::string& error = "") {
+    FinishResponse response;
+    return CallFinish(MakeFinish(worker_id, job, state, error), &response);
+  }
+  grpc::Status CallFinish(const FinishRequest& request, FinishResponse* response) {
+    auto ctx = Context();
+    return worker_->Finish(ctx.get(), request, response);
+  }
+  FinishRequest MakeFinish(int64_t worker_id, const Job& job, RunState state,
+                           const std::string& error = "") {
     FinishRequest request;
     request.set_worker_id(worker_id);
     request.set_run_id(job.run_id());
@@ -206,9 +215,7 @@ class CoordinatorFixture : public ::testing::Test {
     s->mutable_final_eval()->set_step(200);
     s->mutable_final_eval()->set_val_loss(2.5);
     s->mutable_final_eval()->set_val_ppl(12.18);
-    FinishResponse response;
-    auto ctx = Context();
-    return worker_->Finish(ctx.get(), request, &response);
+    return request;
   }
 
   // A client-API call naming a sweep, by method name.

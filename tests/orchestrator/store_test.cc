@@ -385,6 +385,73 @@ TEST_F(StoreTest, ARunCompletesExactlyOnceUnderConcurrentFinishes) {
   EXPECT_EQ(Count("SELECT count(*) FROM sweeps WHERE state = 'ACTIVE'"), 1);
 }
 
+TEST_F(StoreTest, FinishAttemptWritesBatchEndAndNextStartInOneTransaction) {
+  SweepIds ids = Submit("s", {"baseline", "g1"}, 2);  // 4 runs
+  const int64_t a = ids.run_ids[0], b = ids.run_ids[1], c = ids.run_ids[2];
+  ASSERT_EQ(Start(a, 0), 1);
+  auto end_of = [](int64_t run) {
+    RunTransition t;
+    t.run_id = run;
+    t.from = {RUNNING};
+    t.to = SUCCEEDED;
+    t.expected_attempt = 1;
+    t.has_summary = true;
+    t.summary.set_state(SUCCEEDED);
+    t.summary.set_steps_done(3);
+    return t;
+  };
+  auto start_of = [](int64_t run) {
+    RunTransition t;
+    t.run_id = run;
+    t.from = {PENDING};
+    t.to = RUNNING;
+    return t;
+  };
+  FinishWrite write;
+  write.batch = Batch(a, 1, 1, 1, 3);
+  write.end = end_of(a);
+  write.start = start_of(b);
+  absl::StatusOr<FinishWriteResult> r = store_->FinishAttempt(write);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->start_status.ok()) << r->start_status;
+  EXPECT_EQ(r->start.attempt, 1);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM step_metrics WHERE run_id = ", a)), 3);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM runs WHERE id = ", a,
+                               " AND state = 'SUCCEEDED'")), 1);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM runs WHERE id = ", b,
+                               " AND state = 'RUNNING' AND attempts = 1")), 1);
+
+  // The next run was cancelled meanwhile: its start is undone alone; the end commits.
+  RunTransition cancel;
+  cancel.run_id = c;
+  cancel.from = {PENDING};
+  cancel.to = CANCELLED;
+  ASSERT_TRUE(store_->TransitionRun(cancel).ok());
+  write.batch = Batch(b, 1, 1, 1, 2);
+  write.end = end_of(b);
+  write.start = start_of(c);
+  r = store_->FinishAttempt(write);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(r->start_status)) << r->start_status;
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM runs WHERE id = ", b,
+                               " AND state = 'SUCCEEDED'")), 1);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM runs WHERE id = ", c,
+                               " AND state = 'CANCELLED' AND attempts = 0")), 1);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM step_metrics WHERE run_id = ", b)), 2);
+
+  // An end that cannot happen (b finished already) fails the whole write: its batch is not
+  // stored and the next run does not start.
+  write.batch = Batch(b, 1, 2, 3, 1);
+  write.end = end_of(b);
+  write.start = start_of(ids.run_ids[3]);
+  r = store_->FinishAttempt(write);
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM step_metrics WHERE run_id = ", b)), 2);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM runs WHERE id = ", ids.run_ids[3],
+                               " AND state = 'PENDING'")), 1);
+  EXPECT_EQ(IntegrityCheck(), "ok");
+}
+
 // ---- Read-only queries ------------------------------------------------------------------------------
 
 TEST_F(StoreTest, QueriesCannotChangeTheDatabase) {
