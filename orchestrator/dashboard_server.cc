@@ -54,10 +54,16 @@ struct Response {
   bool cacheable = false;  // static assets
 };
 
+// Names echoed in errors come from the request and stored text need not be UTF-8 either:
+// such bytes become U+FFFD, where a plain dump() would throw.
+std::string Dump(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 Response JsonResponse(int status, const json& body) {
   Response r;
   r.status = status;
-  r.body = body.dump();
+  r.body = Dump(body);
   return r;
 }
 
@@ -623,7 +629,7 @@ Response DashboardServer::Impl::Handle(const Request& r) {
     }
     try {
       return api ? HandleApi(r) : Metrics();
-    } catch (const std::exception& e) {  // nlohmann (bad UTF-8 in a stored string), bad_alloc
+    } catch (const std::exception& e) {  // bad_alloc, a nlohmann type error
       return Error(500, absl::StrCat("internal error: ", e.what()));
     }
   }
@@ -1043,7 +1049,7 @@ Response DashboardServer::Impl::Metrics() {
 namespace {
 
 std::string SseEvent(absl::string_view name, const json& data) {
-  return absl::StrCat("event: ", name, "\ndata: ", data.dump(), "\n\n");
+  return absl::StrCat("event: ", name, "\ndata: ", Dump(data), "\n\n");
 }
 
 }  // namespace
@@ -1055,7 +1061,7 @@ void DashboardServer::Impl::Stream(tcp::socket* socket, const Request& r) {
     return !ec;
   };
   auto fail = [&](int status, const std::string& message) {
-    const std::string body = json{{"error", message}, {"status", status}}.dump();
+    const std::string body = Dump(json{{"error", message}, {"status", status}});
     send(absl::StrCat("HTTP/1.1 ", status, status == 404 ? " Not Found" : " Bad Request",
                       "\r\nContent-Type: application/json\r\nCache-Control: no-store\r\n"
                       "Content-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body));

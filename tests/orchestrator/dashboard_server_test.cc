@@ -412,6 +412,11 @@ TEST_F(DashboardServerTest, BadInputIsAJsonError) {
       {"/api", 404},
       {"/api/stream", 400},
       {"/api/stream?sweep=nope", 404},
+      // Bytes that are not UTF-8 in a name echoed by the error (JSON must stay valid).
+      {"/api/sweeps/%FF%FE", 404},
+      {"/api/sweeps/%C3", 404},
+      {"/api/stream?sweep=%FF", 404},
+      {"/no-such-page-%FF", 404},
   };
   for (const auto& [target, status] : cases) {
     HttpResult r = Get(port_, target);
