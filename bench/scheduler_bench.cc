@@ -30,6 +30,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -237,6 +238,11 @@ bool Scenario(const Args& args) {
   for (std::thread& t : threads) t.join();
   const int serve_exit = ablate::testing::WaitExit(serve, std::chrono::seconds(30));
   guard.pid = -1;
+  // "stopped (N store transactions committed, ...)": over the whole run, all phases.
+  const std::string serve_log = ablate::testing::Slurp(dir / "serve.log");
+  const size_t stopped = serve_log.find("stopped (");
+  const long long transactions =
+      stopped == std::string::npos ? -1 : std::atoll(serve_log.c_str() + stopped + 9);
 
   std::vector<double> latency_ms;
   std::map<int64_t, int> starts;
@@ -277,6 +283,8 @@ bool Scenario(const Args& args) {
   std::printf("  ingestion: %lld step points from %d workers (batches of 1,000, each acknowledged) "
               "in %.2f s = %.0f points/s (target >= 200,000)\n",
               static_cast<long long>(ingested), ingest_runs, ingest_s, ingested / ingest_s);
+  std::printf("  store transactions over the whole run: %lld (%.1f runs per transaction)\n",
+              transactions, transactions > 0 ? static_cast<double>(total) / transactions : 0.0);
   std::printf("  checks: %lld/%lld runs SUCCEEDED in one attempt, %d started twice, %lld/%lld step "
               "rows, %zu call errors, serve exit %d, RSS at end %.0f MB\n",
               static_cast<long long>(succeeded), static_cast<long long>(total), twice,

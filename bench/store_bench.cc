@@ -5,8 +5,13 @@
 //   2. `ablate table` (GetComparisonTable + markdown) over 1,000 runs with 10,000 steps each
 //      (10M step rows, generated first with one INSERT ... SELECT). Target < 200 ms.
 //
+//   3. dispatch writes: the store's share of dispatching a no-op job, as the coordinator writes
+//      it for a Finish that carries the last batch and takes the next job (FinishAttempt: 10
+//      step rows, the end of one run, the start of the next), from 64 threads over 10,000 runs.
+//      The gRPC share is what bench_scheduler adds.
+//
 //   bench_store [--dir DIR] [--runs 1000] [--steps 10000] [--ingest_runs 64]
-//               [--ingest_batches 100] [--batch 100]
+//               [--ingest_batches 100] [--batch 100] [--dispatch_jobs 10000]
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -37,6 +43,7 @@ struct Args {
   int ingest_runs = 64;
   int ingest_batches = 100;
   int batch = 100;
+  int dispatch_jobs = 10000;
 };
 
 SweepRecord MakeSweep(const std::string& name, int variants, int seeds, int steps) {
@@ -92,9 +99,10 @@ void Die(const absl::Status& status, const char* what) {
   std::exit(1);
 }
 
-absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& path) {
+absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& path, bool fsync = true) {
   StoreOptions options;
   options.path = path;
+  options.synchronous_full = fsync;
   return Store::Open(options);
 }
 
@@ -154,6 +162,7 @@ int main(int argc, char** argv) {
     else if (flag == "--ingest_runs") args.ingest_runs = std::atoi(value.c_str());
     else if (flag == "--ingest_batches") args.ingest_batches = std::atoi(value.c_str());
     else if (flag == "--batch") args.batch = std::atoi(value.c_str());
+    else if (flag == "--dispatch_jobs") args.dispatch_jobs = std::atoi(value.c_str());
     else {
       std::fprintf(stderr, "bench_store: unknown flag %s\n", flag.c_str());
       return 2;
@@ -299,6 +308,66 @@ int main(int argc, char** argv) {
                 absl::ToDoubleMilliseconds(absl::Now() - start));
   }
 
+  // ---- 3. Dispatch writes ----
+  double dispatch_rate = 0;
+  for (bool fsync : {true, false}) {
+    absl::StatusOr<std::unique_ptr<Store>> store =
+        OpenStore(args.dir + (fsync ? "/dispatch.db" : "/dispatch-no-fsync.db"), fsync);
+    Die(store.status(), "open");
+    constexpr int kWorkers = 64;
+    const int jobs = std::max(args.dispatch_jobs / 10, kWorkers) * 10;
+    absl::StatusOr<SweepIds> ids = (*store)->CreateSweep(MakeSweep("dispatch", 10, jobs / 10, 10));
+    Die(ids.status(), "create sweep");
+    const std::vector<int64_t>& runs = ids->run_ids;
+    auto start_of = [](int64_t run, int64_t worker) {
+      RunTransition t;
+      t.run_id = run;
+      t.from = {PENDING};
+      t.to = RUNNING;
+      t.worker_id = worker;
+      return t;
+    };
+    // Each worker thread starts its first run, then ends each run while starting its next one
+    // (the worker's runs are every 64th).
+    for (int w = 0; w < kWorkers; ++w) {
+      Die((*store)->TransitionRun(start_of(runs[w], 0)).status(), "start run");
+    }
+    const int64_t flushes_before = (*store)->Stats().flushes;
+    const absl::Time start = absl::Now();
+    const double cpu_start = static_cast<double>(std::clock()) / CLOCKS_PER_SEC;
+    std::vector<std::thread> workers;
+    for (int w = 0; w < kWorkers; ++w) {
+      workers.emplace_back([&, w] {
+        for (size_t i = w; i < runs.size(); i += kWorkers) {
+          FinishWrite write;
+          write.batch = MakeBatch(runs[i], 1, 1, 10);
+          write.end.run_id = runs[i];
+          write.end.from = {RUNNING};
+          write.end.to = SUCCEEDED;
+          write.end.expected_attempt = 1;
+          write.end.has_summary = true;
+          write.end.summary.set_state(SUCCEEDED);
+          write.end.summary.set_steps_done(10);
+          if (i + kWorkers < runs.size()) write.start = start_of(runs[i + kWorkers], 0);
+          absl::StatusOr<FinishWriteResult> r = (*store)->FinishAttempt(write);
+          Die(r.status(), "finish attempt");
+          Die(r->start_status, "start next");
+        }
+      });
+    }
+    for (std::thread& t : workers) t.join();
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    const double cpu = static_cast<double>(std::clock()) / CLOCKS_PER_SEC - cpu_start;
+    if (fsync) dispatch_rate = runs.size() / seconds;
+    const int64_t flushes = (*store)->Stats().flushes - flushes_before;
+    std::printf("dispatch writes, %s (FinishAttempt: 10 points + end + next start, 64 threads): "
+                "%zu jobs in %.2f s = %.0f jobs/s, %.0f us of CPU per job, %.1f jobs per "
+                "transaction\n",
+                fsync ? "fsync" : "no fsync", runs.size(), seconds, runs.size() / seconds,
+                1e6 * cpu / runs.size(),
+                static_cast<double>(runs.size()) / std::max<int64_t>(flushes, 1));
+  }
+
   std::printf("\nsummary (target ratio > 1 is better):\n");
   std::printf("  ingestion, ack per batch: %.0f points/s = %.2fx the 200,000/s target\n",
               sync_rate, sync_rate / 200000);
@@ -306,6 +375,8 @@ int main(int argc, char** argv) {
               async_rate, async_rate / 200000);
   std::printf("  ablate table:             %.2f ms = %.1fx under the 200 ms target\n", table_ms,
               200 / table_ms);
+  std::printf("  dispatch writes (fsync):  %.0f jobs/s = %.2fx the 5,000/s dispatch target\n",
+              dispatch_rate, dispatch_rate / 5000);
   if (own_dir) std::filesystem::remove_all(args.dir);
   return 0;
 }

@@ -40,8 +40,13 @@ absl::Status RunServe(const ServerOptions& options, std::ostream& out, int dashb
   out << fmt::format("ablate serve: {}: shutting down\n", signal == SIGINT ? "SIGINT" : "SIGTERM")
       << std::flush;
   dashboard.reset();  // it reads the coordinator's store
+  const StoreStats stats = (*server)->store()->Stats();  // Shutdown closes the store
   (*server)->Shutdown();
-  out << "ablate serve: stopped\n" << std::flush;
+  out << fmt::format(
+             "ablate serve: stopped ({} store transactions committed, {} rows, {} rolled back and "
+             "retried)\n",
+             stats.flushes, stats.rows_committed, stats.failed_flushes)
+      << std::flush;
   return absl::OkStatus();
 }
 
