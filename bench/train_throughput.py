@@ -3,7 +3,7 @@
 side by side: every round runs each measurement once, in turn, so machine noise hits all alike;
 medians over rounds are compared.
 
-    /usr/bin/python3 bench/train_throughput.py [--build build] [--rounds 3] [--steps 15]
+    /usr/bin/python3 bench/train_throughput.py [--build build] [--rounds 5] [--steps 15]
 
 Targets (issue 3): ablate >= 1.2x the reference at d_model 128 and not slower at 256; G1
 elementwise (FFN narrowed to match) <= 1.05x the baseline's step time; MFU >= 50% at 256.
@@ -26,7 +26,8 @@ def run(cmd):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--build", default=os.path.join(HERE, "..", "build"))
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5,
+                   help="the VM drifts by +-10%% between runs: fewer rounds, noisier medians")
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     a = p.parse_args()
