@@ -53,6 +53,7 @@ class FakeCoordinator {
   int64_t stop_at_step = 0;        // DIRECTIVE_STOP once a step >= this was applied
   int64_t lease_lost_at_step = 0;  // FAILED_PRECONDITION once a step >= this arrives
   int32_t lease_timeout_s = 30;
+  std::atomic<bool>* interrupt_on_handover = nullptr;  // raised as a Finish hands over a job
 
   void AddJob(const Job& job) {
     absl::MutexLock lock(&mu_);
@@ -140,10 +141,16 @@ class FakeCoordinator {
     return grpc::Status::OK;
   }
 
-  grpc::Status Finish(grpc::ServerContext* ctx, const FinishRequest* req, FinishResponse*) {
+  grpc::Status Finish(grpc::ServerContext* ctx, const FinishRequest* req, FinishResponse* resp) {
     if (grpc::Status s = Authorize(ctx); !s.ok()) return s;
     absl::MutexLock lock(&mu_);
     finishes.push_back(*req);
+    if (req->acquire_next() && !jobs_.empty()) {
+      *resp->mutable_next_job() = jobs_.front();
+      jobs_.pop_front();
+      ++handed_over;
+      if (interrupt_on_handover != nullptr) *interrupt_on_handover = true;  // SIGTERM, now
+    }
     return grpc::Status::OK;
   }
 
@@ -173,7 +180,7 @@ class FakeCoordinator {
   std::vector<FinishRequest> finishes;
   std::vector<std::string> errors;  // protocol violations
   int64_t max_step = 0, stop_sent_at_step = 0;
-  int duplicates = 0, refused_stale = 0, acquire_calls = 0, heartbeats = 0;
+  int duplicates = 0, refused_stale = 0, acquire_calls = 0, heartbeats = 0, handed_over = 0;
 
  private:
   grpc::Status Authorize(grpc::ServerContext* ctx) {
@@ -388,6 +395,57 @@ TEST_F(AgentTest, RegistersTrainsReportsEveryStepOnceAndFinishes) {
   EXPECT_EQ(f.summary().steps_done(), 40);
   EXPECT_EQ(f.summary().final_eval().step(), 40);
   EXPECT_GT(f.summary().spike_steps(), 0);
+}
+
+TEST_F(AgentTest, EachFinishTakesTheNextJobWithoutAnotherAcquire) {
+  FakeCoordinator c;
+  TestServer server(&c);
+  for (int64_t run : {41, 42, 43}) c.AddJob(MakeJob(run, 1, Config(10)));
+  AgentOptions options = Options(server);
+  options.max_jobs = 3;
+  auto result = RunAgent(options);
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << Log();
+  EXPECT_EQ(result->jobs, 3);
+
+  absl::MutexLock lock(&c.mu_);
+  EXPECT_TRUE(c.errors.empty()) << c.errors.front();
+  EXPECT_EQ(c.acquire_calls, 1);  // the first job only; the others came with a Finish
+  EXPECT_EQ(c.handed_over, 2);
+  ASSERT_EQ(c.finishes.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(c.finishes[i].run_id(), 41 + i);
+    EXPECT_EQ(c.finishes[i].summary().state(), SUCCEEDED);
+    EXPECT_EQ(c.steps[FakeCoordinator::Key(41 + i, 1)], Range(1, 10));
+    // The last Finish does not ask: --max-jobs is reached, a leased job would wait for its lease.
+    EXPECT_EQ(c.finishes[i].acquire_next(), i < 2) << i;
+  }
+}
+
+TEST_F(AgentTest, AJobHandedOverAsTheWorkerStopsIsGivenBackUntouched) {
+  FakeCoordinator c;
+  TestServer server(&c);
+  c.AddJob(MakeJob(51, 1, Config(10)));
+  c.AddJob(MakeJob(52, 1, Config(10)));
+  c.interrupt_on_handover = &interrupt_;
+  AgentOptions options = Options(server);
+  options.max_jobs = 0;
+  auto result = RunAgent(options);
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << Log();
+
+  absl::MutexLock lock(&c.mu_);
+  EXPECT_TRUE(c.errors.empty()) << c.errors.front();
+  ASSERT_EQ(c.finishes.size(), 2u) << Log();
+  EXPECT_EQ(c.finishes[0].run_id(), 51);
+  EXPECT_EQ(c.finishes[0].summary().state(), SUCCEEDED);
+  EXPECT_TRUE(c.finishes[0].acquire_next());
+  // Run 52 came with that Finish as the interrupt arrived: finished INTERRUPTED at step 0, so
+  // the coordinator queues it again at once, and never trained here.
+  EXPECT_EQ(c.finishes[1].run_id(), 52);
+  EXPECT_EQ(c.finishes[1].summary().state(), INTERRUPTED);
+  EXPECT_EQ(c.finishes[1].summary().steps_done(), 0);
+  EXPECT_FALSE(c.finishes[1].acquire_next());
+  EXPECT_TRUE(c.steps[FakeCoordinator::Key(52, 1)].empty());
+  EXPECT_FALSE(fs::exists(dir_ / "ckpt" / "run-52"));
 }
 
 TEST_F(AgentTest, HeartbeatsRenewTheLeaseWhileNothingIsReported) {
