@@ -6,6 +6,8 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <mutex>
 #include <set>
 #include <utility>
 
@@ -30,6 +32,8 @@ struct GuardState {
   // Checked by the progress handler while a statement runs.
   absl::Time deadline = absl::InfiniteFuture();
   bool timed_out = false;
+  int64_t memory_ceiling = std::numeric_limits<int64_t>::max();  // of sqlite3_memory_used()
+  bool out_of_memory = false;
 };
 
 }  // namespace
@@ -169,6 +173,10 @@ int Authorize(void* context, int action, const char* arg1, const char* arg2, con
 
 int Progress(void* context) {
   auto* connection = static_cast<GuardState*>(context);
+  if (sqlite3_memory_used() > connection->memory_ceiling) {
+    connection->out_of_memory = true;
+    return 1;
+  }
   if (absl::Now() > connection->deadline) {
     connection->timed_out = true;
     return 1;  // interrupts the statement with SQLITE_INTERRUPT
@@ -252,7 +260,12 @@ absl::StatusOr<std::unique_ptr<StoreReader>> StoreReader::Open(const ReaderOptio
   return reader;
 }
 
-StoreReader::StoreReader(const ReaderOptions& options) : options_(options) {}
+StoreReader::StoreReader(const ReaderOptions& options) : options_(options) {
+  static std::once_flag heap_limit;
+  std::call_once(heap_limit, [] {
+    if (sqlite3_hard_heap_limit64(-1) == 0) sqlite3_hard_heap_limit64(kSqliteHeapLimit);
+  });
+}
 
 StoreReader::~StoreReader() = default;
 
@@ -271,7 +284,10 @@ absl::StatusOr<std::unique_ptr<StoreReader::Connection>> StoreReader::Connect() 
   sqlite3_db_config(raw, SQLITE_DBCONFIG_DEFENSIVE, 1, nullptr);
   sqlite3_db_config(raw, SQLITE_DBCONFIG_ENABLE_LOAD_EXTENSION, 0, nullptr);
   sqlite3_set_authorizer(raw, Authorize, &connection->guard);
-  sqlite3_progress_handler(raw, 1000, Progress, &connection->guard);
+  // Every 100 VM steps (about 2% of a compute-bound query). A step can make a value of up to
+  // kMaxQueryValueBytes, so a statement can still outgrow its budget between two checks; the
+  // process's hard heap limit (kSqliteHeapLimit) bounds that.
+  sqlite3_progress_handler(raw, 100, Progress, &connection->guard);
   connection->cache = std::make_unique<StmtCache>(raw);
   return connection;
 }
@@ -302,6 +318,8 @@ absl::StatusOr<StoreReader::Lease> StoreReader::Acquire() const {
 void StoreReader::Release(std::unique_ptr<Connection> connection) const {
   connection->guard.deadline = absl::InfiniteFuture();
   connection->guard.timed_out = false;
+  connection->guard.memory_ceiling = std::numeric_limits<int64_t>::max();
+  connection->guard.out_of_memory = false;
   absl::MutexLock lock(&mu_);
   idle_.push_back(std::move(connection));
 }
@@ -339,16 +357,28 @@ absl::StatusOr<QueryResult> StoreReader::ReadOnlyQuery(const std::string& sql,
   const int columns = sqlite3_column_count(raw);
   for (int i = 0; i < columns; ++i) result.columns.push_back(sqlite3_column_name(raw, i));
   c.timed_out = false;
+  c.out_of_memory = false;
   c.deadline = absl::Now() + limits.timeout;
+  c.memory_ceiling = sqlite3_memory_used() + limits.max_memory;
+  auto unguard = [&c] {
+    c.deadline = absl::InfiniteFuture();
+    c.memory_ceiling = std::numeric_limits<int64_t>::max();
+  };
   int64_t bytes = 0;
   while (true) {
     rc = sqlite3_step(raw);
     if (rc == SQLITE_DONE) break;
     if (rc != SQLITE_ROW) {
-      c.deadline = absl::InfiniteFuture();
+      unguard();
       if (c.timed_out) {
         return absl::DeadlineExceededError(absl::StrCat(
             "query: time limit of ", absl::FormatDuration(limits.timeout), " exceeded (interrupted)"));
+      }
+      if (c.out_of_memory || rc == SQLITE_NOMEM) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "query: out of memory (", limits.max_memory >> 20, " MiB for one statement's values, ",
+            kSqliteHeapLimit >> 20, " MiB for all of SQLite in this process): interrupted; select "
+            "fewer or smaller values at once"));
       }
       return SqliteStatus(rc, db, "query");
     }
@@ -371,7 +401,7 @@ absl::StatusOr<QueryResult> StoreReader::ReadOnlyQuery(const std::string& sql,
     bytes += row_bytes;
     result.rows.push_back(std::move(row));
   }
-  c.deadline = absl::InfiniteFuture();
+  unguard();
   return result;
 }
 

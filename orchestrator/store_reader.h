@@ -5,8 +5,10 @@
 // an authorizer that refuses every statement but SELECT (and a few read-only PRAGMAs), so no SQL
 // handed to ReadOnlyQuery can change the database or reach another file. A progress handler
 // enforces a time limit per statement; so that no single function call outruns it, values are at
-// most kMaxQueryValueBytes and printf()/format() are refused. In WAL mode a reader reads the last
-// committed snapshot and never waits for the writer, nor makes it wait.
+// most kMaxQueryValueBytes and printf()/format() are refused. The same handler bounds the memory a
+// statement's intermediate values take (QueryLimits::max_memory), and the process's SQLite heap
+// has a hard ceiling (kSqliteHeapLimit) for what happens between two checks. In WAL mode a reader
+// reads the last committed snapshot and never waits for the writer, nor makes it wait.
 //
 // Thread safety: all methods are thread-safe. Connections come from a pool (one per concurrent
 // caller, up to ReaderOptions::max_connections; further callers wait for a free one).
@@ -41,6 +43,10 @@ struct ReaderOptions {
 // where the time limit cannot interrupt it. Beyond it a query fails "string or blob too big".
 // Found with tests/fuzz/query_fuzz.
 inline constexpr int kMaxQueryValueBytes = 32 << 20;
+// sqlite3_hard_heap_limit64 of any process that opens a StoreReader (when none is set): beyond it
+// SQLite's allocations fail (SQLITE_NOMEM: a query fails, a writer's flush is retried). About five
+// times what a coordinator's caches and statements use.
+inline constexpr int64_t kSqliteHeapLimit = int64_t{1} << 30;
 
 // Limits of one ReadOnlyQuery.
 struct QueryLimits {
@@ -49,6 +55,10 @@ struct QueryLimits {
   // The memory the rows may take (values and their text); rows beyond are dropped, `truncated`
   // set. The default is gRPC's largest message (a query result goes back in one).
   int64_t max_bytes = int64_t{64} << 20;
+  // SQLite memory the statement may add while it runs (the intermediate values it holds):
+  // ResourceExhausted past it. Checked every 100 VM steps; kSqliteHeapLimit bounds what one
+  // statement adds between two checks.
+  int64_t max_memory = int64_t{256} << 20;
 };
 
 // A NULL, an INTEGER, a REAL or a TEXT (BLOBs are returned as TEXT of their bytes).
