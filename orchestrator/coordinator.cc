@@ -697,20 +697,30 @@ absl::StatusOr<std::optional<Job>> CoordinatorCore::LeaseStarted(
   return std::optional<Job>(*std::move(job));
 }
 
-absl::StatusOr<ReportResponse> CoordinatorCore::Report(const ReportRequest& request) {
+absl::StatusOr<MetricBatch> CoordinatorCore::BatchOf(const ReportRequest& r, int64_t run_id,
+                                                     int32_t attempt, absl::string_view what,
+                                                     absl::string_view advice) const {
   MetricBatch batch;
-  batch.run_id = request.run_id();
-  batch.attempt = request.attempt();
-  batch.seq = request.seq();
-  batch.steps.assign(request.steps().begin(), request.steps().end());
-  batch.evals.assign(request.evals().begin(), request.evals().end());
-  batch.spikes.assign(request.spikes().begin(), request.spikes().end());
+  batch.run_id = run_id;
+  batch.attempt = attempt;
+  batch.seq = r.seq();
+  batch.steps.assign(r.steps().begin(), r.steps().end());
+  batch.evals.assign(r.evals().begin(), r.evals().end());
+  batch.spikes.assign(r.spikes().begin(), r.spikes().end());
   if (batch.Rows() > options_.max_batch_rows) {
-    return absl::ResourceExhaustedError(absl::StrCat("report: the batch has ", batch.Rows(),
+    return absl::ResourceExhaustedError(absl::StrCat(what, " ", batch.Rows(),
                                                      " rows; the limit is ",
-                                                     options_.max_batch_rows,
-                                                     ": send smaller batches"));
+                                                     options_.max_batch_rows, ": ", advice));
   }
+  return batch;
+}
+
+absl::StatusOr<ReportResponse> CoordinatorCore::Report(const ReportRequest& request) {
+  absl::StatusOr<MetricBatch> converted =
+      BatchOf(request, request.run_id(), request.attempt(), "report: the batch has",
+              "send smaller batches");
+  if (!converted.ok()) return converted.status();
+  const MetricBatch& batch = *converted;
   if (request.seq() < 0) return absl::InvalidArgumentError("report: seq must be >= 0");
   if (request.seq() == 0 && batch.Rows() > 2) {
     return absl::InvalidArgumentError(
@@ -811,18 +821,11 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
       return absl::InvalidArgumentError(
           "finish: final_report.seq must be >= 1 (the batch after the last acknowledged one)");
     }
-    batch.emplace();
-    batch->run_id = request.run_id();
-    batch->attempt = request.attempt();
-    batch->seq = r.seq();
-    batch->steps.assign(r.steps().begin(), r.steps().end());
-    batch->evals.assign(r.evals().begin(), r.evals().end());
-    batch->spikes.assign(r.spikes().begin(), r.spikes().end());
-    if (batch->Rows() > options_.max_batch_rows) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "finish: final_report has ", batch->Rows(), " rows; the limit is ",
-          options_.max_batch_rows, ": send the rest with Report first"));
-    }
+    absl::StatusOr<MetricBatch> converted =
+        BatchOf(r, request.run_id(), request.attempt(), "finish: final_report has",
+                "send the rest with Report first");
+    if (!converted.ok()) return converted.status();
+    batch = *std::move(converted);
   }
   std::optional<Lease> lease;
   {

@@ -44,6 +44,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "orchestrator/scheduler.h"
@@ -117,6 +118,11 @@ class CoordinatorCore {
   absl::Status Rebuild();
   absl::StatusOr<WorkerOffer> OfferOf(int64_t worker_id);
   absl::StatusOr<Job> MakeJob(int64_t run_id, int32_t attempt);
+  // The metric batch of a report (a Report's, or a Finish's final_report) for (run, attempt);
+  // ResourceExhausted "<what> N rows; the limit is M: <advice>" past max_batch_rows.
+  absl::StatusOr<MetricBatch> BatchOf(const ReportRequest& report, int64_t run_id,
+                                      int32_t attempt, absl::string_view what,
+                                      absl::string_view advice) const;
   // After the store started (or refused to start) `run`, picked from the scheduler for
   // worker_id: records the lease's attempt and makes the job. nullopt when the start failed and
   // another pick may succeed (the run was cancelled, or queued again after a store hiccup);
