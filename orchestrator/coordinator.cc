@@ -844,7 +844,9 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
                      " is not leased to worker ", request.worker_id(), " (it is ",
                      RunStateName(run->state), ", attempt ", run->attempts, ")"));
   }
-  NoteWorker(request.worker_id(), "IDLE");
+  // IDLE, unless the worker takes its next job now (then LeaseStarted notes BUSY: one write,
+  // not two, per job handed over).
+  if (!request.acquire_next()) NoteWorker(request.worker_id(), "IDLE");
   if (batch.has_value() && request.final_report().checkpoint_step() > 0) {
     // Queued before the finish: committed with it or earlier.
     if (absl::Status s = store_->EnqueueCheckpoint(request.run_id(), request.attempt(),
@@ -934,6 +936,7 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
                                           : absl::StatusOr<TransitionResult>(r->start_status));
     if (job.ok() && job->has_value()) *response.mutable_next_job() = **std::move(job);
   }
+  if (request.acquire_next() && !response.has_next_job()) NoteWorker(request.worker_id(), "IDLE");
   return response;
 }
 
