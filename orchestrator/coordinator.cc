@@ -17,11 +17,38 @@
 #include "orchestrator/store_format.h"
 
 namespace ablate {
+
+// The parts of a run's job that never change (a stored config is never rewritten), made once
+// when the run is queued and carried by the scheduler: a dispatch then reads nothing from the
+// store but a retry's checkpoint, where it used to read the run and parse its JSON config.
+struct JobTemplate {
+  RunConfig config;
+  std::string sweep;
+  std::string variant;
+};
+
 namespace {
 
 bool IsUnfinished(RunState s) { return s == PENDING || s == RUNNING || s == INTERRUPTED; }
 
-QueuedRun ToQueued(const RunInfo& run, absl::Time not_before) {
+absl::StatusOr<std::shared_ptr<const JobTemplate>> TemplateOf(const RunInfo& run) {
+  auto t = std::make_shared<JobTemplate>();
+  google::protobuf::util::JsonParseOptions parse;
+  parse.ignore_unknown_fields = true;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(run.config_json, &t->config, parse);
+  if (!parsed.ok()) {
+    return absl::InternalError(absl::StrCat("run ", run.id, ": stored config does not parse: ",
+                                            parsed.ToString()));
+  }
+  t->sweep = run.sweep;
+  t->variant = run.variant;
+  return t;
+}
+
+// `job` null: made from the stored config. One that does not parse leaves none, and MakeJob
+// fails the attempt with the parse error.
+QueuedRun ToQueued(const RunInfo& run, absl::Time not_before,
+                   std::shared_ptr<const JobTemplate> job = nullptr) {
   QueuedRun q;
   q.run_id = run.id;
   q.sweep_id = run.sweep_id;
@@ -30,6 +57,12 @@ QueuedRun ToQueued(const RunInfo& run, absl::Time not_before) {
   q.needs.memory_gb = run.memory_gb;
   q.needs.threads = run.threads;
   q.not_before = not_before;
+  if (job == nullptr) {
+    if (absl::StatusOr<std::shared_ptr<const JobTemplate>> made = TemplateOf(run); made.ok()) {
+      job = *std::move(made);
+    }
+  }
+  q.job = std::move(job);
   return q;
 }
 
@@ -274,8 +307,12 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
     if (run == stored_by_id.end()) {
       return absl::InternalError(absl::StrCat("submit: run ", run_id, " was not stored"));
     }
+    auto job = std::make_shared<JobTemplate>();
+    job->config = spec_run.config();
+    job->sweep = expanded->name();
+    job->variant = spec_run.variant();
     absl::MutexLock lock(&mu_);
-    scheduler_.Enqueue(ToQueued(*run->second, absl::InfinitePast()));
+    scheduler_.Enqueue(ToQueued(*run->second, absl::InfinitePast(), std::move(job)));
     ++queued;
   }
   {
@@ -602,26 +639,28 @@ absl::StatusOr<WorkerOffer> CoordinatorCore::OfferOf(int64_t worker_id) {
       absl::StrCat("worker ", worker_id, " is not registered: register again"));
 }
 
-absl::StatusOr<Job> CoordinatorCore::MakeJob(int64_t run_id, int32_t attempt) {
-  absl::StatusOr<RunInfo> run = store_->reader().GetRun(run_id);
-  if (!run.ok()) return run.status();
-  Job job;
-  job.set_run_id(run_id);
-  job.set_attempt(attempt);
-  google::protobuf::util::JsonParseOptions parse;
-  parse.ignore_unknown_fields = true;
-  const auto parsed =
-      google::protobuf::util::JsonStringToMessage(run->config_json, job.mutable_config(), parse);
-  if (!parsed.ok()) {
-    return absl::InternalError(absl::StrCat("run ", run_id, ": stored config does not parse: ",
-                                            parsed.ToString()));
+absl::StatusOr<Job> CoordinatorCore::MakeJob(const QueuedRun& run, int32_t attempt) {
+  std::shared_ptr<const JobTemplate> made = run.job;
+  if (made == nullptr) {
+    absl::StatusOr<RunInfo> info = store_->reader().GetRun(run.run_id);
+    if (!info.ok()) return info.status();
+    absl::StatusOr<std::shared_ptr<const JobTemplate>> parsed = TemplateOf(*info);
+    if (!parsed.ok()) return parsed.status();
+    made = *std::move(parsed);
   }
-  job.set_checkpoint_dir(absl::StrCat(options_.checkpoint_root, "/run-", run_id));
-  absl::StatusOr<AttemptInfo> checkpoint = store_->reader().LatestCheckpoint(run_id);
-  if (!checkpoint.ok()) return checkpoint.status();
-  job.set_resume_from_step(checkpoint->checkpoint_step);
-  job.set_sweep(run->sweep);
-  job.set_variant(run->variant);
+  Job job;
+  job.set_run_id(run.run_id);
+  job.set_attempt(attempt);
+  *job.mutable_config() = made->config;
+  job.set_checkpoint_dir(absl::StrCat(options_.checkpoint_root, "/run-", run.run_id));
+  // A first attempt has no earlier one to resume from.
+  if (attempt > 1) {
+    absl::StatusOr<AttemptInfo> checkpoint = store_->reader().LatestCheckpoint(run.run_id);
+    if (!checkpoint.ok()) return checkpoint.status();
+    job.set_resume_from_step(checkpoint->checkpoint_step);
+  }
+  job.set_sweep(made->sweep);
+  job.set_variant(made->variant);
   return job;
 }
 
@@ -687,7 +726,7 @@ absl::StatusOr<std::optional<Job>> CoordinatorCore::LeaseStarted(
     absl::MutexLock lock(&mu_);
     scheduler_.SetLeaseAttempt(run.run_id, started->attempt);
   }
-  absl::StatusOr<Job> job = MakeJob(run.run_id, started->attempt);
+  absl::StatusOr<Job> job = MakeJob(run, started->attempt);
   if (!job.ok()) {
     (void)EndAttemptAndRetry(run.run_id, run.sweep_id, started->attempt, "FAILED",
                              std::string(job.status().message()));

@@ -117,7 +117,9 @@ class CoordinatorCore {
   CoordinatorCore(Store* store, const CoordinatorOptions& options);
   absl::Status Rebuild();
   absl::StatusOr<WorkerOffer> OfferOf(int64_t worker_id);
-  absl::StatusOr<Job> MakeJob(int64_t run_id, int32_t attempt);
+  // The job of `run`'s attempt: from its template (the stored config when it has none), and the
+  // latest checkpoint of an earlier attempt.
+  absl::StatusOr<Job> MakeJob(const QueuedRun& run, int32_t attempt);
   // The metric batch of a report (a Report's, or a Finish's final_report) for (run, attempt);
   // ResourceExhausted "<what> N rows; the limit is M: <advice>" past max_batch_rows.
   absl::StatusOr<MetricBatch> BatchOf(const ReportRequest& report, int64_t run_id,

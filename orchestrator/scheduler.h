@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -88,6 +89,10 @@ std::string DeviceKind(const std::string& device);
 // Whether a worker offering `offer` may take a run needing `needs`.
 bool Fits(const RunNeeds& needs, const WorkerOffer& offer);
 
+// What the coordinator makes a run's job from (coordinator.cc). The scheduler only carries it,
+// from queue to lease and back, and drops it with the run.
+struct JobTemplate;
+
 // A PENDING run handed to the scheduler.
 struct QueuedRun {
   int64_t run_id = 0;
@@ -95,6 +100,7 @@ struct QueuedRun {
   int run_index = 0;  // run order inside the sweep
   RunNeeds needs;
   absl::Time not_before = absl::InfinitePast();  // backoff: not dispatched before this
+  std::shared_ptr<const JobTemplate> job;  // may be null: the coordinator reads the store
 };
 
 struct Lease {
