@@ -42,6 +42,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "orchestrator/binary_init.h"
 #include "proto/ablate.grpc.pb.h"
 #include "tests/process_util.h"
 #include "tests/sim_worker.h"
@@ -300,6 +301,7 @@ bool Scenario(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ablate::InitBinary();
   CLI::App app{"bench_scheduler: coordinator dispatch throughput, latency and memory"};
   Args args;
   std::string modes = "both", protocols = "both";

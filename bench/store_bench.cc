@@ -29,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "orchestrator/binary_init.h"
 #include "orchestrator/model_config.h"
 #include "orchestrator/store.h"
 #include "orchestrator/store_format.h"
@@ -151,6 +152,7 @@ std::vector<int64_t> SubmitAndStart(Store& store, const SweepRecord& record, boo
 }  // namespace ablate
 
 int main(int argc, char** argv) {
+  ablate::InitBinary();
   using namespace ablate;
   Args args;
   for (int i = 1; i + 1 < argc; i += 2) {

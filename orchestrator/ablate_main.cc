@@ -1,6 +1,10 @@
 // `ablate`: the researcher's command line. Logic lives in orchestrator/cli.cc.
 #include <iostream>
 
+#include "orchestrator/binary_init.h"
 #include "orchestrator/cli.h"
 
-int main(int argc, char** argv) { return ablate::RunAblateCli(argc, argv, std::cout, std::cerr); }
+int main(int argc, char** argv) {
+  ablate::InitBinary();
+  return ablate::RunAblateCli(argc, argv, std::cout, std::cerr);
+}

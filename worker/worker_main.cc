@@ -5,10 +5,12 @@
 #include <cstdlib>
 
 #include "absl/time/time.h"
+#include "orchestrator/binary_init.h"
 #include "worker/agent.h"
 #include "worker/standalone.h"
 
 int main(int argc, char** argv) {
+  ablate::InitBinary();
   CLI::App app{"ablate-worker: trains ablate runs (LibTorch, CPU or CUDA)\n"
                "  ablate-worker --coordinator HOST:PORT   pull and train jobs from a coordinator\n"
                "  ablate-worker train --config FILE       train one run, no coordinator"};
