@@ -423,9 +423,12 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) 
     return s;
   }
   // A 64 MB page cache and checkpoints every ~40 MB of WAL keep bulk ingestion off the disk's
-  // critical path; readers are unaffected.
+  // critical path; readers are unaffected. Every write runs under its own SAVEPOINT, and SQLite
+  // copies each page a savepoint changes into a sub-journal, a temporary file by default: two
+  // pwrite calls per page, ten times the WAL's own writes during dispatch (strace). In memory
+  // it holds at most the pages one write changes.
   if (absl::Status s = Exec(raw, "PRAGMA foreign_keys = ON; PRAGMA cache_size = -65536; "
-                                 "PRAGMA wal_autocheckpoint = 10000");
+                                 "PRAGMA wal_autocheckpoint = 10000; PRAGMA temp_store = MEMORY");
       !s.ok()) {
     return s;
   }
