@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tests/process_util.h"
+#include "tests/test_dir.h"
 
 namespace {
 
@@ -33,11 +34,7 @@ using ablate::testing::WaitFor;
 class EndToEndTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("ablate_e2e_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = ablate::testing::FreshTestDir("ablate_e2e");
     state_ = dir_ / "state";
     std::ofstream corpus(dir_ / "corpus.txt");
     for (int i = 0; i < 300; ++i) corpus << "And God said, Let there be light: and there was light " << i << ".\n";

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tests/cli_util.h"
+#include "tests/test_dir.h"
 
 namespace ablate {
 namespace {
@@ -67,11 +68,7 @@ Shell RunBash(const std::string& script, const std::string& env_prefix, const fs
 class WorkersCommandTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("ablate_workers_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = ablate::testing::FreshTestDir("ablate_workers");
     // The resolution order reads these: the test decides.
     ::unsetenv("ABLATE_TOKEN");
     ::unsetenv("ABLATE_COORDINATOR");

@@ -32,6 +32,7 @@
 #include "orchestrator/presets.h"
 #include "proto/ablate.grpc.pb.h"
 #include "tests/test_configs.h"
+#include "tests/test_dir.h"
 #include "worker/agent.h"
 #include "worker/trainer.h"
 
@@ -251,11 +252,7 @@ class TestServer {
 class AgentTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("ablate_agent_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = ablate::testing::FreshTestDir("ablate_agent_test");
     std::ofstream out(dir_ / "corpus.txt");
     for (int i = 0; i < 400; ++i) out << "In the beginning was the word, and the word was " << i << ".\n";
   }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "orchestrator/model_config.h"
+#include "tests/test_dir.h"
 #include "worker/data.h"
 
 namespace ablate {
@@ -16,10 +17,7 @@ namespace fs = std::filesystem;
 class DataTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("ablate_data_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
+    dir_ = ablate::testing::FreshTestDir("ablate_data_test");
   }
   void TearDown() override { fs::remove_all(dir_); }
   fs::path Write(const std::string& name, const std::string& bytes) {

@@ -11,6 +11,7 @@
 #include "orchestrator/param_count.h"
 #include "orchestrator/presets.h"
 #include "tests/test_configs.h"
+#include "tests/test_dir.h"
 #include "worker/trainer.h"
 
 namespace ablate {
@@ -41,11 +42,7 @@ class Recorder : public TrainerObserver {
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("ablate_trainer_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = ablate::testing::FreshTestDir("ablate_trainer_test");
     std::ofstream out(dir_ / "corpus.txt");
     for (int i = 0; i < 400; ++i) out << "In the beginning was the word, and the word was " << i << ".\n";
   }

@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/test_dir.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -33,11 +35,7 @@ std::string Slurp(const fs::path& p) {
 class WorkerCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("ablate_worker_cli_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = ablate::testing::FreshTestDir("ablate_worker_cli");
     std::ofstream corpus(dir_ / "corpus.txt");
     for (int i = 0; i < 300; ++i) corpus << "And it was so; and the evening and the morning were day " << i << ".\n";
   }
