@@ -244,6 +244,9 @@ bool Scenario(const Args& args) {
   const size_t stopped = serve_log.find("stopped (");
   const long long transactions =
       stopped == std::string::npos ? -1 : std::atoll(serve_log.c_str() + stopped + 9);
+  const size_t longest_at = serve_log.find("the longest took ", stopped);
+  const long long longest_ms =
+      longest_at == std::string::npos ? -1 : std::atoll(serve_log.c_str() + longest_at + 17);
 
   std::vector<double> latency_ms;
   std::map<int64_t, int> starts;
@@ -284,8 +287,11 @@ bool Scenario(const Args& args) {
   std::printf("  ingestion: %lld step points from %d workers (batches of 1,000, each acknowledged) "
               "in %.2f s = %.0f points/s (target >= 200,000)\n",
               static_cast<long long>(ingested), ingest_runs, ingest_s, ingested / ingest_s);
-  std::printf("  store transactions over the whole run: %lld (%.1f runs per transaction)\n",
-              transactions, transactions > 0 ? static_cast<double>(total) / transactions : 0.0);
+  // The longest is normally the load sweep's CreateSweep: every other write waited for it.
+  std::printf("  store transactions over the whole run: %lld (%.1f runs per transaction); the "
+              "longest took %lld ms\n",
+              transactions, transactions > 0 ? static_cast<double>(total) / transactions : 0.0,
+              longest_ms);
   std::printf("  checks: %lld/%lld runs SUCCEEDED in one attempt, %d started twice, %lld/%lld step "
               "rows, %zu call errors, serve exit %d, RSS at end %.0f MB\n",
               static_cast<long long>(succeeded), static_cast<long long>(total), twice,

@@ -8,6 +8,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "fmt/format.h"
 
 namespace ablate {
@@ -34,7 +35,10 @@ std::unique_ptr<DashboardServer> StartCoordinatorDashboard(CoordinatorServer* se
         {"ablate_store_flushes_total", "Store transactions committed.", "counter", {},
          static_cast<double>(s.flushes)},
         {"ablate_store_failed_flushes_total", "Store transactions rolled back and retried.",
-         "counter", {}, static_cast<double>(s.failed_flushes)}};
+         "counter", {}, static_cast<double>(s.failed_flushes)},
+        {"ablate_store_longest_transaction_seconds",
+         "The longest committed store transaction; writes queued meanwhile waited that long.",
+         "gauge", {}, absl::ToDoubleSeconds(s.longest_flush)}};
   };
   absl::StatusOr<std::unique_ptr<DashboardServer>> dashboard = DashboardServer::Start(o);
   if (!dashboard.ok()) {

@@ -9,6 +9,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "fmt/format.h"
 #include "orchestrator/dashboard_command.h"
 
@@ -44,8 +45,9 @@ absl::Status RunServe(const ServerOptions& options, std::ostream& out, int dashb
   (*server)->Shutdown();
   out << fmt::format(
              "ablate serve: stopped ({} store transactions committed, {} rows, {} rolled back and "
-             "retried)\n",
-             stats.flushes, stats.rows_committed, stats.failed_flushes)
+             "retried; the longest took {:.0f} ms)\n",
+             stats.flushes, stats.rows_committed, stats.failed_flushes,
+             absl::ToDoubleMilliseconds(stats.longest_flush))
       << std::flush;
   return absl::OkStatus();
 }

@@ -198,7 +198,9 @@ absl::Status ApplyMetrics(StoreWriter& w, const MetricBatch& b, ReportResult* re
   return absl::OkStatus();
 }
 
-absl::Status ApplyCreateSweep(StoreWriter& w, const SweepRecord& record, SweepIds* ids) {
+// `config_json`: each run's canonical config, in runs order.
+absl::Status ApplyCreateSweep(StoreWriter& w, const SweepRecord& record,
+                              const std::vector<std::string>& config_json, SweepIds* ids) {
   const ExpandedSweep& sweep = record.expanded;
   const double now = w.Now();
   {
@@ -257,10 +259,11 @@ absl::Status ApplyCreateSweep(StoreWriter& w, const SweepRecord& record, SweepId
             "params_total, params_activated, params_added, flops_per_token, priority, device, "
             "memory_gb, threads, created_at, steps_total) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
             "?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"));
-  for (const RunSpec& run : sweep.runs()) {
+  for (int i = 0; i < sweep.runs_size(); ++i) {
+    const RunSpec& run = sweep.runs(i);
     run_stmt->Bind(1, ids->sweep_id).Bind(2, variant_ids[run.variant()]).Bind(3, run.index());
     run_stmt->Bind(4, run.run_key()).Bind(5, static_cast<int64_t>(run.seed()));
-    run_stmt->Bind(6, AxesText(run)).Bind(7, CanonicalJson(run.config()));
+    run_stmt->Bind(6, AxesText(run)).Bind(7, config_json[i]);
     run_stmt->Bind(8, run.params().total()).Bind(9, run.params().activated());
     run_stmt->Bind(10, run.added_params()).Bind(11, run.flops_per_token());
     run_stmt->Bind(12, run.priority() != 0 ? run.priority() : sweep.priority());
@@ -546,10 +549,12 @@ void Store::WriterLoop() {
 
     std::vector<absl::Status> outcomes(batch.size());
     absl::Status status;
+    const absl::Time flush_start = absl::Now();
     {
       absl::MutexLock lock(&db_mu_);
       status = CommitBatch(batch, &outcomes);
     }
+    const absl::Duration flush_time = absl::Now() - flush_start;
 
     if (status.ok()) {
       int64_t dropped = 0;
@@ -560,6 +565,7 @@ void Store::WriterLoop() {
       absl::MutexLock lock(&mu_);
       UpdateDurableTicket();
       ++stats_.flushes;
+      stats_.longest_flush = std::max(stats_.longest_flush, flush_time);
       stats_.rows_committed += batch_rows;
       stats_.dropped_writes += dropped;
       stats_.last_error = absl::OkStatus();
@@ -691,11 +697,16 @@ absl::Status Store::RunOnWriterForTesting(const std::function<absl::Status(sqlit
 // ---- The write API -----------------------------------------------------------------------------------
 
 absl::StatusOr<SweepIds> Store::CreateSweep(const SweepRecord& record) {
+  // The runs' JSON is printed here, on the caller's thread. Printed on the writer, it held every
+  // other write (reports, finishes) back for 2.8 s while a 10,000-run sweep was stored.
+  std::vector<std::string> config_json;
+  config_json.reserve(record.expanded.runs_size());
+  for (const RunSpec& run : record.expanded.runs()) config_json.push_back(CanonicalJson(run.config()));
   auto ids = std::make_shared<SweepIds>();
   absl::Status s = RunSync(
-      [&record, ids](StoreWriter& w) {
+      [&record, &config_json, ids](StoreWriter& w) {
         *ids = SweepIds();
-        return ApplyCreateSweep(w, record, ids.get());
+        return ApplyCreateSweep(w, record, config_json, ids.get());
       },
       1 + record.expanded.runs_size());
   if (!s.ok()) return s;

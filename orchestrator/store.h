@@ -164,6 +164,9 @@ struct StoreStats {
   int64_t failed_flushes = 0;   // rolled back and retried
   int64_t rows_committed = 0;
   int64_t dropped_writes = 0;   // writes refused inside a transaction (bad run, stale attempt)
+  // The longest a committed transaction took, from BEGIN to the end of COMMIT: every write
+  // queued meanwhile (a report, a finish) waited that long.
+  absl::Duration longest_flush = absl::ZeroDuration();
   absl::Status last_error;      // of the last failed flush (OK after a success)
 };
 

@@ -15,6 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "nlohmann/json.hpp"
 #include "orchestrator/model_config.h"
+#include "orchestrator/proto_yaml.h"
 #include "orchestrator/store_format.h"
 #include "orchestrator/store_schema.h"
 
@@ -214,6 +215,29 @@ TEST_F(StoreTest, CreateSweepStoresVariantsAndRunsAndRefusesADuplicateName) {
   EXPECT_EQ(run->variant, "g1");
   EXPECT_EQ(run->state, PENDING);
   EXPECT_EQ(run->steps_total, 1000);
+}
+
+// The runs' JSON is printed before the write is queued (off the writer thread): each run must
+// still get its own.
+TEST_F(StoreTest, EachRunStoresItsOwnConfigAndStatsKeepTheLongestTransaction) {
+  EXPECT_EQ(store_->Stats().longest_flush, absl::ZeroDuration());
+  SweepRecord record = MakeSweep("configs", {"baseline", "g1"}, 3);
+  for (int i = 0; i < record.expanded.runs_size(); ++i) {
+    record.expanded.mutable_runs(i)->mutable_config()->mutable_train()->set_steps(100 + i);
+  }
+  const absl::Time before = absl::Now();
+  absl::StatusOr<SweepIds> ids = store_->CreateSweep(record);
+  const absl::Duration took = absl::Now() - before;
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  ASSERT_EQ(ids->run_ids.size(), 6u);
+  for (int i = 0; i < record.expanded.runs_size(); ++i) {
+    absl::StatusOr<RunInfo> run = store_->reader().GetRun(ids->run_ids[i]);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ(run->config_json, CanonicalJson(record.expanded.runs(i).config())) << "run " << i;
+  }
+  const absl::Duration longest = store_->Stats().longest_flush;
+  EXPECT_GT(longest, absl::ZeroDuration());
+  EXPECT_LE(longest, took);
 }
 
 // ---- Ingestion ------------------------------------------------------------------------------------
