@@ -204,7 +204,8 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
   const std::string file = request.spec_file().empty() ? "<spec>" : request.spec_file();
   absl::StatusOr<SweepSpec> spec = ParseSweepSpecText(request.spec_yaml(), file);
   if (!spec.ok()) return absl::InvalidArgumentError(spec.status().message());
-  absl::StatusOr<ExpandedSweep> expanded = ExpandSweep(*spec);
+  std::vector<std::string> config_json;
+  absl::StatusOr<ExpandedSweep> expanded = ExpandSweep(*spec, {}, &config_json);
   if (!expanded.ok()) return absl::InvalidArgumentError(expanded.status().message());
   if (expanded->runs_size() > options_.max_runs_per_sweep) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -251,6 +252,7 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
   SweepRecord record;
   record.expanded = *expanded;
   record.spec_yaml = request.spec_yaml();
+  record.config_json = std::move(config_json);
   absl::StatusOr<SweepIds> ids = store_->CreateSweep(record);
   if (!ids.ok()) return ids.status();
   response.set_sweep_id(ids->sweep_id);

@@ -23,8 +23,14 @@ namespace ablate {
 
 namespace pb = google::protobuf;
 
+namespace {
+std::string RunKeyOfJson(const std::string& config_json, const std::string& code_version) {
+  return Sha256Hex(absl::StrCat(code_version, "\n", config_json)).substr(0, 16);
+}
+}  // namespace
+
 std::string RunKey(const RunConfig& config, const std::string& code_version) {
-  return Sha256Hex(absl::StrCat(code_version, "\n", CanonicalJson(config))).substr(0, 16);
+  return RunKeyOfJson(CanonicalJson(config), code_version);
 }
 
 namespace {
@@ -81,8 +87,8 @@ void Diff(const pb::Message& a, const pb::Message& b, const std::string& prefix,
 
 class Expander {
  public:
-  Expander(const SweepSpec& spec, std::string code_version)
-      : spec_(spec), code_version_(std::move(code_version)) {
+  Expander(const SweepSpec& spec, std::string code_version, std::vector<std::string>* config_json)
+      : spec_(spec), code_version_(std::move(code_version)), config_json_(config_json) {
     for (size_t i = 0; i < spec_.variants.size(); ++i) index_[spec_.variants[i].name] = i;
   }
 
@@ -141,8 +147,10 @@ class Expander {
           run->set_code_version(code_version_);
           run->set_spec_file(spec_.file);
           run->set_spec_line(spec_.variants[v].line);
-          run->set_run_key(RunKey(config, code_version_));
+          std::string json = CanonicalJson(config);
+          run->set_run_key(RunKeyOfJson(json, code_version_));
           *run->mutable_config() = std::move(config);
+          if (config_json_ != nullptr) config_json_->push_back(std::move(json));
         }
       }
     }
@@ -326,6 +334,7 @@ class Expander {
 
   const SweepSpec& spec_;
   const std::string code_version_;
+  std::vector<std::string>* const config_json_;  // may be null
   std::map<std::string, size_t> index_;
   size_t reference_ = 0;
   std::vector<std::string> problems_;
@@ -334,8 +343,15 @@ class Expander {
 
 }  // namespace
 
-absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec, const ExpandOptions& options) {
-  return Expander(spec, options.code_version.empty() ? CodeVersion() : options.code_version).Run();
+absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec, const ExpandOptions& options,
+                                          std::vector<std::string>* config_json) {
+  if (config_json != nullptr) config_json->clear();
+  absl::StatusOr<ExpandedSweep> sweep =
+      Expander(spec, options.code_version.empty() ? CodeVersion() : options.code_version,
+               config_json)
+          .Run();
+  if (!sweep.ok() && config_json != nullptr) config_json->clear();
+  return sweep;
 }
 
 absl::StatusOr<ExpandedSweep> ExpandSweepFile(const std::string& path,

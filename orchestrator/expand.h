@@ -14,11 +14,13 @@
 // Errors (a preset that does not fit the base, an invalid config, an impossible budget) are
 // InvalidArgument, one "FILE:LINE: variants[NAME].field: what" per line, at the line of the
 // variant entry (or the line that sets the offending field). Pure function; thread-safe.
-// Costs O(runs) canonical JSON encodings; 1,000 runs take a few milliseconds.
+// Costs a canonical JSON encoding per run, most of its time: about 0.17 ms each on the project's
+// VM, 1.7 s for 10,000 runs.
 #ifndef ABLATE_ORCHESTRATOR_EXPAND_H_
 #define ABLATE_ORCHESTRATOR_EXPAND_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "orchestrator/spec.h"
@@ -30,7 +32,10 @@ struct ExpandOptions {
   std::string code_version;  // "" = CodeVersion() of this build
 };
 
-absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec, const ExpandOptions& options = {});
+// `config_json` (optional) receives each run's CanonicalJson(config), in run order: what its run
+// key hashes and what the store keeps (SweepRecord::config_json), so it is printed once.
+absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec, const ExpandOptions& options = {},
+                                          std::vector<std::string>* config_json = nullptr);
 
 // LoadSweepSpecFile + ExpandSweep.
 absl::StatusOr<ExpandedSweep> ExpandSweepFile(const std::string& path,

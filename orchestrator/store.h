@@ -90,6 +90,9 @@ struct SweepRecord {
   ExpandedSweep expanded;
   std::string spec_yaml;  // the spec file's text, as submitted
   std::string spec_json;  // its canonical JSON (what the submitter parsed), "" if none
+  // Each run's CanonicalJson(config), in runs order, as ExpandSweep printed it for the run key.
+  // Empty: CreateSweep prints them (on the caller's thread, never the writer's).
+  std::vector<std::string> config_json;
 };
 
 struct SweepIds {

@@ -14,6 +14,7 @@
 #include "orchestrator/expand_command.h"
 #include "orchestrator/param_count.h"
 #include "orchestrator/presets.h"
+#include "orchestrator/proto_yaml.h"
 #include "orchestrator/sha256.h"
 #include "orchestrator/spec.h"
 #include "tests/test_configs.h"
@@ -321,7 +322,29 @@ TEST(ExpandTest, RunKeysAreStableAndDependOnConfigSeedAndCode) {
   EXPECT_EQ(RunKey(d->runs(0).config(), "v1"), a.runs(0).run_key());
 }
 
-TEST(ExpandTest, ThousandRunsWellUnderASecond) {
+TEST(ExpandTest, HandsOutEachRunsCanonicalJsonOnlyWhenItExpands) {
+  const std::string text =
+      absl::StrCat("sweep: j\n", kMoeBase, "variants: [baseline, g1_elementwise]\nseeds: 2\n");
+  absl::StatusOr<SweepSpec> spec = ParseSweepSpecText(text, "s.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  std::vector<std::string> json = {"stale"};
+  absl::StatusOr<ExpandedSweep> s = ExpandSweep(*spec, {"v1"}, &json);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(json.size(), 4u);
+  for (int i = 0; i < s->runs_size(); ++i) {
+    EXPECT_EQ(json[i], CanonicalJson(s->runs(i).config())) << "run " << i;
+    EXPECT_EQ(s->runs(i).run_key(), RunKey(s->runs(i).config(), "v1")) << "run " << i;
+  }
+  // A spec that parses but does not expand (no FFN width meets the budget) hands out nothing.
+  absl::StatusOr<SweepSpec> bad =
+      LoadSweepSpecFile(kSource + "/tests/orchestrator/bad_specs/impossible_budget.yaml");
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  absl::StatusOr<ExpandedSweep> none = ExpandSweep(*bad, {"v1"}, &json);
+  EXPECT_FALSE(none.ok());
+  EXPECT_TRUE(json.empty());
+}
+
+TEST(ExpandTest, ExpandsAThousandRunTable) {
   // 25 variants x 8 LRs x 5 seeds = 1,000 runs of the paper's MoE table.
   absl::StatusOr<SweepSpec> spec = ParseSweepSpecText(
       absl::StrCat("sweep: big\n", kMoeBase, "variants: [{group: paper_moe_table}]\nseeds: 5\n",
@@ -335,7 +358,8 @@ TEST(ExpandTest, ThousandRunsWellUnderASecond) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->runs_size(), 1000);
-  EXPECT_LT(seconds, 1.0);
+  for (int i = 0; i < s->runs_size(); ++i) ASSERT_EQ(s->runs(i).index(), i);
+  // Printed, not asserted: tests do not time (bench_scheduler measures a 10,000-run submit).
   std::cout << "expanded 1,000 runs in " << seconds * 1000 << " ms\n";
 }
 

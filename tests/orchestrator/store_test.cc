@@ -1,6 +1,7 @@
 // The results store over real SQLite files in a temporary directory.
 #include "orchestrator/store.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <stdlib.h>
@@ -238,6 +239,19 @@ TEST_F(StoreTest, EachRunStoresItsOwnConfigAndStatsKeepTheLongestTransaction) {
   const absl::Duration longest = store_->Stats().longest_flush;
   EXPECT_GT(longest, absl::ZeroDuration());
   EXPECT_LE(longest, took);
+
+  // JSON the expansion printed is stored as given; a count that does not match is refused.
+  SweepRecord given = MakeSweep("given", {"baseline"}, 2);
+  given.config_json = {"{\"a\":1}", "{\"a\":2}"};
+  absl::StatusOr<SweepIds> stored = store_->CreateSweep(given);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(store_->reader().GetRun(stored->run_ids[1])->config_json, "{\"a\":2}");
+  SweepRecord short_by_one = MakeSweep("short", {"baseline"}, 2);
+  short_by_one.config_json = {"{}"};
+  absl::StatusOr<SweepIds> refused = store_->CreateSweep(short_by_one);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("2 runs but 1"));
+  EXPECT_EQ(Count("SELECT count(*) FROM sweeps WHERE name = 'short'"), 0);
 }
 
 // ---- Ingestion ------------------------------------------------------------------------------------
