@@ -548,8 +548,8 @@ TEST_F(CoordinatorTest, LongPollWakesWhenWorkArrives) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
-// Dispatch over gRPC with 2,000 queued runs in two sweeps of priorities 1 and 3: each job is a
-// store transaction (PENDING -> RUNNING) plus two reads; fair share holds end to end.
+// Dispatch over gRPC with 2,000 queued runs in two sweeps of priorities 1 and 3: fair share holds
+// end to end. The time is printed, not asserted (bench_scheduler measures dispatch).
 TEST_F(CoordinatorTest, DispatchWithThousandsQueued) {
   std::string seeds = "seeds: [0";
   for (int i = 1; i < 250; ++i) seeds += ", " + std::to_string(i);
@@ -580,7 +580,6 @@ TEST_F(CoordinatorTest, DispatchWithThousandsQueued) {
               "(%.0f jobs/s)\n", kJobs, seconds, kJobs / seconds);
   EXPECT_NEAR(served["high"], 150, 2);
   EXPECT_NEAR(served["low"], 50, 2);
-  EXPECT_LT(seconds, 30.0);
 }
 
 // Load: 64 simulated workers (each its own connection, the real protocol, no-op jobs that report

@@ -240,8 +240,9 @@ TEST_F(SchedulerTest, RestoredLeaseKeepsAReportingWorkerAndLosesASilentOne) {
   EXPECT_TRUE(s.GetLease(1).has_value());
 }
 
-// Dispatch stays cheap with 10,000 queued runs over 20 sweeps and 3 resource shapes.
-TEST_F(SchedulerTest, TenThousandQueuedRunsDispatchFast) {
+// 10,000 queued runs over 20 sweeps and 3 resource shapes all reach a worker that fits, and all
+// their leases expire. The time is printed, not asserted: bench_scheduler measures dispatch.
+TEST_F(SchedulerTest, TenThousandQueuedRunsAllDispatchAndExpire) {
   Scheduler s(Options(), &clock_);
   const int kSweeps = 20, kRuns = 10000;
   for (int w = 1; w <= kSweeps; ++w) s.AddSweep(w, 1 + w % 3);
@@ -267,12 +268,9 @@ TEST_F(SchedulerTest, TenThousandQueuedRunsDispatchFast) {
               dispatched, seconds * 1e3, dispatched / seconds);
   EXPECT_EQ(s.queued(), 0u);
   EXPECT_EQ(s.leased(), static_cast<size_t>(kRuns));
-  EXPECT_LT(seconds, 1.0);  // ~microseconds per dispatch; a linear scan would take seconds
-  const auto expire_start = std::chrono::steady_clock::now();
   clock_.Advance(absl::Minutes(5));
   EXPECT_EQ(s.ExpireLeases().size(), static_cast<size_t>(kRuns));
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - expire_start).count(),
-            1.0);
+  EXPECT_EQ(s.leased(), 0u);
 }
 
 }  // namespace
