@@ -18,9 +18,9 @@
 
 namespace ablate {
 
-// The parts of a run's job that never change (a stored config is never rewritten), made once
-// when the run is queued and carried by the scheduler: a dispatch then reads nothing from the
-// store but a retry's checkpoint, where it used to read the run and parse its JSON config.
+// The parts of a run's job that never change (a stored config is never rewritten). Submit makes
+// one per run from the configs it expanded, and the scheduler carries it with the run: a dispatch
+// then reads nothing from the store, where it read the run and parsed its JSON config.
 struct JobTemplate {
   RunConfig config;
   std::string sweep;
@@ -45,8 +45,8 @@ absl::StatusOr<std::shared_ptr<const JobTemplate>> TemplateOf(const RunInfo& run
   return t;
 }
 
-// `job` null: made from the stored config. One that does not parse leaves none, and MakeJob
-// fails the attempt with the parse error.
+// `job` null: MakeJob reads the stored config when the run is dispatched (runs queued again after
+// a restart, a rerun or a retry), so a restart does not parse every queued run's config up front.
 QueuedRun ToQueued(const RunInfo& run, absl::Time not_before,
                    std::shared_ptr<const JobTemplate> job = nullptr) {
   QueuedRun q;
@@ -57,11 +57,6 @@ QueuedRun ToQueued(const RunInfo& run, absl::Time not_before,
   q.needs.memory_gb = run.memory_gb;
   q.needs.threads = run.threads;
   q.not_before = not_before;
-  if (job == nullptr) {
-    if (absl::StatusOr<std::shared_ptr<const JobTemplate>> made = TemplateOf(run); made.ok()) {
-      job = *std::move(made);
-    }
-  }
   q.job = std::move(job);
   return q;
 }
