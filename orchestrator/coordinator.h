@@ -131,8 +131,6 @@ class CoordinatorCore {
   // Unavailable when the store cannot write.
   absl::StatusOr<std::optional<Job>> LeaseStarted(int64_t worker_id, const QueuedRun& run,
                                                   const absl::StatusOr<TransitionResult>& started);
-  // Queues a PENDING run of the store in the scheduler.
-  void EnqueueLocked(const RunInfo& run, absl::Time not_before) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a lost or failed attempt: queue again with backoff, or fail, or cancel. Does the store
   // transition from RUNNING (attempt `attempt`) and mirrors it in the scheduler.
   absl::Status EndAttemptAndRetry(int64_t run_id, int64_t sweep_id, int32_t attempt,
