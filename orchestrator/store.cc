@@ -719,7 +719,7 @@ absl::StatusOr<SweepIds> Store::CreateSweep(const SweepRecord& record) {
         *ids = SweepIds();
         return ApplyCreateSweep(w, record, config_json, ids.get());
       },
-      1 + record.expanded.runs_size());
+      1 + runs);
   if (!s.ok()) return s;
   return *ids;
 }
