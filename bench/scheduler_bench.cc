@@ -34,7 +34,6 @@
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,6 +50,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using ablate::testing::CpuSeconds;
+
+constexpr char kStoreWriterThread[] = "ablate-store";  // kWriterThreadName, orchestrator/store.h
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
@@ -81,18 +83,6 @@ budget: {match: ffn, reference: baseline, tolerance: 0.01}
 seeds: [)", seeds, R"(]
 resources: {device: cpu, threads: 1}
 )");
-}
-
-// User + system CPU seconds `pid` used so far.
-double CpuSeconds(pid_t pid) {
-  const std::string stat = ablate::testing::Slurp(absl::StrCat("/proc/", pid, "/stat"));
-  std::istringstream fields(stat.substr(stat.rfind(')') + 2));
-  std::string f;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && fields >> f; ++i) {
-    if (i == 14 || i == 15) ticks += std::stod(f);  // utime, stime
-  }
-  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 double Percentile(std::vector<double> v, double p) {
@@ -193,10 +183,12 @@ bool Scenario(const Args& args) {
   (void)queued_hwm;
   const auto drain_start = Clock::now();
   const double cpu_start = CpuSeconds(serve), self_cpu_start = CpuSeconds(getpid());
+  const double writer_cpu_start = CpuSeconds(serve, kStoreWriterThread);
   go = true;
   while (finished.load() < args.jobs) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   const double drain_s = std::chrono::duration<double>(Clock::now() - drain_start).count();
   const double drain_cpu = CpuSeconds(serve) - cpu_start;
+  const double writer_cpu = CpuSeconds(serve, kStoreWriterThread) - writer_cpu_start;
   const double workers_cpu = CpuSeconds(getpid()) - self_cpu_start;
 
   // Latency: the workers are idle in their long polls; one-run sweeps, one at a time.
@@ -278,8 +270,11 @@ bool Scenario(const Args& args) {
               "peak %.0f MB\n", idle_rss, args.jobs, args.workers, queued_rss, end_hwm);
   std::printf("  dispatch: %d jobs in %.2f s = %8.0f jobs/s (target >= 5,000)\n", args.jobs, drain_s,
               args.jobs / drain_s);
-  std::printf("            CPU: coordinator %.2f s, simulated workers %.2f s (%d cores)\n",
-              drain_cpu, workers_cpu, static_cast<int>(std::thread::hardware_concurrency()));
+  std::printf("            CPU per job: coordinator %.0f us (its store writer thread %.0f us), "
+              "simulated workers %.0f us (%d cores)\n",
+              1e6 * drain_cpu / args.jobs, 1e6 * writer_cpu / args.jobs,
+              1e6 * workers_cpu / args.jobs,
+              static_cast<int>(std::thread::hardware_concurrency()));
   std::printf("  submit call (1-run sweep): p50 %.1f ms, p99 %.1f ms\n",
               Percentile(submit_call_ms, 0.5), Percentile(submit_call_ms, 0.99));
   std::printf("  submit-to-start: p50 %.1f ms, p99 %.1f ms over %zu samples (target p99 < 50 ms)\n",

@@ -175,6 +175,9 @@ struct StoreStats {
 
 class StoreWriter;  // the writer connection (store.cc)
 
+// The name of the writer thread (at most 15 characters, the kernel's limit).
+inline constexpr char kWriterThreadName[] = "ablate-store";
+
 class Store {
  public:
   // Opens or creates the database (WAL mode, schema migrated to StoreSchemaVersion()), then

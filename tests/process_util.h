@@ -1,7 +1,8 @@
 // Helpers for tests that run real processes (`ablate`, `ablate-worker`, slurmd...): start one
-// with its output in a log file, wait for its exit with a time limit, poll for a condition, read
-// one integer from a results database the way any reader would, signal the processes a test
-// tagged through their environment. Header-only, no LibTorch.
+// with its output in a log file, read its CPU time (or one named thread's), wait for its exit
+// with a time limit, poll for a condition, read one integer from a results database the way any
+// reader would, signal the processes a test tagged through their environment. Header-only, no
+// LibTorch.
 #ifndef ABLATE_TESTS_PROCESS_UTIL_H_
 #define ABLATE_TESTS_PROCESS_UTIL_H_
 
@@ -31,6 +32,34 @@ inline std::string Slurp(const std::filesystem::path& p) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// User + system CPU seconds that process `pid` used so far; with `thread`, only its threads of
+// that name (/proc/PID/task/TID/comm, e.g. "ablate-store", the store's writer). 0 when it cannot
+// be read.
+inline double CpuSeconds(pid_t pid, const std::string& thread = "") {
+  auto stat_cpu = [](const std::filesystem::path& stat_file) {
+    const std::string stat = Slurp(stat_file);
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) return 0.0;
+    std::istringstream fields(stat.substr(paren + 2));
+    std::string f;
+    double ticks = 0;
+    for (int i = 3; i <= 15 && fields >> f; ++i) {
+      if (i == 14 || i == 15) ticks += std::stod(f);  // utime, stime
+    }
+    return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+  };
+  const std::filesystem::path proc = "/proc/" + std::to_string(pid);
+  if (thread.empty()) return stat_cpu(proc / "stat");
+  double seconds = 0;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator(proc / "task", ec)) {
+    std::string comm = Slurp(task.path() / "comm");
+    if (!comm.empty() && comm.back() == '\n') comm.pop_back();
+    if (comm == thread) seconds += stat_cpu(task.path() / "stat");
+  }
+  return seconds;
 }
 
 // Starts `bin args...` with stdout and stderr appended to `log`, in this process's environment
