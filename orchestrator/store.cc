@@ -257,26 +257,30 @@ absl::Status ApplyCreateSweep(StoreWriter& w, const SweepRecord& record,
 
   STORE_ASSIGN_OR_RETURN(
       run_stmt,
-      w.Get("INSERT INTO runs (sweep_id, variant_id, run_index, run_key, seed, axes, config_json, "
+      w.Get("INSERT INTO runs (sweep_id, variant_id, run_index, run_key, seed, axes, "
             "params_total, params_activated, params_added, flops_per_token, priority, device, "
-            "memory_gb, threads, created_at, steps_total) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
-            "?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"));
+            "memory_gb, threads, created_at, steps_total) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, "
+            "?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"));
+  STORE_ASSIGN_OR_RETURN(config_stmt,
+                         w.Get("INSERT INTO run_configs (run_id, config_json) VALUES (?1, ?2)"));
   for (int i = 0; i < sweep.runs_size(); ++i) {
     const RunSpec& run = sweep.runs(i);
     run_stmt->Bind(1, ids->sweep_id).Bind(2, variant_ids[run.variant()]).Bind(3, run.index());
     run_stmt->Bind(4, run.run_key()).Bind(5, static_cast<int64_t>(run.seed()));
-    run_stmt->Bind(6, AxesText(run)).Bind(7, config_json[i]);
-    run_stmt->Bind(8, run.params().total()).Bind(9, run.params().activated());
-    run_stmt->Bind(10, run.added_params()).Bind(11, run.flops_per_token());
-    run_stmt->Bind(12, run.priority() != 0 ? run.priority() : sweep.priority());
+    run_stmt->Bind(6, AxesText(run));
+    run_stmt->Bind(7, run.params().total()).Bind(8, run.params().activated());
+    run_stmt->Bind(9, run.added_params()).Bind(10, run.flops_per_token());
+    run_stmt->Bind(11, run.priority() != 0 ? run.priority() : sweep.priority());
     const std::string device = run.resources().device().empty()
                                    ? std::string("cpu")
                                    : run.resources().device();
-    run_stmt->Bind(13, device).Bind(14, run.resources().memory_gb());
-    run_stmt->Bind(15, run.resources().threads()).Bind(16, now);
-    run_stmt->Bind(17, run.config().train().steps());
+    run_stmt->Bind(12, device).Bind(13, run.resources().memory_gb());
+    run_stmt->Bind(14, run.resources().threads()).Bind(15, now);
+    run_stmt->Bind(16, run.config().train().steps());
     STORE_RETURN_IF_ERROR(run_stmt->Run());
     ids->run_ids.push_back(sqlite3_last_insert_rowid(w.db()));
+    config_stmt->Bind(1, ids->run_ids.back()).Bind(2, config_json[i]);
+    STORE_RETURN_IF_ERROR(config_stmt->Run());
   }
   return InsertEvent(w, ids->sweep_id, 0, "sweep_submitted",
                      absl::StrCat("sweep ", sweep.name(), " submitted: ", sweep.runs_size(),

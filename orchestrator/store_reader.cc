@@ -436,13 +436,14 @@ SweepInfo ReadSweep(const Stmt& s) {
 }
 
 constexpr char kRunColumns[] =
-    "r.id, r.sweep_id, s.name, v.name, r.run_index, r.run_key, r.seed, r.axes, r.config_json, "
+    "r.id, r.sweep_id, s.name, v.name, r.run_index, r.run_key, r.seed, r.axes, c.config_json, "
     "r.state, r.attempts, r.worker_id, r.priority, r.device, r.memory_gb, r.threads, "
     "r.params_total, r.params_activated, r.params_added, r.created_at, r.started_at, "
     "r.finished_at, r.steps_total, r.steps_done, r.final_train_loss, r.val_loss, r.val_ppl, "
     "r.gate_score, r.m_act, r.f_attn, r.spike_score, r.spike_steps, r.tokens_per_s, r.wall_s, "
     "r.reason "
-    "FROM runs r JOIN sweeps s ON s.id = r.sweep_id JOIN variants v ON v.id = r.variant_id";
+    "FROM runs r JOIN sweeps s ON s.id = r.sweep_id JOIN variants v ON v.id = r.variant_id "
+    "JOIN run_configs c ON c.run_id = r.id";
 
 double ZeroIfNull(const Stmt& s, int i) { return s.ColumnIsNull(i) ? 0.0 : s.ColumnDouble(i); }
 

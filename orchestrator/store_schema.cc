@@ -278,10 +278,31 @@ JOIN sweeps s ON s.id = r.sweep_id
 JOIN variants v ON v.id = r.variant_id;
 )sql";
 
+// Version 2, for the writer's cost per dispatched job (bench_store: 10% less CPU with the
+// configs moved, 7% more with the indexes):
+// - each run's config moves out of its runs row into run_configs. The config (about 1.5 KB of
+//   JSON) made a runs row wide, and SQLite rewrites the whole row on every UPDATE: each run's
+//   start and end copied it and dirtied a page per run, where narrow rows share pages;
+// - runs_by_state_priority goes: the scheduler's queue is in memory, read once at start, and
+//   every start and end moved the run in that index;
+// - attempts_by_worker drops `state`, which every attempt's end moved.
+constexpr char kSchemaV2[] = R"sql(
+CREATE TABLE run_configs (
+  run_id       INTEGER PRIMARY KEY REFERENCES runs(id),
+  config_json  TEXT NOT NULL
+);
+INSERT INTO run_configs (run_id, config_json) SELECT id, config_json FROM runs ORDER BY id;
+ALTER TABLE runs DROP COLUMN config_json;
+DROP INDEX runs_by_state_priority;
+DROP INDEX attempts_by_worker;
+CREATE INDEX attempts_by_worker ON attempts (worker_id);
+)sql";
+
 }  // namespace
 
 const std::vector<std::string>& StoreMigrations() {
-  static const std::vector<std::string>* migrations = new std::vector<std::string>{kSchemaV1};
+  static const std::vector<std::string>* migrations =
+      new std::vector<std::string>{kSchemaV1, kSchemaV2};
   return *migrations;
 }
 

@@ -192,6 +192,42 @@ TEST_F(StoreTest, RefusesADatabaseFromANewerBuild) {
   EXPECT_NE(store.status().message().find("newer"), std::string::npos);
 }
 
+TEST_F(StoreTest, MigratesAVersionOneDatabaseKeepingEachRunsConfig) {
+  // A file as a version-1 build left it: the config inside each runs row.
+  store_.reset();
+  std::filesystem::remove_all(dir_);
+  std::filesystem::create_directories(dir_);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  const std::string v1 = absl::StrCat(
+      "PRAGMA journal_mode = WAL; BEGIN;", StoreMigrations()[0],
+      "INSERT INTO sweeps (id, name, created_at) VALUES (1, 'old', 1);"
+      "INSERT INTO variants (id, sweep_id, name, position) VALUES (1, 1, 'baseline', 0);"
+      "INSERT INTO runs (id, sweep_id, variant_id, run_index, run_key, seed, config_json, "
+      "created_at, state) VALUES (1, 1, 1, 0, 'k0', 0, '{\"train\":{\"steps\":7}}', 1, "
+      "'SUCCEEDED'), (2, 1, 1, 1, 'k1', 1, '{\"train\":{\"steps\":8}}', 1, 'PENDING');"
+      "PRAGMA user_version = 1; COMMIT;");
+  char* error = nullptr;
+  ASSERT_EQ(sqlite3_exec(db, v1.c_str(), nullptr, nullptr, &error), SQLITE_OK) << error;
+  sqlite3_close(db);
+
+  Reopen();
+  EXPECT_EQ(Count("PRAGMA user_version"), StoreSchemaVersion());
+  EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE name = 'runs' AND "
+                  "sql LIKE '%config_json%'"), 0);
+  absl::StatusOr<RunInfo> run = store_->reader().GetRun(2);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->config_json, "{\"train\":{\"steps\":8}}");
+  EXPECT_EQ(run->state, PENDING);
+  EXPECT_EQ(Count("SELECT json_extract(c.config_json, '$.train.steps') FROM runs r "
+                  "JOIN run_configs c ON c.run_id = r.id WHERE r.run_key = 'k0'"), 7);
+  // The migrated file takes new sweeps as a fresh one does.
+  SweepIds ids = Submit("new", {"baseline"}, 1);
+  ASSERT_EQ(ids.run_ids.size(), 1u);
+  EXPECT_EQ(Count("SELECT count(*) FROM run_configs"), 3);
+  EXPECT_EQ(IntegrityCheck(), "ok");
+}
+
 TEST_F(StoreTest, CreateSweepStoresVariantsAndRunsAndRefusesADuplicateName) {
   SweepIds ids = Submit("gates", {"baseline", "g1"}, 3);
   ASSERT_EQ(ids.run_ids.size(), 6u);

@@ -1,1 +1,1 @@
-SELECT json_extract(config_json, '$.model.d_model'), json_extract(config_json, '$.train.optimizer.lr') FROM runs
+SELECT json_extract(c.config_json, '$.model.d_model'), json_extract(c.config_json, '$.train.optimizer.lr') FROM runs r JOIN run_configs c ON c.run_id = r.id
