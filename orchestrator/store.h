@@ -135,7 +135,7 @@ struct RunTransition {
   std::string attempt_end;  // how the current attempt ends; "" = the name of `to`
   std::string reason;
   bool has_summary = false;
-  RunSummary summary;  // final results (when has_summary)
+  RunSummary summary;  // final results (when has_summary and `to` is not RUNNING)
 };
 
 struct TransitionResult {
@@ -167,6 +167,9 @@ struct StoreStats {
   int64_t failed_flushes = 0;   // rolled back and retried
   int64_t rows_committed = 0;
   int64_t dropped_writes = 0;   // writes refused inside a transaction (bad run, stale attempt)
+  // Transactions applied a second time, with a savepoint per write, because a write failed
+  // alone in the first pass (CommitBatch).
+  int64_t reapplied_flushes = 0;
   // The longest a committed transaction took, from BEGIN to the end of COMMIT: every write
   // queued meanwhile (a report, a finish) waited that long.
   absl::Duration longest_flush = absl::ZeroDuration();
@@ -243,7 +246,8 @@ class Store {
  private:
   struct Op {
     // Applies the write on the writer's connection inside the flush transaction. A transient
-    // error (IsTransient) aborts the whole flush; any other error fails this write alone.
+    // error (IsTransient) aborts the whole flush; any other error fails this write alone. It
+    // may be applied more than once (after a rollback), so it resets whatever it reports.
     std::function<absl::Status(StoreWriter&)> apply;
     // Called once with the outcome (may be empty).
     std::function<void(absl::Status)> done;
@@ -263,6 +267,11 @@ class Store {
   // One transaction over `batch`. Returns the transient error that rolled it back, or OK; the
   // per-op outcomes are in `outcomes`.
   absl::Status CommitBatch(std::deque<Op>& batch, std::vector<absl::Status>* outcomes);
+  // One pass of CommitBatch: with `undo_points`, each write under a savepoint of its own, so a
+  // write that fails alone is undone alone; without, such a failure rolls everything back and
+  // sets `*failed_alone`.
+  absl::Status ApplyBatch(std::deque<Op>& batch, bool undo_points,
+                          std::vector<absl::Status>* outcomes, bool* failed_alone);
 
   // Constant after construction.
   const StoreOptions options_;

@@ -526,6 +526,74 @@ TEST_F(StoreTest, FinishAttemptWritesBatchEndAndNextStartInOneTransaction) {
   EXPECT_EQ(IntegrityCheck(), "ok");
 }
 
+TEST_F(StoreTest, AWriteThatFailsInsideABatchIsUndoneAloneAndTheOthersCommit) {
+  // Writes are applied without savepoints first; one that fails alone makes the transaction
+  // roll back and the batch apply again, each write under its own savepoint.
+  StoreOptions options;
+  options.flush_interval = absl::Seconds(30);  // the queued writes wait for the synchronous one
+  Reopen(options);
+  SweepIds ids = Submit("s", {"baseline", "g1"}, 2);  // 4 runs
+  const int64_t a = ids.run_ids[0], b = ids.run_ids[1], c = ids.run_ids[2];
+  ASSERT_EQ(Start(a), 1);
+  ASSERT_EQ(Start(b), 1);
+  RunTransition cancel;
+  cancel.run_id = c;
+  cancel.from = {PENDING};
+  cancel.to = CANCELLED;
+  ASSERT_TRUE(store_->TransitionRun(cancel).ok());
+  const StoreStats before = store_->Stats();
+  EXPECT_EQ(before.reapplied_flushes, 0);
+
+  // Two queued report batches, then a finish whose next run (c) was cancelled: one batch.
+  ASSERT_TRUE(store_->EnqueueMetrics(Batch(a, 1, 1, 1, 5), nullptr).ok());
+  ASSERT_TRUE(store_->EnqueueMetrics(Batch(a, 1, 2, 6, 5), nullptr).ok());
+  FinishWrite write;
+  write.batch = Batch(b, 1, 1, 1, 3);
+  write.end.run_id = b;
+  write.end.from = {RUNNING};
+  write.end.to = SUCCEEDED;
+  write.end.expected_attempt = 1;
+  write.start = RunTransition();
+  write.start->run_id = c;
+  write.start->from = {PENDING};
+  write.start->to = RUNNING;
+  absl::StatusOr<FinishWriteResult> r = store_->FinishAttempt(write);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(r->start_status)) << r->start_status;
+  StoreStats after = store_->Stats();
+  EXPECT_EQ(after.flushes - before.flushes, 1);
+  EXPECT_EQ(after.reapplied_flushes, 1);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM step_metrics WHERE run_id = ", a)), 10);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM step_metrics WHERE run_id = ", b)), 3);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM runs WHERE id = ", b,
+                               " AND state = 'SUCCEEDED'")), 1);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM runs WHERE id = ", c,
+                               " AND state = 'CANCELLED' AND attempts = 0")), 1);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM attempts WHERE run_id = ", c)), 0);
+  // Applied twice, stored once: one event per transition of b (its start, its end).
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM events WHERE run_id = ", b)), 2);
+
+  // A queued batch and a transition that cannot happen: the transition is refused alone.
+  ASSERT_TRUE(store_->EnqueueMetrics(Batch(a, 1, 3, 11, 5), nullptr).ok());
+  RunTransition wrong;
+  wrong.run_id = a;
+  wrong.from = {PENDING};
+  wrong.to = RUNNING;
+  absl::StatusOr<TransitionResult> refused = store_->TransitionRun(wrong);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  after = store_->Stats();
+  EXPECT_EQ(after.reapplied_flushes, 2);
+  EXPECT_EQ(after.dropped_writes - before.dropped_writes, 1);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM step_metrics WHERE run_id = ", a)), 15);
+  EXPECT_EQ(Count(absl::StrCat("SELECT attempts FROM runs WHERE id = ", a)), 1);
+
+  // Writes that all succeed are applied once.
+  ASSERT_TRUE(store_->EnqueueMetrics(Batch(a, 1, 4, 16, 5), nullptr).ok());
+  ASSERT_TRUE(store_->Flush().ok());
+  EXPECT_EQ(store_->Stats().reapplied_flushes, 2);
+  EXPECT_EQ(IntegrityCheck(), "ok");
+}
+
 // ---- Read-only queries ------------------------------------------------------------------------------
 
 TEST_F(StoreTest, QueriesCannotChangeTheDatabase) {
