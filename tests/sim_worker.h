@@ -1,8 +1,8 @@
 // A simulated worker for load tests and scheduler benchmarks: it speaks the real worker protocol
 // (Register, AcquireJob long polls, Report, Finish over gRPC) but its jobs are no-ops: each job
 // reports its step metrics (a fixed number, or the job's train.steps) in numbered batches and
-// finishes SUCCEEDED at once. Dozens of
-// them run as threads of one process, where dozens of LibTorch workers would not fit.
+// finishes SUCCEEDED at once. Dozens of them run in one process, where dozens of LibTorch
+// workers would not fit.
 //
 // Two ways to speak it (SimProtocol): kCallPerStep, an AcquireJob, a Report per batch and a
 // Finish per job; kFinishCarries, the last batch inside the Finish (final_report) and the next
@@ -12,15 +12,18 @@
 // it arrived, and every call that failed.
 //
 // Thread safety: one SimWorker per thread; Run() blocks until `stop` is set and the current long
-// poll returned, or until `max_jobs` were done.
+// poll returned, or until `max_jobs` were done. Its calls complete on gRPC's threads, one at a
+// time; what it recorded is read after Run() returned.
 #ifndef ABLATE_TESTS_SIM_WORKER_H_
 #define ABLATE_TESTS_SIM_WORKER_H_
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -69,75 +72,21 @@ class SimWorker {
   }
 
   // Takes, reports and finishes jobs until `stop` is set (checked between long polls of
-  // `wait_s` seconds) or `max_jobs` (0: no limit) were done.
+  // `wait_s` seconds) or `max_jobs` (0: no limit) were done. The calls go through gRPC's
+  // callback API, each issued from the completion of the one before: the thread that calls Run
+  // only waits. Dozens of threads each blocked in a synchronous call cost the benchmark's machine
+  // about twice the CPU per call, which the coordinator under measurement then lacked.
   void Run(const std::atomic<bool>& stop, int wait_s = 1, int64_t max_jobs = 0) {
-    const bool carries = protocol_ == SimProtocol::kFinishCarries;
-    std::optional<Job> next;  // handed over by the last Finish
-    while (!stop.load() && (max_jobs == 0 || static_cast<int64_t>(jobs_.size()) < max_jobs)) {
-      if (!next.has_value()) {
-        AcquireJobRequest acquire;
-        acquire.set_worker_id(worker_id_);
-        acquire.set_wait_s(wait_s);
-        AcquireJobResponse offered;
-        grpc::ClientContext ctx;
-        Prepare(&ctx, std::chrono::seconds(wait_s + 30));
-        grpc::Status s = stub_->AcquireJob(&ctx, acquire, &offered);
-        if (!s.ok()) {
-          if (!stop.load()) Failed("acquire", s);  // else the server's shutdown ended the poll
-          continue;
-        }
-        if (!offered.has_job()) continue;
-        next = offered.job();
-      }
-      const Job job = *std::move(next);
-      next.reset();
-      jobs_.push_back({job.run_id(), job.attempt(), job.sweep(), std::chrono::steady_clock::now()});
-      const int points = points_ > 0 ? points_ : static_cast<int>(job.config().train().steps());
-      const int batch = batch_ > 0 ? batch_ : std::max(points, 1);
-      FinishRequest finish;
-      bool reported = true;
-      for (int first = 1, seq = 1; first <= points && reported; first += batch, ++seq) {
-        const bool last = first + batch > points;
-        ReportRequest* report = carries && last ? finish.mutable_final_report() : &report_;
-        report->Clear();
-        report->set_worker_id(worker_id_);
-        report->set_run_id(job.run_id());
-        report->set_attempt(job.attempt());
-        report->set_seq(seq);
-        for (int i = first; i < first + batch && i <= points; ++i) {
-          StepMetrics* m = report->add_steps();
-          m->set_step(i);
-          m->set_loss(5.0 - 0.001 * i);
-          m->set_grad_norm(1.0);
-          m->set_lr(1e-3);
-          m->set_tokens_per_s(1e5);
-        }
-        if (carries && last) break;
-        reported = Call("report", [&](grpc::ClientContext* ctx) {
-          ReportResponse r;
-          return stub_->Report(ctx, report_, &r);
-        });
-      }
-      if (!reported) continue;
-      finish.set_worker_id(worker_id_);
-      finish.set_run_id(job.run_id());
-      finish.set_attempt(job.attempt());
-      // The next job only when this worker will run it (a leased job nobody runs waits for
-      // its lease to expire).
-      finish.set_acquire_next(carries && !stop.load() &&
-                              (max_jobs == 0 || static_cast<int64_t>(jobs_.size()) < max_jobs));
-      RunSummary* summary = finish.mutable_summary();
-      summary->set_state(SUCCEEDED);
-      summary->set_steps_done(points);
-      summary->set_final_train_loss(5.0 - 0.001 * points);
-      FinishResponse finished;
-      if (Call("finish", [&](grpc::ClientContext* ctx) {
-            return stub_->Finish(ctx, finish, &finished);
-          })) {
-        if (finished_ != nullptr) finished_->fetch_add(1);
-        if (finished.has_next_job()) next = finished.next_job();
-      }
+    stop_ = &stop;
+    wait_s_ = wait_s;
+    max_jobs_ = max_jobs;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = true;
     }
+    Next(std::nullopt);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [this] { return !running_; });
   }
 
   // Counts acknowledged Finish calls in `*finished` too (shared by several workers).
@@ -148,6 +97,110 @@ class SimWorker {
   const std::vector<std::string>& errors() const { return errors_; }
 
  private:
+  bool WantsMore() const {
+    return !stop_->load() && (max_jobs_ == 0 || static_cast<int64_t>(jobs_.size()) < max_jobs_);
+  }
+
+  void Done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = false;
+    done_cv_.notify_all();
+  }
+
+  // Runs `job` when given (handed over by the last Finish), else long-polls for one; or ends
+  // Run() when no more are wanted.
+  void Next(std::optional<Job> job) {
+    if (job.has_value()) return Start(*std::move(job));
+    if (!WantsMore()) return Done();
+    acquire_.Clear();
+    acquire_.set_worker_id(worker_id_);
+    acquire_.set_wait_s(wait_s_);
+    offered_.Clear();
+    NewContext(std::chrono::seconds(wait_s_ + 30));
+    stub_->async()->AcquireJob(ctx_.get(), &acquire_, &offered_, [this](grpc::Status s) {
+      if (!s.ok()) {
+        if (!stop_->load()) Failed("acquire", s);  // else the server's shutdown ended the poll
+        return Next(std::nullopt);
+      }
+      if (!offered_.has_job()) return Next(std::nullopt);
+      Next(std::move(*offered_.mutable_job()));
+    });
+  }
+
+  void Start(Job job) {
+    job_ = std::move(job);
+    jobs_.push_back(
+        {job_.run_id(), job_.attempt(), job_.sweep(), std::chrono::steady_clock::now()});
+    points_now_ = points_ > 0 ? points_ : static_cast<int>(job_.config().train().steps());
+    batch_now_ = batch_ > 0 ? batch_ : std::max(points_now_, 1);
+    finish_.Clear();
+    Report(1, 1);
+  }
+
+  // Sends the batch of steps from `first` on (numbered `seq`); the last one rides in the Finish
+  // when the protocol carries it.
+  void Report(int first, int64_t seq) {
+    const bool carries = protocol_ == SimProtocol::kFinishCarries;
+    if (first > points_now_) return Finish();
+    const bool last = first + batch_now_ > points_now_;
+    ReportRequest* report = carries && last ? finish_.mutable_final_report() : &report_;
+    report->Clear();
+    report->set_worker_id(worker_id_);
+    report->set_run_id(job_.run_id());
+    report->set_attempt(job_.attempt());
+    report->set_seq(seq);
+    for (int i = first; i < first + batch_now_ && i <= points_now_; ++i) {
+      StepMetrics* m = report->add_steps();
+      m->set_step(i);
+      m->set_loss(5.0 - 0.001 * i);
+      m->set_grad_norm(1.0);
+      m->set_lr(1e-3);
+      m->set_tokens_per_s(1e5);
+    }
+    if (carries && last) return Finish();
+    reported_.Clear();
+    NewContext(std::chrono::seconds(30));
+    stub_->async()->Report(ctx_.get(), &report_, &reported_, [this, first, seq](grpc::Status s) {
+      if (!s.ok()) {
+        Failed("report", s);
+        return Next(std::nullopt);  // the job is dropped; its lease expires
+      }
+      Report(first + batch_now_, seq + 1);
+    });
+  }
+
+  void Finish() {
+    finish_.set_worker_id(worker_id_);
+    finish_.set_run_id(job_.run_id());
+    finish_.set_attempt(job_.attempt());
+    // The next job only when this worker will run it (a leased job nobody runs waits for its
+    // lease to expire).
+    finish_.set_acquire_next(protocol_ == SimProtocol::kFinishCarries && WantsMore());
+    RunSummary* summary = finish_.mutable_summary();
+    summary->set_state(SUCCEEDED);
+    summary->set_steps_done(points_now_);
+    summary->set_final_train_loss(5.0 - 0.001 * points_now_);
+    finished_reply_.Clear();
+    NewContext(std::chrono::seconds(30));
+    stub_->async()->Finish(ctx_.get(), &finish_, &finished_reply_, [this](grpc::Status s) {
+      if (!s.ok()) {
+        Failed("finish", s);
+        return Next(std::nullopt);
+      }
+      if (finished_ != nullptr) finished_->fetch_add(1);
+      if (!finished_reply_.has_next_job()) return Next(std::nullopt);
+      Next(std::move(*finished_reply_.mutable_next_job()));
+    });
+  }
+
+  // A fresh context for the next call (one call is outstanding at a time). The last call's is
+  // kept one call longer: the next call starts inside its completion.
+  void NewContext(std::chrono::seconds timeout) {
+    last_ctx_ = std::move(ctx_);
+    ctx_ = std::make_unique<grpc::ClientContext>();
+    Prepare(ctx_.get(), timeout);
+  }
+
   void Prepare(grpc::ClientContext* ctx, std::chrono::seconds timeout) {
     ctx->set_deadline(std::chrono::system_clock::now() + timeout);
     ctx->AddMetadata("authorization", bearer_);
@@ -156,25 +209,33 @@ class SimWorker {
     errors_.push_back(std::string(what) + ": " + s.error_message());
     return false;
   }
-  template <typename Fn>
-  bool Call(const char* what, Fn fn) {
-    grpc::ClientContext ctx;
-    Prepare(&ctx, std::chrono::seconds(30));
-    grpc::Status s = fn(&ctx);
-    return s.ok() || Failed(what, s);
-  }
-
   std::unique_ptr<WorkerService::Stub> stub_;
   const std::string bearer_;
   const std::string name_;
   const int points_;
   const int batch_;
   const SimProtocol protocol_;
-  ReportRequest report_;  // reused between batches
   int64_t worker_id_ = 0;
   std::atomic<int64_t>* finished_ = nullptr;
   std::vector<SimJob> jobs_;
   std::vector<std::string> errors_;
+
+  // Run()'s state, touched by one call's completion at a time.
+  const std::atomic<bool>* stop_ = nullptr;
+  int wait_s_ = 1;
+  int64_t max_jobs_ = 0;
+  std::unique_ptr<grpc::ClientContext> ctx_, last_ctx_;
+  AcquireJobRequest acquire_;
+  AcquireJobResponse offered_;
+  Job job_;
+  int points_now_ = 0, batch_now_ = 0;
+  ReportRequest report_;
+  ReportResponse reported_;
+  FinishRequest finish_;
+  FinishResponse finished_reply_;
+  std::mutex mu_;
+  std::condition_variable done_cv_;
+  bool running_ = false;
 };
 
 }  // namespace ablate::testing
