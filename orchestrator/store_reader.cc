@@ -150,15 +150,23 @@ int Authorize(void* context, int action, const char* arg1, const char* arg2, con
       return SQLITE_DENY;
     case SQLITE_INSERT:
     case SQLITE_UPDATE:
-    case SQLITE_DELETE:
+    case SQLITE_DELETE: {
+      const bool schema_table = arg1 != nullptr && (std::strcmp(arg1, "sqlite_master") == 0 ||
+                                                    std::strcmp(arg1, "sqlite_temp_master") == 0);
+      // A table-valued PRAGMA (SELECT * FROM pragma_table_info('runs')) asks to update each
+      // column of the schema table when SQLite sets up its virtual table; the PRAGMA itself is
+      // checked next (SQLITE_PRAGMA above). A statement that really writes the schema table is
+      // still refused: CREATE / ALTER / DROP by their own action, and anything that writes by
+      // the read-only check after the prepare (and the read-only connection).
+      if (schema_table && action == SQLITE_UPDATE && arg2 != nullptr) return SQLITE_OK;
       // CREATE / ALTER / DROP first ask to write the schema table: name the statement.
-      if (arg1 != nullptr && (std::strcmp(arg1, "sqlite_master") == 0 ||
-                              std::strcmp(arg1, "sqlite_temp_master") == 0)) {
+      if (schema_table) {
         connection->refused = absl::StrCat(
             "query: write statements are not allowed (",
             action == SQLITE_INSERT ? "CREATE" : action == SQLITE_DELETE ? "DROP" : "ALTER", ")");
         return SQLITE_DENY;
       }
+    }
       [[fallthrough]];
     default: {
       const char* what = WriteActionName(action);

@@ -634,6 +634,10 @@ TEST_F(StoreTest, QueriesCannotChangeTheDatabase) {
   EXPECT_TRUE(absl::IsInvalidArgument(two.status())) << two.status();
   absl::StatusOr<QueryResult> syntax = store_->reader().ReadOnlyQuery("SELEKT 1");
   EXPECT_TRUE(absl::IsInvalidArgument(syntax.status())) << syntax.status();
+  absl::StatusOr<QueryResult> schema =
+      store_->reader().ReadOnlyQuery("UPDATE sqlite_master SET sql = ''");
+  EXPECT_FALSE(schema.ok());
+  EXPECT_THAT(std::string(schema.status().message()), ::testing::HasSubstr("may not be modified"));
 
   // Nothing changed, and reading PRAGMAs still work.
   EXPECT_EQ(Count("SELECT count(*) FROM runs"), runs);
@@ -643,6 +647,10 @@ TEST_F(StoreTest, QueriesCannotChangeTheDatabase) {
   absl::StatusOr<QueryResult> info = store_->reader().ReadOnlyQuery("PRAGMA table_info(runs)");
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_GT(info->rows.size(), 20u);
+  // The table-valued form, which joins: it was refused as "(ALTER)".
+  EXPECT_EQ(Count("SELECT count(*) FROM pragma_table_info('runs') WHERE name = 'state'"), 1);
+  EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema s JOIN pragma_index_list(s.name) i "
+                  "WHERE s.name = 'runs'"), 4);  // three indexes and UNIQUE (sweep_id, run_index)
   // The store's own writer is unaffected.
   Submit("t", {"baseline"}, 1);
   EXPECT_EQ(Count("SELECT count(*) FROM runs"), runs + 1);
