@@ -12,7 +12,13 @@
 //   4. ingestion end to end: each worker gets one run of `--ingest-points` steps and reports
 //      them in batches of 1,000 over gRPC, each acknowledged after its commit. Target >= 200,000
 //      points/s.
-// It then checks that every run finished once and every metric point was stored.
+// It then checks that every run finished once and every metric point was stored, and measures
+// the transport alone:
+//   5. the floor: the same number of simulated workers, speaking the same protocol, against a
+//      WorkerService that answers every call at once with a job like the coordinator's (no
+//      store, no scheduler, no lease; `bench_scheduler --echo-server DIR`, a process of its
+//      own). Its calls/s bound what any coordinator can dispatch on this machine with these
+//      workers on it; the dispatch figure is printed as a fraction of it.
 //
 // The workers speak the protocol one of two ways (`--protocol`): `calls`, an AcquireJob, a
 // Report and a Finish per no-op job; `carry`, the job's metrics inside its Finish and the next
@@ -32,9 +38,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -96,6 +104,154 @@ struct Args {
   bool fsync = true;
   ablate::testing::SimProtocol protocol = ablate::testing::SimProtocol::kFinishCarries;
 };
+
+// ---- The transport floor ----
+
+// This binary (the echo server is a process of its own, as `ablate serve` is).
+std::string BenchBinary() { return fs::read_symlink("/proc/self/exe").string(); }
+
+// Answers every worker call at once: Register with a new id, AcquireJob and a Finish that asks
+// for the next job with `job` (numbered anew), Report with OK. Checks the bearer token as the
+// coordinator does.
+class EchoWorkerService final : public ablate::WorkerService::Service {
+ public:
+  EchoWorkerService(ablate::Job job, std::string token)
+      : job_(std::move(job)), bearer_("Bearer " + std::move(token)) {}
+
+  grpc::Status Register(grpc::ServerContext* ctx, const ablate::RegisterRequest*,
+                        ablate::RegisterResponse* response) override {
+    if (!Authorized(ctx)) return Unauthenticated();
+    response->set_worker_id(++workers_);
+    return grpc::Status::OK;
+  }
+  grpc::Status AcquireJob(grpc::ServerContext* ctx, const ablate::AcquireJobRequest*,
+                          ablate::AcquireJobResponse* response) override {
+    if (!Authorized(ctx)) return Unauthenticated();
+    Next(response->mutable_job());
+    return grpc::Status::OK;
+  }
+  grpc::Status Report(grpc::ServerContext* ctx, const ablate::ReportRequest*,
+                      ablate::ReportResponse*) override {
+    return Authorized(ctx) ? grpc::Status::OK : Unauthenticated();
+  }
+  grpc::Status Finish(grpc::ServerContext* ctx, const ablate::FinishRequest* request,
+                      ablate::FinishResponse* response) override {
+    if (!Authorized(ctx)) return Unauthenticated();
+    if (request->acquire_next()) Next(response->mutable_next_job());
+    return grpc::Status::OK;
+  }
+
+ private:
+  bool Authorized(const grpc::ServerContext* ctx) const {
+    auto it = ctx->client_metadata().find("authorization");
+    return it != ctx->client_metadata().end() &&
+           std::string_view(it->second.data(), it->second.size()) == bearer_;
+  }
+  static grpc::Status Unauthenticated() {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong bearer token");
+  }
+  void Next(ablate::Job* job) {
+    *job = job_;
+    job->set_run_id(++runs_);
+  }
+
+  const ablate::Job job_;
+  const std::string bearer_;
+  std::atomic<int64_t> workers_{0}, runs_{0};
+};
+
+// `bench_scheduler --echo-server DIR`: serves EchoWorkerService with the job in DIR/job.pb and
+// the token in DIR/token, as `ablate serve` configures its gRPC server; writes the port to
+// DIR/echo.port and serves until killed.
+int EchoServer(const fs::path& dir) {
+  ablate::Job job;
+  if (!job.ParseFromString(ablate::testing::Slurp(dir / "job.pb"))) {
+    std::fprintf(stderr, "echo server: cannot read %s\n", (dir / "job.pb").c_str());
+    return 1;
+  }
+  EchoWorkerService service(std::move(job), ablate::testing::Slurp(dir / "token"));
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 128);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) return 1;
+  {
+    std::ofstream out(dir / "echo.port.tmp");
+    out << port << "\n";
+  }
+  fs::rename(dir / "echo.port.tmp", dir / "echo.port");
+  server->Wait();
+  return 0;
+}
+
+struct Floor {
+  double calls_per_s = 0, jobs_per_s = 0, server_us = 0, workers_us = 0;
+  bool ok = false;
+};
+
+// The workers' protocol against the echo server: `jobs` jobs (rounded down to a multiple of
+// the worker count) as fast as they go, with `job` as every job.
+Floor TransportFloor(const Args& args, const fs::path& dir, const ablate::Job& job) {
+  Floor floor;
+  const fs::path echo = dir / "echo";
+  fs::create_directories(echo);
+  const std::string token = "echo-token";
+  {
+    std::ofstream(echo / "job.pb") << job.SerializeAsString();
+    std::ofstream(echo / "token") << token;
+  }
+  const pid_t server = ablate::testing::Spawn(BenchBinary(), {"--echo-server", echo.string()},
+                                              echo / "echo.log");
+  struct KillOnReturn {
+    pid_t pid;
+    ~KillOnReturn() {
+      if (pid > 0) ablate::testing::WaitExit((kill(pid, SIGKILL), pid), std::chrono::seconds(5));
+    }
+  } guard{server};
+  if (server < 0 || !ablate::testing::WaitFor([&] { return fs::exists(echo / "echo.port"); },
+                                              std::chrono::seconds(20))) {
+    std::fprintf(stderr, "bench_scheduler: the echo server did not start:\n%s\n",
+                 ablate::testing::Slurp(echo / "echo.log").c_str());
+    return floor;
+  }
+  const std::string address =
+      absl::StrCat("127.0.0.1:", std::atoi(ablate::testing::Slurp(echo / "echo.port").c_str()));
+  const int per_worker = args.jobs / args.workers;
+  std::vector<std::unique_ptr<ablate::testing::SimWorker>> sims;
+  std::atomic<int64_t> finished{0};
+  for (int i = 0; i < args.workers; ++i) {
+    grpc::ChannelArguments channel_args;
+    channel_args.SetInt("ablate.bench.connection", i);
+    sims.push_back(std::make_unique<ablate::testing::SimWorker>(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_args),
+        token, absl::StrCat("echo-", i), args.points, /*batch_points=*/1000, args.protocol));
+    if (!sims.back()->Register()) return floor;
+    sims.back()->CountFinishesIn(&finished);
+  }
+  std::atomic<bool> stop{false};
+  const auto start = Clock::now();
+  const double server_start = CpuSeconds(server), self_start = CpuSeconds(getpid());
+  std::vector<std::thread> threads;
+  for (auto& sim : sims) {
+    threads.emplace_back([&, w = sim.get()] { w->Run(stop, /*wait_s=*/10, per_worker); });
+  }
+  for (std::thread& t : threads) t.join();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const int64_t jobs = int64_t{per_worker} * args.workers;
+  size_t errors = 0;
+  for (const auto& sim : sims) errors += sim->errors().size();
+  floor.jobs_per_s = static_cast<double>(jobs) / seconds;
+  const int calls_per_job =
+      args.protocol == ablate::testing::SimProtocol::kFinishCarries ? 1 : 3;
+  floor.calls_per_s = floor.jobs_per_s * calls_per_job;
+  floor.server_us = 1e6 * (CpuSeconds(server) - server_start) / static_cast<double>(jobs);
+  floor.workers_us = 1e6 * (CpuSeconds(getpid()) - self_start) / static_cast<double>(jobs);
+  floor.ok = finished.load() == jobs && errors == 0;
+  return floor;
+}
 
 // One `ablate serve` from scratch through the three phases; true when every check passed.
 bool Scenario(const Args& args) {
@@ -292,8 +448,17 @@ bool Scenario(const Args& args) {
               static_cast<long long>(succeeded), static_cast<long long>(total), twice,
               static_cast<long long>(step_rows), static_cast<long long>(expected_rows), errors,
               serve_exit, end_rss);
+  // The job the coordinator sent last, replayed by the echo server.
+  const Floor floor = TransportFloor(args, dir, sims.front()->last_job());
+  std::printf("  transport floor (the same workers and protocol against a server that answers at "
+              "once): %.0f jobs/s (%.0f calls/s); CPU per job: server %.0f us, simulated workers "
+              "%.0f us%s\n",
+              floor.jobs_per_s, floor.calls_per_s, floor.server_us, floor.workers_us,
+              floor.ok ? "" : " (FAILED: calls failed or jobs were missing)");
+  std::printf("  dispatch is %.2fx the transport floor\n",
+              floor.jobs_per_s > 0 ? (args.jobs / drain_s) / floor.jobs_per_s : 0.0);
   const bool ok = succeeded == total && twice == 0 && step_rows == expected_rows && errors == 0 &&
-                  serve_exit == 0;
+                  serve_exit == 0 && floor.ok;
   if (ok) fs::remove_all(dir);
   else std::fprintf(stderr, "bench_scheduler: checks failed; kept %s\n", dir.c_str());
   return ok;
@@ -324,7 +489,11 @@ int main(int argc, char** argv) {
                  "calls (AcquireJob, Report, Finish per job), carry (one Finish per job) or both")
       ->capture_default_str()
       ->check(CLI::IsMember({"calls", "carry", "both"}));
+  std::string echo_dir;
+  app.add_option("--echo-server", echo_dir,
+                 "serve the transport floor's echo WorkerService from DIR (used by the benchmark)");
   CLI11_PARSE(app, argc, argv);
+  if (!echo_dir.empty()) return EchoServer(echo_dir);
   args.jobs -= args.jobs % 4;
   bool ok = true;
   for (bool carry : {false, true}) {

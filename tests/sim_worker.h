@@ -93,6 +93,8 @@ class SimWorker {
   void CountFinishesIn(std::atomic<int64_t>* finished) { finished_ = finished; }
 
   int64_t worker_id() const { return worker_id_; }
+  // The last job it was given, as the coordinator sent it (after Run() returned).
+  const Job& last_job() const { return job_; }
   const std::vector<SimJob>& jobs() const { return jobs_; }
   const std::vector<std::string>& errors() const { return errors_; }
 
