@@ -36,6 +36,12 @@ std::unique_ptr<DashboardServer> StartCoordinatorDashboard(CoordinatorServer* se
          static_cast<double>(s.flushes)},
         {"ablate_store_failed_flushes_total", "Store transactions rolled back and retried.",
          "counter", {}, static_cast<double>(s.failed_flushes)},
+        {"ablate_store_dropped_writes_total",
+         "Store writes refused alone inside a transaction (a stale finish, a cancelled run).",
+         "counter", {}, static_cast<double>(s.dropped_writes)},
+        {"ablate_store_reapplied_flushes_total",
+         "Store transactions applied again, a savepoint per write, because a write failed alone.",
+         "counter", {}, static_cast<double>(s.reapplied_flushes)},
         {"ablate_store_longest_transaction_seconds",
          "The longest committed store transaction; writes queued meanwhile waited that long.",
          "gauge", {}, absl::ToDoubleSeconds(s.longest_flush)}};
