@@ -579,26 +579,33 @@ void Store::WriterLoop() {
     const absl::Duration flush_time = absl::Now() - flush_start;
 
     if (status.ok()) {
-      int64_t dropped = 0;
+      {
+        // Counted before anyone is told: a caller whose write returned sees it in Stats().
+        absl::MutexLock lock(&mu_);
+        ++stats_.flushes;
+        stats_.longest_flush = std::max(stats_.longest_flush, flush_time);
+        stats_.rows_committed += batch_rows;
+        for (const absl::Status& outcome : outcomes) stats_.dropped_writes += !outcome.ok();
+        stats_.last_error = absl::OkStatus();
+        backoff_ = options_.retry_min;
+        retry_at_ = absl::InfinitePast();
+      }
       for (size_t i = 0; i < batch.size(); ++i) {
-        if (!outcomes[i].ok()) ++dropped;
         if (batch[i].done) batch[i].done(outcomes[i]);
       }
       absl::MutexLock lock(&mu_);
       UpdateDurableTicket();
-      ++stats_.flushes;
-      stats_.longest_flush = std::max(stats_.longest_flush, flush_time);
-      stats_.rows_committed += batch_rows;
-      stats_.dropped_writes += dropped;
-      stats_.last_error = absl::OkStatus();
-      backoff_ = options_.retry_min;
-      retry_at_ = absl::InfinitePast();
       flush_cv_.SignalAll();
       continue;
     }
 
     // Rolled back: report the failure once to whoever waits, keep the ingestion writes (in
     // order, ahead of anything queued meanwhile), drop the synchronous ones.
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.failed_flushes;
+      stats_.last_error = status;
+    }
     std::deque<Op> kept;
     int64_t kept_rows = 0;
     for (Op& op : batch) {
@@ -613,8 +620,6 @@ void Store::WriterLoop() {
       }
     }
     absl::MutexLock lock(&mu_);
-    ++stats_.failed_flushes;
-    stats_.last_error = status;
     if (!kept.empty()) {
       for (auto it = kept.rbegin(); it != kept.rend(); ++it) queue_.push_front(std::move(*it));
       queued_rows_ += kept_rows;

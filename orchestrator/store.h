@@ -237,6 +237,8 @@ class Store {
   absl::Status EnqueueEvent(int64_t sweep_id, int64_t run_id, const std::string& kind,
                             const std::string& message);
 
+  // A write's transaction is counted (committed or rolled back) before the write returns or its
+  // callback runs.
   StoreStats Stats() const;
 
   // Runs `fn` on the writer's connection between flushes (tests: PRAGMA max_page_count to
