@@ -388,7 +388,16 @@ absl::StatusOr<QueryResult> StoreReader::ReadOnlyQuery(const std::string& sql,
             kSqliteHeapLimit >> 20, " MiB for all of SQLite in this process): interrupted; select "
             "fewer or smaller values at once"));
       }
-      return SqliteStatus(rc, db, "query");
+      switch (rc & 0xff) {
+        case SQLITE_ERROR:     // malformed JSON, an unknown schema name, integer overflow...
+        case SQLITE_MISMATCH:
+        case SQLITE_RANGE:
+        case SQLITE_TOOBIG:
+          // The statement's own fault, found while it ran: as a prepare error reads.
+          return absl::InvalidArgumentError(absl::StrCat("query: ", sqlite3_errmsg(db)));
+        default:
+          return SqliteStatus(rc, db, "query");
+      }
     }
     if (static_cast<int64_t>(result.rows.size()) >= limits.max_rows) {
       result.truncated = true;

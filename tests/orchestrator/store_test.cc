@@ -634,6 +634,15 @@ TEST_F(StoreTest, QueriesCannotChangeTheDatabase) {
   EXPECT_TRUE(absl::IsInvalidArgument(two.status())) << two.status();
   absl::StatusOr<QueryResult> syntax = store_->reader().ReadOnlyQuery("SELEKT 1");
   EXPECT_TRUE(absl::IsInvalidArgument(syntax.status())) << syntax.status();
+  // Errors found while the statement runs are the query's fault too, not the server's.
+  for (const char* sql : {"SELECT json_extract('{', '$.a')",
+                          "SELECT * FROM pragma_journal_mode('delete')",
+                          "SELECT sum(x) FROM (SELECT 9223372036854775807 AS x UNION ALL "
+                          "SELECT 1)"}) {
+    absl::StatusOr<QueryResult> failed = store_->reader().ReadOnlyQuery(sql);
+    EXPECT_TRUE(absl::IsInvalidArgument(failed.status())) << sql << ": " << failed.status();
+    EXPECT_THAT(std::string(failed.status().message()), ::testing::StartsWith("query: ")) << sql;
+  }
   absl::StatusOr<QueryResult> schema =
       store_->reader().ReadOnlyQuery("UPDATE sqlite_master SET sql = ''");
   EXPECT_FALSE(schema.ok());
