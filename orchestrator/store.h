@@ -3,9 +3,10 @@
 // Writes. Only the coordinator writes, through one Store and its ONE writer thread, which owns
 // the only read-write connection. Callers enqueue writes; the writer applies everything queued in
 // one transaction per flush (when flush_max_rows rows are queued, when the oldest write has waited
-// flush_interval, or at once when someone waits: Flush(), the synchronous methods). Each write
-// runs under its own SAVEPOINT, so a write that is wrong (an unknown run, a stale attempt) fails
-// alone and the others of the transaction commit.
+// flush_interval, or at once when someone waits: Flush(), the synchronous methods). A write that
+// is wrong (an unknown run, a stale attempt) fails alone and the others of the transaction
+// commit: the transaction is then rolled back and applied again with each write under its own
+// SAVEPOINT (the first pass has none, which is cheaper; CommitBatch).
 //
 // Two kinds of write:
 //  - Synchronous (CreateSweep, TransitionRun, RegisterWorker, ...): the caller blocks until the
