@@ -105,7 +105,23 @@ struct Args {
   ablate::testing::SimProtocol protocol = ablate::testing::SimProtocol::kFinishCarries;
 };
 
+// Simulated worker `i`'s channel: a connection of its own, as hosts have.
+std::shared_ptr<grpc::Channel> WorkerChannel(const std::string& address, int i) {
+  grpc::ChannelArguments channel_args;
+  channel_args.SetInt("ablate.bench.connection", i);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_args);
+}
+
 // ---- The transport floor ----
+
+// Kills and reaps a server process when the scenario returns (a failed check must not leave it
+// behind); set `pid` to -1 once it was stopped and reaped normally.
+struct KillOnReturn {
+  pid_t pid;
+  ~KillOnReturn() {
+    if (pid > 0) ablate::testing::WaitExit((kill(pid, SIGKILL), pid), std::chrono::seconds(5));
+  }
+};
 
 // This binary (the echo server is a process of its own, as `ablate serve` is).
 std::string BenchBinary() { return fs::read_symlink("/proc/self/exe").string(); }
@@ -205,12 +221,7 @@ Floor TransportFloor(const Args& args, const fs::path& dir, const ablate::Job& j
   }
   const pid_t server = ablate::testing::Spawn(BenchBinary(), {"--echo-server", echo.string()},
                                               echo / "echo.log");
-  struct KillOnReturn {
-    pid_t pid;
-    ~KillOnReturn() {
-      if (pid > 0) ablate::testing::WaitExit((kill(pid, SIGKILL), pid), std::chrono::seconds(5));
-    }
-  } guard{server};
+  KillOnReturn guard{server};
   if (server < 0 || !ablate::testing::WaitFor([&] { return fs::exists(echo / "echo.port"); },
                                               std::chrono::seconds(20))) {
     std::fprintf(stderr, "bench_scheduler: the echo server did not start:\n%s\n",
@@ -223,11 +234,9 @@ Floor TransportFloor(const Args& args, const fs::path& dir, const ablate::Job& j
   std::vector<std::unique_ptr<ablate::testing::SimWorker>> sims;
   std::atomic<int64_t> finished{0};
   for (int i = 0; i < args.workers; ++i) {
-    grpc::ChannelArguments channel_args;
-    channel_args.SetInt("ablate.bench.connection", i);
     sims.push_back(std::make_unique<ablate::testing::SimWorker>(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_args),
-        token, absl::StrCat("echo-", i), args.points, /*batch_points=*/1000, args.protocol));
+        WorkerChannel(address, i), token, absl::StrCat("echo-", i), args.points,
+        /*batch_points=*/1000, args.protocol));
     if (!sims.back()->Register()) return floor;
     sims.back()->CountFinishesIn(&finished);
   }
@@ -263,13 +272,7 @@ bool Scenario(const Args& args) {
       {"serve", "--port", "0", "--dashboard-port", "0", "--state-dir", state.string(),
        args.fsync ? "--fsync" : "--no-fsync"},
       dir / "serve.log");
-  // A failed check must not leave the server behind.
-  struct KillOnReturn {
-    pid_t pid;
-    ~KillOnReturn() {
-      if (pid > 0) ablate::testing::WaitExit((kill(pid, SIGKILL), pid), std::chrono::seconds(5));
-    }
-  } guard{serve};
+  KillOnReturn guard{serve};
   if (serve < 0 || !ablate::testing::WaitFor([&] { return fs::exists(state / "address"); },
                                              std::chrono::seconds(20))) {
     std::fprintf(stderr, "bench_scheduler: ablate serve did not start:\n%s\n",
@@ -283,11 +286,6 @@ bool Scenario(const Args& args) {
   const auto [idle_rss, idle_hwm] = MemoryMb(serve);
   (void)idle_hwm;
 
-  auto channel = [&](int i) {
-    grpc::ChannelArguments channel_args;
-    channel_args.SetInt("ablate.bench.connection", i);  // a connection of its own, as hosts have
-    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_args);
-  };
   grpc::ChannelArguments client_args;
   client_args.SetMaxReceiveMessageSize(256 << 20);  // as the CLI: a 10,000-run expansion is ~5 MB
   auto client = ablate::Coordinator::NewStub(
@@ -309,10 +307,9 @@ bool Scenario(const Args& args) {
 
   std::vector<std::unique_ptr<ablate::testing::SimWorker>> sims;
   for (int i = 0; i < args.workers; ++i) {
-    sims.push_back(std::make_unique<ablate::testing::SimWorker>(channel(i), token,
-                                                                absl::StrCat("sim-", i), /*points_per_job=*/0,
-                                                                /*batch_points=*/1000,
-                                                                args.protocol));
+    sims.push_back(std::make_unique<ablate::testing::SimWorker>(
+        WorkerChannel(address, i), token, absl::StrCat("sim-", i), /*points_per_job=*/0,
+        /*batch_points=*/1000, args.protocol));
     if (!sims.back()->Register()) {
       std::fprintf(stderr, "register: %s\n", sims.back()->errors().front().c_str());
       return false;
