@@ -268,8 +268,10 @@ class Store {
   void WriterLoop();
   void UpdateDurableTicket() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One transaction over `batch`. Returns the transient error that rolled it back, or OK; the
-  // per-op outcomes are in `outcomes`.
-  absl::Status CommitBatch(std::deque<Op>& batch, std::vector<absl::Status>* outcomes);
+  // per-op outcomes are in `outcomes`. `*reapplied` is set when a write failed alone and the
+  // batch was applied a second time (counted by the caller, which holds no db_mu_ then).
+  absl::Status CommitBatch(std::deque<Op>& batch, std::vector<absl::Status>* outcomes,
+                           bool* reapplied);
   // One pass of CommitBatch: with `undo_points`, each write under a savepoint of its own, so a
   // write that fails alone is undone alone; without, such a failure rolls everything back and
   // sets `*failed_alone`.
