@@ -25,7 +25,8 @@ PACKAGES := cmake ninja-build g++ pkg-config \
 # Only for `make bench`: Debian's PyTorch (same kernels as our LibTorch) as the reference.
 BENCH_PACKAGES := python3-torch
 
-.PHONY: all deps deps-bench build data test test-all demo bench clean fuzz
+.PHONY: all deps deps-bench build data test demo bench clean fuzz fuzz-build fuzz-replay \
+        fuzz-corpus
 
 all: build
 
@@ -58,46 +59,93 @@ $(DATA_DIR)/kjv.txt:
 	@mkdir -p $(DATA_DIR)
 	bible -f "Gen1:1-Rev22:21" > $@.tmp && mv $@.tmp $@
 
-test: build data fuzz
+test: build data fuzz-replay
 	cd $(BUILD) && ABLATE_DATA_DIR=$(CURDIR)/$(DATA_DIR) ctest --output-on-failure -j 2
 
 # Fuzzing (docs/fuzzing.md): the libFuzzer targets of tests/fuzz/, built with clang, ASan and
-# UBSan in $(FUZZ_BUILD) (only the libraries they need), each run for FUZZ_SECONDS from its seeds
-# and past findings. Inputs that found new coverage accumulate in $(FUZZ_BUILD)/corpus/TARGET
-# (kept between runs); a finding stops the build and leaves its input in
-# $(FUZZ_BUILD)/findings/TARGET/.
+# UBSan in $(FUZZ_BUILD) (only the libraries they need). Their inputs: the seeds, the committed
+# corpus (tests/fuzz/corpus/TARGET: inputs that found new coverage in past long runs) and every
+# past finding (tests/fuzz/regressions/TARGET).
+#
+# `make fuzz-replay` (part of `make test`) runs every one of those inputs once under the
+# sanitizers, and nothing else: the same commit runs the same executions on every clone. It does
+# not mutate: libFuzzer's search is not reproducible here even with a fixed -seed and -runs (the
+# coverage of one input varies between processes, docs/fuzzing.md), so a search in CI would pass
+# or fail by chance.
+#
+# `make fuzz` is the search: FUZZ_SECONDS per target, FUZZ_JOBS processes each. New inputs collect
+# in $(FUZZ_BUILD)/corpus/TARGET (kept between runs); a finding stops it and leaves its input in
+# $(FUZZ_BUILD)/findings/TARGET/. `make fuzz-corpus` merges what it found into tests/fuzz/corpus/
+# (only inputs that add coverage), for committing, so the next replay starts where it ended.
 FUZZ_BUILD   ?= build-fuzz
-FUZZ_SECONDS ?= 30
+FUZZ_SECONDS ?= 600
+FUZZ_JOBS    ?= 1
 FUZZ_FLAGS   ?= -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
 FUZZ_INPUTS_spec_fuzz  := experiments tests/orchestrator/bad_specs tests/fuzz/corpus/spec_fuzz \
                           tests/fuzz/regressions/spec_fuzz
 FUZZ_INPUTS_query_fuzz := tests/fuzz/corpus/query_fuzz tests/fuzz/regressions/query_fuzz
+FUZZ_TARGETS ?= spec_fuzz query_fuzz
 
 $(FUZZ_BUILD)/build.ninja: CMakeLists.txt tests/fuzz/CMakeLists.txt
 	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_CXX_COMPILER=clang++ -DABLATE_FUZZ=ON
 
-# $(call run_fuzzer,TARGET): the whole log goes to $(FUZZ_BUILD)/TARGET.log; its tail is shown
-# on a finding.
-define run_fuzzer
-	@mkdir -p $(FUZZ_BUILD)/corpus/$(1) $(FUZZ_BUILD)/findings/$(1)
-	@echo "fuzz: $(1) for $(FUZZ_SECONDS) s (log: $(FUZZ_BUILD)/$(1).log)"
-	@if $(FUZZ_BUILD)/tests/fuzz/$(1) -max_total_time=$(FUZZ_SECONDS) $(FUZZ_FLAGS) \
-	    -dict=tests/fuzz/$(1).dict -artifact_prefix=$(FUZZ_BUILD)/findings/$(1)/ \
-	    $(FUZZ_BUILD)/corpus/$(1) $(FUZZ_INPUTS_$(1)) > $(FUZZ_BUILD)/$(1).log 2>&1; then \
-	  grep -E '^stat::(number_of_executed_units|average_exec_per_sec)' $(FUZZ_BUILD)/$(1).log; \
+fuzz-build: deps $(FUZZ_BUILD)/build.ninja
+	cmake --build $(FUZZ_BUILD) -j $(JOBS)
+
+# $(call fuzz_report,TARGET,LOG,STATUS): after a fuzzer ran, its stats when STATUS is 0, else the
+# tail of its log and where the input is.
+define fuzz_report
+	if [ $(3) = 0 ]; then \
+	  grep -E '^stat::(number_of_executed_units|average_exec_per_sec|new_units_added)' $(2); \
 	else \
-	  tail -n 60 $(FUZZ_BUILD)/$(1).log; \
-	  echo "fuzz: $(1) found a problem; its input is in $(FUZZ_BUILD)/findings/$(1)/. Fix it and"; \
-	  echo "      keep the input in tests/fuzz/regressions/$(1)/ (docs/fuzzing.md)."; \
+	  tail -n 60 $(2); \
+	  echo "fuzz: $(1) found a problem; its input is in $(FUZZ_BUILD)/findings/$(1)/ (or named"; \
+	  echo "      above). Fix it and keep the input in tests/fuzz/regressions/$(1)/ (docs/fuzzing.md)."; \
 	  exit 1; \
 	fi
 endef
 
-fuzz: deps $(FUZZ_BUILD)/build.ninja
-	cmake --build $(FUZZ_BUILD) -j $(JOBS)
-	$(call run_fuzzer,spec_fuzz)
-	$(call run_fuzzer,query_fuzz)
+# $(call replay_fuzzer,TARGET): every input once (-runs=0), nothing written; log TARGET-replay.log.
+define replay_fuzzer
+	@mkdir -p $(FUZZ_BUILD)/findings/$(1)
+	@echo "fuzz-replay: $(1): every seed, corpus and regression input under ASan and UBSan"
+	@$(FUZZ_BUILD)/tests/fuzz/$(1) -runs=0 $(FUZZ_FLAGS) \
+	    -artifact_prefix=$(FUZZ_BUILD)/findings/$(1)/ \
+	    $(FUZZ_INPUTS_$(1)) > $(FUZZ_BUILD)/$(1)-replay.log 2>&1; \
+	  ok=$$?; $(call fuzz_report,$(1),$(FUZZ_BUILD)/$(1)-replay.log,$$ok)
+endef
+
+fuzz-replay: $(addprefix fuzz-replay-,$(FUZZ_TARGETS))
+fuzz-replay-%: fuzz-build
+	$(call replay_fuzzer,$*)
+
+# $(call run_fuzzer,TARGET): the search; its log is $(FUZZ_BUILD)/TARGET.log (with FUZZ_JOBS > 1,
+# libFuzzer writes one fuzz-N.log per job in the working directory as well: ignored by git).
+define run_fuzzer
+	@mkdir -p $(FUZZ_BUILD)/corpus/$(1) $(FUZZ_BUILD)/findings/$(1)
+	@echo "fuzz: $(1) for $(FUZZ_SECONDS) s, $(FUZZ_JOBS) job(s) (log: $(FUZZ_BUILD)/$(1).log)"
+	@$(FUZZ_BUILD)/tests/fuzz/$(1) -max_total_time=$(FUZZ_SECONDS) $(FUZZ_FLAGS) \
+	    $(if $(filter-out 1,$(FUZZ_JOBS)),-jobs=$(FUZZ_JOBS) -workers=$(FUZZ_JOBS)) \
+	    -dict=tests/fuzz/$(1).dict -artifact_prefix=$(FUZZ_BUILD)/findings/$(1)/ \
+	    $(FUZZ_BUILD)/corpus/$(1) $(FUZZ_INPUTS_$(1)) > $(FUZZ_BUILD)/$(1).log 2>&1; \
+	  ok=$$?; $(call fuzz_report,$(1),$(FUZZ_BUILD)/$(1).log,$$ok)
+endef
+
+fuzz: $(addprefix fuzz-search-,$(FUZZ_TARGETS))
+fuzz-search-%: fuzz-build
+	$(call run_fuzzer,$*)
+
+# Inputs `make fuzz` found that add coverage to the committed corpus, copied into it.
+fuzz-corpus: fuzz-build
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$t; \
+	  before=$$(ls tests/fuzz/corpus/$$t | wc -l); \
+	  $(FUZZ_BUILD)/tests/fuzz/$$t -merge=1 -rss_limit_mb=2048 -timeout=10 \
+	    tests/fuzz/corpus/$$t $(FUZZ_BUILD)/corpus/$$t > $(FUZZ_BUILD)/$$t-merge.log 2>&1 || \
+	    { tail -n 30 $(FUZZ_BUILD)/$$t-merge.log; exit 1; }; \
+	  echo "fuzz-corpus: $$t: $$before -> $$(ls tests/fuzz/corpus/$$t | wc -l) inputs"; \
+	done
 
 # The demo: a coordinator, 2 local workers and the dashboard (`ablate up`), the quick sweep
 # submitted and watched to the end, its comparison table. The coordinator stays up afterwards so

@@ -2,6 +2,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
@@ -33,7 +34,23 @@ int RunAblateCli(int argc, const char* const* argv, std::ostream& out, std::ostr
     return app.exit(e, out, err);
   }
   if (!action) return 0;
-  const absl::Status status = action();
+  const std::vector<CLI::App*> parsed = app.get_subcommands();
+  return RunCommandAction(parsed.empty() ? "ablate" : "ablate " + parsed.front()->get_name(),
+                          action, err);
+}
+
+int RunCommandAction(const std::string& command, const std::function<absl::Status()>& action,
+                     std::ostream& err) {
+  absl::Status status;
+  try {
+    status = action();
+  } catch (const std::exception& e) {
+    err << command << ": internal error: " << e.what() << " (a bug in ablate)\n";
+    return 1;
+  } catch (...) {
+    err << command << ": internal error: unknown exception (a bug in ablate)\n";
+    return 1;
+  }
   if (!status.ok()) {
     err << status.message() << "\n";
     return 1;

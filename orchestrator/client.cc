@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "orchestrator/tls.h"
+#include "proto/grpc_status.h"
 
 namespace ablate {
 std::string ReadFirstLine(const std::string& path) {
@@ -35,7 +36,7 @@ ClientOptions ResolveClientOptions(const ClientOptions& flags) {
 
 absl::Status FromGrpc(const grpc::Status& status, const std::string& address) {
   if (status.ok()) return absl::OkStatus();
-  const auto code = static_cast<absl::StatusCode>(status.error_code());
+  const absl::StatusCode code = FromGrpcStatus(status).code();
   switch (status.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
       return absl::Status(code, absl::StrCat("cannot reach the coordinator at ", address, ": ",
@@ -48,7 +49,7 @@ absl::Status FromGrpc(const grpc::Status& status, const std::string& address) {
       return absl::Status(code, absl::StrCat("the coordinator at ", address, " refused the token: ",
                                              status.error_message()));
     default:
-      return absl::Status(code, status.error_message());
+      return FromGrpcStatus(status);
   }
 }
 

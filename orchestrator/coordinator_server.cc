@@ -16,6 +16,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "orchestrator/tls.h"
+#include "proto/grpc_status.h"
 #include "proto/ablate.grpc.pb.h"
 
 namespace ablate {
@@ -24,11 +25,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int kMaxIdleServerThreads = 128;
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 // Constant-time comparison of the `authorization` metadata with "Bearer <token>".
 absl::Status Authorize(const grpc::ServerContext* context, const std::string& expected) {
@@ -47,15 +43,18 @@ absl::Status Authorize(const grpc::ServerContext* context, const std::string& ex
   return absl::OkStatus();
 }
 
-// Runs `fn` (returning StatusOr<Response>) after the token check; copies its value to `out`.
+// Runs `fn` (returning StatusOr<Response>) after the token check, inside GuardHandler; copies its
+// value to `out`.
 template <typename Response, typename Fn>
-grpc::Status Serve(const grpc::ServerContext* context, const std::string& bearer, Response* out,
-                   Fn fn) {
-  if (absl::Status s = Authorize(context, bearer); !s.ok()) return ToGrpc(s);
-  absl::StatusOr<Response> result = fn();
-  if (!result.ok()) return ToGrpc(result.status());
-  *out = *std::move(result);
-  return grpc::Status::OK;
+grpc::Status Serve(const char* method, const grpc::ServerContext* context,
+                   const std::string& bearer, Response* out, Fn fn) {
+  if (absl::Status s = Authorize(context, bearer); !s.ok()) return ToGrpcStatus(s);
+  return GuardHandler(method, [&] {
+    absl::StatusOr<Response> result = fn();
+    if (!result.ok()) return ToGrpcStatus(result.status());
+    *out = *std::move(result);
+    return grpc::Status::OK;
+  });
 }
 
 class ClientService final : public ablate::Coordinator::Service {
@@ -64,34 +63,36 @@ class ClientService final : public ablate::Coordinator::Service {
       : core_(core), bearer_("Bearer " + std::move(token)) {}
 
   grpc::Status Submit(grpc::ServerContext* c, const SubmitRequest* r, SubmitResponse* o) override {
-    return Serve(c, bearer_, o, [&] { return core_->Submit(*r); });
+    return Serve("Coordinator.Submit", c, bearer_, o, [&] { return core_->Submit(*r); });
   }
   grpc::Status ListSweeps(grpc::ServerContext* c, const ListSweepsRequest*,
                           ListSweepsResponse* o) override {
-    return Serve(c, bearer_, o, [&] { return core_->ListSweeps(); });
+    return Serve("Coordinator.ListSweeps", c, bearer_, o, [&] { return core_->ListSweeps(); });
   }
   grpc::Status GetSweep(grpc::ServerContext* c, const GetSweepRequest* r,
                         GetSweepResponse* o) override {
-    return Serve(c, bearer_, o, [&] { return core_->GetSweep(*r); });
+    return Serve("Coordinator.GetSweep", c, bearer_, o, [&] { return core_->GetSweep(*r); });
   }
   grpc::Status Cancel(grpc::ServerContext* c, const CancelRequest* r, CancelResponse* o) override {
-    return Serve(c, bearer_, o, [&] { return core_->Cancel(*r); });
+    return Serve("Coordinator.Cancel", c, bearer_, o, [&] { return core_->Cancel(*r); });
   }
   grpc::Status Rerun(grpc::ServerContext* c, const RerunRequest* r, RerunResponse* o) override {
-    return Serve(c, bearer_, o, [&] { return core_->Rerun(*r); });
+    return Serve("Coordinator.Rerun", c, bearer_, o, [&] { return core_->Rerun(*r); });
   }
   grpc::Status Watch(grpc::ServerContext* c, const WatchRequest* r,
                      grpc::ServerWriter<WatchEvent>* writer) override {
-    if (absl::Status s = Authorize(c, bearer_); !s.ok()) return ToGrpc(s);
-    return ToGrpc(core_->Watch(
-        *r, [writer](const WatchEvent& e) { return writer->Write(e); },
-        [c] { return c->IsCancelled(); }));
+    if (absl::Status s = Authorize(c, bearer_); !s.ok()) return ToGrpcStatus(s);
+    return GuardHandler("Coordinator.Watch", [&] {
+      return ToGrpcStatus(core_->Watch(
+          *r, [writer](const WatchEvent& e) { return writer->Write(e); },
+          [c] { return c->IsCancelled(); }));
+    });
   }
   grpc::Status Query(grpc::ServerContext* c, const QueryRequest* r, QueryResponse* o) override {
-    return Serve(c, bearer_, o, [&] { return core_->Query(*r); });
+    return Serve("Coordinator.Query", c, bearer_, o, [&] { return core_->Query(*r); });
   }
   grpc::Status Table(grpc::ServerContext* c, const TableRequest* r, TableResponse* o) override {
-    return Serve(c, bearer_, o, [&] { return core_->Table(*r); });
+    return Serve("Coordinator.Table", c, bearer_, o, [&] { return core_->Table(*r); });
   }
 
  private:
@@ -106,19 +107,19 @@ class WorkerApi final : public WorkerService::Service {
 
   grpc::Status Register(grpc::ServerContext* c, const RegisterRequest* r,
                         RegisterResponse* o) override {
-    return Serve(c, bearer_, o, [&] { return core_->Register(*r); });
+    return Serve("WorkerService.Register", c, bearer_, o, [&] { return core_->Register(*r); });
   }
   grpc::Status AcquireJob(grpc::ServerContext* c, const AcquireJobRequest* r,
                           AcquireJobResponse* o) override {
     // Answer (maybe without a job) a little before the client's deadline.
     const absl::Time deadline = absl::FromChrono(c->deadline()) - absl::Milliseconds(500);
-    return Serve(c, bearer_, o, [&] { return core_->AcquireJob(*r, deadline); });
+    return Serve("WorkerService.AcquireJob", c, bearer_, o, [&] { return core_->AcquireJob(*r, deadline); });
   }
   grpc::Status Report(grpc::ServerContext* c, const ReportRequest* r, ReportResponse* o) override {
-    return Serve(c, bearer_, o, [&] { return core_->Report(*r); });
+    return Serve("WorkerService.Report", c, bearer_, o, [&] { return core_->Report(*r); });
   }
   grpc::Status Finish(grpc::ServerContext* c, const FinishRequest* r, FinishResponse* o) override {
-    return Serve(c, bearer_, o, [&] { return core_->Finish(*r); });
+    return Serve("WorkerService.Finish", c, bearer_, o, [&] { return core_->Finish(*r); });
   }
 
  private:

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -93,6 +94,13 @@ class Expander {
   }
 
   absl::StatusOr<ExpandedSweep> Run() {
+    // The parser checked every name below; a spec built another way (or a parser bug) gets an
+    // error here, never an exception from a lookup.
+    const std::optional<size_t> reference =
+        VariantIndex(spec_.reference, spec_.budget_line, "budget.reference");
+    if (!reference) return absl::InvalidArgumentError(absl::StrJoin(problems_, "\n"));
+    reference_ = *reference;
+
     // The axis grid: the product over axes of each axis's points.
     std::vector<AxisPoint> grid = {AxisPoint{}};
     for (const AxisSpec& axis : spec_.axes) {
@@ -187,8 +195,22 @@ class Expander {
     }
   }
 
+  // The index of the variant called `name`; nullopt, with a problem at `line` naming `path`, when
+  // the sweep has none.
+  std::optional<size_t> VariantIndex(const std::string& name, int line, const std::string& path) {
+    if (const auto it = index_.find(name); it != index_.end()) return it->second;
+    std::vector<std::string> names;
+    for (const VariantSpec& v : spec_.variants) names.push_back(v.name);
+    Problem(line, path,
+            absl::StrCat("no variant named \"", name, "\" in this sweep; variants: ",
+                         absl::StrJoin(names, ", ")));
+    return std::nullopt;
+  }
+
+  // The rule that matches `v`'s budget, or null when none does (a variant's own rule of match
+  // NONE opts it out of the sweep's).
   const BudgetRule* RuleFor(const VariantSpec& v) const {
-    if (v.budget) return &*v.budget;
+    if (v.budget) return v.budget->match() == BUDGET_NONE ? nullptr : &*v.budget;
     const BudgetRule& rule = spec_.budget;
     if (rule.match() == BUDGET_NONE) return nullptr;
     if (rule.apply_to_size() > 0) {
@@ -218,7 +240,10 @@ class Expander {
         }
       }
       if (!v.preset.empty()) {
-        const absl::Status s = FindVariantPreset(v.preset)->apply(c.mutable_model());
+        const VariantPreset* preset = FindVariantPreset(v.preset);
+        const absl::Status s = preset == nullptr
+                                   ? absl::InvalidArgumentError("no such preset")
+                                   : preset->apply(c.mutable_model());
         if (!s.ok()) {
           Problem(v.line, absl::StrCat("variants[", v.name, "].preset"),
                   absl::StrCat(v.preset, " does not fit the base: ", s.message(), context));
@@ -261,9 +286,18 @@ class Expander {
       if (!p.ok) continue;
       p.post = p.pre;
       if (const BudgetRule* rule = RuleFor(v)) {
-        const std::string& anchor =
-            rule->match() == BUDGET_FFN ? rule->reference() : rule->target();
-        const Prepared& a = out[index_.at(anchor)];
+        const bool ffn = rule->match() == BUDGET_FFN;
+        const std::string& anchor = ffn ? rule->reference() : rule->target();
+        const YAML::Node own = YamlChild(v.node, "budget");
+        const int rule_line = own ? YamlLine(own) : v.budget ? v.line : spec_.budget_line;
+        const std::optional<size_t> anchor_index = VariantIndex(
+            anchor, rule_line,
+            absl::StrCat("variants[", v.name, "].budget.", ffn ? "reference" : "target"));
+        if (!anchor_index) {
+          p.ok = false;
+          continue;
+        }
+        const Prepared& a = out[*anchor_index];
         if (!a.ok) continue;  // its own problem is reported
         absl::StatusOr<BudgetSolution> solution =
             SolveBudget(*rule, a.pre.model(), anchor, p.post.mutable_model());
@@ -275,9 +309,7 @@ class Expander {
             field = message.substr(0, colon);
             message = message.substr(colon + 2);
           }
-          const YAML::Node own = YamlChild(v.node, "budget");
-          const int line = own ? YamlLine(own) : v.budget ? v.line : spec_.budget_line;
-          Problem(line, absl::StrCat("variants[", v.name, "].", field), message + context);
+          Problem(rule_line, absl::StrCat("variants[", v.name, "].", field), message + context);
           p.ok = false;
           continue;
         }
@@ -293,7 +325,6 @@ class Expander {
       p.flops_per_token = TrainingFlopsPerToken(p.post.model(), p.post.train().seq_len());
     }
     // 3. Differences from the reference variant at this point.
-    reference_ = index_.at(spec_.reference);
     const Prepared& ref = out[reference_];
     for (size_t i = 0; i < spec_.variants.size(); ++i) {
       Prepared& p = out[i];

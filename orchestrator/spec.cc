@@ -334,7 +334,9 @@ class Parser {
         v.train.reset(t);
         Absorb(OverlayYaml(t, file_, vpath + ".train", scratch.mutable_train()));
       }
-      if (const YAML::Node b = Child(entry, "budget"); b) {
+      // `budget:` with nothing under it changes nothing, as an empty mapping does elsewhere: the
+      // sweep's rule applies.
+      if (const YAML::Node b = Child(entry, "budget"); b && !b.IsNull()) {
         BudgetRule rule = spec_.budget;
         rule.clear_apply_to();
         Absorb(OverlayYaml(b, file_, vpath + ".budget", &rule));

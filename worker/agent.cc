@@ -27,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "orchestrator/tls.h"
 #include "proto/ablate.grpc.pb.h"
+#include "proto/grpc_status.h"
 #include "worker/trainer.h"
 
 namespace ablate {
@@ -40,10 +41,6 @@ namespace {
 constexpr char kJournalFile[] = "unreported.binpb";
 
 bool IsSet(const std::atomic<bool>* flag) { return flag != nullptr && flag->load(); }
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
 
 // Codes after which a call is retried: the coordinator is away, restarting or overloaded.
 bool Transient(grpc::StatusCode code) {
@@ -132,7 +129,7 @@ class ConnectionLog {
     if (!reachable_) return;
     reachable_ = false;
     (*log_)(absl::StrCat("coordinator ", coordinator_, " unreachable (", call, ": ",
-                         FromGrpc(status).ToString(), "); retrying with backoff up to ",
+                         FromGrpcStatus(status).ToString(), "); retrying with backoff up to ",
                          absl::FormatDuration(backoff_max_)));
   }
 
@@ -355,15 +352,15 @@ class JobReporter {
       }
       if (LeaseLost(status.error_code())) {
         GiveUp(absl::FailedPreconditionError(absl::StrCat(
-            "the coordinator refused report ", batch->seq(), " (", FromGrpc(status).ToString(),
+            "the coordinator refused report ", batch->seq(), " (", FromGrpcStatus(status).ToString(),
             "): the lease was lost")));
         return;
       }
       if (!Transient(status.error_code())) {
-        GiveUp(absl::Status(FromGrpc(status).code(),
+        GiveUp(absl::Status(FromGrpcStatus(status).code(),
                             absl::StrCat("coordinator ", p_.options->coordinator,
                                          " refused a report of run ", p_.run_id, ": ",
-                                         FromGrpc(status).ToString())));
+                                         FromGrpcStatus(status).ToString())));
         return;
       }
       p_.connection->Unreachable("Report", status);
@@ -476,9 +473,9 @@ class Agent::Impl {
   absl::Status Refused(const char* call, const grpc::Status& status) const {
     const bool auth = status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
                       status.error_code() == grpc::StatusCode::PERMISSION_DENIED;
-    return absl::Status(FromGrpc(status).code(),
+    return absl::Status(FromGrpcStatus(status).code(),
                         absl::StrCat("coordinator ", options_.coordinator, " refused ", call, ": ",
-                                     FromGrpc(status).ToString(),
+                                     FromGrpcStatus(status).ToString(),
                                      auth ? " (check --token, --token-file or ABLATE_TOKEN)" : ""));
   }
   grpc::Status CallAcquire(absl::Duration wait, AcquireJobResponse* response);
@@ -739,7 +736,7 @@ absl::Status Agent::Impl::SendFinish(const FinishRequest& request, const std::st
       return absl::OkStatus();
     }
     if (LeaseLost(status.error_code())) {
-      log_(absl::StrCat(run, ": the coordinator refused the finish (", FromGrpc(status).ToString(),
+      log_(absl::StrCat(run, ": the coordinator refused the finish (", FromGrpcStatus(status).ToString(),
                         "): the lease was lost"));
       return absl::OkStatus();
     }

@@ -3,14 +3,16 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 
 #include "absl/time/time.h"
 #include "orchestrator/binary_init.h"
 #include "worker/agent.h"
 #include "worker/standalone.h"
 
-int main(int argc, char** argv) {
-  ablate::InitBinary();
+namespace {
+
+int RunWorker(int argc, char** argv) {
   CLI::App app{"ablate-worker: trains ablate runs (LibTorch, CPU or CUDA)\n"
                "  ablate-worker --coordinator HOST:PORT   pull and train jobs from a coordinator\n"
                "  ablate-worker train --config FILE       train one run, no coordinator"};
@@ -68,4 +70,19 @@ int main(int argc, char** argv) {
   agent.idle_exit = absl::Seconds(idle_exit_s);
   agent.report_interval = absl::Seconds(report_interval_s);
   return ablate::RunAgentCommand(std::move(agent));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ablate::InitBinary();
+  // Errors are reported as statuses; an exception that escapes (a bug) is one line, not an abort.
+  try {
+    return RunWorker(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ablate-worker: internal error: %s (a bug in ablate)\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "ablate-worker: internal error: unknown exception (a bug in ablate)\n");
+  }
+  return 1;
 }

@@ -7,9 +7,11 @@
 
 #include <cstdio>
 #include <map>
+#include <stdexcept>
 #include <thread>
 
 #include "grpcpp/generic/generic_stub.h"
+#include "proto/grpc_status.h"
 #include "tests/sim_worker.h"
 
 #include "gmock/gmock.h"
@@ -654,6 +656,31 @@ TEST_F(CoordinatorTest, ResourcesDecideWhoGetsAJob) {
   ASSERT_TRUE(worker_->Register(ctx.get(), gpu, &reply).ok());
   EXPECT_FALSE(TryAcquire(reply.worker_id()).has_job());
   EXPECT_TRUE(TryAcquire(RegisterWorker("cpu")).has_job());
+}
+
+// The spec of issue 15 (regressions/spec_fuzz/variant_budget_null.yaml, scaled down): Submit
+// got gRPC's "Unexpected error in RPC handling" from an exception in expansion.
+TEST_F(CoordinatorTest, SubmitOfAVariantWithAnEmptyBudgetIsAnOrdinarySweep) {
+  const SubmitResponse submitted = Submit(
+      "sweep: empty-budget\n"
+      "base:\n  model: {d_model: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, head_dim: 16,\n"
+      "          ffn_dim: 64}\n"
+      "  train: {steps: 10, batch_size: 2, seq_len: 16}\n"
+      "variants:\n  - baseline\n  - name: more_kv\n    budget: #{match: heads}\n",
+      "empty-budget.yaml", false);
+  EXPECT_EQ(submitted.runs(), 2);
+}
+
+// An exception escaping a handler's body is INTERNAL naming the method, not gRPC's
+// "Unexpected error in RPC handling", and not a dead process.
+TEST(GrpcStatusTest, AnEscapedExceptionIsInternalNamingTheMethod) {
+  const grpc::Status s = GuardHandler("Coordinator.Submit", []() -> grpc::Status {
+    throw std::out_of_range("map::at");
+  });
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_EQ(s.error_message(), "Coordinator.Submit: internal error: map::at (a bug in ablate)");
+  EXPECT_TRUE(GuardHandler("m", [] { return grpc::Status::OK; }).ok());
+  EXPECT_EQ(FromGrpcStatus(ToGrpcStatus(absl::NotFoundError("x"))), absl::NotFoundError("x"));
 }
 
 }  // namespace

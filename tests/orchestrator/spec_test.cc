@@ -7,6 +7,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 #include "orchestrator/budget.h"
 #include "orchestrator/cli.h"
@@ -303,6 +304,42 @@ TEST(ExpandTest, BudgetPerSweepAndPerVariant) {
   EXPECT_EQ(s->runs(3).added_params(), 3136);
 }
 
+// Found by tests/fuzz/spec_fuzz (regressions/spec_fuzz/variant_budget_*.yaml): an empty
+// `budget:` or `budget: {match: none}` on a variant made expansion look up a variant named "".
+TEST(ExpandTest, AnEmptyVariantBudgetKeepsTheSweepsRuleAndMatchNoneOptsOut) {
+  absl::StatusOr<ExpandedSweep> s = Expand(absl::StrCat(
+      "sweep: b\n", kMoeBase, "budget: {match: ffn, tolerance: 0.05}\n",
+      "variants:\n  - baseline\n  - name: g1\n    preset: g1_elementwise\n    budget:\n"
+      "  - name: g1_free\n    preset: g1_elementwise\n    budget: {match: none}\n"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->runs_size(), 3);
+  EXPECT_EQ(s->runs(1).budget().dim(), "moe.expert_dim");  // the sweep's rule
+  EXPECT_EQ(s->runs(2).budget().match(), BUDGET_NONE);
+  EXPECT_EQ(s->runs(2).config().model().moe().expert_dim(),
+            s->runs(0).config().model().moe().expert_dim());
+}
+
+// Names the parser checks are looked up again while expanding; a SweepSpec that names a variant
+// it does not have (built by hand here) is an error naming it, never an exception.
+TEST(ExpandTest, AnUnknownAnchorOrReferenceIsAProblemNotAnException) {
+  absl::StatusOr<SweepSpec> spec = ParseSweepSpecText(
+      absl::StrCat("sweep: b\n", kMoeBase, "budget: {match: ffn, tolerance: 0.05}\n",
+                   "variants: [baseline, g1_elementwise]\n"),
+      "s.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  SweepSpec anchor = *spec;
+  anchor.budget.set_reference("gone");
+  absl::StatusOr<ExpandedSweep> s = ExpandSweep(anchor, {"test"});
+  ASSERT_TRUE(absl::IsInvalidArgument(s.status())) << s.status();
+  EXPECT_THAT(s.status().message(),
+              HasSubstr("variants[g1_elementwise].budget.reference: no variant named \"gone\""));
+  SweepSpec reference = *spec;
+  reference.reference = "gone";
+  s = ExpandSweep(reference, {"test"});
+  ASSERT_TRUE(absl::IsInvalidArgument(s.status())) << s.status();
+  EXPECT_THAT(s.status().message(), HasSubstr("budget.reference: no variant named \"gone\""));
+}
+
 TEST(ExpandTest, RunKeysAreStableAndDependOnConfigSeedAndCode) {
   const std::string text = absl::StrCat("sweep: k\n", kMoeBase, "variants: [baseline]\nseeds: 2\n");
   absl::StatusOr<SweepSpec> spec = ParseSweepSpecText(text, "s.yaml");
@@ -475,6 +512,20 @@ TEST(CliTest, HelpAndErrors) {
   const char* missing[] = {"ablate", "expand", "/nonexistent.yaml"};
   EXPECT_EQ(RunAblateCli(3, missing, out, err2), 1);
   EXPECT_THAT(err2.str(), HasSubstr("/nonexistent.yaml: cannot read file"));
+}
+
+// The CLI's entry point catches what escapes a command: one line naming it, exit 1, no abort.
+TEST(CliTest, AnExceptionFromACommandIsOneLineAndExitOne) {
+  std::ostringstream err;
+  const int code = RunCommandAction(
+      "ablate expand",
+      []() -> absl::Status { throw std::out_of_range("map::at"); }, err);
+  EXPECT_EQ(code, 1);
+  EXPECT_EQ(err.str(), "ablate expand: internal error: map::at (a bug in ablate)\n");
+  std::ostringstream err2;
+  EXPECT_EQ(RunCommandAction("ablate x", [] { return absl::NotFoundError("no such sweep"); }, err2),
+            1);
+  EXPECT_EQ(err2.str(), "no such sweep\n");
 }
 
 }  // namespace
