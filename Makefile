@@ -6,27 +6,32 @@ JOBS     ?= $(shell nproc)
 DATA_DIR ?= data
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-# Debian packages the project builds, tests and runs with.
+# Debian packages ablate builds and runs with (`make deps`: what `make demo` and `make build`
+# install). nodejs brings the machine's Node.js; the build runs `npm ci` in dashboard/ (uPlot,
+# and playwright-core for the browser test, which drives Debian's chromium, never a downloaded
+# one). bible-kjv writes the default corpus (`make data`).
 PACKAGES := cmake ninja-build g++ pkg-config \
   libtorch-dev libopenblas0-openmp \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-  libsqlite3-dev sqlite3 libfmt-dev libboost-dev libyaml-cpp-dev nlohmann-json3-dev \
+  libsqlite3-dev libfmt-dev libboost-dev libyaml-cpp-dev nlohmann-json3-dev \
   libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  bible-kjv \
-  nodejs chromium \
-  slurmctld slurmd slurm-client munge \
-  clang libclang-rt-14-dev
-# nodejs brings npm here (the machine's Node.js); the build runs `npm ci` in dashboard/ (uPlot,
-# playwright-core), and the browser test drives Debian's chromium, never a downloaded one.
-# SLURM and munge: tests/integration/slurm_test.cc starts its own single-node cluster from them
-# (private ports and dirs; the packages' system services are not used).
-# clang (Debian 12's default, 14) and libclang-rt-14-dev (libFuzzer and the sanitizer runtimes)
-# build the fuzz targets (`make fuzz`).
+  bible-kjv nodejs
+# What only the tests need on top (`make deps-test`, run by `make test`):
+# - chromium: the dashboard's browser test;
+# - slurmctld, slurmd, slurm-client, munge: tests/integration/slurm_test.cc starts its own
+#   single-node cluster from them (private ports and dirs; the packages' services are not used);
+# - clang and libclang-rt-14-dev (libFuzzer, the sanitizers): the fuzz targets' replay;
+# - sqlite3 and openssl: the docs' examples and the TLS tests' certificates.
+TEST_PACKAGES := chromium slurmctld slurmd slurm-client munge clang libclang-rt-14-dev \
+  sqlite3 openssl
 # Only for `make bench`: Debian's PyTorch (same kernels as our LibTorch) as the reference.
 BENCH_PACKAGES := python3-torch
 
-.PHONY: all deps deps-bench build data test demo bench clean fuzz fuzz-build fuzz-replay \
-        fuzz-corpus
+# `make install`: ablate, ablate-worker and the default corpus under PREFIX.
+PREFIX ?= /usr/local
+
+.PHONY: all deps deps-test deps-bench build data test demo bench clean install fuzz fuzz-build \
+        fuzz-replay fuzz-corpus
 
 all: build
 
@@ -44,6 +49,9 @@ endef
 deps:
 	$(call install_missing,$(PACKAGES))
 
+deps-test: deps
+	$(call install_missing,$(TEST_PACKAGES))
+
 deps-bench: deps
 	$(call install_missing,$(BENCH_PACKAGES))
 
@@ -59,7 +67,7 @@ $(DATA_DIR)/kjv.txt:
 	@mkdir -p $(DATA_DIR)
 	bible -f "Gen1:1-Rev22:21" > $@.tmp && mv $@.tmp $@
 
-test: build data fuzz-replay
+test: deps-test build data fuzz-replay
 	cd $(BUILD) && ABLATE_DATA_DIR=$(CURDIR)/$(DATA_DIR) ctest --output-on-failure -j 2
 
 # Fuzzing (docs/fuzzing.md): the libFuzzer targets of tests/fuzz/, built with clang, ASan and
@@ -90,7 +98,7 @@ $(FUZZ_BUILD)/build.ninja: CMakeLists.txt tests/fuzz/CMakeLists.txt
 	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_CXX_COMPILER=clang++ -DABLATE_FUZZ=ON
 
-fuzz-build: deps $(FUZZ_BUILD)/build.ninja
+fuzz-build: deps-test $(FUZZ_BUILD)/build.ninja
 	cmake --build $(FUZZ_BUILD) -j $(JOBS)
 
 # $(call fuzz_report,TARGET,LOG,STATUS): after a fuzzer ran, its stats when STATUS is 0, else the
@@ -173,6 +181,15 @@ bench: deps-bench build data
 	/usr/bin/python3 bench/train_throughput.py --build $(BUILD)
 	$(BUILD)/bench_store
 	$(BUILD)/bench_scheduler
+
+# The binaries and the default corpus, where `ablate up` and the workers find them from any
+# directory: PREFIX/bin/ablate, PREFIX/bin/ablate-worker, PREFIX/share/ablate/kjv.txt.
+install: build data
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/ablate
+	install -m 0755 $(BUILD)/ablate $(BUILD)/ablate-worker $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 $(DATA_DIR)/kjv.txt $(DESTDIR)$(PREFIX)/share/ablate/kjv.txt
+	@echo "install: ablate and ablate-worker in $(DESTDIR)$(PREFIX)/bin, the default corpus in \
+	$(DESTDIR)$(PREFIX)/share/ablate"
 
 clean:
 	rm -rf $(BUILD)

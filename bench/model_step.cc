@@ -4,6 +4,8 @@
 //   build/bench_model_step [--rounds 10] [--batch 16] [--seq 256] [--threads N]
 #include <torch/torch.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -37,12 +39,17 @@ double Median(std::vector<double> v) {
 int main(int argc, char** argv) {
   int rounds = 10, batch = 16, seq = 256;
   int threads = static_cast<int>(std::thread::hardware_concurrency());
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--rounds")) rounds = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--batch")) batch = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--seq")) seq = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
-  }
+  CLI::App app{"bench_model_step: forward+backward time of every variant against the baseline, "
+               "interleaved rounds"};
+  app.add_option("--rounds", rounds, "rounds (each times every variant once)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--batch", batch, "sequences per step")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--seq", seq, "tokens per sequence")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "intra-op threads")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(threads);
   torch::manual_seed(0);
 

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "orchestrator/binary_init.h"
@@ -156,21 +157,22 @@ int main(int argc, char** argv) {
   ablate::InitBinary();
   using namespace ablate;
   Args args;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string flag = argv[i];
-    std::string value = argv[i + 1];
-    if (flag == "--dir") args.dir = value;
-    else if (flag == "--runs") args.runs = std::atoi(value.c_str());
-    else if (flag == "--steps") args.steps = std::atoi(value.c_str());
-    else if (flag == "--ingest_runs") args.ingest_runs = std::atoi(value.c_str());
-    else if (flag == "--ingest_batches") args.ingest_batches = std::atoi(value.c_str());
-    else if (flag == "--batch") args.batch = std::atoi(value.c_str());
-    else if (flag == "--dispatch_jobs") args.dispatch_jobs = std::atoi(value.c_str());
-    else {
-      std::fprintf(stderr, "bench_store: unknown flag %s\n", flag.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{"bench_store: the results store's ingestion rate, comparison-table latency and "
+               "dispatch writes, against their targets"};
+  app.add_option("--dir", args.dir, "where the databases go (default: a fresh temp dir)");
+  app.add_option("--runs", args.runs, "runs of the table sweep")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--steps", args.steps, "steps per run of the table sweep")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--ingest_runs", args.ingest_runs, "runs reporting at once")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--ingest_batches", args.ingest_batches, "batches per ingesting run")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--batch", args.batch, "steps per batch")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--dispatch_jobs", args.dispatch_jobs, "jobs of the dispatch measurement")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
   bool own_dir = false;
   if (args.dir.empty()) {
     char templ[] = "/tmp/bench_store.XXXXXX";

@@ -3,8 +3,10 @@
 
 #include "orchestrator/binary_init.h"
 #include "orchestrator/cli.h"
+#include "proto/grpc_status.h"
 
 int main(int argc, char** argv) {
   ablate::InitBinary();
+  ablate::QuietGrpcLog();
   return ablate::RunAblateCli(argc, argv, std::cout, std::cerr);
 }

@@ -25,7 +25,7 @@ int RunAblateCli(int argc, const char* const* argv, std::ostream& out, std::ostr
   AddExpandCommand(&app, &out, &action);
   AddServeCommand(&app, &out, &action);
   AddUpCommand(&app, &out, &action);
-  AddClientCommands(&app, &out, &action);
+  AddClientCommands(&app, &out, &err, &action);
   AddDashboardCommand(&app, &out, &action);
   AddWorkersCommand(&app, &out, &action);
   try {

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "orchestrator/tls.h"
@@ -39,6 +40,21 @@ absl::Status FromGrpc(const grpc::Status& status, const std::string& address) {
   const absl::StatusCode code = FromGrpcStatus(status).code();
   switch (status.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
+      // A TLS failure is the coordinator answering, not its absence: say which.
+      if (absl::StrContains(status.error_message(), "is not in peer certificate")) {
+        return absl::Status(
+            code, absl::StrCat("the coordinator at ", address, " serves a TLS certificate that does "
+                               "not name the address dialled: its subjectAltName must include it "
+                               "(docs/operations.md, TLS): ",
+                               status.error_message()));
+      }
+      if (absl::StrContains(status.error_message(), "andshake failed")) {
+        return absl::Status(
+            code, absl::StrCat("TLS handshake with the coordinator at ", address, " failed: is "
+                               "--tls-ca (or STATE_DIR/tls-ca.pem) the certificate it serves, or "
+                               "the CA that signed it? ",
+                               status.error_message()));
+      }
       return absl::Status(code, absl::StrCat("cannot reach the coordinator at ", address, ": ",
                                              status.error_message(),
                                              " (is `ablate serve` running? --coordinator)"));
@@ -47,7 +63,9 @@ absl::Status FromGrpc(const grpc::Status& status, const std::string& address) {
                                              " did not answer in time (--timeout)"));
     case grpc::StatusCode::UNAUTHENTICATED:
       return absl::Status(code, absl::StrCat("the coordinator at ", address, " refused the token: ",
-                                             status.error_message()));
+                                             status.error_message(),
+                                             " (pass --token, set ABLATE_TOKEN, or give the "
+                                             "coordinator's --state-dir: its token file is read)"));
     default:
       return FromGrpcStatus(status);
   }

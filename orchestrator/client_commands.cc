@@ -165,7 +165,8 @@ absl::Status RunWatch(CoordinatorClient& client, const std::string& sweep, bool 
   return absl::OkStatus();
 }
 
-void AddClientCommands(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
+void AddClientCommands(CLI::App* app, std::ostream* out, std::ostream* err,
+                       std::function<absl::Status()>* action) {
   // ---- submit ----
   {
     CLI::App* cmd = app->add_subcommand(
@@ -188,8 +189,14 @@ void AddClientCommands(CLI::App* app, std::ostream* out, std::function<absl::Sta
         CoordinatorClient client(flags->Options());
         absl::StatusOr<SubmitResponse> r = client.Submit(request);
         if (!r.ok()) return r.status();
-        *out << fmt::format("sweep {} (id {}): {} runs, {} queued, {} reused\n", r->sweep(),
-                            r->sweep_id(), r->runs(), r->queued(), r->reused());
+        if (r->already_exists()) {
+          *out << fmt::format("sweep {} (id {}) already exists with these {} runs: nothing new "
+                              "was queued (ablate status {})\n",
+                              r->sweep(), r->sweep_id(), r->runs(), r->sweep());
+        } else {
+          *out << fmt::format("sweep {} (id {}): {} runs, {} queued, {} reused\n", r->sweep(),
+                              r->sweep_id(), r->runs(), r->queued(), r->reused());
+        }
         if (!*watch) return absl::OkStatus();
         return RunWatch(client, r->sweep(), IsTerminal(*out), absl::Hours(24 * 30), *out);
       };
@@ -311,7 +318,9 @@ void AddClientCommands(CLI::App* app, std::ostream* out, std::function<absl::Sta
     cmd->add_option("--format,-f", *format, "output format")
         ->check(CLI::IsMember({"table", "csv", "json"}))
         ->capture_default_str();
-    cmd->add_option("--max-rows", *max_rows, "rows to return (0: the server's default, 10000)");
+    cmd->add_option("--max-rows", *max_rows,
+                    "rows to return, at most 1000000 (0: the server's default, 10000)")
+        ->check(CLI::Range(0, 1000000));
     AddClientFlags(cmd, flags.get());
     cmd->callback([=] {
       *action = [=]() -> absl::Status {
@@ -323,6 +332,13 @@ void AddClientCommands(CLI::App* app, std::ostream* out, std::function<absl::Sta
         absl::StatusOr<QueryResponse> r = client.Query(request);
         if (!r.ok()) return r.status();
         *out << r->formatted();
+        if (r->truncated()) {
+          *out << std::flush;  // the rows, then the note, when both go to one terminal or file
+          *err << fmt::format(
+              "ablate query: the result stops at {} row{} and more exist: raise the cap with "
+              "--max-rows (up to 1000000), or page with LIMIT and OFFSET\n",
+              r->rows(), r->rows() == 1 ? "" : "s");
+        }
         return absl::OkStatus();
       };
     });
@@ -376,9 +392,11 @@ void AddClientCommands(CLI::App* app, std::ostream* out, std::function<absl::Sta
         request.set_max_rows(1000000);
         if (*steps) {
           request.set_sql(absl::StrCat(
+              // A reused run's steps are its source's, marked with reused_from.
               "SELECT r.run_id, r.variant, r.seed, r.axes, m.step, m.attempt, m.loss, "
-              "m.grad_norm, m.lr, m.tokens_per_s, m.aux_loss, m.skipped FROM step_metrics m "
-              "JOIN run_summary r ON r.run_id = m.run_id WHERE r.sweep_id = ", id,
+              "m.grad_norm, m.lr, m.tokens_per_s, m.aux_loss, m.skipped, r.reused_from "
+              "FROM run_summary r JOIN step_metrics m ON m.run_id = "
+              "coalesce(r.reused_from, r.run_id) WHERE r.sweep_id = ", id,
               " ORDER BY r.run_index, m.step"));
         } else {
           request.set_sql(absl::StrCat("SELECT * FROM run_summary WHERE sweep_id = ", id,

@@ -31,8 +31,10 @@ namespace ablate {
 absl::Status RunWatch(CoordinatorClient& client, const std::string& sweep, bool live,
                       absl::Duration timeout, std::ostream& out);
 
-// Registers every command above on `app`; the chosen one sets *action. `out` must outlive it.
-void AddClientCommands(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action);
+// Registers every command above on `app`; the chosen one sets *action. `out` (results) and `err`
+// (warnings) must outlive it.
+void AddClientCommands(CLI::App* app, std::ostream* out, std::ostream* err,
+                       std::function<absl::Status()>* action);
 
 }  // namespace ablate
 

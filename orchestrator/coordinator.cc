@@ -80,35 +80,6 @@ SweepStatus ToSweepStatus(const SweepInfo& s) {
   return out;
 }
 
-// The earlier run a reused run took its results from ("reused run 12 ..."), else 0.
-int64_t ReusedFrom(const std::string& reason) {
-  constexpr absl::string_view kPrefix = "reused run ";
-  if (!absl::StartsWith(reason, kPrefix)) return 0;
-  const size_t end = reason.find(' ', kPrefix.size());
-  int64_t id = 0;
-  if (!absl::SimpleAtoi(reason.substr(kPrefix.size(), end - kPrefix.size()), &id)) return 0;
-  return id;
-}
-
-RunSummary SummaryOf(const RunInfo& run) {
-  auto value = [](double v) { return std::isnan(v) ? 0.0 : v; };
-  RunSummary s;
-  s.set_state(SUCCEEDED);
-  s.set_steps_done(run.steps_done);
-  s.set_final_train_loss(run.final_train_loss);
-  EvalResult* e = s.mutable_final_eval();
-  e->set_val_loss(run.val_loss);
-  e->set_val_ppl(run.val_ppl);
-  e->mutable_probes()->set_gate_score_mean(run.gate_score);
-  e->mutable_probes()->set_m_act(run.m_act);
-  e->mutable_probes()->set_f_attn(run.f_attn);
-  s.set_spike_steps(run.spike_steps);
-  s.set_spike_score(run.spike_score);
-  s.set_wall_s(value(run.wall_s));
-  s.set_tokens_per_s(run.tokens_per_s);
-  return s;
-}
-
 }  // namespace
 
 CoordinatorCore::CoordinatorCore(Store* store, const CoordinatorOptions& options)
@@ -172,7 +143,12 @@ absl::Status CoordinatorCore::Rebuild() {
   absl::StatusOr<std::vector<WorkerInfo>> workers = reader.ListWorkers();
   if (!workers.ok()) return workers.status();
   absl::MutexLock lock(&mu_);
-  for (const WorkerInfo& w : *workers) worker_names_[w.id] = w.name;
+  const absl::Time now = options_.clock->Now();
+  for (const WorkerInfo& w : *workers) {
+    worker_names_[w.id] = w.name;
+    // Each gets a lease timeout from now to call again before CheckWorkers marks it GONE.
+    if (w.state != "GONE") worker_seen_[w.id] = WorkerSeen{w.state, absl::InfinitePast(), now};
+  }
   return absl::OkStatus();
 }
 
@@ -185,6 +161,7 @@ void CoordinatorCore::LeaseCheckerLoop() {
       if (shutdown_) return;
     }
     CheckLeases();
+    CheckWorkers();
   }
 }
 
@@ -237,7 +214,7 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
           " exists with different runs; give this one another `sweep:` name"));
     }
     response.set_sweep_id(existing->id);
-    response.set_reused(expanded->runs_size());
+    response.set_already_exists(true);
     *response.mutable_expanded() = *std::move(expanded);
     return response;
   } else if (!absl::IsNotFound(existing.status())) {
@@ -248,74 +225,38 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
   record.expanded = *expanded;
   record.spec_yaml = request.spec_yaml();
   record.config_json = std::move(config_json);
+  record.reuse = !request.force();
   absl::StatusOr<SweepIds> ids = store_->CreateSweep(record);
   if (!ids.ok()) return ids.status();
   response.set_sweep_id(ids->sweep_id);
-  {
-    absl::MutexLock lock(&mu_);
-    scheduler_.AddSweep(ids->sweep_id, expanded->priority());
-  }
   RunFilter stored_filter;
   stored_filter.sweep_id = ids->sweep_id;
+  stored_filter.states = {PENDING};
   absl::StatusOr<std::vector<RunInfo>> stored = reader.ListRuns(stored_filter);
   if (!stored.ok()) return stored.status();
   std::map<int64_t, const RunInfo*> stored_by_id;
   for (const RunInfo& r : *stored) stored_by_id[r.id] = &r;
   int queued = 0, reused = 0;
+  absl::MutexLock lock(&mu_);
+  scheduler_.AddSweep(ids->sweep_id, expanded->priority());
   for (int i = 0; i < expanded->runs_size(); ++i) {
-    const RunSpec& spec_run = expanded->runs(i);
-    const int64_t run_id = ids->run_ids[i];
-    const RunInfo* source = nullptr;
-    absl::StatusOr<std::vector<RunInfo>> same;
-    if (!request.force()) {
-      same = reader.RunsWithKey(spec_run.run_key());
-      if (!same.ok()) return same.status();
-      for (const RunInfo& r : *same) {
-        if (r.id != run_id && r.state == SUCCEEDED && ReusedFrom(r.reason) == 0) {
-          source = &r;
-          break;
-        }
-      }
-    }
-    if (source != nullptr) {
-      RunTransition start;
-      start.run_id = run_id;
-      start.from = {PENDING};
-      start.to = RUNNING;
-      if (absl::StatusOr<TransitionResult> r = store_->TransitionRun(start); !r.ok()) {
-        return r.status();
-      }
-      RunTransition done;
-      done.run_id = run_id;
-      done.from = {RUNNING};
-      done.to = SUCCEEDED;
-      done.reason = absl::StrCat("reused run ", source->id, " (same run key ", source->run_key,
-                                 ")");
-      done.has_summary = true;
-      done.summary = SummaryOf(*source);
-      done.summary.set_reason(done.reason);
-      if (absl::StatusOr<TransitionResult> r = store_->TransitionRun(done); !r.ok()) {
-        return r.status();
-      }
+    if (ids->reused_from[i] != 0) {
       ++reused;
       continue;
     }
-    auto run = stored_by_id.find(run_id);
+    const RunSpec& spec_run = expanded->runs(i);
+    auto run = stored_by_id.find(ids->run_ids[i]);
     if (run == stored_by_id.end()) {
-      return absl::InternalError(absl::StrCat("submit: run ", run_id, " was not stored"));
+      return absl::InternalError(absl::StrCat("submit: run ", ids->run_ids[i], " was not stored"));
     }
     auto job = std::make_shared<JobTemplate>();
     job->config = spec_run.config();
     job->sweep = expanded->name();
     job->variant = spec_run.variant();
-    absl::MutexLock lock(&mu_);
     scheduler_.Enqueue(ToQueued(*run->second, absl::InfinitePast(), std::move(job)));
     ++queued;
   }
-  {
-    absl::MutexLock lock(&mu_);
-    work_cv_.SignalAll();
-  }
+  work_cv_.SignalAll();
   response.set_queued(queued);
   response.set_reused(reused);
   *response.mutable_expanded() = *std::move(expanded);
@@ -351,7 +292,7 @@ RunStatus CoordinatorCore::ToRunStatus(const RunInfo& run) {
   out.set_reason(run.reason);
   out.set_params_total(run.params_total);
   if (!std::isnan(run.val_loss)) out.set_val_loss(run.val_loss);
-  out.set_reused_from(ReusedFrom(run.reason));
+  out.set_reused_from(run.reused_from);
   return out;
 }
 
@@ -363,9 +304,18 @@ absl::StatusOr<GetSweepResponse> CoordinatorCore::GetSweep(const GetSweepRequest
   filter.sweep_id = sweep->id;
   absl::StatusOr<std::vector<RunInfo>> runs = store_->reader().ListRuns(filter);
   if (!runs.ok()) return runs.status();
+  // The LOSS a user sees is the latest reported one, while a run trains and after.
+  absl::StatusOr<std::map<int64_t, LatestStep>> latest = store_->reader().LatestSteps(sweep->id);
+  if (!latest.ok()) return latest.status();
   GetSweepResponse response;
   *response.mutable_sweep() = ToSweepStatus(*sweep);
-  for (const RunInfo& r : *runs) *response.add_runs() = ToRunStatus(r);
+  for (const RunInfo& r : *runs) {
+    RunStatus* status = response.add_runs();
+    *status = ToRunStatus(r);
+    if (auto it = latest->find(r.id); it != latest->end() && std::isfinite(it->second.loss)) {
+      status->set_last_loss(it->second.loss);
+    }
+  }
   return response;
 }
 
@@ -600,6 +550,8 @@ absl::StatusOr<RegisterResponse> CoordinatorCore::Register(const RegisterRequest
     absl::MutexLock lock(&mu_);
     workers_[*id] = offer;
     worker_names_[*id] = request.name();
+    const absl::Time now = options_.clock->Now();
+    worker_seen_[*id] = WorkerSeen{"IDLE", now, now};  // as RegisterWorker wrote it
   }
   RegisterResponse response;
   response.set_worker_id(*id);
@@ -666,6 +618,7 @@ void CoordinatorCore::NoteWorker(int64_t worker_id, const char* state) {
   {
     absl::MutexLock lock(&mu_);
     WorkerSeen& seen = worker_seen_[worker_id];
+    seen.contact = now;
     if (seen.state == state && now - seen.written < kWorkerSeenInterval) return;
     seen.state = state;
     seen.written = now;
@@ -797,7 +750,7 @@ absl::StatusOr<ReportResponse> CoordinatorCore::Report(const ReportRequest& requ
 
 absl::Status CoordinatorCore::EndAttemptAndRetry(int64_t run_id, int64_t sweep_id, int32_t attempt,
                                              const std::string& attempt_end,
-                                             const std::string& reason) {
+                                             const std::string& reason, bool retry) {
   RetryDecision decision;
   bool cancelled = false;
   std::optional<QueuedRun> queued;
@@ -806,7 +759,7 @@ absl::Status CoordinatorCore::EndAttemptAndRetry(int64_t run_id, int64_t sweep_i
     cancelled = scheduler_.IsCancelled(sweep_id);
     auto base = attempt_base_.find(run_id);
     const int before_rerun = base == attempt_base_.end() ? 0 : base->second;
-    decision = scheduler_.RetryAfterLoss(attempt - before_rerun);
+    if (retry) decision = scheduler_.RetryAfterLoss(attempt - before_rerun);
     queued = scheduler_.LeasedRun(run_id);
   }
   RunTransition t;
@@ -816,7 +769,10 @@ absl::Status CoordinatorCore::EndAttemptAndRetry(int64_t run_id, int64_t sweep_i
   t.attempt_end = attempt_end;
   t.to = cancelled ? CANCELLED : decision.retry ? PENDING : FAILED;
   t.reason = reason;
-  if (t.to == FAILED) absl::StrAppend(&t.reason, " (gave up after ", attempt, " attempts)");
+  if (t.to == FAILED) {
+    absl::StrAppend(&t.reason, retry ? absl::StrCat(" (gave up after ", attempt, " attempts)")
+                                     : " (not retried: it would fail again on any worker)");
+  }
   absl::StatusOr<TransitionResult> r = store_->TransitionRun(t);
   if (!r.ok()) return r.status();
   if (t.to == PENDING && !queued.has_value()) {
@@ -902,7 +858,7 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
       if (absl::StatusOr<ReportResult> r = store_->ReportMetrics(*batch); !r.ok()) return r.status();
     }
     if (absl::Status s = EndAttemptAndRetry(request.run_id(), lease->sweep_id, request.attempt(),
-                                            "FAILED", reason);
+                                            "FAILED", reason, !request.permanent());
         !s.ok()) {
       return s;
     }
@@ -974,6 +930,37 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
   }
   if (request.acquire_next() && !response.has_next_job()) NoteWorker(request.worker_id(), "IDLE");
   return response;
+}
+
+absl::StatusOr<DeregisterResponse> CoordinatorCore::Deregister(const DeregisterRequest& request) {
+  if (absl::StatusOr<WorkerOffer> offer = OfferOf(request.worker_id()); !offer.ok()) {
+    return offer.status();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    WorkerSeen& seen = worker_seen_[request.worker_id()];
+    seen.state = "GONE";
+    seen.written = options_.clock->Now();
+    workers_.erase(request.worker_id());
+  }
+  if (absl::Status s = store_->EnqueueWorkerGone(request.worker_id()); !s.ok()) return s;
+  return DeregisterResponse();
+}
+
+int CoordinatorCore::CheckWorkers() {
+  std::vector<int64_t> silent;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = options_.clock->Now();
+    for (auto& [id, seen] : worker_seen_) {
+      if (seen.state == "GONE" || now - seen.contact <= options_.scheduler.lease_timeout) continue;
+      seen.state = "GONE";
+      seen.written = now;
+      silent.push_back(id);
+    }
+  }
+  for (int64_t id : silent) (void)store_->EnqueueWorkerGone(id);
+  return static_cast<int>(silent.size());
 }
 
 int CoordinatorCore::CheckLeases() {

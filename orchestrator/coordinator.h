@@ -8,8 +8,8 @@
 // compare-and-set in the Store first (TransitionRun), then mirrored in the Scheduler, so a run
 // completes once even when a worker's Finish races its lost lease or a cancellation.
 //  - Submit: spec -> expansion -> CreateSweep. A run whose run_key already SUCCEEDED elsewhere is
-//    reused (it becomes SUCCEEDED at once with the earlier run's results, reason "reused run N")
-//    unless `force`; the rest are queued. Resubmitting a spec whose sweep exists with the same
+//    reused unless `force`: CreateSweep stores it SUCCEEDED with the earlier run's results and
+//    reused_from (reason "reused run N"), in the same transaction. The rest are queued. Resubmitting a spec whose sweep exists with the same
 //    runs returns that sweep (nothing is stored); a different spec under an existing name is
 //    AlreadyExists.
 //  - AcquireJob: long poll; a dispatched run starts its next attempt (PENDING -> RUNNING) and the
@@ -22,8 +22,12 @@
 //    The attempt's last metric batch (final_report) and the start of the worker's next run
 //    (acquire_next) go into the same store transaction: a short job costs one call and one
 //    commit instead of three of each.
+//    A FAILED finish marked `permanent` (an invalid config, missing data) is not retried.
 //  - Lost leases (CheckLeases, also run by a background thread): the attempt ends LOST and the run
 //    is queued again with backoff (or FAILED after max_attempts, CANCELLED when its sweep was).
+//  - Workers: IDLE or BUSY while they call; GONE after Deregister or a lease timeout of silence
+//    (CheckWorkers, also run by the background thread; after a restart every known worker gets a
+//    lease timeout to call again).
 // On Create the Scheduler is rebuilt from the Store: PENDING runs are queued, INTERRUPTED ones
 // queued again, RUNNING ones get a fresh lease from now: a worker that keeps reporting keeps its
 // job, one that does not loses it after the lease timeout.
@@ -107,9 +111,14 @@ class CoordinatorCore {
                                                 absl::Time deadline = absl::InfiniteFuture());
   absl::StatusOr<ReportResponse> Report(const ReportRequest& request);
   absl::StatusOr<FinishResponse> Finish(const FinishRequest& request);
+  // The worker left: GONE in the workers table. NotFound for an unknown worker.
+  absl::StatusOr<DeregisterResponse> Deregister(const DeregisterRequest& request);
 
   // Ends every expired lease (LOST) and requeues or fails its run. Returns how many.
   int CheckLeases();
+  // Marks GONE every worker not heard from for a lease timeout. Returns how many. The background
+  // thread runs it with CheckLeases.
+  int CheckWorkers();
   // Wakes long polls and watches (they return), stops the lease checker. Idempotent.
   void Shutdown();
 
@@ -133,8 +142,10 @@ class CoordinatorCore {
                                                   const absl::StatusOr<TransitionResult>& started);
   // After a lost or failed attempt: queue again with backoff, or fail, or cancel. Does the store
   // transition from RUNNING (attempt `attempt`) and mirrors it in the scheduler.
+  // `retry` false: FAILED (or CANCELLED) whatever the attempts left.
   absl::Status EndAttemptAndRetry(int64_t run_id, int64_t sweep_id, int32_t attempt,
-                                  const std::string& attempt_end, const std::string& reason);
+                                  const std::string& attempt_end, const std::string& reason,
+                                  bool retry = true);
   RunStatus ToRunStatus(const RunInfo& run);
   // Records in the store that a worker was seen IDLE or BUSY: at once when its state changed,
   // else at most every kWorkerSeenInterval (a report or long poll per job need not each write
@@ -153,8 +164,9 @@ class CoordinatorCore {
   std::map<int64_t, WorkerOffer> workers_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::string> worker_names_ ABSL_GUARDED_BY(mu_);
   struct WorkerSeen {
-    std::string state;
-    absl::Time written = absl::InfinitePast();
+    std::string state;                          // as last written: IDLE, BUSY or GONE
+    absl::Time written = absl::InfinitePast();  // when it was last written
+    absl::Time contact = absl::InfinitePast();  // the worker's last call
   };
   std::map<int64_t, WorkerSeen> worker_seen_ ABSL_GUARDED_BY(mu_);
   // Attempts a run had when it was last queued by a user (rerun): retries count from there.

@@ -1,16 +1,19 @@
 #include "orchestrator/coordinator_server.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -32,7 +35,7 @@ absl::Status Authorize(const grpc::ServerContext* context, const std::string& ex
   auto it = metadata.find("authorization");
   if (it == metadata.end()) {
     return absl::UnauthenticatedError(
-        "no bearer token: pass --token, set ABLATE_TOKEN or use the state dir's token file");
+        "no bearer token (`authorization: Bearer TOKEN` metadata)");
   }
   const grpc::string_ref got = it->second;
   unsigned char diff = got.size() == expected.size() ? 0 : 1;
@@ -121,6 +124,10 @@ class WorkerApi final : public WorkerService::Service {
   grpc::Status Finish(grpc::ServerContext* c, const FinishRequest* r, FinishResponse* o) override {
     return Serve("WorkerService.Finish", c, bearer_, o, [&] { return core_->Finish(*r); });
   }
+  grpc::Status Deregister(grpc::ServerContext* c, const DeregisterRequest* r,
+                          DeregisterResponse* o) override {
+    return Serve("WorkerService.Deregister", c, bearer_, o, [&] { return core_->Deregister(*r); });
+  }
 
  private:
   CoordinatorCore* const core_;
@@ -128,6 +135,43 @@ class WorkerApi final : public WorkerService::Service {
 };
 
 }  // namespace
+
+absl::StatusOr<int> LockStateDir(const std::string& state_dir) {
+  std::error_code ec;
+  if (!fs::exists(state_dir, ec)) {
+    fs::create_directories(state_dir, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot create state dir ", state_dir, ": ", ec.message()));
+    }
+    ::chmod(state_dir.c_str(), 0700);
+  }
+  const std::string path = (fs::path(state_dir) / kCoordinatorLockFile).string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    std::string holder;
+    char buffer[32] = {};
+    if (::pread(fd, buffer, sizeof(buffer) - 1, 0) > 0) holder = std::string(absl::StripAsciiWhitespace(buffer));
+    ::close(fd);
+    if (error != EWOULDBLOCK) {
+      return absl::PermissionDeniedError(absl::StrCat("cannot lock ", path, ": ", strerror(error)));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "another coordinator (pid ", holder.empty() ? "unknown" : holder, ") is serving the state dir ",
+        state_dir, ": stop it first, or give this one another --state-dir"));
+  }
+  const std::string pid = absl::StrCat(::getpid(), "\n");
+  if (::ftruncate(fd, 0) != 0 ||
+      ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    ::close(fd);
+    return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
+  }
+  return fd;
+}
 
 absl::StatusOr<std::string> LoadOrCreateToken(const std::string& state_dir) {
   std::error_code ec;
@@ -172,6 +216,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const ServerOptions& options) {
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   server->grace_ = options.shutdown_grace;
+  // First: a second coordinator must not touch the token, the store or the address file.
+  absl::StatusOr<int> lock = LockStateDir(options.state_dir);
+  if (!lock.ok()) return lock.status();
+  server->lock_fd_ = *lock;
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       MakeServerCredentials(options.tls_cert_file, options.tls_key_file);
   if (!credentials.ok()) return credentials.status();
@@ -215,6 +263,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(absl::StrCat(options.host, ":", options.port), *credentials, &port);
+  // gRPC sets SO_REUSEPORT by default: a second server on a served port would start, and clients
+  // would land on either at random.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   // The sync server runs each call on a thread of its own and, by default, lets all but two idle
@@ -255,7 +306,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   return server;
 }
 
-CoordinatorServer::~CoordinatorServer() { Shutdown(); }
+CoordinatorServer::~CoordinatorServer() {
+  Shutdown();
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the state dir
+}
 
 void CoordinatorServer::Shutdown() {
   {

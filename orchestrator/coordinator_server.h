@@ -4,7 +4,12 @@
 //
 // State dir (default ./.ablate): ablate.db (the results store), token (the bearer token, 64 hex
 // digits, mode 0600, generated on first start), address (host:port clients dial, written once
-// the server listens), checkpoints/ (the default checkpoint root).
+// the server listens), checkpoints/ (the default checkpoint root), coordinator.lock.
+//
+// One coordinator per state dir and per port. The coordinator holds an exclusive flock on
+// coordinator.lock (which names its pid) from Start until it is destroyed; a second one in the
+// same state dir fails to start, naming the holder. Readers (`ablate dashboard`, sqlite3) take
+// no lock. The port is bound without SO_REUSEPORT, so a port in use is an error too.
 //
 // Security: every method of both services needs `authorization: Bearer <token>` metadata and
 // answers UNAUTHENTICATED otherwise (health and reflection are open: they reveal nothing of the
@@ -53,6 +58,14 @@ struct ServerOptions {
   bool synchronous_full = true;    // the store's fsync per flush
 };
 
+// The state dir's lock file.
+inline constexpr char kCoordinatorLockFile[] = "coordinator.lock";
+
+// Takes the exclusive lock of a state dir (created mode 0700 when missing) and writes this
+// process's pid into it: the descriptor to keep open (close-on-exec) for as long as the lock is
+// held. FailedPrecondition naming the holder's pid when another process holds it.
+absl::StatusOr<int> LockStateDir(const std::string& state_dir);
+
 // Reads <state_dir>/token, or creates it (32 random bytes as 64 hex digits, mode 0600, the
 // directory created mode 0700 when missing). FailedPrecondition when an existing token file is
 // readable by group or others.
@@ -87,6 +100,7 @@ class CoordinatorServer {
   std::unique_ptr<grpc::Service> client_service_;
   std::unique_ptr<grpc::Service> worker_service_;
   std::unique_ptr<grpc::Server> server_;
+  int lock_fd_ = -1;  // coordinator.lock, flocked; closed (released) by the destructor
 
   absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

@@ -225,6 +225,7 @@ json RunJson(const RunInfo& r) {
               {"seed", r.seed},
               {"axes", r.axes},
               {"state", RunStateName(r.state)},
+              {"reused_from", r.reused_from == 0 ? json(nullptr) : json(r.reused_from)},
               {"attempts", r.attempts},
               {"worker_id", r.worker_id},
               {"device", r.device},
@@ -696,10 +697,7 @@ Response DashboardServer::Impl::Sweep(const std::string& name) {
       "SELECT name, description, diff, budget, params_total, params_activated, params_added, "
       "flops_per_token FROM variants WHERE sweep_id = ", sweep->id, " ORDER BY position"));
   if (!variants.ok()) return FromStatus(variants.status());
-  absl::StatusOr<QueryResult> last = reader->ReadOnlyQuery(absl::StrCat(
-      "SELECT r.id, m.step, m.loss FROM runs r JOIN step_metrics m ON m.run_id = r.id AND "
-      "m.step = (SELECT max(step) FROM step_metrics WHERE run_id = r.id) WHERE r.sweep_id = ",
-      sweep->id));
+  absl::StatusOr<std::map<int64_t, LatestStep>> last = reader->LatestSteps(sweep->id);
   if (!last.ok()) return FromStatus(last.status());
   std::map<std::string, std::string> budget_of;
   json variant_list = json::array();
@@ -714,17 +712,13 @@ Response DashboardServer::Impl::Sweep(const std::string& name) {
                                 {"params_added", AsInt(row[6])},
                                 {"flops_per_token", AsDouble(row[7])}});
   }
-  std::map<int64_t, std::pair<int64_t, double>> last_of;
-  for (const std::vector<SqlValue>& row : last->rows) {
-    last_of[AsInt(row[0])] = {AsInt(row[1]), AsDouble(row[2])};
-  }
   json run_list = json::array();
   for (const RunInfo& run : *runs) {
     json j = RunJson(run);
     j["budget"] = budget_of[run.variant];
-    auto it = last_of.find(run.id);
-    j["last_step"] = it == last_of.end() ? 0 : it->second.first;
-    j["last_loss"] = it == last_of.end() ? kNaN : it->second.second;
+    auto it = last->find(run.id);
+    j["last_step"] = it == last->end() ? 0 : it->second.step;
+    j["last_loss"] = it == last->end() ? kNaN : it->second.loss;
     run_list.push_back(std::move(j));
   }
   return JsonResponse(200, json{{"sweep", SweepJson(*sweep, NowSeconds())},
@@ -749,8 +743,9 @@ Response DashboardServer::Impl::SweepCurves(const std::string& name, const Reque
   absl::StatusOr<std::vector<RunInfo>> runs = reader->ListRuns(filter);
   if (!runs.ok()) return FromStatus(runs.status());
   absl::StatusOr<QueryResult> spikes = reader->ReadOnlyQuery(absl::StrCat(
-      "SELECT s.run_id, s.step, s.signal, s.kind, s.value FROM spike_events s JOIN runs r ON "
-      "r.id = s.run_id WHERE r.sweep_id = ", sweep->id, " ORDER BY s.run_id, s.step"));
+      "SELECT r.id, s.step, s.signal, s.kind, s.value FROM runs r JOIN spike_events s ON "
+      "s.run_id = coalesce(r.reused_from, r.id) WHERE r.sweep_id = ", sweep->id,
+      " ORDER BY r.id, s.step"));
   if (!spikes.ok()) return FromStatus(spikes.status());
   std::map<int64_t, json> spikes_of;
   for (const std::vector<SqlValue>& row : spikes->rows) {
@@ -773,13 +768,16 @@ Response DashboardServer::Impl::SweepCurves(const std::string& name, const Reque
   limits.max_rows = std::numeric_limits<int64_t>::max();
   absl::StatusOr<QueryResult> rows = reader->ReadOnlyQuery(
       absl::StrCat(
-          "SELECT m.run_id, m.step, m.", column, " FROM step_metrics m WHERE m.run_id IN (SELECT "
-          "id FROM runs WHERE sweep_id = ", sweep->id, ") AND m.step IN (", grid, ") "
-          "UNION SELECT m.run_id, m.step, m.", column, " FROM runs r JOIN step_metrics m ON "
-          "m.run_id = r.id AND m.step = r.steps_done WHERE r.sweep_id = ", sweep->id,
-          " UNION SELECT m.run_id, m.step, m.", column, " FROM spike_events e JOIN runs r ON "
-          "r.id = e.run_id JOIN step_metrics m ON m.run_id = e.run_id AND m.step = e.step WHERE "
-          "r.sweep_id = ", sweep->id, " ORDER BY 1, 2"),
+          // A reused run's rows are its source's (coalesce(reused_from, id)).
+          "SELECT r.id, m.step, m.", column, " FROM runs r JOIN step_metrics m ON m.run_id = "
+          "coalesce(r.reused_from, r.id) WHERE r.sweep_id = ", sweep->id, " AND m.step IN (",
+          grid, ") "
+          "UNION SELECT r.id, m.step, m.", column, " FROM runs r JOIN step_metrics m ON "
+          "m.run_id = coalesce(r.reused_from, r.id) AND m.step = r.steps_done WHERE r.sweep_id = ",
+          sweep->id,
+          " UNION SELECT r.id, m.step, m.", column, " FROM runs r JOIN spike_events e ON "
+          "e.run_id = coalesce(r.reused_from, r.id) JOIN step_metrics m ON m.run_id = e.run_id "
+          "AND m.step = e.step WHERE r.sweep_id = ", sweep->id, " ORDER BY 1, 2"),
       limits);
   if (!rows.ok()) return FromStatus(rows.status());
   std::map<int64_t, std::pair<json, json>> series_of;  // run -> (steps, values)
@@ -903,7 +901,9 @@ Response DashboardServer::Impl::RunEvals(int64_t id) {
     list.push_back(json{{"step", e.step()},
                         {"val_loss", e.val_loss()},
                         {"val_ppl", e.val_ppl()},
-                        {"gate_score", e.probes().gate_score_mean()},
+                        {"gate_score", e.probes().has_gate_score_mean()
+                                           ? json(e.probes().gate_score_mean())
+                                           : json(nullptr)},
                         {"m_act", e.probes().m_act()},
                         {"f_attn", e.probes().f_attn()},
                         {"tokens", e.probes().tokens()}});

@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
 #include "orchestrator/model_config.h"
 
 namespace ablate {
@@ -601,6 +602,68 @@ std::string CanonicalJson(const pb::Message& message) {
   const pb::util::Status status = pb::util::MessageToJsonString(*copy, &out, options);
   if (!status.ok()) std::abort();  // only messages holding Any without a resolver fail
   return out;
+}
+
+namespace {
+
+nlohmann::ordered_json PlainObject(const pb::Message& m);
+
+// Field `f` of `m` (element `index` when repeated, else -1).
+nlohmann::ordered_json PlainValue(const pb::Message& m, const pb::FieldDescriptor* f, int index) {
+  const pb::Reflection* r = m.GetReflection();
+  const bool rep = index >= 0;
+  switch (f->cpp_type()) {
+    case pb::FieldDescriptor::CPPTYPE_INT32:
+      return rep ? r->GetRepeatedInt32(m, f, index) : r->GetInt32(m, f);
+    case pb::FieldDescriptor::CPPTYPE_INT64:
+      return rep ? r->GetRepeatedInt64(m, f, index) : r->GetInt64(m, f);
+    case pb::FieldDescriptor::CPPTYPE_UINT32:
+      return rep ? r->GetRepeatedUInt32(m, f, index) : r->GetUInt32(m, f);
+    case pb::FieldDescriptor::CPPTYPE_UINT64:
+      return rep ? r->GetRepeatedUInt64(m, f, index) : r->GetUInt64(m, f);
+    case pb::FieldDescriptor::CPPTYPE_DOUBLE: {
+      const double v = rep ? r->GetRepeatedDouble(m, f, index) : r->GetDouble(m, f);
+      return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
+    }
+    case pb::FieldDescriptor::CPPTYPE_FLOAT: {
+      const float v = rep ? r->GetRepeatedFloat(m, f, index) : r->GetFloat(m, f);
+      return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
+    }
+    case pb::FieldDescriptor::CPPTYPE_BOOL:
+      return rep ? r->GetRepeatedBool(m, f, index) : r->GetBool(m, f);
+    case pb::FieldDescriptor::CPPTYPE_ENUM:
+      return (rep ? r->GetRepeatedEnum(m, f, index) : r->GetEnum(m, f))->name();
+    case pb::FieldDescriptor::CPPTYPE_STRING:
+      return rep ? r->GetRepeatedString(m, f, index) : r->GetString(m, f);
+    case pb::FieldDescriptor::CPPTYPE_MESSAGE:
+      return PlainObject(rep ? r->GetRepeatedMessage(m, f, index) : r->GetMessage(m, f));
+  }
+  return nullptr;
+}
+
+nlohmann::ordered_json PlainObject(const pb::Message& m) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  const pb::Descriptor* d = m.GetDescriptor();
+  const pb::Reflection* r = m.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    if (f->is_repeated()) {
+      nlohmann::ordered_json items = nlohmann::ordered_json::array();
+      for (int j = 0; j < r->FieldSize(m, f); ++j) items.push_back(PlainValue(m, f, j));
+      out[f->name()] = std::move(items);
+    } else if (f->has_presence() && !r->HasField(m, f)) {  // a message, an `optional` scalar
+      out[f->name()] = nullptr;
+    } else {
+      out[f->name()] = PlainValue(m, f, -1);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string PlainJson(const pb::Message& message) {
+  return PlainObject(message).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 }  // namespace ablate

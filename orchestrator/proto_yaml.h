@@ -88,6 +88,13 @@ absl::StatusOr<RunConfig> LoadRunConfigText(const std::string& text, const std::
 // messages holding google.protobuf.Any, which ablate's schema does not use.
 std::string CanonicalJson(const google::protobuf::Message& message);
 
+// JSON for people, pandas and jq (a standalone run's metrics.jsonl and summary.json): every field
+// in declaration order, proto field names, 64-bit integers as numbers (proto3 JSON, and so
+// CanonicalJson, writes them as strings), enums by name, a field with presence that is not set
+// (a run that never evaluated has no final_eval, a model without a gate no gate_score_mean) and a
+// NaN or infinity as null. No whitespace.
+std::string PlainJson(const google::protobuf::Message& message);
+
 }  // namespace ablate
 
 #endif  // ABLATE_ORCHESTRATOR_PROTO_YAML_H_

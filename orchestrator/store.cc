@@ -114,7 +114,12 @@ absl::Status UpsertEval(StoreWriter& w, int64_t run_id, int32_t attempt, const E
       stmt, w.Get("INSERT OR REPLACE INTO eval_metrics (run_id, step, attempt, val_loss, val_ppl, "
                   "gate_score, m_act, f_attn, tokens) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"));
   stmt->Bind(1, run_id).Bind(2, e.step()).Bind(3, attempt).Bind(4, e.val_loss());
-  stmt->Bind(5, e.val_ppl()).Bind(6, e.probes().gate_score_mean()).Bind(7, e.probes().m_act());
+  stmt->Bind(5, e.val_ppl()).Bind(7, e.probes().m_act());
+  if (e.probes().has_gate_score_mean()) {
+    stmt->Bind(6, e.probes().gate_score_mean());
+  } else {
+    stmt->BindNull(6);  // no gate: no score, not a score of 0
+  }
   stmt->Bind(8, e.probes().f_attn()).Bind(9, e.probes().tokens());
   STORE_RETURN_IF_ERROR(stmt->Run());
   STORE_ASSIGN_OR_RETURN(
@@ -268,6 +273,20 @@ absl::Status ApplyCreateSweep(StoreWriter& w, const SweepRecord& record,
             "?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"));
   STORE_ASSIGN_OR_RETURN(config_stmt,
                          w.Get("INSERT INTO run_configs (run_id, config_json) VALUES (?1, ?2)"));
+  // Reuse: the first run of the same key that trained to SUCCEEDED, and a copy of its results.
+  STORE_ASSIGN_OR_RETURN(source_stmt,
+                         w.Get("SELECT id FROM runs WHERE run_key = ?1 AND state = 'SUCCEEDED' "
+                               "AND reused_from IS NULL ORDER BY id LIMIT 1"));
+  STORE_ASSIGN_OR_RETURN(
+      reuse_stmt,
+      w.Get("UPDATE runs SET (state, reused_from, reason, started_at, finished_at, steps_done, "
+            "final_train_loss, val_loss, val_ppl, gate_score, m_act, f_attn, spike_steps, "
+            "spike_score, tokens_per_s, wall_s) = (SELECT 'SUCCEEDED', s.id, 'reused run ' || "
+            "s.id || ' (same run key ' || s.run_key || ')', ?3, ?3, s.steps_done, "
+            "s.final_train_loss, s.val_loss, s.val_ppl, s.gate_score, s.m_act, s.f_attn, "
+            "s.spike_steps, s.spike_score, s.tokens_per_s, s.wall_s FROM runs s WHERE s.id = ?2) "
+            "WHERE id = ?1"));
+  int reused = 0;
   for (int i = 0; i < sweep.runs_size(); ++i) {
     const RunSpec& run = sweep.runs(i);
     run_stmt->Bind(1, ids->sweep_id).Bind(2, variant_ids[run.variant()]).Bind(3, run.index());
@@ -286,10 +305,32 @@ absl::Status ApplyCreateSweep(StoreWriter& w, const SweepRecord& record,
     ids->run_ids.push_back(sqlite3_last_insert_rowid(w.db()));
     config_stmt->Bind(1, ids->run_ids.back()).Bind(2, config_json[i]);
     STORE_RETURN_IF_ERROR(config_stmt->Run());
+    int64_t source = 0;
+    if (record.reuse) {
+      source_stmt->Bind(1, run.run_key());
+      STORE_ASSIGN_OR_RETURN(found, source_stmt->Step());
+      if (found) source = source_stmt->ColumnInt(0);
+      source_stmt->Reset();
+    }
+    ids->reused_from.push_back(source);
+    if (source == 0) continue;
+    reuse_stmt->Bind(1, ids->run_ids.back()).Bind(2, source).Bind(3, now);
+    STORE_RETURN_IF_ERROR(reuse_stmt->Run());
+    STORE_RETURN_IF_ERROR(InsertEvent(w, ids->sweep_id, ids->run_ids.back(), "run_state",
+                                      absl::StrCat("run ", ids->run_ids.back(),
+                                                   ": PENDING -> SUCCEEDED: reused run ", source)));
+    ++reused;
+  }
+  if (reused == sweep.runs_size()) {  // nothing left to run
+    STORE_ASSIGN_OR_RETURN(done, w.Get("UPDATE sweeps SET state = 'DONE', finished_at = ?2 "
+                                       "WHERE id = ?1"));
+    done->Bind(1, ids->sweep_id).Bind(2, now);
+    STORE_RETURN_IF_ERROR(done->Run());
   }
   return InsertEvent(w, ids->sweep_id, 0, "sweep_submitted",
                      absl::StrCat("sweep ", sweep.name(), " submitted: ", sweep.runs_size(),
-                                  " runs, ", names.size(), " variants"));
+                                  " runs, ", names.size(), " variants",
+                                  reused > 0 ? absl::StrCat(", ", reused, " reused") : ""));
 }
 
 absl::Status ApplyTransition(StoreWriter& w, const RunTransition& t, TransitionResult* result) {
@@ -366,7 +407,12 @@ absl::Status ApplyTransition(StoreWriter& w, const RunTransition& t, TransitionR
     run->Bind(5, s.steps_done()).Bind(6, s.final_train_loss());
     if (s.has_final_eval()) {
       const EvalResult& e = s.final_eval();
-      run->Bind(7, e.val_loss()).Bind(8, e.val_ppl()).Bind(9, e.probes().gate_score_mean());
+      run->Bind(7, e.val_loss()).Bind(8, e.val_ppl());
+      if (e.probes().has_gate_score_mean()) {
+        run->Bind(9, e.probes().gate_score_mean());
+      } else {
+        run->BindNull(9);
+      }
       run->Bind(10, e.probes().m_act()).Bind(11, e.probes().f_attn());
     }
     run->Bind(12, s.spike_steps()).Bind(13, s.spike_score()).Bind(14, s.tokens_per_s());
@@ -908,6 +954,17 @@ absl::Status Store::EnqueueHeartbeat(int64_t worker_id, const std::string& state
     STORE_ASSIGN_OR_RETURN(stmt, w.Get("UPDATE workers SET last_seen = ?2, state = ?3 "
                                        "WHERE id = ?1"));
     stmt->Bind(1, worker_id).Bind(2, w.Now()).Bind(3, state);
+    return stmt->Run();
+  };
+  op.keep_on_transient = true;
+  return Enqueue(std::move(op));
+}
+
+absl::Status Store::EnqueueWorkerGone(int64_t worker_id) {
+  Op op;
+  op.apply = [worker_id](StoreWriter& w) -> absl::Status {
+    STORE_ASSIGN_OR_RETURN(stmt, w.Get("UPDATE workers SET state = 'GONE' WHERE id = ?1"));
+    stmt->Bind(1, worker_id);
     return stmt->Run();
   };
   op.keep_on_transient = true;

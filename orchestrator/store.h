@@ -94,11 +94,15 @@ struct SweepRecord {
   // Each run's CanonicalJson(config), in runs order, as ExpandSweep printed it for the run key.
   // Empty: CreateSweep prints them (on the caller's thread, never the writer's).
   std::vector<std::string> config_json;
+  // A run identical to one that SUCCEEDED by training (same run_key, itself not reused) is stored
+  // SUCCEEDED with that run's results and reused_from = its id, in the same transaction.
+  bool reuse = true;
 };
 
 struct SweepIds {
   int64_t sweep_id = 0;
-  std::vector<int64_t> run_ids;  // in ExpandedSweep::runs order
+  std::vector<int64_t> run_ids;      // in ExpandedSweep::runs order
+  std::vector<int64_t> reused_from;  // the same order: the run reused, 0 for a run to train
 };
 
 // A batch of measurements from one attempt of one run.
@@ -233,6 +237,8 @@ class Store {
 
   // Fire-and-forget updates, applied with the next flush.
   absl::Status EnqueueHeartbeat(int64_t worker_id, const std::string& state);
+  // The worker left (a clean exit) or went silent: state GONE, last_seen kept.
+  absl::Status EnqueueWorkerGone(int64_t worker_id);
   absl::Status EnqueueCheckpoint(int64_t run_id, int32_t attempt, const std::string& path,
                                  int64_t step);
   absl::Status EnqueueEvent(int64_t sweep_id, int64_t run_id, const std::string& kind,

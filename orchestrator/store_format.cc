@@ -138,13 +138,9 @@ absl::StatusOr<std::string> FormatQueryResult(const QueryResult& result,
     }
     // A TEXT or BLOB need not be UTF-8 (SELECT x'ff'): dump() would throw; write U+FFFD instead.
     // Found with tests/fuzz/query_fuzz.
+    // One shape whether or not the result was truncated (the caller says so beside it).
     constexpr auto kReplace = nlohmann::json::error_handler_t::replace;
-    if (!result.truncated) return rows.dump(2, ' ', false, kReplace) + "\n";
-    nlohmann::json out;
-    out["columns"] = result.columns;
-    out["rows"] = std::move(rows);
-    out["truncated"] = true;
-    return out.dump(2, ' ', false, kReplace) + "\n";
+    return rows.dump(2, ' ', false, kReplace) + "\n";
   }
   if (format == "csv") {
     std::vector<std::string> header;

@@ -12,8 +12,8 @@ namespace ablate {
 
 // `format`: "table" (aligned columns, NULL shown as empty), "csv" (RFC 4180, header row) or
 // "json" (an array of objects keyed by column name; NULL -> null, non-finite -> null).
-// InvalidArgument for another format. A truncated result ends with a note (table) or carries
-// "truncated": true (json: {"columns", "rows", "truncated"} when truncated). JSON writes bytes
+// InvalidArgument for another format. A truncated result ends with a note in a table; csv and
+// json keep their shape (QueryResponse.truncated says it, and `ablate query` on stderr). JSON writes bytes
 // that are not UTF-8 as U+FFFD. A table that padding would make larger than kMaxTableBytes is
 // ResourceExhausted (csv and json have no padding).
 inline constexpr size_t kMaxTableBytes = size_t{64} << 20;

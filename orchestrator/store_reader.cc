@@ -452,13 +452,16 @@ SweepInfo ReadSweep(const Stmt& s) {
   return info;
 }
 
+// In the per-run series reads: the run whose rows hold run ?1's data (its source, when reused).
+constexpr char kSourceRun[] = "(SELECT coalesce(reused_from, id) FROM runs WHERE id = ?1)";
+
 constexpr char kRunColumns[] =
     "r.id, r.sweep_id, s.name, v.name, r.run_index, r.run_key, r.seed, r.axes, c.config_json, "
     "r.state, r.attempts, r.worker_id, r.priority, r.device, r.memory_gb, r.threads, "
     "r.params_total, r.params_activated, r.params_added, r.created_at, r.started_at, "
     "r.finished_at, r.steps_total, r.steps_done, r.final_train_loss, r.val_loss, r.val_ppl, "
     "r.gate_score, r.m_act, r.f_attn, r.spike_score, r.spike_steps, r.tokens_per_s, r.wall_s, "
-    "r.reason "
+    "r.reason, r.reused_from "
     "FROM runs r JOIN sweeps s ON s.id = r.sweep_id JOIN variants v ON v.id = r.variant_id "
     "JOIN run_configs c ON c.run_id = r.id";
 
@@ -501,6 +504,7 @@ RunInfo ReadRun(const Stmt& s) {
   r.tokens_per_s = NullableDouble(s, 32);
   r.wall_s = NullableDouble(s, 33);
   r.reason = s.ColumnText(34);
+  r.reused_from = s.ColumnInt(35);  // NULL reads as 0
   return r;
 }
 
@@ -754,8 +758,9 @@ absl::StatusOr<std::vector<StepMetrics>> StoreReader::MetricSeries(
   std::vector<StepMetrics> points;
   {
     absl::StatusOr<Stmt*> stmt = (*lease)->cache->Get(
-        "SELECT step, loss, grad_norm, lr, tokens_per_s, aux_loss, skipped FROM step_metrics "
-        "WHERE run_id = ?1 AND step BETWEEN ?2 AND ?3 ORDER BY step");
+        absl::StrCat("SELECT step, loss, grad_norm, lr, tokens_per_s, aux_loss, skipped FROM "
+                     "step_metrics WHERE run_id = ", kSourceRun,
+                     " AND step BETWEEN ?2 AND ?3 ORDER BY step"));
     if (!stmt.ok()) return stmt.status();
     (*stmt)->Bind(1, run_id).Bind(2, options.from_step).Bind(3, options.to_step);
     while (true) {
@@ -777,7 +782,8 @@ absl::StatusOr<std::vector<StepMetrics>> StoreReader::MetricSeries(
   std::set<int64_t> spikes;
   {
     absl::StatusOr<Stmt*> stmt = (*lease)->cache->Get(
-        "SELECT DISTINCT step FROM spike_events WHERE run_id = ?1 AND step BETWEEN ?2 AND ?3");
+        absl::StrCat("SELECT DISTINCT step FROM spike_events WHERE run_id = ", kSourceRun,
+                     " AND step BETWEEN ?2 AND ?3"));
     if (!stmt.ok()) return stmt.status();
     (*stmt)->Bind(1, run_id).Bind(2, options.from_step).Bind(3, options.to_step);
     while (true) {
@@ -803,8 +809,8 @@ absl::StatusOr<std::vector<EvalResult>> StoreReader::EvalSeries(int64_t run_id,
   std::vector<EvalResult> evals;
   {
     absl::StatusOr<Stmt*> stmt = (*lease)->cache->Get(
-        "SELECT step, val_loss, val_ppl, gate_score, m_act, f_attn, tokens FROM eval_metrics "
-        "WHERE run_id = ?1 ORDER BY step");
+        absl::StrCat("SELECT step, val_loss, val_ppl, gate_score, m_act, f_attn, tokens FROM "
+                     "eval_metrics WHERE run_id = ", kSourceRun, " ORDER BY step"));
     if (!stmt.ok()) return stmt.status();
     (*stmt)->Bind(1, run_id);
     while (true) {
@@ -816,7 +822,7 @@ absl::StatusOr<std::vector<EvalResult>> StoreReader::EvalSeries(int64_t run_id,
       e.set_step(s.ColumnInt(0));
       e.set_val_loss(s.ColumnDouble(1));
       e.set_val_ppl(s.ColumnDouble(2));
-      e.mutable_probes()->set_gate_score_mean(s.ColumnDouble(3));
+      if (!s.ColumnIsNull(3)) e.mutable_probes()->set_gate_score_mean(s.ColumnDouble(3));
       e.mutable_probes()->set_m_act(s.ColumnDouble(4));
       e.mutable_probes()->set_f_attn(s.ColumnDouble(5));
       e.mutable_probes()->set_tokens(s.ColumnInt(6));
@@ -825,7 +831,8 @@ absl::StatusOr<std::vector<EvalResult>> StoreReader::EvalSeries(int64_t run_id,
   }
   if (!with_layers || evals.empty()) return evals;
   absl::StatusOr<Stmt*> stmt = (*lease)->cache->Get(
-      absl::StrCat("SELECT ", kLayerColumns, " WHERE run_id = ?1 ORDER BY step, layer"));
+      absl::StrCat("SELECT ", kLayerColumns, " WHERE run_id = ", kSourceRun,
+                   " ORDER BY step, layer"));
   if (!stmt.ok()) return stmt.status();
   (*stmt)->Bind(1, run_id);
   size_t e = 0;
@@ -848,7 +855,8 @@ absl::StatusOr<std::vector<LayerProbes>> StoreReader::LayerProbesAt(int64_t run_
   absl::StatusOr<Lease> lease = Acquire();
   if (!lease.ok()) return lease.status();
   absl::StatusOr<Stmt*> stmt = (*lease)->cache->Get(
-      absl::StrCat("SELECT ", kLayerColumns, " WHERE run_id = ?1 AND step = ?2 ORDER BY layer"));
+      absl::StrCat("SELECT ", kLayerColumns, " WHERE run_id = ", kSourceRun,
+                   " AND step = ?2 ORDER BY layer"));
   if (!stmt.ok()) return stmt.status();
   (*stmt)->Bind(1, run_id).Bind(2, step);
   std::vector<LayerProbes> layers;
@@ -866,8 +874,8 @@ absl::StatusOr<std::vector<SpikeEvent>> StoreReader::SpikeEvents(int64_t run_id)
   absl::StatusOr<Lease> lease = Acquire();
   if (!lease.ok()) return lease.status();
   absl::StatusOr<Stmt*> stmt = (*lease)->cache->Get(
-      "SELECT step, signal, value, baseline, kind, action, rollback_to_step FROM spike_events "
-      "WHERE run_id = ?1 ORDER BY step, id");
+      absl::StrCat("SELECT step, signal, value, baseline, kind, action, rollback_to_step FROM "
+                   "spike_events WHERE run_id = ", kSourceRun, " ORDER BY step, id"));
   if (!stmt.ok()) return stmt.status();
   (*stmt)->Bind(1, run_id);
   std::vector<SpikeEvent> events;
@@ -891,6 +899,26 @@ absl::StatusOr<std::vector<SpikeEvent>> StoreReader::SpikeEvents(int64_t run_id)
   }
   (*stmt)->Reset();
   return events;
+}
+
+absl::StatusOr<std::map<int64_t, LatestStep>> StoreReader::LatestSteps(int64_t sweep_id) const {
+  absl::StatusOr<Lease> lease = Acquire();
+  if (!lease.ok()) return lease.status();
+  absl::StatusOr<Stmt*> stmt = (*lease)->cache->Get(
+      "SELECT r.id, m.step, m.loss FROM runs r JOIN step_metrics m "
+      "ON m.run_id = coalesce(r.reused_from, r.id) AND m.step = (SELECT max(step) FROM "
+      "step_metrics WHERE run_id = coalesce(r.reused_from, r.id)) WHERE r.sweep_id = ?1");
+  if (!stmt.ok()) return stmt.status();
+  (*stmt)->Bind(1, sweep_id);
+  std::map<int64_t, LatestStep> latest;
+  while (true) {
+    absl::StatusOr<bool> row = (*stmt)->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    latest[(*stmt)->ColumnInt(0)] = LatestStep{(*stmt)->ColumnInt(1), (*stmt)->ColumnDouble(2)};
+  }
+  (*stmt)->Reset();
+  return latest;
 }
 
 absl::StatusOr<std::vector<WorkerInfo>> StoreReader::ListWorkers() const {

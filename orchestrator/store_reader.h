@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <variant>
@@ -111,6 +112,12 @@ struct RunInfo {
   int64_t spike_steps = 0;
   double tokens_per_s = kNaN, wall_s = kNaN;
   std::string reason;
+  int64_t reused_from = 0;  // the run whose results this one reused (its curves too); 0 = none
+};
+
+struct LatestStep {
+  int64_t step = 0;
+  double loss = kNaN;
 };
 
 struct RunFilter {
@@ -219,6 +226,9 @@ class StoreReader {
   // (path "" and step 0 when there is none).
   absl::StatusOr<AttemptInfo> LatestCheckpoint(int64_t run_id) const;
 
+  // The per-run series below are a reused run's source's (RunInfo::reused_from): a run that
+  // took an identical run's results shows its curves too.
+  //
   // The step metrics of a run in [from_step, to_step], downsampled to about max_points. The
   // last point of the range and every step with a spike event are always kept, so the result
   // may hold a few more than max_points. Sorted by step.
@@ -229,6 +239,9 @@ class StoreReader {
   // The per-layer probes of one evaluation.
   absl::StatusOr<std::vector<LayerProbes>> LayerProbesAt(int64_t run_id, int64_t step) const;
   absl::StatusOr<std::vector<SpikeEvent>> SpikeEvents(int64_t run_id) const;
+  // The latest reported step of every run of a sweep that reported one, and its loss, by run id
+  // (a reused run: its source's).
+  absl::StatusOr<std::map<int64_t, LatestStep>> LatestSteps(int64_t sweep_id) const;
 
   absl::StatusOr<std::vector<WorkerInfo>> ListWorkers() const;
   // Events with id > after_id, oldest first, at most `limit`; sweep_id 0 = every sweep.

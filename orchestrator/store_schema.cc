@@ -298,11 +298,48 @@ DROP INDEX attempts_by_worker;
 CREATE INDEX attempts_by_worker ON attempts (worker_id);
 )sql";
 
+// Version 3: a run that reused an identical run's results says which in a column, not only in its
+// reason text; readers take its curves, evaluations and spikes from that run. run_summary and
+// latest_metrics show it.
+constexpr char kSchemaV3[] = R"sql(
+ALTER TABLE runs ADD COLUMN reused_from INTEGER REFERENCES runs(id);
+UPDATE runs SET reused_from = CAST(substr(reason, 12) AS INTEGER)
+WHERE reason LIKE 'reused run %' AND CAST(substr(reason, 12) AS INTEGER) > 0;
+DROP VIEW run_summary;
+CREATE VIEW run_summary AS
+SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.run_index, r.seed, r.axes,
+       r.state, r.attempts, w.name AS worker, r.steps_done, r.steps_total,
+       r.final_train_loss, r.val_loss, r.val_ppl, r.gate_score, r.m_act, r.f_attn,
+       r.spike_steps, r.spike_score, r.params_total, r.params_activated, r.params_added,
+       r.tokens_per_s, r.wall_s, r.reason, r.run_key, r.created_at, r.started_at,
+       r.finished_at, r.sweep_id, r.variant_id, r.reused_from
+FROM runs r
+JOIN sweeps s ON s.id = r.sweep_id
+JOIN variants v ON v.id = r.variant_id
+LEFT JOIN workers w ON w.id = r.worker_id;
+DROP VIEW latest_metrics;
+CREATE VIEW latest_metrics AS
+SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.seed, r.axes, r.state,
+       r.steps_done, r.steps_total,
+       m.step, m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.aux_loss, m.skipped,
+       e.step AS eval_step, e.val_loss, e.val_ppl, e.gate_score, e.m_act, e.f_attn,
+       r.reused_from
+FROM runs r
+JOIN sweeps s ON s.id = r.sweep_id
+JOIN variants v ON v.id = r.variant_id
+LEFT JOIN step_metrics m
+  ON m.run_id = coalesce(r.reused_from, r.id)
+  AND m.step = (SELECT max(step) FROM step_metrics WHERE run_id = coalesce(r.reused_from, r.id))
+LEFT JOIN eval_metrics e
+  ON e.run_id = coalesce(r.reused_from, r.id)
+  AND e.step = (SELECT max(step) FROM eval_metrics WHERE run_id = coalesce(r.reused_from, r.id));
+)sql";
+
 }  // namespace
 
 const std::vector<std::string>& StoreMigrations() {
   static const std::vector<std::string>* migrations =
-      new std::vector<std::string>{kSchemaV1, kSchemaV2};
+      new std::vector<std::string>{kSchemaV1, kSchemaV2, kSchemaV3};
   return *migrations;
 }
 

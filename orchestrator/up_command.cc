@@ -56,6 +56,16 @@ struct Child {
   pid_t pid = -1;
 };
 
+// In a forked child: closes every descriptor but stdin, stdout and stderr, so that a worker holds
+// none of the parent's (the listening sockets of the coordinator and the dashboard, the
+// database, logs), even those opened without close-on-exec (Boost.Asio's acceptors are).
+// Async-signal-safe.
+void CloseInheritedDescriptors() {
+  if (::close_range(3, ~0U, 0) == 0) return;
+  const long max = ::sysconf(_SC_OPEN_MAX);  // close_range needs Linux 5.9
+  for (int fd = 3; fd < (max > 0 ? max : 65536); ++fd) ::close(fd);
+}
+
 pid_t SpawnWorker(const Child& child, const std::vector<std::string>& env) {
   std::vector<char*> argv;
   for (const std::string& a : child.args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -74,6 +84,7 @@ pid_t SpawnWorker(const Child& child, const std::vector<std::string>& env) {
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (::getppid() != parent) ::_exit(1);
+  CloseInheritedDescriptors();
   ::execve(argv[0], argv.data(), envp.data());
   ::_exit(127);
 }

@@ -145,6 +145,8 @@ absl::StatusOr<ProgramResult> RunProgram(const std::vector<std::string>& args,
   posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
   posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  // Only stdio: sbatch and friends hold none of ours (a coordinator's listening sockets).
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
   pid_t pid = -1;
   const int rc = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(),
                               env.empty() ? environ : envp.data());

@@ -1,5 +1,9 @@
 #include "proto/grpc_status.h"
 
+#include <grpc/support/log.h>
+
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 
 namespace ablate {
@@ -18,6 +22,11 @@ grpc::Status InternalErrorStatus(const char* method, const char* what) {
   return grpc::Status(grpc::StatusCode::INTERNAL,
                       absl::StrCat(method, ": internal error: ", what,
                                    " (a bug in ablate)"));
+}
+
+void QuietGrpcLog() {
+  if (std::getenv("GRPC_VERBOSITY") != nullptr) return;
+  gpr_set_log_function([](gpr_log_func_args*) {});
 }
 
 }  // namespace ablate

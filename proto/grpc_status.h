@@ -1,4 +1,4 @@
-// absl::Status <-> grpc::Status, and the guard every gRPC handler runs inside.
+// absl::Status <-> grpc::Status, the guard every gRPC handler runs inside, and gRPC's own log.
 //
 // The two status types share their codes (both follow google.rpc.Code), so conversions keep the
 // code and the message. A handler's body runs inside GuardHandler: an exception that escapes it
@@ -32,6 +32,11 @@ grpc::Status GuardHandler(const char* method, Body&& body) {
     return InternalErrorStatus(method, "unknown exception");
   }
 }
+
+// gRPC logs some failures itself (a port in use, a failed TLS handshake) in lines that repeat what
+// ablate reports as an error and read like a crash on a user's terminal. A binary's main() calls
+// this to drop them, unless GRPC_VERBOSITY is set (GRPC_VERBOSITY=ERROR or DEBUG shows them).
+void QuietGrpcLog();
 
 }  // namespace ablate
 

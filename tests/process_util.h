@@ -1,15 +1,18 @@
 // Helpers for tests that run real processes (`ablate`, `ablate-worker`, slurmd...): start one
 // with its output in a log file, read its CPU time (or one named thread's), wait for its exit
 // with a time limit, poll for a condition, read one integer from a results database the way any
-// reader would, signal the processes a test tagged through their environment. Header-only, no
+// reader would, signal the processes a test tagged through their environment, find a free port. Header-only, no
 // LibTorch.
 #ifndef ABLATE_TESTS_PROCESS_UTIL_H_
 #define ABLATE_TESTS_PROCESS_UTIL_H_
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sqlite3.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +29,22 @@
 extern char** environ;
 
 namespace ablate::testing {
+
+// A free TCP port on the loopback (free now; the process under test binds it a moment later).
+inline int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
 
 inline std::string Slurp(const std::filesystem::path& p) {
   std::ifstream in(p);
@@ -149,10 +168,11 @@ inline int SignalProcessesWithEnv(const std::string& entry, int sig) {
 
 // A self-signed certificate for 127.0.0.1 made with openssl, as a user would make one:
 // DIR/NAME.pem and DIR/NAME.key. False when openssl failed.
-inline bool MakeSelfSignedCertificate(const std::string& dir, const std::string& name) {
+inline bool MakeSelfSignedCertificate(const std::string& dir, const std::string& name,
+                                      const std::string& san = "IP:127.0.0.1") {
   const std::string command =
       "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=ablate-test -addext "
-      "subjectAltName=IP:127.0.0.1 -keyout " + dir + "/" + name + ".key -out " + dir + "/" + name +
+      "subjectAltName=" + san + " -keyout " + dir + "/" + name + ".key -out " + dir + "/" + name +
       ".pem 2>/dev/null";
   return std::system(command.c_str()) == 0;
 }

@@ -463,9 +463,15 @@ class Agent::Impl {
     stub_ = WorkerService::NewStub(channel_);
   }
 
+  // Loop(), then Leave() when the agent registered.
   absl::StatusOr<AgentResult> Run();
 
  private:
+  // Registers, pulls and trains jobs until the agent is to stop.
+  absl::StatusOr<AgentResult> Loop();
+  // Tells the coordinator this worker is gone (best effort: a coordinator that cannot be reached
+  // marks it GONE after a lease timeout of silence).
+  void Leave();
   void Prepare(grpc::ClientContext* context, absl::Duration deadline) const {
     context->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
     if (!options_.token.empty()) context->AddMetadata("authorization", "Bearer " + options_.token);
@@ -535,6 +541,27 @@ std::string Agent::Impl::CheckpointDir(const Job& job) const {
 }
 
 absl::StatusOr<AgentResult> Agent::Impl::Run() {
+  absl::StatusOr<AgentResult> result = Loop();
+  if (worker_id_ != 0) Leave();
+  return result;
+}
+
+void Agent::Impl::Leave() {
+  DeregisterRequest request;
+  request.set_worker_id(worker_id_);
+  DeregisterResponse response;
+  grpc::ClientContext context;
+  Prepare(&context, std::min(options_.call_deadline, absl::Seconds(2)));
+  const grpc::Status status = stub_->Deregister(&context, request, &response);
+  if (status.ok()) {
+    log_(absl::StrCat("left the coordinator (worker ", worker_id_, " is GONE)"));
+  } else {
+    log_(absl::StrCat("could not tell the coordinator this worker leaves: ",
+                      FromGrpcStatus(status).ToString()));
+  }
+}
+
+absl::StatusOr<AgentResult> Agent::Impl::Loop() {
   if (options_.coordinator.empty()) {
     return absl::InvalidArgumentError("--coordinator HOST:PORT (or ABLATE_COORDINATOR) is required");
   }
@@ -658,6 +685,7 @@ absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optio
 
   std::unique_ptr<Trainer> trainer;
   absl::StatusOr<RunSummary> summary;
+  bool permanent = false;  // a failure that retries cannot mend
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
@@ -671,6 +699,8 @@ absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optio
     absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(config, trainer_options);
     if (!created.ok()) {
       summary = created.status();
+      // An invalid config or missing data fails the same way on every worker and every attempt.
+      permanent = absl::IsInvalidArgument(created.status()) || absl::IsNotFound(created.status());
       reporter.Start({});
     } else {
       trainer = std::move(*created);
@@ -713,6 +743,7 @@ absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optio
     s->set_reason(std::string(summary.status().message()));
     s->set_steps_done(trainer != nullptr ? trainer->step() : 0);
     finish.set_error(summary.status().ToString());
+    finish.set_permanent(permanent);
   }
   finish.set_acquire_next(!IsSet(options_.interrupt) &&
                           (options_.max_jobs == 0 || result->jobs < options_.max_jobs));

@@ -8,14 +8,36 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace ablate {
 
 namespace fs = std::filesystem;
 
+std::vector<std::string> DefaultCorpusCandidates(const std::string& exe, const char* data_dir) {
+  constexpr char kFile[] = "kjv.txt";
+  if (data_dir != nullptr && *data_dir != 0) return {(fs::path(data_dir) / kFile).string()};
+  std::vector<std::string> candidates;
+  if (!exe.empty()) {
+    const fs::path bin = fs::path(exe).parent_path();
+    candidates.push_back((bin / ".." / "share" / "ablate" / kFile).lexically_normal().string());
+    candidates.push_back((bin / ".." / "data" / kFile).lexically_normal().string());
+  }
+#ifdef ABLATE_SOURCE_DATA_DIR
+  candidates.push_back((fs::path(ABLATE_SOURCE_DATA_DIR) / kFile).string());
+#endif
+  candidates.push_back((fs::path("data") / kFile).string());
+  return candidates;
+}
+
 std::string DefaultCorpusPath() {
-  const char* dir = std::getenv("ABLATE_DATA_DIR");
-  return (fs::path(dir != nullptr && *dir ? dir : "data") / "kjv.txt").string();
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  for (const std::string& path :
+       DefaultCorpusCandidates(ec ? "" : exe.string(), std::getenv("ABLATE_DATA_DIR"))) {
+    if (fs::exists(path, ec)) return path;
+  }
+  return "";
 }
 
 namespace {
@@ -64,10 +86,17 @@ absl::StatusOr<TokenData> TokenData::Load(const DataConfig& config, int64_t voca
   data.seq_len_ = seq_len;
   const fs::path path = config.path().empty() ? fs::path(DefaultCorpusPath()) : fs::path(config.path());
   std::error_code ec;
-  if (!fs::exists(path, ec)) {
+  if (path.empty()) {
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
     return absl::NotFoundError(absl::StrCat(
-        path.string(), ": no such file or directory",
-        config.path().empty() ? " (the default corpus: run `make data`)" : ""));
+        "the default corpus kjv.txt is not in any of ",
+        absl::StrJoin(DefaultCorpusCandidates(ec ? "" : exe.string(), std::getenv("ABLATE_DATA_DIR")),
+                      ", "),
+        ": run `make data` in the repository, `make install`, or set ABLATE_DATA_DIR (or give "
+        "train.data.path)"));
+  }
+  if (!fs::exists(path, ec)) {
+    return absl::NotFoundError(absl::StrCat(path.string(), ": no such file or directory"));
   }
   DataFormat format = config.format();
   if (format == DATA_AUTO) {

@@ -15,7 +15,13 @@
 
 namespace ablate {
 
-// Where the default corpus lives: $ABLATE_DATA_DIR/kjv.txt, else ./data/kjv.txt.
+// Where the default corpus (kjv.txt, written by `make data`, installed by `make install`) is
+// looked for, in order, for a binary at `exe` and $ABLATE_DATA_DIR = `data_dir` (null: unset).
+// With ABLATE_DATA_DIR set, only there. Else: beside the installed binaries
+// (EXE_DIR/../share/ablate), the build tree's (EXE_DIR/../data), the source tree this was built
+// from (SOURCE/data), and ./data. So a worker finds it from any working directory.
+std::vector<std::string> DefaultCorpusCandidates(const std::string& exe, const char* data_dir);
+// The first of this process's candidates that exists; "" when none does.
 std::string DefaultCorpusPath();
 
 class TokenData {

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "orchestrator/proto_yaml.h"
 #include "worker/trainer.h"
 
@@ -57,8 +58,11 @@ class ConsoleObserver : public TrainerObserver {
   }
   void OnEval(const EvalResult& e) override {
     Write("eval", e);
-    std::printf("eval step %lld | val loss %.4f | ppl %.3f | gate %.3f | M-Act %.2f | F-Attn %.4f\n",
-                static_cast<long long>(e.step()), e.val_loss(), e.val_ppl(), e.probes().gate_score_mean(),
+    const std::string gate = e.probes().has_gate_score_mean()
+                                 ? absl::StrFormat("%.3f", e.probes().gate_score_mean())
+                                 : "-";
+    std::printf("eval step %lld | val loss %.4f | ppl %.3f | gate %s | M-Act %.2f | F-Attn %.4f\n",
+                static_cast<long long>(e.step()), e.val_loss(), e.val_ppl(), gate.c_str(),
                 e.probes().m_act(), e.probes().f_attn());
     std::fflush(stdout);
   }
@@ -71,7 +75,7 @@ class ConsoleObserver : public TrainerObserver {
 
  private:
   void Write(const char* type, const google::protobuf::Message& m) {
-    const std::string json = CanonicalJson(m);  // never "{}": every field is printed
+    const std::string json = PlainJson(m);  // never "{}": every field is printed
     *jsonl_ << "{\"type\":\"" << type << "\"," << json.substr(1) << "\n";
     jsonl_->flush();
   }
@@ -89,8 +93,8 @@ void TruncateJsonl(const fs::path& path, int64_t last_step) {
   std::ostringstream kept;
   std::string line;
   while (std::getline(in, line)) {
-    const auto at = line.find("\"step\":\"");  // int64 fields are JSON strings in proto3 JSON
-    const int64_t step = at == std::string::npos ? 0 : std::atoll(line.c_str() + at + 8);
+    const auto at = line.find("\"step\":");  // the first one is the line's own
+    const int64_t step = at == std::string::npos ? 0 : std::atoll(line.c_str() + at + 7);
     if (step <= last_step) kept << line << "\n";
   }
   in.close();
@@ -147,7 +151,7 @@ int RunStandalone(const StandaloneOptions& o) {
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
   if (!summary.ok()) return Fail(summary.status());
-  std::ofstream(dir / "summary.json") << CanonicalJson(*summary) << "\n";
+  std::ofstream(dir / "summary.json") << PlainJson(*summary) << "\n";
 
   const EvalResult& e = summary->final_eval();
   switch (summary->state()) {

@@ -7,6 +7,7 @@
 
 #include "absl/time/time.h"
 #include "orchestrator/binary_init.h"
+#include "proto/grpc_status.h"
 #include "worker/agent.h"
 #include "worker/standalone.h"
 
@@ -76,6 +77,7 @@ int RunWorker(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   ablate::InitBinary();
+  ablate::QuietGrpcLog();
   // Errors are reported as statuses; an exception that escapes (a bug) is one line, not an abort.
   try {
     return RunWorker(argc, argv);

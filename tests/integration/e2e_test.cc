@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -25,6 +26,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+using ablate::testing::FreePort;
 using ablate::testing::QueryInt;
 using ablate::testing::Slurp;
 using ablate::testing::Spawn;
@@ -155,6 +157,68 @@ TEST_F(EndToEndTest, UpRunsCoordinatorAndWorkersAndCtrlCStopsAll) {
       << text;
   EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM runs WHERE state = 'RUNNING'"), 0);
   EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM runs WHERE state = 'SUCCEEDED'"), 4);
+}
+
+// The socket inodes a process holds open ("socket:[N]" in /proc/PID/fd).
+std::set<std::string> SocketInodes(pid_t pid) {
+  std::set<std::string> inodes;
+  std::error_code ec;
+  for (const auto& fd : fs::directory_iterator(fs::path("/proc") / std::to_string(pid) / "fd", ec)) {
+    const std::string target = fs::read_symlink(fd.path(), ec).string();
+    if (target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
+  }
+  return inodes;
+}
+
+// The inodes of the TCP sockets in LISTEN state on this machine (/proc/net/tcp and tcp6).
+std::set<std::string> ListeningInodes() {
+  std::set<std::string> inodes;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string sl, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> sl >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >>
+          inode;
+      if (state == "0A") inodes.insert(inode);
+    }
+  }
+  return inodes;
+}
+
+// Workers hold none of the parent's descriptors: a worker that outlives `ablate up` must not keep
+// the dashboard's or the coordinator's port.
+TEST_F(EndToEndTest, UpWorkersHoldNoneOfTheCoordinatorsListeningSockets) {
+  const fs::path log = dir_ / "up.log";
+  const pid_t up = Spawn(ABLATE_BIN, {"up", "--workers", "1", "--port", "0", "--dashboard-port",
+                                      std::to_string(FreePort()), "--state-dir", state_.string()},
+                         log);
+  ASSERT_GT(up, 0);
+  std::smatch match;
+  std::string text;
+  const std::regex pid_line("worker up-1: pid (\\d+)");
+  ASSERT_TRUE(WaitFor([&] {
+    text = Slurp(log);
+    return text.find("dashboard: http") != std::string::npos &&
+           std::regex_search(text, match, pid_line);
+  }, std::chrono::seconds(30))) << text;
+  const pid_t worker = std::stoi(match[1]);
+  // Wait until the worker registered (it has its own gRPC connection by then).
+  ASSERT_TRUE(WaitFor([&] { return QueryInt(Db(), "SELECT count(*) FROM workers") == 1; },
+                      std::chrono::seconds(30)));
+  std::set<std::string> parent_listening;
+  const std::set<std::string> listening = ListeningInodes();
+  for (const std::string& inode : SocketInodes(up)) {
+    if (listening.count(inode) > 0) parent_listening.insert(inode);
+  }
+  EXPECT_GE(parent_listening.size(), 2u) << "the coordinator's and the dashboard's";
+  for (const std::string& inode : SocketInodes(worker)) {
+    EXPECT_EQ(parent_listening.count(inode), 0u) << "the worker holds listening socket " << inode;
+  }
+  kill(up, SIGINT);
+  EXPECT_EQ(WaitExit(up, std::chrono::seconds(60)), 0) << Slurp(log);
 }
 
 TEST_F(EndToEndTest, ADivergedRunIsAResultNotRetriedAndWatchShowsIt) {

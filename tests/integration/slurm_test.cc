@@ -37,27 +37,13 @@ using ablate::testing::QueryInt;
 using ablate::testing::SignalProcessesWithEnv;
 using ablate::testing::Slurp;
 using ablate::testing::Spawn;
+using ablate::testing::FreePort;
 using ablate::testing::WaitExit;
 using ablate::testing::WaitFor;
 using std::chrono::seconds;
 
 constexpr char kNode[] = "ablatenode";
 
-// A free TCP port on the loopback (free now; SLURM binds it a moment later).
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
 
 // The whole output of a finished command.
 struct Output {

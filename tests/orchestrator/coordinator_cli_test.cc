@@ -66,7 +66,8 @@ TEST_F(CoordinatorCliTest, SubmitStatusTableExportQuery) {
   EXPECT_THAT(r.out, HasSubstr("4 runs, 4 queued, 0 reused"));
   r = Cli({"submit", spec_path_});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("0 queued, 4 reused"));
+  EXPECT_THAT(r.out, HasSubstr("already exists with these 4 runs: nothing new was queued"));
+  EXPECT_THAT(r.out, Not(HasSubstr("reused")));
 
   r = Cli({"status"});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -99,6 +100,42 @@ TEST_F(CoordinatorCliTest, SubmitStatusTableExportQuery) {
   r = Cli({"query", "SELECT variant, state FROM run_summary ORDER BY run_id", "--format", "csv"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("g1_elementwise,DIVERGED"));
+}
+
+// A result cut at the row cap says so on stderr, in every format; JSON keeps one shape.
+TEST_F(CoordinatorCliTest, QueryOutputSaysWhereItStopsAndKeepsOneShape) {
+  ASSERT_EQ(Cli({"submit", spec_path_}).code, 0);
+  const std::string sql = "SELECT run_id FROM run_summary ORDER BY run_id";
+  CliResult r = Cli({"query", sql, "--format", "csv", "--max-rows", "2"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "run_id\n1\n2\n");
+  EXPECT_THAT(r.err, HasSubstr("stops at 2 rows and more exist"));
+  EXPECT_THAT(r.err, HasSubstr("--max-rows"));
+  r = Cli({"query", sql, "--format", "csv"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  for (const char* max_rows : {"2", "0"}) {
+    r = Cli({"query", sql, "--format", "json", "--max-rows", max_rows});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out.substr(0, 1), "[") << r.out;  // an array of rows, truncated or not
+  }
+  r = Cli({"query", sql, "--max-rows", "-5"});
+  EXPECT_NE(r.code, 0);
+  EXPECT_THAT(r.out + r.err, HasSubstr("--max-rows"));
+}
+
+// `ablate status` shows a running run's latest reported loss, as docs/cli.md says.
+TEST_F(CoordinatorCliTest, StatusShowsTheLatestReportedLossWhileARunTrains) {
+  ASSERT_EQ(Cli({"submit", spec_path_}).code, 0);
+  const int64_t worker = RegisterWorker("w");
+  const Job job = Acquire(worker);
+  ReportResponse reply;
+  ASSERT_TRUE(CallReport(MakeReport(worker, job, 1, {1, 2, 3}), &reply).ok());
+  (void)server_->store()->Flush();
+  CliResult r = Cli({"status", "quick"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("3/200"));
+  EXPECT_THAT(r.out, HasSubstr("4.9700"));  // step 3's loss
 }
 
 TEST_F(CoordinatorCliTest, WatchPrintsSpikesDivergenceAndExitsWithTheSweep) {
@@ -181,6 +218,28 @@ TEST(ServeProcessTest, ServesUntilSigtermAndClientsNeedNoFlags) {
   CliResult r = RunCli({"status", "--state-dir", state});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("no sweeps"));
+
+  // A second coordinator exits 1: on the same state dir (naming the first's pid), and on the
+  // same port (gRPC's SO_REUSEPORT is off, so it cannot listen beside the first).
+  const std::string second_log = dir + "/second.log";
+  EXPECT_EQ(testing::WaitExit(testing::Spawn(ABLATE_BIN, {"serve", "--port", "0", "--state-dir",
+                                                          state, "--dashboard-port", "0"},
+                                             second_log),
+                              std::chrono::seconds(30)),
+            1);
+  EXPECT_THAT(testing::Slurp(second_log),
+              HasSubstr("another coordinator (pid " + std::to_string(pid) + ")"));
+  std::string address;
+  std::getline(std::ifstream(state + "/address"), address);
+  const std::string port = address.substr(address.rfind(':') + 1);
+  EXPECT_EQ(testing::WaitExit(testing::Spawn(ABLATE_BIN, {"serve", "--port", port, "--state-dir",
+                                                          dir + "/other", "--dashboard-port", "0"},
+                                             second_log),
+                              std::chrono::seconds(30)),
+            1);
+  EXPECT_THAT(testing::Slurp(second_log), HasSubstr("cannot listen on 127.0.0.1:" + port));
+  r = RunCli({"status", "--state-dir", state});  // and the first still answers every call
+  EXPECT_EQ(r.code, 0) << r.err;
 
   ASSERT_EQ(::kill(pid, SIGTERM), 0);
   int status = 0;
@@ -312,20 +371,21 @@ class TlsTest : public ::testing::Test {
     root_ = tmpl;
     ASSERT_TRUE(ablate::testing::MakeSelfSignedCertificate(root_, "server")) << "openssl failed";
     ASSERT_TRUE(ablate::testing::MakeSelfSignedCertificate(root_, "other"));
+    ASSERT_TRUE(ablate::testing::MakeSelfSignedCertificate(root_, "misnamed", "DNS:example.org"));
   }
   void TearDown() override {
     server_.reset();
     std::filesystem::remove_all(root_);
   }
-  absl::Status Start(bool tls) {
+  absl::Status Start(bool tls, const std::string& cert = "server") {
     ServerOptions o;
     o.state_dir = root_ + "/state";
     o.port = 0;
     o.synchronous_full = false;
     o.shutdown_grace = absl::Seconds(1);
     if (tls) {
-      o.tls_cert_file = root_ + "/server.pem";
-      o.tls_key_file = root_ + "/server.key";
+      o.tls_cert_file = root_ + "/" + cert + ".pem";
+      o.tls_key_file = root_ + "/" + cert + ".key";
     }
     server_.reset();
     absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(o);
@@ -361,7 +421,7 @@ TEST_F(TlsTest, ClientsNeedTheRightCertificateAndLocalOnesFindItInTheStateDir) {
 
   CliResult wrong_ca = Cli({"status", "--tls-ca", root_ + "/other.pem"});
   EXPECT_EQ(wrong_ca.code, 1);
-  EXPECT_THAT(wrong_ca.err, HasSubstr("cannot reach the coordinator"));
+  EXPECT_THAT(wrong_ca.err, HasSubstr("TLS handshake with the coordinator at"));
 
   CliResult missing = Cli({"status", "--tls-ca", root_ + "/nope.pem"});
   EXPECT_EQ(missing.code, 1);
@@ -382,6 +442,16 @@ TEST_F(TlsTest, ClientsNeedTheRightCertificateAndLocalOnesFindItInTheStateDir) {
   EXPECT_FALSE(std::filesystem::exists(state + "/tls-ca.pem"));
   local = RunCli({"status", "--state-dir", state, "--timeout", "5"});
   EXPECT_EQ(local.code, 0) << local.err;
+}
+
+// A certificate that does not name the address dialled is reported as such, not as a coordinator
+// that is not running.
+TEST_F(TlsTest, ACertificateThatDoesNotNameTheAddressSaysSo) {
+  ASSERT_TRUE(Start(true, "misnamed").ok());
+  CliResult local = RunCli({"status", "--state-dir", root_ + "/state", "--timeout", "5"});
+  EXPECT_EQ(local.code, 1);
+  EXPECT_THAT(local.err, HasSubstr("serves a TLS certificate that does not name the address"));
+  EXPECT_THAT(local.err, Not(HasSubstr("is `ablate serve` running")));
 }
 
 TEST_F(TlsTest, BadCertificateFlagsAreClearErrors) {

@@ -285,7 +285,9 @@ TEST_F(CoordinatorTest, DuplicateSubmissionIsDeduplicated) {
   SubmitResponse again = SubmitQuick();
   EXPECT_EQ(again.sweep_id(), first.sweep_id());
   EXPECT_EQ(again.queued(), 0);
-  EXPECT_EQ(again.reused(), 4);
+  EXPECT_EQ(again.reused(), 0);  // nothing was reused: the sweep is the same one
+  EXPECT_TRUE(again.already_exists());
+  EXPECT_FALSE(first.already_exists());
   EXPECT_EQ(CountRows("runs"), 4);
   EXPECT_EQ(CountRows("sweeps"), 1);
 
@@ -293,6 +295,8 @@ TEST_F(CoordinatorTest, DuplicateSubmissionIsDeduplicated) {
   const int64_t worker = RegisterWorker("w1");
   for (int i = 0; i < 4; ++i) {
     Job job = Acquire(worker);
+    ReportResponse reply;
+    ASSERT_TRUE(CallReport(MakeReport(worker, job, 1, {1, 2, 3}), &reply).ok());
     ASSERT_TRUE(CallFinish(worker, job, SUCCEEDED).ok());
   }
   SubmitResponse renamed = Submit(QuickSpec("quick_again"), "again.yaml", false);
@@ -307,6 +311,16 @@ TEST_F(CoordinatorTest, DuplicateSubmissionIsDeduplicated) {
   }
   EXPECT_EQ(sweep.sweep().state(), "DONE");
   EXPECT_FALSE(TryAcquire(worker).has_job());
+  // A reused run shows its source's curve, and its latest loss.
+  const RunStatus& reused = sweep.runs(0);
+  absl::StatusOr<std::vector<StepMetrics>> curve =
+      server_->store()->reader().MetricSeries(reused.run_id());
+  ASSERT_TRUE(curve.ok()) << curve.status();
+  EXPECT_EQ(curve->size(), 3u);
+  EXPECT_GT(reused.last_loss(), 0);
+  EXPECT_EQ(CountRows(absl::StrCat("runs WHERE id = ", reused.run_id(), " AND reused_from = ",
+                                   reused.reused_from())),
+            1);
   // --force trains them again.
   SubmitResponse forced = Submit(QuickSpec("quick_forced"), "forced.yaml", true);
   EXPECT_EQ(forced.queued(), 4);
@@ -656,6 +670,96 @@ TEST_F(CoordinatorTest, ResourcesDecideWhoGetsAJob) {
   ASSERT_TRUE(worker_->Register(ctx.get(), gpu, &reply).ok());
   EXPECT_FALSE(TryAcquire(reply.worker_id()).has_job());
   EXPECT_TRUE(TryAcquire(RegisterWorker("cpu")).has_job());
+}
+
+// Two coordinators must never share a state dir (one queue, two dispatchers, two writers) or a
+// port (clients landing on either at random).
+TEST_F(CoordinatorTest, ASecondCoordinatorOnTheSameStateDirFailsNamingTheHolder) {
+  ServerOptions second = Options();  // the same state dir, another port
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> other = CoordinatorServer::Start(second);
+  ASSERT_TRUE(absl::IsFailedPrecondition(other.status())) << other.status();
+  EXPECT_THAT(other.status().message(),
+              HasSubstr(absl::StrCat("another coordinator (pid ", getpid(), ")")));
+  EXPECT_THAT(other.status().message(), HasSubstr(state_dir_));
+  // The first one still serves, with its own token.
+  EXPECT_EQ(SubmitQuick().runs(), 4);
+  // Once it stops, the state dir is free again.
+  server_.reset();
+  other = CoordinatorServer::Start(second);
+  EXPECT_TRUE(other.ok()) << other.status();
+}
+
+TEST_F(CoordinatorTest, ASecondCoordinatorOnAServedPortFailsToStart) {
+  ServerOptions second = Options();
+  second.state_dir = state_dir_ + "-second";
+  second.port = server_->port();
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> other = CoordinatorServer::Start(second);
+  ASSERT_FALSE(other.ok());
+  EXPECT_THAT(other.status().message(),
+              HasSubstr(absl::StrCat("cannot listen on 127.0.0.1:", server_->port())));
+  std::filesystem::remove_all(second.state_dir);
+}
+
+// Workers leave the workers table's IDLE/BUSY states: at once when they say so, after a lease
+// timeout of silence otherwise; a worker that calls again is back.
+TEST_F(CoordinatorTest, WorkersThatLeaveOrFallSilentAreGone) {
+  const int64_t leaving = RegisterWorker("leaving");
+  const int64_t silent = RegisterWorker("silent");
+  const int64_t polling = RegisterWorker("polling");
+  const auto state = [&](int64_t id) {
+    (void)server_->store()->Flush();
+    return Scalar(absl::StrCat("SELECT state FROM workers WHERE id = ", id));
+  };
+  DeregisterRequest request;
+  request.set_worker_id(leaving);
+  DeregisterResponse response;
+  auto ctx = Context();
+  ASSERT_TRUE(worker_->Deregister(ctx.get(), request, &response).ok());
+  EXPECT_EQ(state(leaving), "GONE");
+  EXPECT_EQ(state(silent), "IDLE");
+
+  clock_.Advance(absl::Seconds(20));
+  EXPECT_FALSE(TryAcquire(polling).has_job());
+  EXPECT_EQ(server_->core()->CheckWorkers(), 0);  // 20 s of silence: within the 30 s lease
+  clock_.Advance(absl::Seconds(20));
+  EXPECT_EQ(server_->core()->CheckWorkers(), 1);
+  EXPECT_EQ(state(silent), "GONE");
+  EXPECT_EQ(state(polling), "IDLE");
+  EXPECT_EQ(server_->core()->CheckWorkers(), 0);  // once
+
+  // Calling again brings a worker back; a restarted coordinator gives every known worker a
+  // lease timeout to call before it is GONE.
+  EXPECT_FALSE(TryAcquire(silent).has_job());
+  EXPECT_EQ(state(silent), "IDLE");
+  Restart();
+  EXPECT_EQ(server_->core()->CheckWorkers(), 0);
+  clock_.Advance(absl::Seconds(31));
+  EXPECT_EQ(server_->core()->CheckWorkers(), 2);  // silent and polling; leaving was GONE already
+  EXPECT_EQ(CountRows("workers WHERE state = 'GONE'"), 3);
+
+  request.set_worker_id(12345);
+  auto ctx2 = Context();
+  EXPECT_EQ(worker_->Deregister(ctx2.get(), request, &response).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+// A failure that would recur anywhere (an invalid config, missing data) is not retried.
+TEST_F(CoordinatorTest, APermanentFailureFailsTheRunAtOnce) {
+  SubmitQuick();
+  const int64_t worker = RegisterWorker("w");
+  const Job first = Acquire(worker);
+  FinishRequest permanent = MakeFinish(worker, first, FAILED, "NOT_FOUND: data/kjv.txt: no such file");
+  permanent.set_permanent(true);
+  FinishResponse response;
+  ASSERT_TRUE(CallFinish(permanent, &response).ok());
+  EXPECT_EQ(StateOf(first.run_id()), FAILED);
+  EXPECT_THAT(Scalar(absl::StrCat("SELECT reason FROM runs WHERE id = ", first.run_id())),
+              HasSubstr("data/kjv.txt: no such file (not retried"));
+
+  const Job second = Acquire(worker);
+  ASSERT_TRUE(CallFinish(MakeFinish(worker, second, FAILED, "INTERNAL: out of memory"), &response)
+                  .ok());
+  EXPECT_EQ(StateOf(second.run_id()), PENDING);  // retried after backoff
 }
 
 // The spec of issue 15 (regressions/spec_fuzz/variant_budget_null.yaml, scaled down): Submit

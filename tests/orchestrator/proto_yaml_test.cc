@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "orchestrator/model_config.h"
@@ -209,6 +210,27 @@ TEST(CanonicalJsonTest, AbsentAndEmptySubmessagesPrintTheSame) {
   b.mutable_gate();
   EXPECT_EQ(CanonicalJson(a), CanonicalJson(b));
   EXPECT_NE(CanonicalJson(a).find("\"moe\":{"), std::string::npos);
+}
+
+// What standalone runs write (metrics.jsonl, summary.json): numbers as numbers, nothing unset
+// shown as a zero.
+TEST(PlainJsonTest, IntegersAreNumbersAndWhatIsNotSetIsNull) {
+  RunSummary summary;
+  summary.set_state(DIVERGED);
+  summary.set_steps_done(int64_t{1} << 40);
+  summary.set_final_train_loss(std::numeric_limits<double>::quiet_NaN());
+  summary.set_spike_score(0.25);
+  const std::string json = PlainJson(summary);
+  EXPECT_THAT(json, StartsWith("{\"state\":\"DIVERGED\",\"reason\":\"\",\"steps_done\":1099511627776,"));
+  EXPECT_THAT(json, HasSubstr("\"final_train_loss\":null,\"final_eval\":null,"));
+  EXPECT_THAT(json, HasSubstr("\"spike_score\":0.25,"));
+  summary.mutable_final_eval()->set_step(20);
+  summary.mutable_final_eval()->set_val_loss(2.5);
+  EXPECT_THAT(PlainJson(summary), HasSubstr("\"final_eval\":{\"step\":20,\"val_loss\":2.5,"));
+  summary.mutable_final_eval()->mutable_probes()->set_m_act(3);
+  EXPECT_THAT(PlainJson(summary), HasSubstr("\"gate_score_mean\":null,"));  // no gate
+  summary.mutable_final_eval()->mutable_probes()->set_gate_score_mean(0);
+  EXPECT_THAT(PlainJson(summary), HasSubstr("\"gate_score_mean\":0"));
 }
 
 }  // namespace

@@ -95,6 +95,19 @@ class StoreTest : public ::testing::Test {
     return r.ok() ? r->attempt : 0;
   }
 
+  // Replaces the store by a file made with `sql` (as an older build left it), then opens it.
+  void OpenOldFile(const std::string& sql) {
+    store_.reset();
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+    char* error = nullptr;
+    ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error), SQLITE_OK) << error;
+    sqlite3_close(db);
+    Reopen();
+  }
+
   absl::Status Finish(int64_t run_id, RunState to, double val_loss, double gate, double m_act,
                       double f_attn, double spike_score) {
     RunTransition t;
@@ -107,7 +120,7 @@ class StoreTest : public ::testing::Test {
     t.summary.set_final_train_loss(val_loss - 0.1);
     t.summary.mutable_final_eval()->set_val_loss(val_loss);
     t.summary.mutable_final_eval()->set_val_ppl(std::exp(val_loss));
-    t.summary.mutable_final_eval()->mutable_probes()->set_gate_score_mean(gate);
+    if (!std::isnan(gate)) t.summary.mutable_final_eval()->mutable_probes()->set_gate_score_mean(gate);
     t.summary.mutable_final_eval()->mutable_probes()->set_m_act(m_act);
     t.summary.mutable_final_eval()->mutable_probes()->set_f_attn(f_attn);
     t.summary.set_spike_score(spike_score);
@@ -194,11 +207,6 @@ TEST_F(StoreTest, RefusesADatabaseFromANewerBuild) {
 
 TEST_F(StoreTest, MigratesAVersionOneDatabaseKeepingEachRunsConfig) {
   // A file as a version-1 build left it: the config inside each runs row.
-  store_.reset();
-  std::filesystem::remove_all(dir_);
-  std::filesystem::create_directories(dir_);
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
   const std::string v1 = absl::StrCat(
       "PRAGMA journal_mode = WAL; BEGIN;", StoreMigrations()[0],
       "INSERT INTO sweeps (id, name, created_at) VALUES (1, 'old', 1);"
@@ -207,11 +215,7 @@ TEST_F(StoreTest, MigratesAVersionOneDatabaseKeepingEachRunsConfig) {
       "created_at, state) VALUES (1, 1, 1, 0, 'k0', 0, '{\"train\":{\"steps\":7}}', 1, "
       "'SUCCEEDED'), (2, 1, 1, 1, 'k1', 1, '{\"train\":{\"steps\":8}}', 1, 'PENDING');"
       "PRAGMA user_version = 1; COMMIT;");
-  char* error = nullptr;
-  ASSERT_EQ(sqlite3_exec(db, v1.c_str(), nullptr, nullptr, &error), SQLITE_OK) << error;
-  sqlite3_close(db);
-
-  Reopen();
+  ASSERT_NO_FATAL_FAILURE(OpenOldFile(v1));
   EXPECT_EQ(Count("PRAGMA user_version"), StoreSchemaVersion());
   EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE name = 'runs' AND "
                   "sql LIKE '%config_json%'"), 0);
@@ -225,6 +229,31 @@ TEST_F(StoreTest, MigratesAVersionOneDatabaseKeepingEachRunsConfig) {
   SweepIds ids = Submit("new", {"baseline"}, 1);
   ASSERT_EQ(ids.run_ids.size(), 1u);
   EXPECT_EQ(Count("SELECT count(*) FROM run_configs"), 3);
+  EXPECT_EQ(IntegrityCheck(), "ok");
+}
+
+// Version 3: the run a reused run took its results from, once only in its reason, is a column.
+TEST_F(StoreTest, MigratingToVersionThreeFindsReusedRunsInTheirReasons) {
+  const std::string v2 = absl::StrCat(
+      "PRAGMA journal_mode = WAL; BEGIN;", StoreMigrations()[0], StoreMigrations()[1],
+      "INSERT INTO sweeps (id, name, created_at) VALUES (1, 'old', 1), (2, 'again', 2);"
+      "INSERT INTO variants (id, sweep_id, name, position) VALUES (1, 1, 'baseline', 0), "
+      "(2, 2, 'baseline', 0);"
+      "INSERT INTO runs (id, sweep_id, variant_id, run_index, run_key, seed, created_at, state, "
+      "reason) VALUES (1, 1, 1, 0, 'k0', 0, 1, 'SUCCEEDED', ''), (2, 2, 2, 0, 'k0', 0, 2, "
+      "'SUCCEEDED', 'reused run 1 (same run key k0)');"
+      "INSERT INTO run_configs (run_id, config_json) VALUES (1, '{}'), (2, '{}');"
+      "INSERT INTO step_metrics (run_id, step, attempt, loss) VALUES (1, 1, 1, 4.5);"
+      "PRAGMA user_version = 2; COMMIT;");
+  ASSERT_NO_FATAL_FAILURE(OpenOldFile(v2));
+  EXPECT_EQ(Count("PRAGMA user_version"), StoreSchemaVersion());
+  EXPECT_EQ(Count("SELECT reused_from FROM run_summary WHERE run_id = 2"), 1);
+  EXPECT_EQ(Count("SELECT count(*) FROM runs WHERE reused_from IS NULL"), 1);
+  // Its curve is its source's.
+  absl::StatusOr<std::vector<StepMetrics>> series = store_->reader().MetricSeries(2);
+  ASSERT_TRUE(series.ok()) << series.status();
+  ASSERT_EQ(series->size(), 1u);
+  EXPECT_DOUBLE_EQ(series->front().loss(), 4.5);
   EXPECT_EQ(IntegrityCheck(), "ok");
 }
 
@@ -849,7 +878,8 @@ TEST_F(StoreTest, ComparisonTableMatchesHandComputedMeanAndStd) {
   for (int seed = 0; seed < 3; ++seed) {
     const int64_t b = ids.run_ids[2 * seed];
     Start(b);
-    ASSERT_TRUE(Finish(b, SUCCEEDED, base_loss[seed], 0, base_mact[seed], 0.3, 0.01 * seed).ok());
+    // No gate: no gate score.
+    ASSERT_TRUE(Finish(b, SUCCEEDED, base_loss[seed], kNaN, base_mact[seed], 0.3, 0.01 * seed).ok());
   }
   // g1: two succeed (2.9, 3.0), one diverges (its loss is not averaged).
   const double g1_loss[] = {2.9, 3.0};
@@ -872,6 +902,7 @@ TEST_F(StoreTest, ComparisonTableMatchesHandComputedMeanAndStd) {
   EXPECT_NEAR(base.val_loss.mean, 3.1, 1e-12);
   EXPECT_NEAR(base.val_loss.std, 0.1, 1e-12);
   EXPECT_NEAR(base.val_ppl.mean, (std::exp(3.0) + std::exp(3.1) + std::exp(3.2)) / 3, 1e-9);
+  EXPECT_TRUE(std::isnan(base.gate_score.mean));
   EXPECT_NEAR(base.m_act.mean, 120, 1e-9);
   EXPECT_NEAR(base.m_act.std, std::sqrt(700.0), 1e-9);
   EXPECT_NEAR(base.f_attn.mean, 0.3, 1e-12);
@@ -895,6 +926,7 @@ TEST_F(StoreTest, ComparisonTableMatchesHandComputedMeanAndStd) {
   absl::StatusOr<std::string> markdown = FormatComparisonTable(*table, "markdown");
   ASSERT_TRUE(markdown.ok());
   EXPECT_NE(markdown->find("| baseline | 3 | 3.100 ± 0.100 |"), std::string::npos) << *markdown;
+  EXPECT_NE(markdown->find("| 22.27 ± 2.22 | — |"), std::string::npos) << *markdown;  // no gate score
   EXPECT_NE(markdown->find("+1.0K"), std::string::npos) << *markdown;
   absl::StatusOr<std::string> csv = FormatComparisonTable(*table, "csv");
   ASSERT_TRUE(csv.ok());

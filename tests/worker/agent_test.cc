@@ -70,6 +70,14 @@ class FakeCoordinator {
     return grpc::Status::OK;
   }
 
+  grpc::Status Deregister(grpc::ServerContext* ctx, const DeregisterRequest* req,
+                          DeregisterResponse*) {
+    if (grpc::Status s = Authorize(ctx); !s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    deregistrations.push_back(req->worker_id());
+    return grpc::Status::OK;
+  }
+
   grpc::Status AcquireJob(grpc::ServerContext* ctx, const AcquireJobRequest* req,
                           AcquireJobResponse* resp) {
     if (grpc::Status s = Authorize(ctx); !s.ok()) return s;
@@ -172,6 +180,7 @@ class FakeCoordinator {
   // ---- What arrived (guarded by mu_) ----
   using Key = std::pair<int64_t, int32_t>;  // (run, attempt)
   std::vector<RegisterRequest> registrations;
+  std::vector<int64_t> deregistrations;  // worker ids
   std::vector<std::string> authorizations;
   std::vector<ReportRequest> received;             // every Report call, as received
   std::map<Key, std::vector<ReportRequest>> applied;  // batch seq-1 -> the batch
@@ -210,6 +219,10 @@ class FakeService final : public WorkerService::Service {
   }
   grpc::Status Report(grpc::ServerContext* x, const ReportRequest* q, ReportResponse* r) override {
     return c_->Report(x, q, r);
+  }
+  grpc::Status Deregister(grpc::ServerContext* x, const DeregisterRequest* q,
+                          DeregisterResponse* r) override {
+    return c_->Deregister(x, q, r);
   }
   grpc::Status Finish(grpc::ServerContext* x, const FinishRequest* q, FinishResponse* r) override {
     return c_->Finish(x, q, r);
@@ -485,10 +498,13 @@ TEST_F(AgentTest, ATrainerErrorFinishesFailedWithTheErrorAndTheAgentGoesOn) {
   EXPECT_EQ(c.finishes[0].summary().state(), FAILED);
   EXPECT_TRUE(absl::StrContains(c.finishes[0].error(), "no_such_corpus.txt")) << c.finishes[0].error();
   EXPECT_TRUE(absl::StrContains(c.finishes[0].summary().reason(), "no_such_corpus.txt"));
+  EXPECT_TRUE(c.finishes[0].permanent());  // missing data: no worker will do better
   EXPECT_EQ(c.finishes[1].run_id(), 14);
   EXPECT_EQ(c.finishes[1].summary().state(), SUCCEEDED);
   EXPECT_EQ(c.steps[K(14, 1)], Range(1, 20));
   EXPECT_EQ(c.registrations.size(), 1u);
+  // Done (--max-jobs): it says it leaves.
+  EXPECT_EQ(c.deregistrations, std::vector<int64_t>{101});
 }
 
 TEST_F(AgentTest, ResendsRefusedBatchesUnchangedAndLosesNothing) {

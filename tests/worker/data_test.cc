@@ -104,5 +104,19 @@ TEST_F(DataTest, BadDataGivesAnErrorNamingTheFile) {
   EXPECT_NE(odd.status().message().find("whole number of uint16"), std::string::npos);
 }
 
+// The default corpus is found from any working directory: beside an installed binary, in the
+// build tree's data/, or where ABLATE_DATA_DIR says (and then only there).
+TEST_F(DataTest, TheDefaultCorpusIsLookedForBesideTheBinaries) {
+  const std::vector<std::string> installed =
+      DefaultCorpusCandidates("/opt/ablate/bin/ablate-worker", nullptr);
+  ASSERT_GE(installed.size(), 3u);
+  EXPECT_EQ(installed[0], "/opt/ablate/share/ablate/kjv.txt");
+  EXPECT_EQ(installed[1], "/opt/ablate/data/kjv.txt");  // a build dir inside the repository
+  EXPECT_EQ(installed.back(), "data/kjv.txt");
+  EXPECT_EQ(DefaultCorpusCandidates("/opt/ablate/bin/ablate-worker", "/corpora"),
+            std::vector<std::string>{"/corpora/kjv.txt"});
+  EXPECT_EQ(DefaultCorpusCandidates("/opt/ablate/bin/ablate-worker", ""), installed);
+}
+
 }  // namespace
 }  // namespace ablate

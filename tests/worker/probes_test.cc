@@ -61,6 +61,15 @@ TEST(ProbesTest, MassiveActivationIsMaxAbsOfResidualStream) {
   EXPECT_DOUBLE_EQ(p.m_act(), want);
 }
 
+// No gate, no gate score: stored as NULL and shown as "—", never as a score of 0.
+TEST(ProbesTest, AModelWithoutAGateHasNoGateScore) {
+  torch::manual_seed(3);
+  Transformer model(TinyDense());
+  const Probes p = RunProbes(model, torch::randint(0, 64, {2, 8}, torch::kLong));
+  EXPECT_FALSE(p.has_gate_score_mean());
+  for (const LayerProbes& l : p.layers()) EXPECT_FALSE(l.has_gate());
+}
+
 TEST(ProbesTest, InputIndependentGateScoresAreHalfEverywhere) {
   ModelConfig c = TinyDense();
   ASSERT_TRUE(FindVariantPreset("g1_input_independent")->apply(&c).ok());

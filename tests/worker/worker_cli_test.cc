@@ -85,8 +85,8 @@ class WorkerCliTest : public ::testing::Test {
     std::string line;
     while (std::getline(in, line)) {
       if (line.rfind("{\"type\":\"step\"", 0) != 0) continue;
-      const auto at = line.find("\"step\":\"");
-      steps.push_back(std::atoi(line.c_str() + at + 8));
+      const auto at = line.find("\"step\":");
+      steps.push_back(std::atoi(line.c_str() + at + 7));
     }
     return steps;
   }
@@ -105,6 +105,7 @@ TEST_F(WorkerCliTest, TrainsAndWritesEveryOutput) {
     EXPECT_TRUE(fs::exists(run / f)) << f;
   }
   EXPECT_NE(Slurp(run / "summary.json").find("\"state\":\"SUCCEEDED\""), std::string::npos);
+  EXPECT_NE(Slurp(run / "summary.json").find("\"steps_done\":20,"), std::string::npos);
   EXPECT_NE(Slurp(run / "config.json").find("\"position\":\"GATE_G1\""), std::string::npos);
   std::vector<int> steps = Steps(run);
   ASSERT_EQ(steps.size(), 20u);

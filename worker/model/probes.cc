@@ -87,6 +87,7 @@ Probes ProbeRecorder::Finish() const {
   Probes out;
   out.set_tokens(tokens_);
   double gate = 0, m_act = 0, f_attn = 0;
+  int gated = 0;
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
     LayerProbes* p = out.add_layers();
@@ -103,6 +104,7 @@ Probes ProbeRecorder::Finish() const {
       h->set_hi(hist_hi_);
       for (int64_t c : l.histogram) h->add_counts(c);
       gate += mean;
+      ++gated;
     }
     p->set_attn_out_max_abs(l.max_abs[0]);
     p->set_attn_residual_max_abs(l.max_abs[1]);
@@ -123,7 +125,7 @@ Probes ProbeRecorder::Finish() const {
     f_attn += p->first_token_attention();
   }
   const double n = layers_.empty() ? 1.0 : static_cast<double>(layers_.size());
-  out.set_gate_score_mean(gate / n);
+  if (gated > 0) out.set_gate_score_mean(gate / gated);
   out.set_m_act(m_act / n);
   out.set_f_attn(f_attn / n);
   return out;
