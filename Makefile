@@ -89,7 +89,7 @@ FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 600
 FUZZ_JOBS    ?= 1
 FUZZ_FLAGS   ?= -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
-FUZZ_INPUTS_spec_fuzz  := experiments tests/orchestrator/bad_specs tests/fuzz/corpus/spec_fuzz \
+FUZZ_INPUTS_spec_fuzz  := experiments tests/orchestrator/spec/bad_specs tests/fuzz/corpus/spec_fuzz \
                           tests/fuzz/regressions/spec_fuzz
 FUZZ_INPUTS_query_fuzz := tests/fuzz/corpus/query_fuzz tests/fuzz/regressions/query_fuzz
 FUZZ_TARGETS ?= spec_fuzz query_fuzz

@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "orchestrator/model_config.h"
-#include "orchestrator/param_count.h"
-#include "orchestrator/presets.h"
+#include "config/model_config.h"
+#include "config/param_count.h"
+#include "config/presets.h"
 #include "worker/model/transformer.h"
 
 namespace {

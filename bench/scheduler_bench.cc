@@ -49,7 +49,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
-#include "orchestrator/binary_init.h"
+#include "config/binary_init.h"
 #include "proto/ablate.grpc.pb.h"
 #include "tests/process_util.h"
 #include "tests/sim_worker.h"
@@ -60,7 +60,7 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using ablate::testing::CpuSeconds;
 
-constexpr char kStoreWriterThread[] = "ablate-store";  // kWriterThreadName, orchestrator/store.h
+constexpr char kStoreWriterThread[] = "ablate-store";  // kWriterThreadName, orchestrator/store/store.h
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 

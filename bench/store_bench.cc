@@ -30,10 +30,10 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "orchestrator/binary_init.h"
-#include "orchestrator/model_config.h"
-#include "orchestrator/store.h"
-#include "orchestrator/store_format.h"
+#include "config/binary_init.h"
+#include "config/model_config.h"
+#include "orchestrator/store/store.h"
+#include "orchestrator/store/format.h"
 #include "tests/process_util.h"
 
 namespace ablate {

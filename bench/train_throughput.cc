@@ -15,10 +15,10 @@
 
 #include <CLI/CLI.hpp>
 
-#include "orchestrator/model_config.h"
-#include "orchestrator/param_count.h"
-#include "orchestrator/presets.h"
-#include "worker/trainer.h"
+#include "config/model_config.h"
+#include "config/param_count.h"
+#include "config/presets.h"
+#include "worker/train/trainer.h"
 
 namespace {
 

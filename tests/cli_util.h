@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "orchestrator/cli.h"
+#include "orchestrator/cli/cli.h"
 
 namespace ablate::testing {
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "orchestrator/model_config.h"
-#include "orchestrator/presets.h"
+#include "config/model_config.h"
+#include "config/presets.h"
 #include "proto/ablate.pb.h"
 
 namespace ablate {

@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "orchestrator/proto_yaml.h"
-#include "worker/trainer.h"
+#include "config/proto_yaml.h"
+#include "worker/train/trainer.h"
 
 namespace ablate {
 

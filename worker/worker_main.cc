@@ -1,4 +1,4 @@
-// ablate-worker: `--coordinator HOST:PORT` pulls jobs from a coordinator (worker/agent.h);
+// ablate-worker: `--coordinator HOST:PORT` pulls jobs from a coordinator (worker/agent/agent.h);
 // `train` runs one config standalone (worker/standalone.h).
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -6,9 +6,10 @@
 #include <exception>
 
 #include "absl/time/time.h"
-#include "orchestrator/binary_init.h"
+#include "config/binary_init.h"
 #include "proto/grpc_status.h"
-#include "worker/agent.h"
+#include "config/state_dir.h"
+#include "worker/agent/agent.h"
 #include "worker/standalone.h"
 
 namespace {

@@ -21,8 +21,8 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
-#include "orchestrator/dashboard_server.h"
-#include "tests/orchestrator/dashboard_test_util.h"
+#include "orchestrator/dashboard/server.h"
+#include "tests/orchestrator/dashboard/dashboard_test_util.h"
 
 namespace ablate {
 namespace {

@@ -31,10 +31,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "orchestrator/expand.h"
-#include "orchestrator/spec.h"
-#include "orchestrator/store.h"
-#include "orchestrator/store_format.h"
+#include "orchestrator/spec/expand.h"
+#include "orchestrator/spec/spec.h"
+#include "orchestrator/store/store.h"
+#include "orchestrator/store/format.h"
 
 namespace ablate {
 namespace {

@@ -18,9 +18,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
-#include "orchestrator/expand.h"
-#include "orchestrator/model_config.h"
-#include "orchestrator/spec.h"
+#include "orchestrator/spec/expand.h"
+#include "config/model_config.h"
+#include "orchestrator/spec/spec.h"
 
 namespace {
 

@@ -1,4 +1,5 @@
-// Fused CPU kernels for the model's elementwise chains, with hand-written backward passes.
+// Fused CPU kernels for the model's elementwise chains and its attention, with hand-written
+// backward passes.
 //
 // LibTorch eager runs RMSNorm as ~6 passes over memory forward and more backward, RoPE as a
 // slice/cat/neg/mul/add chain plus a transpose copy, SwiGLU's silu(a) * b as 2 (and 4 backward). At CPU scale these
@@ -10,6 +11,8 @@
 #define ABLATE_WORKER_MODEL_FUSED_OPS_H_
 
 #include <torch/torch.h>
+
+#include <utility>
 
 namespace ablate {
 
@@ -29,6 +32,16 @@ torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b);
 // or (..., 1) (headwise), leading dimensions equal.
 torch::Tensor SigmoidGate(const torch::Tensor& y, const torch::Tensor& logits);
 
+// Causal softmax attention with grouped-query heads (each KV head serves H / KV consecutive query
+// heads): q (pre-scaled) (B, H, T, dk), k (B, KV, T, dk), v (B, T, KV, dk), mask (T, T) additive.
+// Returns {out (B, T, H, dk), the layout W_O reads; probs (B, H, T, T), for the probes, not
+// differentiable}. On fp32 CPU tensors one autograd function walks the (batch, KV head) tiles in
+// parallel, each with single-threaded BLAS and an in-cache softmax.
+std::pair<torch::Tensor, torch::Tensor> CausalAttention(const torch::Tensor& q,
+                                                        const torch::Tensor& k,
+                                                        const torch::Tensor& v,
+                                                        const torch::Tensor& mask);
+
 // The eager LibTorch versions: the fallback, and what the tests compare against.
 namespace reference {
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
@@ -36,6 +49,10 @@ torch::Tensor RopeToHeads(const torch::Tensor& x, const torch::Tensor& cos, cons
                           double scale);
 torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b);
 torch::Tensor SigmoidGate(const torch::Tensor& y, const torch::Tensor& logits);
+std::pair<torch::Tensor, torch::Tensor> CausalAttention(const torch::Tensor& q,
+                                                        const torch::Tensor& k,
+                                                        const torch::Tensor& v,
+                                                        const torch::Tensor& mask);
 }  // namespace reference
 
 }  // namespace ablate

@@ -4,7 +4,7 @@
 #include <limits>
 #include <vector>
 
-#include "orchestrator/model_config.h"
+#include "config/model_config.h"
 #include "worker/model/fused_ops.h"
 #include "worker/model/probes.h"
 
@@ -16,77 +16,12 @@ namespace {
 
 thread_local bool skip_init = false;
 
-// N(0, std) for every matrix (PAPER.md §1).
+// N(0, std) for every matrix (the paper's initialisation, docs/model.md).
 void InitNormal(const torch::Tensor& t, double std) {
   if (skip_init) return;
   torch::NoGradGuard no_grad;
   t.normal_(0.0, std);
 }
-
-// Causal softmax attention on the CPU, one (batch, KV head) group at a time: the groups are split
-// across the intra-op threads and each does single-threaded BLAS products and an in-cache softmax
-// on T x T tiles. LibTorch 1.13's CPU bmm walks the batch on one thread and lets BLAS thread
-// every small product, and the unfused mask/softmax passes stream the whole (B, H, T, T) tensor
-// through memory several times; this does neither, reads K/V once per group instead of
-// repeating them for GQA, and writes the output in the (B, T, H, dk) layout W_O reads.
-//
-// q (pre-scaled), k: (B, H, T, dk) and (B, KV, T, dk); v: (B, T, KV, dk); all contiguous fp32.
-// Returns {out (B, T, H, dk), probs (B, H, T, T)}; probs is saved for the backward pass and
-// handed to the probes.
-class CausalAttentionCpu : public torch::autograd::Function<CausalAttentionCpu> {
- public:
-  static torch::autograd::tensor_list forward(torch::autograd::AutogradContext* ctx,
-                                              const torch::Tensor& q, const torch::Tensor& k,
-                                              const torch::Tensor& v, const torch::Tensor& mask) {
-    const int64_t B = q.size(0), H = q.size(1), T = q.size(2), KV = k.size(1);
-    torch::Tensor out = torch::empty({B, T, H, q.size(3)}, q.options());
-    torch::Tensor probs = torch::empty({B, H, T, T}, q.options());
-    at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t g = begin; g < end; ++g) {
-        const int64_t b = g / KV, kvh = g % KV;
-        const torch::Tensor kt = k[b][kvh].t(), vg = v[b].select(1, kvh);  // (dk, T), (T, dk)
-        for (int64_t h = kvh * (H / KV); h < (kvh + 1) * (H / KV); ++h) {
-          torch::Tensor p = probs[b][h], o = out[b].select(1, h);
-          at::addmm_out(p, mask, q[b][h], kt);  // mask + q k^T
-          at::_softmax_out(p, p, 1, false);
-          at::mm_out(o, p, vg);
-        }
-      }
-    });
-    ctx->save_for_backward({q, k, v, probs});
-    ctx->mark_non_differentiable({probs});
-    ctx->set_materialize_grads(false);  // no (B, H, T, T) zero gradient for probs
-    return {out, probs};
-  }
-
-  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
-                                               torch::autograd::tensor_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &probs = saved[3];
-    const torch::Tensor grad_out = grads[0].contiguous();  // (B, T, H, dk)
-    const int64_t B = q.size(0), H = q.size(1), T = q.size(2), KV = k.size(1);
-    torch::Tensor dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
-    at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
-      torch::Tensor dp = torch::empty({T, T}, q.options()), ds = torch::empty({T, T}, q.options());
-      for (int64_t g = begin; g < end; ++g) {
-        const int64_t b = g / KV, kvh = g % KV;
-        const torch::Tensor kg = k[b][kvh], vg = v[b].select(1, kvh);
-        torch::Tensor dkg = dk[b][kvh], dvg = dv[b].select(1, kvh);
-        for (int64_t h = kvh * (H / KV); h < (kvh + 1) * (H / KV); ++h) {
-          const float beta = h == kvh * (H / KV) ? 0.0f : 1.0f;  // accumulate over the group
-          const torch::Tensor p = probs[b][h], go = grad_out[b].select(1, h);
-          torch::Tensor dqh = dq[b][h];
-          at::addmm_out(dvg, dvg, p.t(), go, beta);                      // dV += P^T dO
-          at::mm_out(dp, go, vg.t());                                    // dP = dO V^T
-          at::_softmax_backward_data_out(ds, dp, p, 1, torch::kFloat32);  // dS = P (dP - rowsum)
-          at::mm_out(dqh, ds, kg);                                       // dQ = dS K
-          at::addmm_out(dkg, dkg, ds.t(), q[b][h], beta);                // dK += dS^T Q
-        }
-      }
-    });
-    return {dq, dk, dv, torch::Tensor()};
-  }
-};
 
 }  // namespace
 
@@ -232,22 +167,9 @@ torch::Tensor AttentionImpl::RopeToHeads(const torch::Tensor& x, double scale) {
 
 torch::Tensor AttentionImpl::CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                                              const torch::Tensor& v, ProbeRecorder* probes) {
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), KV = k.size(1);
+  const int64_t T = q.size(2);
   const torch::Tensor mask = causal_mask_.slice(0, 0, T).slice(1, 0, T).to(q.dtype());  // (T, T)
-  torch::Tensor out, probs;
-  if (q.is_cpu() && q.scalar_type() == torch::kFloat32) {
-    torch::autograd::tensor_list r = CausalAttentionCpu::apply(q, k, v.contiguous(), mask);
-    out = r[0];
-    probs = r[1];
-  } else {
-    torch::Tensor kh = k, vh = v.transpose(1, 2);  // (B, KV, T, dk)
-    if (KV != H) {  // GQA: each KV head serves H / KV consecutive query heads
-      kh = kh.repeat_interleave(H / KV, 1);
-      vh = vh.repeat_interleave(H / KV, 1);
-    }
-    probs = torch::softmax(torch::matmul(q, kh.transpose(-2, -1)) + mask, -1);  // (B, H, T, T)
-    out = torch::matmul(probs, vh).transpose(1, 2).contiguous();                // (B, T, H, dk)
-  }
+  auto [out, probs] = ablate::CausalAttention(q, k, v, mask);
   if (probes) probes->FirstTokenAttention(layer_, probs.select(3, 0), 0);
   return out;
 }

@@ -3,7 +3,7 @@
 // Every variant is a ModelConfig: the gate (position, granularity, sharing, mode, activation,
 // input dependence), the non-gate controls, SwitchHead, MoE, sandwich norm and output clamp are
 // switches inside these modules, not subclasses. Parameter layout mirrors
-// orchestrator/param_count.cc exactly (a test proves the totals are equal).
+// config/param_count.cc exactly (a test proves the totals are equal).
 //
 // Tensor layout inside attention is (B, T, H, d_k) until SDPA, so every gate position applies
 // to the same layout; shapes are commented at line ends. The config must be valid

@@ -1,0 +1,52 @@
+// Defaults and validation of ModelConfig / TrainConfig / RunConfig.
+//
+// No LibTorch here: the coordinator, the CLI and the worker all validate with the same code, so a
+// config that passes `ablate expand` is one the worker can build. Thread-safe (pure functions).
+#ifndef ABLATE_CONFIG_MODEL_CONFIG_H_
+#define ABLATE_CONFIG_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "proto/ablate.pb.h"
+
+namespace ablate {
+
+// The documented defaults of every field (see the comments in proto/ablate.proto).
+ModelConfig DefaultModelConfig();
+TrainConfig DefaultTrainConfig();
+RunConfig DefaultRunConfig();
+
+// Upper bounds of a model's dimensions: far above any model trained, and low enough that exact
+// parameter counts (CountParams, int64) and budget matching cannot overflow: at the bounds a
+// model has under 2^62 parameters. ValidateModelConfig refuses larger values.
+inline constexpr int32_t kMaxVocabSize = 1 << 21;   // 2,097,152
+inline constexpr int32_t kMaxNumLayers = 1 << 10;   // 1,024
+inline constexpr int32_t kMaxDModel = 1 << 16;      // 65,536
+inline constexpr int32_t kMaxNumHeads = 1 << 10;    // num_heads and num_kv_heads
+inline constexpr int32_t kMaxHeadDim = 1 << 12;     // 4,096
+inline constexpr int32_t kMaxFfnDim = 1 << 20;      // ffn_dim and moe.expert_dim
+inline constexpr int32_t kMaxExperts = 1 << 14;     // moe.num_experts
+inline constexpr int32_t kMaxSwitchHeadExperts = 1 << 10;
+
+// InvalidArgument naming the offending fields (e.g. "model.gate.granularity: HEADWISE is not
+// allowed at G5"), OK otherwise. `prefix` is prepended to field paths ("model.").
+absl::Status ValidateModelConfig(const ModelConfig& config, const std::string& prefix = "model.");
+absl::Status ValidateTrainConfig(const TrainConfig& config, const std::string& prefix = "train.");
+// Both of the above plus the cross checks (seq_len <= max_seq_len, vocab vs data format).
+absl::Status ValidateRunConfig(const RunConfig& config);
+
+// Width of one gate position's scores per token, before any head sharing:
+// heads_at_position * (elementwise ? head_dim : 1), or d_model at G5; 0 without a gate.
+int64_t GateScoreWidth(const ModelConfig& config);
+// Number of heads the gated tensor has at the configured position (q heads for G1/G4, KV heads
+// for G2/G3, 1 for G5); 0 without a gate.
+int64_t GateHeads(const ModelConfig& config);
+
+// A short human-readable name of the gate ("G1 elementwise sigmoid", "none").
+std::string DescribeGate(const GateConfig& gate);
+
+}  // namespace ablate
+
+#endif  // ABLATE_CONFIG_MODEL_CONFIG_H_

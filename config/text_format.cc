@@ -1,0 +1,86 @@
+#include "config/text_format.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "fmt/format.h"
+
+namespace ablate {
+
+std::string FormatCount(int64_t n) {
+  const std::string digits = std::to_string(n < 0 ? -(n + 1) + uint64_t{1} : uint64_t(n));
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
+    out.push_back(digits[i]);
+  }
+  return n < 0 ? "-" + out : out;
+}
+
+std::string SignedCount(int64_t n) { return n > 0 ? "+" + FormatCount(n) : FormatCount(n); }
+
+std::string HumanCount(double count, bool sign) {
+  const char* prefix = sign && count > 0 ? "+" : "";
+  const double a = std::fabs(count);
+  if (a >= 1e9) return fmt::format("{}{:.2f}B", prefix, count / 1e9);
+  if (a >= 1e6) return fmt::format("{}{:.2f}M", prefix, count / 1e6);
+  if (a >= 1e3) return fmt::format("{}{:.1f}K", prefix, count / 1e3);
+  return fmt::format("{}{:.0f}", prefix, count);
+}
+
+std::string Engineering(double v) {
+  const char* units[] = {"", "K", "M", "G", "T", "P"};
+  int u = 0;
+  while (v >= 1000 && u < 5) {
+    v /= 1000;
+    ++u;
+  }
+  return fmt::format("{:.3g}{}", v, units[u]);
+}
+
+std::string CsvField(absl::string_view s) {
+  if (s.find_first_of(",\"\n\r") == absl::string_view::npos) return std::string(s);
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string AlignedTable(const std::vector<std::string>& header,
+                         const std::vector<std::vector<std::string>>& rows,
+                         const std::vector<bool>& right, bool rule) {
+  std::vector<size_t> width(header.size(), 0);
+  auto display_width = [](const std::string& s) {
+    // UTF-8: count code points, not bytes ("±", "—").
+    size_t n = 0;
+    for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+    return n;
+  };
+  for (size_t i = 0; i < header.size(); ++i) width[i] = display_width(header[i]);
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], display_width(row[i]));
+  }
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string out;
+    for (size_t i = 0; i < cells.size(); ++i) {
+      const size_t pad = width[i] - display_width(cells[i]);
+      if (i > 0) out += "  ";
+      if (right[i]) out.append(pad, ' ');
+      out += cells[i];
+      if (!right[i] && i + 1 < cells.size()) out.append(pad, ' ');
+    }
+    return out + "\n";
+  };
+  std::string out = line(header);
+  if (rule) {
+    std::vector<std::string> dashes;
+    for (size_t w : width) dashes.push_back(std::string(w, '-'));
+    out += line(dashes);
+  }
+  for (const auto& row : rows) out += line(row);
+  return out;
+}
+
+}  // namespace ablate

@@ -1,0 +1,35 @@
+// Text every output of ablate shares (`ablate expand`, `table`, `query`, `export`, the dashboard's
+// CSV): numbers as papers print them, CSV fields, aligned columns. Pure functions; thread-safe.
+#ifndef ABLATE_CONFIG_TEXT_FORMAT_H_
+#define ABLATE_CONFIG_TEXT_FORMAT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace ablate {
+
+// Exact counts with thousands separators: "1,234,567", "-57,344"; SignedCount adds "+" above 0.
+std::string FormatCount(int64_t n);
+std::string SignedCount(int64_t n);
+// Parameter counts as papers print them: "1.10M", "+16.4K" (with `sign`), "512".
+std::string HumanCount(double count, bool sign = false);
+// Three significant digits and an SI prefix, for FLOPs: "6.93G", "983K".
+std::string Engineering(double v);
+
+// One CSV field (RFC 4180): quoted, with quotes doubled, when it holds a comma, a quote, or a line
+// break (\n or \r).
+std::string CsvField(absl::string_view s);
+
+// Columns separated by two spaces, each as wide as its widest cell counted in UTF-8 code points
+// ("±", "—" are one); column i right-aligned when right[i]. The last column is not padded, so no
+// line ends in spaces. With `rule`, a line of dashes under the header.
+std::string AlignedTable(const std::vector<std::string>& header,
+                         const std::vector<std::vector<std::string>>& rows,
+                         const std::vector<bool>& right, bool rule);
+
+}  // namespace ablate
+
+#endif  // ABLATE_CONFIG_TEXT_FORMAT_H_

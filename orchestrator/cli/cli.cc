@@ -1,0 +1,61 @@
+#include "orchestrator/cli/cli.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "orchestrator/cli/client_commands.h"
+#include "orchestrator/cli/dashboard_command.h"
+#include "orchestrator/cli/expand_command.h"
+#include "orchestrator/cli/serve_command.h"
+#include "orchestrator/cli/up_command.h"
+#include "orchestrator/spec/version.h"
+#include "orchestrator/cli/workers_command.h"
+
+namespace ablate {
+
+int RunAblateCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  CLI::App app{"ablate: model-architecture ablation sweeps (gated attention and friends)",
+               "ablate"};
+  app.set_version_flag("--version", std::string(CodeVersion()));
+  app.require_subcommand(1);
+  std::function<absl::Status()> action;
+  AddExpandCommand(&app, &out, &action);
+  AddServeCommand(&app, &out, &action);
+  AddUpCommand(&app, &out, &action);
+  AddClientCommands(&app, &out, &err, &action);
+  AddDashboardCommand(&app, &out, &action);
+  AddWorkersCommand(&app, &out, &action);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e, out, err);
+  }
+  if (!action) return 0;
+  const std::vector<CLI::App*> parsed = app.get_subcommands();
+  return RunCommandAction(parsed.empty() ? "ablate" : "ablate " + parsed.front()->get_name(),
+                          action, err);
+}
+
+int RunCommandAction(const std::string& command, const std::function<absl::Status()>& action,
+                     std::ostream& err) {
+  absl::Status status;
+  try {
+    status = action();
+  } catch (const std::exception& e) {
+    err << command << ": internal error: " << e.what() << " (a bug in ablate)\n";
+    return 1;
+  } catch (...) {
+    err << command << ": internal error: unknown exception (a bug in ablate)\n";
+    return 1;
+  }
+  if (!status.ok()) {
+    err << status.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace ablate

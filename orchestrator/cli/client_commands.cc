@@ -1,0 +1,447 @@
+#include "orchestrator/cli/client_commands.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "fmt/format.h"
+#include "orchestrator/store/reader.h"
+
+namespace ablate {
+namespace {
+
+// Flags every client command shares.
+struct ClientFlags {
+  std::string coordinator, token, tls_ca, state_dir = ".ablate";
+  double timeout_s = 30;
+  ClientOptions Options() const {
+    ClientOptions o;
+    o.coordinator = coordinator;
+    o.token = token;
+    o.tls_ca = tls_ca;
+    o.state_dir = state_dir;
+    o.timeout = absl::Seconds(timeout_s);
+    return o;
+  }
+};
+
+void AddClientFlags(CLI::App* cmd, ClientFlags* flags) {
+  cmd->add_option("--coordinator", flags->coordinator,
+                  "HOST:PORT (default: $ABLATE_COORDINATOR, else STATE_DIR/address, else "
+                  "127.0.0.1:50051)");
+  cmd->add_option("--token", flags->token,
+                  "bearer token (default: $ABLATE_TOKEN, else STATE_DIR/token)");
+  cmd->add_option("--tls-ca", flags->tls_ca,
+                  "PEM CA bundle to verify a TLS coordinator (default: $ABLATE_TLS_CA, else "
+                  "STATE_DIR/tls-ca.pem when present, else plaintext)");
+  cmd->add_option("--state-dir", flags->state_dir, "the coordinator's state dir")
+      ->capture_default_str();
+  cmd->add_option("--timeout", flags->timeout_s, "seconds each call may take")
+      ->capture_default_str();
+}
+
+std::string Loss(double v) { return v == 0 ? "-" : fmt::format("{:.4f}", v); }
+
+std::string Counts(const SweepStatus& s) {
+  std::vector<std::string> parts;
+  for (const char* state :
+       {"PENDING", "RUNNING", "SUCCEEDED", "FAILED", "DIVERGED", "CANCELLED", "INTERRUPTED"}) {
+    auto it = s.runs_by_state().find(state);
+    if (it != s.runs_by_state().end()) parts.push_back(absl::StrCat(it->second, " ", state));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+std::string Bar(const RunStatus& r) {
+  constexpr int kWidth = 24;
+  const double frac =
+      r.total_steps() > 0 ? std::min(1.0, static_cast<double>(r.step()) / r.total_steps()) : 0;
+  const int filled = static_cast<int>(std::round(frac * kWidth));
+  std::string line = fmt::format("run {:>4} {:<18} [{}{}] {:>6}/{:<6} loss {:<8} {}", r.run_id(),
+                                 r.variant(), std::string(filled, '#'),
+                                 std::string(kWidth - filled, '.'), r.step(), r.total_steps(),
+                                 Loss(r.last_loss()), RunStateName(r.state()));
+  if (r.spike_count() > 0) absl::StrAppend(&line, "  spikes ", r.spike_count());
+  return line;
+}
+
+std::string StateLine(const RunStatus& r) {
+  std::string line = fmt::format("run {} {}: {}", r.run_id(), r.variant(),
+                                 RunStateName(r.state()));
+  if (r.state() == RUNNING) {
+    absl::StrAppend(&line, " (attempt ", r.attempts());
+    if (!r.worker().empty()) absl::StrAppend(&line, ", worker ", r.worker());
+    absl::StrAppend(&line, ")");
+  }
+  if (r.state() == SUCCEEDED && r.val_loss() != 0) {
+    absl::StrAppend(&line, fmt::format(" (val loss {:.4f})", r.val_loss()));
+  }
+  if (!r.reason().empty() && r.state() != RUNNING) absl::StrAppend(&line, ": ", r.reason());
+  return line;
+}
+
+std::string SpikeLine(const WatchEvent& e) {
+  const SpikeEvent& s = e.spike();
+  std::string kind = SpikeKind_Name(s.kind());
+  std::string action = SpikeAction_Name(s.action());
+  return fmt::format("spike: run {} {} step {}: {} {:.4g} (baseline {:.4g}, {}, {})", e.run_id(),
+                     e.variant(), s.step(), s.signal(), s.value(), s.baseline(), kind, action);
+}
+
+absl::Status ReadFile(const std::string& path, std::string* text) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read the spec"));
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  *text = buffer.str();
+  return absl::OkStatus();
+}
+
+bool IsTerminal(std::ostream& out) { return &out == &std::cout && ::isatty(STDOUT_FILENO); }
+
+}  // namespace
+
+absl::Status RunWatch(CoordinatorClient& client, const std::string& sweep, bool live,
+                      absl::Duration timeout, std::ostream& out) {
+  if (!client.ready().ok()) return client.ready();
+  WatchRequest request;
+  request.set_sweep(sweep);
+  request.set_include_steps(true);
+  auto ctx = client.Context(timeout);
+  std::unique_ptr<grpc::ClientReader<WatchEvent>> reader = client.stub()->Watch(ctx.get(), request);
+  std::map<int64_t, RunStatus> runs;
+  std::map<int64_t, int64_t> decile;
+  size_t drawn = 0;
+  bool done = false;
+  WatchEvent event;
+  while (reader->Read(&event)) {
+    std::vector<std::string> messages;
+    if (event.has_spike()) messages.push_back(SpikeLine(event));
+    if (event.has_run()) {
+      const RunStatus& r = event.run();
+      auto it = runs.find(r.run_id());
+      const bool changed = it == runs.end() || it->second.state() != r.state() ||
+                           it->second.attempts() != r.attempts();
+      runs[r.run_id()] = r;
+      if (changed && (!live || r.state() != RUNNING)) messages.push_back(StateLine(r));
+      if (!live && !changed && r.total_steps() > 0) {
+        const int64_t d = 10 * r.step() / r.total_steps();
+        if (d != decile[r.run_id()]) messages.push_back(Bar(r));
+        decile[r.run_id()] = d;
+      }
+    }
+    if (event.has_sweep_done()) {
+      done = true;
+      messages.push_back(fmt::format("sweep {} {}: {}", event.sweep_done().name(),
+                                     event.sweep_done().state(), Counts(event.sweep_done())));
+    }
+    if (live) {
+      if (drawn > 0) out << "\x1b[" << drawn << "A\x1b[J";
+      for (const std::string& m : messages) out << m << "\n";
+      drawn = 0;
+      if (!done) {
+        for (const auto& [id, r] : runs) {
+          out << Bar(r) << "\n";
+          ++drawn;
+        }
+      }
+    } else {
+      for (const std::string& m : messages) out << m << "\n";
+    }
+    out.flush();
+  }
+  absl::Status status = FromGrpc(reader->Finish(), client.address());
+  if (!status.ok()) return status;
+  if (!done) return absl::UnavailableError("watch: the stream ended before the sweep did");
+  return absl::OkStatus();
+}
+
+namespace {
+
+// `ablate submit SPEC [--watch] [--force]`.
+void AddSubmitCommand(CLI::App* app, std::ostream* out, std::ostream* err,
+                      std::function<absl::Status()>* action) {
+  CLI::App* cmd = app->add_subcommand(
+      "submit", "Queue a sweep on the coordinator. Runs identical to one that already "
+                "succeeded (same run key) reuse its result unless --force.");
+  auto flags = std::make_shared<ClientFlags>();
+  auto spec = std::make_shared<std::string>();
+  auto watch = std::make_shared<bool>(false);
+  auto force = std::make_shared<bool>(false);
+  cmd->add_option("spec", *spec, "sweep spec (YAML; see docs/spec.md)")->required();
+  cmd->add_flag("--watch,-w", *watch, "then watch it until it ends (as `ablate watch`)");
+  cmd->add_flag("--force", *force, "train runs again even when an identical one succeeded");
+  AddClientFlags(cmd, flags.get());
+  cmd->callback([=] {
+    *action = [=]() -> absl::Status {
+      SubmitRequest request;
+      if (absl::Status s = ReadFile(*spec, request.mutable_spec_yaml()); !s.ok()) return s;
+      request.set_spec_file(*spec);
+      request.set_force(*force);
+      CoordinatorClient client(flags->Options());
+      absl::StatusOr<SubmitResponse> r = client.Submit(request);
+      if (!r.ok()) return r.status();
+      if (r->already_exists()) {
+        *out << fmt::format("sweep {} (id {}) already exists with these {} runs: nothing new "
+                            "was queued (ablate status {})\n",
+                            r->sweep(), r->sweep_id(), r->runs(), r->sweep());
+      } else {
+        *out << fmt::format("sweep {} (id {}): {} runs, {} queued, {} reused\n", r->sweep(),
+                            r->sweep_id(), r->runs(), r->queued(), r->reused());
+      }
+      if (!*watch) return absl::OkStatus();
+      return RunWatch(client, r->sweep(), IsTerminal(*out), absl::Hours(24 * 30), *out);
+    };
+  });
+}
+
+// `ablate status [SWEEP]`.
+void AddStatusCommand(CLI::App* app, std::ostream* out, std::ostream* err,
+                      std::function<absl::Status()>* action) {
+  CLI::App* cmd = app->add_subcommand(
+      "status", "Sweeps and their run counts; with SWEEP, every run of it.");
+  auto flags = std::make_shared<ClientFlags>();
+  auto sweep = std::make_shared<std::string>();
+  cmd->add_option("sweep", *sweep, "sweep name or id");
+  AddClientFlags(cmd, flags.get());
+  cmd->callback([=] {
+    *action = [=]() -> absl::Status {
+      CoordinatorClient client(flags->Options());
+      if (sweep->empty()) {
+        absl::StatusOr<ListSweepsResponse> r = client.ListSweeps();
+        if (!r.ok()) return r.status();
+        if (r->sweeps().empty()) {
+          *out << "no sweeps (ablate submit SPEC)\n";
+          return absl::OkStatus();
+        }
+        *out << fmt::format("{:>4}  {:<24} {:<9} {:>5}  {}\n", "ID", "SWEEP", "STATE", "RUNS",
+                            "BY STATE");
+        for (const SweepStatus& s : r->sweeps()) {
+          *out << fmt::format("{:>4}  {:<24} {:<9} {:>5}  {}\n", s.sweep_id(), s.name(),
+                              s.state(), s.total_runs(), Counts(s));
+        }
+        return absl::OkStatus();
+      }
+      absl::StatusOr<GetSweepResponse> r = client.GetSweep(*sweep);
+      if (!r.ok()) return r.status();
+      *out << fmt::format("sweep {} (id {}): {}, {}\n", r->sweep().name(),
+                          r->sweep().sweep_id(), r->sweep().state(), Counts(r->sweep()));
+      *out << fmt::format("{:>5}  {:<18} {:>5} {:<11} {:>3} {:>13} {:>9} {:>9}  {}\n", "RUN",
+                          "VARIANT", "SEED", "STATE", "TRY", "STEP", "LOSS", "VAL LOSS",
+                          "WORKER / REASON");
+      for (const RunStatus& run : r->runs()) {
+        *out << fmt::format("{:>5}  {:<18} {:>5} {:<11} {:>3} {:>13} {:>9} {:>9}  {}\n",
+                            run.run_id(), run.variant(), run.seed(),
+                            RunStateName(run.state()), run.attempts(),
+                            absl::StrCat(run.step(), "/", run.total_steps()),
+                            Loss(run.last_loss()), Loss(run.val_loss()),
+                            run.state() == RUNNING ? run.worker() : run.reason());
+      }
+      return absl::OkStatus();
+    };
+  });
+}
+
+// `ablate watch SWEEP [--plain]`.
+void AddWatchCommand(CLI::App* app, std::ostream* out, std::ostream* err,
+                     std::function<absl::Status()>* action) {
+  CLI::App* cmd = app->add_subcommand(
+      "watch", "Live progress of every run of a sweep, spikes and divergences as they "
+               "happen; exits when the sweep ends.");
+  auto flags = std::make_shared<ClientFlags>();
+  auto sweep = std::make_shared<std::string>();
+  auto plain = std::make_shared<bool>(false);
+  cmd->add_option("sweep", *sweep, "sweep name or id")->required();
+  cmd->add_flag("--plain", *plain, "a line per event, no redrawn bars (default off a terminal)");
+  AddClientFlags(cmd, flags.get());
+  flags->timeout_s = 30 * 24 * 3600;  // the stream's deadline: a sweep may take weeks
+  cmd->callback([=] {
+    *action = [=]() -> absl::Status {
+      CoordinatorClient client(flags->Options());
+      return RunWatch(client, *sweep, !*plain && IsTerminal(*out),
+                      absl::Seconds(flags->timeout_s), *out);
+    };
+  });
+}
+
+// `ablate cancel SWEEP`.
+void AddCancelCommand(CLI::App* app, std::ostream* out, std::ostream* err,
+                      std::function<absl::Status()>* action) {
+  CLI::App* cmd = app->add_subcommand(
+      "cancel", "Cancel a sweep: queued runs become CANCELLED, running ones are stopped.");
+  auto flags = std::make_shared<ClientFlags>();
+  auto sweep = std::make_shared<std::string>();
+  cmd->add_option("sweep", *sweep, "sweep name or id")->required();
+  AddClientFlags(cmd, flags.get());
+  cmd->callback([=] {
+    *action = [=]() -> absl::Status {
+      CoordinatorClient client(flags->Options());
+      absl::StatusOr<CancelResponse> r = client.Cancel(*sweep);
+      if (!r.ok()) return r.status();
+      *out << fmt::format("sweep {}: {} runs cancelled\n", *sweep, r->cancelled());
+      return absl::OkStatus();
+    };
+  });
+}
+
+// `ablate rerun SWEEP --failed`.
+void AddRerunCommand(CLI::App* app, std::ostream* out, std::ostream* err,
+                     std::function<absl::Status()>* action) {
+  CLI::App* cmd = app->add_subcommand(
+      "rerun", "Queue a sweep's FAILED and CANCELLED runs again, resuming from their last "
+               "checkpoints. DIVERGED runs are results and are not rerun.");
+  auto flags = std::make_shared<ClientFlags>();
+  auto sweep = std::make_shared<std::string>();
+  auto failed = std::make_shared<bool>(false);
+  cmd->add_option("sweep", *sweep, "sweep name or id")->required();
+  cmd->add_flag("--failed", *failed, "the failed and cancelled runs (required)")->required();
+  AddClientFlags(cmd, flags.get());
+  cmd->callback([=] {
+    *action = [=]() -> absl::Status {
+      CoordinatorClient client(flags->Options());
+      absl::StatusOr<RerunResponse> r = client.Rerun(*sweep, *failed);
+      if (!r.ok()) return r.status();
+      *out << fmt::format("sweep {}: {} runs queued again\n", *sweep, r->queued());
+      return absl::OkStatus();
+    };
+  });
+}
+
+// `ablate query SQL [--format table|csv|json] [--max-rows N]`: the result on `out`, a note on
+// `err` when it was cut at the row cap.
+void AddQueryCommand(CLI::App* app, std::ostream* out, std::ostream* err,
+                     std::function<absl::Status()>* action) {
+  CLI::App* cmd = app->add_subcommand(
+      "query", "Run one read-only SQL statement on the results database (docs/schema.md).");
+  auto flags = std::make_shared<ClientFlags>();
+  auto sql = std::make_shared<std::string>();
+  auto format = std::make_shared<std::string>("table");
+  auto max_rows = std::make_shared<int>(0);
+  cmd->add_option("sql", *sql, "a SELECT statement")->required();
+  cmd->add_option("--format,-f", *format, "output format")
+      ->check(CLI::IsMember({"table", "csv", "json"}))
+      ->capture_default_str();
+  cmd->add_option("--max-rows", *max_rows,
+                  "rows to return, at most 1000000 (0: the server's default, 10000)")
+      ->check(CLI::Range(0, 1000000));
+  AddClientFlags(cmd, flags.get());
+  cmd->callback([=] {
+    *action = [=]() -> absl::Status {
+      CoordinatorClient client(flags->Options());
+      QueryRequest request;
+      request.set_sql(*sql);
+      request.set_format(*format);
+      request.set_max_rows(*max_rows);
+      absl::StatusOr<QueryResponse> r = client.Query(request);
+      if (!r.ok()) return r.status();
+      *out << r->formatted();
+      if (r->truncated()) {
+        *out << std::flush;  // the rows, then the note, when both go to one terminal or file
+        *err << fmt::format(
+            "ablate query: the result stops at {} row{} and more exist: raise the cap with "
+            "--max-rows (up to 1000000), or page with LIMIT and OFFSET\n",
+            r->rows(), r->rows() == 1 ? "" : "s");
+      }
+      return absl::OkStatus();
+    };
+  });
+}
+
+// `ablate table SWEEP [--format markdown|csv|json]`.
+void AddTableCommand(CLI::App* app, std::ostream* out, std::ostream* err,
+                     std::function<absl::Status()>* action) {
+  CLI::App* cmd = app->add_subcommand(
+      "table", "The paper-style comparison of a sweep: one row per variant, mean ± std over "
+               "seeds of val loss/PPL, gate score, M-Act, F-Attn, spike score, and params.");
+  auto flags = std::make_shared<ClientFlags>();
+  auto sweep = std::make_shared<std::string>();
+  auto format = std::make_shared<std::string>("markdown");
+  cmd->add_option("sweep", *sweep, "sweep name or id")->required();
+  cmd->add_option("--format,-f", *format, "output format")
+      ->check(CLI::IsMember({"markdown", "csv", "json"}))
+      ->capture_default_str();
+  AddClientFlags(cmd, flags.get());
+  cmd->callback([=] {
+    *action = [=]() -> absl::Status {
+      CoordinatorClient client(flags->Options());
+      absl::StatusOr<TableResponse> r = client.Table(*sweep, *format);
+      if (!r.ok()) return r.status();
+      *out << r->formatted();
+      return absl::OkStatus();
+    };
+  });
+}
+
+// `ablate export SWEEP [--format csv|json] [--steps]`.
+void AddExportCommand(CLI::App* app, std::ostream* out, std::ostream* err,
+                      std::function<absl::Status()>* action) {
+  CLI::App* cmd = app->add_subcommand(
+      "export", "Every run of a sweep with its final metrics (the run_summary view), or with "
+                "--steps every reported step, as CSV or JSON.");
+  auto flags = std::make_shared<ClientFlags>();
+  auto sweep = std::make_shared<std::string>();
+  auto format = std::make_shared<std::string>("csv");
+  auto steps = std::make_shared<bool>(false);
+  cmd->add_option("sweep", *sweep, "sweep name or id")->required();
+  cmd->add_option("--format,-f", *format, "output format")
+      ->check(CLI::IsMember({"csv", "json"}))
+      ->capture_default_str();
+  cmd->add_flag("--steps", *steps, "step metrics (loss, grad norm, lr...) instead of runs");
+  AddClientFlags(cmd, flags.get());
+  cmd->callback([=] {
+    *action = [=]() -> absl::Status {
+      CoordinatorClient client(flags->Options());
+      absl::StatusOr<GetSweepResponse> found = client.GetSweep(*sweep);
+      if (!found.ok()) return found.status();
+      const int64_t id = found->sweep().sweep_id();
+      QueryRequest request;
+      request.set_format(*format);
+      request.set_max_rows(1000000);
+      if (*steps) {
+        request.set_sql(absl::StrCat(
+            // A reused run's steps are its source's, marked with reused_from.
+            "SELECT r.run_id, r.variant, r.seed, r.axes, m.step, m.attempt, m.loss, "
+            "m.grad_norm, m.lr, m.tokens_per_s, m.aux_loss, m.skipped, r.reused_from "
+            "FROM run_summary r JOIN step_metrics m ON m.run_id = "
+            "coalesce(r.reused_from, r.run_id) WHERE r.sweep_id = ", id,
+            " ORDER BY r.run_index, m.step"));
+      } else {
+        request.set_sql(absl::StrCat("SELECT * FROM run_summary WHERE sweep_id = ", id,
+                                     " ORDER BY run_index"));
+      }
+      absl::StatusOr<QueryResponse> r = client.Query(request);
+      if (!r.ok()) return r.status();
+      if (r->truncated()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "export: more than ", r->rows(), " rows; use `ablate query` with LIMIT/OFFSET"));
+      }
+      *out << r->formatted();
+      return absl::OkStatus();
+    };
+  });
+}
+
+}  // namespace
+
+void AddClientCommands(CLI::App* app, std::ostream* out, std::ostream* err,
+                       std::function<absl::Status()>* action) {
+  AddSubmitCommand(app, out, err, action);
+  AddStatusCommand(app, out, err, action);
+  AddWatchCommand(app, out, err, action);
+  AddCancelCommand(app, out, err, action);
+  AddRerunCommand(app, out, err, action);
+  AddQueryCommand(app, out, err, action);
+  AddTableCommand(app, out, err, action);
+  AddExportCommand(app, out, err, action);
+}
+
+}  // namespace ablate

@@ -1,0 +1,71 @@
+#include "orchestrator/cli/dashboard_command.h"
+
+#include <signal.h>
+
+#include <filesystem>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "fmt/format.h"
+#include "orchestrator/cli/process.h"
+#include "config/state_dir.h"
+#include "orchestrator/dashboard/server.h"
+
+namespace ablate {
+
+namespace {
+
+struct DashboardCommandOptions {
+  std::string state_dir = ".ablate";
+  std::string db;  // "" = STATE_DIR/ablate.db
+  std::string host = "127.0.0.1";
+  int port = 8080;
+};
+
+absl::Status RunDashboard(const DashboardCommandOptions& options, std::ostream& out) {
+  const BlockedSignals signals({SIGINT, SIGTERM});
+  DashboardOptions o;
+  o.host = options.host;
+  o.port = options.port;
+  o.db_path = options.db.empty()
+                  ? (std::filesystem::path(options.state_dir) / "ablate.db").string()
+                  : options.db;
+  if (!std::filesystem::exists(o.db_path)) {  // before a token is created for nothing
+    return absl::NotFoundError(absl::StrCat("dashboard: no database at ", o.db_path));
+  }
+  absl::StatusOr<std::string> token = LoadOrCreateToken(options.state_dir);
+  if (!token.ok()) return token.status();
+  o.token = *token;
+  absl::StatusOr<std::unique_ptr<DashboardServer>> dashboard = DashboardServer::Start(o);
+  if (!dashboard.ok()) return dashboard.status();
+  out << fmt::format("ablate dashboard: {} (read-only: {})\n", (*dashboard)->Url(), o.db_path)
+      << std::flush;
+  signals.Wait();
+  (*dashboard)->Stop();
+  out << "ablate dashboard: stopped\n" << std::flush;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void AddDashboardCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
+  CLI::App* cmd = app->add_subcommand(
+      "dashboard", "Serve the web dashboard over a results database, read-only, without a "
+                   "coordinator (`ablate serve` and `ablate up` start one themselves).");
+  auto options = std::make_shared<DashboardCommandOptions>();
+  cmd->add_option("--state-dir", options->state_dir,
+                  "the state dir whose token protects the dashboard (and whose ablate.db it "
+                  "serves unless --db)")
+      ->capture_default_str();
+  cmd->add_option("--db", options->db, "the database file to serve (default STATE_DIR/ablate.db)");
+  cmd->add_option("--host", options->host, "address to listen on (0.0.0.0: every interface)")
+      ->capture_default_str();
+  cmd->add_option("--port,-p", options->port, "HTTP port (0: any free one)")->capture_default_str();
+  cmd->callback([out, action, options] {
+    *action = [out, options] { return RunDashboard(*options, *out); };
+  });
+}
+
+}  // namespace ablate

@@ -1,0 +1,147 @@
+#include "orchestrator/cli/expand_command.h"
+
+#include <algorithm>
+#include <set>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "fmt/format.h"
+#include "google/protobuf/util/json_util.h"
+#include "config/text_format.h"
+#include "orchestrator/spec/budget.h"
+#include "orchestrator/spec/expand.h"
+
+namespace ablate {
+
+namespace {
+
+// The axis paths used by any run, in first-seen order.
+std::vector<std::string> AxisPaths(const ExpandedSweep& sweep) {
+  std::vector<std::string> paths;
+  for (const RunSpec& run : sweep.runs()) {
+    for (const AxisValue& a : run.axes()) {
+      if (std::find(paths.begin(), paths.end(), a.path()) == paths.end()) paths.push_back(a.path());
+    }
+  }
+  return paths;
+}
+
+std::string AxisValueOf(const RunSpec& run, const std::string& path) {
+  for (const AxisValue& a : run.axes()) {
+    if (a.path() == path) return a.value();
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string FormatExpandTable(const ExpandedSweep& sweep) {
+  const std::vector<std::string> axes = AxisPaths(sweep);
+  std::vector<std::string> header = {"#", "variant", "seed"};
+  for (const std::string& path : axes) header.push_back(path.substr(path.rfind('.') + 1));
+  for (const char* h : {"differs from reference", "total", "activated", "added", "budget",
+                        "FLOPs/tok", "run key"}) {
+    header.push_back(h);
+  }
+  const size_t first_number = 3 + axes.size() + 1;  // total, activated, added right-aligned
+  std::vector<std::vector<std::string>> rows;
+  std::set<std::string> variants;
+  for (const RunSpec& run : sweep.runs()) {
+    variants.insert(run.variant());
+    std::vector<std::string> row = {std::to_string(run.index()), run.variant(),
+                                    std::to_string(run.seed())};
+    for (const std::string& path : axes) row.push_back(AxisValueOf(run, path));
+    row.push_back(run.diff().empty() ? "-" : run.diff());
+    row.push_back(FormatCount(run.params().total()));
+    row.push_back(FormatCount(run.params().activated()));
+    row.push_back(SignedCount(run.added_params()));
+    row.push_back(run.budget().text().empty() ? "-" : run.budget().text());
+    row.push_back(Engineering(run.flops_per_token()));
+    row.push_back(run.run_key());
+    rows.push_back(std::move(row));
+  }
+  std::vector<bool> right(header.size(), false);
+  right[0] = right[2] = true;  // index, seed, and total, activated, added
+  for (size_t c = first_number; c < first_number + 3; ++c) right[c] = true;
+  return fmt::format("sweep {}: {} runs of {} variants; reference {}; code {}\n", sweep.name(),
+                     sweep.runs_size(), variants.size(), sweep.reference(),
+                     sweep.code_version()) +
+         AlignedTable(header, rows, right, /*rule=*/false);
+}
+
+std::string FormatExpandCsv(const ExpandedSweep& sweep) {
+  const std::vector<std::string> axes = AxisPaths(sweep);
+  std::vector<std::string> header = {"index", "run_key", "sweep", "variant", "seed"};
+  header.insert(header.end(), axes.begin(), axes.end());
+  for (const char* h : {"diff", "total_params", "activated_params", "added_params",
+                        "budget_dim", "budget_from", "budget_to", "budget_residual", "budget",
+                        "flops_per_token", "description", "code_version"}) {
+    header.push_back(h);
+  }
+  std::string out = absl::StrJoin(header, ",") + "\n";
+  for (const RunSpec& run : sweep.runs()) {
+    std::vector<std::string> row = {std::to_string(run.index()), run.run_key(), run.sweep(),
+                                    run.variant(), std::to_string(run.seed())};
+    for (const std::string& path : axes) row.push_back(AxisValueOf(run, path));
+    const BudgetSolution& b = run.budget();
+    const bool matched = b.match() != BUDGET_NONE;
+    row.insert(row.end(),
+               {run.diff(), std::to_string(run.params().total()),
+                std::to_string(run.params().activated()), std::to_string(run.added_params()),
+                b.dim(), matched ? std::to_string(b.from()) : "",
+                matched ? std::to_string(b.to()) : "", matched ? std::to_string(b.residual()) : "",
+                b.text(), fmt::format("{:.6g}", run.flops_per_token()), run.description(),
+                run.code_version()});
+    for (std::string& cell : row) cell = CsvField(cell);
+    out += absl::StrJoin(row, ",") + "\n";
+  }
+  return out;
+}
+
+std::string FormatExpandJson(const ExpandedSweep& sweep) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  (void)google::protobuf::util::MessageToJsonString(sweep, &out, options);  // no Any: cannot fail
+  return out;
+}
+
+absl::Status RunExpand(const std::string& spec_path, const std::string& format, std::ostream& out) {
+  if (format != "table" && format != "json" && format != "csv") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--format: must be table, json or csv, got \"", format, "\""));
+  }
+  absl::StatusOr<ExpandedSweep> sweep = ExpandSweepFile(spec_path);
+  if (!sweep.ok()) return sweep.status();
+  if (format == "json") {
+    out << FormatExpandJson(*sweep);
+  } else if (format == "csv") {
+    out << FormatExpandCsv(*sweep);
+  } else {
+    out << FormatExpandTable(*sweep);
+  }
+  return absl::OkStatus();
+}
+
+void AddExpandCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
+  CLI::App* cmd = app->add_subcommand(
+      "expand",
+      "Dry run: list every run a sweep spec launches, with exact parameter counts (total, "
+      "activated, added vs the reference), how its budget was matched, training FLOPs per "
+      "token, seed and run key. Nothing is queued.");
+  auto spec = std::make_shared<std::string>();
+  auto format = std::make_shared<std::string>("table");
+  cmd->add_option("spec", *spec, "sweep spec (YAML or JSON; see docs/spec.md)")->required();
+  cmd->add_option("--format,-f", *format, "output format")
+      ->check(CLI::IsMember({"table", "json", "csv"}))
+      ->capture_default_str();
+  cmd->callback([out, action, spec, format] {
+    *action = [out, spec, format] { return RunExpand(*spec, *format, *out); };
+  });
+}
+
+}  // namespace ablate

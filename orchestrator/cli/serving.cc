@@ -1,0 +1,106 @@
+#include "orchestrator/cli/serving.h"
+
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/time/time.h"
+#include "fmt/format.h"
+#include "orchestrator/dashboard/metrics.h"
+
+namespace ablate {
+
+void AddServerFlags(CLI::App* cmd, ServerOptions* options, ServerFlagSeconds* seconds,
+                    int* dashboard_port) {
+  cmd->add_option("--host", options->host, "address to listen on (0.0.0.0: every interface)")
+      ->capture_default_str();
+  cmd->add_option("--port,-p", options->port, "port (0: any free one; see STATE_DIR/address)")
+      ->capture_default_str();
+  cmd->add_option("--state-dir", options->state_dir,
+                  "database (ablate.db), token, address file, checkpoints/")
+      ->capture_default_str();
+  cmd->add_option("--checkpoint-root", options->checkpoint_root,
+                  "where runs' checkpoints live (default STATE_DIR/checkpoints; a shared "
+                  "filesystem path on clusters)");
+  cmd->add_option("--lease-timeout", seconds->lease,
+                  "seconds without a report after which a running job is LOST")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--retry-backoff", seconds->retry_backoff,
+                  "seconds before a lost or failed run is retried, doubling per attempt (up to "
+                  "5 minutes)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-attempts", options->coordinator.scheduler.max_attempts,
+                  "attempts (lost or failed) before a run is FAILED")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--fsync,!--no-fsync", options->synchronous_full,
+                "fsync the database at every group commit: acknowledged writes survive a power "
+                "loss (--no-fsync: they survive a crash of the coordinator, and the OS writes "
+                "them back; several times the job throughput on slow disks, docs/operations.md)")
+      ->capture_default_str();
+  CLI::Option* cert = cmd->add_option("--tls-cert", options->tls_cert_file,
+                                      "serve gRPC over TLS with this PEM certificate (its "
+                                      "subjectAltName must name the address clients dial)");
+  CLI::Option* key = cmd->add_option("--tls-key", options->tls_key_file,
+                                     "the PEM private key of --tls-cert");
+  cert->needs(key);
+  key->needs(cert);
+  cmd->add_option("--dashboard-port", *dashboard_port,
+                  "port of the web dashboard on --host (0: no dashboard); its URL carries the token")
+      ->capture_default_str();
+}
+
+void ApplyServerFlags(const ServerFlagSeconds& seconds, ServerOptions* options) {
+  options->coordinator.scheduler.lease_timeout = absl::Seconds(seconds.lease);
+  options->coordinator.scheduler.retry_base = absl::Seconds(seconds.retry_backoff);
+}
+
+namespace {
+
+// The dashboard of `server`, or nullptr (none asked for, or its port could not be bound).
+std::unique_ptr<DashboardServer> StartDashboard(CoordinatorServer* server, const std::string& host,
+                                                int port, std::ostream& out) {
+  if (port <= 0) return nullptr;
+  DashboardOptions o;
+  o.host = host;
+  o.port = port;
+  o.token = server->token();
+  o.reader = &server->store()->reader();
+  Store* store = server->store();
+  o.operator_stats = [store] { return StoreMetrics(store->Stats()); };
+  absl::StatusOr<std::unique_ptr<DashboardServer>> dashboard = DashboardServer::Start(o);
+  if (!dashboard.ok()) {
+    out << fmt::format("dashboard: not started ({}); --dashboard-port picks another port\n",
+                       std::string(dashboard.status().message()))
+        << std::flush;
+    return nullptr;
+  }
+  out << fmt::format("dashboard: {}\n", (*dashboard)->Url()) << std::flush;
+  return std::move(*dashboard);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ServedCoordinator>> ServedCoordinator::Start(
+    const ServerOptions& options, int dashboard_port, std::ostream& out) {
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options);
+  if (!server.ok()) return server.status();
+  std::unique_ptr<ServedCoordinator> served(new ServedCoordinator());
+  served->server_ = *std::move(server);
+  served->dashboard_ = StartDashboard(served->server_.get(), options.host, dashboard_port, out);
+  return served;
+}
+
+ServedCoordinator::~ServedCoordinator() { Stop(); }
+
+StoreStats ServedCoordinator::Stop() {
+  dashboard_.reset();  // it reads the coordinator's store
+  if (server_ == nullptr) return StoreStats();
+  const StoreStats stats = server_->store()->Stats();  // Shutdown closes the store
+  server_->Shutdown();
+  server_.reset();
+  return stats;
+}
+
+}  // namespace ablate

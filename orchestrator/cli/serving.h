@@ -1,0 +1,59 @@
+// The coordinator as `ablate serve` and `ablate up` run it: the flags both take, and the
+// coordinator and its web dashboard, started together and stopped together (the dashboard first:
+// it reads the coordinator's store).
+#ifndef ABLATE_ORCHESTRATOR_CLI_SERVING_H_
+#define ABLATE_ORCHESTRATOR_CLI_SERVING_H_
+
+#include <memory>
+#include <ostream>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "orchestrator/coordinator/server.h"
+#include "orchestrator/dashboard/server.h"
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace ablate {
+
+// Coordinator flags given in seconds, applied to ServerOptions by ApplyServerFlags.
+struct ServerFlagSeconds {
+  double lease = 60;         // --lease-timeout
+  double retry_backoff = 5;  // --retry-backoff
+};
+
+// The coordinator flags `serve` and `up` share: --host, --port, --state-dir, --checkpoint-root,
+// --lease-timeout, --retry-backoff, --max-attempts, --fsync/--no-fsync, --tls-cert, --tls-key,
+// --dashboard-port (into *dashboard_port).
+void AddServerFlags(CLI::App* cmd, ServerOptions* options, ServerFlagSeconds* seconds,
+                    int* dashboard_port);
+// Copies the durations AddServerFlags parsed into `options`.
+void ApplyServerFlags(const ServerFlagSeconds& seconds, ServerOptions* options);
+
+class ServedCoordinator {
+ public:
+  // Starts the coordinator, then its dashboard on options.host:dashboard_port (0: none) over the
+  // coordinator's store and token, with the store writer's backlog in /metrics. Prints the
+  // dashboard's URL (it carries the token), or why it did not start, on `out`: a port that cannot
+  // be bound is not fatal to the coordinator.
+  static absl::StatusOr<std::unique_ptr<ServedCoordinator>> Start(const ServerOptions& options,
+                                                                  int dashboard_port,
+                                                                  std::ostream& out);
+  ~ServedCoordinator();  // Stop()
+
+  CoordinatorServer& server() { return *server_; }
+  // Stops the dashboard, then the coordinator (its store flushed and closed); returns the store's
+  // statistics taken just before. Idempotent (later calls return zeros).
+  StoreStats Stop();
+
+ private:
+  ServedCoordinator() = default;
+  std::unique_ptr<CoordinatorServer> server_;
+  std::unique_ptr<DashboardServer> dashboard_;
+};
+
+}  // namespace ablate
+
+#endif  // ABLATE_ORCHESTRATOR_CLI_SERVING_H_

@@ -1,0 +1,183 @@
+// CoordinatorCore: the client API (submit, list, get, cancel, rerun, watch, query, table) and the
+// worker API (register, acquire, report, finish) over the Store and the Scheduler, without gRPC
+// (coordinator_server.h wraps it in the gRPC services of proto/ablate.proto). Every method
+// returns an absl::Status whose code is the gRPC status code the service answers with.
+//
+// Runs. The Store holds the truth (run states, attempts, metrics, checkpoints); the Scheduler
+// holds the queue of PENDING runs and the leases of RUNNING ones. Every state change is a
+// compare-and-set in the Store first (TransitionRun), then mirrored in the Scheduler, so a run
+// completes once even when a worker's Finish races its lost lease or a cancellation.
+//  - Submit: spec -> expansion -> CreateSweep. A run whose run_key already SUCCEEDED elsewhere is
+//    reused unless `force`: CreateSweep stores it SUCCEEDED with the earlier run's results and
+//    reused_from (reason "reused run N"), in the same transaction. The rest are queued. Resubmitting a spec whose sweep exists with the same
+//    runs returns that sweep (nothing is stored); a different spec under an existing name is
+//    AlreadyExists.
+//  - AcquireJob: long poll; a dispatched run starts its next attempt (PENDING -> RUNNING) and the
+//    job carries the latest checkpoint of any earlier attempt to resume from.
+//  - Report: renews the lease and stores the batch (idempotent by seq); a report of an attempt
+//    that no longer holds the lease is FailedPrecondition (the worker must stop). The reply says
+//    DIRECTIVE_STOP once the run's sweep is cancelled.
+//  - Finish: SUCCEEDED, DIVERGED (a result: never retried) and CANCELLED are terminal; FAILED is
+//    retried with backoff until max_attempts; INTERRUPTED is queued again at once to resume.
+//    The attempt's last metric batch (final_report) and the start of the worker's next run
+//    (acquire_next) go into the same store transaction: a short job costs one call and one
+//    commit instead of three of each.
+//    A FAILED finish marked `permanent` (an invalid config, missing data) is not retried.
+//  - Lost leases (CheckLeases, also run by a background thread): the attempt ends LOST and the run
+//    is queued again with backoff (or FAILED after max_attempts, CANCELLED when its sweep was).
+//  - Workers: IDLE or BUSY while they call; GONE after Deregister or a lease timeout of silence
+//    (CheckWorkers, also run by the background thread; after a restart every known worker gets a
+//    lease timeout to call again).
+// On Create the Scheduler is rebuilt from the Store: PENDING runs are queued, INTERRUPTED ones
+// queued again, RUNNING ones get a fresh lease from now: a worker that keeps reporting keeps its
+// job, one that does not loses it after the lease timeout.
+//
+// Thread safety: every method is thread-safe. AcquireJob and Watch block (bounded by their
+// deadlines); Shutdown wakes them. The store must outlive the CoordinatorCore.
+#ifndef ABLATE_ORCHESTRATOR_COORDINATOR_CORE_H_
+#define ABLATE_ORCHESTRATOR_COORDINATOR_CORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "orchestrator/coordinator/scheduler.h"
+#include "orchestrator/store/store.h"
+#include "proto/ablate.pb.h"
+
+namespace ablate {
+
+struct RunInfo;  // orchestrator/store/reader.h
+
+struct CoordinatorOptions {
+  // Runs' checkpoints live under checkpoint_root/run-<id> (a shared filesystem on clusters).
+  std::string checkpoint_root = ".ablate/checkpoints";
+  SchedulerOptions scheduler;
+  // The longest an AcquireJob long poll waits (a worker's wait_s is capped to this).
+  absl::Duration max_acquire_wait = absl::Seconds(30);
+  // Limits on what clients and workers send.
+  int64_t max_spec_bytes = 1 << 20;     // SubmitRequest.spec_yaml
+  int max_runs_per_sweep = 10000;       // runs after expansion
+  int64_t max_batch_rows = 200000;      // MetricBatch::Rows() of one report
+  // Query limits: default and maximum rows, time per statement.
+  int64_t default_query_rows = 10000;
+  int64_t max_query_rows = 1000000;
+  absl::Duration query_timeout = absl::Seconds(10);
+  // How often Watch polls the store, and how often the background thread checks leases.
+  absl::Duration watch_interval = absl::Milliseconds(200);
+  absl::Duration lease_check_interval = absl::Seconds(1);
+  bool background_lease_checks = true;  // tests with a fake clock call CheckLeases themselves
+  const Clock* clock = RealClock::Get();
+};
+
+class CoordinatorCore {
+ public:
+  // Rebuilds the scheduler from the store (see above) and starts the lease checker.
+  static absl::StatusOr<std::unique_ptr<CoordinatorCore>> Create(Store* store,
+                                                             const CoordinatorOptions& options);
+  ~CoordinatorCore();  // Shutdown() and join
+
+  CoordinatorCore(const CoordinatorCore&) = delete;
+  CoordinatorCore& operator=(const CoordinatorCore&) = delete;
+
+  // ---- Client API ----
+  absl::StatusOr<SubmitResponse> Submit(const SubmitRequest& request);
+  absl::StatusOr<ListSweepsResponse> ListSweeps();
+  absl::StatusOr<GetSweepResponse> GetSweep(const GetSweepRequest& request);
+  absl::StatusOr<CancelResponse> Cancel(const CancelRequest& request);
+  absl::StatusOr<RerunResponse> Rerun(const RerunRequest& request);
+  // Calls `write` for every event of the sweep, in order, until the sweep is done (the last event
+  // is sweep_done), `write` returns false or `cancelled` returns true (the client went away:
+  // Cancelled), or Shutdown (Unavailable). NotFound for an unknown sweep.
+  absl::Status Watch(const WatchRequest& request,
+                     const std::function<bool(const WatchEvent&)>& write,
+                     const std::function<bool()>& cancelled);
+  absl::StatusOr<QueryResponse> Query(const QueryRequest& request);
+  absl::StatusOr<TableResponse> Table(const TableRequest& request);
+
+  // ---- Worker API ----
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
+  // Waits up to min(wait_s, max_acquire_wait) and until `deadline` for a job. No job (has_job()
+  // false) when nothing fits in time. NotFound for an unknown worker.
+  absl::StatusOr<AcquireJobResponse> AcquireJob(const AcquireJobRequest& request,
+                                                absl::Time deadline = absl::InfiniteFuture());
+  absl::StatusOr<ReportResponse> Report(const ReportRequest& request);
+  absl::StatusOr<FinishResponse> Finish(const FinishRequest& request);
+  // The worker left: GONE in the workers table. NotFound for an unknown worker.
+  absl::StatusOr<DeregisterResponse> Deregister(const DeregisterRequest& request);
+
+  // Ends every expired lease (LOST) and requeues or fails its run. Returns how many.
+  int CheckLeases();
+  // Marks GONE every worker not heard from for a lease timeout. Returns how many. The background
+  // thread runs it with CheckLeases.
+  int CheckWorkers();
+  // Wakes long polls and watches (they return), stops the lease checker. Idempotent.
+  void Shutdown();
+
+ private:
+  CoordinatorCore(Store* store, const CoordinatorOptions& options);
+  absl::Status Rebuild();
+  absl::StatusOr<WorkerOffer> OfferOf(int64_t worker_id);
+  // The job of `run`'s attempt: from its template (the stored config when it has none), and the
+  // latest checkpoint of an earlier attempt.
+  absl::StatusOr<Job> MakeJob(const QueuedRun& run, int32_t attempt);
+  // The metric batch of a report (a Report's, or a Finish's final_report) for (run, attempt);
+  // ResourceExhausted "<what> N rows; the limit is M: <advice>" past max_batch_rows.
+  absl::StatusOr<MetricBatch> BatchOf(const ReportRequest& report, int64_t run_id,
+                                      int32_t attempt, absl::string_view what,
+                                      absl::string_view advice) const;
+  // After the store started (or refused to start) `run`, picked from the scheduler for
+  // worker_id: records the lease's attempt and makes the job. nullopt when the start failed and
+  // another pick may succeed (the run was cancelled, or queued again after a store hiccup);
+  // Unavailable when the store cannot write.
+  absl::StatusOr<std::optional<Job>> LeaseStarted(int64_t worker_id, const QueuedRun& run,
+                                                  const absl::StatusOr<TransitionResult>& started);
+  // After a lost or failed attempt: queue again with backoff, or fail, or cancel. Does the store
+  // transition from RUNNING (attempt `attempt`) and mirrors it in the scheduler.
+  // `retry` false: FAILED (or CANCELLED) whatever the attempts left.
+  absl::Status EndAttemptAndRetry(int64_t run_id, int64_t sweep_id, int32_t attempt,
+                                  const std::string& attempt_end, const std::string& reason,
+                                  bool retry = true);
+  RunStatus ToRunStatus(const RunInfo& run);
+  // Records in the store that a worker was seen IDLE or BUSY: at once when its state changed,
+  // else at most every kWorkerSeenInterval (a report or long poll per job need not each write
+  // the workers table).
+  void NoteWorker(int64_t worker_id, const char* state);
+  static constexpr absl::Duration kWorkerSeenInterval = absl::Seconds(5);
+  void LeaseCheckerLoop();
+
+  // Constant after construction.
+  Store* const store_;
+  const CoordinatorOptions options_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar work_cv_;  // signalled when runs are queued, and on Shutdown
+  Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, WorkerOffer> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::string> worker_names_ ABSL_GUARDED_BY(mu_);
+  struct WorkerSeen {
+    std::string state;                          // as last written: IDLE, BUSY or GONE
+    absl::Time written = absl::InfinitePast();  // when it was last written
+    absl::Time contact = absl::InfinitePast();  // the worker's last call
+  };
+  std::map<int64_t, WorkerSeen> worker_seen_ ABSL_GUARDED_BY(mu_);
+  // Attempts a run had when it was last queued by a user (rerun): retries count from there.
+  std::map<int64_t, int> attempt_base_ ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::thread lease_checker_;
+};
+
+}  // namespace ablate
+
+#endif  // ABLATE_ORCHESTRATOR_COORDINATOR_CORE_H_

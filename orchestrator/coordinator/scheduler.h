@@ -1,0 +1,221 @@
+// The coordinator's scheduler: which PENDING run a worker gets next, and the leases of running
+// jobs. Pure logic: no gRPC, no SQLite, time from an injected Clock (tests use a fake one).
+//
+// Queue. Every PENDING run is queued in its sweep, in run order (run_index). Within a sweep runs
+// are bucketed by what they need (device kind, memory, threads), so finding the first run a
+// worker can take costs one ordered-set lookup per bucket. A run that must wait (a retry's
+// backoff) sits in a min-heap by not_before and joins its sweep's queue when due.
+//
+// Fair share. Sweeps with queued work are served by stride scheduling: each has a pass value;
+// a dispatch picks the lowest pass among sweeps holding a run the worker fits and advances that
+// sweep's pass by kStride / priority. Over time a sweep of priority 3 gets three times the
+// dispatches of a sweep of priority 1. A sweep that becomes runnable again starts at the current
+// global pass (no banking of credit while idle).
+//
+// Cost: Acquire is O(S * B * log n) for S sweeps with queued work and B resource buckets per
+// sweep (B is 1 for specs with one `resources:`), n queued runs; Enqueue, Renew and Release are
+// O(log n); ExpireLeases is O(log n) per expired lease.
+//
+// Leases. A dispatched run holds a lease (worker, attempt) that expires lease_timeout after the
+// last Renew. ExpireLeases returns the expired ones; the coordinator ends those attempts as LOST
+// and asks RetryAfterLoss / RetryAfterFailure whether and when to queue the run again:
+// not before now + min(retry_base * 2^(attempts-1), retry_cap), and not at all once `attempts`
+// reached max_attempts (the run is then FAILED). DIVERGED is a result and never reaches here.
+//
+// Thread safety: not thread-safe. The coordinator calls it under its own mutex.
+#ifndef ABLATE_ORCHESTRATOR_COORDINATOR_SCHEDULER_H_
+#define ABLATE_ORCHESTRATOR_COORDINATOR_SCHEDULER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace ablate {
+
+// Where the time comes from. Implementations must be thread-safe.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual absl::Time Now() const = 0;
+};
+
+// absl::Now().
+class RealClock : public Clock {
+ public:
+  absl::Time Now() const override { return absl::Now(); }
+  // A process-wide instance (never destroyed).
+  static const Clock* Get();
+};
+
+struct SchedulerOptions {
+  // A lease not renewed for this long is lost. Workers report (renewing it) at least every few
+  // seconds while training.
+  absl::Duration lease_timeout = absl::Seconds(60);
+  // Backoff before a retry after a lost lease or a failed attempt: base * 2^(attempts-1), capped.
+  absl::Duration retry_base = absl::Seconds(5);
+  absl::Duration retry_cap = absl::Minutes(5);
+  // Attempts (lost or failed) after which a run is FAILED instead of queued again.
+  int max_attempts = 4;
+};
+
+// What a run needs from a worker (runs.device, memory_gb, threads).
+struct RunNeeds {
+  std::string device = "cpu";  // "cpu" or "cuda" (a "cuda:N" is read as "cuda")
+  double memory_gb = 0;        // 0 = any
+  int threads = 0;             // 0 = any
+  bool operator<(const RunNeeds& o) const {
+    return std::tie(device, memory_gb, threads) < std::tie(o.device, o.memory_gb, o.threads);
+  }
+};
+
+// What a worker offers (WorkerResources).
+struct WorkerOffer {
+  std::string device = "cpu";  // "cpu", "cuda", "cuda:N"
+  double memory_gb = 0;        // 0 = unknown: only runs that need no memory fit
+  int cores = 0;               // 0 = unknown: only runs that need no threads fit
+};
+
+// "cuda:1" -> "cuda", "" -> "cpu".
+std::string DeviceKind(const std::string& device);
+// Whether a worker offering `offer` may take a run needing `needs`.
+bool Fits(const RunNeeds& needs, const WorkerOffer& offer);
+
+// What the coordinator makes a run's job from (coordinator.cc). The scheduler only carries it,
+// from queue to lease and back, and drops it with the run.
+struct JobTemplate;
+
+// A PENDING run handed to the scheduler.
+struct QueuedRun {
+  int64_t run_id = 0;
+  int64_t sweep_id = 0;
+  int run_index = 0;  // run order inside the sweep
+  RunNeeds needs;
+  absl::Time not_before = absl::InfinitePast();  // backoff: not dispatched before this
+  std::shared_ptr<const JobTemplate> job;  // may be null: the coordinator reads the store
+};
+
+struct Lease {
+  int64_t run_id = 0;
+  int64_t sweep_id = 0;
+  int64_t worker_id = 0;
+  int32_t attempt = 0;
+  absl::Time expiry;
+  bool stop = false;  // the run was cancelled: the next report says DIRECTIVE_STOP
+};
+
+// Whether and when a run is queued again after an attempt ended badly.
+struct RetryDecision {
+  bool retry = false;        // false: the run is FAILED (max_attempts reached)
+  absl::Time not_before;     // when retry
+};
+
+class Scheduler {
+ public:
+  // `clock` must outlive the scheduler.
+  Scheduler(const SchedulerOptions& options, const Clock* clock);
+
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  const SchedulerOptions& options() const { return options_; }
+
+  // Declares a sweep and its priority (>= 1; smaller values count as 1). Idempotent; a new
+  // priority applies from now on.
+  void AddSweep(int64_t sweep_id, int priority);
+  // Marks a sweep cancelled: its queued runs are dropped (returned), running ones get stop=true
+  // and any run of it enqueued later is refused. Returns the dropped run ids.
+  std::vector<int64_t> CancelSweep(int64_t sweep_id);
+  // Lifts a cancellation (a rerun of a cancelled sweep).
+  void UncancelSweep(int64_t sweep_id);
+  bool IsCancelled(int64_t sweep_id) const;
+
+  // Queues a PENDING run (AddSweep first). False (nothing queued) when it is queued or leased
+  // already, or its sweep is cancelled.
+  bool Enqueue(const QueuedRun& run);
+  // Drops a queued run (cancelled). False when it was not queued.
+  bool Remove(int64_t run_id);
+
+  // Picks the next run for a worker: the lowest-pass sweep holding a due run the worker fits,
+  // its first such run in run order. The run leaves the queue and is leased to worker_id from
+  // now (attempt 0 until SetLeaseAttempt). nullopt when no queued run fits or is due.
+  std::optional<QueuedRun> Acquire(int64_t worker_id, const WorkerOffer& offer);
+  // Records the attempt number of a lease once the store has started it.
+  void SetLeaseAttempt(int64_t run_id, int32_t attempt);
+
+  // Installs a lease directly (rebuilding after a restart: RUNNING runs get a fresh lease).
+  void RestoreLease(int64_t run_id, int64_t sweep_id, int64_t worker_id, int32_t attempt,
+                    const QueuedRun& run);
+
+  // The lease of a running run, if any.
+  std::optional<Lease> GetLease(int64_t run_id) const;
+  // Renews the lease of (run, attempt) held by worker_id: expiry = now + lease_timeout.
+  // False when no such lease exists (lost, finished, or another attempt).
+  bool Renew(int64_t run_id, int32_t attempt, int64_t worker_id);
+  // Sets the stop flag of a running run's lease. False when it has none.
+  bool Stop(int64_t run_id);
+  // Ends a lease (the attempt finished) and forgets its run. Returns the lease, nullopt when
+  // there was none.
+  std::optional<Lease> Release(int64_t run_id);
+  // Removes and returns every lease whose expiry is <= now, oldest first.
+  std::vector<Lease> ExpireLeases();
+  // The earliest lease expiry or queued run's not_before (for the coordinator's timer);
+  // InfiniteFuture when nothing is pending.
+  absl::Time NextDeadline() const;
+
+  // Retry policy for an attempt that was lost or failed; `attempts` = attempts made so far.
+  RetryDecision RetryAfterLoss(int attempts) const;
+
+  // The full QueuedRun of a leased run (to requeue it after a loss).
+  std::optional<QueuedRun> LeasedRun(int64_t run_id) const;
+
+  size_t queued() const { return queued_.size(); }
+  size_t leased() const { return leases_.size(); }
+
+ private:
+  // Runs of one sweep needing the same resources, by (run_index, run_id).
+  using Bucket = std::set<std::pair<int, int64_t>>;
+
+  struct SweepQueue {
+    int priority = 1;
+    double pass = 0;
+    bool cancelled = false;
+    std::map<RunNeeds, Bucket> buckets;  // due runs only; empty buckets are erased
+    size_t due = 0;                      // runs in buckets
+  };
+
+  static constexpr double kStride = 1 << 20;
+
+  void MakeDue(const QueuedRun& run);  // puts a due run in its sweep's bucket
+  void PromoteDelayed();               // moves due delayed runs into their buckets
+  void EraseFromBucket(const QueuedRun& run);
+  void SetActive(int64_t sweep_id, SweepQueue& sweep);
+
+  // Constant after construction.
+  const SchedulerOptions options_;
+  const Clock* const clock_;
+
+  std::unordered_map<int64_t, SweepQueue> sweeps_;
+  // Sweeps with due runs, by (pass, sweep_id).
+  std::set<std::pair<double, int64_t>> active_;
+  double global_pass_ = 0;  // pass of the last dispatch
+  // Every queued run (due or delayed), by id.
+  std::unordered_map<int64_t, QueuedRun> queued_;
+  // Runs waiting for their backoff: (not_before, run_id).
+  std::set<std::pair<absl::Time, int64_t>> delayed_;
+  std::unordered_map<int64_t, Lease> leases_;
+  std::unordered_map<int64_t, QueuedRun> leased_runs_;
+  std::set<std::pair<absl::Time, int64_t>> expiries_;  // (expiry, run_id) of leases_
+};
+
+}  // namespace ablate
+
+#endif  // ABLATE_ORCHESTRATOR_COORDINATOR_SCHEDULER_H_

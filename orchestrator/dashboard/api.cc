@@ -1,0 +1,448 @@
+// The dashboard's JSON API (/api/...): sweeps, a sweep with its runs and variants, the curves of
+// a sweep overlay, the comparison table, the event log; a run, its metric series, evaluations,
+// per-layer probes and spikes; the workers. Every read goes through StoreReader's typed reads.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "orchestrator/dashboard/internal.h"
+
+namespace ablate {
+namespace dashboard {
+
+json SweepJson(const SweepInfo& s, double now) {
+  json j{{"id", s.id},
+         {"name", s.name},
+         {"description", s.description},
+         {"state", s.state},
+         {"priority", s.priority},
+         {"created_at", s.created_at},
+         {"runs", s.runs},
+         {"by_state",
+          {{"PENDING", s.pending},
+           {"RUNNING", s.running},
+           {"SUCCEEDED", s.succeeded},
+           {"FAILED", s.failed},
+           {"DIVERGED", s.diverged},
+           {"CANCELLED", s.cancelled},
+           {"INTERRUPTED", s.interrupted}}},
+         {"steps_done", s.steps_done},
+         {"steps_total", s.steps_total}};
+  // ETA: the rate so far over the steps left (runs that end early, diverged ones, make it an
+  // overestimate, which is the safe side).
+  json eta = nullptr;
+  const int64_t left = s.steps_total - s.steps_done;
+  if (s.state == "ACTIVE" && s.steps_done > 0 && left > 0 && now > s.created_at) {
+    eta = (now - s.created_at) * static_cast<double>(left) / static_cast<double>(s.steps_done);
+  } else if (s.state != "ACTIVE") {
+    eta = 0;
+  }
+  j["eta_s"] = eta;
+  return j;
+}
+
+json RunJson(const RunInfo& r) {
+  return json{{"id", r.id},
+              {"sweep_id", r.sweep_id},
+              {"sweep", r.sweep},
+              {"variant", r.variant},
+              {"run_index", r.run_index},
+              {"seed", r.seed},
+              {"axes", r.axes},
+              {"state", RunStateName(r.state)},
+              {"reused_from", r.reused_from == 0 ? json(nullptr) : json(r.reused_from)},
+              {"attempts", r.attempts},
+              {"worker_id", r.worker_id},
+              {"device", r.device},
+              {"params_total", r.params_total},
+              {"params_activated", r.params_activated},
+              {"params_added", r.params_added},
+              {"created_at", r.created_at},
+              {"started_at", r.started_at},
+              {"finished_at", r.finished_at},
+              {"steps_total", r.steps_total},
+              {"steps_done", r.steps_done},
+              {"final_train_loss", r.final_train_loss},
+              {"val_loss", r.val_loss},
+              {"val_ppl", r.val_ppl},
+              {"gate_score", r.gate_score},
+              {"m_act", r.m_act},
+              {"f_attn", r.f_attn},
+              {"spike_steps", r.spike_steps},
+              {"spike_score", r.spike_score},
+              {"tokens_per_s", r.tokens_per_s},
+              {"wall_s", r.wall_s},
+              {"reason", r.reason}};
+}
+
+json SpikeJson(int64_t run_id, const SpikeEvent& s) {
+  return json{{"run", run_id},
+              {"step", s.step()},
+              {"signal", s.signal()},
+              {"value", s.value()},
+              {"baseline", s.baseline()},
+              {"kind", SpikeKind_Name(s.kind())},
+              {"action", SpikeAction_Name(s.action())},
+              {"rollback_to_step", s.rollback_to_step()}};
+}
+
+json EventJson(const EventInfo& e) {
+  return json{{"id", e.id},       {"time", e.time},       {"sweep_id", e.sweep_id},
+              {"run", e.run_id},  {"kind", e.kind},       {"message", e.message}};
+}
+
+json LayerJson(const LayerProbes& p) {
+  json j{{"layer", p.layer()},
+         {"has_gate", p.has_gate()},
+         {"attn_out_max_abs", p.attn_out_max_abs()},
+         {"attn_residual_max_abs", p.attn_residual_max_abs()},
+         {"ffn_out_max_abs", p.ffn_out_max_abs()},
+         {"ffn_residual_max_abs", p.ffn_residual_max_abs()},
+         {"m_act", p.ffn_residual_max_abs()},
+         {"f_attn", p.first_token_attention()},
+         {"sparsity",
+          {{"before_gate_1e2", p.sparsity().before_gate_1e2()},
+           {"before_gate_1e3", p.sparsity().before_gate_1e3()},
+           {"after_gate_1e2", p.sparsity().after_gate_1e2()},
+           {"after_gate_1e3", p.sparsity().after_gate_1e3()},
+           {"mean_scaled_1e2", p.sparsity().mean_scaled_1e2()},
+           {"mean_scaled_1e3", p.sparsity().mean_scaled_1e3()}}}};
+  if (p.has_gate()) {
+    j["gate"] = {{"mean", p.gate_mean()}, {"std", p.gate_std()}, {"min", p.gate_min()},
+                 {"max", p.gate_max()}};
+    const Histogram& h = p.gate_histogram();
+    j["gate_histogram"] = {{"lo", h.lo()}, {"hi", h.hi()},
+                           {"counts", std::vector<int64_t>(h.counts().begin(), h.counts().end())}};
+  } else {
+    j["gate"] = nullptr;
+    j["gate_histogram"] = nullptr;
+  }
+  return j;
+}
+
+json MeanStdJson(const MeanStd& m) { return json{{"mean", m.mean}, {"std", m.std}}; }
+
+json TableJson(const ComparisonTable& t) {
+  json rows = json::array();
+  for (const ComparisonRow& r : t.rows) {
+    rows.push_back(json{{"variant", r.variant},
+                        {"description", r.description},
+                        {"axes", r.axes},
+                        {"runs", r.runs},
+                        {"n", r.n},
+                        {"diverged", r.diverged},
+                        {"failed", r.failed},
+                        {"unfinished", r.unfinished},
+                        {"val_loss", MeanStdJson(r.val_loss)},
+                        {"val_ppl", MeanStdJson(r.val_ppl)},
+                        {"gate_score", MeanStdJson(r.gate_score)},
+                        {"m_act", MeanStdJson(r.m_act)},
+                        {"f_attn", MeanStdJson(r.f_attn)},
+                        {"spike_score", MeanStdJson(r.spike_score)},
+                        {"train_loss", MeanStdJson(r.train_loss)},
+                        {"params_total", r.params_total},
+                        {"params_activated", r.params_activated},
+                        {"params_added", r.params_added}});
+  }
+  return json{{"sweep", t.sweep}, {"rows", rows}};
+}
+
+}  // namespace dashboard
+
+Response DashboardServer::Impl::HandleApi(const Request& r) {
+  const std::vector<std::string>& seg = r.segments;  // seg[0] == "api"
+  if (seg.size() == 2 && seg[1] == "sweeps") return Sweeps();
+  if (seg.size() >= 3 && seg[1] == "sweeps") {
+    if (seg.size() == 3) return Sweep(seg[2]);
+    if (seg.size() == 4 && seg[3] == "curves") return SweepCurves(seg[2], r);
+    if (seg.size() == 4 && seg[3] == "table") {
+      absl::StatusOr<ComparisonTable> table = reader->GetComparisonTable(seg[2]);
+      if (!table.ok()) return FromStatus(table.status());
+      return JsonResponse(200, TableJson(*table));
+    }
+    if (seg.size() == 4 && seg[3] == "events") return Events(seg[2], r);
+  }
+  if (seg.size() >= 3 && seg[1] == "runs") {
+    int64_t id = 0;
+    if (!absl::SimpleAtoi(seg[2], &id) || id <= 0) {
+      return Error(400, absl::StrCat("bad run id '", seg[2].substr(0, 40),
+                                     "': a positive integer is expected"));
+    }
+    if (seg.size() == 3) return Run(id);
+    if (seg.size() == 4) {
+      if (seg[3] == "metrics") return RunMetrics(id, r);
+      if (seg[3] == "evals") return RunEvals(id);
+      if (seg[3] == "probes") return RunProbes(id, r);
+      if (seg[3] == "spikes") return RunSpikes(id);
+    }
+  }
+  if (seg.size() == 2 && seg[1] == "workers") return Workers();
+  return Error(404, absl::StrCat("no such API endpoint: ", r.path.substr(0, 200)));
+}
+
+Response DashboardServer::Impl::Sweeps() {
+  absl::StatusOr<std::vector<SweepInfo>> sweeps = reader->ListSweeps();
+  if (!sweeps.ok()) return FromStatus(sweeps.status());
+  const double now = NowSeconds();
+  json list = json::array();
+  for (const SweepInfo& s : *sweeps) list.push_back(SweepJson(s, now));
+  return JsonResponse(200, json{{"sweeps", list}, {"time", now}});
+}
+
+Response DashboardServer::Impl::Sweep(const std::string& name) {
+  absl::StatusOr<SweepInfo> sweep = reader->GetSweep(name);
+  if (!sweep.ok()) return FromStatus(sweep.status());
+  RunFilter filter;
+  filter.sweep_id = sweep->id;
+  absl::StatusOr<std::vector<RunInfo>> runs = reader->ListRuns(filter);
+  if (!runs.ok()) return FromStatus(runs.status());
+  // The variants (budget solutions) and each run's latest loss, in two indexed reads.
+  absl::StatusOr<std::vector<VariantInfo>> variants = reader->ListVariants(sweep->id);
+  if (!variants.ok()) return FromStatus(variants.status());
+  absl::StatusOr<std::map<int64_t, LatestStep>> last = reader->LatestSteps(sweep->id);
+  if (!last.ok()) return FromStatus(last.status());
+  std::map<std::string, std::string> budget_of;
+  json variant_list = json::array();
+  for (const VariantInfo& v : *variants) {
+    budget_of[v.name] = v.budget;
+    variant_list.push_back(json{{"name", v.name},
+                                {"description", v.description},
+                                {"diff", v.diff},
+                                {"budget", v.budget},
+                                {"params_total", v.params_total},
+                                {"params_activated", v.params_activated},
+                                {"params_added", v.params_added},
+                                {"flops_per_token", v.flops_per_token}});
+  }
+  json run_list = json::array();
+  for (const RunInfo& run : *runs) {
+    json j = RunJson(run);
+    j["budget"] = budget_of[run.variant];
+    auto it = last->find(run.id);
+    j["last_step"] = it == last->end() ? 0 : it->second.step;
+    j["last_loss"] = it == last->end() ? kNaN : it->second.loss;
+    run_list.push_back(std::move(j));
+  }
+  return JsonResponse(200, json{{"sweep", SweepJson(*sweep, NowSeconds())},
+                                {"variants", variant_list},
+                                {"runs", run_list}});
+}
+
+Response DashboardServer::Impl::SweepCurves(const std::string& name, const Request& r) {
+  std::string error;
+  std::optional<int64_t> points = IntParam(r, "points", kDefaultCurvePoints, &error);
+  if (!points) return Error(400, error);
+  if (*points < 2) return Error(400, "parameter 'points' must be at least 2");
+  const auto metric_it = r.query.find("metric");
+  const std::string metric = metric_it == r.query.end() ? "loss" : metric_it->second;
+  CurveMetric curve_metric;
+  if (metric == "loss") {
+    curve_metric = CurveMetric::kLoss;
+  } else if (metric == "grad_norm") {
+    curve_metric = CurveMetric::kGradNorm;
+  } else if (metric == "lr") {
+    curve_metric = CurveMetric::kLr;
+  } else {
+    return Error(400, "parameter 'metric' must be loss, grad_norm or lr");
+  }
+  absl::StatusOr<SweepInfo> sweep = reader->GetSweep(name);
+  if (!sweep.ok()) return FromStatus(sweep.status());
+  RunFilter filter;
+  filter.sweep_id = sweep->id;
+  absl::StatusOr<std::vector<RunInfo>> runs = reader->ListRuns(filter);
+  if (!runs.ok()) return FromStatus(runs.status());
+  absl::StatusOr<std::vector<SweepSpike>> spikes = reader->SweepSpikes(sweep->id);
+  if (!spikes.ok()) return FromStatus(spikes.status());
+  std::map<int64_t, json> spikes_of;
+  for (const SweepSpike& s : *spikes) {
+    json& list = spikes_of[s.run_id];
+    if (list.is_null()) list = json::array();
+    list.push_back(json{{"step", s.event.step()}, {"signal", s.event.signal()},
+                        {"kind", SpikeKind_Name(s.event.kind())}, {"value", s.event.value()}});
+  }
+  // One shared grid of steps for every run (every k-th step, k from the longest run), plus each
+  // run's last step and its spike steps: overlaid curves share their x values (the browser joins
+  // them cheaply), and the store seeks those steps instead of scanning every run's rows.
+  const int max_points = static_cast<int>(std::min<int64_t>(*points, kMaxCurvePoints));
+  int64_t longest = 0;
+  for (const RunInfo& run : *runs) longest = std::max(longest, run.steps_done);
+  const int64_t k = std::max<int64_t>(1, (longest + max_points - 1) / max_points);
+  absl::StatusOr<std::map<int64_t, std::vector<std::pair<int64_t, double>>>> curves =
+      reader->SweepCurves(sweep->id, curve_metric, k);
+  if (!curves.ok()) return FromStatus(curves.status());
+  json out = json::array();
+  for (const RunInfo& run : *runs) {
+    json steps = json::array(), values = json::array();
+    if (auto it = curves->find(run.id); it != curves->end()) {
+      for (const auto& [step, value] : it->second) {
+        steps.push_back(step);
+        values.push_back(Significant7(value));
+      }
+    }
+    json& sp = spikes_of[run.id];
+    out.push_back(json{{"id", run.id},
+                       {"variant", run.variant},
+                       {"seed", run.seed},
+                       {"axes", run.axes},
+                       {"state", RunStateName(run.state)},
+                       {"step", std::move(steps)},
+                       {"value", std::move(values)},
+                       {"spikes", sp.is_null() ? json::array() : sp}});
+  }
+  return JsonResponse(200, json{{"sweep", sweep->name}, {"metric", metric},
+                                {"points", max_points}, {"stride", k}, {"runs", out}});
+}
+
+Response DashboardServer::Impl::Events(const std::string& name, const Request& r) {
+  std::string error;
+  std::optional<int64_t> after = IntParam(r, "after", 0, &error);
+  std::optional<int64_t> limit = after ? IntParam(r, "limit", 200, &error) : std::nullopt;
+  if (!after || !limit) return Error(400, error);
+  if (*after < 0 || *limit < 1) return Error(400, "'after' must be >= 0 and 'limit' >= 1");
+  absl::StatusOr<SweepInfo> sweep = reader->GetSweep(name);
+  if (!sweep.ok()) return FromStatus(sweep.status());
+  absl::StatusOr<std::vector<EventInfo>> events = reader->Events(
+      sweep->id, *after, static_cast<int>(std::min<int64_t>(*limit, kMaxEventsPerPage)));
+  if (!events.ok()) return FromStatus(events.status());
+  json list = json::array();
+  for (const EventInfo& e : *events) list.push_back(EventJson(e));
+  return JsonResponse(200, json{{"events", list}});
+}
+
+Response DashboardServer::Impl::Run(int64_t id) {
+  absl::StatusOr<RunInfo> run = reader->GetRun(id);
+  if (!run.ok()) return FromStatus(run.status());
+  absl::StatusOr<std::vector<AttemptInfo>> attempts = reader->Attempts(id);
+  if (!attempts.ok()) return FromStatus(attempts.status());
+  json j = RunJson(*run);
+  j["run_key"] = run->run_key;
+  json config = json::parse(run->config_json, nullptr, /*allow_exceptions=*/false);
+  j["config"] = config.is_discarded() ? json(run->config_json) : config;
+  json list = json::array();
+  for (const AttemptInfo& a : *attempts) {
+    list.push_back(json{{"attempt", a.attempt},     {"worker_id", a.worker_id},
+                        {"state", a.state},         {"started_at", a.started_at},
+                        {"ended_at", a.ended_at},   {"checkpoint_step", a.checkpoint_step},
+                        {"reason", a.reason}});
+  }
+  j["attempt_list"] = list;
+  return JsonResponse(200, json{{"run", j}});
+}
+
+Response DashboardServer::Impl::RunMetrics(int64_t id, const Request& r) {
+  std::string error;
+  std::optional<int64_t> from = IntParam(r, "from", 0, &error);
+  std::optional<int64_t> to =
+      from ? IntParam(r, "to", std::numeric_limits<int64_t>::max(), &error) : std::nullopt;
+  std::optional<int64_t> points = to ? IntParam(r, "points", kDefaultRunPoints, &error)
+                                     : std::nullopt;
+  if (!from || !to || !points) return Error(400, error);
+  if (*from < 0 || *to < *from) return Error(400, "need 0 <= from <= to");
+  if (*points < 2) return Error(400, "parameter 'points' must be at least 2");
+  SeriesOptions series;
+  series.from_step = *from;
+  series.to_step = *to;
+  series.max_points = static_cast<int>(std::min<int64_t>(*points, kMaxSeriesPoints));
+  auto mode = r.query.find("mode");
+  if (mode != r.query.end()) {
+    if (mode->second == "minmax") {
+      series.mode = Downsample::kMinMax;
+    } else if (mode->second == "stride") {
+      series.mode = Downsample::kStride;
+    } else {
+      return Error(400, "parameter 'mode' must be minmax or stride");
+    }
+  }
+  absl::StatusOr<RunInfo> run = reader->GetRun(id);  // 404 for an unknown run, not []
+  if (!run.ok()) return FromStatus(run.status());
+  absl::StatusOr<std::vector<StepMetrics>> m = reader->MetricSeries(id, series);
+  if (!m.ok()) return FromStatus(m.status());
+  json step = json::array(), loss = json::array(), grad = json::array(), lr = json::array(),
+       tps = json::array(), skipped = json::array();
+  for (const StepMetrics& p : *m) {
+    step.push_back(p.step());
+    loss.push_back(p.loss());
+    grad.push_back(p.grad_norm());
+    lr.push_back(p.lr());
+    tps.push_back(p.tokens_per_s());
+    skipped.push_back(p.skipped() ? 1 : 0);
+  }
+  return JsonResponse(200, json{{"run", id},
+                                {"points", series.max_points},
+                                {"mode", series.mode == Downsample::kStride ? "stride" : "minmax"},
+                                {"step", step},
+                                {"loss", loss},
+                                {"grad_norm", grad},
+                                {"lr", lr},
+                                {"tokens_per_s", tps},
+                                {"skipped", skipped}});
+}
+
+Response DashboardServer::Impl::RunEvals(int64_t id) {
+  absl::StatusOr<RunInfo> run = reader->GetRun(id);
+  if (!run.ok()) return FromStatus(run.status());
+  absl::StatusOr<std::vector<EvalResult>> evals = reader->EvalSeries(id, false);
+  if (!evals.ok()) return FromStatus(evals.status());
+  json list = json::array();
+  for (const EvalResult& e : *evals) {
+    list.push_back(json{{"step", e.step()},
+                        {"val_loss", e.val_loss()},
+                        {"val_ppl", e.val_ppl()},
+                        {"gate_score", e.probes().has_gate_score_mean()
+                                           ? json(e.probes().gate_score_mean())
+                                           : json(nullptr)},
+                        {"m_act", e.probes().m_act()},
+                        {"f_attn", e.probes().f_attn()},
+                        {"tokens", e.probes().tokens()}});
+  }
+  return JsonResponse(200, json{{"run", id}, {"evals", list}});
+}
+
+Response DashboardServer::Impl::RunProbes(int64_t id, const Request& r) {
+  std::string error;
+  std::optional<int64_t> step = IntParam(r, "step", -1, &error);
+  if (!step) return Error(400, error);
+  absl::StatusOr<RunInfo> run = reader->GetRun(id);
+  if (!run.ok()) return FromStatus(run.status());
+  if (*step < 0) {  // the latest evaluation
+    absl::StatusOr<std::vector<EvalResult>> evals = reader->EvalSeries(id, false);
+    if (!evals.ok()) return FromStatus(evals.status());
+    if (evals->empty()) return JsonResponse(200, json{{"run", id}, {"step", nullptr},
+                                                      {"layers", json::array()}});
+    *step = evals->back().step();
+  }
+  absl::StatusOr<std::vector<LayerProbes>> layers = reader->LayerProbesAt(id, *step);
+  if (!layers.ok()) return FromStatus(layers.status());
+  if (layers->empty()) {
+    return Error(404, absl::StrCat("run ", id, " has no evaluation at step ", *step));
+  }
+  json list = json::array();
+  for (const LayerProbes& p : *layers) list.push_back(LayerJson(p));
+  return JsonResponse(200, json{{"run", id}, {"step", *step}, {"layers", list}});
+}
+
+Response DashboardServer::Impl::RunSpikes(int64_t id) {
+  absl::StatusOr<RunInfo> run = reader->GetRun(id);
+  if (!run.ok()) return FromStatus(run.status());
+  absl::StatusOr<std::vector<SpikeEvent>> spikes = reader->SpikeEvents(id);
+  if (!spikes.ok()) return FromStatus(spikes.status());
+  json list = json::array();
+  for (const SpikeEvent& s : *spikes) list.push_back(SpikeJson(id, s));
+  return JsonResponse(200, json{{"run", id}, {"spikes", list}});
+}
+
+Response DashboardServer::Impl::Workers() {
+  absl::StatusOr<std::vector<WorkerInfo>> workers = reader->ListWorkers();
+  if (!workers.ok()) return FromStatus(workers.status());
+  json list = json::array();
+  for (const WorkerInfo& w : *workers) {
+    list.push_back(json{{"id", w.id}, {"name", w.name}, {"resources", w.resources_json},
+                        {"registered_at", w.registered_at}, {"last_seen", w.last_seen},
+                        {"state", w.state}});
+  }
+  return JsonResponse(200, json{{"workers", list}});
+}
+
+}  // namespace ablate

@@ -1,0 +1,395 @@
+#include "orchestrator/spec/expand.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "orchestrator/spec/budget.h"
+#include "config/model_config.h"
+#include "config/param_count.h"
+#include "config/presets.h"
+#include "config/proto_yaml.h"
+#include "orchestrator/spec/sha256.h"
+#include "orchestrator/spec/version.h"
+
+namespace ablate {
+
+namespace pb = google::protobuf;
+
+namespace {
+std::string RunKeyOfJson(const std::string& config_json, const std::string& code_version) {
+  return Sha256Hex(absl::StrCat(code_version, "\n", config_json)).substr(0, 16);
+}
+}  // namespace
+
+std::string RunKey(const RunConfig& config, const std::string& code_version) {
+  return RunKeyOfJson(CanonicalJson(config), code_version);
+}
+
+namespace {
+
+// One variant at one axis point, before seeds.
+struct Prepared {
+  bool ok = false;
+  RunConfig pre;   // before budget matching (what budget anchors use)
+  RunConfig post;  // after
+  BudgetSolution budget;
+  ParamCount params;
+  double flops_per_token = 0;
+  std::string diff;
+};
+
+std::string FieldValue(const pb::Message& m, const pb::FieldDescriptor* f) {
+  const pb::Reflection* r = m.GetReflection();
+  switch (f->cpp_type()) {
+    case pb::FieldDescriptor::CPPTYPE_INT32: return absl::StrCat(r->GetInt32(m, f));
+    case pb::FieldDescriptor::CPPTYPE_INT64: return absl::StrCat(r->GetInt64(m, f));
+    case pb::FieldDescriptor::CPPTYPE_UINT32: return absl::StrCat(r->GetUInt32(m, f));
+    case pb::FieldDescriptor::CPPTYPE_UINT64: return absl::StrCat(r->GetUInt64(m, f));
+    case pb::FieldDescriptor::CPPTYPE_DOUBLE: return absl::StrCat(r->GetDouble(m, f));
+    case pb::FieldDescriptor::CPPTYPE_FLOAT: return absl::StrCat(r->GetFloat(m, f));
+    case pb::FieldDescriptor::CPPTYPE_BOOL: return r->GetBool(m, f) ? "true" : "false";
+    case pb::FieldDescriptor::CPPTYPE_ENUM: return EnumShortName(r->GetEnum(m, f));
+    case pb::FieldDescriptor::CPPTYPE_STRING: return absl::StrCat("\"", r->GetString(m, f), "\"");
+    default: return "";
+  }
+}
+
+// "field=value" for every leaf of `b` that differs from `a` (same message type).
+void Diff(const pb::Message& a, const pb::Message& b, const std::string& prefix,
+          std::vector<std::string>* out) {
+  const pb::Descriptor* d = a.GetDescriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    const std::string path = absl::StrCat(prefix, f->name());
+    if (path == "train.seed") continue;  // every run of a seed has it: not a variant difference
+    if (f->is_repeated()) {
+      // Compared whole (the configs have no repeated fields today).
+      pb::util::MessageDifferencer differ;
+      const std::vector<const pb::FieldDescriptor*> only = {f};
+      if (!differ.CompareWithFields(a, b, only, only)) out->push_back(path + "=(changed)");
+    } else if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      Diff(a.GetReflection()->GetMessage(a, f), b.GetReflection()->GetMessage(b, f), path + ".",
+           out);
+    } else {
+      const std::string va = FieldValue(a, f), vb = FieldValue(b, f);
+      if (va != vb) out->push_back(absl::StrCat(path, "=", vb));
+    }
+  }
+}
+
+class Expander {
+ public:
+  Expander(const SweepSpec& spec, std::string code_version, std::vector<std::string>* config_json)
+      : spec_(spec), code_version_(std::move(code_version)), config_json_(config_json) {
+    for (size_t i = 0; i < spec_.variants.size(); ++i) index_[spec_.variants[i].name] = i;
+  }
+
+  absl::StatusOr<ExpandedSweep> Run() {
+    // The parser checked every name below; a spec built another way (or a parser bug) gets an
+    // error here, never an exception from a lookup.
+    const std::optional<size_t> reference =
+        VariantIndex(spec_.reference, spec_.budget_line, "budget.reference");
+    if (!reference) return absl::InvalidArgumentError(absl::StrJoin(problems_, "\n"));
+    reference_ = *reference;
+
+    // The axis grid: the product over axes of each axis's points.
+    std::vector<AxisPoint> grid = {AxisPoint{}};
+    for (const AxisSpec& axis : spec_.axes) {
+      std::vector<AxisPoint> next;
+      for (const AxisPoint& point : grid) {
+        for (const AxisPoint& p : axis.points) {
+          AxisPoint merged = point;
+          merged.insert(merged.end(), p.begin(), p.end());
+          next.push_back(std::move(merged));
+        }
+      }
+      grid = std::move(next);
+    }
+
+    std::vector<std::vector<Prepared>> prepared(grid.size());
+    for (size_t a = 0; a < grid.size(); ++a) prepared[a] = PreparePoint(grid[a]);
+    if (!problems_.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems_, "\n"));
+
+    ExpandedSweep sweep;
+    sweep.set_name(spec_.name);
+    sweep.set_description(spec_.description);
+    sweep.set_spec_file(spec_.file);
+    sweep.set_priority(spec_.priority);
+    sweep.set_reference(spec_.reference);
+    sweep.set_code_version(code_version_);
+    for (const VariantSpec& v : spec_.variants) sweep.add_variants(v.name);
+    for (uint64_t seed : spec_.seeds) {
+      for (size_t a = 0; a < grid.size(); ++a) {
+        for (size_t v = 0; v < spec_.variants.size(); ++v) {
+          const Prepared& p = prepared[a][v];
+          RunConfig config = p.post;
+          config.mutable_train()->set_seed(seed);
+          if (!Keep(spec_.variants[v].name, seed, config)) continue;
+          RunSpec* run = sweep.add_runs();
+          run->set_index(sweep.runs_size() - 1);
+          run->set_sweep(spec_.name);
+          run->set_variant(spec_.variants[v].name);
+          run->set_description(spec_.variants[v].description);
+          run->set_seed(seed);
+          for (const AxisAssignment& assignment : grid[a]) {
+            AxisValue* value = run->add_axes();
+            value->set_path(assignment.path);
+            value->set_value(assignment.text);
+          }
+          *run->mutable_params() = p.params;
+          run->set_added_params(p.params.total() - prepared[a][reference_].params.total());
+          *run->mutable_budget() = p.budget;
+          run->set_flops_per_token(p.flops_per_token);
+          run->set_diff(p.diff);
+          run->set_priority(spec_.priority);
+          *run->mutable_resources() = spec_.resources;
+          run->set_code_version(code_version_);
+          run->set_spec_file(spec_.file);
+          run->set_spec_line(spec_.variants[v].line);
+          std::string json = CanonicalJson(config);
+          run->set_run_key(RunKeyOfJson(json, code_version_));
+          *run->mutable_config() = std::move(config);
+          if (config_json_ != nullptr) config_json_->push_back(std::move(json));
+        }
+      }
+    }
+    return sweep;
+  }
+
+ private:
+  void Problem(int line, const std::string& path, const std::string& what) {
+    const std::string p = YamlProblem(spec_.file, line, path, what);
+    if (seen_.insert(p).second) problems_.push_back(p);
+  }
+
+  static std::string PointText(const AxisPoint& point) {
+    std::vector<std::string> items;
+    for (const AxisAssignment& a : point) items.push_back(absl::StrCat(a.path, "=", a.text));
+    return absl::StrJoin(items, ", ");
+  }
+
+  // Reports a config validation status of variant `v`: each "path: what" at the line that set
+  // the field (the variant's entry, an axis, the base), else the variant's line.
+  void ReportInvalid(const absl::Status& s, const VariantSpec& v, const AxisPoint& point) {
+    const std::string context = point.empty() ? "" : absl::StrCat(" (at ", PointText(point), ")");
+    for (absl::string_view problem : absl::StrSplit(s.message(), "; ", absl::SkipEmpty())) {
+      const size_t colon = problem.find(": ");
+      const std::string path(colon == absl::string_view::npos ? "" : problem.substr(0, colon));
+      const std::string what(colon == absl::string_view::npos ? problem : problem.substr(colon + 2));
+      int line = LineOfPath(v.node, path, -1);
+      for (const AxisAssignment& a : point) {
+        if (line < 0 && (path == a.path || absl::StartsWith(path, a.path + "."))) line = a.line;
+      }
+      if (line < 0) line = LineOfPath(spec_.base_node, path, -1);
+      if (line < 0) line = v.line;
+      Problem(line, absl::StrCat("variants[", v.name, "].", path), what + context);
+    }
+  }
+
+  // The index of the variant called `name`; nullopt, with a problem at `line` naming `path`, when
+  // the sweep has none.
+  std::optional<size_t> VariantIndex(const std::string& name, int line, const std::string& path) {
+    if (const auto it = index_.find(name); it != index_.end()) return it->second;
+    std::vector<std::string> names;
+    for (const VariantSpec& v : spec_.variants) names.push_back(v.name);
+    Problem(line, path,
+            absl::StrCat("no variant named \"", name, "\" in this sweep; variants: ",
+                         absl::StrJoin(names, ", ")));
+    return std::nullopt;
+  }
+
+  // The rule that matches `v`'s budget, or null when none does (a variant's own rule of match
+  // NONE opts it out of the sweep's).
+  const BudgetRule* RuleFor(const VariantSpec& v) const {
+    if (v.budget) return v.budget->match() == BUDGET_NONE ? nullptr : &*v.budget;
+    const BudgetRule& rule = spec_.budget;
+    if (rule.match() == BUDGET_NONE) return nullptr;
+    if (rule.apply_to_size() > 0) {
+      for (const std::string& name : rule.apply_to()) {
+        if (name == v.name) return &rule;
+      }
+      return nullptr;
+    }
+    if (v.name == rule.reference() || v.name == rule.target()) return nullptr;
+    return &rule;
+  }
+
+  std::vector<Prepared> PreparePoint(const AxisPoint& point) {
+    const std::string context = point.empty() ? "" : absl::StrCat(" (at ", PointText(point), ")");
+    std::vector<Prepared> out(spec_.variants.size());
+    // 1. Every variant before budget matching.
+    for (size_t i = 0; i < spec_.variants.size(); ++i) {
+      const VariantSpec& v = spec_.variants[i];
+      Prepared& p = out[i];
+      RunConfig c = spec_.base;
+      bool ok = true;
+      for (const AxisAssignment& a : point) {
+        const absl::Status s = OverlayYamlAtPath(a.value, spec_.file, a.line, a.path, &c);
+        if (!s.ok()) {  // checked at parse time; kept for safety
+          Problem(a.line, a.path, std::string(s.message()));
+          ok = false;
+        }
+      }
+      if (!v.preset.empty()) {
+        const VariantPreset* preset = FindVariantPreset(v.preset);
+        const absl::Status s = preset == nullptr
+                                   ? absl::InvalidArgumentError("no such preset")
+                                   : preset->apply(c.mutable_model());
+        if (!s.ok()) {
+          Problem(v.line, absl::StrCat("variants[", v.name, "].preset"),
+                  absl::StrCat(v.preset, " does not fit the base: ", s.message(), context));
+          ok = false;
+        }
+      }
+      const std::string path = absl::StrCat("variants[", v.name, "]");
+      if (v.model) {
+        const absl::Status s = OverlayYaml(v.model, spec_.file, path + ".model", c.mutable_model());
+        if (!s.ok()) {
+          for (absl::string_view line : absl::StrSplit(s.message(), '\n')) {
+            if (seen_.insert(std::string(line)).second) problems_.emplace_back(line);
+          }
+          ok = false;
+        }
+      }
+      if (v.train) {
+        const absl::Status s = OverlayYaml(v.train, spec_.file, path + ".train", c.mutable_train());
+        if (!s.ok()) {
+          for (absl::string_view line : absl::StrSplit(s.message(), '\n')) {
+            if (seen_.insert(std::string(line)).second) problems_.emplace_back(line);
+          }
+          ok = false;
+        }
+      }
+      if (ok) {
+        const absl::Status s = ValidateRunConfig(c);
+        if (!s.ok()) {
+          ReportInvalid(s, v, point);
+          ok = false;
+        }
+      }
+      p.ok = ok;
+      p.pre = std::move(c);
+    }
+    // 2. Budget matching against the anchors' unmatched configs.
+    for (size_t i = 0; i < spec_.variants.size(); ++i) {
+      const VariantSpec& v = spec_.variants[i];
+      Prepared& p = out[i];
+      if (!p.ok) continue;
+      p.post = p.pre;
+      if (const BudgetRule* rule = RuleFor(v)) {
+        const bool ffn = rule->match() == BUDGET_FFN;
+        const std::string& anchor = ffn ? rule->reference() : rule->target();
+        const YAML::Node own = YamlChild(v.node, "budget");
+        const int rule_line = own ? YamlLine(own) : v.budget ? v.line : spec_.budget_line;
+        const std::optional<size_t> anchor_index = VariantIndex(
+            anchor, rule_line,
+            absl::StrCat("variants[", v.name, "].budget.", ffn ? "reference" : "target"));
+        if (!anchor_index) {
+          p.ok = false;
+          continue;
+        }
+        const Prepared& a = out[*anchor_index];
+        if (!a.ok) continue;  // its own problem is reported
+        absl::StatusOr<BudgetSolution> solution =
+            SolveBudget(*rule, a.pre.model(), anchor, p.post.mutable_model());
+        if (!solution.ok()) {
+          std::string message(solution.status().message());
+          std::string field = "budget";
+          const size_t colon = message.find(": ");
+          if (absl::StartsWith(message, "budget") && colon != std::string::npos) {
+            field = message.substr(0, colon);
+            message = message.substr(colon + 2);
+          }
+          Problem(rule_line, absl::StrCat("variants[", v.name, "].", field), message + context);
+          p.ok = false;
+          continue;
+        }
+        p.budget = *solution;
+        const absl::Status s = ValidateRunConfig(p.post);
+        if (!s.ok()) {
+          ReportInvalid(s, v, point);
+          p.ok = false;
+          continue;
+        }
+      }
+      p.params = CountParams(p.post.model());
+      p.flops_per_token = TrainingFlopsPerToken(p.post.model(), p.post.train().seq_len());
+    }
+    // 3. Differences from the reference variant at this point.
+    const Prepared& ref = out[reference_];
+    for (size_t i = 0; i < spec_.variants.size(); ++i) {
+      Prepared& p = out[i];
+      if (!p.ok || !ref.ok || i == reference_) continue;
+      std::vector<std::string> items;
+      Diff(ref.post.model(), p.post.model(), "", &items);
+      Diff(ref.post.train(), p.post.train(), "train.", &items);
+      p.diff = absl::StrJoin(items, " ");
+    }
+    return out;
+  }
+
+  bool Matches(const FilterSpec::Condition& c, const std::string& variant, uint64_t seed,
+               const RunConfig& config) const {
+    if (c.key == "variant") {
+      return std::find(c.names.begin(), c.names.end(), variant) != c.names.end();
+    }
+    if (c.key == "seed") return std::find(c.seeds.begin(), c.seeds.end(), seed) != c.seeds.end();
+    // A field condition holds when setting the field to the value changes nothing.
+    RunConfig copy = config;
+    if (!OverlayYamlAtPath(c.value, spec_.file, c.line, c.key, &copy).ok()) return false;
+    return pb::util::MessageDifferencer::Equals(copy, config);
+  }
+
+  bool Keep(const std::string& variant, uint64_t seed, const RunConfig& config) const {
+    for (const FilterSpec& f : spec_.filters) {
+      bool all = true;
+      for (const FilterSpec::Condition& c : f.conditions) {
+        if (!Matches(c, variant, seed, config)) {
+          all = false;
+          break;
+        }
+      }
+      if (f.exclude == all) return false;
+    }
+    return true;
+  }
+
+  const SweepSpec& spec_;
+  const std::string code_version_;
+  std::vector<std::string>* const config_json_;  // may be null
+  std::map<std::string, size_t> index_;
+  size_t reference_ = 0;
+  std::vector<std::string> problems_;
+  std::set<std::string> seen_;
+};
+
+}  // namespace
+
+absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec, const ExpandOptions& options,
+                                          std::vector<std::string>* config_json) {
+  if (config_json != nullptr) config_json->clear();
+  absl::StatusOr<ExpandedSweep> sweep =
+      Expander(spec, options.code_version.empty() ? CodeVersion() : options.code_version,
+               config_json)
+          .Run();
+  if (!sweep.ok() && config_json != nullptr) config_json->clear();
+  return sweep;
+}
+
+absl::StatusOr<ExpandedSweep> ExpandSweepFile(const std::string& path,
+                                              const ExpandOptions& options) {
+  absl::StatusOr<SweepSpec> spec = LoadSweepSpecFile(path);
+  if (!spec.ok()) return spec.status();
+  return ExpandSweep(*spec, options);
+}
+
+}  // namespace ablate

@@ -1,0 +1,50 @@
+// Sweep expansion: a parsed spec becomes the list of runs it launches (the variant matrix).
+//
+// For each seed, each axis point (the product of the axes' points) and each variant, in that
+// order (the run order: every variant gets its first seed before any gets its second):
+//   config = base -> axis values -> the variant's preset -> its model/train overrides
+//            -> budget matching -> train.seed = seed
+// Variant overrides therefore win over axis values. Budget anchors (the reference of an FFN
+// rule, the target of a heads/experts rule) are taken at the same axis point *before* their own
+// matching, so "added parameters of G1" means the gate's parameters even when G1 is itself
+// narrowed. Each run gets its canonical config, exact parameter counts, FLOPs per token, the
+// diff against the reference variant and a run key = SHA-256(code version, canonical JSON).
+// Filters then drop runs; the kept runs are numbered in order.
+//
+// Errors (a preset that does not fit the base, an invalid config, an impossible budget) are
+// InvalidArgument, one "FILE:LINE: variants[NAME].field: what" per line, at the line of the
+// variant entry (or the line that sets the offending field). Pure function; thread-safe.
+// Costs a canonical JSON encoding per run, most of its time: about 0.17 ms each on the project's
+// VM, 1.7 s for 10,000 runs.
+#ifndef ABLATE_ORCHESTRATOR_SPEC_EXPAND_H_
+#define ABLATE_ORCHESTRATOR_SPEC_EXPAND_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "orchestrator/spec/spec.h"
+#include "proto/ablate.pb.h"
+
+namespace ablate {
+
+struct ExpandOptions {
+  std::string code_version;  // "" = CodeVersion() of this build
+};
+
+// `config_json` (optional) receives each run's CanonicalJson(config), in run order: what its run
+// key hashes and what the store keeps (SweepRecord::config_json), so it is printed once.
+absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec, const ExpandOptions& options = {},
+                                          std::vector<std::string>* config_json = nullptr);
+
+// LoadSweepSpecFile + ExpandSweep.
+absl::StatusOr<ExpandedSweep> ExpandSweepFile(const std::string& path,
+                                              const ExpandOptions& options = {});
+
+// The run key of a complete config: the first 16 hex digits of
+// SHA-256(code_version + "\n" + CanonicalJson(config)).
+std::string RunKey(const RunConfig& config, const std::string& code_version);
+
+}  // namespace ablate
+
+#endif  // ABLATE_ORCHESTRATOR_SPEC_EXPAND_H_

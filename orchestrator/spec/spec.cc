@@ -1,0 +1,741 @@
+#include "orchestrator/spec/spec.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "orchestrator/spec/budget.h"
+#include "config/model_config.h"
+#include "config/presets.h"
+#include "config/proto_yaml.h"
+
+namespace ablate {
+
+namespace {
+
+const std::vector<std::string>& TopLevelKeys() {
+  static const auto* keys = new std::vector<std::string>{
+      "sweep", "description", "base",     "variants",  "axes",    "seeds",
+      "filters", "budget",    "spike",    "resources", "priority"};
+  return *keys;
+}
+
+const std::vector<std::string>& VariantKeys() {
+  static const auto* keys = new std::vector<std::string>{
+      "name", "preset", "group", "description", "model", "train", "budget"};
+  return *keys;
+}
+
+YAML::Node Child(const YAML::Node& node, const char* key) { return YamlChild(node, key); }
+
+std::string Text(const YAML::Node& node) {
+  if (node.IsScalar()) return node.Scalar();
+  YAML::Emitter out;
+  out.SetMapFormat(YAML::Flow);
+  out.SetSeqFormat(YAML::Flow);
+  out << node;
+  return out.c_str();
+}
+
+// Collects problems in the FILE:LINE: path: what format.
+class Parser {
+ public:
+  explicit Parser(const std::string& file) : file_(file) {}
+
+  absl::StatusOr<SweepSpec> Parse(const YAML::Node& root) {
+    spec_.file = file_;
+    spec_.base = DefaultRunConfig();
+    spec_.budget = DefaultBudgetRule();
+    if (!root.IsMap()) {
+      Problem(YamlLine(root), "", "a sweep spec is a mapping with sweep:, base:, variants:, ...");
+      return Finish();
+    }
+    CheckKeys(root, "", TopLevelKeys());
+    if (HasProblems()) return Finish();  // a misspelt top-level key changes the meaning of all
+
+    ParseName(root);
+    if (const YAML::Node d = Child(root, "description"); d) spec_.description = Scalar(d, "description");
+    ParseBase(root);
+    if (const YAML::Node p = Child(root, "priority"); p) ParsePriority(p);
+    ParseResources(Child(root, "resources"));
+    const YAML::Node budget = Child(root, "budget");
+    if (budget) {
+      spec_.budget_line = LineOf(budget, root);
+      Absorb(OverlayYaml(budget, file_, "budget", &spec_.budget));
+    }
+    ParseVariants(Child(root, "variants"), YamlLine(root));
+    ParseReferenceAndBudget(budget);
+    ParseSeeds(Child(root, "seeds"));
+    if (const YAML::Node axes = Child(root, "axes"); axes) ParseAxes(axes);
+    if (const YAML::Node filters = Child(root, "filters"); filters) ParseFilters(filters);
+    if (!HasProblems()) CheckRunCount(root);
+    return Finish();
+  }
+
+ private:
+  void Problem(int line, const std::string& path, const std::string& what) {
+    const std::string p = YamlProblem(file_, line, path, what);
+    if (seen_.insert(p).second) problems_.push_back(p);
+  }
+  void Absorb(const absl::Status& s) {
+    if (s.ok()) return;
+    for (absl::string_view line : absl::StrSplit(s.message(), '\n')) {
+      if (seen_.insert(std::string(line)).second) problems_.emplace_back(line);
+    }
+  }
+  bool HasProblems() const { return !problems_.empty(); }
+
+  absl::StatusOr<SweepSpec> Finish() {
+    if (!problems_.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems_, "\n"));
+    return std::move(spec_);
+  }
+
+  // The line of `node`, or of its parent when the node has none (an empty value).
+  static int LineOf(const YAML::Node& node, const YAML::Node& parent) {
+    const int line = YamlLine(node);
+    return line > 0 ? line : YamlLine(parent);
+  }
+
+  void CheckKeys(const YAML::Node& map, const std::string& path,
+                 const std::vector<std::string>& known) {
+    std::set<std::string> seen;
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      const std::string key = it->first.IsScalar() ? it->first.Scalar() : Text(it->first);
+      const int line = YamlLine(it->first);
+      if (!seen.insert(key).second) {
+        Problem(line, path.empty() ? key : absl::StrCat(path, ".", key), "duplicate key");
+        continue;
+      }
+      if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+      const std::string best = ClosestName(key, known);
+      Problem(line, path,
+              best.empty()
+                  ? absl::StrCat("unknown key \"", key, "\"; known keys: ", absl::StrJoin(known, ", "))
+                  : absl::StrCat("unknown key \"", key, "\" (did you mean \"", best, "\"?)"));
+    }
+  }
+
+  std::string Scalar(const YAML::Node& node, const std::string& path) {
+    if (!node.IsScalar()) {
+      Problem(YamlLine(node), path, absl::StrCat("expected a string, got ", Text(node)));
+      return "";
+    }
+    return node.Scalar();
+  }
+
+  void ParseName(const YAML::Node& root) {
+    const YAML::Node n = Child(root, "sweep");
+    if (!n) {
+      Problem(YamlLine(root), "sweep", "missing: every spec names its sweep (sweep: NAME)");
+      return;
+    }
+    spec_.name = Scalar(n, "sweep");
+    if (n.IsScalar() && spec_.name.empty()) Problem(YamlLine(n), "sweep", "must not be empty");
+    for (char c : spec_.name) {
+      if (!(isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) {
+        Problem(YamlLine(n), "sweep",
+                absl::StrCat("\"", spec_.name, "\": use letters, digits, '_', '-' and '.' only"));
+        break;
+      }
+    }
+  }
+
+  void ParseBase(const YAML::Node& root) {
+    const YAML::Node base = Child(root, "base");
+    if (base) {
+      spec_.base_node.reset(base);
+      Absorb(OverlayYaml(base, file_, "base", &spec_.base));
+    }
+    if (const YAML::Node spike = Child(root, "spike"); spike) {
+      Absorb(OverlayYaml(spike, file_, "spike", spec_.base.mutable_train()->mutable_spike()));
+    }
+    if (HasProblems()) return;
+    const absl::Status s = ValidateRunConfig(spec_.base);
+    if (!s.ok()) {
+      // Paths are relative to base: (model.x); locate them there.
+      const absl::Status located =
+          LocateProblems(s, base ? base : YAML::Node(), file_, base ? YamlLine(base) : 1);
+      for (absl::string_view line : absl::StrSplit(located.message(), '\n')) {
+        // "FILE:LINE: model.x: what" -> "FILE:LINE: base.model.x: what"
+        std::string text(line);
+        const size_t at = text.find(": ");
+        if (at != std::string::npos) text.insert(at + 2, "base.");
+        if (seen_.insert(text).second) problems_.push_back(text);
+      }
+    }
+  }
+
+  void ParsePriority(const YAML::Node& p) {
+    int v;
+    if (!p.IsScalar() || !absl::SimpleAtoi(p.Scalar(), &v)) {
+      Problem(YamlLine(p), "priority", absl::StrCat("expected an integer, got ", Text(p)));
+      return;
+    }
+    if (v < 0 || v > 1000) {
+      Problem(YamlLine(p), "priority", absl::StrCat("must be in [0, 1000], got ", v));
+      return;
+    }
+    spec_.priority = v;
+  }
+
+  void ParseResources(const YAML::Node& r) {
+    const std::string& device = spec_.base.train().device();
+    spec_.resources.set_device(device.rfind("cuda", 0) == 0 ? "cuda" : "cpu");
+    if (!r) return;
+    Absorb(OverlayYaml(r, file_, "resources", &spec_.resources));
+    const int line = YamlLine(r);
+    const Resources& res = spec_.resources;
+    if (res.device() != "cpu" && res.device() != "cuda") {
+      Problem(LineOfPath(r, "device", line), "resources.device",
+              absl::StrCat("must be cpu or cuda, got \"", res.device(), "\""));
+    }
+    if (!(res.memory_gb() >= 0)) {
+      Problem(LineOfPath(r, "memory_gb", line), "resources.memory_gb", "must be >= 0");
+    }
+    if (res.threads() < 0) Problem(LineOfPath(r, "threads", line), "resources.threads", "must be >= 0");
+  }
+
+  // ---- variants --------------------------------------------------------------------------------
+
+  bool AddVariant(VariantSpec v, bool from_group) {
+    for (const VariantSpec& existing : spec_.variants) {
+      if (existing.name != v.name) continue;
+      // A preset pulled in again by a group is the same variant: keep the first.
+      if (from_group && existing.preset == v.preset && existing.name == existing.preset &&
+          existing.model.IsNull() && existing.train.IsNull() && !existing.budget) {
+        return false;
+      }
+      Problem(v.line, absl::StrCat("variants[", v.name, "]"),
+              absl::StrCat("duplicate variant name \"", v.name, "\" (first at line ",
+                           existing.line, ")"));
+      return false;
+    }
+    spec_.variants.push_back(std::move(v));
+    return true;
+  }
+
+  std::vector<std::string> PresetAndGroupNames() const {
+    std::vector<std::string> names;
+    for (const VariantPreset& p : AllVariantPresets()) names.push_back(p.name);
+    for (const PresetGroup& g : AllPresetGroups()) names.push_back(g.name);
+    return names;
+  }
+
+  void UnknownPreset(int line, const std::string& path, const std::string& name, bool group) {
+    std::vector<std::string> names;
+    if (group) {
+      for (const PresetGroup& g : AllPresetGroups()) names.push_back(g.name);
+    } else {
+      names = PresetAndGroupNames();
+    }
+    const std::string best = ClosestName(name, names);
+    Problem(line, path,
+            absl::StrCat("unknown ", group ? "group" : "preset", " \"", name, "\"",
+                         best.empty() ? absl::StrCat("; known: ", absl::StrJoin(names, ", "))
+                                      : absl::StrCat(" (did you mean \"", best, "\"?)")));
+  }
+
+  void AddGroup(const PresetGroup& group, int line) {
+    for (const std::string& name : group.variants) {
+      const VariantPreset* p = FindVariantPreset(name);
+      VariantSpec v;
+      v.name = name;
+      v.preset = name;
+      v.description = p->description;
+      v.line = line;
+      AddVariant(std::move(v), /*from_group=*/true);
+    }
+  }
+
+  void ParseVariants(const YAML::Node& list, int root_line) {
+    if (!list) {
+      Problem(root_line, "variants", "missing: list the presets, groups or custom variants to run");
+      return;
+    }
+    if (!list.IsSequence() || list.size() == 0) {
+      Problem(YamlLine(list) ? YamlLine(list) : root_line, "variants",
+              "expected a non-empty list of presets, groups or variant mappings");
+      return;
+    }
+    for (size_t i = 0; i < list.size(); ++i) {
+      const YAML::Node entry = list[i];
+      const int line = YamlLine(entry) ? YamlLine(entry) : YamlLine(list);
+      const std::string path = absl::StrCat("variants[", i, "]");
+      if (entry.IsScalar()) {
+        const std::string& name = entry.Scalar();
+        if (const VariantPreset* p = FindVariantPreset(name)) {
+          VariantSpec v;
+          v.name = name;
+          v.preset = name;
+          v.description = p->description;
+          v.node.reset(entry);
+          v.line = line;
+          AddVariant(std::move(v), /*from_group=*/false);
+        } else if (const PresetGroup* g = FindPresetGroup(name)) {
+          AddGroup(*g, line);
+        } else {
+          UnknownPreset(line, path, name, false);
+        }
+        continue;
+      }
+      if (!entry.IsMap()) {
+        Problem(line, path, "expected a preset name, a group name or a mapping");
+        continue;
+      }
+      CheckKeys(entry, path, VariantKeys());
+      if (const YAML::Node g = Child(entry, "group"); g) {
+        if (entry.size() != 1) {
+          Problem(line, path, "a group entry takes no other keys; list the variant separately "
+                              "to override it");
+        }
+        const std::string name = Scalar(g, path + ".group");
+        if (const PresetGroup* group = FindPresetGroup(name)) {
+          AddGroup(*group, line);
+        } else if (!name.empty()) {
+          UnknownPreset(YamlLine(g), path + ".group", name, true);
+        }
+        continue;
+      }
+      VariantSpec v;
+      v.node.reset(entry);
+      v.line = line;
+      if (const YAML::Node p = Child(entry, "preset"); p) {
+        v.preset = Scalar(p, path + ".preset");
+        if (const VariantPreset* preset = FindVariantPreset(v.preset)) {
+          v.description = preset->description;
+        } else if (!v.preset.empty()) {
+          UnknownPreset(YamlLine(p), path + ".preset", v.preset, false);
+          continue;
+        }
+      }
+      if (const YAML::Node n = Child(entry, "name"); n) {
+        v.name = Scalar(n, path + ".name");
+      } else {
+        v.name = v.preset;
+      }
+      if (v.name.empty()) {
+        Problem(line, path, "needs a preset, a group or a name (a custom variant)");
+        continue;
+      }
+      const std::string vpath = absl::StrCat("variants[", v.name, "]");
+      if (v.preset.empty()) v.description = "custom";
+      if (const YAML::Node d = Child(entry, "description"); d) v.description = Scalar(d, vpath + ".description");
+      // Check the overrides' keys and types now, against a scratch config.
+      RunConfig scratch = spec_.base;
+      if (const YAML::Node m = Child(entry, "model"); m) {
+        v.model.reset(m);
+        Absorb(OverlayYaml(m, file_, vpath + ".model", scratch.mutable_model()));
+      }
+      if (const YAML::Node t = Child(entry, "train"); t) {
+        v.train.reset(t);
+        Absorb(OverlayYaml(t, file_, vpath + ".train", scratch.mutable_train()));
+      }
+      // `budget:` with nothing under it changes nothing, as an empty mapping does elsewhere: the
+      // sweep's rule applies.
+      if (const YAML::Node b = Child(entry, "budget"); b && !b.IsNull()) {
+        BudgetRule rule = spec_.budget;
+        rule.clear_apply_to();
+        Absorb(OverlayYaml(b, file_, vpath + ".budget", &rule));
+        if (b.IsMap() && Child(b, "apply_to")) {
+          Problem(YamlLine(Child(b, "apply_to")), vpath + ".budget.apply_to",
+                  "only a sweep-level budget has apply_to");
+        }
+        v.budget = rule;
+      }
+      AddVariant(std::move(v), /*from_group=*/false);
+    }
+  }
+
+  bool HasVariant(const std::string& name) const {
+    for (const VariantSpec& v : spec_.variants) {
+      if (v.name == name) return true;
+    }
+    return false;
+  }
+
+  std::vector<std::string> VariantNames() const {
+    std::vector<std::string> names;
+    for (const VariantSpec& v : spec_.variants) names.push_back(v.name);
+    return names;
+  }
+
+  void UnknownVariant(int line, const std::string& path, const std::string& name) {
+    const std::string best = ClosestName(name, VariantNames());
+    Problem(line, path,
+            absl::StrCat("no variant named \"", name, "\" in this sweep",
+                         best.empty() ? absl::StrCat("; variants: ", absl::StrJoin(VariantNames(), ", "))
+                                      : absl::StrCat(" (did you mean \"", best, "\"?)")));
+  }
+
+  // Checks a rule's values and names; `node` is where it is written.
+  void CheckRule(const BudgetRule& rule, const YAML::Node& node, int fallback_line,
+                 const std::string& path) {
+    auto line = [&](const char* key) { return LineOfPath(node, key, fallback_line); };
+    if (!(rule.tolerance() >= 0 && rule.tolerance() < 1)) {
+      Problem(line("tolerance"), path + ".tolerance",
+              absl::StrCat("must be in [0, 1) (a fraction of the matched total), got ",
+                           rule.tolerance()));
+    }
+    if (rule.multiple() < 1) {
+      Problem(line("multiple"), path + ".multiple",
+              absl::StrCat("must be >= 1, got ", rule.multiple()));
+    }
+    if (rule.match() == BUDGET_HEADS || rule.match() == BUDGET_EXPERTS) {
+      if (rule.target().empty()) {
+        Problem(line("match"), path + ".target",
+                "is required for match HEADS and EXPERTS (the variant whose total to match)");
+      } else if (!HasVariant(rule.target())) {
+        UnknownVariant(line("target"), path + ".target", rule.target());
+      }
+    }
+    if (rule.match() == BUDGET_FFN && !HasVariant(rule.reference())) {
+      UnknownVariant(line("reference"), path + ".reference", rule.reference());
+    }
+  }
+
+  void ParseReferenceAndBudget(const YAML::Node& budget) {
+    if (spec_.variants.empty()) return;
+    const bool explicit_reference = static_cast<bool>(Child(budget, "reference"));
+    if (!HasVariant(spec_.budget.reference())) {
+      if (explicit_reference) {
+        UnknownVariant(YamlLine(Child(budget, "reference")), "budget.reference",
+                       spec_.budget.reference());
+        return;
+      }
+      spec_.budget.set_reference(spec_.variants.front().name);
+    }
+    spec_.reference = spec_.budget.reference();
+    if (budget) {
+      CheckRule(spec_.budget, budget, spec_.budget_line, "budget");
+      for (int i = 0; i < spec_.budget.apply_to_size(); ++i) {
+        const std::string& name = spec_.budget.apply_to(i);
+        if (!HasVariant(name)) {
+          const YAML::Node list = Child(budget, "apply_to");
+          UnknownVariant(list && list.IsSequence() && static_cast<size_t>(i) < list.size()
+                             ? YamlLine(list[i])
+                             : spec_.budget_line,
+                         absl::StrCat("budget.apply_to[", i, "]"), name);
+        }
+      }
+    }
+    for (VariantSpec& v : spec_.variants) {
+      if (!v.budget) continue;
+      const YAML::Node budget_node = Child(v.node, "budget");
+      if (!Child(budget_node, "reference")) v.budget->set_reference(spec_.reference);
+      CheckRule(*v.budget, budget_node, v.line, absl::StrCat("variants[", v.name, "].budget"));
+      const std::string anchor =
+          v.budget->match() == BUDGET_FFN ? v.budget->reference() : v.budget->target();
+      if (v.budget->match() != BUDGET_NONE && anchor == v.name) {
+        Problem(v.line, absl::StrCat("variants[", v.name, "].budget"),
+                "a variant cannot match its own parameter count");
+      }
+    }
+  }
+
+  // ---- size --------------------------------------------------------------------------------
+
+  // `a` x `b`, or kMaxSpecRuns + 1 when that is larger (no overflow).
+  static int64_t TimesCapped(int64_t a, int64_t b) {
+    return b != 0 && a > kMaxSpecRuns / b ? kMaxSpecRuns + 1 : a * b;
+  }
+
+  void CheckRunCount(const YAML::Node& root) {
+    int64_t runs = TimesCapped(spec_.seeds.size(), spec_.variants.size());
+    std::vector<std::string> factors = {absl::StrCat(spec_.seeds.size(), " seeds"),
+                                        absl::StrCat(spec_.variants.size(), " variants")};
+    for (const AxisSpec& axis : spec_.axes) {
+      runs = TimesCapped(runs, axis.points.size());
+      factors.push_back(absl::StrCat(axis.points.size(), " points (line ", axis.line, ")"));
+    }
+    if (runs <= kMaxSpecRuns) return;
+    const YAML::Node seeds = Child(root, "seeds");
+    Problem(seeds ? YamlLine(seeds) : YamlLine(root), "",
+            absl::StrCat("the sweep expands to more than ", kMaxSpecRuns, " runs before filters (",
+                         absl::StrJoin(factors, " x "), "); split it into several sweeps"));
+  }
+
+  // ---- seeds, axes, filters ----------------------------------------------------------------
+
+  bool ParseSeed(const YAML::Node& node, const std::string& path, uint64_t* out) {
+    if (!node.IsScalar() || !absl::SimpleAtoi(node.Scalar(), out) ||
+        node.Scalar().find('-') != std::string::npos) {
+      Problem(YamlLine(node), path, absl::StrCat("expected a seed (an integer >= 0), got ", Text(node)));
+      return false;
+    }
+    return true;
+  }
+
+  void ParseSeeds(const YAML::Node& seeds) {
+    if (!seeds) {
+      spec_.seeds = {spec_.base.train().seed()};
+      return;
+    }
+    if (seeds.IsScalar()) {
+      int n;
+      if (!absl::SimpleAtoi(seeds.Scalar(), &n) || n < 1 || n > 100000) {
+        Problem(YamlLine(seeds), "seeds",
+                absl::StrCat("expected a list of seeds or a count in [1, 100000], got ", Text(seeds)));
+        return;
+      }
+      for (int i = 0; i < n; ++i) spec_.seeds.push_back(i);
+      return;
+    }
+    if (!seeds.IsSequence() || seeds.size() == 0) {
+      Problem(YamlLine(seeds), "seeds", "expected a non-empty list of seeds or a count");
+      return;
+    }
+    std::set<uint64_t> seen;
+    for (size_t i = 0; i < seeds.size(); ++i) {
+      uint64_t s;
+      if (!ParseSeed(seeds[i], absl::StrCat("seeds[", i, "]"), &s)) continue;
+      if (!seen.insert(s).second) {
+        Problem(YamlLine(seeds[i]), absl::StrCat("seeds[", i, "]"),
+                absl::StrCat("duplicate seed ", s));
+        continue;
+      }
+      spec_.seeds.push_back(s);
+    }
+  }
+
+  // Checks one assignment against a scratch config (key and type errors at the value's line).
+  bool CheckAssignment(const AxisAssignment& a) {
+    RunConfig scratch = spec_.base;
+    const absl::Status s = OverlayYamlAtPath(a.value, file_, a.line, a.path, &scratch);
+    Absorb(s);
+    return s.ok();
+  }
+
+  AxisAssignment Assignment(const YAML::Node& key, const YAML::Node& value) {
+    AxisAssignment a;
+    a.path = key.IsScalar() ? key.Scalar() : Text(key);
+    a.value.reset(value);
+    a.text = Text(value);
+    a.line = YamlLine(value) ? YamlLine(value) : YamlLine(key);
+    return a;
+  }
+
+  void ParseAxes(const YAML::Node& axes) {
+    if (!axes.IsSequence()) {
+      Problem(YamlLine(axes), "axes",
+              "expected a list of {product: ...}, {zip: ...} or {list: [...]} entries");
+      return;
+    }
+    for (size_t i = 0; i < axes.size(); ++i) {
+      const YAML::Node entry = axes[i];
+      const std::string path = absl::StrCat("axes[", i, "]");
+      if (!entry.IsMap() || entry.size() != 1) {
+        Problem(YamlLine(entry), path, "expected exactly one of product:, zip: or list:");
+        continue;
+      }
+      const std::string mode = entry.begin()->first.Scalar();
+      const YAML::Node body = entry.begin()->second;
+      AxisSpec axis;
+      axis.line = YamlLine(entry);
+      if (mode == "product" || mode == "zip") {
+        axis.mode = mode == "product" ? AxisSpec::Mode::kProduct : AxisSpec::Mode::kZip;
+        if (!body.IsMap() || body.size() == 0) {
+          Problem(LineOf(body, entry), path + "." + mode,
+                  "expected a mapping of field paths to lists of values");
+          continue;
+        }
+        std::vector<std::vector<AxisAssignment>> columns;
+        bool ok = true;
+        for (auto it = body.begin(); it != body.end(); ++it) {
+          const std::string key = it->first.Scalar();
+          const YAML::Node values = it->second;
+          if (!values.IsSequence() || values.size() == 0) {
+            Problem(LineOf(values, it->first), absl::StrCat(path, ".", mode, ".", key),
+                    "expected a non-empty list of values");
+            ok = false;
+            continue;
+          }
+          std::vector<AxisAssignment> column;
+          for (size_t j = 0; j < values.size(); ++j) {
+            column.push_back(Assignment(it->first, values[j]));
+            ok = CheckAssignment(column.back()) && ok;
+          }
+          columns.push_back(std::move(column));
+        }
+        if (!ok) continue;
+        if (axis.mode == AxisSpec::Mode::kZip) {
+          for (const auto& column : columns) {
+            if (column.size() != columns.front().size()) {
+              Problem(column.front().line, absl::StrCat(path, ".zip.", column.front().path),
+                      absl::StrCat("has ", column.size(), " values but ", columns.front().front().path,
+                                   " has ", columns.front().size(),
+                                   "; zipped lists must have equal lengths"));
+              ok = false;
+            }
+          }
+          if (!ok) continue;
+          for (size_t j = 0; j < columns.front().size(); ++j) {
+            AxisPoint point;
+            for (const auto& column : columns) point.push_back(column[j]);
+            axis.points.push_back(std::move(point));
+          }
+        } else {
+          // Refused before it is built: the product grows exponentially with the spec's size.
+          int64_t size = 1;
+          std::vector<std::string> sizes;
+          for (const auto& column : columns) {
+            size = TimesCapped(size, column.size());
+            sizes.push_back(absl::StrCat(column.size()));
+          }
+          if (size > kMaxSpecRuns) {
+            Problem(axis.line, path + ".product",
+                    absl::StrCat(absl::StrJoin(sizes, " x "), " is more than ", kMaxSpecRuns,
+                                 " points (the most runs a sweep may have)"));
+            continue;
+          }
+          axis.points = {AxisPoint{}};
+          for (const auto& column : columns) {
+            std::vector<AxisPoint> next;
+            for (const AxisPoint& point : axis.points) {
+              for (const AxisAssignment& a : column) {
+                AxisPoint p = point;
+                p.push_back(a);
+                next.push_back(std::move(p));
+              }
+            }
+            axis.points = std::move(next);
+          }
+        }
+      } else if (mode == "list") {
+        axis.mode = AxisSpec::Mode::kList;
+        if (!body.IsSequence() || body.size() == 0) {
+          Problem(LineOf(body, entry), path + ".list",
+                  "expected a non-empty list of mappings (field path: value)");
+          continue;
+        }
+        bool ok = true;
+        for (size_t j = 0; j < body.size(); ++j) {
+          const YAML::Node point_node = body[j];
+          if (!point_node.IsMap() || point_node.size() == 0) {
+            Problem(LineOf(point_node, body), absl::StrCat(path, ".list[", j, "]"),
+                    "expected a mapping of field paths to values");
+            ok = false;
+            continue;
+          }
+          AxisPoint point;
+          for (auto it = point_node.begin(); it != point_node.end(); ++it) {
+            point.push_back(Assignment(it->first, it->second));
+            ok = CheckAssignment(point.back()) && ok;
+          }
+          axis.points.push_back(std::move(point));
+        }
+        if (!ok) continue;
+      } else {
+        const std::string best = ClosestName(mode, {"product", "zip", "list"});
+        Problem(YamlLine(entry.begin()->first), path,
+                absl::StrCat("unknown axis mode \"", mode, "\"",
+                             best.empty() ? "; use product, zip or list"
+                                          : absl::StrCat(" (did you mean \"", best, "\"?)")));
+        continue;
+      }
+      spec_.axes.push_back(std::move(axis));
+    }
+  }
+
+  void ParseFilters(const YAML::Node& filters) {
+    if (!filters.IsSequence()) {
+      Problem(YamlLine(filters), "filters", "expected a list of {exclude: ...} or {only: ...}");
+      return;
+    }
+    for (size_t i = 0; i < filters.size(); ++i) {
+      const YAML::Node entry = filters[i];
+      const std::string path = absl::StrCat("filters[", i, "]");
+      if (!entry.IsMap() || entry.size() != 1) {
+        Problem(YamlLine(entry), path, "expected exactly one of exclude: or only:");
+        continue;
+      }
+      const std::string kind = entry.begin()->first.Scalar();
+      const YAML::Node body = entry.begin()->second;
+      FilterSpec filter;
+      filter.line = YamlLine(entry);
+      if (kind != "exclude" && kind != "only") {
+        Problem(YamlLine(entry.begin()->first), path,
+                absl::StrCat("unknown filter \"", kind, "\"; use exclude or only"));
+        continue;
+      }
+      filter.exclude = kind == "exclude";
+      const std::string fpath = absl::StrCat(path, ".", kind);
+      if (!body.IsMap() || body.size() == 0) {
+        Problem(LineOf(body, entry), fpath,
+                "expected a mapping of conditions (variant:, seed: or a field path)");
+        continue;
+      }
+      bool ok = true;
+      for (auto it = body.begin(); it != body.end(); ++it) {
+        FilterSpec::Condition c;
+        c.key = it->first.Scalar();
+        c.line = YamlLine(it->first);
+        const YAML::Node v = it->second;
+        const std::string cpath = absl::StrCat(fpath, ".", c.key);
+        if (c.key == "variant") {
+          std::vector<YAML::Node> names;
+          if (v.IsSequence()) {
+            for (size_t j = 0; j < v.size(); ++j) names.push_back(v[j]);
+          } else {
+            names.push_back(v);
+          }
+          for (const YAML::Node& n : names) {
+            const std::string name = Scalar(n, cpath);
+            if (!HasVariant(name)) {
+              UnknownVariant(LineOf(n, it->first), cpath, name);
+              ok = false;
+            }
+            c.names.push_back(name);
+          }
+        } else if (c.key == "seed") {
+          if (v.IsSequence()) {
+            for (size_t j = 0; j < v.size(); ++j) {
+              uint64_t s;
+              if (ParseSeed(v[j], cpath, &s)) c.seeds.push_back(s); else ok = false;
+            }
+          } else {
+            uint64_t s;
+            if (ParseSeed(v, cpath, &s)) c.seeds.push_back(s); else ok = false;
+          }
+        } else {
+          AxisAssignment a = Assignment(it->first, v);
+          if (!CheckAssignment(a)) {
+            ok = false;
+            continue;
+          }
+          c.value.reset(v);
+        }
+        filter.conditions.push_back(std::move(c));
+      }
+      if (ok) spec_.filters.push_back(std::move(filter));
+    }
+  }
+
+  const std::string file_;
+  SweepSpec spec_;
+  std::vector<std::string> problems_;
+  std::set<std::string> seen_;
+};
+
+}  // namespace
+
+absl::StatusOr<SweepSpec> ParseSweepSpec(const YAML::Node& root, const std::string& file) {
+  return Parser(file).Parse(root);
+}
+
+absl::StatusOr<SweepSpec> ParseSweepSpecText(const std::string& text, const std::string& file) {
+  absl::StatusOr<YAML::Node> root = ParseYaml(text, file);
+  if (!root.ok()) return root.status();
+  return ParseSweepSpec(*root, file);
+}
+
+absl::StatusOr<SweepSpec> LoadSweepSpecFile(const std::string& path) {
+  absl::StatusOr<YAML::Node> root = ParseYamlFile(path);
+  if (!root.ok()) return root.status();
+  return ParseSweepSpec(*root, path);
+}
+
+}  // namespace ablate

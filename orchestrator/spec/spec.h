@@ -1,0 +1,97 @@
+// Sweep specs: the YAML a researcher writes (docs/spec.md), parsed and checked.
+//
+// Parsing checks everything that can be checked without expanding: keys, types, enum values,
+// preset and group names, duplicate variant names, axis shapes, filter and budget references.
+// Expansion (orchestrator/spec/expand.h) then checks each run's config and budget. Every problem is
+// reported as "FILE:LINE: field.path: what is wrong", one per line, in one InvalidArgument.
+// Pure functions; thread-safe. A SweepSpec keeps YAML nodes (for error lines and late overlays)
+// and is not meant to be shared across threads while in use.
+#ifndef ABLATE_ORCHESTRATOR_SPEC_SPEC_H_
+#define ABLATE_ORCHESTRATOR_SPEC_SPEC_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/ablate.pb.h"
+#include "yaml-cpp/yaml.h"
+
+namespace ablate {
+
+// One entry of `variants:` after group expansion.
+struct VariantSpec {
+  std::string name;         // unique in the sweep
+  std::string preset;       // "" for a custom variant (overrides only)
+  std::string description;  // the preset's one-liner, the entry's `description`, or "custom"
+  YAML::Node model;         // overrides overlaid after the preset (null when none)
+  YAML::Node train;         // overrides of the training config (null when none)
+  std::optional<BudgetRule> budget;  // the entry's own rule, replacing the sweep's
+  YAML::Node node;          // the entry itself (for error lines); null for a group member
+  int line = 0;             // where the entry (or its group) is written
+};
+
+// One field assignment of an axis point: `path` = `value`.
+struct AxisAssignment {
+  std::string path;   // dotted, below RunConfig: "train.optimizer.lr"
+  YAML::Node value;   // a scalar (or a mapping for a message field)
+  std::string text;   // the value as written, for reports
+  int line = 0;
+};
+using AxisPoint = std::vector<AxisAssignment>;
+
+// One entry of `axes:`, already expanded into its points.
+struct AxisSpec {
+  enum class Mode { kProduct, kZip, kList };
+  Mode mode = Mode::kProduct;
+  std::vector<AxisPoint> points;
+  int line = 0;
+};
+
+// One entry of `filters:`: a run matches when every condition holds. `exclude` drops matching
+// runs; `only` drops the others. Filters apply in order.
+struct FilterSpec {
+  struct Condition {
+    std::string key;                  // "variant", "seed" or a dotted field path
+    std::vector<std::string> names;   // for "variant": any of these
+    std::vector<uint64_t> seeds;      // for "seed": any of these
+    YAML::Node value;                 // for a field path: the value to compare
+    int line = 0;
+  };
+  bool exclude = true;
+  std::vector<Condition> conditions;
+  int line = 0;
+};
+
+struct SweepSpec {
+  std::string file;         // for error messages and reports
+  std::string name;         // `sweep:`, required
+  std::string description;  // `description:`
+  RunConfig base;           // DefaultRunConfig() overlaid with `base:` and `spike:`
+  YAML::Node base_node;     // the `base:` node (null when absent)
+  std::vector<VariantSpec> variants;
+  std::vector<AxisSpec> axes;
+  std::vector<uint64_t> seeds;  // `seeds:`; default: the base's train.seed
+  std::vector<FilterSpec> filters;
+  BudgetRule budget;        // `budget:` over DefaultBudgetRule(); match NONE when absent
+  int budget_line = 0;
+  std::string reference;    // the variant added parameters are counted against
+  Resources resources;      // `resources:`; device defaults to the kind of train.device
+  int32_t priority = 1;     // `priority:`, higher first
+};
+
+// The most runs a spec may expand to before filters (seeds x axis points x variants), checked
+// while parsing: expansion time and memory grow with it, so a few lines of `axes:` must not make
+// the coordinator build millions of configs (found with tests/fuzz/spec_fuzz). The coordinator's
+// own limit on the runs it queues (10,000 by default) is lower.
+inline constexpr int64_t kMaxSpecRuns = 100000;
+
+absl::StatusOr<SweepSpec> ParseSweepSpec(const YAML::Node& root, const std::string& file);
+absl::StatusOr<SweepSpec> ParseSweepSpecText(const std::string& text, const std::string& file);
+// NotFound naming the path when the file cannot be read.
+absl::StatusOr<SweepSpec> LoadSweepSpecFile(const std::string& path);
+
+}  // namespace ablate
+
+#endif  // ABLATE_ORCHESTRATOR_SPEC_SPEC_H_

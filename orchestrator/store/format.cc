@@ -1,0 +1,231 @@
+#include "orchestrator/store/format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "config/text_format.h"
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+
+namespace ablate {
+namespace {
+
+std::string ValueText(const SqlValue& v) {
+  if (std::holds_alternative<int64_t>(v)) return std::to_string(std::get<int64_t>(v));
+  if (std::holds_alternative<double>(v)) return fmt::format("{}", std::get<double>(v));
+  if (std::holds_alternative<std::string>(v)) return std::get<std::string>(v);
+  return "";
+}
+
+nlohmann::json ValueJson(const SqlValue& v) {
+  if (std::holds_alternative<int64_t>(v)) return std::get<int64_t>(v);
+  if (std::holds_alternative<double>(v)) {
+    double d = std::get<double>(v);
+    return std::isfinite(d) ? nlohmann::json(d) : nlohmann::json(nullptr);
+  }
+  if (std::holds_alternative<std::string>(v)) return std::get<std::string>(v);
+  return nullptr;
+}
+
+nlohmann::json NumberJson(double d) {
+  return std::isfinite(d) ? nlohmann::json(d) : nlohmann::json(nullptr);
+}
+
+std::string CsvNumber(double d) { return std::isfinite(d) ? fmt::format("{}", d) : ""; }
+
+
+// Significant digits that keep a std readable: 3 decimals for values near 1, fewer above.
+std::string MeanStdText(const MeanStd& m, int decimals) {
+  if (!std::isfinite(m.mean)) return "—";
+  if (!std::isfinite(m.std)) return fmt::format("{:.{}f}", m.mean, decimals);
+  return fmt::format("{:.{}f} ± {:.{}f}", m.mean, decimals, m.std, decimals);
+}
+
+int DecimalsFor(const std::vector<ComparisonRow>& rows, const MeanStd ComparisonRow::*field) {
+  double largest = 0;
+  for (const ComparisonRow& r : rows) {
+    if (std::isfinite((r.*field).mean)) largest = std::max(largest, std::fabs((r.*field).mean));
+  }
+  if (largest >= 100) return 1;
+  if (largest >= 10) return 2;
+  if (largest >= 1) return 3;
+  return 4;
+}
+
+struct MetricColumn {
+  const char* name;     // csv/json key prefix
+  const char* heading;  // markdown heading
+  MeanStd ComparisonRow::*field;
+};
+
+const std::vector<MetricColumn>& MetricColumns() {
+  static const auto* columns = new std::vector<MetricColumn>{
+      {"val_loss", "val loss", &ComparisonRow::val_loss},
+      {"val_ppl", "val PPL", &ComparisonRow::val_ppl},
+      {"gate_score", "gate score", &ComparisonRow::gate_score},
+      {"m_act", "M-Act", &ComparisonRow::m_act},
+      {"f_attn", "F-Attn", &ComparisonRow::f_attn},
+      {"spike_score", "spike score", &ComparisonRow::spike_score},
+      {"train_loss", "train loss", &ComparisonRow::train_loss},
+  };
+  return *columns;
+}
+
+}  // namespace
+
+
+absl::StatusOr<std::string> FormatQueryResult(const QueryResult& result,
+                                              const std::string& format) {
+  if (format == "json") {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& row : result.rows) {
+      nlohmann::json object = nlohmann::json::object();
+      for (size_t i = 0; i < row.size(); ++i) object[result.columns[i]] = ValueJson(row[i]);
+      rows.push_back(std::move(object));
+    }
+    // A TEXT or BLOB need not be UTF-8 (SELECT x'ff'): dump() would throw; write U+FFFD instead.
+    // Found with tests/fuzz/query_fuzz.
+    // One shape whether or not the result was truncated (the caller says so beside it).
+    constexpr auto kReplace = nlohmann::json::error_handler_t::replace;
+    return rows.dump(2, ' ', false, kReplace) + "\n";
+  }
+  if (format == "csv") {
+    std::vector<std::string> header;
+    for (const std::string& c : result.columns) header.push_back(CsvField(c));
+    std::string out = absl::StrJoin(header, ",") + "\n";
+    for (const auto& row : result.rows) {
+      std::vector<std::string> cells;
+      for (const SqlValue& v : row) cells.push_back(CsvField(ValueText(v)));
+      absl::StrAppend(&out, absl::StrJoin(cells, ","), "\n");
+    }
+    return out;
+  }
+  if (format == "table") {
+    std::vector<bool> right(result.columns.size(), false);
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& row : result.rows) {
+      std::vector<std::string> cells;
+      for (size_t i = 0; i < row.size(); ++i) {
+        cells.push_back(ValueText(row[i]));
+        if (std::holds_alternative<int64_t>(row[i]) || std::holds_alternative<double>(row[i])) {
+          right[i] = true;
+        }
+      }
+      rows.push_back(std::move(cells));
+    }
+    // Every row is padded to the widest cell of each column: one long value in a column of many
+    // rows multiplies (found with tests/fuzz/query_fuzz). Refuse before building it.
+    size_t row_width = 0;
+    for (size_t i = 0; i < result.columns.size(); ++i) {
+      size_t width = result.columns[i].size();
+      for (const auto& row : rows) width = std::max(width, row[i].size());
+      row_width += width + 2;
+    }
+    if (row_width * (rows.size() + 1) > kMaxTableBytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "query: the aligned table would be ", row_width * (rows.size() + 1),
+          " bytes (the limit is ", kMaxTableBytes, "); use --format csv or json"));
+    }
+    std::string out = AlignedTable(result.columns, rows, right, /*rule=*/true);
+    absl::StrAppend(&out, "(", result.rows.size(), result.rows.size() == 1 ? " row" : " rows",
+                    result.truncated ? ", truncated: more rows exist" : "", ")\n");
+    return out;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown format \"", format, "\" (expected table, csv or json)"));
+}
+
+absl::StatusOr<std::string> FormatComparisonTable(const ComparisonTable& table,
+                                                  const std::string& format) {
+  const bool has_axes = std::any_of(table.rows.begin(), table.rows.end(),
+                                    [](const ComparisonRow& r) { return !r.axes.empty(); });
+  if (format == "markdown") {
+    std::vector<std::string> header = {"variant"};
+    if (has_axes) header.push_back("axes");
+    header.push_back("n");
+    for (const MetricColumn& c : MetricColumns()) {
+      if (c.field != &ComparisonRow::train_loss) header.push_back(c.heading);
+    }
+    for (const char* h : {"params", "added", "diverged", "failed"}) header.push_back(h);
+    std::vector<int> decimals;
+    for (const MetricColumn& c : MetricColumns()) decimals.push_back(DecimalsFor(table.rows, c.field));
+    std::string out = absl::StrCat("| ", absl::StrJoin(header, " | "), " |\n|");
+    for (size_t i = 0; i < header.size(); ++i) out += i == 0 || (has_axes && i == 1) ? "---|" : "---:|";
+    out += "\n";
+    for (const ComparisonRow& r : table.rows) {
+      std::vector<std::string> cells = {r.variant};
+      if (has_axes) cells.push_back(r.axes);
+      cells.push_back(r.unfinished > 0 ? absl::StrCat(r.n, " (", r.unfinished, " unfinished)")
+                                       : absl::StrCat(r.n));
+      for (size_t i = 0; i < MetricColumns().size(); ++i) {
+        const MetricColumn& c = MetricColumns()[i];
+        if (c.field == &ComparisonRow::train_loss) continue;
+        cells.push_back(MeanStdText(r.*(c.field), decimals[i]));
+      }
+      cells.push_back(HumanCount(r.params_total));
+      cells.push_back(r.params_added == 0 ? "0" : HumanCount(r.params_added, /*sign=*/true));
+      cells.push_back(absl::StrCat(r.diverged));
+      cells.push_back(absl::StrCat(r.failed));
+      absl::StrAppend(&out, "| ", absl::StrJoin(cells, " | "), " |\n");
+    }
+    return out;
+  }
+  if (format == "csv") {
+    std::vector<std::string> header = {"sweep", "variant", "axes", "runs", "n", "diverged",
+                                       "failed", "unfinished"};
+    for (const MetricColumn& c : MetricColumns()) {
+      header.push_back(absl::StrCat(c.name, "_mean"));
+      header.push_back(absl::StrCat(c.name, "_std"));
+    }
+    for (const char* h : {"params_total", "params_activated", "params_added"}) header.push_back(h);
+    std::string out = absl::StrJoin(header, ",") + "\n";
+    for (const ComparisonRow& r : table.rows) {
+      std::vector<std::string> cells = {CsvField(table.sweep), CsvField(r.variant),
+                                        CsvField(r.axes),      absl::StrCat(r.runs),
+                                        absl::StrCat(r.n),     absl::StrCat(r.diverged),
+                                        absl::StrCat(r.failed), absl::StrCat(r.unfinished)};
+      for (const MetricColumn& c : MetricColumns()) {
+        cells.push_back(CsvNumber((r.*(c.field)).mean));
+        cells.push_back(CsvNumber((r.*(c.field)).std));
+      }
+      cells.push_back(CsvNumber(r.params_total));
+      cells.push_back(CsvNumber(r.params_activated));
+      cells.push_back(CsvNumber(r.params_added));
+      absl::StrAppend(&out, absl::StrJoin(cells, ","), "\n");
+    }
+    return out;
+  }
+  if (format == "json") {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const ComparisonRow& r : table.rows) {
+      nlohmann::json o;
+      o["variant"] = r.variant;
+      o["description"] = r.description;
+      o["axes"] = r.axes;
+      o["runs"] = r.runs;
+      o["n"] = r.n;
+      o["diverged"] = r.diverged;
+      o["failed"] = r.failed;
+      o["unfinished"] = r.unfinished;
+      for (const MetricColumn& c : MetricColumns()) {
+        o[c.name] = {{"mean", NumberJson((r.*(c.field)).mean)},
+                     {"std", NumberJson((r.*(c.field)).std)}};
+      }
+      o["params_total"] = NumberJson(r.params_total);
+      o["params_activated"] = NumberJson(r.params_activated);
+      o["params_added"] = NumberJson(r.params_added);
+      rows.push_back(std::move(o));
+    }
+    nlohmann::json out;
+    out["sweep"] = table.sweep;
+    out["rows"] = std::move(rows);
+    return out.dump(2) + "\n";
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown format \"", format, "\" (expected markdown, csv or json)"));
+}
+
+}  // namespace ablate

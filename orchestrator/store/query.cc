@@ -1,0 +1,296 @@
+#include "orchestrator/store/query.h"
+
+#include <cctype>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "orchestrator/store/sqlite.h"
+
+namespace ablate {
+
+void QueryGuard::Reset() {
+  refused.clear();
+  deadline = absl::InfiniteFuture();
+  timed_out = false;
+  memory_ceiling = std::numeric_limits<int64_t>::max();
+  out_of_memory = false;
+}
+
+namespace {
+
+// PRAGMAs a query may run: they only read. Those in kPragmasWithTableArgument may name a table
+// or index (`PRAGMA table_info(runs)`); the others must have no argument (an argument would set
+// a value).
+const std::set<std::string>& ReadOnlyPragmas() {
+  static const auto* pragmas = new std::set<std::string>{
+      "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
+      "foreign_key_list", "user_version", "schema_version", "application_id", "page_count",
+      "page_size", "freelist_count", "database_list", "compile_options", "function_list",
+      "pragma_list", "collation_list", "module_list", "data_version", "encoding", "integrity_check", "quick_check"};
+  return *pragmas;
+}
+
+const std::set<std::string>& PragmasWithTableArgument() {
+  static const auto* pragmas = new std::set<std::string>{
+      "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
+      "foreign_key_list", "integrity_check", "quick_check"};
+  return *pragmas;
+}
+
+const char* WriteActionName(int action) {
+  switch (action) {
+    case SQLITE_INSERT: return "INSERT";
+    case SQLITE_UPDATE: return "UPDATE";
+    case SQLITE_DELETE: return "DELETE";
+    case SQLITE_CREATE_INDEX: case SQLITE_CREATE_TEMP_INDEX: return "CREATE INDEX";
+    case SQLITE_CREATE_TABLE: case SQLITE_CREATE_TEMP_TABLE: return "CREATE TABLE";
+    case SQLITE_CREATE_TRIGGER: case SQLITE_CREATE_TEMP_TRIGGER: return "CREATE TRIGGER";
+    case SQLITE_CREATE_VIEW: case SQLITE_CREATE_TEMP_VIEW: return "CREATE VIEW";
+    case SQLITE_CREATE_VTABLE: return "CREATE VIRTUAL TABLE";
+    case SQLITE_DROP_INDEX: case SQLITE_DROP_TEMP_INDEX: return "DROP INDEX";
+    case SQLITE_DROP_TABLE: case SQLITE_DROP_TEMP_TABLE: return "DROP TABLE";
+    case SQLITE_DROP_TRIGGER: case SQLITE_DROP_TEMP_TRIGGER: return "DROP TRIGGER";
+    case SQLITE_DROP_VIEW: case SQLITE_DROP_TEMP_VIEW: return "DROP VIEW";
+    case SQLITE_DROP_VTABLE: return "DROP VIRTUAL TABLE";
+    case SQLITE_ALTER_TABLE: return "ALTER TABLE";
+    case SQLITE_REINDEX: return "REINDEX";
+    case SQLITE_ANALYZE: return "ANALYZE";
+    case SQLITE_TRANSACTION: return "BEGIN/COMMIT/ROLLBACK";
+    case SQLITE_SAVEPOINT: return "SAVEPOINT";
+    default: return nullptr;
+  }
+}
+
+// The authorizer of every reader connection: SELECT and reads pass, everything else is denied
+// and remembered for the error message.
+int Authorize(void* context, int action, const char* arg1, const char* arg2, const char* db_name,
+              const char* trigger) {
+  auto* connection = static_cast<QueryGuard*>(context);
+  switch (action) {
+    case SQLITE_SELECT:
+    case SQLITE_READ:
+    case SQLITE_RECURSIVE:
+      return SQLITE_OK;
+    case SQLITE_FUNCTION: {
+      // SQLite 3.40's printf() repeats a character `precision` times even past
+      // SQLITE_LIMIT_LENGTH ('%.*c' with 2e9 takes seconds), inside one VM step the progress
+      // handler cannot interrupt, and a statement can call it many times between two checks: the
+      // time limit would not hold. Found with tests/fuzz/query_fuzz.
+      const std::string name = absl::AsciiStrToLower(arg2 != nullptr ? arg2 : "");
+      if (name == "printf" || name == "format") {
+        connection->refused = absl::StrCat(
+            "query: ", name, "() is not allowed (it can outrun the time limit); format values "
+            "with round(), || or the client (--format csv|json)");
+        return SQLITE_DENY;
+      }
+      return SQLITE_OK;
+    }
+    case SQLITE_PRAGMA: {
+      std::string name = absl::AsciiStrToLower(arg1 != nullptr ? arg1 : "");
+      bool has_argument = arg2 != nullptr;
+      if (ReadOnlyPragmas().count(name) > 0 &&
+          (!has_argument || PragmasWithTableArgument().count(name) > 0)) {
+        return SQLITE_OK;
+      }
+      connection->refused = absl::StrCat(
+          "query: PRAGMA ", name, has_argument ? absl::StrCat(" = ", arg2) : "",
+          " is not allowed (only PRAGMAs that read, such as table_info, are)");
+      return SQLITE_DENY;
+    }
+    case SQLITE_ATTACH:
+      connection->refused = "query: ATTACH is not allowed (the query reads this database only)";
+      return SQLITE_DENY;
+    case SQLITE_DETACH:
+      connection->refused = "query: DETACH is not allowed";
+      return SQLITE_DENY;
+    case SQLITE_INSERT:
+    case SQLITE_UPDATE:
+    case SQLITE_DELETE: {
+      const bool schema_table = arg1 != nullptr && (std::strcmp(arg1, "sqlite_master") == 0 ||
+                                                    std::strcmp(arg1, "sqlite_temp_master") == 0);
+      // A table-valued PRAGMA (SELECT * FROM pragma_table_info('runs')) asks to update each
+      // column of the schema table when SQLite sets up its virtual table; the PRAGMA itself is
+      // checked next (SQLITE_PRAGMA above). A statement that really writes the schema table is
+      // still refused: CREATE / ALTER / DROP by their own action, and anything that writes by
+      // the read-only check after the prepare (and the read-only connection).
+      if (schema_table && action == SQLITE_UPDATE && arg2 != nullptr) return SQLITE_OK;
+      // CREATE / ALTER / DROP first ask to write the schema table: name the statement.
+      if (schema_table) {
+        connection->refused = absl::StrCat(
+            "query: write statements are not allowed (",
+            action == SQLITE_INSERT ? "CREATE" : action == SQLITE_DELETE ? "DROP" : "ALTER", ")");
+        return SQLITE_DENY;
+      }
+    }
+      [[fallthrough]];
+    default: {
+      const char* what = WriteActionName(action);
+      connection->refused =
+          what != nullptr
+              ? absl::StrCat("query: write statements are not allowed (", what, ")")
+              : absl::StrCat("query: statement not allowed (authorizer action ", action, ")");
+      return SQLITE_DENY;
+    }
+  }
+}
+
+int Progress(void* context) {
+  auto* connection = static_cast<QueryGuard*>(context);
+  if (sqlite3_memory_used() > connection->memory_ceiling) {
+    connection->out_of_memory = true;
+    return 1;
+  }
+  if (absl::Now() > connection->deadline) {
+    connection->timed_out = true;
+    return 1;  // interrupts the statement with SQLITE_INTERRUPT
+  }
+  return 0;
+}
+
+// True when `tail` (what follows the first statement) holds only blanks, semicolons and
+// comments.
+bool OnlyCommentsLeft(const char* tail) {
+  const char* p = tail;
+  while (*p != '\0') {
+    if (std::isspace(static_cast<unsigned char>(*p)) || *p == ';') {
+      ++p;
+    } else if (p[0] == '-' && p[1] == '-') {
+      while (*p != '\0' && *p != '\n') ++p;
+    } else if (p[0] == '/' && p[1] == '*') {
+      const char* end = std::strstr(p + 2, "*/");
+      if (end == nullptr) return true;  // an unterminated comment runs to the end
+      p = end + 2;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+SqlValue ColumnValue(sqlite3_stmt* stmt, int i) {
+  switch (sqlite3_column_type(stmt, i)) {
+    case SQLITE_INTEGER:
+      return static_cast<int64_t>(sqlite3_column_int64(stmt, i));
+    case SQLITE_FLOAT:
+      return sqlite3_column_double(stmt, i);
+    case SQLITE_TEXT:
+    case SQLITE_BLOB: {
+      const void* data = sqlite3_column_blob(stmt, i);
+      int size = sqlite3_column_bytes(stmt, i);
+      return std::string(static_cast<const char*>(data), data != nullptr ? size : 0);
+    }
+    default:
+      return std::monostate();
+  }
+}
+
+}  // namespace
+
+absl::Status GuardConnection(sqlite3* db, QueryGuard* guard) {
+  // Belt and braces under the read-only open and the authorizer.
+  if (absl::Status s = Exec(db, "PRAGMA query_only = 1"); !s.ok()) return s;
+  sqlite3_limit(db, SQLITE_LIMIT_ATTACHED, 0);
+  sqlite3_limit(db, SQLITE_LIMIT_LENGTH, kMaxQueryValueBytes);
+  sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, 1, nullptr);
+  sqlite3_db_config(db, SQLITE_DBCONFIG_ENABLE_LOAD_EXTENSION, 0, nullptr);
+  sqlite3_set_authorizer(db, Authorize, guard);
+  // Every 100 VM steps (checking every 10 cost about 15% of a compute-bound query). A step can
+  // make a value of up to kMaxQueryValueBytes, so a statement can still outgrow its budget
+  // between two checks; the process's hard heap limit (kSqliteHeapLimit) bounds that.
+  sqlite3_progress_handler(db, 100, Progress, guard);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<QueryResult> RunGuardedQuery(sqlite3* db, QueryGuard* guard, const std::string& sql,
+                                            const QueryLimits& limits) {
+  QueryGuard& c = *guard;
+  c.refused.clear();
+  sqlite3_stmt* raw = nullptr;
+  const char* tail = nullptr;
+  int rc = sqlite3_prepare_v2(db, sql.c_str(), static_cast<int>(sql.size()), &raw, &tail);
+  Stmt stmt(db, raw);
+  if (rc != SQLITE_OK) {
+    if ((rc & 0xff) == SQLITE_AUTH || !c.refused.empty()) {
+      return absl::PermissionDeniedError(
+          c.refused.empty() ? "query: statement not allowed" : c.refused);
+    }
+    return absl::InvalidArgumentError(absl::StrCat("query: ", sqlite3_errmsg(db)));
+  }
+  if (raw == nullptr) return absl::InvalidArgumentError("query: empty statement");
+  if (!OnlyCommentsLeft(tail)) {
+    return absl::InvalidArgumentError(
+        "query: one statement at a time (text follows the first statement)");
+  }
+  if (!sqlite3_stmt_readonly(raw)) {
+    return absl::PermissionDeniedError("query: only statements that read are allowed");
+  }
+
+  QueryResult result;
+  const int columns = sqlite3_column_count(raw);
+  for (int i = 0; i < columns; ++i) result.columns.push_back(sqlite3_column_name(raw, i));
+  c.timed_out = false;
+  c.out_of_memory = false;
+  c.deadline = absl::Now() + limits.timeout;
+  c.memory_ceiling = sqlite3_memory_used() + limits.max_memory;
+  auto unguard = [&c] {
+    c.deadline = absl::InfiniteFuture();
+    c.memory_ceiling = std::numeric_limits<int64_t>::max();
+  };
+  int64_t bytes = 0;
+  while (true) {
+    rc = sqlite3_step(raw);
+    if (rc == SQLITE_DONE) break;
+    if (rc != SQLITE_ROW) {
+      unguard();
+      if (c.timed_out) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "query: time limit of ", absl::FormatDuration(limits.timeout), " exceeded (interrupted)"));
+      }
+      if (c.out_of_memory || rc == SQLITE_NOMEM) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "query: out of memory (", limits.max_memory >> 20, " MiB for one statement's values, ",
+            kSqliteHeapLimit >> 20, " MiB for all of SQLite in this process): interrupted; select "
+            "fewer or smaller values at once"));
+      }
+      switch (rc & 0xff) {
+        case SQLITE_ERROR:     // malformed JSON, an unknown schema name, integer overflow...
+        case SQLITE_MISMATCH:
+        case SQLITE_RANGE:
+        case SQLITE_TOOBIG:
+          // The statement's own fault, found while it ran: as a prepare error reads.
+          return absl::InvalidArgumentError(absl::StrCat("query: ", sqlite3_errmsg(db)));
+        default:
+          return SqliteStatus(rc, db, "query");
+      }
+    }
+    if (static_cast<int64_t>(result.rows.size()) >= limits.max_rows) {
+      result.truncated = true;
+      break;
+    }
+    std::vector<SqlValue> row;
+    row.reserve(columns);
+    int64_t row_bytes = 0;
+    for (int i = 0; i < columns; ++i) {
+      row.push_back(ColumnValue(raw, i));
+      row_bytes += sizeof(SqlValue);
+      if (const auto* text = std::get_if<std::string>(&row.back())) row_bytes += text->size();
+    }
+    if (bytes + row_bytes > limits.max_bytes) {
+      result.truncated = true;
+      break;
+    }
+    bytes += row_bytes;
+    result.rows.push_back(std::move(row));
+  }
+  unguard();
+  return result;
+}
+
+}  // namespace ablate

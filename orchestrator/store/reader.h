@@ -1,0 +1,310 @@
+// Read side of the results store: read-only SQLite connections for `ablate query`, `ablate table`,
+// `ablate export`, the dashboard API and the coordinator's lookups. One read path: every typed
+// read the coordinator, its Watch stream and the dashboard make is a method here, so a schema
+// change touches this file and schema.cc.
+//
+// Every connection is opened SQLITE_OPEN_READONLY and guarded by the users' SQL sandbox
+// (query.h), so no SQL handed to ReadOnlyQuery can change the database or reach another file, or
+// outrun its time and memory limits. In WAL mode a reader reads the last committed snapshot and
+// never waits for the writer, nor makes it wait.
+//
+// Thread safety: all methods are thread-safe. Connections come from a pool (one per concurrent
+// caller, up to ReaderOptions::max_connections; further callers wait for a free one).
+#ifndef ABLATE_ORCHESTRATOR_STORE_READER_H_
+#define ABLATE_ORCHESTRATOR_STORE_READER_H_
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "orchestrator/store/query.h"
+#include "proto/ablate.pb.h"
+
+namespace ablate {
+
+struct ReaderOptions {
+  std::string path;          // the database file (it must exist: the coordinator creates it)
+  int max_connections = 4;   // pool size: concurrent queries beyond this wait
+  absl::Duration busy_timeout = absl::Seconds(5);  // only while a WAL is being recovered
+};
+
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// One sweep with its run counts by state (the sweep_progress view).
+struct SweepInfo {
+  int64_t id = 0;
+  std::string name;
+  std::string description;
+  std::string state;  // ACTIVE, DONE, CANCELLED
+  int priority = 1;
+  double created_at = 0;
+  int64_t runs = 0, pending = 0, running = 0, succeeded = 0, failed = 0, diverged = 0,
+          cancelled = 0, interrupted = 0;
+  int64_t steps_done = 0, steps_total = 0;
+};
+
+// One run (the runs table, with sweep and variant names). Metric fields are NaN when unset.
+struct RunInfo {
+  int64_t id = 0;
+  int64_t sweep_id = 0;
+  std::string sweep;
+  std::string variant;
+  int run_index = 0;
+  std::string run_key;
+  uint64_t seed = 0;
+  std::string axes;
+  std::string config_json;
+  RunState state = RUN_STATE_UNSPECIFIED;
+  int attempts = 0;
+  int64_t worker_id = 0;  // 0 = none
+  int priority = 1;
+  std::string device;
+  double memory_gb = 0;
+  int threads = 0;
+  int64_t params_total = 0, params_activated = 0, params_added = 0;
+  double created_at = 0, started_at = 0, finished_at = 0;  // 0 = not yet
+  int64_t steps_total = 0, steps_done = 0;
+  double final_train_loss = kNaN, val_loss = kNaN, val_ppl = kNaN, gate_score = kNaN,
+         m_act = kNaN, f_attn = kNaN, spike_score = kNaN;
+  int64_t spike_steps = 0;
+  double tokens_per_s = kNaN, wall_s = kNaN;
+  std::string reason;
+  int64_t reused_from = 0;  // the run whose results this one reused (its curves too); 0 = none
+};
+
+struct LatestStep {
+  int64_t step = 0;
+  double loss = kNaN;
+};
+
+// A variant of a sweep, as its first run described it.
+struct VariantInfo {
+  std::string name;
+  std::string description;
+  std::string diff;    // what differs from the reference
+  std::string budget;  // how its budget was matched ("" when it was not)
+  int64_t params_total = 0, params_activated = 0, params_added = 0;
+  double flops_per_token = 0;
+};
+
+// Counts over the whole store, for /metrics.
+struct StoreCounts {
+  std::map<std::string, int64_t> runs_by_state;     // every state, 0 included
+  std::map<std::string, int64_t> sweeps_by_state;   // the states that occur
+  std::map<std::string, int64_t> workers_by_state;  // the states that occur
+  double steps_done = 0;                            // over every run (REAL: cannot overflow)
+};
+
+struct RunFilter {
+  int64_t sweep_id = 0;            // 0 = every sweep
+  std::vector<RunState> states;    // empty = every state
+  int64_t limit = 0;               // 0 = no limit
+};
+
+// One attempt of a run.
+struct AttemptInfo {
+  int64_t run_id = 0;
+  int attempt = 0;
+  int64_t worker_id = 0;
+  std::string state;  // a run state name or LOST
+  double started_at = 0, ended_at = 0;
+  std::string checkpoint_path;
+  int64_t checkpoint_step = 0;
+  int64_t report_seq = 0;
+  std::string reason;
+};
+
+struct WorkerInfo {
+  int64_t id = 0;
+  std::string name;
+  std::string resources_json;
+  double registered_at = 0, last_seen = 0;
+  std::string state;  // IDLE, BUSY, GONE
+};
+
+// One row of the event log.
+struct EventInfo {
+  int64_t id = 0;
+  double time = 0;
+  int64_t sweep_id = 0, run_id = 0;  // 0 = none
+  std::string kind;
+  std::string message;
+};
+
+// A spike event of a run of a sweep, with its row id (what the live streams count from).
+struct SweepSpike {
+  int64_t id = 0;
+  int64_t run_id = 0;
+  SpikeEvent event;
+};
+
+// Where a live stream of a sweep stands: the last event-log row and spike row it has seen.
+struct ChangeCursor {
+  int64_t event_id = 0;
+  int64_t spike_id = 0;
+};
+
+// What changed in a sweep since a cursor: what `ablate watch` (gRPC) and the dashboard's event
+// stream (SSE) send.
+struct SweepChanges {
+  std::vector<EventInfo> events;   // the sweep's event-log rows after the cursor, oldest first
+  std::vector<SweepSpike> spikes;  // its spike events after the cursor, oldest first
+  std::vector<RunInfo> runs;       // the sweep's runs (of the states asked for) as they are now
+  ChangeCursor next;               // the cursor after these
+};
+
+// The step metrics a curve may plot.
+enum class CurveMetric { kLoss, kGradNorm, kLr };
+
+// Server-side downsampling of a step-metric series.
+enum class Downsample {
+  kNone,    // every point
+  kStride,  // every k-th point
+  kMinMax,  // per bucket of k points, the points of minimum and maximum loss
+};
+
+struct SeriesOptions {
+  int64_t from_step = 0;                                    // inclusive
+  int64_t to_step = std::numeric_limits<int64_t>::max();    // inclusive
+  int max_points = 1000;                                    // target size; <= 0 = every point
+  Downsample mode = Downsample::kMinMax;
+};
+
+// mean ± sample standard deviation (n - 1) of one metric over the SUCCEEDED runs of a group.
+struct MeanStd {
+  double mean = kNaN;  // NaN: no value
+  double std = kNaN;   // NaN when fewer than 2 values
+};
+
+// One row of the paper-style comparison table: a variant at one axis point (the variant_table
+// view). Means are over SUCCEEDED runs (the seeds); diverged runs are counted, not averaged.
+struct ComparisonRow {
+  std::string variant;
+  std::string description;
+  std::string axes;      // "" without axes
+  int64_t runs = 0;      // every run of the group
+  int64_t n = 0;         // SUCCEEDED runs: the sample size of every mean
+  int64_t diverged = 0;
+  int64_t failed = 0;
+  int64_t unfinished = 0;  // PENDING, RUNNING or INTERRUPTED
+  MeanStd val_loss, val_ppl, gate_score, m_act, f_attn, spike_score, train_loss;
+  double params_total = 0, params_activated = 0, params_added = 0;  // mean over the group's runs
+};
+
+struct ComparisonTable {
+  std::string sweep;
+  std::vector<ComparisonRow> rows;  // in run order: by first run index of each group
+};
+
+class StoreReader {
+ public:
+  // Opens one connection right away (so a missing file or a foreign file fails here) and the
+  // rest on demand. NotFound when the file does not exist; FailedPrecondition when it is not an
+  // ablate store or its schema is newer than this build.
+  static absl::StatusOr<std::unique_ptr<StoreReader>> Open(const ReaderOptions& options);
+  ~StoreReader();
+
+  // Runs one SQL statement read-only. Refusals are PermissionDenied naming what was refused:
+  //   "query: write statements are not allowed (INSERT)", "... (ATTACH)", "query: PRAGMA
+  //   user_version = 5 is not allowed (only reading PRAGMAs)". More than one statement is
+  //   InvalidArgument; a syntax error is InvalidArgument with SQLite's message; running past
+  //   limits.timeout is DeadlineExceeded.
+  absl::StatusOr<QueryResult> ReadOnlyQuery(const std::string& sql,
+                                            const QueryLimits& limits = {}) const;
+
+  // Sweeps, newest first, with progress counts.
+  absl::StatusOr<std::vector<SweepInfo>> ListSweeps() const;
+  // By name, or by id when `name_or_id` is a number. NotFound otherwise.
+  absl::StatusOr<SweepInfo> GetSweep(const std::string& name_or_id) const;
+
+  absl::StatusOr<std::vector<RunInfo>> ListRuns(const RunFilter& filter) const;
+  absl::StatusOr<RunInfo> GetRun(int64_t run_id) const;
+  // Runs with this run key (identical config, seed and code version), any sweep.
+  absl::StatusOr<std::vector<RunInfo>> RunsWithKey(const std::string& run_key) const;
+  absl::StatusOr<std::vector<AttemptInfo>> Attempts(int64_t run_id) const;
+  // The checkpoint a resumed attempt starts from: the latest checkpoint of any attempt
+  // (path "" and step 0 when there is none).
+  absl::StatusOr<AttemptInfo> LatestCheckpoint(int64_t run_id) const;
+
+  // The per-run series below are a reused run's source's (RunInfo::reused_from): a run that
+  // took an identical run's results shows its curves too.
+  //
+  // The step metrics of a run in [from_step, to_step], downsampled to about max_points. The
+  // last point of the range and every step with a spike event are always kept, so the result
+  // may hold a few more than max_points. Sorted by step.
+  absl::StatusOr<std::vector<StepMetrics>> MetricSeries(int64_t run_id,
+                                                        const SeriesOptions& options = {}) const;
+  // Evaluations of a run, by step; with per-layer probes when `with_layers`.
+  absl::StatusOr<std::vector<EvalResult>> EvalSeries(int64_t run_id, bool with_layers) const;
+  // The per-layer probes of one evaluation.
+  absl::StatusOr<std::vector<LayerProbes>> LayerProbesAt(int64_t run_id, int64_t step) const;
+  absl::StatusOr<std::vector<SpikeEvent>> SpikeEvents(int64_t run_id) const;
+  // The latest reported step of every run of a sweep that reported one, and its loss, by run id
+  // (a reused run: its source's).
+  absl::StatusOr<std::map<int64_t, LatestStep>> LatestSteps(int64_t sweep_id) const;
+  // Every run's curve of `metric` for a sweep overlay, by run id: the steps that are multiples of
+  // `every` (one shared grid, so overlaid curves share their x values), each run's last step and
+  // its spike steps. A reused run's curve is its source's.
+  absl::StatusOr<std::map<int64_t, std::vector<std::pair<int64_t, double>>>> SweepCurves(
+      int64_t sweep_id, CurveMetric metric, int64_t every) const;
+  // Every spike event of a sweep's runs (a reused run: its source's), by run, then step.
+  absl::StatusOr<std::vector<SweepSpike>> SweepSpikes(int64_t sweep_id) const;
+  // The variants of a sweep, in spec order.
+  absl::StatusOr<std::vector<VariantInfo>> ListVariants(int64_t sweep_id) const;
+
+  // ---- Live streams ----
+  // The cursor of a stream that starts now: the newest event-log and spike rows.
+  absl::StatusOr<ChangeCursor> LatestCursor() const;
+  // What changed in the sweep since `cursor`: at most `limit` events and `limit` spikes (the
+  // rest come with the next call), and its runs in `run_states` (empty: every run) as they are.
+  absl::StatusOr<SweepChanges> ChangesSince(int64_t sweep_id, const ChangeCursor& cursor,
+                                            int limit,
+                                            const std::vector<RunState>& run_states = {}) const;
+  absl::StatusOr<StoreCounts> Counts() const;
+
+  absl::StatusOr<std::vector<WorkerInfo>> ListWorkers() const;
+  // Events with id > after_id, oldest first, at most `limit`; sweep_id 0 = every sweep.
+  absl::StatusOr<std::vector<EventInfo>> Events(int64_t sweep_id, int64_t after_id,
+                                                int limit) const;
+
+  // The comparison table of a sweep (by name or id). NotFound for an unknown sweep.
+  absl::StatusOr<ComparisonTable> GetComparisonTable(const std::string& sweep) const;
+
+ private:
+  struct Connection;
+  class Lease;
+
+  explicit StoreReader(const ReaderOptions& options);
+  absl::StatusOr<std::unique_ptr<Connection>> Connect() const;
+  absl::StatusOr<Lease> Acquire() const;
+  void Release(std::unique_ptr<Connection> connection) const;
+  // Runs the cached statement `sql` on a pooled connection: `bind(Stmt&)` binds its parameters,
+  // `read(const Stmt&)` is called on each row (defined in reader.cc, its only user).
+  template <typename Bind, typename Read>
+  absl::Status ForEachRow(const std::string& sql, Bind bind, Read read) const;
+
+  // Constant after construction.
+  const ReaderOptions options_;
+
+  mutable absl::Mutex mu_;
+  // Idle connections, and how many exist in all (idle + leased).
+  mutable std::vector<std::unique_ptr<Connection>> idle_ ABSL_GUARDED_BY(mu_);
+  mutable int open_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The enum name of a run state ("RUNNING"), and back (RUN_STATE_UNSPECIFIED when unknown).
+std::string RunStateName(RunState state);
+RunState ParseRunState(const std::string& name);
+
+}  // namespace ablate
+
+#endif  // ABLATE_ORCHESTRATOR_STORE_READER_H_

@@ -1,0 +1,379 @@
+#include "orchestrator/store/schema.h"
+
+#include "absl/strings/str_cat.h"
+#include "orchestrator/store/sqlite.h"
+
+namespace ablate {
+namespace {
+
+// Version 1. Times are Unix seconds (REAL): datetime(t, 'unixepoch') reads them. States are the
+// enum names of proto/ablate.proto. Non-finite metric values are stored as NULL.
+constexpr char kSchemaV1[] = R"sql(
+CREATE TABLE sweeps (
+  id            INTEGER PRIMARY KEY,
+  name          TEXT NOT NULL UNIQUE,
+  description   TEXT NOT NULL DEFAULT '',
+  spec_file     TEXT NOT NULL DEFAULT '',
+  spec_yaml     TEXT NOT NULL DEFAULT '',
+  spec_json     TEXT NOT NULL DEFAULT '',
+  reference     TEXT NOT NULL DEFAULT '',
+  code_version  TEXT NOT NULL DEFAULT '',
+  priority      INTEGER NOT NULL DEFAULT 1,
+  state         TEXT NOT NULL DEFAULT 'ACTIVE' CHECK (state IN ('ACTIVE', 'DONE', 'CANCELLED')),
+  created_at    REAL NOT NULL,
+  finished_at   REAL
+);
+
+CREATE TABLE variants (
+  id                INTEGER PRIMARY KEY,
+  sweep_id          INTEGER NOT NULL REFERENCES sweeps(id),
+  name              TEXT NOT NULL,
+  position          INTEGER NOT NULL,
+  description       TEXT NOT NULL DEFAULT '',
+  model_json        TEXT NOT NULL DEFAULT '',
+  diff              TEXT NOT NULL DEFAULT '',
+  params_total      INTEGER,
+  params_activated  INTEGER,
+  params_added      INTEGER,
+  budget            TEXT NOT NULL DEFAULT '',
+  flops_per_token   REAL,
+  UNIQUE (sweep_id, name)
+);
+
+CREATE TABLE workers (
+  id              INTEGER PRIMARY KEY,
+  name            TEXT NOT NULL,
+  resources_json  TEXT NOT NULL DEFAULT '{}',
+  registered_at   REAL NOT NULL,
+  last_seen       REAL NOT NULL,
+  state           TEXT NOT NULL DEFAULT 'IDLE' CHECK (state IN ('IDLE', 'BUSY', 'GONE'))
+);
+
+CREATE TABLE runs (
+  id                INTEGER PRIMARY KEY,
+  sweep_id          INTEGER NOT NULL REFERENCES sweeps(id),
+  variant_id        INTEGER NOT NULL REFERENCES variants(id),
+  run_index         INTEGER NOT NULL,
+  run_key           TEXT NOT NULL,
+  seed              INTEGER NOT NULL,
+  axes              TEXT NOT NULL DEFAULT '',
+  config_json       TEXT NOT NULL,
+  params_total      INTEGER,
+  params_activated  INTEGER,
+  params_added      INTEGER,
+  flops_per_token   REAL,
+  priority          INTEGER NOT NULL DEFAULT 1,
+  device            TEXT NOT NULL DEFAULT 'cpu',
+  memory_gb         REAL NOT NULL DEFAULT 0,
+  threads           INTEGER NOT NULL DEFAULT 0,
+  state             TEXT NOT NULL DEFAULT 'PENDING' CHECK (state IN
+                      ('PENDING', 'RUNNING', 'SUCCEEDED', 'FAILED', 'DIVERGED', 'CANCELLED',
+                       'INTERRUPTED')),
+  attempts          INTEGER NOT NULL DEFAULT 0,
+  worker_id         INTEGER REFERENCES workers(id),
+  created_at        REAL NOT NULL,
+  started_at        REAL,
+  finished_at       REAL,
+  steps_total       INTEGER NOT NULL DEFAULT 0,
+  steps_done        INTEGER NOT NULL DEFAULT 0,
+  final_train_loss  REAL,
+  val_loss          REAL,
+  val_ppl           REAL,
+  gate_score        REAL,
+  m_act             REAL,
+  f_attn            REAL,
+  spike_steps       INTEGER,
+  spike_score       REAL,
+  tokens_per_s      REAL,
+  wall_s            REAL,
+  reason            TEXT NOT NULL DEFAULT '',
+  UNIQUE (sweep_id, run_index)
+);
+CREATE INDEX runs_by_sweep_state ON runs (sweep_id, state);
+CREATE INDEX runs_by_state_priority ON runs (state, priority DESC, id);
+CREATE INDEX runs_by_key ON runs (run_key);
+CREATE INDEX runs_by_variant ON runs (variant_id);
+
+CREATE TABLE attempts (
+  run_id           INTEGER NOT NULL REFERENCES runs(id),
+  attempt          INTEGER NOT NULL,
+  worker_id        INTEGER REFERENCES workers(id),
+  state            TEXT NOT NULL CHECK (state IN
+                     ('RUNNING', 'SUCCEEDED', 'FAILED', 'DIVERGED', 'CANCELLED', 'INTERRUPTED',
+                      'LOST')),
+  started_at       REAL NOT NULL,
+  ended_at         REAL,
+  checkpoint_path  TEXT NOT NULL DEFAULT '',
+  checkpoint_step  INTEGER NOT NULL DEFAULT 0,
+  report_seq       INTEGER NOT NULL DEFAULT 0,
+  reason           TEXT NOT NULL DEFAULT '',
+  PRIMARY KEY (run_id, attempt)
+) WITHOUT ROWID;
+CREATE INDEX attempts_by_worker ON attempts (worker_id, state);
+
+CREATE TABLE step_metrics (
+  run_id        INTEGER NOT NULL,
+  step          INTEGER NOT NULL,
+  attempt       INTEGER NOT NULL,
+  loss          REAL,
+  grad_norm     REAL,
+  lr            REAL,
+  tokens_per_s  REAL,
+  aux_loss      REAL,
+  skipped       INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (run_id, step)
+) WITHOUT ROWID;
+
+CREATE TABLE eval_metrics (
+  run_id      INTEGER NOT NULL,
+  step        INTEGER NOT NULL,
+  attempt     INTEGER NOT NULL,
+  val_loss    REAL,
+  val_ppl     REAL,
+  gate_score  REAL,
+  m_act       REAL,
+  f_attn      REAL,
+  tokens      INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (run_id, step)
+) WITHOUT ROWID;
+
+CREATE TABLE eval_layer_probes (
+  run_id                    INTEGER NOT NULL,
+  step                      INTEGER NOT NULL,
+  layer                     INTEGER NOT NULL,
+  has_gate                  INTEGER NOT NULL DEFAULT 0,
+  gate_mean                 REAL,
+  gate_std                  REAL,
+  gate_min                  REAL,
+  gate_max                  REAL,
+  gate_histogram            TEXT NOT NULL DEFAULT '',
+  attn_out_max_abs          REAL,
+  attn_residual_max_abs     REAL,
+  ffn_out_max_abs           REAL,
+  ffn_residual_max_abs      REAL,
+  first_token_attention     REAL,
+  sparsity_before_gate_1e2  REAL,
+  sparsity_before_gate_1e3  REAL,
+  sparsity_after_gate_1e2   REAL,
+  sparsity_after_gate_1e3   REAL,
+  sparsity_mean_scaled_1e2  REAL,
+  sparsity_mean_scaled_1e3  REAL,
+  PRIMARY KEY (run_id, step, layer)
+) WITHOUT ROWID;
+
+CREATE TABLE spike_events (
+  id                INTEGER PRIMARY KEY,
+  run_id            INTEGER NOT NULL,
+  attempt           INTEGER NOT NULL,
+  step              INTEGER NOT NULL,
+  signal            TEXT NOT NULL,
+  value             REAL,
+  baseline          REAL,
+  kind              TEXT NOT NULL,
+  action            TEXT NOT NULL,
+  rollback_to_step  INTEGER NOT NULL DEFAULT 0,
+  UNIQUE (run_id, step, signal, kind)
+);
+
+CREATE TABLE events (
+  id        INTEGER PRIMARY KEY,
+  time      REAL NOT NULL,
+  sweep_id  INTEGER,
+  run_id    INTEGER,
+  kind      TEXT NOT NULL,
+  message   TEXT NOT NULL
+);
+CREATE INDEX events_by_sweep ON events (sweep_id, id);
+CREATE INDEX events_by_run ON events (run_id, id);
+
+CREATE VIEW run_summary AS
+SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.run_index, r.seed, r.axes,
+       r.state, r.attempts, w.name AS worker, r.steps_done, r.steps_total,
+       r.final_train_loss, r.val_loss, r.val_ppl, r.gate_score, r.m_act, r.f_attn,
+       r.spike_steps, r.spike_score, r.params_total, r.params_activated, r.params_added,
+       r.tokens_per_s, r.wall_s, r.reason, r.run_key, r.created_at, r.started_at,
+       r.finished_at, r.sweep_id, r.variant_id
+FROM runs r
+JOIN sweeps s ON s.id = r.sweep_id
+JOIN variants v ON v.id = r.variant_id
+LEFT JOIN workers w ON w.id = r.worker_id;
+
+CREATE VIEW sweep_progress AS
+SELECT s.id AS sweep_id, s.name AS sweep, s.state, s.priority, s.created_at,
+       count(r.id) AS runs,
+       coalesce(sum(r.state = 'PENDING'), 0) AS pending,
+       coalesce(sum(r.state = 'RUNNING'), 0) AS running,
+       coalesce(sum(r.state = 'SUCCEEDED'), 0) AS succeeded,
+       coalesce(sum(r.state = 'FAILED'), 0) AS failed,
+       coalesce(sum(r.state = 'DIVERGED'), 0) AS diverged,
+       coalesce(sum(r.state = 'CANCELLED'), 0) AS cancelled,
+       coalesce(sum(r.state = 'INTERRUPTED'), 0) AS interrupted,
+       coalesce(sum(r.steps_done), 0) AS steps_done,
+       coalesce(sum(r.steps_total), 0) AS steps_total
+FROM sweeps s LEFT JOIN runs r ON r.sweep_id = s.id
+GROUP BY s.id;
+
+CREATE VIEW variant_table AS
+WITH grp AS (
+  SELECT sweep_id, variant_id, axes, min(run_index) AS first_index, count(*) AS runs,
+         sum(state = 'SUCCEEDED') AS n, sum(state = 'DIVERGED') AS diverged,
+         sum(state = 'FAILED') AS failed,
+         sum(state IN ('PENDING', 'RUNNING', 'INTERRUPTED')) AS unfinished,
+         avg(params_total) AS params_total, avg(params_activated) AS params_activated,
+         avg(params_added) AS params_added
+  FROM runs GROUP BY sweep_id, variant_id, axes),
+mean AS (
+  SELECT sweep_id, variant_id, axes,
+         avg(val_loss) AS val_loss, avg(val_ppl) AS val_ppl, avg(gate_score) AS gate_score,
+         avg(m_act) AS m_act, avg(f_attn) AS f_attn, avg(spike_score) AS spike_score,
+         avg(final_train_loss) AS train_loss
+  FROM runs WHERE state = 'SUCCEEDED' GROUP BY sweep_id, variant_id, axes),
+dev AS (
+  SELECT r.sweep_id, r.variant_id, r.axes,
+         CASE WHEN count(r.val_loss) > 1 THEN sqrt(sum((r.val_loss - m.val_loss) * (r.val_loss - m.val_loss)) / (count(r.val_loss) - 1)) END AS val_loss,
+         CASE WHEN count(r.val_ppl) > 1 THEN sqrt(sum((r.val_ppl - m.val_ppl) * (r.val_ppl - m.val_ppl)) / (count(r.val_ppl) - 1)) END AS val_ppl,
+         CASE WHEN count(r.gate_score) > 1 THEN sqrt(sum((r.gate_score - m.gate_score) * (r.gate_score - m.gate_score)) / (count(r.gate_score) - 1)) END AS gate_score,
+         CASE WHEN count(r.m_act) > 1 THEN sqrt(sum((r.m_act - m.m_act) * (r.m_act - m.m_act)) / (count(r.m_act) - 1)) END AS m_act,
+         CASE WHEN count(r.f_attn) > 1 THEN sqrt(sum((r.f_attn - m.f_attn) * (r.f_attn - m.f_attn)) / (count(r.f_attn) - 1)) END AS f_attn,
+         CASE WHEN count(r.spike_score) > 1 THEN sqrt(sum((r.spike_score - m.spike_score) * (r.spike_score - m.spike_score)) / (count(r.spike_score) - 1)) END AS spike_score,
+         CASE WHEN count(r.final_train_loss) > 1 THEN sqrt(sum((r.final_train_loss - m.train_loss) * (r.final_train_loss - m.train_loss)) / (count(r.final_train_loss) - 1)) END AS train_loss
+  FROM runs r JOIN mean m USING (sweep_id, variant_id, axes)
+  WHERE r.state = 'SUCCEEDED' GROUP BY r.sweep_id, r.variant_id, r.axes)
+SELECT s.name AS sweep, v.name AS variant, g.axes, v.position, g.first_index, v.description,
+       g.runs, g.n, g.diverged, g.failed, g.unfinished,
+       m.val_loss AS val_loss_mean, d.val_loss AS val_loss_std,
+       m.val_ppl AS val_ppl_mean, d.val_ppl AS val_ppl_std,
+       m.gate_score AS gate_score_mean, d.gate_score AS gate_score_std,
+       m.m_act AS m_act_mean, d.m_act AS m_act_std,
+       m.f_attn AS f_attn_mean, d.f_attn AS f_attn_std,
+       m.spike_score AS spike_score_mean, d.spike_score AS spike_score_std,
+       m.train_loss AS train_loss_mean, d.train_loss AS train_loss_std,
+       g.params_total, g.params_activated, g.params_added,
+       g.sweep_id, g.variant_id
+FROM grp g
+JOIN sweeps s ON s.id = g.sweep_id
+JOIN variants v ON v.id = g.variant_id
+LEFT JOIN mean m ON m.sweep_id = g.sweep_id AND m.variant_id = g.variant_id AND m.axes = g.axes
+LEFT JOIN dev d ON d.sweep_id = g.sweep_id AND d.variant_id = g.variant_id AND d.axes = g.axes;
+
+CREATE VIEW latest_metrics AS
+SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.seed, r.axes, r.state,
+       r.steps_done, r.steps_total,
+       m.step, m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.aux_loss, m.skipped,
+       e.step AS eval_step, e.val_loss, e.val_ppl, e.gate_score, e.m_act, e.f_attn
+FROM runs r
+JOIN sweeps s ON s.id = r.sweep_id
+JOIN variants v ON v.id = r.variant_id
+LEFT JOIN step_metrics m
+  ON m.run_id = r.id AND m.step = (SELECT max(step) FROM step_metrics WHERE run_id = r.id)
+LEFT JOIN eval_metrics e
+  ON e.run_id = r.id AND e.step = (SELECT max(step) FROM eval_metrics WHERE run_id = r.id);
+
+CREATE VIEW spikes AS
+SELECT e.id, s.name AS sweep, v.name AS variant, r.seed, r.axes, e.run_id, e.attempt, e.step,
+       e.signal, e.value, e.baseline, e.kind, e.action, e.rollback_to_step
+FROM spike_events e
+JOIN runs r ON r.id = e.run_id
+JOIN sweeps s ON s.id = r.sweep_id
+JOIN variants v ON v.id = r.variant_id;
+)sql";
+
+// Version 2, for the writer's cost per dispatched job (bench_store: 10% less CPU with the
+// configs moved, 7% more with the indexes):
+// - each run's config moves out of its runs row into run_configs. The config (about 1.5 KB of
+//   JSON) made a runs row wide, and SQLite rewrites the whole row on every UPDATE: each run's
+//   start and end copied it and dirtied a page per run, where narrow rows share pages;
+// - runs_by_state_priority goes: the scheduler's queue is in memory, read once at start, and
+//   every start and end moved the run in that index;
+// - attempts_by_worker drops `state`, which every attempt's end moved.
+constexpr char kSchemaV2[] = R"sql(
+CREATE TABLE run_configs (
+  run_id       INTEGER PRIMARY KEY REFERENCES runs(id),
+  config_json  TEXT NOT NULL
+);
+INSERT INTO run_configs (run_id, config_json) SELECT id, config_json FROM runs ORDER BY id;
+ALTER TABLE runs DROP COLUMN config_json;
+DROP INDEX runs_by_state_priority;
+DROP INDEX attempts_by_worker;
+CREATE INDEX attempts_by_worker ON attempts (worker_id);
+)sql";
+
+// Version 3: a run that reused an identical run's results says which in a column, not only in its
+// reason text; readers take its curves, evaluations and spikes from that run. run_summary and
+// latest_metrics show it.
+constexpr char kSchemaV3[] = R"sql(
+ALTER TABLE runs ADD COLUMN reused_from INTEGER REFERENCES runs(id);
+UPDATE runs SET reused_from = CAST(substr(reason, 12) AS INTEGER)
+WHERE reason LIKE 'reused run %' AND CAST(substr(reason, 12) AS INTEGER) > 0;
+DROP VIEW run_summary;
+CREATE VIEW run_summary AS
+SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.run_index, r.seed, r.axes,
+       r.state, r.attempts, w.name AS worker, r.steps_done, r.steps_total,
+       r.final_train_loss, r.val_loss, r.val_ppl, r.gate_score, r.m_act, r.f_attn,
+       r.spike_steps, r.spike_score, r.params_total, r.params_activated, r.params_added,
+       r.tokens_per_s, r.wall_s, r.reason, r.run_key, r.created_at, r.started_at,
+       r.finished_at, r.sweep_id, r.variant_id, r.reused_from
+FROM runs r
+JOIN sweeps s ON s.id = r.sweep_id
+JOIN variants v ON v.id = r.variant_id
+LEFT JOIN workers w ON w.id = r.worker_id;
+DROP VIEW latest_metrics;
+CREATE VIEW latest_metrics AS
+SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.seed, r.axes, r.state,
+       r.steps_done, r.steps_total,
+       m.step, m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.aux_loss, m.skipped,
+       e.step AS eval_step, e.val_loss, e.val_ppl, e.gate_score, e.m_act, e.f_attn,
+       r.reused_from
+FROM runs r
+JOIN sweeps s ON s.id = r.sweep_id
+JOIN variants v ON v.id = r.variant_id
+LEFT JOIN step_metrics m
+  ON m.run_id = coalesce(r.reused_from, r.id)
+  AND m.step = (SELECT max(step) FROM step_metrics WHERE run_id = coalesce(r.reused_from, r.id))
+LEFT JOIN eval_metrics e
+  ON e.run_id = coalesce(r.reused_from, r.id)
+  AND e.step = (SELECT max(step) FROM eval_metrics WHERE run_id = coalesce(r.reused_from, r.id));
+)sql";
+
+}  // namespace
+
+const std::vector<std::string>& StoreMigrations() {
+  static const std::vector<std::string>* migrations =
+      new std::vector<std::string>{kSchemaV1, kSchemaV2, kSchemaV3};
+  return *migrations;
+}
+
+int StoreSchemaVersion() { return static_cast<int>(StoreMigrations().size()); }
+
+absl::Status MigrateStore(sqlite3* db) {
+  absl::StatusOr<int64_t> version = QueryInt(db, "PRAGMA user_version");
+  if (!version.ok()) return version.status();
+  const int64_t target = StoreSchemaVersion();
+  if (*version > target) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "store: the database has schema version ", *version, ", newer than this build's ", target,
+        " (written by a newer ablate)"));
+  }
+  for (int64_t v = *version; v < target; ++v) {
+    if (absl::Status s = Exec(db, "BEGIN IMMEDIATE"); !s.ok()) return s;
+    // Re-read inside the write lock: another process may have migrated meanwhile.
+    absl::StatusOr<int64_t> now = QueryInt(db, "PRAGMA user_version");
+    absl::Status s = now.status();
+    if (s.ok() && *now == v) {
+      s = Exec(db, StoreMigrations()[v]);
+      if (s.ok()) s = Exec(db, absl::StrCat("PRAGMA user_version = ", v + 1));
+    }
+    if (!s.ok()) {
+      Exec(db, "ROLLBACK").IgnoreError();
+      return s;
+    }
+    if (absl::Status c = Exec(db, "COMMIT"); !c.ok()) {
+      Exec(db, "ROLLBACK").IgnoreError();
+      return c;
+    }
+    if (*now > v) v = *now - 1;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ablate

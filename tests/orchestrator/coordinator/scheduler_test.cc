@@ -1,0 +1,277 @@
+#include "orchestrator/coordinator/scheduler.h"
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+
+#include "gtest/gtest.h"
+
+namespace ablate {
+namespace {
+
+// Time stands still until the test advances it.
+class FakeClock : public Clock {
+ public:
+  absl::Time Now() const override { return now_; }
+  void Advance(absl::Duration d) { now_ += d; }
+
+ private:
+  absl::Time now_ = absl::FromUnixSeconds(1'700'000'000);
+};
+
+QueuedRun MakeRun(int64_t id, int64_t sweep, int index, const std::string& device = "cpu",
+              double memory_gb = 0) {
+  QueuedRun r;
+  r.run_id = id;
+  r.sweep_id = sweep;
+  r.run_index = index;
+  r.needs.device = device;
+  r.needs.memory_gb = memory_gb;
+  return r;
+}
+
+WorkerOffer Cpu(double memory_gb = 16) {
+  WorkerOffer o;
+  o.device = "cpu";
+  o.memory_gb = memory_gb;
+  o.cores = 8;
+  return o;
+}
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  SchedulerOptions Options() {
+    SchedulerOptions o;
+    o.lease_timeout = absl::Seconds(30);
+    o.retry_base = absl::Seconds(5);
+    o.retry_cap = absl::Seconds(60);
+    o.max_attempts = 3;
+    return o;
+  }
+  FakeClock clock_;
+};
+
+TEST_F(SchedulerTest, RunOrderInsideASweep) {
+  Scheduler s(Options(), &clock_);
+  s.AddSweep(1, 1);
+  for (int i : {3, 0, 2, 1}) ASSERT_TRUE(s.Enqueue(MakeRun(100 + i, 1, i)));
+  for (int i = 0; i < 4; ++i) {
+    auto r = s.Acquire(7, Cpu());
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->run_index, i);
+  }
+  EXPECT_FALSE(s.Acquire(7, Cpu()).has_value());
+  EXPECT_EQ(s.leased(), 4u);
+}
+
+TEST_F(SchedulerTest, FairShareFollowsPriority) {
+  Scheduler s(Options(), &clock_);
+  s.AddSweep(1, 1);
+  s.AddSweep(2, 3);
+  s.AddSweep(3, 2);
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_TRUE(s.Enqueue(MakeRun(10000 + i, 1, i)));
+    ASSERT_TRUE(s.Enqueue(MakeRun(20000 + i, 2, i)));
+    ASSERT_TRUE(s.Enqueue(MakeRun(30000 + i, 3, i)));
+  }
+  std::map<int64_t, int> served;
+  for (int i = 0; i < 600; ++i) {
+    auto r = s.Acquire(1, Cpu());
+    ASSERT_TRUE(r.has_value());
+    ++served[r->sweep_id];
+  }
+  // Priorities 1 : 3 : 2 of 600 dispatches.
+  EXPECT_NEAR(served[1], 100, 2);
+  EXPECT_NEAR(served[2], 300, 2);
+  EXPECT_NEAR(served[3], 200, 2);
+}
+
+TEST_F(SchedulerTest, IdleSweepBanksNoCredit) {
+  Scheduler s(Options(), &clock_);
+  s.AddSweep(1, 1);
+  s.AddSweep(2, 1);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(s.Enqueue(MakeRun(1000 + i, 1, i)));
+  for (int i = 0; i < 50; ++i) ASSERT_EQ(s.Acquire(1, Cpu())->sweep_id, 1);
+  // Sweep 2 arrives late: it shares from now on instead of taking 50 dispatches in a row.
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(s.Enqueue(MakeRun(2000 + i, 2, i)));
+  std::map<int64_t, int> served;
+  for (int i = 0; i < 20; ++i) ++served[s.Acquire(1, Cpu())->sweep_id];
+  EXPECT_NEAR(served[1], 10, 1);
+  EXPECT_NEAR(served[2], 10, 1);
+}
+
+TEST_F(SchedulerTest, ResourceFit) {
+  Scheduler s(Options(), &clock_);
+  s.AddSweep(1, 1);
+  ASSERT_TRUE(s.Enqueue(MakeRun(1, 1, 0, "cuda", 40)));
+  ASSERT_TRUE(s.Enqueue(MakeRun(2, 1, 1, "cpu", 64)));
+  ASSERT_TRUE(s.Enqueue(MakeRun(3, 1, 2, "cpu", 0)));
+
+  WorkerOffer gpu_small;
+  gpu_small.device = "cuda:0";
+  gpu_small.memory_gb = 24;
+  EXPECT_FALSE(s.Acquire(1, gpu_small).has_value());  // too little device memory
+
+  auto r = s.Acquire(2, Cpu(16));  // skips run 2 (64 GB): takes run 3
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->run_id, 3);
+
+  WorkerOffer gpu_big;
+  gpu_big.device = "cuda:1";
+  gpu_big.memory_gb = 80;
+  r = s.Acquire(3, gpu_big);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->run_id, 1);
+  EXPECT_FALSE(s.Acquire(3, gpu_big).has_value());  // cpu runs never go to a GPU worker
+
+  r = s.Acquire(4, Cpu(128));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->run_id, 2);
+
+  EXPECT_TRUE(Fits(RunNeeds{"cuda", 0, 0}, WorkerOffer{"cuda:3", 0, 0}));
+  EXPECT_FALSE(Fits(RunNeeds{"cpu", 0, 4}, WorkerOffer{"cpu", 8, 2}));
+  EXPECT_EQ(DeviceKind("cuda:7"), "cuda");
+  EXPECT_EQ(DeviceKind(""), "cpu");
+}
+
+TEST_F(SchedulerTest, LeaseRenewedByReportsAndLostWithout) {
+  Scheduler s(Options(), &clock_);
+  s.AddSweep(1, 1);
+  ASSERT_TRUE(s.Enqueue(MakeRun(5, 1, 0)));
+  ASSERT_TRUE(s.Acquire(9, Cpu()).has_value());
+  s.SetLeaseAttempt(5, 1);
+  EXPECT_EQ(s.NextDeadline(), clock_.Now() + absl::Seconds(30));
+
+  for (int i = 0; i < 5; ++i) {
+    clock_.Advance(absl::Seconds(20));
+    EXPECT_TRUE(s.Renew(5, 1, 9));
+    EXPECT_TRUE(s.ExpireLeases().empty());
+  }
+  EXPECT_FALSE(s.Renew(5, 2, 9));   // another attempt
+  EXPECT_FALSE(s.Renew(5, 1, 10));  // another worker
+
+  clock_.Advance(absl::Seconds(31));
+  std::vector<Lease> lost = s.ExpireLeases();
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].run_id, 5);
+  EXPECT_EQ(lost[0].attempt, 1);
+  EXPECT_FALSE(s.Renew(5, 1, 9));  // the worker's late report is refused
+  EXPECT_FALSE(s.GetLease(5).has_value());
+}
+
+TEST_F(SchedulerTest, LostRunRequeuedWithCappedExponentialBackoff) {
+  Scheduler s(Options(), &clock_);
+  s.AddSweep(1, 1);
+  ASSERT_TRUE(s.Enqueue(MakeRun(5, 1, 0)));
+  // attempts 1, 2: backoff 5 s, 10 s; attempt 3 = max_attempts: FAILED.
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    auto r = s.Acquire(9, Cpu());
+    ASSERT_TRUE(r.has_value()) << attempt;
+    s.SetLeaseAttempt(5, attempt);
+    clock_.Advance(absl::Seconds(31));
+    ASSERT_EQ(s.ExpireLeases().size(), 1u);
+    RetryDecision d = s.RetryAfterLoss(attempt);
+    if (attempt == 3) {
+      EXPECT_FALSE(d.retry);
+      break;
+    }
+    ASSERT_TRUE(d.retry);
+    const absl::Duration backoff = absl::Seconds(5) * (1 << (attempt - 1));
+    EXPECT_EQ(d.not_before, clock_.Now() + backoff);
+    QueuedRun again = *s.LeasedRun(5);
+    again.not_before = d.not_before;
+    ASSERT_TRUE(s.Enqueue(again));
+    EXPECT_FALSE(s.Acquire(9, Cpu()).has_value()) << "dispatched during its backoff";
+    EXPECT_EQ(s.NextDeadline(), d.not_before);
+    clock_.Advance(backoff);
+  }
+  // The cap.
+  SchedulerOptions o = Options();
+  o.max_attempts = 100;
+  Scheduler capped(o, &clock_);
+  EXPECT_EQ(capped.RetryAfterLoss(30).not_before, clock_.Now() + absl::Seconds(60));
+  EXPECT_EQ(capped.RetryAfterLoss(4).not_before, clock_.Now() + absl::Seconds(40));
+}
+
+TEST_F(SchedulerTest, CancelDropsQueuedAndStopsRunning) {
+  Scheduler s(Options(), &clock_);
+  s.AddSweep(1, 1);
+  s.AddSweep(2, 1);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(s.Enqueue(MakeRun(10 + i, 1, i)));
+  ASSERT_TRUE(s.Enqueue(MakeRun(20, 2, 0)));
+  auto running = s.Acquire(1, Cpu());
+  ASSERT_TRUE(running.has_value());
+  ASSERT_EQ(running->sweep_id, 1);
+  std::vector<int64_t> dropped = s.CancelSweep(1);
+  EXPECT_EQ(dropped.size(), 3u);
+  EXPECT_TRUE(s.GetLease(running->run_id)->stop);
+  EXPECT_FALSE(s.Enqueue(MakeRun(99, 1, 9)));  // nothing of a cancelled sweep is queued
+  auto next = s.Acquire(1, Cpu());
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->run_id, 20);
+  EXPECT_FALSE(s.Acquire(1, Cpu()).has_value());
+  s.UncancelSweep(1);
+  EXPECT_TRUE(s.Enqueue(MakeRun(dropped[0], 1, 1)));
+}
+
+TEST_F(SchedulerTest, NoDoubleQueueOrLease) {
+  Scheduler s(Options(), &clock_);
+  s.AddSweep(1, 1);
+  ASSERT_TRUE(s.Enqueue(MakeRun(1, 1, 0)));
+  EXPECT_FALSE(s.Enqueue(MakeRun(1, 1, 0)));
+  ASSERT_TRUE(s.Acquire(1, Cpu()).has_value());
+  EXPECT_FALSE(s.Enqueue(MakeRun(1, 1, 0)));  // leased
+  EXPECT_FALSE(s.Acquire(2, Cpu()).has_value());
+  ASSERT_TRUE(s.Release(1).has_value());
+  EXPECT_FALSE(s.Release(1).has_value());
+}
+
+TEST_F(SchedulerTest, RestoredLeaseKeepsAReportingWorkerAndLosesASilentOne) {
+  Scheduler s(Options(), &clock_);
+  s.AddSweep(1, 1);
+  s.RestoreLease(1, 1, /*worker_id=*/4, /*attempt=*/2, MakeRun(1, 1, 0));
+  s.RestoreLease(2, 1, /*worker_id=*/5, /*attempt=*/1, MakeRun(2, 1, 1));
+  clock_.Advance(absl::Seconds(20));
+  EXPECT_TRUE(s.Renew(1, 2, 4));
+  clock_.Advance(absl::Seconds(20));
+  std::vector<Lease> lost = s.ExpireLeases();
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].run_id, 2);
+  EXPECT_TRUE(s.GetLease(1).has_value());
+}
+
+// 10,000 queued runs over 20 sweeps and 3 resource shapes all reach a worker that fits, and all
+// their leases expire. The time is printed, not asserted: bench_scheduler measures dispatch.
+TEST_F(SchedulerTest, TenThousandQueuedRunsAllDispatchAndExpire) {
+  Scheduler s(Options(), &clock_);
+  const int kSweeps = 20, kRuns = 10000;
+  for (int w = 1; w <= kSweeps; ++w) s.AddSweep(w, 1 + w % 3);
+  const std::string devices[] = {"cpu", "cuda", "cpu"};
+  const double memory[] = {0, 40, 32};
+  for (int i = 0; i < kRuns; ++i) {
+    ASSERT_TRUE(s.Enqueue(MakeRun(i + 1, 1 + i % kSweeps, i, devices[i % 3], memory[i % 3])));
+  }
+  WorkerOffer gpu{"cuda:0", 80, 16};
+  const auto start = std::chrono::steady_clock::now();
+  int dispatched = 0;
+  for (int round = 0; dispatched < kRuns; ++round) {
+    auto r = s.Acquire(1 + round % 2, round % 2 ? gpu : Cpu(64));
+    if (!r.has_value()) {
+      r = s.Acquire(3, round % 2 ? Cpu(64) : gpu);
+      ASSERT_TRUE(r.has_value()) << dispatched;
+    }
+    ++dispatched;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("scheduler: %d dispatches from 10,000 queued in %.1f ms (%.0f per second)\n",
+              dispatched, seconds * 1e3, dispatched / seconds);
+  EXPECT_EQ(s.queued(), 0u);
+  EXPECT_EQ(s.leased(), static_cast<size_t>(kRuns));
+  clock_.Advance(absl::Minutes(5));
+  EXPECT_EQ(s.ExpireLeases().size(), static_cast<size_t>(kRuns));
+  EXPECT_EQ(s.leased(), 0u);
+}
+
+}  // namespace
+}  // namespace ablate

@@ -1,0 +1,580 @@
+// The dashboard's HTTP API, stream and /metrics on 127.0.0.1:0 over a real SQLite store filled
+// through the Store write API.
+#include "orchestrator/dashboard/server.h"
+
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <stdlib.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <regex>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
+#include "tests/orchestrator/dashboard/dashboard_test_util.h"
+
+namespace ablate {
+namespace {
+
+namespace asio = boost::asio;
+namespace http = boost::beast::http;
+using tcp = boost::asio::ip::tcp;
+using json = nlohmann::json;
+using namespace dashboard_test;
+
+constexpr char kToken[] = "0123456789abcdef0123456789abcdef";
+
+struct HttpResult {
+  int status = 0;
+  std::string content_type;
+  std::string body;
+  json Json() const { return json::parse(body, nullptr, false); }
+};
+
+// One GET (or `method`) on a fresh connection.
+HttpResult Get(int port, const std::string& target, const std::string& bearer = kToken,
+               http::verb method = http::verb::get) {
+  asio::io_context io;
+  tcp::socket socket(io);
+  socket.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  http::request<http::string_body> req(method, target, 11);
+  req.set(http::field::host, "127.0.0.1");
+  if (!bearer.empty()) req.set(http::field::authorization, "Bearer " + bearer);
+  http::write(socket, req);
+  boost::beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(64 << 20);
+  http::read(socket, buffer, parser);
+  HttpResult r;
+  r.status = static_cast<int>(parser.get().result_int());
+  r.content_type = std::string(parser.get()[http::field::content_type]);
+  r.body = parser.get().body();
+  return r;
+}
+
+// Raw bytes in, raw response out (for requests Beast's client would not send).
+std::string Raw(int port, const std::string& bytes) {
+  asio::io_context io;
+  tcp::socket socket(io);
+  socket.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  boost::system::error_code ec;
+  // The server may answer and close before it has read everything (an oversized header): the
+  // rest of the write then fails with EPIPE, and the answer is still there to read.
+  asio::write(socket, asio::buffer(bytes), ec);
+  std::string out;
+  char buf[4096];
+  while (true) {
+    const size_t n = socket.read_some(asio::buffer(buf), ec);
+    if (ec) break;
+    out.append(buf, n);
+  }
+  return out;
+}
+
+// An open SSE connection read with deadlines.
+class StreamReader {
+ public:
+  StreamReader(int port, const std::string& target) : socket_(io_) {
+    socket_.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+    asio::write(socket_, asio::buffer(absl::StrCat("GET ", target,
+                                                   " HTTP/1.1\r\nHost: x\r\n\r\n")));
+  }
+  // Reads until `needle` appears after `from`, or `timeout`. The position after it, or npos.
+  size_t ReadUntil(const std::string& needle, std::chrono::milliseconds timeout,
+                   size_t from = 0) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      const size_t at = data_.find(needle, from);
+      if (at != std::string::npos) return at + needle.size();
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return std::string::npos;
+      pollfd p{socket_.native_handle(), POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      char buf[8192];
+      boost::system::error_code ec;
+      const size_t n = socket_.read_some(asio::buffer(buf), ec);
+      if (ec) return std::string::npos;
+      data_.append(buf, n);
+    }
+  }
+  const std::string& data() const { return data_; }
+
+ private:
+  asio::io_context io_;
+  tcp::socket socket_;
+  std::string data_;
+};
+
+class DashboardServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* base = getenv("TEST_TMPDIR");
+    std::string templ = absl::StrCat(base != nullptr ? base : "/tmp", "/dashboard_test.XXXXXX");
+    ASSERT_NE(mkdtemp(templ.data()), nullptr);
+    dir_ = templ;
+    StoreOptions so;
+    so.path = dir_ + "/ablate.db";
+    so.synchronous_full = false;
+    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(so);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    Fill();
+    DashboardOptions o;
+    o.port = 0;
+    o.token = kToken;
+    o.db_path = so.path;  // its own read-only connections, as `ablate dashboard` has
+    o.poll_interval = absl::Milliseconds(50);
+    o.max_connections = 1000;  // ManyConcurrentClients: threads of a loaded machine linger
+    o.operator_stats = [] {
+      return std::vector<DashboardMetric>{
+          {"ablate_store_queued_rows", "Rows waiting for the writer.", "gauge", {}, 7},
+          {"ablate_workers_connected", "Workers with a lease.", "gauge", {{"kind", "cpu"}}, 2}};
+    };
+    absl::StatusOr<std::unique_ptr<DashboardServer>> server = DashboardServer::Start(o);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    port_ = server_->port();
+  }
+  void TearDown() override {
+    server_.reset();
+    store_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // Sweep "gates": 2 variants x 2 seeds of 1000 steps: run 1 SUCCEEDED (1000 steps, evals with
+  // probes, a spike), run 2 DIVERGED at step 300, run 3 RUNNING at step 500, run 4 PENDING.
+  void Fill() {
+    absl::StatusOr<SweepIds> ids =
+        store_->CreateSweep(MakeSweep("gates", {"baseline", "g1_elementwise"}, 2, 1000));
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    runs_ = ids->run_ids;
+    ASSERT_TRUE(StartRun(store_.get(), runs_[0]).ok());
+    MetricBatch b = StepBatch(runs_[0], 1, 1, 1, 1000);
+    b.evals.push_back(Eval(500, 3, true));
+    b.evals.push_back(Eval(1000, 3, true));
+    SpikeEvent& spike = b.spikes.emplace_back();
+    spike.set_step(420);
+    spike.set_signal("loss");
+    spike.set_value(9.5);
+    spike.set_baseline(3.1);
+    spike.set_kind(SPIKE_STATISTICAL);
+    spike.set_action(SPIKE_ACTION_RECORDED);
+    ASSERT_TRUE(store_->ReportMetrics(b).ok());
+    ASSERT_TRUE(FinishRun(store_.get(), runs_[0], SUCCEEDED, 1000, "", 1).ok());
+    ASSERT_TRUE(StartRun(store_.get(), runs_[1]).ok());
+    ASSERT_TRUE(store_->ReportMetrics(StepBatch(runs_[1], 1, 1, 1, 300)).ok());
+    ASSERT_TRUE(
+        FinishRun(store_.get(), runs_[1], DIVERGED, 300, "loss non-finite for 3 steps").ok());
+    ASSERT_TRUE(StartRun(store_.get(), runs_[2]).ok());
+    ASSERT_TRUE(store_->ReportMetrics(StepBatch(runs_[2], 1, 1, 1, 500)).ok());
+    ASSERT_TRUE(store_->RegisterWorker("w1", "{\"device\":\"cpu\"}").ok());
+    ASSERT_TRUE(store_->Flush().ok());
+  }
+
+  std::string dir_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<DashboardServer> server_;
+  std::vector<int64_t> runs_;
+  int port_ = 0;
+};
+
+TEST_F(DashboardServerTest, ApiNeedsTheToken) {
+  for (const std::string& bearer : {std::string(), std::string("wrong"),
+                                    std::string(kToken).substr(1), std::string(kToken) + "0"}) {
+    HttpResult r = Get(port_, "/api/sweeps", bearer);
+    EXPECT_EQ(r.status, 401) << bearer;
+    EXPECT_TRUE(absl::StrContains(r.Json().value("error", ""), "not authorized")) << r.body;
+  }
+  EXPECT_EQ(Get(port_, "/api/sweeps?token=nope", "").status, 401);
+  EXPECT_EQ(Get(port_, "/metrics", "").status, 401);
+  EXPECT_EQ(Get(port_, "/api/runs/1", "").status, 401);
+  EXPECT_EQ(Get(port_, "/api/stream?sweep=gates", "").status, 401);
+  EXPECT_EQ(Get(port_, "/api/sweeps").status, 200);
+  EXPECT_EQ(Get(port_, absl::StrCat("/api/sweeps?token=", kToken), "").status, 200);
+  EXPECT_EQ(Get(port_, "/healthz", "").status, 200);
+  EXPECT_EQ(server_->Url(), absl::StrCat("http://127.0.0.1:", port_, "/?token=", kToken));
+}
+
+TEST(DashboardServerStartTest, RefusesNoTokenAndMissingDatabase) {
+  DashboardOptions o;
+  o.port = 0;
+  o.db_path = "/nonexistent/ablate.db";
+  EXPECT_EQ(DashboardServer::Start(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.token = kToken;
+  EXPECT_EQ(DashboardServer::Start(o).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(DashboardServerTest, ServesTheEmbeddedApp) {
+  HttpResult index = Get(port_, "/", "");
+  EXPECT_EQ(index.status, 200);
+  EXPECT_TRUE(absl::StartsWith(index.content_type, "text/html"));
+  EXPECT_TRUE(absl::StrContains(index.body, "/vendor/uPlot.iife.min.js"));
+  HttpResult uplot = Get(port_, "/vendor/uPlot.iife.min.js", "");
+  EXPECT_EQ(uplot.status, 200);
+  EXPECT_TRUE(absl::StartsWith(uplot.content_type, "text/javascript"));
+  EXPECT_GT(uplot.body.size(), 20000u);
+  EXPECT_EQ(Get(port_, "/vendor/uPlot.min.css", "").status, 200);
+  for (const char* module : {"/js/app.js", "/js/api.js", "/js/charts.js", "/js/format.js",
+                             "/js/pages/sweeps.js", "/js/pages/sweep.js", "/js/pages/run.js",
+                             "/js/pages/compare.js", "/style.css"}) {
+    EXPECT_EQ(Get(port_, module, "").status, 200) << module;
+  }
+  EXPECT_EQ(Get(port_, "/nope.js", "").status, 404);
+  EXPECT_EQ(Get(port_, "/../etc/passwd", "").status, 404);
+}
+
+TEST_F(DashboardServerTest, Sweeps) {
+  json j = Get(port_, "/api/sweeps").Json();
+  ASSERT_EQ(j["sweeps"].size(), 1u);
+  const json& s = j["sweeps"][0];
+  EXPECT_EQ(s["name"], "gates");
+  EXPECT_EQ(s["state"], "ACTIVE");
+  EXPECT_EQ(s["runs"], 4);
+  EXPECT_EQ(s["by_state"]["SUCCEEDED"], 1);
+  EXPECT_EQ(s["by_state"]["DIVERGED"], 1);
+  EXPECT_EQ(s["by_state"]["RUNNING"], 1);
+  EXPECT_EQ(s["by_state"]["PENDING"], 1);
+  EXPECT_EQ(s["steps_done"], 1800);
+  EXPECT_EQ(s["steps_total"], 4000);
+  EXPECT_TRUE(s["eta_s"].is_number());
+  EXPECT_GT(s["eta_s"].get<double>(), 0);
+}
+
+TEST_F(DashboardServerTest, SweepRunTable) {
+  json j = Get(port_, "/api/sweeps/gates").Json();
+  EXPECT_EQ(j["sweep"]["name"], "gates");
+  ASSERT_EQ(j["runs"].size(), 4u);
+  ASSERT_EQ(j["variants"].size(), 2u);
+  EXPECT_EQ(j["variants"][1]["budget"], "ffn 64 -> 63");
+  const json& done = j["runs"][0];
+  EXPECT_EQ(done["id"], runs_[0]);
+  EXPECT_EQ(done["state"], "SUCCEEDED");
+  EXPECT_EQ(done["variant"], "baseline");
+  EXPECT_EQ(done["last_step"], 1000);
+  EXPECT_NEAR(done["last_loss"].get<double>(), LossAt(1000, runs_[0]), 1e-9);
+  EXPECT_EQ(done["spike_steps"], 1);
+  EXPECT_EQ(j["runs"][1]["state"], "DIVERGED");
+  EXPECT_EQ(j["runs"][1]["reason"], "loss non-finite for 3 steps");
+  EXPECT_EQ(j["runs"][1]["budget"], "ffn 64 -> 63");
+  EXPECT_EQ(j["runs"][2]["steps_done"], 500);
+  EXPECT_TRUE(j["runs"][3]["last_loss"].is_null());  // PENDING: no point yet
+  // By id as well as by name.
+  EXPECT_EQ(Get(port_, "/api/sweeps/1").Json()["sweep"]["name"], "gates");
+}
+
+TEST_F(DashboardServerTest, CurvesAreDownsampledPerRun) {
+  json j = Get(port_, "/api/sweeps/gates/curves?points=100").Json();
+  ASSERT_EQ(j["runs"].size(), 4u);
+  EXPECT_EQ(j["points"], 100);
+  const json& first = j["runs"][0];
+  // Every 10th step (a grid shared by the runs) + the last point + the spike step.
+  EXPECT_LE(first["step"].size(), 102u);
+  EXPECT_GE(first["step"].size(), 90u);
+  EXPECT_EQ(first["step"].size(), first["value"].size());
+  EXPECT_EQ(first["step"].back(), 1000);
+  ASSERT_EQ(first["spikes"].size(), 1u);
+  EXPECT_EQ(first["spikes"][0]["step"], 420);
+  bool has_spike_step = false;
+  for (const json& s : first["step"]) has_spike_step |= s == 420;
+  EXPECT_TRUE(has_spike_step);
+  EXPECT_EQ(j["runs"][3]["step"].size(), 0u);
+  // Fewer points than asked: every point.
+  EXPECT_EQ(Get(port_, "/api/sweeps/gates/curves?points=5000").Json()["runs"][1]["step"].size(),
+            300u);
+  // Huge requests are capped.
+  EXPECT_EQ(Get(port_, "/api/sweeps/gates/curves?points=1000000000").Json()["points"], 5000);
+  // The runs share their steps: the grid's, with the spike steps added.
+  json shared = Get(port_, "/api/sweeps/gates/curves?points=50").Json();
+  EXPECT_EQ(shared["stride"], 20);
+  EXPECT_EQ(shared["runs"][2]["step"][0], 20);
+  EXPECT_EQ(shared["runs"][0]["step"][0], 20);
+  EXPECT_EQ(shared["runs"][2]["step"].back(), 500);
+  json grad = Get(port_, "/api/sweeps/gates/curves?metric=grad_norm&points=10").Json();
+  EXPECT_EQ(grad["metric"], "grad_norm");
+  EXPECT_LE(grad["runs"][0]["step"].size(), 12u);
+}
+
+TEST_F(DashboardServerTest, RunEndpoints) {
+  const std::string run = absl::StrCat("/api/runs/", runs_[0]);
+  json j = Get(port_, run).Json();
+  EXPECT_EQ(j["run"]["id"], runs_[0]);
+  EXPECT_EQ(j["run"]["state"], "SUCCEEDED");
+  EXPECT_TRUE(j["run"]["config"].is_object());
+  EXPECT_EQ(j["run"]["config"]["train"]["steps"], 1000);
+  ASSERT_EQ(j["run"]["attempt_list"].size(), 1u);
+  EXPECT_EQ(j["run"]["attempt_list"][0]["state"], "SUCCEEDED");
+
+  json all = Get(port_, run + "/metrics?points=5000").Json();
+  EXPECT_EQ(all["step"].size(), 1000u);
+  for (const char* k : {"loss", "grad_norm", "lr", "tokens_per_s", "skipped"}) {
+    EXPECT_EQ(all[k].size(), 1000u) << k;
+  }
+  json window = Get(port_, run + "/metrics?from=100&to=199&points=5000").Json();
+  ASSERT_EQ(window["step"].size(), 100u);
+  EXPECT_EQ(window["step"][0], 100);
+  json stride = Get(port_, run + "/metrics?points=50&mode=stride").Json();
+  EXPECT_EQ(stride["mode"], "stride");
+  EXPECT_LE(stride["step"].size(), 52u);
+  json minmax = Get(port_, run + "/metrics?points=50").Json();
+  EXPECT_LE(minmax["step"].size(), 52u);
+
+  json evals = Get(port_, run + "/evals").Json();
+  ASSERT_EQ(evals["evals"].size(), 2u);
+  EXPECT_EQ(evals["evals"][1]["step"], 1000);
+  EXPECT_NEAR(evals["evals"][1]["gate_score"].get<double>(), 0.2, 1e-9);
+
+  json probes = Get(port_, run + "/probes").Json();  // the latest evaluation
+  EXPECT_EQ(probes["step"], 1000);
+  ASSERT_EQ(probes["layers"].size(), 3u);
+  EXPECT_EQ(probes["layers"][2]["m_act"], 30.0);
+  EXPECT_NEAR(probes["layers"][2]["f_attn"].get<double>(), 0.3, 1e-9);
+  ASSERT_EQ(probes["layers"][0]["gate_histogram"]["counts"].size(), 10u);
+  EXPECT_EQ(probes["layers"][0]["gate_histogram"]["counts"][0], 1000);
+  EXPECT_EQ(Get(port_, run + "/probes?step=500").Json()["step"], 500);
+  EXPECT_EQ(Get(port_, run + "/probes?step=501").status, 404);
+  // A run without evaluations: no layers, not an error.
+  EXPECT_EQ(Get(port_, absl::StrCat("/api/runs/", runs_[2], "/probes")).Json()["layers"].size(),
+            0u);
+
+  json spikes = Get(port_, run + "/spikes").Json();
+  ASSERT_EQ(spikes["spikes"].size(), 1u);
+  EXPECT_EQ(spikes["spikes"][0]["kind"], "SPIKE_STATISTICAL");
+  EXPECT_EQ(spikes["spikes"][0]["value"], 9.5);
+}
+
+TEST_F(DashboardServerTest, TableEventsWorkers) {
+  json table = Get(port_, "/api/sweeps/gates/table").Json();
+  ASSERT_EQ(table["rows"].size(), 2u);
+  EXPECT_EQ(table["rows"][0]["variant"], "baseline");
+  EXPECT_EQ(table["rows"][0]["n"], 1);
+  EXPECT_EQ(table["rows"][1]["diverged"], 1);
+  EXPECT_TRUE(table["rows"][0]["val_loss"]["mean"].is_number());
+  EXPECT_TRUE(table["rows"][0]["val_loss"]["std"].is_null());  // n = 1
+
+  json events = Get(port_, "/api/sweeps/gates/events").Json()["events"];
+  ASSERT_GE(events.size(), 4u);
+  bool diverged = false;
+  for (const json& e : events) {
+    diverged |= absl::StrContains(e["message"].get<std::string>(), "DIVERGED");
+  }
+  EXPECT_TRUE(diverged);
+  const int64_t second = events[1]["id"];
+  json after = Get(port_, absl::StrCat("/api/sweeps/gates/events?after=", second, "&limit=1"))
+                   .Json()["events"];
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_GT(after[0]["id"].get<int64_t>(), second);
+
+  json workers = Get(port_, "/api/workers").Json()["workers"];
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0]["name"], "w1");
+}
+
+TEST_F(DashboardServerTest, BadInputIsAJsonError) {
+  const std::pair<std::string, int> cases[] = {
+      {"/api/runs/abc", 400},
+      {"/api/runs/0", 400},
+      {"/api/runs/-3", 400},
+      {"/api/runs/99999999999999999999999999", 400},
+      {"/api/runs/424242", 404},
+      {"/api/runs/424242/metrics", 404},
+      {"/api/runs/424242/spikes", 404},
+      {"/api/runs/1/nope", 404},
+      {"/api/sweeps/nope", 404},
+      {"/api/sweeps/nope/curves", 404},
+      {"/api/sweeps/nope/table", 404},
+      {"/api/sweeps/gates/curves?points=1", 400},
+      {"/api/sweeps/gates/curves?points=abc", 400},
+      {"/api/sweeps/gates/curves?points=-5", 400},
+      {"/api/sweeps/gates/curves?points=123456789012345678901234567890", 400},
+      {"/api/sweeps/gates/curves?metric=DROP%20TABLE", 400},
+      {"/api/runs/1/metrics?from=10&to=5", 400},
+      {"/api/runs/1/metrics?from=-1", 400},
+      {"/api/runs/1/metrics?mode=avg", 400},
+      {"/api/runs/1/metrics?to=1e9", 400},
+      {"/api/runs/1/probes?step=x", 400},
+      {"/api/sweeps/gates/events?after=-1", 400},
+      {"/api/sweeps/gates/events?limit=0", 400},
+      {"/api/sweeps/%ZZ", 400},
+      {"/api/sweeps/%", 400},
+      {"/api/nope", 404},
+      {"/api", 404},
+      {"/api/stream", 400},
+      {"/api/stream?sweep=nope", 404},
+      // Bytes that are not UTF-8 in a name echoed by the error (JSON must stay valid).
+      {"/api/sweeps/%FF%FE", 404},
+      {"/api/sweeps/%C3", 404},
+      {"/api/stream?sweep=%FF", 404},
+      {"/no-such-page-%FF", 404},
+  };
+  for (const auto& [target, status] : cases) {
+    HttpResult r = Get(port_, target);
+    EXPECT_EQ(r.status, status) << target << ": " << r.body;
+    json j = r.Json();
+    ASSERT_FALSE(j.is_discarded()) << target << ": " << r.body;
+    EXPECT_EQ(j["status"], status) << target;
+    EXPECT_FALSE(j["error"].get<std::string>().empty()) << target;
+  }
+  EXPECT_EQ(Get(port_, "/api/sweeps", kToken, http::verb::post).status, 405);
+  EXPECT_EQ(Get(port_, "/api/sweeps", kToken, http::verb::delete_).status, 405);
+  // Malformed HTTP, an oversized header: 400, and the server carries on.
+  EXPECT_TRUE(absl::StartsWith(Raw(port_, "NOT HTTP AT ALL\r\n\r\n"), "HTTP/1.1 400"));
+  EXPECT_TRUE(absl::StartsWith(
+      Raw(port_, absl::StrCat("GET / HTTP/1.1\r\nX: ", std::string(100000, 'a'), "\r\n\r\n")),
+      "HTTP/1.1 400"));
+  EXPECT_EQ(Get(port_, "/api/sweeps").status, 200);
+}
+
+TEST_F(DashboardServerTest, PrometheusMetrics) {
+  HttpResult r = Get(port_, "/metrics");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_TRUE(absl::StartsWith(r.content_type, "text/plain; version=0.0.4"));
+  const std::string& text = r.body;
+  EXPECT_TRUE(absl::StrContains(text, "# TYPE ablate_runs gauge\n"));
+  EXPECT_TRUE(absl::StrContains(text, "ablate_runs{state=\"RUNNING\"} 1\n"));
+  EXPECT_TRUE(absl::StrContains(text, "ablate_runs{state=\"DIVERGED\"} 1\n"));
+  EXPECT_TRUE(absl::StrContains(text, "ablate_runs{state=\"CANCELLED\"} 0\n"));
+  EXPECT_TRUE(absl::StrContains(text, "ablate_queue_depth 1\n"));
+  EXPECT_TRUE(absl::StrContains(text, "ablate_workers{state=\"IDLE\"} 1\n"));
+  EXPECT_TRUE(absl::StrContains(text, "ablate_steps_ingested_total 1800\n"));
+  EXPECT_TRUE(absl::StrContains(text, "# TYPE ablate_points_ingested_per_second gauge\n"));
+  EXPECT_TRUE(absl::StrContains(text, "ablate_store_queued_rows 7\n"));
+  EXPECT_TRUE(absl::StrContains(text, "ablate_workers_connected{kind=\"cpu\"} 2\n"));
+  // Every line is a comment or `name{labels} value` (the text exposition format).
+  const std::regex sample(R"(^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? [-+0-9.eEInfNa]+$)");
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    if (absl::StartsWith(line, "# HELP ") || absl::StartsWith(line, "# TYPE ")) continue;
+    EXPECT_TRUE(std::regex_match(std::string(line), sample)) << line;
+  }
+  // The ingestion rate: 400 more steps between two scrapes 0.6 s apart.
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  ASSERT_TRUE(store_->ReportMetrics(StepBatch(runs_[2], 1, 2, 501, 400)).ok());
+  const std::string second = Get(port_, "/metrics").body;
+  const size_t at = second.find("\nablate_points_ingested_per_second ");
+  ASSERT_NE(at, std::string::npos);
+  const double rate = std::stod(second.substr(at + 35));
+  EXPECT_GT(rate, 100);
+  EXPECT_LT(rate, 700);
+}
+
+TEST_F(DashboardServerTest, StreamDeliversPointsSpikesAndDivergenceWithinOneSecond) {
+  StreamReader stream(port_, absl::StrCat("/api/stream?sweep=gates&token=", kToken));
+  ASSERT_NE(stream.ReadUntil("text/event-stream", std::chrono::seconds(5)), std::string::npos)
+      << stream.data();
+  size_t pos = stream.ReadUntil("event: hello\n", std::chrono::seconds(5));
+  ASSERT_NE(pos, std::string::npos) << stream.data();
+
+  // A point written after the stream opened arrives within 1 s.
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(store_->ReportMetrics(StepBatch(runs_[2], 1, 2, 501, 1)).ok());
+  pos = stream.ReadUntil("\"step\":[501]", std::chrono::seconds(1), pos);
+  ASSERT_NE(pos, std::string::npos) << stream.data();
+  const double latency_ms = std::chrono::duration<double, std::milli>(
+                                std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(latency_ms, 1000);
+  EXPECT_TRUE(absl::StrContains(stream.data(), "event: points\n"));
+  EXPECT_TRUE(absl::StrContains(stream.data(), absl::StrCat("\"run\":", runs_[2])));
+
+  // A spike, then the run diverges.
+  MetricBatch b = StepBatch(runs_[2], 1, 3, 502, 1);
+  SpikeEvent& spike = b.spikes.emplace_back();
+  spike.set_step(502);
+  spike.set_signal("loss");
+  spike.set_value(40);
+  spike.set_baseline(3);
+  spike.set_kind(SPIKE_CATASTROPHIC);
+  spike.set_action(SPIKE_ACTION_RECORDED);
+  ASSERT_TRUE(store_->ReportMetrics(b).ok());
+  pos = stream.ReadUntil("event: spike\n", std::chrono::seconds(1), pos);
+  ASSERT_NE(pos, std::string::npos) << stream.data();
+  EXPECT_NE(stream.ReadUntil("SPIKE_CATASTROPHIC", std::chrono::seconds(1), pos),
+            std::string::npos);
+  ASSERT_TRUE(FinishRun(store_.get(), runs_[2], DIVERGED, 502, "loss non-finite").ok());
+  pos = stream.ReadUntil("event: run\n", std::chrono::seconds(1), pos);
+  ASSERT_NE(pos, std::string::npos) << stream.data();
+  EXPECT_NE(stream.ReadUntil("\"state\":\"DIVERGED\"", std::chrono::seconds(1), pos),
+            std::string::npos);
+  EXPECT_NE(stream.ReadUntil("event: sweep\n", std::chrono::seconds(1), pos), std::string::npos);
+
+  // A run that starts after the stream opened streams from its first step.
+  ASSERT_TRUE(StartRun(store_.get(), runs_[3]).ok());
+  ASSERT_TRUE(store_->ReportMetrics(StepBatch(runs_[3], 1, 1, 1, 3)).ok());
+  EXPECT_NE(stream.ReadUntil("\"step\":[1,2,3]", std::chrono::seconds(1), pos),
+            std::string::npos)
+      << stream.data();
+
+  // Stop closes open streams promptly.
+  t0 = std::chrono::steady_clock::now();
+  server_->Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+}
+
+TEST_F(DashboardServerTest, ManyConcurrentClients) {
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  absl::Mutex mu;
+  std::vector<std::string> errors;
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&] {
+      for (int k = 0; k < 10; ++k) {
+        try {
+          ok += Get(port_, "/api/sweeps/gates").status == 200;
+        } catch (const std::exception& e) {
+          absl::MutexLock lock(&mu);
+          errors.push_back(e.what());
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 160);
+  EXPECT_TRUE(errors.empty()) << errors.size() << " failed, e.g. " << errors[0];
+}
+
+TEST_F(DashboardServerTest, ConnectionsBeyondTheCapGet503) {
+  DashboardOptions o;
+  o.port = 0;
+  o.token = kToken;
+  o.reader = &store_->reader();
+  o.max_connections = 2;
+  absl::StatusOr<std::unique_ptr<DashboardServer>> server = DashboardServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  asio::io_context io;
+  tcp::socket a(io), b(io);  // two idle connections hold both slots
+  a.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  b.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const std::string third = Raw(port, "");
+  EXPECT_TRUE(absl::StartsWith(third, "HTTP/1.1 503")) << third;
+  EXPECT_TRUE(absl::StrContains(third, "too many connections")) << third;
+  a.close();
+  b.close();
+  // The slots free up: a request is served again.
+  bool served = false;
+  for (int i = 0; i < 50 && !served; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    served = Get(port, "/api/sweeps").status == 200;
+  }
+  EXPECT_TRUE(served);
+  // Stop does not wait for idle connections to time out.
+  tcp::socket idle(io);
+  idle.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  const auto t0 = std::chrono::steady_clock::now();
+  (*server)->Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+}
+
+}  // namespace
+}  // namespace ablate

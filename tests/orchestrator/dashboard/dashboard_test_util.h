@@ -1,0 +1,112 @@
+// Shared by the dashboard tests and the dashboard simulator (tests/dashboard/dashboard_sim.cc):
+// sweeps, metric batches, evaluations and transitions written through the real Store API.
+#ifndef ABLATE_TESTS_ORCHESTRATOR_DASHBOARD_DASHBOARD_TEST_UTIL_H_
+#define ABLATE_TESTS_ORCHESTRATOR_DASHBOARD_DASHBOARD_TEST_UTIL_H_
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "config/model_config.h"
+#include "orchestrator/store/store.h"
+#include "tests/orchestrator/store/test_sweeps.h"
+
+namespace ablate {
+namespace dashboard_test {
+
+using testing::MakeSweep;
+
+// A plausible loss curve: decays from ~5 towards ~2, with a little deterministic noise.
+inline double LossAt(int64_t step, int64_t run_id) {
+  return 2.0 + 3.0 * std::exp(-static_cast<double>(step) / 300.0) +
+         0.05 * std::sin(static_cast<double>(step * (run_id + 3)) * 0.7);
+}
+
+// Steps [first, first + count) of a run.
+inline MetricBatch StepBatch(int64_t run_id, int32_t attempt, int64_t seq, int64_t first,
+                             int64_t count) {
+  MetricBatch b;
+  b.run_id = run_id;
+  b.attempt = attempt;
+  b.seq = seq;
+  for (int64_t s = first; s < first + count; ++s) {
+    StepMetrics& m = b.steps.emplace_back();
+    m.set_step(s);
+    m.set_loss(LossAt(s, run_id));
+    m.set_grad_norm(1.0 + 0.1 * std::cos(static_cast<double>(s)));
+    m.set_lr(3e-3 * std::min<double>(1.0, static_cast<double>(s) / 100.0));
+    m.set_tokens_per_s(1e5);
+  }
+  return b;
+}
+
+// An evaluation at `step` with `layers` layers of probes (gated when `gated`).
+inline EvalResult Eval(int64_t step, int layers, bool gated) {
+  EvalResult e;
+  e.set_step(step);
+  e.set_val_loss(2.5 + 1.0 / static_cast<double>(step));
+  e.set_val_ppl(std::exp(e.val_loss()));
+  Probes* p = e.mutable_probes();
+  p->set_tokens(4096);
+  for (int l = 0; l < layers; ++l) {
+    LayerProbes* lp = p->add_layers();
+    lp->set_layer(l);
+    lp->set_has_gate(gated);
+    lp->set_ffn_residual_max_abs(10.0 * (l + 1));
+    lp->set_first_token_attention(0.1 * (l + 1));
+    if (gated) {
+      lp->set_gate_mean(0.2);
+      lp->set_gate_std(0.1);
+      lp->set_gate_min(0.0);
+      lp->set_gate_max(0.9);
+      Histogram* h = lp->mutable_gate_histogram();
+      h->set_lo(0);
+      h->set_hi(1);
+      for (int i = 0; i < 10; ++i) h->add_counts(100 * (10 - i) + l);
+    }
+  }
+  p->set_gate_score_mean(gated ? 0.2 : 0);
+  p->set_m_act(10.0 * (layers + 1) / 2.0);
+  p->set_f_attn(0.1 * (layers + 1) / 2.0);
+  return e;
+}
+
+inline absl::StatusOr<TransitionResult> StartRun(Store* store, int64_t run_id) {
+  RunTransition t;
+  t.run_id = run_id;
+  t.from = {PENDING};
+  t.to = RUNNING;
+  return store->TransitionRun(t);
+}
+
+// RUNNING -> `to` with a final summary.
+inline absl::StatusOr<TransitionResult> FinishRun(Store* store, int64_t run_id, RunState to,
+                                                  int64_t steps_done, const std::string& reason,
+                                                  int64_t spike_steps = 0) {
+  RunTransition t;
+  t.run_id = run_id;
+  t.from = {RUNNING};
+  t.to = to;
+  t.reason = reason;
+  t.has_summary = true;
+  RunSummary& s = t.summary;
+  s.set_state(to);
+  s.set_reason(reason);
+  s.set_steps_done(steps_done);
+  s.set_spike_steps(spike_steps);
+  s.set_spike_score(static_cast<double>(spike_steps) / static_cast<double>(steps_done));
+  s.set_final_train_loss(LossAt(steps_done, run_id));
+  if (to == SUCCEEDED) {
+    *s.mutable_final_eval() = Eval(steps_done, 2, true);
+    s.mutable_final_eval()->set_val_loss(2.5 + 0.01 * static_cast<double>(run_id % 5));
+  }
+  return store->TransitionRun(t);
+}
+
+}  // namespace dashboard_test
+}  // namespace ablate
+
+#endif  // ABLATE_TESTS_ORCHESTRATOR_DASHBOARD_DASHBOARD_TEST_UTIL_H_

@@ -1,0 +1,1070 @@
+// The results store over real SQLite files in a temporary directory.
+#include "orchestrator/store/store.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "nlohmann/json.hpp"
+#include "config/model_config.h"
+#include "config/proto_yaml.h"
+#include "orchestrator/store/format.h"
+#include "orchestrator/store/reader.h"
+#include "orchestrator/store/schema.h"
+#include "tests/orchestrator/store/test_sweeps.h"
+
+namespace ablate {
+namespace {
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* base = getenv("TEST_TMPDIR");
+    std::string templ = absl::StrCat(base != nullptr ? base : "/tmp", "/store_test.XXXXXX");
+    ASSERT_NE(mkdtemp(templ.data()), nullptr);
+    dir_ = templ;
+    path_ = dir_ + "/ablate.db";
+    Reopen();
+  }
+  void TearDown() override {
+    store_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  void Reopen(StoreOptions options = {}) {
+    store_.reset();
+    options.path = path_;
+    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+  }
+
+  // A sweep of `variants` x `seeds` runs of 1,000 steps, variant-major inside each seed.
+  static SweepRecord MakeSweep(const std::string& name, const std::vector<std::string>& variants,
+                               int seeds) {
+    return testing::MakeSweep(name, variants, seeds, 1000);
+  }
+
+  SweepIds Submit(const std::string& name, const std::vector<std::string>& variants, int seeds) {
+    absl::StatusOr<SweepIds> ids = store_->CreateSweep(MakeSweep(name, variants, seeds));
+    EXPECT_TRUE(ids.ok()) << ids.status();
+    return ids.ok() ? *ids : SweepIds();
+  }
+
+  int32_t Start(int64_t run_id, int64_t worker_id = 0) {
+    RunTransition t;
+    t.run_id = run_id;
+    t.from = {PENDING};
+    t.to = RUNNING;
+    t.worker_id = worker_id;
+    absl::StatusOr<TransitionResult> r = store_->TransitionRun(t);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->attempt : 0;
+  }
+
+  // Replaces the store by a file made with `sql` (as an older build left it), then opens it.
+  void OpenOldFile(const std::string& sql) {
+    store_.reset();
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+    char* error = nullptr;
+    ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error), SQLITE_OK) << error;
+    sqlite3_close(db);
+    Reopen();
+  }
+
+  absl::Status Finish(int64_t run_id, RunState to, double val_loss, double gate, double m_act,
+                      double f_attn, double spike_score) {
+    RunTransition t;
+    t.run_id = run_id;
+    t.from = {RUNNING};
+    t.to = to;
+    t.has_summary = true;
+    t.summary.set_state(to);
+    t.summary.set_steps_done(1000);
+    t.summary.set_final_train_loss(val_loss - 0.1);
+    t.summary.mutable_final_eval()->set_val_loss(val_loss);
+    t.summary.mutable_final_eval()->set_val_ppl(std::exp(val_loss));
+    if (!std::isnan(gate)) t.summary.mutable_final_eval()->mutable_probes()->set_gate_score_mean(gate);
+    t.summary.mutable_final_eval()->mutable_probes()->set_m_act(m_act);
+    t.summary.mutable_final_eval()->mutable_probes()->set_f_attn(f_attn);
+    t.summary.set_spike_score(spike_score);
+    return store_->TransitionRun(t).status();
+  }
+
+  static MetricBatch Batch(int64_t run_id, int32_t attempt, int64_t seq, int64_t first_step,
+                           int count, double loss_offset = 0) {
+    MetricBatch b;
+    b.run_id = run_id;
+    b.attempt = attempt;
+    b.seq = seq;
+    for (int i = 0; i < count; ++i) {
+      StepMetrics& m = b.steps.emplace_back();
+      m.set_step(first_step + i);
+      m.set_loss(5.0 - 0.001 * (first_step + i) + loss_offset);
+      m.set_grad_norm(1.0);
+      m.set_lr(3e-3);
+      m.set_tokens_per_s(1e5);
+    }
+    return b;
+  }
+
+  int64_t Count(const std::string& sql) {
+    absl::StatusOr<QueryResult> r = store_->reader().ReadOnlyQuery(sql);
+    EXPECT_TRUE(r.ok()) << sql << ": " << r.status();
+    if (!r.ok() || r->rows.empty()) return -1;
+    return std::get<int64_t>(r->rows[0][0]);
+  }
+
+  std::string IntegrityCheck() {
+    absl::StatusOr<QueryResult> r = store_->reader().ReadOnlyQuery("PRAGMA integrity_check");
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? std::get<std::string>(r->rows[0][0]) : "";
+  }
+
+  std::string dir_;
+  std::string path_;
+  std::unique_ptr<Store> store_;
+};
+
+// ---- Schema -------------------------------------------------------------------------------------
+
+TEST_F(StoreTest, CreatesTheSchemaInWalModeAndReopens) {
+  EXPECT_EQ(Count("PRAGMA user_version"), StoreSchemaVersion());
+  EXPECT_TRUE(std::filesystem::exists(path_ + "-wal"));
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open_v2(path_.c_str(), &raw, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  sqlite3_stmt* mode = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(raw, "PRAGMA journal_mode", -1, &mode, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(mode), SQLITE_ROW);
+  EXPECT_STREQ(reinterpret_cast<const char*>(sqlite3_column_text(mode, 0)), "wal");
+  sqlite3_finalize(mode);
+  sqlite3_close(raw);
+  for (const char* table : {"sweeps", "variants", "runs", "attempts", "workers", "step_metrics",
+                            "eval_metrics", "eval_layer_probes", "spike_events", "events"}) {
+    EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND "
+                                 "name = '", table, "'")), 1) << table;
+  }
+  for (const char* view : {"run_summary", "sweep_progress", "variant_table", "latest_metrics",
+                           "spikes"}) {
+    EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM sqlite_schema WHERE type = 'view' AND "
+                                 "name = '", view, "'")), 1) << view;
+  }
+  Submit("s", {"baseline"}, 1);
+  Reopen();  // migrations are not re-run on an up-to-date file
+  EXPECT_EQ(Count("SELECT count(*) FROM runs"), 1);
+}
+
+TEST_F(StoreTest, RefusesADatabaseFromANewerBuild) {
+  store_.reset();
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, absl::StrCat("PRAGMA user_version = ", StoreSchemaVersion() + 1).c_str(),
+                         nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  StoreOptions options;
+  options.path = path_;
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
+  ASSERT_FALSE(store.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
+  EXPECT_NE(store.status().message().find("newer"), std::string::npos);
+}
+
+TEST_F(StoreTest, MigratesAVersionOneDatabaseKeepingEachRunsConfig) {
+  // A file as a version-1 build left it: the config inside each runs row.
+  const std::string v1 = absl::StrCat(
+      "PRAGMA journal_mode = WAL; BEGIN;", StoreMigrations()[0],
+      "INSERT INTO sweeps (id, name, created_at) VALUES (1, 'old', 1);"
+      "INSERT INTO variants (id, sweep_id, name, position) VALUES (1, 1, 'baseline', 0);"
+      "INSERT INTO runs (id, sweep_id, variant_id, run_index, run_key, seed, config_json, "
+      "created_at, state) VALUES (1, 1, 1, 0, 'k0', 0, '{\"train\":{\"steps\":7}}', 1, "
+      "'SUCCEEDED'), (2, 1, 1, 1, 'k1', 1, '{\"train\":{\"steps\":8}}', 1, 'PENDING');"
+      "PRAGMA user_version = 1; COMMIT;");
+  ASSERT_NO_FATAL_FAILURE(OpenOldFile(v1));
+  EXPECT_EQ(Count("PRAGMA user_version"), StoreSchemaVersion());
+  EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE name = 'runs' AND "
+                  "sql LIKE '%config_json%'"), 0);
+  absl::StatusOr<RunInfo> run = store_->reader().GetRun(2);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->config_json, "{\"train\":{\"steps\":8}}");
+  EXPECT_EQ(run->state, PENDING);
+  EXPECT_EQ(Count("SELECT json_extract(c.config_json, '$.train.steps') FROM runs r "
+                  "JOIN run_configs c ON c.run_id = r.id WHERE r.run_key = 'k0'"), 7);
+  // The migrated file takes new sweeps as a fresh one does.
+  SweepIds ids = Submit("new", {"baseline"}, 1);
+  ASSERT_EQ(ids.run_ids.size(), 1u);
+  EXPECT_EQ(Count("SELECT count(*) FROM run_configs"), 3);
+  EXPECT_EQ(IntegrityCheck(), "ok");
+}
+
+// Version 3: the run a reused run took its results from, once only in its reason, is a column.
+TEST_F(StoreTest, MigratingToVersionThreeFindsReusedRunsInTheirReasons) {
+  const std::string v2 = absl::StrCat(
+      "PRAGMA journal_mode = WAL; BEGIN;", StoreMigrations()[0], StoreMigrations()[1],
+      "INSERT INTO sweeps (id, name, created_at) VALUES (1, 'old', 1), (2, 'again', 2);"
+      "INSERT INTO variants (id, sweep_id, name, position) VALUES (1, 1, 'baseline', 0), "
+      "(2, 2, 'baseline', 0);"
+      "INSERT INTO runs (id, sweep_id, variant_id, run_index, run_key, seed, created_at, state, "
+      "reason) VALUES (1, 1, 1, 0, 'k0', 0, 1, 'SUCCEEDED', ''), (2, 2, 2, 0, 'k0', 0, 2, "
+      "'SUCCEEDED', 'reused run 1 (same run key k0)');"
+      "INSERT INTO run_configs (run_id, config_json) VALUES (1, '{}'), (2, '{}');"
+      "INSERT INTO step_metrics (run_id, step, attempt, loss) VALUES (1, 1, 1, 4.5);"
+      "PRAGMA user_version = 2; COMMIT;");
+  ASSERT_NO_FATAL_FAILURE(OpenOldFile(v2));
+  EXPECT_EQ(Count("PRAGMA user_version"), StoreSchemaVersion());
+  EXPECT_EQ(Count("SELECT reused_from FROM run_summary WHERE run_id = 2"), 1);
+  EXPECT_EQ(Count("SELECT count(*) FROM runs WHERE reused_from IS NULL"), 1);
+  // Its curve is its source's.
+  absl::StatusOr<std::vector<StepMetrics>> series = store_->reader().MetricSeries(2);
+  ASSERT_TRUE(series.ok()) << series.status();
+  ASSERT_EQ(series->size(), 1u);
+  EXPECT_DOUBLE_EQ(series->front().loss(), 4.5);
+  EXPECT_EQ(IntegrityCheck(), "ok");
+}
+
+TEST_F(StoreTest, CreateSweepStoresVariantsAndRunsAndRefusesADuplicateName) {
+  SweepIds ids = Submit("gates", {"baseline", "g1"}, 3);
+  ASSERT_EQ(ids.run_ids.size(), 6u);
+  EXPECT_EQ(Count("SELECT count(*) FROM variants"), 2);
+  EXPECT_EQ(Count("SELECT count(*) FROM runs WHERE state = 'PENDING'"), 6);
+  EXPECT_EQ(Count("SELECT params_added FROM variants WHERE name = 'g1'"), 1000);
+  absl::StatusOr<SweepIds> again = store_->CreateSweep(MakeSweep("gates", {"baseline"}, 1));
+  EXPECT_TRUE(absl::IsAlreadyExists(again.status())) << again.status();
+  EXPECT_EQ(Count("SELECT count(*) FROM runs"), 6);
+
+  absl::StatusOr<std::vector<SweepInfo>> sweeps = store_->reader().ListSweeps();
+  ASSERT_TRUE(sweeps.ok()) << sweeps.status();
+  ASSERT_EQ(sweeps->size(), 1u);
+  EXPECT_EQ((*sweeps)[0].pending, 6);
+  Start(ids.run_ids[0]);
+  absl::StatusOr<SweepInfo> info = store_->reader().GetSweep("gates");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->running, 1);
+  EXPECT_EQ(info->pending, 5);
+  absl::StatusOr<RunInfo> run = store_->reader().GetRun(ids.run_ids[1]);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->variant, "g1");
+  EXPECT_EQ(run->state, PENDING);
+  EXPECT_EQ(run->steps_total, 1000);
+}
+
+// The runs' JSON is printed before the write is queued (off the writer thread): each run must
+// still get its own.
+TEST_F(StoreTest, EachRunStoresItsOwnConfigAndStatsKeepTheLongestTransaction) {
+  EXPECT_EQ(store_->Stats().longest_flush, absl::ZeroDuration());
+  SweepRecord record = MakeSweep("configs", {"baseline", "g1"}, 3);
+  for (int i = 0; i < record.expanded.runs_size(); ++i) {
+    record.expanded.mutable_runs(i)->mutable_config()->mutable_train()->set_steps(100 + i);
+  }
+  const absl::Time before = absl::Now();
+  absl::StatusOr<SweepIds> ids = store_->CreateSweep(record);
+  const absl::Duration took = absl::Now() - before;
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  ASSERT_EQ(ids->run_ids.size(), 6u);
+  for (int i = 0; i < record.expanded.runs_size(); ++i) {
+    absl::StatusOr<RunInfo> run = store_->reader().GetRun(ids->run_ids[i]);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ(run->config_json, CanonicalJson(record.expanded.runs(i).config())) << "run " << i;
+  }
+  const absl::Duration longest = store_->Stats().longest_flush;
+  EXPECT_GT(longest, absl::ZeroDuration());
+  EXPECT_LE(longest, took);
+
+  // JSON the expansion printed is stored as given; a count that does not match is refused.
+  SweepRecord given = MakeSweep("given", {"baseline"}, 2);
+  given.config_json = {"{\"a\":1}", "{\"a\":2}"};
+  absl::StatusOr<SweepIds> stored = store_->CreateSweep(given);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(store_->reader().GetRun(stored->run_ids[1])->config_json, "{\"a\":2}");
+  SweepRecord short_by_one = MakeSweep("short", {"baseline"}, 2);
+  short_by_one.config_json = {"{}"};
+  absl::StatusOr<SweepIds> refused = store_->CreateSweep(short_by_one);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("2 runs but 1"));
+  EXPECT_EQ(Count("SELECT count(*) FROM sweeps WHERE name = 'short'"), 0);
+}
+
+// ---- Ingestion ------------------------------------------------------------------------------------
+
+TEST_F(StoreTest, TheSameBatchTwiceIsStoredOnce) {
+  SweepIds ids = Submit("s", {"baseline"}, 1);
+  const int64_t run = ids.run_ids[0];
+  const int32_t attempt = Start(run);
+  MetricBatch batch = Batch(run, attempt, 1, 1, 100);
+  SpikeEvent& spike = batch.spikes.emplace_back();
+  spike.set_step(50);
+  spike.set_signal("loss");
+  spike.set_kind(SPIKE_STATISTICAL);
+  EvalResult& eval = batch.evals.emplace_back();
+  eval.set_step(100);
+  eval.set_val_loss(4.5);
+  LayerProbes* layer = eval.mutable_probes()->add_layers();
+  layer->set_layer(0);
+  layer->set_has_gate(true);
+  layer->set_gate_mean(0.25);
+  layer->mutable_gate_histogram()->set_lo(0);
+  layer->mutable_gate_histogram()->set_hi(1);
+  layer->mutable_gate_histogram()->add_counts(3);
+  layer->mutable_gate_histogram()->add_counts(7);
+  layer->mutable_sparsity()->set_after_gate_1e3(0.4);
+
+  absl::StatusOr<ReportResult> first = store_->ReportMetrics(batch);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(first->duplicate);
+  absl::StatusOr<ReportResult> second = store_->ReportMetrics(batch);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(second->duplicate);
+
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics"), 100);
+  EXPECT_EQ(Count("SELECT count(*) FROM spike_events"), 1);
+  EXPECT_EQ(Count("SELECT count(*) FROM eval_metrics"), 1);
+  EXPECT_EQ(Count("SELECT count(*) FROM eval_layer_probes"), 1);
+  EXPECT_EQ(Count("SELECT report_seq FROM attempts"), 1);
+  EXPECT_EQ(Count("SELECT steps_done FROM runs"), 100);
+
+  // A new batch re-reporting the same steps (a rollback re-trains them) replaces, never adds.
+  MetricBatch replay = Batch(run, attempt, 2, 51, 100, /*loss_offset=*/1.0);
+  replay.spikes.push_back(spike);
+  ASSERT_TRUE(store_->ReportMetrics(replay).ok());
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics"), 150);
+  EXPECT_EQ(Count("SELECT count(*) FROM spike_events"), 1);
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics WHERE step = 60 AND loss > 5"), 1);
+
+  absl::StatusOr<std::vector<EvalResult>> evals = store_->reader().EvalSeries(run, true);
+  ASSERT_TRUE(evals.ok()) << evals.status();
+  ASSERT_EQ(evals->size(), 1u);
+  ASSERT_EQ((*evals)[0].probes().layers_size(), 1);
+  const LayerProbes& back = (*evals)[0].probes().layers(0);
+  EXPECT_DOUBLE_EQ(back.gate_mean(), 0.25);
+  EXPECT_EQ(back.gate_histogram().counts_size(), 2);
+  EXPECT_EQ(back.gate_histogram().counts(1), 7);
+  EXPECT_DOUBLE_EQ(back.sparsity().after_gate_1e3(), 0.4);
+  absl::StatusOr<std::vector<SpikeEvent>> spikes = store_->reader().SpikeEvents(run);
+  ASSERT_TRUE(spikes.ok());
+  ASSERT_EQ(spikes->size(), 1u);
+  EXPECT_EQ((*spikes)[0].kind(), SPIKE_STATISTICAL);
+}
+
+TEST_F(StoreTest, AsynchronousBatchesAreDurableAfterFlush) {
+  SweepIds ids = Submit("s", {"baseline"}, 1);
+  const int64_t run = ids.run_ids[0];
+  const int32_t attempt = Start(run);
+  std::atomic<int> acked{0};
+  for (int seq = 1; seq <= 20; ++seq) {
+    ASSERT_TRUE(store_
+                    ->EnqueueMetrics(Batch(run, attempt, seq, (seq - 1) * 10 + 1, 10),
+                                     [&acked](absl::StatusOr<ReportResult> r) {
+                                       if (r.ok() && !r->duplicate) ++acked;
+                                     })
+                    .ok());
+  }
+  ASSERT_TRUE(store_->EnqueueHeartbeat(0, "IDLE").ok());
+  ASSERT_TRUE(store_->EnqueueEvent(0, run, "note", "hello").ok());
+  ASSERT_TRUE(store_->Flush().ok());
+  EXPECT_EQ(acked.load(), 20);
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics"), 200);
+  EXPECT_EQ(Count("SELECT count(*) FROM events WHERE kind = 'note'"), 1);
+  // What was acknowledged survives closing and reopening.
+  Reopen();
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics"), 200);
+}
+
+TEST_F(StoreTest, ALostAttemptCannotReportAndItsResumeReplacesSteps) {
+  SweepIds ids = Submit("s", {"baseline"}, 1);
+  const int64_t run = ids.run_ids[0];
+  ASSERT_EQ(Start(run), 1);
+  ASSERT_TRUE(store_->ReportMetrics(Batch(run, 1, 1, 1, 100)).ok());
+  ASSERT_TRUE(store_->EnqueueCheckpoint(run, 1, "/ckpt/run1/step50", 50).ok());
+  // The lease expires: attempt 1 is LOST, the run is queued again and resumes on attempt 2.
+  RunTransition lost;
+  lost.run_id = run;
+  lost.from = {RUNNING};
+  lost.to = PENDING;
+  lost.attempt_end = "LOST";
+  lost.reason = "lease expired";
+  ASSERT_TRUE(store_->TransitionRun(lost).ok());
+  ASSERT_EQ(Start(run), 2);
+  absl::StatusOr<AttemptInfo> checkpoint = store_->reader().LatestCheckpoint(run);
+  ASSERT_TRUE(checkpoint.ok());
+  EXPECT_EQ(checkpoint->checkpoint_step, 50);
+  EXPECT_EQ(checkpoint->checkpoint_path, "/ckpt/run1/step50");
+
+  absl::StatusOr<ReportResult> zombie = store_->ReportMetrics(Batch(run, 1, 2, 101, 10));
+  EXPECT_TRUE(absl::IsFailedPrecondition(zombie.status())) << zombie.status();
+  EXPECT_NE(zombie.status().message().find("LOST"), std::string::npos);
+  absl::StatusOr<ReportResult> unknown = store_->ReportMetrics(Batch(run, 7, 1, 1, 1));
+  EXPECT_TRUE(absl::IsNotFound(unknown.status())) << unknown.status();
+
+  ASSERT_TRUE(store_->ReportMetrics(Batch(run, 2, 1, 51, 100, 1.0)).ok());
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics"), 150);
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics WHERE attempt = 2"), 100);
+  EXPECT_EQ(Count("SELECT count(*) FROM attempts WHERE state = 'LOST'"), 1);
+  // The zombie's attempt cannot finish the run either.
+  RunTransition finish;
+  finish.run_id = run;
+  finish.from = {RUNNING};
+  finish.to = SUCCEEDED;
+  finish.expected_attempt = 1;
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->TransitionRun(finish).status()));
+  finish.expected_attempt = 2;
+  EXPECT_TRUE(store_->TransitionRun(finish).ok());
+}
+
+// ---- Run state machine ---------------------------------------------------------------------------
+
+TEST_F(StoreTest, ARunCompletesExactlyOnceUnderConcurrentFinishes) {
+  SweepIds ids = Submit("s", {"baseline"}, 1);
+  const int64_t run = ids.run_ids[0];
+  Start(run);
+  std::atomic<int> succeeded{0}, refused{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      absl::Status s = Finish(run, i % 2 == 0 ? SUCCEEDED : FAILED, 3.0, 0.5, 10, 0.1, 0);
+      if (s.ok()) {
+        ++succeeded;
+      } else if (absl::IsFailedPrecondition(s)) {
+        ++refused;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(succeeded.load(), 1);
+  EXPECT_EQ(refused.load(), 7);
+  EXPECT_EQ(Count("SELECT count(*) FROM events WHERE kind = 'run_state' AND message LIKE "
+                  "'%RUNNING -> %' OR message LIKE '%-> RUNNING%'"), 2);  // PENDING -> RUNNING and the one finish
+  EXPECT_EQ(Count("SELECT count(*) FROM sweeps WHERE state = 'DONE'"), 1);
+
+  // Edges that do not exist are refused, whatever `from` says.
+  RunTransition bad;
+  bad.run_id = run;
+  bad.from = {SUCCEEDED, FAILED};
+  bad.to = RUNNING;
+  absl::StatusOr<TransitionResult> r = store_->TransitionRun(bad);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  bad.run_id = 12345;
+  EXPECT_TRUE(absl::IsNotFound(store_->TransitionRun(bad).status()));
+  // A rerun queues it again and reactivates the sweep.
+  RunTransition rerun;
+  rerun.run_id = run;
+  rerun.from = {SUCCEEDED, FAILED};
+  rerun.to = PENDING;
+  ASSERT_TRUE(store_->TransitionRun(rerun).ok());
+  EXPECT_EQ(Count("SELECT count(*) FROM sweeps WHERE state = 'ACTIVE'"), 1);
+}
+
+TEST_F(StoreTest, FinishAttemptWritesBatchEndAndNextStartInOneTransaction) {
+  SweepIds ids = Submit("s", {"baseline", "g1"}, 2);  // 4 runs
+  const int64_t a = ids.run_ids[0], b = ids.run_ids[1], c = ids.run_ids[2];
+  ASSERT_EQ(Start(a, 0), 1);
+  auto end_of = [](int64_t run) {
+    RunTransition t;
+    t.run_id = run;
+    t.from = {RUNNING};
+    t.to = SUCCEEDED;
+    t.expected_attempt = 1;
+    t.has_summary = true;
+    t.summary.set_state(SUCCEEDED);
+    t.summary.set_steps_done(3);
+    return t;
+  };
+  auto start_of = [](int64_t run) {
+    RunTransition t;
+    t.run_id = run;
+    t.from = {PENDING};
+    t.to = RUNNING;
+    return t;
+  };
+  FinishWrite write;
+  write.batch = Batch(a, 1, 1, 1, 3);
+  write.end = end_of(a);
+  write.start = start_of(b);
+  absl::StatusOr<FinishWriteResult> r = store_->FinishAttempt(write);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->start_status.ok()) << r->start_status;
+  EXPECT_EQ(r->start.attempt, 1);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM step_metrics WHERE run_id = ", a)), 3);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM runs WHERE id = ", a,
+                               " AND state = 'SUCCEEDED'")), 1);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM runs WHERE id = ", b,
+                               " AND state = 'RUNNING' AND attempts = 1")), 1);
+
+  // The next run was cancelled meanwhile: its start is undone alone; the end commits.
+  RunTransition cancel;
+  cancel.run_id = c;
+  cancel.from = {PENDING};
+  cancel.to = CANCELLED;
+  ASSERT_TRUE(store_->TransitionRun(cancel).ok());
+  write.batch = Batch(b, 1, 1, 1, 2);
+  write.end = end_of(b);
+  write.start = start_of(c);
+  r = store_->FinishAttempt(write);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(r->start_status)) << r->start_status;
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM runs WHERE id = ", b,
+                               " AND state = 'SUCCEEDED'")), 1);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM runs WHERE id = ", c,
+                               " AND state = 'CANCELLED' AND attempts = 0")), 1);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM step_metrics WHERE run_id = ", b)), 2);
+
+  // An end that cannot happen (b finished already) fails the whole write: its batch is not
+  // stored and the next run does not start.
+  write.batch = Batch(b, 1, 2, 3, 1);
+  write.end = end_of(b);
+  write.start = start_of(ids.run_ids[3]);
+  r = store_->FinishAttempt(write);
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM step_metrics WHERE run_id = ", b)), 2);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM runs WHERE id = ", ids.run_ids[3],
+                               " AND state = 'PENDING'")), 1);
+  EXPECT_EQ(IntegrityCheck(), "ok");
+}
+
+TEST_F(StoreTest, AWriteThatFailsInsideABatchIsUndoneAloneAndTheOthersCommit) {
+  // Writes are applied without savepoints first; one that fails alone makes the transaction
+  // roll back and the batch apply again, each write under its own savepoint.
+  StoreOptions options;
+  options.flush_interval = absl::Seconds(30);  // the queued writes wait for the synchronous one
+  Reopen(options);
+  SweepIds ids = Submit("s", {"baseline", "g1"}, 2);  // 4 runs
+  const int64_t a = ids.run_ids[0], b = ids.run_ids[1], c = ids.run_ids[2];
+  ASSERT_EQ(Start(a), 1);
+  ASSERT_EQ(Start(b), 1);
+  RunTransition cancel;
+  cancel.run_id = c;
+  cancel.from = {PENDING};
+  cancel.to = CANCELLED;
+  ASSERT_TRUE(store_->TransitionRun(cancel).ok());
+  const StoreStats before = store_->Stats();
+  EXPECT_EQ(before.reapplied_flushes, 0);
+
+  // Two queued report batches, then a finish whose next run (c) was cancelled: one batch.
+  ASSERT_TRUE(store_->EnqueueMetrics(Batch(a, 1, 1, 1, 5), nullptr).ok());
+  ASSERT_TRUE(store_->EnqueueMetrics(Batch(a, 1, 2, 6, 5), nullptr).ok());
+  FinishWrite write;
+  write.batch = Batch(b, 1, 1, 1, 3);
+  write.end.run_id = b;
+  write.end.from = {RUNNING};
+  write.end.to = SUCCEEDED;
+  write.end.expected_attempt = 1;
+  write.start = RunTransition();
+  write.start->run_id = c;
+  write.start->from = {PENDING};
+  write.start->to = RUNNING;
+  absl::StatusOr<FinishWriteResult> r = store_->FinishAttempt(write);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(r->start_status)) << r->start_status;
+  StoreStats after = store_->Stats();
+  EXPECT_EQ(after.flushes - before.flushes, 1);
+  EXPECT_EQ(after.reapplied_flushes, 1);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM step_metrics WHERE run_id = ", a)), 10);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM step_metrics WHERE run_id = ", b)), 3);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM runs WHERE id = ", b,
+                               " AND state = 'SUCCEEDED'")), 1);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM runs WHERE id = ", c,
+                               " AND state = 'CANCELLED' AND attempts = 0")), 1);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM attempts WHERE run_id = ", c)), 0);
+  // Applied twice, stored once: one event per transition of b (its start, its end).
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM events WHERE run_id = ", b)), 2);
+
+  // A queued batch and a transition that cannot happen: the transition is refused alone.
+  ASSERT_TRUE(store_->EnqueueMetrics(Batch(a, 1, 3, 11, 5), nullptr).ok());
+  RunTransition wrong;
+  wrong.run_id = a;
+  wrong.from = {PENDING};
+  wrong.to = RUNNING;
+  absl::StatusOr<TransitionResult> refused = store_->TransitionRun(wrong);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  after = store_->Stats();
+  EXPECT_EQ(after.reapplied_flushes, 2);
+  EXPECT_EQ(after.dropped_writes - before.dropped_writes, 1);
+  EXPECT_EQ(Count(absl::StrCat("SELECT count(*) FROM step_metrics WHERE run_id = ", a)), 15);
+  EXPECT_EQ(Count(absl::StrCat("SELECT attempts FROM runs WHERE id = ", a)), 1);
+
+  // Writes that all succeed are applied once.
+  ASSERT_TRUE(store_->EnqueueMetrics(Batch(a, 1, 4, 16, 5), nullptr).ok());
+  ASSERT_TRUE(store_->Flush().ok());
+  EXPECT_EQ(store_->Stats().reapplied_flushes, 2);
+  EXPECT_EQ(IntegrityCheck(), "ok");
+}
+
+// ---- Read-only queries ------------------------------------------------------------------------------
+
+TEST_F(StoreTest, QueriesCannotChangeTheDatabase) {
+  Submit("s", {"baseline", "g1"}, 2);
+  const int64_t runs = Count("SELECT count(*) FROM runs");
+  struct Case {
+    const char* sql;
+    const char* refusal;
+  };
+  const Case cases[] = {
+      {"INSERT INTO events (time, kind, message) VALUES (0, 'x', 'y')", "(INSERT)"},
+      {"UPDATE runs SET state = 'FAILED'", "(UPDATE)"},
+      {"DELETE FROM runs", "(DELETE)"},
+      {"DROP TABLE runs", "(DROP"},
+      {"DROP VIEW run_summary", "(DROP"},
+      {"CREATE TABLE t (x)", "(CREATE"},
+      {"CREATE TEMP TABLE t (x)", "(CREATE"},
+      {"CREATE INDEX i ON runs (seed)", "(CREATE"},
+      {"ALTER TABLE runs ADD COLUMN x", "(ALTER"},
+      {"ATTACH DATABASE '/tmp/ablate_attack.db' AS x", "ATTACH"},
+      {"PRAGMA user_version = 5", "PRAGMA user_version = 5"},
+      {"PRAGMA journal_mode = DELETE", "PRAGMA journal_mode = DELETE"},
+      {"PRAGMA writable_schema = 1", "PRAGMA writable_schema"},
+      {"BEGIN", "(BEGIN/COMMIT/ROLLBACK)"},
+      {"REINDEX", "(REINDEX)"},
+      {"ANALYZE", "(ANALYZE)"},
+      {"VACUUM", ""},
+      {"WITH x AS (SELECT 1) DELETE FROM runs", "(DELETE)"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<QueryResult> r = store_->reader().ReadOnlyQuery(c.sql);
+    ASSERT_FALSE(r.ok()) << c.sql;
+    EXPECT_TRUE(absl::IsPermissionDenied(r.status())) << c.sql << ": " << r.status();
+    EXPECT_NE(r.status().message().find(c.refusal), std::string::npos)
+        << c.sql << ": " << r.status();
+  }
+  absl::StatusOr<QueryResult> two = store_->reader().ReadOnlyQuery("SELECT 1; DELETE FROM runs");
+  EXPECT_TRUE(absl::IsInvalidArgument(two.status())) << two.status();
+  absl::StatusOr<QueryResult> syntax = store_->reader().ReadOnlyQuery("SELEKT 1");
+  EXPECT_TRUE(absl::IsInvalidArgument(syntax.status())) << syntax.status();
+  // Errors found while the statement runs are the query's fault too, not the server's.
+  for (const char* sql : {"SELECT json_extract('{', '$.a')",
+                          "SELECT * FROM pragma_journal_mode('delete')",
+                          "SELECT sum(x) FROM (SELECT 9223372036854775807 AS x UNION ALL "
+                          "SELECT 1)"}) {
+    absl::StatusOr<QueryResult> failed = store_->reader().ReadOnlyQuery(sql);
+    EXPECT_TRUE(absl::IsInvalidArgument(failed.status())) << sql << ": " << failed.status();
+    EXPECT_THAT(std::string(failed.status().message()), ::testing::StartsWith("query: ")) << sql;
+  }
+  absl::StatusOr<QueryResult> schema =
+      store_->reader().ReadOnlyQuery("UPDATE sqlite_master SET sql = ''");
+  EXPECT_FALSE(schema.ok());
+  EXPECT_THAT(std::string(schema.status().message()), ::testing::HasSubstr("may not be modified"));
+
+  // Nothing changed, and reading PRAGMAs still work.
+  EXPECT_EQ(Count("SELECT count(*) FROM runs"), runs);
+  EXPECT_EQ(Count("SELECT count(*) FROM runs WHERE state = 'PENDING'"), runs);
+  EXPECT_EQ(Count("PRAGMA user_version"), StoreSchemaVersion());
+  EXPECT_FALSE(std::filesystem::exists("/tmp/ablate_attack.db"));
+  absl::StatusOr<QueryResult> info = store_->reader().ReadOnlyQuery("PRAGMA table_info(runs)");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_GT(info->rows.size(), 20u);
+  // The table-valued form, which joins: it was refused as "(ALTER)".
+  EXPECT_EQ(Count("SELECT count(*) FROM pragma_table_info('runs') WHERE name = 'state'"), 1);
+  EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema s JOIN pragma_index_list(s.name) i "
+                  "WHERE s.name = 'runs'"), 4);  // three indexes and UNIQUE (sweep_id, run_index)
+  // The store's own writer is unaffected.
+  Submit("t", {"baseline"}, 1);
+  EXPECT_EQ(Count("SELECT count(*) FROM runs"), runs + 1);
+}
+
+TEST_F(StoreTest, ARunawayQueryHitsTheTimeLimitAndRowsAreCapped) {
+  QueryLimits limits;
+  limits.timeout = absl::Milliseconds(200);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<QueryResult> r = store_->reader().ReadOnlyQuery(
+      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
+      limits);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("time limit"), std::string::npos);
+  EXPECT_LT(took, absl::Seconds(2));
+  // The connection is usable afterwards.
+  EXPECT_EQ(Count("SELECT 42"), 42);
+
+  limits.timeout = absl::Seconds(10);
+  limits.max_rows = 5;
+  absl::StatusOr<QueryResult> capped = store_->reader().ReadOnlyQuery(
+      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c", limits);
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_EQ(capped->rows.size(), 5u);
+  EXPECT_TRUE(capped->truncated);
+}
+
+// Once docs/fuzzing.md's "known open" case: no value is over 32 MiB, but a statement holds every
+// column's intermediate value until it ends, 200 of them about 6 GB. Between two memory checks
+// it outgrows its 256 MiB budget; the process's SQLite heap limit stops it at 1 GiB, and the
+// connection is usable afterwards.
+TEST_F(StoreTest, AStatementHoldingGigabytesOfValuesIsStoppedAtItsMemoryBudget) {
+  std::string sql = "SELECT ";
+  for (int i = 0; i < 200; ++i) {
+    absl::StrAppend(&sql, i ? ", " : "", "length(hex(zeroblob(16000000 + ", i, ")))");
+  }
+  QueryLimits limits;
+  sqlite3_memory_highwater(/*resetFlag=*/1);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<QueryResult> r = store_->reader().ReadOnlyQuery(sql, limits);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_TRUE(absl::IsResourceExhausted(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("out of memory"), std::string::npos) << r.status();
+  EXPECT_LE(sqlite3_memory_highwater(0), kSqliteHeapLimit);
+  EXPECT_LT(took, absl::Seconds(10));
+  EXPECT_EQ(Count("SELECT 42"), 42);
+  // The budget alone, where values pile up a few per check: a 48 MB value per row.
+  limits.max_memory = int64_t{64} << 20;
+  absl::StatusOr<QueryResult> piled = store_->reader().ReadOnlyQuery(
+      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 40) "
+      "SELECT max(length(hex(zeroblob(16000000 + x))) + x) FROM (SELECT x FROM c ORDER BY "
+      "hex(zeroblob(16000000 + x)))",
+      limits);
+  EXPECT_TRUE(absl::IsResourceExhausted(piled.status())) << piled.status();
+  EXPECT_EQ(Count("SELECT 42"), 42);
+  // A budget (still 64 MiB) does not get in the way of ordinary large results.
+  absl::StatusOr<QueryResult> small = store_->reader().ReadOnlyQuery(
+      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 100000) "
+      "SELECT x, hex(x) FROM c",
+      limits);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->rows.size(), 100000u);
+}
+
+// Found with tests/fuzz/query_fuzz: one function call allocated gigabytes or ran for seconds where
+// the time limit could not interrupt it; the result and its formatting grew without bound.
+TEST_F(StoreTest, NoQueryOutrunsItsLimitsInOneCall) {
+  QueryLimits limits;
+  limits.timeout = absl::Milliseconds(200);
+  for (const char* sql : {"SELECT randomblob(900000000)", "SELECT zeroblob(900000000)",
+                          "SELECT length(replace(hex(zeroblob(30000000)), '0', '00'))"}) {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<QueryResult> r = store_->reader().ReadOnlyQuery(sql, limits);
+    EXPECT_FALSE(r.ok()) << sql;
+    EXPECT_NE(r.status().message().find("too big"), std::string::npos) << sql << r.status();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << sql;
+  }
+  absl::StatusOr<QueryResult> printf_call = store_->reader().ReadOnlyQuery(
+      "SELECT printf('%.*c', 2000000000, 'x')", limits);
+  EXPECT_TRUE(absl::IsPermissionDenied(printf_call.status())) << printf_call.status();
+  EXPECT_NE(printf_call.status().message().find("printf() is not allowed"), std::string::npos);
+
+  // Rows beyond max_bytes are dropped like rows beyond max_rows.
+  limits.max_bytes = 3 << 20;
+  absl::StatusOr<QueryResult> big = store_->reader().ReadOnlyQuery(
+      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 10) "
+      "SELECT x, zeroblob(1000000) FROM c",
+      limits);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->rows.size(), 3u);
+  EXPECT_TRUE(big->truncated);
+
+  // A table that padding would blow up is refused; CSV and JSON of the same rows are not. JSON
+  // writes bytes that are not UTF-8 as U+FFFD instead of throwing.
+  limits.max_bytes = QueryLimits().max_bytes;
+  absl::StatusOr<QueryResult> wide = store_->reader().ReadOnlyQuery(
+      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 100) "
+      "SELECT CASE WHEN x = 1 THEN hex(zeroblob(1000000)) ELSE x'ff' END FROM c",
+      limits);
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  EXPECT_TRUE(absl::IsResourceExhausted(FormatQueryResult(*wide, "table").status()));
+  EXPECT_TRUE(FormatQueryResult(*wide, "csv").ok());
+  absl::StatusOr<std::string> json = FormatQueryResult(*wide, "json");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_NE(json->find("\xef\xbf\xbd"), std::string::npos);
+}
+
+TEST_F(StoreTest, QueryResultsFormatAsTableCsvAndJson) {
+  absl::StatusOr<QueryResult> r = store_->reader().ReadOnlyQuery(
+      "SELECT 1 AS a, 2.5 AS b, 'x,\"y\"' AS c, NULL AS d");
+  ASSERT_TRUE(r.ok()) << r.status();
+  absl::StatusOr<std::string> csv = FormatQueryResult(*r, "csv");
+  ASSERT_TRUE(csv.ok());
+  EXPECT_EQ(*csv, "a,b,c,d\n1,2.5,\"x,\"\"y\"\"\",\n");
+  absl::StatusOr<std::string> json = FormatQueryResult(*r, "json");
+  ASSERT_TRUE(json.ok());
+  nlohmann::json j = nlohmann::json::parse(*json);
+  EXPECT_EQ(j[0]["a"], 1);
+  EXPECT_EQ(j[0]["b"], 2.5);
+  EXPECT_TRUE(j[0]["d"].is_null());
+  absl::StatusOr<std::string> table = FormatQueryResult(*r, "table");
+  ASSERT_TRUE(table.ok());
+  EXPECT_NE(table->find("(1 row)"), std::string::npos);
+  EXPECT_TRUE(absl::IsInvalidArgument(FormatQueryResult(*r, "xml").status()));
+}
+
+// ---- Series -------------------------------------------------------------------------------------
+
+TEST_F(StoreTest, DownsamplingKeepsTheLastPointAndSpikes) {
+  SweepIds ids = Submit("s", {"baseline"}, 1);
+  const int64_t run = ids.run_ids[0];
+  const int32_t attempt = Start(run);
+  MetricBatch batch = Batch(run, attempt, 1, 1, 1000);
+  batch.steps[499].set_loss(50.0);  // step 500: the maximum
+  for (int64_t step : {333, 777}) {
+    SpikeEvent& s = batch.spikes.emplace_back();
+    s.set_step(step);
+    s.set_signal("grad_norm");
+    s.set_kind(SPIKE_CATASTROPHIC);
+  }
+  ASSERT_TRUE(store_->ReportMetrics(batch).ok());
+
+  for (Downsample mode : {Downsample::kStride, Downsample::kMinMax}) {
+    SeriesOptions options;
+    options.mode = mode;
+    options.max_points = 50;
+    absl::StatusOr<std::vector<StepMetrics>> series = store_->reader().MetricSeries(run, options);
+    ASSERT_TRUE(series.ok()) << series.status();
+    std::set<int64_t> steps;
+    for (const StepMetrics& m : *series) steps.insert(m.step());
+    EXPECT_EQ(steps.size(), series->size());  // sorted, no duplicates
+    EXPECT_LE(series->size(), 53u);
+    EXPECT_GE(series->size(), 40u);
+    EXPECT_EQ(series->back().step(), 1000);
+    EXPECT_EQ(steps.count(333), 1u);
+    EXPECT_EQ(steps.count(777), 1u);
+    EXPECT_TRUE(std::is_sorted(series->begin(), series->end(),
+                               [](const StepMetrics& a, const StepMetrics& b) {
+                                 return a.step() < b.step();
+                               }));
+    if (mode == Downsample::kMinMax) {
+      EXPECT_EQ(steps.count(500), 1u);  // the peak survives
+    }
+  }
+  SeriesOptions all;
+  all.mode = Downsample::kNone;
+  EXPECT_EQ(store_->reader().MetricSeries(run, all)->size(), 1000u);
+  SeriesOptions window;
+  window.from_step = 101;
+  window.to_step = 200;
+  window.max_points = 10;
+  window.mode = Downsample::kStride;
+  absl::StatusOr<std::vector<StepMetrics>> part = store_->reader().MetricSeries(run, window);
+  ASSERT_TRUE(part.ok());
+  EXPECT_EQ(part->front().step(), 101);
+  EXPECT_EQ(part->back().step(), 200);
+  EXPECT_LE(part->size(), 11u);
+}
+
+// ---- Comparison table -----------------------------------------------------------------------------
+
+TEST_F(StoreTest, ComparisonTableMatchesHandComputedMeanAndStd) {
+  SweepIds ids = Submit("table", {"baseline", "g1"}, 3);  // runs: b0 g0 b1 g1 b2 g2
+  const double base_loss[] = {3.0, 3.1, 3.2};            // mean 3.1, std 0.1
+  const double base_mact[] = {100, 110, 150};            // mean 120, std sqrt(700)
+  for (int seed = 0; seed < 3; ++seed) {
+    const int64_t b = ids.run_ids[2 * seed];
+    Start(b);
+    // No gate: no gate score.
+    ASSERT_TRUE(Finish(b, SUCCEEDED, base_loss[seed], kNaN, base_mact[seed], 0.3, 0.01 * seed).ok());
+  }
+  // g1: two succeed (2.9, 3.0), one diverges (its loss is not averaged).
+  const double g1_loss[] = {2.9, 3.0};
+  for (int seed = 0; seed < 2; ++seed) {
+    const int64_t g = ids.run_ids[2 * seed + 1];
+    Start(g);
+    ASSERT_TRUE(Finish(g, SUCCEEDED, g1_loss[seed], 0.2 + 0.1 * seed, 50, 0.1, 0).ok());
+  }
+  Start(ids.run_ids[5]);
+  ASSERT_TRUE(Finish(ids.run_ids[5], DIVERGED, 99.0, 0.9, 900, 0.9, 0.5).ok());
+
+  absl::StatusOr<ComparisonTable> table = store_->reader().GetComparisonTable("table");
+  ASSERT_TRUE(table.ok()) << table.status();
+  ASSERT_EQ(table->rows.size(), 2u);
+  const ComparisonRow& base = table->rows[0];
+  EXPECT_EQ(base.variant, "baseline");
+  EXPECT_EQ(base.runs, 3);
+  EXPECT_EQ(base.n, 3);
+  EXPECT_EQ(base.diverged, 0);
+  EXPECT_NEAR(base.val_loss.mean, 3.1, 1e-12);
+  EXPECT_NEAR(base.val_loss.std, 0.1, 1e-12);
+  EXPECT_NEAR(base.val_ppl.mean, (std::exp(3.0) + std::exp(3.1) + std::exp(3.2)) / 3, 1e-9);
+  EXPECT_TRUE(std::isnan(base.gate_score.mean));
+  EXPECT_NEAR(base.m_act.mean, 120, 1e-9);
+  EXPECT_NEAR(base.m_act.std, std::sqrt(700.0), 1e-9);
+  EXPECT_NEAR(base.f_attn.mean, 0.3, 1e-12);
+  EXPECT_NEAR(base.f_attn.std, 0.0, 1e-12);
+  EXPECT_NEAR(base.spike_score.mean, 0.01, 1e-12);
+  EXPECT_NEAR(base.spike_score.std, 0.01, 1e-12);
+  EXPECT_NEAR(base.train_loss.mean, 3.0, 1e-12);
+  EXPECT_EQ(base.params_total, 1000000);
+  EXPECT_EQ(base.params_added, 0);
+  const ComparisonRow& g1 = table->rows[1];
+  EXPECT_EQ(g1.variant, "g1");
+  EXPECT_EQ(g1.runs, 3);
+  EXPECT_EQ(g1.n, 2);
+  EXPECT_EQ(g1.diverged, 1);
+  EXPECT_NEAR(g1.val_loss.mean, 2.95, 1e-12);
+  EXPECT_NEAR(g1.val_loss.std, std::sqrt(0.005), 1e-12);
+  EXPECT_NEAR(g1.gate_score.mean, 0.25, 1e-12);
+  EXPECT_NEAR(g1.gate_score.std, std::sqrt(0.005), 1e-12);
+  EXPECT_EQ(g1.params_added, 1000);
+
+  absl::StatusOr<std::string> markdown = FormatComparisonTable(*table, "markdown");
+  ASSERT_TRUE(markdown.ok());
+  EXPECT_NE(markdown->find("| baseline | 3 | 3.100 ± 0.100 |"), std::string::npos) << *markdown;
+  EXPECT_NE(markdown->find("| 22.27 ± 2.22 | — |"), std::string::npos) << *markdown;  // no gate score
+  EXPECT_NE(markdown->find("+1.0K"), std::string::npos) << *markdown;
+  absl::StatusOr<std::string> csv = FormatComparisonTable(*table, "csv");
+  ASSERT_TRUE(csv.ok());
+  EXPECT_NE(csv->find("table,g1,,3,2,1,0,0,2.95"), std::string::npos) << *csv;
+  absl::StatusOr<std::string> json = FormatComparisonTable(*table, "json");
+  ASSERT_TRUE(json.ok());
+  nlohmann::json j = nlohmann::json::parse(*json);
+  EXPECT_NEAR(j["rows"][0]["val_loss"]["std"].get<double>(), 0.1, 1e-12);
+  EXPECT_EQ(j["rows"][1]["diverged"], 1);
+
+  // The view answers the same one-line question.
+  absl::StatusOr<QueryResult> view = store_->reader().ReadOnlyQuery(
+      "SELECT val_loss_mean FROM variant_table WHERE sweep = 'table' AND variant = 'g1'");
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_NEAR(std::get<double>(view->rows[0][0]), 2.95, 1e-12);
+  EXPECT_TRUE(absl::IsNotFound(store_->reader().GetComparisonTable("nope").status()));
+}
+
+// ---- Failures -----------------------------------------------------------------------------------
+
+TEST_F(StoreTest, ALockedDatabaseFailsClearlyAndRecoversWithoutLoss) {
+  StoreOptions options;
+  options.busy_timeout = absl::Milliseconds(50);
+  options.retry_min = absl::Milliseconds(20);
+  options.retry_max = absl::Milliseconds(50);
+  Reopen(options);
+  SweepIds ids = Submit("s", {"baseline"}, 1);
+  const int64_t run = ids.run_ids[0];
+  const int32_t attempt = Start(run);
+
+  // Another process-like connection holds the write lock.
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+
+  MetricBatch batch = Batch(run, attempt, 1, 1, 500);
+  absl::StatusOr<ReportResult> r = store_->ReportMetrics(batch);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("locked"), std::string::npos) << r.status();
+  ASSERT_TRUE(store_->EnqueueMetrics(Batch(run, attempt, 2, 501, 500)).ok());
+  absl::Status flush = store_->Flush();
+  EXPECT_TRUE(absl::IsUnavailable(flush)) << flush;
+  EXPECT_GT(store_->Stats().queued_rows, 0);
+  EXPECT_FALSE(store_->Stats().last_error.ok());
+  // Readers still read while the file is locked.
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics"), 0);
+
+  ASSERT_EQ(sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(other);
+  // The writer retries by itself; Flush just waits for it.
+  absl::Status ok = absl::UnknownError("not flushed");
+  for (int i = 0; i < 100 && !ok.ok(); ++i) ok = store_->Flush();
+  ASSERT_TRUE(ok.ok()) << ok;
+  // The worker resends the batch it was not acknowledged: a duplicate, stored once.
+  absl::StatusOr<ReportResult> resent = store_->ReportMetrics(batch);
+  ASSERT_TRUE(resent.ok()) << resent.status();
+  EXPECT_TRUE(resent->duplicate);
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics"), 1000);
+  EXPECT_EQ(Count("SELECT count(DISTINCT step) FROM step_metrics"), 1000);
+  EXPECT_TRUE(store_->Stats().last_error.ok());
+  EXPECT_EQ(IntegrityCheck(), "ok");
+}
+
+TEST_F(StoreTest, AFullDiskFailsClearlyKeepsQueuedWritesAndRecovers) {
+  StoreOptions options;
+  options.retry_min = absl::Milliseconds(20);
+  options.retry_max = absl::Milliseconds(50);
+  Reopen(options);
+  SweepIds ids = Submit("s", {"baseline"}, 1);
+  const int64_t run = ids.run_ids[0];
+  const int32_t attempt = Start(run);
+  ASSERT_TRUE(store_->ReportMetrics(Batch(run, attempt, 1, 1, 100)).ok());
+
+  // The disk is "full": the database may not grow past its current size.
+  ASSERT_TRUE(store_
+                  ->RunOnWriterForTesting([](sqlite3* db) {
+                    return Exec(db, "PRAGMA max_page_count = 1");  // clamps to the page count
+                  })
+                  .ok());
+  int64_t seq = 2, step = 101;
+  absl::Status full;
+  for (int i = 0; i < 50 && full.ok(); ++i) {
+    absl::StatusOr<ReportResult> r = store_->ReportMetrics(Batch(run, attempt, seq++, step, 1000));
+    step += 1000;
+    full = r.status();
+  }
+  ASSERT_TRUE(absl::IsResourceExhausted(full)) << full;
+  EXPECT_NE(full.message().find("full"), std::string::npos) << full;
+  // More writes are still accepted into the queue meanwhile.
+  ASSERT_TRUE(store_->EnqueueMetrics(Batch(run, attempt, seq++, step, 1000)).ok());
+  step += 1000;
+  EXPECT_TRUE(absl::IsResourceExhausted(store_->Flush()));
+  // A synchronous transition fails clearly and is not applied later behind the caller's back.
+  RunTransition t;
+  t.run_id = run;
+  t.from = {RUNNING};
+  t.to = SUCCEEDED;
+  EXPECT_TRUE(absl::IsResourceExhausted(store_->TransitionRun(t).status()));
+
+  // Space frees up.
+  ASSERT_TRUE(store_
+                  ->RunOnWriterForTesting([](sqlite3* db) {
+                    return Exec(db, "PRAGMA max_page_count = 1073741823");
+                  })
+                  .ok());
+  absl::Status ok = absl::UnknownError("not flushed");
+  for (int i = 0; i < 100 && !ok.ok(); ++i) ok = store_->Flush();
+  ASSERT_TRUE(ok.ok()) << ok;
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics"), step - 1);
+  EXPECT_EQ(Count("SELECT max(step) FROM step_metrics"), step - 1);
+  EXPECT_EQ(Count("SELECT report_seq FROM attempts"), seq - 1);
+  EXPECT_EQ(Count("SELECT count(*) FROM runs WHERE state = 'RUNNING'"), 1);
+  EXPECT_EQ(IntegrityCheck(), "ok");
+  ASSERT_TRUE(store_->TransitionRun(t).ok());
+}
+
+TEST_F(StoreTest, ReadersAreNotBlockedByALongWriteTransaction) {
+  SweepIds ids = Submit("s", {"baseline"}, 1);
+  absl::Notification in_transaction, release;
+  std::thread writer([&] {
+    absl::Status s = store_->RunOnWriterForTesting([&](sqlite3* db) {
+      absl::Status status = Exec(db, "BEGIN IMMEDIATE");
+      if (!status.ok()) return status;
+      status = Exec(db, "INSERT INTO events (time, kind, message) VALUES (0, 'x', 'uncommitted')");
+      in_transaction.Notify();
+      release.WaitForNotification();
+      Exec(db, "COMMIT").IgnoreError();
+      return status;
+    });
+    EXPECT_TRUE(s.ok()) << s;
+  });
+  in_transaction.WaitForNotification();
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(Count("SELECT count(*) FROM events WHERE kind = 'x'"), 0);  // the last snapshot
+  EXPECT_EQ(Count("SELECT count(*) FROM runs"), 1);
+  absl::StatusOr<ComparisonTable> table = store_->reader().GetComparisonTable("s");
+  EXPECT_TRUE(table.ok()) << table.status();
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(500));
+  release.Notify();
+  writer.join();
+  EXPECT_EQ(Count("SELECT count(*) FROM events WHERE kind = 'x'"), 1);
+}
+
+TEST_F(StoreTest, ManyConcurrentReportersLoseNothing) {
+  SweepIds ids = Submit("s", {"baseline", "g1"}, 4);
+  std::vector<std::thread> threads;
+  for (int64_t run : ids.run_ids) {
+    const int32_t attempt = Start(run);
+    threads.emplace_back([this, run, attempt] {
+      for (int seq = 1; seq <= 10; ++seq) {
+        absl::StatusOr<ReportResult> r =
+            store_->ReportMetrics(Batch(run, attempt, seq, (seq - 1) * 100 + 1, 100));
+        EXPECT_TRUE(r.ok()) << r.status();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics"), 8 * 1000);
+  EXPECT_EQ(Count("SELECT count(*) FROM latest_metrics WHERE step = 1000"), 8);
+  EXPECT_EQ(Count("SELECT sum(steps_done) FROM sweep_progress"), 8000);
+}
+
+}  // namespace
+}  // namespace ablate

@@ -1,0 +1,272 @@
+// The LibTorch model against its contract, over every variant (TEST_P over all presets on a
+// dense and an MoE base): shapes, finiteness, gradients, causality, exact parameter counts.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <set>
+
+#include "config/model_config.h"
+#include "config/param_count.h"
+#include "tests/test_configs.h"
+#include "tests/worker/model/count_check.h"
+#include "worker/model/probes.h"
+#include "worker/model/transformer.h"
+
+namespace ablate {
+namespace {
+
+void ExpectCountsMatch(const ModelConfig& c) { ExpectAllocatedEquals(c, CountParams(c), ""); }
+
+class VariantTest : public ::testing::TestWithParam<VariantCase> {
+ protected:
+  void SetUp() override { torch::manual_seed(7); }
+  const ModelConfig& config() const { return GetParam().config; }
+};
+
+TEST_P(VariantTest, ConfigIsValid) {
+  const absl::Status s = ValidateModelConfig(config());
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST_P(VariantTest, AnalyticCountEqualsAllocated) { ExpectCountsMatch(config()); }
+
+TEST_P(VariantTest, ForwardBackwardFiniteAndGradientsReachGate) {
+  const int64_t V = config().vocab_size();
+  Transformer model(config());
+  torch::Tensor tokens = torch::randint(0, V, {2, 12}, torch::kLong);
+  torch::Tensor targets = torch::randint(0, V, {2, 12}, torch::kLong);
+  auto out = model->forward(tokens);
+  ASSERT_EQ(out.logits.sizes(), (std::vector<int64_t>{2, 12, V}));
+  EXPECT_TRUE(torch::isfinite(out.logits).all().item<bool>());
+  EXPECT_TRUE(torch::isfinite(out.aux_loss).item<bool>());
+  torch::Tensor loss =
+      torch::cross_entropy_loss(out.logits.view({-1, V}), targets.view({-1})) + out.aux_loss;
+  loss.backward();
+  int gate_params = 0;
+  for (const auto& p : model->named_parameters()) {
+    const torch::Tensor& g = p.value().grad();
+    if (!g.defined()) continue;
+    EXPECT_TRUE(torch::isfinite(g).all().item<bool>()) << p.key();
+    if (p.key().find(".attn.gate.") != std::string::npos) {
+      ++gate_params;
+      EXPECT_GT(g.abs().sum().item<double>(), 0.0) << p.key() << " gets no gradient";
+    }
+  }
+  const bool gated = config().gate().position() != GATE_NONE;
+  EXPECT_EQ(gate_params, gated ? config().num_layers() : 0);
+}
+
+TEST_P(VariantTest, CausalChangingTokenTLeavesEarlierOutputs) {
+  const int64_t V = config().vocab_size(), T = 12, t = 6;
+  Transformer model(config());
+  model->eval();
+  torch::NoGradGuard no_grad;
+  torch::Tensor a = torch::randint(0, V, {2, T}, torch::kLong);
+  torch::Tensor b = a.clone();
+  b.select(1, t).add_(1).remainder_(V);
+  torch::Tensor la = model->forward(a).logits, lb = model->forward(b).logits;
+  EXPECT_TRUE(torch::allclose(la.slice(1, 0, t), lb.slice(1, 0, t), /*rtol=*/0, /*atol=*/1e-5));
+  EXPECT_FALSE(torch::allclose(la.slice(1, t), lb.slice(1, t), 0, 1e-5));
+}
+
+TEST_P(VariantTest, ProbesRunOnEveryVariant) {
+  Transformer model(config());
+  model->eval();
+  torch::NoGradGuard no_grad;
+  ProbeRecorder recorder(config());
+  model->forward(torch::randint(0, config().vocab_size(), {2, 12}, torch::kLong), &recorder);
+  const Probes p = recorder.Finish();
+  ASSERT_EQ(p.layers_size(), config().num_layers());
+  EXPECT_EQ(p.tokens(), 24);
+  for (const LayerProbes& l : p.layers()) {
+    EXPECT_EQ(l.has_gate(), config().gate().position() != GATE_NONE);
+    EXPECT_GT(l.ffn_residual_max_abs(), 0.0);
+    EXPECT_GT(l.first_token_attention(), 0.0);
+    EXPECT_LE(l.first_token_attention(), 1.0);
+  }
+  EXPECT_TRUE(std::isfinite(p.m_act()));
+}
+
+TEST_P(VariantTest, FusedCpuKernelsMatchTheEagerReference) {
+  // fp32 on the CPU runs the fused kernels (attention, RMSNorm, RoPE, SwiGLU); fp64 runs the
+  // eager LibTorch reference of the same math. Same weights, same tokens: same loss and grads.
+  const int64_t V = config().vocab_size();
+  torch::manual_seed(11);
+  Transformer fused(config());
+  torch::manual_seed(11);
+  Transformer eager(config());
+  eager->to(torch::kFloat64);
+  torch::Tensor tokens = torch::randint(0, V, {2, 12}, torch::kLong);
+  torch::Tensor targets = torch::randint(0, V, {2, 12}, torch::kLong);
+  auto run = [&](Transformer& m) {
+    auto out = m->forward(tokens);
+    torch::Tensor loss =
+        torch::cross_entropy_loss(out.logits.view({-1, V}), targets.view({-1})) + out.aux_loss;
+    loss.backward();
+    return out.logits.to(torch::kFloat64);
+  };
+  const torch::Tensor a = run(fused), b = run(eager);
+  EXPECT_TRUE(torch::allclose(a, b, 1e-4, 1e-4)) << (a - b).abs().max();
+  auto ga = fused->named_parameters(), gb = eager->named_parameters();
+  for (const auto& p : ga) {
+    const torch::Tensor& g1 = p.value().grad();
+    const torch::Tensor& g2 = gb[p.key()].grad();
+    ASSERT_EQ(g1.defined(), g2.defined()) << p.key();
+    if (!g1.defined()) continue;
+    EXPECT_TRUE(torch::allclose(g1.to(torch::kFloat64), g2, 1e-3, 1e-5))
+        << p.key() << ": " << (g1.to(torch::kFloat64) - g2).abs().max();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, VariantTest, ::testing::ValuesIn(AllVariantCases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(ParamCountTest, TinyMoeMatchesHandComputedNumbers) {
+  // V=64, d=32, L=2, q=4, kv=2, d_k=16, 8 experts top-2 of width 16, untied.
+  // Per layer: attention 32*64 + 2*32*32 + 64*32 + 2*16 = 6176; FFN router 32*8 + experts
+  // 8*3*32*16 = 12544; norms 64. Total 2048 + 2048 + 2*18784 + 32 = 41696; each layer leaves
+  // 6 experts (6*1536) unused per token: activated 41696 - 18432 = 23264.
+  const ParamCount c = CountParams(TinyMoe());
+  EXPECT_EQ(c.total(), 41696);
+  EXPECT_EQ(c.activated(), 23264);
+  EXPECT_EQ(c.breakdown().ffn(), 2 * 12544);
+}
+
+TEST(ParamCountTest, PaperMoeHeadLayoutScaledDown) {
+  // moe-15a2b's head layout (32 query / 4 KV heads, q*d_k = 2 d_model, 128 experts top-8,
+  // untied) at d_model 256 and 2 layers, under every preset that applies.
+  ModelConfig base = DefaultModelConfig();
+  base.set_vocab_size(512);
+  base.set_num_layers(2);
+  base.set_d_model(256);
+  base.set_num_heads(32);
+  base.set_num_kv_heads(4);
+  base.set_head_dim(16);
+  base.set_tie_embeddings(false);
+  base.mutable_moe()->set_num_experts(128);
+  base.mutable_moe()->set_top_k(8);
+  base.mutable_moe()->set_expert_dim(96);
+  for (const VariantPreset& preset : AllVariantPresets()) {
+    ModelConfig c = base;
+    if (!preset.apply(&c).ok()) continue;
+    SCOPED_TRACE(preset.name);
+    ExpectCountsMatch(c);
+  }
+}
+
+// ---- The gate itself ---------------------------------------------------------------------------
+
+ModelConfig GateConfigFor(GatePosition pos, int heads, int head_dim) {
+  ModelConfig c = TinyDense();
+  c.set_d_model(heads * head_dim);
+  c.set_num_heads(heads);
+  c.set_num_kv_heads(heads);
+  c.set_head_dim(head_dim);
+  c.mutable_gate()->set_position(pos);
+  return c;
+}
+
+TEST(GateTest, PaperWorkedExample) {
+  // PAPER.md §2: SDPA outputs [2, -1] and [1, 3], gate scores [0.1, 0.9] and [0.8, 0.05] give
+  // [0.2, -0.9] and [0.8, 0.15], concatenated and fed to W_O. The scores come out of the gate
+  // module: identity projection, X = logit(score).
+  ModelConfig c = GateConfigFor(GATE_G1, /*heads=*/2, /*head_dim=*/2);
+  Gate gate(c);
+  {
+    torch::NoGradGuard no_grad;
+    gate->named_parameters()["proj.weight"].copy_(torch::eye(4));
+  }
+  torch::Tensor want_scores = torch::tensor({0.1, 0.9, 0.8, 0.05}, torch::kFloat64);
+  torch::Tensor x = torch::log(want_scores / (1 - want_scores)).to(torch::kFloat32).view({1, 1, 4});
+  torch::Tensor scores = gate->Scores(x);  // (1, 1, 2, 2)
+  ASSERT_EQ(scores.sizes(), (std::vector<int64_t>{1, 1, 2, 2}));
+  torch::Tensor y = torch::tensor({2.0f, -1.0f, 1.0f, 3.0f}).view({1, 1, 2, 2});
+  torch::Tensor concat = ApplyGate(y, scores, GATE_MULTIPLICATIVE).reshape({1, 1, 4});
+  torch::Tensor want = torch::tensor({0.2f, -0.9f, 0.8f, 0.15f}).view({1, 1, 4});
+  EXPECT_TRUE(torch::allclose(concat, want, 0, 1e-6)) << concat;
+  // Exact with the scores given directly.
+  torch::Tensor exact = ApplyGate(y, torch::tensor({0.1f, 0.9f, 0.8f, 0.05f}).view({1, 1, 2, 2}),
+                                  GATE_MULTIPLICATIVE);
+  EXPECT_TRUE(torch::equal(exact.reshape({1, 1, 4}), want));
+}
+
+TEST(GateTest, HeadSharedAveragesScoresOrLogitsAsConfigured) {
+  torch::manual_seed(3);
+  for (GateSharedReduce reduce : {GATE_AVERAGE_SCORES, GATE_AVERAGE_LOGITS}) {
+    ModelConfig c = GateConfigFor(GATE_G1, 4, 8);
+    c.mutable_gate()->set_sharing(GATE_HEAD_SHARED);
+    c.mutable_gate()->set_shared_reduce(reduce);
+    Gate gate(c);
+    torch::Tensor x = torch::randn({2, 5, 32});
+    torch::Tensor logits =
+        torch::matmul(x, gate->named_parameters()["proj.weight"].t()).view({2, 5, 4, 8});
+    torch::Tensor want = reduce == GATE_AVERAGE_SCORES
+                             ? torch::sigmoid(logits).mean(2, true)
+                             : torch::sigmoid(logits.mean(2, true));
+    torch::Tensor got = gate->Scores(x);
+    ASSERT_EQ(got.sizes(), (std::vector<int64_t>{2, 5, 1, 8}));
+    EXPECT_TRUE(torch::allclose(got, want, 1e-6, 1e-7));
+  }
+}
+
+TEST(GateTest, NsSigmoidStaysInHalfToOne) {
+  torch::Tensor x = torch::linspace(-80, 80, 1001);
+  torch::Tensor s = GateActivate(x, GATE_NS_SIGMOID);
+  EXPECT_GE(s.min().item<float>(), 0.5f);
+  EXPECT_LE(s.max().item<float>(), 1.0f);
+  EXPECT_FLOAT_EQ(GateActivate(torch::zeros({1}), GATE_NS_SIGMOID).item<float>(), 0.75f);
+}
+
+TEST(GateTest, InputIndependentStartsAtExactlyHalf) {
+  for (GatePosition pos : {GATE_G1, GATE_G2, GATE_G3, GATE_G4, GATE_G5}) {
+    ModelConfig c = TinyDense();
+    c.mutable_gate()->set_position(pos);
+    c.mutable_gate()->set_input_independent(true);
+    Gate gate(c);
+    torch::Tensor s = gate->Scores(torch::randn({2, 3, c.d_model()}));
+    EXPECT_TRUE(torch::equal(s, torch::full_like(s, 0.5))) << pos;
+    EXPECT_EQ(s.numel(), GateScoreWidth(c));
+  }
+}
+
+TEST(GateTest, AdditiveAddsScores) {
+  torch::Tensor y = torch::tensor({1.0f, -2.0f});
+  torch::Tensor s = torch::tensor({0.5f, 0.25f});
+  EXPECT_TRUE(torch::equal(ApplyGate(y, s, GATE_ADDITIVE), torch::tensor({1.5f, -1.75f})));
+}
+
+// ---- MoE routing -------------------------------------------------------------------------------
+
+TEST(MoETest, RoutesEachTokenToExactlyTopKExperts) {
+  torch::manual_seed(5);
+  ModelConfig c = TinyMoe();
+  MoE moe(c);
+  const int64_t d = c.d_model(), k = c.moe().top_k(), N = 40;
+  torch::Tensor x = torch::randn({1, N, d});
+  MoEImpl::Routing r = moe->Route(x.view({N, d}));
+  ASSERT_EQ(r.experts.sizes(), (std::vector<int64_t>{N, k}));
+  EXPECT_TRUE(torch::allclose(r.weights.sum(-1), torch::ones({N}), 0, 1e-6));
+  torch::Tensor aux = torch::zeros({});
+  torch::Tensor out = moe->forward(x, &aux).view({N, d});
+  EXPECT_GT(aux.item<double>(), 0.0);
+
+  auto params = moe->named_parameters();
+  const torch::Tensor wg = params["w_gate"], wu = params["w_up"], wd = params["w_down"];
+  for (int64_t n = 0; n < N; ++n) {
+    std::set<int64_t> chosen;
+    torch::Tensor want = torch::zeros({d});
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = r.experts[n][j].item<int64_t>();
+      chosen.insert(e);
+      torch::Tensor xn = x[0][n];
+      torch::Tensor h = torch::silu(torch::mv(wg[e], xn)) * torch::mv(wu[e], xn);
+      want += r.weights[n][j] * torch::mv(wd[e], h);
+    }
+    EXPECT_EQ(static_cast<int64_t>(chosen.size()), k) << "token " << n;
+    EXPECT_TRUE(torch::allclose(out[n], want, 1e-5, 1e-6)) << "token " << n;
+  }
+}
+
+}  // namespace
+}  // namespace ablate

@@ -1,0 +1,122 @@
+// Token data: deterministic batches, the split, nanoGPT files, and errors naming the file.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "config/model_config.h"
+#include "tests/test_dir.h"
+#include "worker/train/data.h"
+
+namespace ablate {
+namespace {
+
+namespace fs = std::filesystem;
+
+class DataTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ablate::testing::FreshTestDir("ablate_data_test");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path Write(const std::string& name, const std::string& bytes) {
+    fs::path p = dir_ / name;
+    std::ofstream(p, std::ios::binary) << bytes;
+    return p;
+  }
+  DataConfig Config(const fs::path& p) {
+    DataConfig c = DefaultTrainConfig().data();
+    c.set_path(p.string());
+    return c;
+  }
+  fs::path dir_;
+};
+
+TEST_F(DataTest, BatchesArePureFunctionsOfSeedAndIndex) {
+  std::string text;
+  for (int i = 0; i < 2000; ++i) text += static_cast<char>('a' + i % 26);
+  auto data = TokenData::Load(Config(Write("t.txt", text)), 256, 16);
+  ASSERT_TRUE(data.ok()) << data.status();
+  std::vector<int64_t> x1(4 * 16), y1(4 * 16), x2(4 * 16), y2(4 * 16);
+  data->Batch(TokenData::Split::kTrain, 7, 4, x1.data(), y1.data());
+  data->Batch(TokenData::Split::kTrain, 3, 4, x2.data(), y2.data());
+  data->Batch(TokenData::Split::kTrain, 7, 4, x2.data(), y2.data());
+  EXPECT_EQ(x1, x2);
+  EXPECT_EQ(y1, y2);
+  data->Batch(TokenData::Split::kTrain, 8, 4, x2.data(), y2.data());
+  EXPECT_NE(x1, x2);
+  // Targets are the inputs shifted by one.
+  for (int b = 0; b < 4; ++b) {
+    for (int t = 0; t + 1 < 16; ++t) EXPECT_EQ(y1[b * 16 + t], x1[b * 16 + t + 1]);
+  }
+}
+
+TEST_F(DataTest, HoldsOutTheLastFractionForValidation) {
+  auto data = TokenData::Load(Config(Write("t.txt", std::string(1000, 'x'))), 256, 8);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->val_tokens(), 50);
+  EXPECT_EQ(data->train_tokens(), 950);
+}
+
+TEST_F(DataTest, ReadsNanoGptTokenFiles) {
+  std::vector<uint16_t> train(500), val(100);
+  for (size_t i = 0; i < train.size(); ++i) train[i] = static_cast<uint16_t>(i % 1000);
+  for (size_t i = 0; i < val.size(); ++i) val[i] = static_cast<uint16_t>(999 - i);
+  Write("train.bin", std::string(reinterpret_cast<char*>(train.data()), train.size() * 2));
+  Write("val.bin", std::string(reinterpret_cast<char*>(val.data()), val.size() * 2));
+  auto data = TokenData::Load(Config(dir_), 1000, 8);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->train_tokens(), 500);
+  std::vector<int64_t> x(8), y(8);
+  data->Batch(TokenData::Split::kVal, 0, 1, x.data(), y.data());
+  EXPECT_EQ(y[0], x[0] - 1);  // val counts down
+  // A token outside the vocabulary names the file and the token.
+  auto small = TokenData::Load(Config(dir_), 100, 8);
+  ASSERT_FALSE(small.ok());
+  EXPECT_NE(small.status().message().find("train.bin"), std::string::npos) << small.status();
+  EXPECT_NE(small.status().message().find("vocabulary"), std::string::npos);
+}
+
+TEST_F(DataTest, BadDataGivesAnErrorNamingTheFile) {
+  struct Case {
+    fs::path path;
+    int64_t seq_len;
+    const char* message;
+  };
+  const Case cases[] = {
+      {dir_ / "missing.txt", 8, "no such file"},
+      {Write("empty.txt", ""), 8, "(empty)"},
+      {Write("short.txt", std::string(40, 'x')), 64, "fewer than train.seq_len + 1"},
+  };
+  for (const Case& c : cases) {
+    auto data = TokenData::Load(Config(c.path), 256, c.seq_len);
+    ASSERT_FALSE(data.ok()) << c.path;
+    EXPECT_NE(data.status().message().find(c.path.filename().string()), std::string::npos)
+        << data.status();
+    EXPECT_NE(data.status().message().find(c.message), std::string::npos) << data.status();
+  }
+  fs::create_directories(dir_ / "odd");
+  Write("odd/train.bin", "abc");
+  Write("odd/val.bin", "abcd");
+  auto odd = TokenData::Load(Config(dir_ / "odd"), 256, 1);
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("whole number of uint16"), std::string::npos);
+}
+
+// The default corpus is found from any working directory: beside an installed binary, in the
+// build tree's data/, or where ABLATE_DATA_DIR says (and then only there).
+TEST_F(DataTest, TheDefaultCorpusIsLookedForBesideTheBinaries) {
+  const std::vector<std::string> installed =
+      DefaultCorpusCandidates("/opt/ablate/bin/ablate-worker", nullptr);
+  ASSERT_GE(installed.size(), 3u);
+  EXPECT_EQ(installed[0], "/opt/ablate/share/ablate/kjv.txt");
+  EXPECT_EQ(installed[1], "/opt/ablate/data/kjv.txt");  // a build dir inside the repository
+  EXPECT_EQ(installed.back(), "data/kjv.txt");
+  EXPECT_EQ(DefaultCorpusCandidates("/opt/ablate/bin/ablate-worker", "/corpora"),
+            std::vector<std::string>{"/corpora/kjv.txt"});
+  EXPECT_EQ(DefaultCorpusCandidates("/opt/ablate/bin/ablate-worker", ""), installed);
+}
+
+}  // namespace
+}  // namespace ablate

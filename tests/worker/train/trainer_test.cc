@@ -1,0 +1,245 @@
+// The trainer end to end on a tiny model and a small generated corpus: learning, the LR
+// schedule, bitwise-exact resume, divergence, and each spike policy.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "config/model_config.h"
+#include "config/param_count.h"
+#include "config/presets.h"
+#include "tests/test_configs.h"
+#include "tests/test_dir.h"
+#include "worker/train/trainer.h"
+
+namespace ablate {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Collects everything a run reports; optionally raises an interrupt at a step.
+class Recorder : public TrainerObserver {
+ public:
+  Directive OnStep(const StepMetrics& m) override {
+    steps.push_back(m);
+    if (interrupt_at > 0 && m.step() == interrupt_at) interrupt->store(true);
+    return stop_at > 0 && m.step() == stop_at ? Directive::kStop : Directive::kContinue;
+  }
+  void OnEval(const EvalResult& e) override { evals.push_back(e); }
+  void OnSpike(const SpikeEvent& e) override { spikes.push_back(e); }
+  void OnCheckpoint(int64_t step, const std::string&) override { checkpoints.push_back(step); }
+
+  std::vector<StepMetrics> steps;
+  std::vector<EvalResult> evals;
+  std::vector<SpikeEvent> spikes;
+  std::vector<int64_t> checkpoints;
+  int64_t interrupt_at = 0, stop_at = 0;
+  std::atomic<bool>* interrupt = nullptr;
+};
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ablate::testing::FreshTestDir("ablate_trainer_test");
+    std::ofstream out(dir_ / "corpus.txt");
+    for (int i = 0; i < 400; ++i) out << "In the beginning was the word, and the word was " << i << ".\n";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  RunConfig Config() {
+    RunConfig r;
+    *r.mutable_model() = TinyDense();
+    EXPECT_TRUE(FindVariantPreset("g1_elementwise")->apply(r.mutable_model()).ok());
+    r.mutable_model()->set_vocab_size(256);
+    r.mutable_model()->set_max_seq_len(32);
+    *r.mutable_train() = DefaultTrainConfig();
+    TrainConfig* t = r.mutable_train();
+    t->mutable_data()->set_path((dir_ / "corpus.txt").string());
+    t->set_steps(40);
+    t->set_batch_size(4);
+    t->set_seq_len(32);
+    t->set_eval_every(20);
+    t->set_eval_batches(2);
+    t->set_checkpoint_every(10);
+    t->set_threads(1);
+    t->mutable_optimizer()->set_lr(1e-2);
+    t->mutable_optimizer()->set_warmup_steps(5);
+    return r;
+  }
+
+  absl::StatusOr<RunSummary> Train(const RunConfig& config, const std::string& sub,
+                                   Recorder* rec, bool resume = false,
+                                   std::atomic<bool>* interrupt = nullptr) {
+    TrainerOptions options;
+    options.checkpoint_dir = (dir_ / sub).string();
+    options.resume = resume;
+    options.interrupt = interrupt;
+    auto trainer = Trainer::Create(config, options);
+    if (!trainer.ok()) return trainer.status();
+    return (*trainer)->Run(rec);
+  }
+
+  fs::path dir_;
+};
+
+TEST(LearningRateTest, WarmupThenCosineToMin) {
+  OptimizerConfig o = DefaultTrainConfig().optimizer();
+  o.set_lr(1.0);
+  o.set_min_lr(0.1);
+  o.set_warmup_steps(10);
+  EXPECT_DOUBLE_EQ(Trainer::LearningRate(o, 1, 110), 0.1);
+  EXPECT_DOUBLE_EQ(Trainer::LearningRate(o, 10, 110), 1.0);
+  EXPECT_NEAR(Trainer::LearningRate(o, 60, 110), 0.55, 1e-12);  // halfway: the midpoint
+  EXPECT_NEAR(Trainer::LearningRate(o, 110, 110), 0.1, 1e-12);
+}
+
+TEST_F(TrainerTest, LearnsAndReportsEverything) {
+  Recorder rec;
+  RunConfig c = Config();
+  auto summary = Train(c, "run", &rec);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->state(), SUCCEEDED);
+  EXPECT_EQ(summary->steps_done(), 40);
+  ASSERT_EQ(rec.steps.size(), 40u);
+  EXPECT_LT(rec.steps.back().loss(), rec.steps.front().loss() - 1.0);
+  EXPECT_NEAR(rec.steps.front().loss(), std::log(256.0), 0.3);  // starts near uniform
+  ASSERT_EQ(rec.evals.size(), 2u);
+  EXPECT_EQ(rec.evals[1].step(), 40);
+  EXPECT_EQ(rec.evals[1].probes().layers_size(), 2);
+  EXPECT_TRUE(rec.evals[1].probes().layers(0).has_gate());  // TinyDense has a G1 gate
+  EXPECT_NEAR(summary->final_eval().val_ppl(), std::exp(summary->final_eval().val_loss()), 1e-9);
+  EXPECT_EQ(rec.checkpoints, (std::vector<int64_t>{10, 20, 30, 40}));
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "checkpoint.pt"));
+  EXPECT_FALSE(fs::exists(dir_ / "run" / "checkpoint.pt.tmp"));
+  EXPECT_GT(summary->tokens_per_s(), 0);
+  EXPECT_EQ(summary->params().total(), CountParams(c.model()).total());
+}
+
+TEST_F(TrainerTest, ResumeContinuesWithBitwiseIdenticalLosses) {
+  RunConfig c = Config();
+  c.mutable_train()->set_checkpoint_every(7);  // the interrupt writes its own checkpoint
+  Recorder straight;
+  ASSERT_TRUE(Train(c, "straight", &straight).ok());
+
+  std::atomic<bool> interrupt{false};
+  Recorder first;
+  first.interrupt_at = 23;
+  first.interrupt = &interrupt;
+  auto part1 = Train(c, "split", &first, /*resume=*/false, &interrupt);
+  ASSERT_TRUE(part1.ok()) << part1.status();
+  EXPECT_EQ(part1->state(), INTERRUPTED);
+  EXPECT_EQ(part1->steps_done(), 23);
+  Recorder second;
+  auto part2 = Train(c, "split", &second, /*resume=*/true);
+  ASSERT_TRUE(part2.ok()) << part2.status();
+  EXPECT_EQ(part2->state(), SUCCEEDED);
+  ASSERT_EQ(first.steps.size() + second.steps.size(), straight.steps.size());
+  for (size_t i = 0; i < straight.steps.size(); ++i) {
+    const StepMetrics& m = i < first.steps.size() ? first.steps[i] : second.steps[i - first.steps.size()];
+    EXPECT_EQ(m.step(), straight.steps[i].step());
+    EXPECT_EQ(m.loss(), straight.steps[i].loss()) << "step " << i + 1;  // bitwise
+    EXPECT_EQ(m.grad_norm(), straight.steps[i].grad_norm()) << "step " << i + 1;
+  }
+  EXPECT_EQ(part2->final_eval().val_loss(), straight.evals.back().val_loss());
+}
+
+TEST_F(TrainerTest, AbsurdLearningRateEndsDivergedWithinAFewSteps) {
+  RunConfig c = Config();
+  c.mutable_train()->mutable_optimizer()->set_lr(1e4);
+  c.mutable_train()->mutable_optimizer()->set_warmup_steps(0);
+  c.mutable_train()->mutable_optimizer()->set_grad_clip(0);
+  Recorder rec;
+  auto summary = Train(c, "run", &rec);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->state(), DIVERGED) << summary->reason();
+  EXPECT_LE(summary->steps_done(), 10);
+  ASSERT_FALSE(rec.spikes.empty());
+  EXPECT_EQ(rec.spikes.back().action(), SPIKE_ACTION_STOPPED);
+}
+
+// Spike policies: a statistical detector with a 2-value window and a tiny sigma fires often.
+RunConfig Jumpy(RunConfig c, SpikePolicy policy) {
+  SpikeConfig* s = c.mutable_train()->mutable_spike();
+  s->set_policy(policy);
+  s->set_stat_window(2);
+  s->set_stat_sigmas(1e-6);
+  return c;
+}
+
+TEST_F(TrainerTest, SkipPolicySkipsTheUpdateOfSpikingSteps) {
+  Recorder rec;
+  auto summary = Train(Jumpy(Config(), SPIKE_SKIP), "run", &rec);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->state(), SUCCEEDED);
+  ASSERT_FALSE(rec.spikes.empty());
+  int skipped = 0;
+  for (const StepMetrics& m : rec.steps) skipped += m.skipped();
+  EXPECT_GT(skipped, 0);
+  EXPECT_EQ(rec.spikes.front().action(), SPIKE_ACTION_SKIPPED);
+  EXPECT_EQ(rec.spikes.front().kind(), SPIKE_STATISTICAL);
+  EXPECT_GT(summary->spike_score(), 0.0);
+  EXPECT_EQ(summary->spike_steps(), skipped);
+}
+
+TEST_F(TrainerTest, StopPolicyEndsDivergedAtTheFirstSpike) {
+  Recorder rec;
+  auto summary = Train(Jumpy(Config(), SPIKE_STOP), "run", &rec);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->state(), DIVERGED);
+  ASSERT_FALSE(rec.spikes.empty());
+  EXPECT_EQ(rec.spikes.front().step(), summary->steps_done());
+  EXPECT_EQ(rec.spikes.front().action(), SPIKE_ACTION_STOPPED);
+}
+
+TEST_F(TrainerTest, RollbackPolicyRestoresTheCheckpointAndSkipsAhead) {
+  Recorder rec;
+  auto summary = Train(Jumpy(Config(), SPIKE_ROLLBACK), "run", &rec);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->state(), SUCCEEDED);
+  EXPECT_EQ(summary->steps_done(), 40);
+  int rolled = 0;
+  for (const SpikeEvent& e : rec.spikes) {
+    if (e.action() != SPIKE_ACTION_ROLLED_BACK) continue;
+    ++rolled;
+    EXPECT_LT(e.rollback_to_step(), e.step());
+    EXPECT_EQ(e.rollback_to_step() % 10, 0);  // checkpoints every 10 steps (and step 0)
+  }
+  EXPECT_GT(rolled, 0);
+  EXPECT_LE(rolled, 8 * 2);  // at most 8 rollbacks, each with up to 2 signals
+  // After a rollback, the steps since the checkpoint are reported again.
+  EXPECT_GT(rec.steps.size(), 40u);
+}
+
+TEST_F(TrainerTest, StopDirectiveCancels) {
+  Recorder rec;
+  rec.stop_at = 5;
+  auto summary = Train(Config(), "run", &rec);
+  ASSERT_TRUE(summary.ok());
+  EXPECT_EQ(summary->state(), CANCELLED);
+  EXPECT_EQ(summary->steps_done(), 5);
+}
+
+TEST_F(TrainerTest, BadConfigAndMissingDataAreErrors) {
+  RunConfig c = Config();
+  c.mutable_train()->set_seq_len(64);  // > max_seq_len 32
+  auto bad = Train(c, "run", nullptr);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("train.seq_len"), std::string::npos) << bad.status();
+
+  RunConfig missing = Config();
+  missing.mutable_train()->mutable_data()->set_path((dir_ / "nope.txt").string());
+  auto nodata = Train(missing, "run", nullptr);
+  ASSERT_FALSE(nodata.ok());
+  EXPECT_NE(nodata.status().message().find("nope.txt"), std::string::npos) << nodata.status();
+
+  RunConfig cuda = Config();
+  cuda.mutable_train()->set_device("cuda:7");
+  auto nodevice = Train(cuda, "run", nullptr);
+  ASSERT_FALSE(nodevice.ok());
+  EXPECT_NE(nodevice.status().message().find("cuda:7"), std::string::npos) << nodevice.status();
+}
+
+}  // namespace
+}  // namespace ablate

@@ -1,0 +1,139 @@
+// The worker agent: `ablate-worker --coordinator HOST:PORT`. It registers this machine's
+// resources with the coordinator, long-polls for jobs, trains each with the Trainer, streams what
+// the trainer produces as numbered report batches, and finishes the job with its summary
+// (DESIGN.md, "Worker protocol"; the contract is `WorkerService` in proto/ablate.proto).
+//
+// Reports. Steps, evaluations, spike events and checkpoint notices go to an in-memory outbox in
+// the order the trainer produced them. A sender thread ships the outbox every report_interval
+// (sooner when max_batch_points are waiting) as ReportRequest batches numbered 1, 2, 3... per
+// (run, attempt). It sends the next batch only after the previous one was acknowledged and
+// resends an unacknowledged batch unchanged, with capped exponential backoff, for as long as the
+// coordinator is unreachable; training goes on meanwhile (the outbox is bounded only by memory).
+// A checkpoint notice travels in the same batch as, or after, every step it covers, so the
+// coordinator never resumes a run from a checkpoint whose earlier steps it has not stored. When
+// nothing was reported for a third of the lease timeout a heartbeat (a report with seq 0 and
+// nothing in it) renews the lease.
+//
+// Crash safety. Each time the trainer writes a checkpoint the agent also writes the points not yet
+// acknowledged to `<checkpoint_dir>/unreported.binpb` (atomically). A later attempt at the same
+// run (after this worker was killed and the lease expired) resends the journalled points up to
+// the step it resumes from before anything else; points after that step are trained and reported
+// again. Ingestion is idempotent (steps and evals are keyed by run and step), so resending is
+// harmless and a killed worker loses no metric point.
+//
+// Directives and endings. DIRECTIVE_STOP ends the run after the current step; it finishes as
+// CANCELLED. FAILED_PRECONDITION or NOT_FOUND on a report (a stale attempt: the lease was lost and
+// the run may already be running elsewhere) stops training at once, and the job is abandoned
+// without Finish. Otherwise, when the trainer returns, the agent waits until every batch was
+// acknowledged, then sends Finish with the RunSummary (a trainer error becomes FAILED with the
+// error text) and retries it until acknowledged. When `interrupt` becomes true (SIGTERM) the
+// trainer writes a checkpoint, the agent flushes and finishes the job as INTERRUPTED (the
+// coordinator requeues it to resume elsewhere) and Run() returns OK. `abort` (a second signal)
+// stops waiting for an unreachable coordinator: Run() returns Aborted at once, and the journal of
+// the last checkpoint keeps the unsent points for the next attempt.
+//
+// Connection. Every call carries `authorization: Bearer <token>` and a deadline, over TLS when
+// tls_ca is set. While the
+// coordinator is unreachable the agent retries with capped exponential backoff and registers
+// again once it answers, logging one line per change of state (not one per retry). Transient
+// codes (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, INTERNAL, UNKNOWN,
+// CANCELLED) are retried; NOT_FOUND from AcquireJob (a coordinator that forgot this worker)
+// registers again; any other code (UNAUTHENTICATED: a wrong token, UNIMPLEMENTED, ...) from
+// Register, AcquireJob, Report or Finish ends Run() with that error, naming the coordinator.
+//
+// Thread safety: an Agent is driven by one thread (Run); it starts and joins its sender threads.
+// `interrupt` and `abort` may be set from any thread or a signal handler.
+#ifndef ABLATE_WORKER_AGENT_AGENT_H_
+#define ABLATE_WORKER_AGENT_AGENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/ablate.pb.h"
+
+namespace ablate {
+
+struct AgentOptions {
+  // The coordinator's WorkerService, HOST:PORT. Required.
+  std::string coordinator;
+  // Sent as `authorization: Bearer <token>` on every call. "" sends no authorization.
+  std::string token;
+  // PEM CA bundle to verify a TLS coordinator (proto/tls.h). "" = plaintext.
+  std::string tls_ca;
+  // This worker's name, stable across reconnects. "" = hostname:pid.
+  std::string name;
+  // Overrides train.device of every job ("cpu", "cuda", "cuda:1") and is the device advertised
+  // at registration. "" = each job's own device; "cpu" is advertised.
+  std::string device;
+  // When not empty, every job's checkpoints live in `<checkpoint_root>/run-<run_id>` instead of
+  // the job's checkpoint_dir (for a worker that mounts the shared checkpoint path elsewhere).
+  std::string checkpoint_root;
+  // How often the outbox is shipped (a batch goes sooner when max_batch_points are waiting).
+  absl::Duration report_interval = absl::Seconds(1);
+  // Most points (steps + evaluations + spike events) in one report batch. >= 1.
+  int max_batch_points = 1000;
+  // Long poll: how long one AcquireJob waits for a job on the coordinator (it may cap it).
+  absl::Duration acquire_wait = absl::Seconds(30);
+  // Exit (Run() returns OK) after this long without a job, reachable coordinator or not.
+  // Zero = never. SLURM pilots use it to give their allocation back.
+  absl::Duration idle_exit = absl::ZeroDuration();
+  // Exit after this many jobs (finished or abandoned). 0 = no limit.
+  int max_jobs = 0;
+  // Deadline of every call (AcquireJob: acquire_wait plus this).
+  absl::Duration call_deadline = absl::Seconds(10);
+  // Retry backoff while the coordinator is unreachable: doubles from min to max.
+  absl::Duration backoff_min = absl::Milliseconds(200);
+  absl::Duration backoff_max = absl::Seconds(15);
+  // Set (from a signal handler) to interrupt: checkpoint, flush, finish INTERRUPTED, return OK.
+  // May be null.
+  const std::atomic<bool>* interrupt = nullptr;
+  // Set to stop waiting for an unreachable coordinator (a second signal). May be null.
+  const std::atomic<bool>* abort = nullptr;
+  // Receives one line per event (registration, job start and end, connection state changes).
+  // Null = stderr with a timestamp. Called from the agent's threads, one call at a time.
+  std::function<void(const std::string&)> log;
+};
+
+// What Run() did, for the caller's final line and for tests.
+struct AgentResult {
+  int64_t jobs = 0;            // jobs taken (finished or abandoned)
+  int64_t jobs_abandoned = 0;  // of which abandoned after a lost lease
+  int64_t registrations = 0;   // successful Register calls (1 + reconnects)
+};
+
+class Agent {
+ public:
+  explicit Agent(AgentOptions options);
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Registers, then takes and trains jobs until max_jobs, idle_exit or `interrupt`: OK. Errors:
+  // InvalidArgument for bad options, the coordinator's refusal (Unauthenticated, ...) with a
+  // message naming the coordinator, Aborted when `abort` ended a wait for the coordinator.
+  absl::StatusOr<AgentResult> Run();
+
+  // This machine as registration describes it: `device` ("" = "cpu"), usable cores (the CPU
+  // affinity mask), host memory from /proc/meminfo, hostname, and the SLURM job as squeue names
+  // it ("<SLURM_ARRAY_JOB_ID>_<SLURM_ARRAY_TASK_ID>" in an array, else "<SLURM_JOB_ID>").
+  static WorkerResources DetectResources(const std::string& device);
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// `ablate-worker --coordinator`: installs SIGINT/SIGTERM handlers (first: interrupt, second:
+// abort), runs an Agent and prints one line on failure. Exit code: 0 done (max jobs, idle exit,
+// interrupted), 1 an error (printed to stderr as one line naming what is wrong).
+int RunAgentCommand(AgentOptions options);
+
+}  // namespace ablate
+
+#endif  // ABLATE_WORKER_AGENT_AGENT_H_

@@ -1,0 +1,219 @@
+#include "worker/agent/reporter.h"
+
+#include <filesystem>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "proto/grpc_status.h"
+
+namespace ablate {
+namespace agent {
+
+namespace fs = std::filesystem;
+
+JobReporter::~JobReporter() {
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    cv_.SignalAll();
+  }
+  if (sender_.joinable()) sender_.join();
+}
+
+void JobReporter::Start(std::vector<OutboxItem> first) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (OutboxItem& item : first) Push(std::move(item));
+    last_sent_ = absl::Now();
+  }
+  sender_ = std::thread([this] { SenderLoop(); });
+}
+
+void JobReporter::Add(OutboxItem item) {
+  absl::MutexLock lock(&mu_);
+  const bool was_empty = outbox_.empty();
+  Push(std::move(item));
+  // The sender sleeps until the next heartbeat while there is nothing to send, and until the
+  // next report otherwise: wake it when that changes.
+  if (was_empty || points_ >= p_.options->max_batch_points) cv_.SignalAll();
+}
+
+void JobReporter::WriteJournal(int64_t checkpoint_step) {
+  ReportRequest journal;
+  {
+    absl::MutexLock lock(&mu_);
+    if (inflight_.has_value()) {
+      for (const StepMetrics& m : inflight_->steps()) *journal.add_steps() = m;
+      for (const EvalResult& e : inflight_->evals()) *journal.add_evals() = e;
+      for (const SpikeEvent& e : inflight_->spikes()) *journal.add_spikes() = e;
+    }
+    for (const OutboxItem& item : outbox_) {
+      if (const auto* m = std::get_if<StepMetrics>(&item)) *journal.add_steps() = *m;
+      if (const auto* e = std::get_if<EvalResult>(&item)) *journal.add_evals() = *e;
+      if (const auto* e = std::get_if<SpikeEvent>(&item)) *journal.add_spikes() = *e;
+    }
+  }
+  auto keep = [checkpoint_step](const auto& point) { return point.step() <= checkpoint_step; };
+  ReportRequest kept;
+  for (const StepMetrics& m : journal.steps()) if (keep(m)) *kept.add_steps() = m;
+  for (const EvalResult& e : journal.evals()) if (keep(e)) *kept.add_evals() = e;
+  for (const SpikeEvent& e : journal.spikes()) if (keep(e)) *kept.add_spikes() = e;
+  std::error_code ec;
+  if (kept.steps_size() + kept.evals_size() + kept.spikes_size() == 0) {
+    fs::remove(p_.journal_path, ec);
+    return;
+  }
+  const std::string tmp = p_.journal_path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out || !kept.SerializeToOstream(&out)) {
+      (*p_.log)(absl::StrCat("run ", p_.run_id, ": cannot write ", tmp, ": unsent points are ",
+                             "kept in memory only"));
+      return;
+    }
+  }
+  fs::rename(tmp, p_.journal_path, ec);
+}
+
+absl::Status JobReporter::Flush() {
+  absl::MutexLock lock(&mu_);
+  flush_requested_ = true;
+  cv_.SignalAll();
+  while (terminal_.ok() && (!outbox_.empty() || inflight_.has_value())) cv_.Wait(&mu_);
+  return terminal_;
+}
+
+void JobReporter::Push(OutboxItem item) {
+  if (!std::holds_alternative<CheckpointNotice>(item)) ++points_;
+  outbox_.push_back(std::move(item));
+}
+
+ReportRequest JobReporter::TakeBatch() {
+  ReportRequest batch;
+  batch.set_worker_id(p_.worker_id);
+  batch.set_run_id(p_.run_id);
+  batch.set_attempt(p_.attempt);
+  if (outbox_.empty()) return batch;
+  batch.set_seq(next_seq_++);
+  int points = 0;
+  while (!outbox_.empty() && points < p_.options->max_batch_points) {
+    OutboxItem& item = outbox_.front();
+    if (auto* m = std::get_if<StepMetrics>(&item)) {
+      *batch.add_steps() = std::move(*m);
+      ++points;
+    } else if (auto* e = std::get_if<EvalResult>(&item)) {
+      *batch.add_evals() = std::move(*e);
+      ++points;
+    } else if (auto* s = std::get_if<SpikeEvent>(&item)) {
+      *batch.add_spikes() = std::move(*s);
+      ++points;
+    } else if (auto* c = std::get_if<CheckpointNotice>(&item)) {
+      batch.set_checkpoint_step(c->step);
+      batch.set_checkpoint_path(std::move(c->path));
+    }
+    outbox_.pop_front();
+  }
+  points_ -= points;
+  return batch;
+}
+
+std::optional<ReportRequest> JobReporter::NextBatch() {
+  absl::MutexLock lock(&mu_);
+  while (!closing_) {
+    if (inflight_.has_value()) return inflight_;
+    const absl::Time now = absl::Now();
+    const absl::Time report_at = last_sent_ + p_.options->report_interval;
+    const absl::Time heartbeat_at = last_sent_ + p_.heartbeat;
+    const bool pending = !outbox_.empty();
+    if ((pending && (flush_requested_ || now >= report_at ||
+                     points_ >= p_.options->max_batch_points)) ||
+        now >= heartbeat_at) {
+      inflight_ = TakeBatch();
+      return inflight_;
+    }
+    cv_.WaitWithDeadline(&mu_, pending ? std::min(report_at, heartbeat_at) : heartbeat_at);
+  }
+  return std::nullopt;
+}
+
+void JobReporter::GiveUp(absl::Status why) {
+  absl::MutexLock lock(&mu_);
+  if (terminal_.ok()) terminal_ = std::move(why);
+  gave_up_.store(true);
+  cv_.SignalAll();
+}
+
+bool JobReporter::WaitBeforeResend(absl::Duration d) {
+  const absl::Time end = absl::Now() + d;
+  absl::MutexLock lock(&mu_);
+  while (!closing_ && !IsSet(p_.options->abort) && absl::Now() < end) {
+    cv_.WaitWithDeadline(&mu_, std::min(end, absl::Now() + absl::Milliseconds(50)));
+  }
+  return !closing_ && !IsSet(p_.options->abort);
+}
+
+void JobReporter::SenderLoop() {
+  Backoff backoff(p_.options->backoff_min, p_.options->backoff_max);
+  while (std::optional<ReportRequest> batch = NextBatch()) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + p_.options->call_deadline));
+    if (!p_.options->token.empty()) {
+      context.AddMetadata("authorization", "Bearer " + p_.options->token);
+    }
+    ReportResponse response;
+    const grpc::Status status = p_.stub->Report(&context, *batch, &response);
+    if (status.ok()) {
+      p_.connection->Reachable();
+      backoff.Reset();
+      if (response.directive() == DIRECTIVE_STOP && !stop_directive_.exchange(true)) {
+        (*p_.log)(absl::StrCat("run ", p_.run_id, " attempt ", p_.attempt,
+                               ": the coordinator says stop (cancelled)"));
+      }
+      absl::MutexLock lock(&mu_);
+      inflight_.reset();
+      last_sent_ = absl::Now();
+      cv_.SignalAll();
+      continue;
+    }
+    if (LeaseLost(status.error_code())) {
+      GiveUp(absl::FailedPreconditionError(absl::StrCat(
+          "the coordinator refused report ", batch->seq(), " (", FromGrpcStatus(status).ToString(),
+          "): the lease was lost")));
+      return;
+    }
+    if (!Transient(status.error_code())) {
+      GiveUp(absl::Status(FromGrpcStatus(status).code(),
+                          absl::StrCat("coordinator ", p_.options->coordinator,
+                                       " refused a report of run ", p_.run_id, ": ",
+                                       FromGrpcStatus(status).ToString())));
+      return;
+    }
+    p_.connection->Unreachable("Report", status);
+    if (!WaitBeforeResend(backoff.Next())) {
+      if (IsSet(p_.options->abort)) {
+        GiveUp(absl::AbortedError(absl::StrCat(
+            "gave up reporting run ", p_.run_id, ": coordinator ", p_.options->coordinator,
+            " is unreachable; unsent points up to the last checkpoint are in ",
+            p_.journal_path)));
+      }
+      return;
+    }
+  }
+}
+
+// The journalled points of an earlier attempt up to `resumed_step` (later ones are trained again).
+std::vector<OutboxItem> LoadJournal(const std::string& path, int64_t resumed_step) {
+  std::vector<OutboxItem> items;
+  std::ifstream in(path, std::ios::binary);
+  ReportRequest journal;
+  if (!in || !journal.ParseFromIstream(&in)) return items;
+  for (const StepMetrics& m : journal.steps()) if (m.step() <= resumed_step) items.push_back(m);
+  for (const EvalResult& e : journal.evals()) if (e.step() <= resumed_step) items.push_back(e);
+  for (const SpikeEvent& e : journal.spikes()) if (e.step() <= resumed_step) items.push_back(e);
+  return items;
+}
+
+}  // namespace agent
+}  // namespace ablate

@@ -1,0 +1,146 @@
+// What the coordinator is told about one attempt at a run (docs/worker.md): every step, evaluation,
+// spike and checkpoint, in order, in numbered batches a sender thread ships and resends unchanged
+// until acknowledged, with heartbeats in between; the points not acknowledged at a checkpoint are
+// journalled beside it, so a later attempt resends them should this process die.
+#ifndef ABLATE_WORKER_AGENT_REPORTER_H_
+#define ABLATE_WORKER_AGENT_REPORTER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/ablate.grpc.pb.h"
+#include "worker/agent/agent.h"
+#include "worker/agent/calls.h"
+#include "worker/train/trainer.h"
+
+namespace ablate {
+namespace agent {
+
+// Where the points not yet acknowledged at the last checkpoint are kept (a ReportRequest holding
+// only steps, evals and spikes), beside the checkpoint.
+inline constexpr char kJournalFile[] = "unreported.binpb";
+
+// "A checkpoint of `step` was written to `path`", queued behind the steps it covers.
+struct CheckpointNotice {
+  int64_t step = 0;
+  std::string path;
+};
+using OutboxItem = std::variant<StepMetrics, EvalResult, SpikeEvent, CheckpointNotice>;
+
+// Everything the coordinator is told about one attempt: the outbox and its sender thread.
+//
+// Add*/WriteJournal are called on the training thread, Flush and the destructor on the agent's
+// thread; ShouldStop from either. The sender thread is the only one that calls Report.
+class JobReporter {
+ public:
+  struct Params {
+    WorkerService::Stub* stub = nullptr;
+    const AgentOptions* options = nullptr;
+    ConnectionLog* connection = nullptr;
+    Logger* log = nullptr;
+    int64_t worker_id = 0;
+    int64_t run_id = 0;
+    int32_t attempt = 0;
+    absl::Duration heartbeat;  // an empty batch renews the lease after this long without one
+    std::string journal_path;
+  };
+
+  explicit JobReporter(Params params) : p_(std::move(params)) {}
+
+  // Stops the sender; whatever was not acknowledged stays unsent (call Flush first).
+  ~JobReporter();
+
+  // Queues `first` (journalled points of an earlier attempt) and starts the sender. Once.
+  void Start(std::vector<OutboxItem> first);
+
+  void Add(OutboxItem item);
+
+  // Training must end now: the coordinator said stop, or the reporter gave up (lease lost).
+  bool ShouldStop() const { return stop_directive_.load() || gave_up_.load(); }
+  bool stop_directive() const { return stop_directive_.load(); }
+
+  // Journals the points not acknowledged yet, up to `checkpoint_step` (the checkpoint written
+  // just now), for a later attempt should this process die before they are.
+  void WriteJournal(int64_t checkpoint_step);
+
+  // Ships everything queued and waits until all of it is acknowledged. Returns why not
+  // otherwise: FailedPrecondition (the lease was lost), Aborted (`abort` was set while the
+  // coordinator was unreachable), or the coordinator's refusal.
+  absl::Status Flush();
+
+ private:
+  void Push(OutboxItem item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The next batch: up to max_batch_points from the front of the outbox, in order. With the
+  // outbox empty, a heartbeat: seq 0 renews the lease and stores nothing.
+  ReportRequest TakeBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Waits until a batch is due (or the one in flight needs resending) and returns it; nullopt
+  // when closing.
+  std::optional<ReportRequest> NextBatch();
+
+  void GiveUp(absl::Status why);
+
+  // Waits `d` before a resend; false when closing or `abort` was set meanwhile.
+  bool WaitBeforeResend(absl::Duration d);
+
+  void SenderLoop();
+
+  // Constant after construction.
+  const Params p_;
+
+  // Set by the sender thread, read by the training thread.
+  std::atomic<bool> stop_directive_{false};
+  std::atomic<bool> gave_up_{false};
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // outbox, inflight_, closing_, terminal_ changed
+  std::deque<OutboxItem> outbox_ ABSL_GUARDED_BY(mu_);
+  int64_t points_ ABSL_GUARDED_BY(mu_) = 0;  // non-checkpoint items in outbox_
+  // The batch sent and not acknowledged yet: resent unchanged.
+  std::optional<ReportRequest> inflight_ ABSL_GUARDED_BY(mu_);
+  int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::Time last_sent_ ABSL_GUARDED_BY(mu_);  // last acknowledgement (or the start)
+  bool flush_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status terminal_ ABSL_GUARDED_BY(mu_);  // why the sender gave up
+
+  std::thread sender_;  // touched by the agent's thread only
+};
+
+// Feeds the trainer's output to the reporter and relays its stop.
+class ReportingObserver : public TrainerObserver {
+ public:
+  explicit ReportingObserver(JobReporter* reporter) : reporter_(reporter) {}
+  Directive OnStep(const StepMetrics& m) override {
+    reporter_->Add(m);
+    return reporter_->ShouldStop() ? Directive::kStop : Directive::kContinue;
+  }
+  void OnEval(const EvalResult& e) override { reporter_->Add(e); }
+  void OnSpike(const SpikeEvent& e) override { reporter_->Add(e); }
+  void OnCheckpoint(int64_t step, const std::string& path) override {
+    reporter_->WriteJournal(step);
+    reporter_->Add(CheckpointNotice{step, path});
+  }
+
+ private:
+  JobReporter* const reporter_;
+};
+
+// The journalled points of an earlier attempt up to `resumed_step` (later ones are trained again).
+std::vector<OutboxItem> LoadJournal(const std::string& path, int64_t resumed_step);
+
+}  // namespace agent
+}  // namespace ablate
+
+#endif  // ABLATE_WORKER_AGENT_REPORTER_H_

@@ -1,0 +1,171 @@
+#include "worker/train/data.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ablate {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> DefaultCorpusCandidates(const std::string& exe, const char* data_dir) {
+  constexpr char kFile[] = "kjv.txt";
+  if (data_dir != nullptr && *data_dir != 0) return {(fs::path(data_dir) / kFile).string()};
+  std::vector<std::string> candidates;
+  if (!exe.empty()) {
+    const fs::path bin = fs::path(exe).parent_path();
+    candidates.push_back((bin / ".." / "share" / "ablate" / kFile).lexically_normal().string());
+    candidates.push_back((bin / ".." / "data" / kFile).lexically_normal().string());
+  }
+#ifdef ABLATE_SOURCE_DATA_DIR
+  candidates.push_back((fs::path(ABLATE_SOURCE_DATA_DIR) / kFile).string());
+#endif
+  candidates.push_back((fs::path("data") / kFile).string());
+  return candidates;
+}
+
+std::string DefaultCorpusPath() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  for (const std::string& path :
+       DefaultCorpusCandidates(ec ? "" : exe.string(), std::getenv("ABLATE_DATA_DIR"))) {
+    if (fs::exists(path, ec)) return path;
+  }
+  return "";
+}
+
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open for reading"));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path.string(), ": read error"));
+  return bytes;
+}
+
+absl::StatusOr<std::vector<uint16_t>> ReadBin(const fs::path& path, int64_t vocab_size) {
+  absl::StatusOr<std::string> bytes = ReadFile(path);
+  if (!bytes.ok()) return bytes.status();
+  if (bytes->size() % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(), ": ", bytes->size(), " bytes is not a whole number of uint16 tokens"));
+  }
+  std::vector<uint16_t> tokens(bytes->size() / 2);
+  std::copy(bytes->begin(), bytes->end(), reinterpret_cast<char*>(tokens.data()));
+  const auto bad = std::find_if(tokens.begin(), tokens.end(),
+                                [&](uint16_t t) { return t >= vocab_size; });
+  if (bad != tokens.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path.string(), ": token ", *bad, " at position ", bad - tokens.begin(),
+        " is outside the vocabulary (model.vocab_size = ", vocab_size, ")"));
+  }
+  return tokens;
+}
+
+// A 64-bit mix (splitmix64's finaliser): decorrelates (seed, split, index) into an RNG seed.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+absl::StatusOr<TokenData> TokenData::Load(const DataConfig& config, int64_t vocab_size,
+                                          int64_t seq_len) {
+  TokenData data;
+  data.seed_ = config.data_seed();
+  data.seq_len_ = seq_len;
+  const fs::path path = config.path().empty() ? fs::path(DefaultCorpusPath()) : fs::path(config.path());
+  std::error_code ec;
+  if (path.empty()) {
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    return absl::NotFoundError(absl::StrCat(
+        "the default corpus kjv.txt is not in any of ",
+        absl::StrJoin(DefaultCorpusCandidates(ec ? "" : exe.string(), std::getenv("ABLATE_DATA_DIR")),
+                      ", "),
+        ": run `make data` in the repository, `make install`, or set ABLATE_DATA_DIR (or give "
+        "train.data.path)"));
+  }
+  if (!fs::exists(path, ec)) {
+    return absl::NotFoundError(absl::StrCat(path.string(), ": no such file or directory"));
+  }
+  DataFormat format = config.format();
+  if (format == DATA_AUTO) {
+    format = fs::is_directory(path) && fs::exists(path / "train.bin") ? DATA_NANOGPT_BIN : DATA_TEXT;
+  }
+
+  if (format == DATA_NANOGPT_BIN) {
+    absl::StatusOr<std::vector<uint16_t>> train = ReadBin(path / "train.bin", vocab_size);
+    if (!train.ok()) return train.status();
+    absl::StatusOr<std::vector<uint16_t>> val = ReadBin(path / "val.bin", vocab_size);
+    if (!val.ok()) return val.status();
+    data.train_ = std::move(*train);
+    data.val_ = std::move(*val);
+    data.source_ = (path / "{train,val}.bin").string();
+  } else {
+    if (vocab_size < 256) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.vocab_size: byte-level text needs >= 256, got ", vocab_size));
+    }
+    std::vector<fs::path> files;
+    if (fs::is_directory(path)) {
+      for (const auto& entry : fs::directory_iterator(path)) {
+        if (entry.is_regular_file() && entry.path().extension() == ".txt") files.push_back(entry.path());
+      }
+      std::sort(files.begin(), files.end());  // a stable corpus order
+      if (files.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(path.string(), ": no .txt files in directory"));
+      }
+    } else {
+      files.push_back(path);
+    }
+    std::vector<uint16_t> all;
+    for (const fs::path& f : files) {
+      absl::StatusOr<std::string> bytes = ReadFile(f);
+      if (!bytes.ok()) return bytes.status();
+      for (unsigned char c : *bytes) all.push_back(c);
+    }
+    // The last val_fraction of the corpus is held out: contiguous, so no sequence straddles.
+    const auto val_n = static_cast<int64_t>(static_cast<double>(all.size()) * config.val_fraction());
+    data.val_.assign(all.end() - val_n, all.end());
+    all.resize(all.size() - val_n);
+    data.train_ = std::move(all);
+    data.source_ = files.size() == 1 ? files[0].string()
+                                     : absl::StrCat(path.string(), " (", files.size(), " files)");
+  }
+  for (const auto& [name, split] : {std::pair{"train", &data.train_}, {"validation", &data.val_}}) {
+    if (static_cast<int64_t>(split->size()) < seq_len + 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          data.source_, ": the ", name, " split has ", split->size(),
+          " tokens, fewer than train.seq_len + 1 = ", seq_len + 1,
+          split->empty() ? " (empty)" : ""));
+    }
+  }
+  return data;
+}
+
+void TokenData::Batch(Split split, int64_t index, int64_t batch_size, int64_t* inputs,
+                      int64_t* targets) const {
+  const std::vector<uint16_t>& tokens = split == Split::kTrain ? train_ : val_;
+  const uint64_t salt = split == Split::kTrain ? 0x7261696eULL : 0x76616c00ULL;
+  std::mt19937_64 rng(Mix(seed_ ^ Mix(salt ^ Mix(static_cast<uint64_t>(index)))));
+  std::uniform_int_distribution<int64_t> offset(0, static_cast<int64_t>(tokens.size()) - seq_len_ - 1);
+  for (int64_t b = 0; b < batch_size; ++b) {
+    const int64_t start = offset(rng);
+    for (int64_t t = 0; t < seq_len_; ++t) {
+      inputs[b * seq_len_ + t] = tokens[start + t];
+      targets[b * seq_len_ + t] = tokens[start + t + 1];
+    }
+  }
+}
+
+}  // namespace ablate

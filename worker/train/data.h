@@ -1,0 +1,56 @@
+// Token data for training: byte-level text or nanoGPT token files, a deterministic
+// train/validation split, and batches that are pure functions of (data seed, batch index).
+//
+// No LibTorch here: batches are written into caller-provided int64 buffers, so resuming or
+// rolling back a run needs no iterator state. Immutable after Load(); thread-safe to read.
+#ifndef ABLATE_WORKER_TRAIN_DATA_H_
+#define ABLATE_WORKER_TRAIN_DATA_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/ablate.pb.h"
+
+namespace ablate {
+
+// Where the default corpus (kjv.txt, written by `make data`, installed by `make install`) is
+// looked for, in order, for a binary at `exe` and $ABLATE_DATA_DIR = `data_dir` (null: unset).
+// With ABLATE_DATA_DIR set, only there. Else: beside the installed binaries
+// (EXE_DIR/../share/ablate), the build tree's (EXE_DIR/../data), the source tree this was built
+// from (SOURCE/data), and ./data. So a worker finds it from any working directory.
+std::vector<std::string> DefaultCorpusCandidates(const std::string& exe, const char* data_dir);
+// The first of this process's candidates that exists; "" when none does.
+std::string DefaultCorpusPath();
+
+class TokenData {
+ public:
+  // Loads config.path (or the default corpus). Errors name the file: unreadable, empty, tokens
+  // outside the vocabulary, or a split shorter than seq_len + 1 tokens.
+  static absl::StatusOr<TokenData> Load(const DataConfig& config, int64_t vocab_size,
+                                        int64_t seq_len);
+
+  enum class Split { kTrain, kVal };
+
+  // Writes batch `index` of `split`: inputs (batch_size x seq_len) and the next-token targets,
+  // row-major int64. The same (data_seed, split, index) always gives the same batch.
+  void Batch(Split split, int64_t index, int64_t batch_size, int64_t* inputs,
+             int64_t* targets) const;
+
+  int64_t train_tokens() const { return static_cast<int64_t>(train_.size()); }
+  int64_t val_tokens() const { return static_cast<int64_t>(val_.size()); }
+  const std::string& source() const { return source_; }
+
+ private:
+  TokenData() = default;
+
+  std::vector<uint16_t> train_, val_;
+  uint64_t seed_ = 0;
+  int64_t seq_len_ = 0;
+  std::string source_;  // human-readable: the path(s) loaded
+};
+
+}  // namespace ablate
+
+#endif  // ABLATE_WORKER_TRAIN_DATA_H_

@@ -1,0 +1,417 @@
+#include "worker/train/trainer.h"
+
+#include <ATen/autocast_mode.h>
+#include <malloc.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "config/model_config.h"
+#include "config/param_count.h"
+#include "worker/train/data.h"
+#include "worker/model/probes.h"
+#include "worker/model/transformer.h"
+#include "worker/train/spike.h"
+
+namespace ablate {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// bf16 autocast on CUDA for the forward pass; a no-op elsewhere (CPU bf16 matmuls are slower than
+// fp32 on most CPUs).
+class AutocastGuard {
+ public:
+  explicit AutocastGuard(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    at::autocast::set_enabled(true);
+    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+  }
+  ~AutocastGuard() {
+    if (!enabled_) return;
+    at::autocast::set_enabled(false);
+    at::autocast::clear_cache();
+  }
+
+ private:
+  bool enabled_;
+};
+
+// glibc serves tensors over 128 KiB with fresh mmaps and unmaps them on free, so every training
+// step page-faults its activations back in (measured: 10-20% of a CPU step at d_model 128).
+// Keep freed blocks in the heap instead. Process-wide and idempotent; trainers own their process.
+void KeepFreedMemoryInHeap() {
+#ifdef M_MMAP_THRESHOLD
+  static const bool done = [] {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's maximum
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    mallopt(M_TOP_PAD, 64 << 20);
+    return true;
+  }();
+  (void)done;
+#endif
+}
+
+}  // namespace
+
+struct Trainer::State {
+  RunConfig config;
+  TrainerOptions options;
+  torch::Device device{torch::kCPU};
+  bool autocast = false;
+  TokenData data;
+  Transformer model{nullptr};
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::vector<torch::Tensor> params;
+
+  // Run progress; all of it is in the checkpoint.
+  int64_t step = 0;         // optimizer steps taken
+  int64_t data_offset = 0;  // train batch index = (step - 1) * grad_accum + micro + data_offset
+  int64_t rollbacks = 0;
+  int64_t spike_steps = 0;
+  std::vector<double> loss_history, grad_history;  // per step, to rebuild the detectors
+  std::unique_ptr<SpikeMonitor> monitor;
+  EvalResult last_eval;
+
+  explicit State(TokenData d) : data(std::move(d)) {}
+
+  std::string CheckpointPath() const {
+    return (fs::path(options.checkpoint_dir) / "checkpoint.pt").string();
+  }
+  int64_t TokensPerStep() const {
+    const TrainConfig& t = config.train();
+    return static_cast<int64_t>(t.batch_size()) * t.seq_len() * t.grad_accum();
+  }
+
+  // Inputs and targets of one batch, on the device.
+  std::pair<torch::Tensor, torch::Tensor> GetBatch(TokenData::Split split, int64_t index) {
+    const TrainConfig& t = config.train();
+    torch::Tensor x = torch::empty({t.batch_size(), t.seq_len()}, torch::kLong);
+    torch::Tensor y = torch::empty({t.batch_size(), t.seq_len()}, torch::kLong);
+    data.Batch(split, index, t.batch_size(), x.data_ptr<int64_t>(), y.data_ptr<int64_t>());
+    return {x.to(device), y.to(device)};
+  }
+
+  torch::Tensor Loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+    return torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32),
+                                     targets.reshape({-1}));
+  }
+
+  void RebuildMonitor() {
+    monitor = std::make_unique<SpikeMonitor>(config.train().spike(), config.train().steps());
+    for (size_t i = 0; i < loss_history.size(); ++i) {
+      monitor->Observe(static_cast<int64_t>(i) + 1, loss_history[i], grad_history[i]);
+    }
+  }
+
+  EvalResult Evaluate() {
+    const TrainConfig& t = config.train();
+    torch::NoGradGuard no_grad;
+    model->eval();
+    ProbeRecorder recorder(config.model());
+    double loss_sum = 0;
+    for (int64_t i = 0; i < t.eval_batches(); ++i) {
+      auto [x, y] = GetBatch(TokenData::Split::kVal, i);
+      AutocastGuard autocast_guard(autocast);
+      loss_sum += Loss(model->forward(x, &recorder).logits, y).item<double>();
+    }
+    model->train();
+    EvalResult r;
+    r.set_step(step);
+    r.set_val_loss(loss_sum / t.eval_batches());
+    r.set_val_ppl(std::exp(r.val_loss()));
+    *r.mutable_probes() = recorder.Finish();
+    return r;
+  }
+
+  // Model, optimizer, progress and RNG state, written to a temp file and renamed into place.
+  absl::Status SaveCheckpoint() {
+    fs::create_directories(options.checkpoint_dir);
+    const std::string path = CheckpointPath();
+    const std::string tmp = path + ".tmp";
+    torch::serialize::OutputArchive archive;
+    torch::serialize::OutputArchive model_archive, optimizer_archive;
+    model->save(model_archive);
+    optimizer->save(optimizer_archive);
+    archive.write("model", model_archive);
+    archive.write("optimizer", optimizer_archive);
+    auto i64 = [](int64_t v) { return torch::tensor({v}, torch::kLong); };
+    archive.write("step", i64(step));
+    archive.write("data_offset", i64(data_offset));
+    archive.write("rollbacks", i64(rollbacks));
+    archive.write("spike_steps", i64(spike_steps));
+    archive.write("loss_history", torch::tensor(loss_history, torch::kFloat64));
+    archive.write("grad_history", torch::tensor(grad_history, torch::kFloat64));
+    archive.write("rng", at::detail::getDefaultCPUGenerator().get_state());
+    archive.save_to(tmp);
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    if (ec) return absl::InternalError(absl::StrCat(path, ": cannot rename checkpoint: ", ec.message()));
+    return absl::OkStatus();
+  }
+
+  absl::Status LoadCheckpoint() {
+    const std::string path = CheckpointPath();
+    try {
+      torch::serialize::InputArchive archive;
+      archive.load_from(path, device);
+      torch::serialize::InputArchive model_archive, optimizer_archive;
+      archive.read("model", model_archive);
+      archive.read("optimizer", optimizer_archive);
+      model->load(model_archive);
+      optimizer->load(optimizer_archive);
+      auto i64 = [&](const char* key) {
+        torch::Tensor t;
+        archive.read(key, t);
+        return t.item<int64_t>();
+      };
+      step = i64("step");
+      data_offset = i64("data_offset");
+      rollbacks = i64("rollbacks");
+      spike_steps = i64("spike_steps");
+      auto history = [&](const char* key) {
+        torch::Tensor t;
+        archive.read(key, t);
+        t = t.to(torch::kCPU).contiguous();
+        return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+      };
+      loss_history = history("loss_history");
+      grad_history = history("grad_history");
+      torch::Tensor rng;
+      archive.read("rng", rng);
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
+      generator.set_state(rng.to(torch::kCPU));
+    } catch (const c10::Error& e) {
+      return absl::DataLossError(absl::StrCat(path, ": unreadable checkpoint: ", e.what_without_backtrace()));
+    }
+    if (static_cast<int64_t>(loss_history.size()) != step) {
+      return absl::DataLossError(absl::StrCat(path, ": history has ", loss_history.size(),
+                                              " steps, checkpoint says ", step));
+    }
+    RebuildMonitor();
+    return absl::OkStatus();
+  }
+
+  // PaLM's remedy for a spike at `spike_step` (SPIKE_ROLLBACK): back to the last checkpoint, past
+  // the batches between it and the spike and the configured extra, keeping the run's spike and
+  // rollback counts. Marks the verdict's rolled-back events with the step returned to.
+  absl::Status RollBack(int64_t spike_step, SpikeMonitor::Verdict* verdict) {
+    const TrainConfig& t = config.train();
+    const int64_t kept_spike_steps = spike_steps;
+    const int64_t kept_rollbacks = rollbacks + 1;
+    if (absl::Status st = LoadCheckpoint(); !st.ok()) return st;
+    data_offset += (spike_step - step) * t.grad_accum() + t.spike().rollback_skip_batches();
+    rollbacks = kept_rollbacks;
+    spike_steps = kept_spike_steps;
+    for (SpikeEvent& e : verdict->events) {
+      if (e.action() == SPIKE_ACTION_ROLLED_BACK) e.set_rollback_to_step(step);
+    }
+    return absl::OkStatus();
+  }
+};
+
+Trainer::Trainer(std::unique_ptr<State> state) : state_(std::move(state)) {}
+Trainer::~Trainer() = default;
+
+int64_t Trainer::step() const { return state_->step; }
+
+double Trainer::LearningRate(const OptimizerConfig& o, int64_t step, int64_t total_steps) {
+  if (step <= o.warmup_steps()) {
+    return o.lr() * static_cast<double>(step) / std::max(1, o.warmup_steps());
+  }
+  const double progress = static_cast<double>(step - o.warmup_steps()) /
+                          static_cast<double>(std::max<int64_t>(1, total_steps - o.warmup_steps()));
+  return o.min_lr() + 0.5 * (o.lr() - o.min_lr()) * (1.0 + std::cos(M_PI * std::min(1.0, progress)));
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const RunConfig& config,
+                                                         TrainerOptions options) {
+  if (absl::Status s = ValidateRunConfig(config); !s.ok()) return s;
+  if (options.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError("trainer: a checkpoint directory is required");
+  }
+  const TrainConfig& t = config.train();
+  absl::StatusOr<TokenData> data = TokenData::Load(t.data(), config.model().vocab_size(), t.seq_len());
+  if (!data.ok()) return data.status();
+
+  auto s = std::make_unique<State>(std::move(*data));
+  s->config = config;
+  s->options = std::move(options);
+  try {
+    s->device = torch::Device(t.device());
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("train.device: ", e.what_without_backtrace()));
+  }
+  if (s->device.is_cuda() && !torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "train.device: ", t.device(), " requested but this LibTorch build has no CUDA device"));
+  }
+  if (s->device.is_cuda() && s->device.has_index() &&
+      s->device.index() >= static_cast<int>(torch::cuda::device_count())) {
+    return absl::FailedPreconditionError(absl::StrCat("train.device: ", t.device(), " does not exist (",
+                                                      torch::cuda::device_count(), " CUDA devices)"));
+  }
+  s->autocast = t.precision() == PRECISION_BF16_AUTOCAST && s->device.is_cuda();
+  KeepFreedMemoryInHeap();
+  torch::set_num_threads(t.threads() > 0 ? t.threads()
+                                         : std::max(1u, std::thread::hardware_concurrency()));
+
+  try {
+    torch::manual_seed(t.seed());
+    s->model = Transformer(config.model());
+    s->model->to(s->device);
+    // Weight decay on matrices only; never on norm weights or input-independent gate thetas.
+    std::vector<torch::Tensor> decay, no_decay;
+    for (const auto& p : s->model->named_parameters()) {
+      const bool is_theta = p.key().find("theta") != std::string::npos;
+      (p.value().dim() >= 2 && !is_theta ? decay : no_decay).push_back(p.value());
+      s->params.push_back(p.value());
+    }
+    const OptimizerConfig& o = t.optimizer();
+    auto options_for = [&](double wd) {
+      return std::make_unique<torch::optim::AdamWOptions>(
+          torch::optim::AdamWOptions(o.lr()).betas({o.beta1(), o.beta2()}).eps(o.eps()).weight_decay(wd));
+    };
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(decay, options_for(o.weight_decay()));
+    groups.emplace_back(no_decay, options_for(0.0));
+    s->optimizer = std::make_unique<torch::optim::AdamW>(std::move(groups));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("building the model: ", e.what_without_backtrace()));
+  }
+  s->RebuildMonitor();
+  if (s->options.resume && fs::exists(s->CheckpointPath())) {
+    if (absl::Status st = s->LoadCheckpoint(); !st.ok()) return st;
+  }
+  return std::unique_ptr<Trainer>(new Trainer(std::move(s)));
+}
+
+absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
+  State& s = *state_;
+  const TrainConfig& t = s.config.train();
+  const SpikePolicy policy = t.spike().policy();
+  TrainerObserver null_observer;
+  TrainerObserver* obs = observer != nullptr ? observer : &null_observer;
+  RunSummary summary;
+  *summary.mutable_params() = CountParams(s.config.model());
+  const auto started = std::chrono::steady_clock::now();
+  const int64_t first_step = s.step;
+  auto finish = [&](RunState state, std::string reason) -> absl::StatusOr<RunSummary> {
+    summary.set_state(state);
+    summary.set_reason(std::move(reason));
+    summary.set_steps_done(s.step);
+    const size_t n = std::min<size_t>(50, s.loss_history.size());
+    double sum = 0;
+    int finite = 0;
+    for (size_t i = s.loss_history.size() - n; i < s.loss_history.size(); ++i) {
+      if (std::isfinite(s.loss_history[i])) sum += s.loss_history[i], ++finite;
+    }
+    summary.set_final_train_loss(finite ? sum / finite : std::numeric_limits<double>::quiet_NaN());
+    if (s.last_eval.step() > 0 || s.last_eval.has_probes()) *summary.mutable_final_eval() = s.last_eval;
+    summary.set_spike_steps(s.spike_steps);
+    summary.set_spike_score(s.step > 0 ? static_cast<double>(s.spike_steps) / s.step : 0.0);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    summary.set_wall_s(wall);
+    summary.set_tokens_per_s(wall > 0 ? (s.step - first_step) * s.TokensPerStep() / wall : 0.0);
+    return summary;
+  };
+  auto checkpoint = [&]() -> absl::Status {
+    if (absl::Status st = s.SaveCheckpoint(); !st.ok()) return st;
+    obs->OnCheckpoint(s.step, s.CheckpointPath());
+    return absl::OkStatus();
+  };
+
+  try {
+    if (policy == SPIKE_ROLLBACK && !fs::exists(s.CheckpointPath())) {
+      if (absl::Status st = checkpoint(); !st.ok()) return st;  // something to roll back to
+    }
+    s.model->train();
+    auto window_start = std::chrono::steady_clock::now();
+    while (s.step < t.steps()) {
+      const int64_t step = s.step + 1;
+      const double lr = LearningRate(t.optimizer(), step, t.steps());
+      for (auto& group : s.optimizer->param_groups()) {
+        static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+      }
+
+      // Forward and backward over grad_accum micro-batches.
+      s.optimizer->zero_grad();
+      double loss_sum = 0, aux_sum = 0;
+      for (int micro = 0; micro < t.grad_accum(); ++micro) {
+        auto [x, y] = s.GetBatch(TokenData::Split::kTrain,
+                                 (step - 1) * t.grad_accum() + micro + s.data_offset);
+        torch::Tensor loss, aux;
+        {
+          AutocastGuard autocast_guard(s.autocast);
+          TransformerImpl::Output out = s.model->forward(x);
+          loss = s.Loss(out.logits, y);
+          aux = out.aux_loss.to(torch::kFloat32);
+        }
+        ((loss + aux) / t.grad_accum()).backward();
+        loss_sum += loss.item<double>();
+        aux_sum += aux.item<double>();
+      }
+      const double loss = loss_sum / t.grad_accum();
+      const double max_norm = t.optimizer().grad_clip() > 0 ? t.optimizer().grad_clip()
+                                                            : std::numeric_limits<double>::infinity();
+      const double grad_norm = torch::nn::utils::clip_grad_norm_(s.params, max_norm);
+
+      // Spike and divergence detection happens before the update, so a policy can still skip it.
+      SpikeMonitor::Verdict verdict = s.monitor->Observe(step, loss, grad_norm);
+      const SpikeDecision decision = ApplySpikePolicy(policy, s.rollbacks, &verdict);
+      const bool skip = decision.skip;
+      if (verdict.spike || verdict.nonfinite) ++s.spike_steps;
+      if (decision.roll_back) {
+        if (absl::Status st = s.RollBack(step, &verdict); !st.ok()) return st;
+        for (const SpikeEvent& e : verdict.events) obs->OnSpike(e);
+        continue;
+      }
+      if (!skip && !verdict.diverged) s.optimizer->step();
+      s.step = step;
+      s.loss_history.push_back(loss);
+      s.grad_history.push_back(grad_norm);
+      for (const SpikeEvent& e : verdict.events) obs->OnSpike(e);
+
+      StepMetrics m;
+      m.set_step(step);
+      m.set_loss(loss);
+      m.set_grad_norm(grad_norm);
+      m.set_lr(lr);
+      m.set_aux_loss(aux_sum / t.grad_accum());
+      m.set_skipped(skip || verdict.diverged);
+      const auto now = std::chrono::steady_clock::now();
+      const double dt = std::chrono::duration<double>(now - window_start).count();
+      window_start = now;
+      m.set_tokens_per_s(dt > 0 ? s.TokensPerStep() / dt : 0.0);
+      const TrainerObserver::Directive directive = obs->OnStep(m);
+
+      if (verdict.diverged) return finish(DIVERGED, verdict.reason);
+      if (directive == TrainerObserver::Directive::kStop) return finish(CANCELLED, "stopped by directive");
+      const bool last = step == t.steps();
+      if (step % t.eval_every() == 0 || last) {
+        s.last_eval = s.Evaluate();
+        obs->OnEval(s.last_eval);
+      }
+      if ((t.checkpoint_every() > 0 && step % t.checkpoint_every() == 0) || last) {
+        if (absl::Status st = checkpoint(); !st.ok()) return st;
+      }
+      if (s.options.interrupt != nullptr && s.options.interrupt->load() && !last) {
+        if (absl::Status st = checkpoint(); !st.ok()) return st;
+        return finish(INTERRUPTED, absl::StrCat("interrupted at step ", step, "; checkpoint written"));
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("training step ", s.step + 1, ": ", e.what_without_backtrace()));
+  }
+  return finish(SUCCEEDED, "");
+}
+
+}  // namespace ablate

@@ -1,0 +1,70 @@
+// The training loop of one run: AdamW with warmup + cosine, gradient clipping and accumulation,
+// evaluation with probes, atomic checkpoints with bitwise-exact resume on the CPU, and the
+// spike/divergence policies of DESIGN.md.
+//
+// The header is LibTorch-free (the implementation is hidden), so the worker agent and the CLI
+// include it cheaply. A Trainer is used from one thread; the interrupt flag may be set from any
+// thread or a signal handler. Errors (bad data, a device that does not exist, an unreadable
+// checkpoint, a LibTorch exception) come back as a Status; a diverged run is a result, not an
+// error.
+#ifndef ABLATE_WORKER_TRAIN_TRAINER_H_
+#define ABLATE_WORKER_TRAIN_TRAINER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/ablate.pb.h"
+
+namespace ablate {
+
+// Receives what a run produces as it happens. Called on the training thread; keep it quick.
+class TrainerObserver {
+ public:
+  enum class Directive { kContinue, kStop };
+  virtual ~TrainerObserver() = default;
+  // Every optimizer step. kStop ends the run as CANCELLED after this step.
+  virtual Directive OnStep(const StepMetrics& metrics) { return Directive::kContinue; }
+  virtual void OnEval(const EvalResult& eval) {}
+  virtual void OnSpike(const SpikeEvent& event) {}
+  // A checkpoint of `step` was written (atomically) to `path`.
+  virtual void OnCheckpoint(int64_t step, const std::string& path) {}
+};
+
+struct TrainerOptions {
+  // Where checkpoint.pt is written. Required.
+  std::string checkpoint_dir;
+  // Continue from checkpoint_dir/checkpoint.pt when it exists.
+  bool resume = false;
+  // When it becomes true, the trainer finishes the current step, writes a checkpoint and
+  // returns INTERRUPTED. May be null.
+  const std::atomic<bool>* interrupt = nullptr;
+};
+
+class Trainer {
+ public:
+  // Validates the config and loads the data; errors name what is wrong.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const RunConfig& config,
+                                                         TrainerOptions options);
+  ~Trainer();
+
+  // Optimizer steps already taken: the checkpoint's step after a resume, else 0.
+  int64_t step() const;
+
+  // Trains to the end (or divergence, interrupt, cancel). `observer` may be null.
+  absl::StatusOr<RunSummary> Run(TrainerObserver* observer);
+
+  // The learning rate of 1-based `step`: linear warmup from 0, then cosine to min_lr.
+  static double LearningRate(const OptimizerConfig& o, int64_t step, int64_t total_steps);
+
+ private:
+  struct State;
+  explicit Trainer(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace ablate
+
+#endif  // ABLATE_WORKER_TRAIN_TRAINER_H_
