@@ -84,16 +84,22 @@ absl::StatusOr<std::string> LoadOrCreateToken(const std::string& state_dir) {
   std::string token;
   for (int i = 0; i < 8; ++i) absl::StrAppend(&token, absl::Hex(random(), absl::kZeroPad8));
   // Created with mode 0600 from the start: never readable by others, not even briefly.
+  absl::Status written = WriteFileAtomically(path, token + "\n", 0600);
+  if (!written.ok()) return written;
+  return token;
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text, int mode) {
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp));
-  const std::string line = token + "\n";
-  const bool written = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   ::close(fd);
   if (!written || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
     return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
   }
-  return token;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {

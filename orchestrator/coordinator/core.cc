@@ -412,8 +412,7 @@ absl::Status CoordinatorCore::Watch(const WatchRequest& request,
     absl::StatusOr<SweepChanges> changes = reader.ChangesSince(sweep->id, cursor, 10000);
     if (!changes.ok()) return changes.status();
     cursor = changes->next;
-    const std::vector<RunInfo>* runs = &changes->runs;
-    for (const RunInfo& r : *runs) variant_of[r.id] = r.variant;
+    for (const RunInfo& r : changes->runs) variant_of[r.id] = r.variant;
     // Spikes first (a run that diverged shows its spike before its state change).
     for (const SweepSpike& spike : changes->spikes) {
       WatchEvent event;
@@ -423,31 +422,34 @@ absl::Status CoordinatorCore::Watch(const WatchRequest& request,
       ++spike_counts[spike.run_id];
       if (!write(event)) return absl::CancelledError("watch: the client went away");
     }
-    // Latest losses, for progress lines.
+    bool unfinished = false;
+    std::vector<const RunInfo*> changed;
+    for (const RunInfo& r : changes->runs) {
+      unfinished = unfinished || IsUnfinished(r.state);
+      auto it = seen.find(r.id);
+      if (it == seen.end() || it->second.state != r.state || it->second.attempts != r.attempts ||
+          (request.include_steps() && it->second.step != r.steps_done)) {
+        seen[r.id] = Seen{r.state, r.attempts, r.steps_done};
+        changed.push_back(&r);
+      }
+    }
+    // Latest losses, for progress lines: read only on a tick where some run moved.
     std::map<int64_t, LatestStep> latest;
-    if (request.include_steps()) {
+    if (request.include_steps() && !changed.empty()) {
       absl::StatusOr<std::map<int64_t, LatestStep>> read = reader.LatestSteps(sweep->id);
       if (!read.ok()) return read.status();
       latest = *std::move(read);
     }
-    bool unfinished = false;
-    for (const RunInfo& r : *runs) {
-      unfinished = unfinished || IsUnfinished(r.state);
-      auto it = seen.find(r.id);
-      const bool changed = it == seen.end() || it->second.state != r.state ||
-                           it->second.attempts != r.attempts ||
-                           (request.include_steps() && it->second.step != r.steps_done);
-      if (!changed) continue;
-      seen[r.id] = Seen{r.state, r.attempts, r.steps_done};
+    for (const RunInfo* r : changed) {
       WatchEvent event;
-      RunStatus status = ToRunStatus(r);
-      if (auto l = latest.find(r.id); l != latest.end() && std::isfinite(l->second.loss)) {
+      RunStatus status = ToRunStatus(*r);
+      if (auto l = latest.find(r->id); l != latest.end() && std::isfinite(l->second.loss)) {
         status.set_last_loss(l->second.loss);
       }
-      status.set_spike_count(std::max<int64_t>(status.spike_count(), spike_counts[r.id]));
+      status.set_spike_count(std::max<int64_t>(status.spike_count(), spike_counts[r->id]));
       *event.mutable_run() = std::move(status);
-      event.set_run_id(r.id);
-      event.set_variant(r.variant);
+      event.set_run_id(r->id);
+      event.set_variant(r->variant);
       if (!write(event)) return absl::CancelledError("watch: the client went away");
     }
     if (!unfinished) {

@@ -1,19 +1,10 @@
 #include "orchestrator/coordinator/server.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <random>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -223,10 +214,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     return absl::PermissionDeniedError(
         absl::StrCat("cannot update ", ca_copy.string(), ": ", ec_copy.message()));
   }
-  {
-    std::ofstream out(fs::path(options.state_dir) / "address");
-    out << server->address_ << "\n";
-  }
+  // Whole or absent: a client that finds the file dials a complete address.
+  absl::Status written = WriteFileAtomically((fs::path(options.state_dir) / "address").string(),
+                                             server->address_ + "\n", 0644);
+  if (!written.ok()) return written;
   return server;
 }
 
