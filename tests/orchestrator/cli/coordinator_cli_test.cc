@@ -195,17 +195,12 @@ TEST_F(CoordinatorCliTest, ErrorsAreOneClearLineAndExitNonZero) {
   EXPECT_THAT(r.err, HasSubstr("missing.yaml"));
 }
 
-// The real binary: `ablate serve` with defaults taken from its state dir, stopped by SIGTERM.
-TEST(ServeProcessTest, ServesUntilSigtermAndClientsNeedNoFlags) {
-  char tmpl[] = "/tmp/ablate_serve_XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  const std::string state = dir + "/.ablate";
-  const std::string log = dir + "/serve.log";
+// `ablate serve` on `state` as a child process; its address once it listens.
+pid_t SpawnServe(const std::string& state, const std::string& log, std::string* address) {
+  std::filesystem::remove(state + "/address");
   const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
   if (pid == 0) {
-    std::freopen(log.c_str(), "w", stdout);
+    std::freopen(log.c_str(), "a", stdout);
     std::freopen(log.c_str(), "a", stderr);
     ::execl(ABLATE_BIN, "ablate", "serve", "--port", "0", "--state-dir", state.c_str(),
             static_cast<char*>(nullptr));
@@ -214,6 +209,21 @@ TEST(ServeProcessTest, ServesUntilSigtermAndClientsNeedNoFlags) {
   for (int i = 0; i < 200 && !std::filesystem::exists(state + "/address"); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  std::ifstream in(state + "/address");
+  std::getline(in, *address);
+  return pid;
+}
+
+// The real binary: `ablate serve` with defaults taken from its state dir, stopped by SIGTERM.
+TEST(ServeProcessTest, ServesUntilSigtermAndClientsNeedNoFlags) {
+  char tmpl[] = "/tmp/ablate_serve_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string state = dir + "/.ablate";
+  const std::string log = dir + "/serve.log";
+  std::string address;
+  const pid_t pid = SpawnServe(state, log, &address);
+  ASSERT_GE(pid, 0);
   ASSERT_TRUE(std::filesystem::exists(state + "/address"));
   CliResult r = RunCli({"status", "--state-dir", state});
   EXPECT_EQ(r.code, 0) << r.err;
@@ -229,8 +239,6 @@ TEST(ServeProcessTest, ServesUntilSigtermAndClientsNeedNoFlags) {
             1);
   EXPECT_THAT(testing::Slurp(second_log),
               HasSubstr("another coordinator (pid " + std::to_string(pid) + ")"));
-  std::string address;
-  std::getline(std::ifstream(state + "/address"), address);
   const std::string port = address.substr(address.rfind(':') + 1);
   EXPECT_EQ(testing::WaitExit(testing::Spawn(ABLATE_BIN, {"serve", "--port", port, "--state-dir",
                                                           dir + "/other", "--dashboard-port", "0"},
@@ -253,25 +261,6 @@ TEST(ServeProcessTest, ServesUntilSigtermAndClientsNeedNoFlags) {
   EXPECT_THAT(text, HasSubstr("stopped"));
   EXPECT_THAT(text, Not(HasSubstr("error")));
   std::filesystem::remove_all(dir);
-}
-
-// `ablate serve` on `state` as a child process; its address once it listens.
-pid_t SpawnServe(const std::string& state, const std::string& log, std::string* address) {
-  std::filesystem::remove(state + "/address");
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    std::freopen(log.c_str(), "a", stdout);
-    std::freopen(log.c_str(), "a", stderr);
-    ::execl(ABLATE_BIN, "ablate", "serve", "--port", "0", "--state-dir", state.c_str(),
-            static_cast<char*>(nullptr));
-    std::_Exit(127);
-  }
-  for (int i = 0; i < 200 && !std::filesystem::exists(state + "/address"); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  std::ifstream in(state + "/address");
-  std::getline(in, *address);
-  return pid;
 }
 
 // SIGKILL the coordinator mid-run: on restart the worker's resent batch is a duplicate, it keeps
