@@ -128,7 +128,7 @@ void DashboardServer::Impl::Stream(tcp::socket* socket, const Request& r) {
     }
     // 4. The sweep's progress after any change.
     if (changed) {
-      absl::StatusOr<SweepInfo> now = reader->GetSweep(absl::StrCat(sweep_id));
+      absl::StatusOr<SweepInfo> now = reader->GetSweepById(sweep_id);
       if (now.ok()) out += SseEvent("sweep", SweepJson(*now, NowSeconds()));
     }
     // A comment now and then: proxies keep the connection, and a gone client is noticed.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "config/text_format.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
@@ -79,18 +80,33 @@ const std::vector<MetricColumn>& MetricColumns() {
 
 absl::StatusOr<std::string> FormatQueryResult(const QueryResult& result,
                                               const std::string& format) {
+  const auto too_big = [&](size_t bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "query: the ", format, " output passed ", bytes, " bytes (the limit is ",
+        kMaxFormattedBytes, "); select fewer rows (LIMIT, --max-rows) or fewer columns"));
+  };
   if (format == "json") {
-    nlohmann::json rows = nlohmann::json::array();
-    for (const auto& row : result.rows) {
-      nlohmann::json object = nlohmann::json::object();
-      for (size_t i = 0; i < row.size(); ++i) object[result.columns[i]] = ValueJson(row[i]);
-      rows.push_back(std::move(object));
-    }
+    // Row by row, so that the output is measured as it grows, in the layout of
+    // nlohmann::json::dump(2): one shape whether or not the result was truncated (the caller
+    // says so beside it).
     // A TEXT or BLOB need not be UTF-8 (SELECT x'ff'): dump() would throw; write U+FFFD instead.
     // Found with tests/fuzz/query_fuzz.
-    // One shape whether or not the result was truncated (the caller says so beside it).
     constexpr auto kReplace = nlohmann::json::error_handler_t::replace;
-    return rows.dump(2, ' ', false, kReplace) + "\n";
+    if (result.rows.empty()) return std::string("[]\n");
+    std::string out = "[\n";
+    for (size_t r = 0; r < result.rows.size(); ++r) {
+      nlohmann::json object = nlohmann::json::object();
+      for (size_t i = 0; i < result.rows[r].size(); ++i) {
+        object[result.columns[i]] = ValueJson(result.rows[r][i]);
+      }
+      const std::string dumped = object.dump(2, ' ', false, kReplace);
+      // Indented one level inside the array.
+      absl::StrAppend(&out, "  ", absl::StrReplaceAll(dumped, {{"\n", "\n  "}}),
+                      r + 1 < result.rows.size() ? ",\n" : "\n");
+      if (out.size() > kMaxFormattedBytes) return too_big(out.size());
+    }
+    out += "]\n";
+    return out;
   }
   if (format == "csv") {
     std::vector<std::string> header;
@@ -100,6 +116,7 @@ absl::StatusOr<std::string> FormatQueryResult(const QueryResult& result,
       std::vector<std::string> cells;
       for (const SqlValue& v : row) cells.push_back(CsvField(ValueText(v)));
       absl::StrAppend(&out, absl::StrJoin(cells, ","), "\n");
+      if (out.size() > kMaxFormattedBytes) return too_big(out.size());
     }
     return out;
   }

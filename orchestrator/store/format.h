@@ -14,9 +14,12 @@ namespace ablate {
 // "json" (an array of objects keyed by column name; NULL -> null, non-finite -> null).
 // InvalidArgument for another format. A truncated result ends with a note in a table; csv and
 // json keep their shape (QueryResponse.truncated says it, and `ablate query` on stderr). JSON
-// writes bytes that are not UTF-8 as U+FFFD. A table that padding would make larger than kMaxTableBytes is
-// ResourceExhausted (csv and json have no padding).
-inline constexpr size_t kMaxTableBytes = size_t{64} << 20;
+// writes bytes that are not UTF-8 as U+FFFD. A table that padding would make larger than
+// kMaxTableBytes, or csv or json longer than kMaxFormattedBytes, is ResourceExhausted.
+inline constexpr size_t kMaxTableBytes = size_t{12} << 20;
+// The most any format writes (csv and json included): one answer fits the coordinator's largest
+// gRPC message (16 MiB). More is ResourceExhausted, naming the limit.
+inline constexpr size_t kMaxFormattedBytes = size_t{12} << 20;
 absl::StatusOr<std::string> FormatQueryResult(const QueryResult& result,
                                               const std::string& format);
 

@@ -1,5 +1,6 @@
 #include "orchestrator/store/query.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <limits>
@@ -238,7 +239,8 @@ absl::StatusOr<QueryResult> RunGuardedQuery(sqlite3* db, QueryGuard* guard, cons
   c.timed_out = false;
   c.out_of_memory = false;
   c.deadline = absl::Now() + limits.timeout;
-  c.memory_ceiling = sqlite3_memory_used() + limits.max_memory;
+  c.memory_ceiling = std::min<int64_t>(sqlite3_memory_used() + limits.max_memory,
+                                       kSqliteHeapLimit - kSqliteHeapHeadroom);
   auto unguard = [&c] {
     c.deadline = absl::InfiniteFuture();
     c.memory_ceiling = std::numeric_limits<int64_t>::max();

@@ -35,6 +35,10 @@ inline constexpr int kMaxQueryValueBytes = 32 << 20;
 // SQLite's allocations fail (SQLITE_NOMEM: a query fails, a writer's flush is retried). About five
 // times what a coordinator's caches and statements use.
 inline constexpr int64_t kSqliteHeapLimit = int64_t{1} << 30;
+// What users' queries leave of kSqliteHeapLimit to everything else (the store's writer above
+// all): a query is interrupted once SQLite as a whole uses more than the limit minus this, so that
+// queries at their own memory limit cannot make the writer's flush fail.
+inline constexpr int64_t kSqliteHeapHeadroom = int64_t{384} << 20;
 
 // Limits of one ReadOnlyQuery.
 struct QueryLimits {

@@ -31,18 +31,19 @@ struct StoreReader::Connection {
 
 class StoreReader::Lease {
  public:
-  Lease(const StoreReader* owner, std::unique_ptr<Connection> connection)
-      : owner_(owner), connection_(std::move(connection)) {}
+  Lease(const StoreReader* owner, Pool* pool, std::unique_ptr<Connection> connection)
+      : owner_(owner), pool_(pool), connection_(std::move(connection)) {}
   Lease(Lease&& other) noexcept = default;
   Lease& operator=(Lease&&) = delete;
   ~Lease() {
-    if (connection_ != nullptr) owner_->Release(std::move(connection_));
+    if (connection_ != nullptr) owner_->Release(pool_, std::move(connection_));
   }
   Connection* operator->() const { return connection_.get(); }
   Connection& operator*() const { return *connection_; }
 
  private:
   const StoreReader* owner_;
+  Pool* pool_;
   std::unique_ptr<Connection> connection_;
 };
 
@@ -81,13 +82,18 @@ absl::StatusOr<std::unique_ptr<StoreReader>> StoreReader::Open(const ReaderOptio
   }
   {
     absl::MutexLock lock(&reader->mu_);
-    reader->open_ = 1;
-    reader->idle_.push_back(std::move(*first));
+    reader->reads_.open = 1;
+    reader->reads_.idle.push_back(std::move(*first));
   }
   return reader;
 }
 
 StoreReader::StoreReader(const ReaderOptions& options) : options_(options) {
+  {
+    absl::MutexLock lock(&mu_);
+    reads_.max = std::max(1, options.max_connections);
+    queries_.max = std::max(1, options.max_query_connections);
+  }
   static std::once_flag heap_limit;
   std::call_once(heap_limit, [] {
     if (sqlite3_hard_heap_limit64(-1) == 0) sqlite3_hard_heap_limit64(kSqliteHeapLimit);
@@ -109,33 +115,38 @@ absl::StatusOr<std::unique_ptr<StoreReader::Connection>> StoreReader::Connect() 
   return connection;
 }
 
-absl::StatusOr<StoreReader::Lease> StoreReader::Acquire() const {
+absl::StatusOr<StoreReader::Lease> StoreReader::Acquire(Pool* pool, absl::Time deadline) const {
   {
     absl::MutexLock lock(&mu_);
-    auto available = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !idle_.empty() || open_ < options_.max_connections;
+    if (pool == nullptr) pool = &reads_;
+    auto available = [pool]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !pool->idle.empty() || pool->open < pool->max;
     };
-    mu_.Await(absl::Condition(&available));
-    if (!idle_.empty()) {
-      std::unique_ptr<Connection> connection = std::move(idle_.back());
-      idle_.pop_back();
-      return Lease(this, std::move(connection));
+    if (!mu_.AwaitWithDeadline(absl::Condition(&available), deadline)) {
+      return absl::UnavailableError(absl::StrCat(
+          "store: busy: ", pool->open, " queries are running (at most ", pool->max,
+          " at once); try again when one ends"));
     }
-    ++open_;
+    if (!pool->idle.empty()) {
+      std::unique_ptr<Connection> connection = std::move(pool->idle.back());
+      pool->idle.pop_back();
+      return Lease(this, pool, std::move(connection));
+    }
+    ++pool->open;
   }
   absl::StatusOr<std::unique_ptr<Connection>> connection = Connect();
   if (!connection.ok()) {
     absl::MutexLock lock(&mu_);
-    --open_;
+    --pool->open;
     return connection.status();
   }
-  return Lease(this, std::move(*connection));
+  return Lease(this, pool, std::move(*connection));
 }
 
-void StoreReader::Release(std::unique_ptr<Connection> connection) const {
+void StoreReader::Release(Pool* pool, std::unique_ptr<Connection> connection) const {
   connection->guard.Reset();
   absl::MutexLock lock(&mu_);
-  idle_.push_back(std::move(connection));
+  pool->idle.push_back(std::move(connection));
 }
 
 template <typename Bind, typename Read>
@@ -162,7 +173,7 @@ absl::Status StoreReader::ForEachRow(const std::string& sql, Bind bind, Read rea
 
 absl::StatusOr<QueryResult> StoreReader::ReadOnlyQuery(const std::string& sql,
                                                        const QueryLimits& limits) const {
-  absl::StatusOr<Lease> lease = Acquire();
+  absl::StatusOr<Lease> lease = Acquire(&queries_, absl::Now() + options_.query_wait);
   if (!lease.ok()) return lease.status();
   return RunGuardedQuery((*lease)->db.get(), &(*lease)->guard, sql, limits);
 }
@@ -206,7 +217,7 @@ constexpr char kRunColumns[] =
     "r.params_total, r.params_activated, r.params_added, r.created_at, r.started_at, "
     "r.finished_at, r.steps_total, r.steps_done, r.final_train_loss, r.val_loss, r.val_ppl, "
     "r.gate_score, r.m_act, r.f_attn, r.spike_score, r.spike_steps, r.tokens_per_s, r.wall_s, "
-    "r.reason, r.reused_from "
+    "r.reason, r.reused_from, r.attempt_base "
     "FROM runs r JOIN sweeps s ON s.id = r.sweep_id JOIN variants v ON v.id = r.variant_id "
     "JOIN run_configs c ON c.run_id = r.id";
 
@@ -250,6 +261,7 @@ RunInfo ReadRun(const Stmt& s) {
   r.wall_s = NullableDouble(s, 33);
   r.reason = s.ColumnText(34);
   r.reused_from = s.ColumnInt(35);  // NULL reads as 0
+  r.attempt_base = static_cast<int>(s.ColumnInt(36));
   return r;
 }
 
@@ -392,29 +404,37 @@ absl::StatusOr<std::vector<SweepInfo>> StoreReader::ListSweeps() const {
 }
 
 absl::StatusOr<SweepInfo> StoreReader::GetSweep(const std::string& name_or_id) const {
+  int64_t id = 0;
+  {
+    absl::StatusOr<Lease> lease = Acquire();
+    if (!lease.ok()) return lease.status();
+    // The name first (a name wins over an id that looks the same), then the view by its GROUP
+    // BY column, which SQLite pushes into the aggregate: filtering the view by name aggregated
+    // every run of every sweep first (35 ms per call with 10,000 runs stored).
+    absl::StatusOr<Stmt*> find = (*lease)->cache->Get(
+        "SELECT id FROM sweeps WHERE name = ?2 OR id = ?1 ORDER BY name = ?2 DESC LIMIT 1");
+    if (!find.ok()) return find.status();
+    if (!absl::SimpleAtoi(name_or_id, &id)) id = -1;
+    (*find)->Bind(1, id).Bind(2, name_or_id);
+    absl::StatusOr<bool> found = (*find)->Step();
+    if (!found.ok()) return found.status();
+    if (!*found) return absl::NotFoundError(absl::StrCat("store: no sweep named ", name_or_id));
+    id = (*find)->ColumnInt(0);
+    (*find)->Reset();
+  }
+  return GetSweepById(id);
+}
+
+absl::StatusOr<SweepInfo> StoreReader::GetSweepById(int64_t sweep_id) const {
   absl::StatusOr<Lease> lease = Acquire();
   if (!lease.ok()) return lease.status();
-  // The id first (a name wins over an id that looks the same), then the view by its GROUP BY
-  // column, which SQLite pushes into the aggregate: filtering the view by name aggregated every
-  // run of every sweep first (35 ms per call with 10,000 runs stored).
-  absl::StatusOr<Stmt*> find = (*lease)->cache->Get(
-      "SELECT id FROM sweeps WHERE name = ?2 OR id = ?1 ORDER BY name = ?2 DESC LIMIT 1");
-  if (!find.ok()) return find.status();
-  int64_t id = 0;
-  if (!absl::SimpleAtoi(name_or_id, &id)) id = -1;
-  (*find)->Bind(1, id).Bind(2, name_or_id);
-  absl::StatusOr<bool> found = (*find)->Step();
-  if (!found.ok()) return found.status();
-  if (!*found) return absl::NotFoundError(absl::StrCat("store: no sweep named ", name_or_id));
-  id = (*find)->ColumnInt(0);
-  (*find)->Reset();
   absl::StatusOr<Stmt*> stmt = (*lease)->cache->Get(
       absl::StrCat("SELECT ", kSweepColumns, " FROM sweep_progress WHERE sweep_id = ?1"));
   if (!stmt.ok()) return stmt.status();
-  (*stmt)->Bind(1, id);
+  (*stmt)->Bind(1, sweep_id);
   absl::StatusOr<bool> row = (*stmt)->Step();
   if (!row.ok()) return row.status();
-  if (!*row) return absl::NotFoundError(absl::StrCat("store: no sweep named ", name_or_id));
+  if (!*row) return absl::NotFoundError(absl::StrCat("store: no sweep ", sweep_id));
   SweepInfo info = ReadSweep(**stmt);
   (*stmt)->Reset();
   return info;

@@ -8,8 +8,10 @@
 // outrun its time and memory limits. In WAL mode a reader reads the last committed snapshot and
 // never waits for the writer, nor makes it wait.
 //
-// Thread safety: all methods are thread-safe. Connections come from a pool (one per concurrent
-// caller, up to ReaderOptions::max_connections; further callers wait for a free one).
+// Thread safety: all methods are thread-safe. Connections come from two pools: the typed reads'
+// (one per concurrent caller, up to ReaderOptions::max_connections; further callers wait for a
+// free one) and the users' SQL (ReadOnlyQuery: at most max_query_connections at once, a caller
+// waits at most query_wait), so users' queries never stall the coordinator's own reads.
 #ifndef ABLATE_ORCHESTRATOR_STORE_READER_H_
 #define ABLATE_ORCHESTRATOR_STORE_READER_H_
 
@@ -33,7 +35,12 @@ namespace ablate {
 
 struct ReaderOptions {
   std::string path;          // the database file (it must exist: the coordinator creates it)
-  int max_connections = 4;   // pool size: concurrent queries beyond this wait
+  int max_connections = 4;   // pool size of the typed reads: callers beyond this wait
+  // Users' SQL (ReadOnlyQuery) has a pool of its own, so that runaway queries never hold the
+  // connections scheduling and the dashboard read with: at most this many run at once, and a
+  // query that waits longer than query_wait for one is Unavailable.
+  int max_query_connections = 2;
+  absl::Duration query_wait = absl::Seconds(2);
   absl::Duration busy_timeout = absl::Seconds(5);  // only while a WAL is being recovered
 };
 
@@ -79,6 +86,7 @@ struct RunInfo {
   double tokens_per_s = kNaN, wall_s = kNaN;
   std::string reason;
   int64_t reused_from = 0;  // the run whose results this one reused (its curves too); 0 = none
+  int attempt_base = 0;     // attempts when a user last queued it again: retries count from here
 };
 
 struct LatestStep {
@@ -217,14 +225,17 @@ class StoreReader {
   //   "query: write statements are not allowed (INSERT)", "... (ATTACH)", "query: PRAGMA
   //   user_version = 5 is not allowed (only reading PRAGMAs)". More than one statement is
   //   InvalidArgument; a syntax error is InvalidArgument with SQLite's message; running past
-  //   limits.timeout is DeadlineExceeded.
+  //   limits.timeout is DeadlineExceeded. Unavailable ("busy") when max_query_connections
+  //   queries kept running for query_wait.
   absl::StatusOr<QueryResult> ReadOnlyQuery(const std::string& sql,
                                             const QueryLimits& limits = {}) const;
 
   // Sweeps, newest first, with progress counts.
   absl::StatusOr<std::vector<SweepInfo>> ListSweeps() const;
-  // By name, or by id when `name_or_id` is a number. NotFound otherwise.
+  // By name, or by id when `name_or_id` is a number no sweep is named. NotFound otherwise.
   absl::StatusOr<SweepInfo> GetSweep(const std::string& name_or_id) const;
+  // By id only (a sweep named "3" is not sweep 3). NotFound otherwise.
+  absl::StatusOr<SweepInfo> GetSweepById(int64_t sweep_id) const;
 
   absl::StatusOr<std::vector<RunInfo>> ListRuns(const RunFilter& filter) const;
   absl::StatusOr<RunInfo> GetRun(int64_t run_id) const;
@@ -285,8 +296,17 @@ class StoreReader {
 
   explicit StoreReader(const ReaderOptions& options);
   absl::StatusOr<std::unique_ptr<Connection>> Connect() const;
-  absl::StatusOr<Lease> Acquire() const;
-  void Release(std::unique_ptr<Connection> connection) const;
+  // Connections of one kind, idle and in all (idle + leased).
+  struct Pool {
+    std::vector<std::unique_ptr<Connection>> idle;
+    int open = 0;
+    int max = 0;
+  };
+  // A connection of `pool` (the typed reads' by default), waiting until `deadline` for one:
+  // Unavailable past it.
+  absl::StatusOr<Lease> Acquire(Pool* pool = nullptr,
+                                absl::Time deadline = absl::InfiniteFuture()) const;
+  void Release(Pool* pool, std::unique_ptr<Connection> connection) const;
   // Runs the cached statement `sql` on a pooled connection: `bind(Stmt&)` binds its parameters,
   // `read(const Stmt&)` is called on each row (defined in reader.cc, its only user).
   template <typename Bind, typename Read>
@@ -296,9 +316,8 @@ class StoreReader {
   const ReaderOptions options_;
 
   mutable absl::Mutex mu_;
-  // Idle connections, and how many exist in all (idle + leased).
-  mutable std::vector<std::unique_ptr<Connection>> idle_ ABSL_GUARDED_BY(mu_);
-  mutable int open_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable Pool reads_ ABSL_GUARDED_BY(mu_);    // typed reads
+  mutable Pool queries_ ABSL_GUARDED_BY(mu_);  // users' SQL
 };
 
 // The enum name of a run state ("RUNNING"), and back (RUN_STATE_UNSPECIFIED when unknown).

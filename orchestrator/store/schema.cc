@@ -335,11 +335,37 @@ LEFT JOIN eval_metrics e
   AND e.step = (SELECT max(step) FROM eval_metrics WHERE run_id = coalesce(r.reused_from, r.id));
 )sql";
 
+// Version 4, hardening:
+// - sweep_progress sums steps with total() (a float, which cannot overflow) capped to the int64
+//   range: a run whose stored step count is absurd (written before the coordinator checked
+//   reports at the door) made sum() fail with "integer overflow", and with it every read of
+//   sweeps, the coordinator's own start-up included;
+// - runs.attempt_base: the attempts a run had when a user last queued it again (rerun), so that
+//   its retries count from there across a coordinator restart.
+constexpr char kSchemaV4[] = R"sql(
+ALTER TABLE runs ADD COLUMN attempt_base INTEGER NOT NULL DEFAULT 0;
+DROP VIEW sweep_progress;
+CREATE VIEW sweep_progress AS
+SELECT s.id AS sweep_id, s.name AS sweep, s.state, s.priority, s.created_at,
+       count(r.id) AS runs,
+       coalesce(sum(r.state = 'PENDING'), 0) AS pending,
+       coalesce(sum(r.state = 'RUNNING'), 0) AS running,
+       coalesce(sum(r.state = 'SUCCEEDED'), 0) AS succeeded,
+       coalesce(sum(r.state = 'FAILED'), 0) AS failed,
+       coalesce(sum(r.state = 'DIVERGED'), 0) AS diverged,
+       coalesce(sum(r.state = 'CANCELLED'), 0) AS cancelled,
+       coalesce(sum(r.state = 'INTERRUPTED'), 0) AS interrupted,
+       CAST(min(max(total(r.steps_done), 0), 9.2e18) AS INTEGER) AS steps_done,
+       CAST(min(max(total(r.steps_total), 0), 9.2e18) AS INTEGER) AS steps_total
+FROM sweeps s LEFT JOIN runs r ON r.sweep_id = s.id
+GROUP BY s.id;
+)sql";
+
 }  // namespace
 
 const std::vector<std::string>& StoreMigrations() {
   static const std::vector<std::string>* migrations =
-      new std::vector<std::string>{kSchemaV1, kSchemaV2, kSchemaV3};
+      new std::vector<std::string>{kSchemaV1, kSchemaV2, kSchemaV3, kSchemaV4};
   return *migrations;
 }
 

@@ -1,5 +1,8 @@
 #include "orchestrator/store/store.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <pthread.h>
 
 #include <algorithm>
@@ -389,10 +392,12 @@ absl::Status ApplyTransition(StoreWriter& w, const RunTransition& t, TransitionR
     run->Bind(4, now);
     STORE_RETURN_IF_ERROR(run->Run());
   } else if (!t.has_summary) {
-    STORE_ASSIGN_OR_RETURN(run, w.Get("UPDATE runs SET state = ?2, reason = ?3, finished_at = ?4 "
-                                      "WHERE id = ?1"));
+    STORE_ASSIGN_OR_RETURN(run, w.Get("UPDATE runs SET state = ?2, reason = ?3, finished_at = ?4, "
+                                      "attempt_base = CASE WHEN ?5 THEN attempts ELSE "
+                                      "attempt_base END WHERE id = ?1"));
     run->Bind(1, t.run_id).Bind(2, RunStateName(t.to)).Bind(3, t.reason);
     if (IsTerminal(t.to)) run->Bind(4, now);
+    run->Bind(5, static_cast<int64_t>(t.rebase_attempts));
     STORE_RETURN_IF_ERROR(run->Run());
   } else {
     // The end and the summary in one UPDATE: SQLite rewrites the whole row for each.
@@ -472,6 +477,13 @@ Store::Store(const StoreOptions& options) : options_(options), backoff_(options.
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
   if (options.path.empty()) return absl::InvalidArgumentError("store: no database path");
+  // Created mode 0600 (SQLite would make it 0644 under the usual umask): the results, the
+  // workers' names and the specs are the owner's alone. SQLite gives its -wal and -shm files the
+  // database file's mode.
+  if (const int fd = ::open(options.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      fd >= 0) {
+    ::close(fd);
+  }
   absl::StatusOr<SqliteDb> db =
       OpenDb(options.path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX);
   if (!db.ok()) return db.status();
@@ -844,6 +856,49 @@ absl::Status Store::SetSweepState(int64_t sweep_id, const std::string& state) {
                            absl::StrCat("sweep ", sweep_id, " is ", state));
       },
       2);
+}
+
+absl::StatusOr<SweepCancellation> Store::CancelSweep(int64_t sweep_id) {
+  auto result = std::make_shared<SweepCancellation>();
+  absl::Status s = RunSync(
+      [sweep_id, result](StoreWriter& w) -> absl::Status {
+        *result = SweepCancellation();
+        STORE_ASSIGN_OR_RETURN(stmt, w.Get("UPDATE sweeps SET state = 'CANCELLED', finished_at = "
+                                           "?2 WHERE id = ?1"));
+        stmt->Bind(1, sweep_id).Bind(2, w.Now());
+        STORE_RETURN_IF_ERROR(stmt->Run());
+        if (sqlite3_changes(w.db()) == 0) {
+          return absl::NotFoundError(absl::StrCat("store: no sweep ", sweep_id));
+        }
+        STORE_RETURN_IF_ERROR(InsertEvent(w, sweep_id, 0, "sweep_state",
+                                          absl::StrCat("sweep ", sweep_id, " is CANCELLED")));
+        STORE_ASSIGN_OR_RETURN(list, w.Get("SELECT id, state FROM runs WHERE sweep_id = ?1 AND "
+                                           "state IN ('PENDING', 'RUNNING', 'INTERRUPTED') "
+                                           "ORDER BY id"));
+        list->Bind(1, sweep_id);
+        std::vector<int64_t> unstarted;
+        for (;;) {
+          STORE_ASSIGN_OR_RETURN(row, list->Step());
+          if (!row) break;
+          (list->ColumnText(1) == "RUNNING" ? result->running : unstarted)
+              .push_back(list->ColumnInt(0));
+        }
+        list->Reset();
+        for (int64_t run_id : unstarted) {
+          RunTransition t;
+          t.run_id = run_id;
+          t.from = {PENDING, INTERRUPTED};
+          t.to = CANCELLED;
+          t.reason = "cancelled";
+          TransitionResult ignored;
+          STORE_RETURN_IF_ERROR(ApplyTransition(w, t, &ignored));
+          result->cancelled.push_back(run_id);
+        }
+        return absl::OkStatus();
+      },
+      16);
+  if (!s.ok()) return s;
+  return *result;
 }
 
 absl::StatusOr<TransitionResult> Store::TransitionRun(const RunTransition& transition) {

@@ -138,8 +138,16 @@ struct RunTransition {
   int64_t worker_id = 0;    // the new attempt's worker (-> RUNNING)
   std::string attempt_end;  // how the current attempt ends; "" = the name of `to`
   std::string reason;
+  // A user queued the run again (rerun): its attempts so far become its attempt_base, from which
+  // retries count.
+  bool rebase_attempts = false;
   bool has_summary = false;
   RunSummary summary;  // final results (when has_summary and `to` is not RUNNING)
+};
+
+struct SweepCancellation {
+  std::vector<int64_t> cancelled;  // runs that were PENDING or INTERRUPTED
+  std::vector<int64_t> running;    // runs still RUNNING
 };
 
 struct TransitionResult {
@@ -204,8 +212,12 @@ class Store {
   // Inserts the sweep, one variants row per variant (from its first run) and every run,
   // PENDING. AlreadyExists when a sweep of that name exists.
   absl::StatusOr<SweepIds> CreateSweep(const SweepRecord& record);
-  // ACTIVE/DONE/CANCELLED. Cancelling does not touch the runs (the scheduler transitions them).
+  // ACTIVE/DONE/CANCELLED. Does not touch the runs (see CancelSweep).
   absl::Status SetSweepState(int64_t sweep_id, const std::string& state);
+  // In one transaction: the sweep CANCELLED and each of its PENDING or INTERRUPTED runs
+  // CANCELLED. Its RUNNING runs are left to their workers (the coordinator tells them to stop).
+  // NotFound for an unknown sweep.
+  absl::StatusOr<SweepCancellation> CancelSweep(int64_t sweep_id);
 
   // FailedPrecondition "run 7 is SUCCEEDED, not RUNNING" when the CAS fails (nothing changes),
   // NotFound for an unknown run, InvalidArgument for an edge that is not allowed.

@@ -773,6 +773,72 @@ TEST_F(StoreTest, NoQueryOutrunsItsLimitsInOneCall) {
   EXPECT_NE(json->find("\xef\xbf\xbd"), std::string::npos);
 }
 
+// Users' SQL has a pool of its own: runaway queries make the next one wait a bounded time and
+// fail "busy", while the typed reads scheduling and the dashboard depend on, and the writer, go on.
+TEST_F(StoreTest, RunawayQueriesCannotStallTypedReadsOrTheWriter) {
+  const SweepIds ids = Submit("s", {"baseline", "gated"}, 1);
+  ReaderOptions ro;
+  ro.path = path_;
+  ro.max_query_connections = 2;
+  ro.query_wait = absl::Milliseconds(200);
+  absl::StatusOr<std::unique_ptr<StoreReader>> reader = StoreReader::Open(ro);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  QueryLimits runaway;
+  runaway.timeout = absl::Seconds(3);
+  constexpr char kForever[] =
+      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c";
+  std::vector<std::thread> running;
+  std::atomic<int> timed_out{0};
+  for (int i = 0; i < 2; ++i) {
+    running.emplace_back([&] {
+      if (absl::IsDeadlineExceeded((*reader)->ReadOnlyQuery(kForever, runaway).status())) {
+        ++timed_out;
+      }
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(300));  // both hold their connections now
+  absl::StatusOr<QueryResult> third = (*reader)->ReadOnlyQuery("SELECT 1");
+  EXPECT_TRUE(absl::IsUnavailable(third.status())) << third.status();
+  EXPECT_NE(third.status().message().find("busy"), std::string::npos) << third.status();
+  // Meanwhile the typed reads and the writer are served.
+  for (int i = 0; i < 8; ++i) {
+    absl::StatusOr<std::vector<SweepInfo>> sweeps = (*reader)->ListSweeps();
+    ASSERT_TRUE(sweeps.ok()) << sweeps.status();
+    EXPECT_EQ(sweeps->size(), 1u);
+  }
+  EXPECT_GT(Start(ids.run_ids[0]), 0);
+  for (std::thread& t : running) t.join();
+  EXPECT_EQ(timed_out.load(), 2);
+  EXPECT_TRUE((*reader)->ReadOnlyQuery("SELECT 1").ok());
+}
+
+// CSV and JSON are capped like the aligned table (an answer must fit one gRPC message); JSON is
+// written row by row in nlohmann's two-space layout.
+TEST_F(StoreTest, QueryOutputInEveryFormatIsCapped) {
+  absl::StatusOr<QueryResult> two = store_->reader().ReadOnlyQuery(
+      "SELECT 1 AS a, 'x\ny' AS b UNION ALL SELECT 2, NULL");
+  ASSERT_TRUE(two.ok()) << two.status();
+  absl::StatusOr<std::string> json = FormatQueryResult(*two, "json");
+  ASSERT_TRUE(json.ok());
+  EXPECT_EQ(*json, nlohmann::json::parse(*json).dump(2) + "\n");
+  EXPECT_EQ(*json, "[\n  {\n    \"a\": 1,\n    \"b\": \"x\\ny\"\n  },\n  {\n    \"a\": 2,\n"
+                   "    \"b\": null\n  }\n]\n");
+  absl::StatusOr<QueryResult> none = store_->reader().ReadOnlyQuery("SELECT 1 AS a WHERE 0");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*FormatQueryResult(*none, "json"), "[]\n");
+
+  absl::StatusOr<QueryResult> big = store_->reader().ReadOnlyQuery(
+      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 20) "
+      "SELECT x, hex(zeroblob(500000)) AS h FROM c");
+  ASSERT_TRUE(big.ok()) << big.status();
+  for (const char* format : {"csv", "json"}) {
+    absl::StatusOr<std::string> out = FormatQueryResult(*big, format);
+    EXPECT_TRUE(absl::IsResourceExhausted(out.status())) << format << out.status();
+    EXPECT_NE(out.status().message().find("the limit is 12582912"), std::string::npos)
+        << out.status();
+  }
+}
+
 TEST_F(StoreTest, QueryResultsFormatAsTableCsvAndJson) {
   absl::StatusOr<QueryResult> r = store_->reader().ReadOnlyQuery(
       "SELECT 1 AS a, 2.5 AS b, 'x,\"y\"' AS c, NULL AS d");
