@@ -13,7 +13,7 @@ SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PACKAGES := cmake ninja-build g++ pkg-config \
   libtorch-dev libopenblas0-openmp \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-  libsqlite3-dev libfmt-dev libboost-dev libyaml-cpp-dev nlohmann-json3-dev \
+  libsqlite3-dev libssl-dev libfmt-dev libboost-dev libyaml-cpp-dev nlohmann-json3-dev \
   libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev \
   bible-kjv nodejs
 # What only the tests need on top (`make deps-test`, run by `make test`):
@@ -181,6 +181,7 @@ bench: deps-bench build data
 	/usr/bin/python3 bench/train_throughput.py --build $(BUILD)
 	$(BUILD)/bench_store
 	$(BUILD)/bench_scheduler
+	$(BUILD)/bench_query_isolation
 
 # The binaries and the default corpus, where `ablate up` and the workers find them from any
 # directory: PREFIX/bin/ablate, PREFIX/bin/ablate-worker, PREFIX/share/ablate/kjv.txt.

@@ -150,6 +150,7 @@ class SimWorker {
     report->set_worker_id(worker_id_);
     report->set_run_id(job_.run_id());
     report->set_attempt(job_.attempt());
+    report->set_lease_secret(job_.lease_secret());
     report->set_seq(seq);
     for (int i = first; i < first + batch_now_ && i <= points_now_; ++i) {
       StepMetrics* m = report->add_steps();
@@ -175,6 +176,7 @@ class SimWorker {
     finish_.set_worker_id(worker_id_);
     finish_.set_run_id(job_.run_id());
     finish_.set_attempt(job_.attempt());
+    finish_.set_lease_secret(job_.lease_secret());
     // The next job only when this worker will run it (a leased job nobody runs waits for its
     // lease to expire).
     finish_.set_acquire_next(protocol_ == SimProtocol::kFinishCarries && WantsMore());

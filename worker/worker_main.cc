@@ -9,6 +9,7 @@
 #include "config/binary_init.h"
 #include "proto/grpc_status.h"
 #include "config/state_dir.h"
+#include "config/token_flag.h"
 #include "worker/agent/agent.h"
 #include "worker/standalone.h"
 
@@ -25,10 +26,10 @@ int RunWorker(int argc, char** argv) {
   double idle_exit_s = 0, report_interval_s = 1;
   app.add_option("--coordinator", agent.coordinator, "the coordinator's HOST:PORT")
       ->envname("ABLATE_COORDINATOR");
-  CLI::Option* token =
-      app.add_option("--token", agent.token, "bearer token for the coordinator (else ABLATE_TOKEN)");
-  app.add_option("--token-file", token_file, "read the bearer token from this file")
-      ->excludes(token);
+  app.add_option("--token-file", token_file,
+                 "read the worker credential from this file (the coordinator's "
+                 "STATE_DIR/worker-token; else $ABLATE_TOKEN)");
+  ablate::RefuseTokenOnCommandLine(&app);
   app.add_option("--tls-ca", agent.tls_ca, "PEM CA bundle to verify a TLS coordinator")
       ->envname("ABLATE_TLS_CA");
   app.add_option("--device", agent.device, "cpu, cuda or cuda:N for every job (overrides train.device)");
@@ -66,8 +67,8 @@ int RunWorker(int argc, char** argv) {
       return 1;
     }
     agent.token = *read;
-  } else if (agent.token.empty() && std::getenv("ABLATE_TOKEN") != nullptr) {
-    agent.token = std::getenv("ABLATE_TOKEN");
+  } else {
+    agent.token = ablate::EnvOrEmpty("ABLATE_TOKEN");
   }
   agent.idle_exit = absl::Seconds(idle_exit_s);
   agent.report_interval = absl::Seconds(report_interval_s);

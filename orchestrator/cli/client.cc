@@ -11,8 +11,13 @@
 #include "proto/grpc_status.h"
 
 namespace ablate {
-ClientOptions ResolveClientOptions(const ClientOptions& flags) {
+absl::StatusOr<ClientOptions> ResolveClientOptions(const ClientOptions& flags) {
   ClientOptions o = flags;
+  if (o.token.empty() && !o.token_file.empty()) {
+    absl::StatusOr<std::string> read = ReadTokenFile(o.token_file);
+    if (!read.ok()) return read.status();
+    o.token = *read;
+  }
   const std::filesystem::path dir(o.state_dir.empty() ? ".ablate" : o.state_dir);
   if (o.coordinator.empty()) o.coordinator = EnvOrEmpty("ABLATE_COORDINATOR");
   if (o.coordinator.empty()) o.coordinator = ReadFirstLine((dir / "address").string());
@@ -52,15 +57,25 @@ absl::Status FromGrpc(const grpc::Status& status, const std::string& address) {
     case grpc::StatusCode::UNAUTHENTICATED:
       return absl::Status(code, absl::StrCat("the coordinator at ", address, " refused the token: ",
                                              status.error_message(),
-                                             " (pass --token, set ABLATE_TOKEN, or give the "
-                                             "coordinator's --state-dir: its token file is read)"));
+                                             " (pass --token-file, set ABLATE_TOKEN, or give "
+                                             "the coordinator's --state-dir: its token file is "
+                                             "read)"));
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return absl::Status(code, absl::StrCat("the coordinator at ", address, " refused: ",
+                                             status.error_message()));
     default:
       return FromGrpcStatus(status);
   }
 }
 
-CoordinatorClient::CoordinatorClient(const ClientOptions& options)
-    : options_(ResolveClientOptions(options)) {
+CoordinatorClient::CoordinatorClient(const ClientOptions& options) {
+  absl::StatusOr<ClientOptions> resolved = ResolveClientOptions(options);
+  if (!resolved.ok()) {
+    ready_ = resolved.status();
+    options_ = options;
+    return;
+  }
+  options_ = *std::move(resolved);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       MakeChannelCredentials(options_.tls_ca);
   if (!credentials.ok()) {

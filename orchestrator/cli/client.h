@@ -2,7 +2,7 @@
 // carries the token and a deadline.
 //
 // Address and token, first found wins:
-//   1. --coordinator HOST:PORT / --token TOKEN
+//   1. --coordinator HOST:PORT / --token-file FILE (a token itself never goes on a command line)
 //   2. $ABLATE_COORDINATOR / $ABLATE_TOKEN
 //   3. <state dir>/address and <state dir>/token (written by `ablate serve`; default ./.ablate)
 //   4. address 127.0.0.1:50051 (no token: the coordinator will refuse the call)
@@ -30,13 +30,15 @@ namespace ablate {
 struct ClientOptions {
   std::string coordinator;  // "" = resolve (above)
   std::string token;        // "" = resolve (above)
+  std::string token_file;   // read when token is "" (an unreadable file: the client's ready())
   std::string state_dir = ".ablate";
   std::string tls_ca;       // "" = resolve (above)
   absl::Duration timeout = absl::Seconds(30);  // the deadline of each unary call
 };
 
-// Fills coordinator, token and tls_ca as described above.
-ClientOptions ResolveClientOptions(const ClientOptions& flags);
+// Fills coordinator, token and tls_ca as described above. NotFound or InvalidArgument naming
+// token_file when it is given and cannot be read or is empty.
+absl::StatusOr<ClientOptions> ResolveClientOptions(const ClientOptions& flags);
 
 // grpc::Status -> absl::Status (same code), the message prefixed for the CLI.
 absl::Status FromGrpc(const grpc::Status& status, const std::string& address);
@@ -68,7 +70,7 @@ class CoordinatorClient {
                                                         Response*),
       const Request& request);
 
-  const ClientOptions options_;
+  ClientOptions options_;  // resolved; constant after construction
   absl::Status ready_;
   std::unique_ptr<ablate::Coordinator::Stub> stub_;
 };

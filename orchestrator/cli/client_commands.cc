@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "fmt/format.h"
+#include "config/token_flag.h"
 #include "orchestrator/store/reader.h"
 
 namespace ablate {
@@ -21,12 +22,12 @@ namespace {
 
 // Flags every client command shares.
 struct ClientFlags {
-  std::string coordinator, token, tls_ca, state_dir = ".ablate";
+  std::string coordinator, token_file, tls_ca, state_dir = ".ablate";
   double timeout_s = 30;
   ClientOptions Options() const {
     ClientOptions o;
     o.coordinator = coordinator;
-    o.token = token;
+    o.token_file = token_file;
     o.tls_ca = tls_ca;
     o.state_dir = state_dir;
     o.timeout = absl::Seconds(timeout_s);
@@ -38,8 +39,10 @@ void AddClientFlags(CLI::App* cmd, ClientFlags* flags) {
   cmd->add_option("--coordinator", flags->coordinator,
                   "HOST:PORT (default: $ABLATE_COORDINATOR, else STATE_DIR/address, else "
                   "127.0.0.1:50051)");
-  cmd->add_option("--token", flags->token,
-                  "bearer token (default: $ABLATE_TOKEN, else STATE_DIR/token)");
+  cmd->add_option("--token-file", flags->token_file,
+                  "read the credential from this file (default: $ABLATE_TOKEN, else "
+                  "STATE_DIR/token)");
+  RefuseTokenOnCommandLine(cmd);
   cmd->add_option("--tls-ca", flags->tls_ca,
                   "PEM CA bundle to verify a TLS coordinator (default: $ABLATE_TLS_CA, else "
                   "STATE_DIR/tls-ca.pem when present, else plaintext)");

@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "fmt/format.h"
 #include "orchestrator/cli/process.h"
+#include "config/credentials.h"
 #include "config/state_dir.h"
 #include "orchestrator/dashboard/server.h"
 
@@ -35,9 +36,9 @@ absl::Status RunDashboard(const DashboardCommandOptions& options, std::ostream& 
   if (!std::filesystem::exists(o.db_path)) {  // before a token is created for nothing
     return absl::NotFoundError(absl::StrCat("dashboard: no database at ", o.db_path));
   }
-  absl::StatusOr<std::string> token = LoadOrCreateToken(options.state_dir);
-  if (!token.ok()) return token.status();
-  o.token = *token;
+  absl::StatusOr<Credentials> credentials = LoadOrCreateCredentials(options.state_dir);
+  if (!credentials.ok()) return credentials.status();
+  o.token = credentials->read;
   absl::StatusOr<std::unique_ptr<DashboardServer>> dashboard = DashboardServer::Start(o);
   if (!dashboard.ok()) return dashboard.status();
   out << fmt::format("ablate dashboard: {} (read-only: {})\n", (*dashboard)->Url(), o.db_path)

@@ -23,10 +23,11 @@ absl::Status RunServe(const ServerOptions& options, std::ostream& out, int dashb
   CoordinatorServer& server = (*served)->server();
   const std::filesystem::path dir(options.state_dir);
   out << fmt::format(
-             "ablate serve: listening on {}:{}{} (clients: {}); database {}, token {} (mode 0600), "
-             "checkpoints under {}\n",
+             "ablate serve: listening on {}:{}{} (clients: {}); database {}, credentials {} "
+             "(admin), {} (workers), {} (read-only), mode 0600; checkpoints under {}\n",
              options.host, server.port(), options.tls_cert_file.empty() ? "" : " with TLS",
              server.address(), (dir / "ablate.db").string(), (dir / "token").string(),
+             (dir / kWorkerTokenFile).string(), (dir / kReadTokenFile).string(),
              options.checkpoint_root.empty() ? (dir / "checkpoints").string()
                                              : options.checkpoint_root)
       << std::flush;

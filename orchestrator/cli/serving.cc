@@ -65,7 +65,7 @@ std::unique_ptr<DashboardServer> StartDashboard(CoordinatorServer* server, const
   DashboardOptions o;
   o.host = host;
   o.port = port;
-  o.token = server->token();
+  o.token = server->credentials().read;
   o.reader = &server->store()->reader();
   Store* store = server->store();
   o.operator_stats = [store] { return StoreMetrics(store->Stats()); };

@@ -27,6 +27,7 @@
 #include "fmt/format.h"
 #include "orchestrator/cli/client.h"
 #include "proto/tls.h"
+#include "config/credentials.h"
 #include "orchestrator/cli/process.h"
 
 extern char** environ;
@@ -103,8 +104,9 @@ absl::StatusOr<std::vector<std::string>> PilotDirectives(const PilotScriptOption
       absl::StrCat("--output=", (fs::path(o.log_dir) / "pilot-%A_%a.log").string()),
       // B: only the batch shell, which is the worker (exec); "@": seconds before the time limit.
       absl::StrCat("--signal=B:TERM@", o.signal_before_s),
-      // The token reaches the worker in the environment (ABLATE_TOKEN).
-      "--export=ALL",
+      // The token reaches the worker in the environment (ABLATE_TOKEN), with the few variables
+      // a process needs, not the whole of the submitting shell's environment.
+      absl::StrCat("--export=", kPilotEnvironment),
       absl::StrCat("--cpus-per-task=", o.cpus_per_task),
   };
   if (!o.partition.empty()) d.push_back(absl::StrCat("--partition=", o.partition));
@@ -219,7 +221,7 @@ absl::StatusOr<std::string> PilotScript(const PilotScriptOptions& o) {
       "# file; nothing here turns on command tracing (xtrace), so it never reaches the log.\n"
       "if [ -z \"${ABLATE_TOKEN:-}\" ]; then\n"
       "  echo \"ablate pilot: ABLATE_TOKEN is not in the environment (submit with sbatch "
-      "--export=ALL)\" >&2\n"
+      "--export=ABLATE_TOKEN,...)\" >&2\n"
       "  exit 1\n"
       "fi\n"
       "# exec: the worker replaces this shell, so SLURM's --signal=B:TERM (sent to the batch\n"
@@ -329,14 +331,20 @@ absl::Status RunWorkersLaunch(const WorkersOptions& options, std::ostream& out) 
         "serve --host 0.0.0.0` with this state dir (it writes ",
         (state / "address").string(), ")"));
   }
-  std::string token = options.token;
+  // The worker credential: a pilot cannot submit, cancel or read results with it.
+  std::string token;
+  if (!options.token_file.empty()) {
+    absl::StatusOr<std::string> read = ReadTokenFile(options.token_file);
+    if (!read.ok()) return read.status();
+    token = *read;
+  }
   if (token.empty()) token = EnvOrEmpty("ABLATE_TOKEN");
-  if (token.empty()) token = ReadFirstLine(state / "token");
+  if (token.empty()) token = ReadFirstLine(state / kWorkerTokenFile);
   if (token.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "workers launch: no token for the pilots: pass --token, set ABLATE_TOKEN, or point "
+        "workers launch: no token for the pilots: pass --token-file, set ABLATE_TOKEN, or point "
         "--state-dir at the coordinator's state dir (",
-        (state / "token").string(), ")"));
+        (state / kWorkerTokenFile).string(), ")"));
   }
   absl::StatusOr<std::string> worker = FindWorkerBinary(options.worker_bin);
   if (!worker.ok()) {

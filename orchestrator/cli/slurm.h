@@ -8,8 +8,10 @@
 // (exec), the worker receives it, checkpoints its run, finishes it INTERRUPTED (the coordinator
 // requeues it at once) and exits 0. `scancel` sends the same SIGTERM first.
 //
-// The token never appears in the script, in a log or on a command line: sbatch runs with
-// ABLATE_TOKEN in its environment and `--export=ALL` hands it to the batch shell and the worker
+// The token (the coordinator's worker credential, STATE_DIR/worker-token: a pilot cannot submit,
+// cancel or read results) never appears in the script, in a log or on a command line: sbatch runs
+// with ABLATE_TOKEN in its environment and `--export=ABLATE_TOKEN,PATH,...` (kPilotEnvironment,
+// not the whole environment of the submitting shell) hands it to the batch shell and the worker
 // (which reads ABLATE_TOKEN); the script refuses to start the worker without it and never traces
 // (`set -x`). The coordinator's address is on the worker's command line (it is not a secret).
 //
@@ -41,6 +43,10 @@ namespace ablate {
 
 // The SLURM job name of every pilot (sbatch --job-name).
 inline constexpr char kPilotJobName[] = "ablate-pilot";
+// What sbatch hands the pilots of the submitting shell's environment (--export); SLURM adds its
+// own SLURM_* variables. Unset ones are skipped.
+inline constexpr char kPilotEnvironment[] =
+    "ABLATE_TOKEN,PATH,HOME,USER,LANG,LC_ALL,TMPDIR,LD_LIBRARY_PATH,OMP_NUM_THREADS";
 
 // Everything the pilot script says: what each pilot asks SLURM for and how it runs the worker.
 struct PilotScriptOptions {
@@ -102,10 +108,11 @@ std::vector<std::string> ReadPilotJobs(const std::string& state_dir);
 // What `launch`, `status` and `stop` need besides the pilot script.
 struct WorkersOptions {
   std::string state_dir = ".ablate";
-  // The coordinator's address and token: flag, else $ABLATE_COORDINATOR / $ABLATE_TOKEN, else
-  // STATE_DIR/address and STATE_DIR/token (the order of orchestrator/cli/client.h, without its
-  // fallbacks: a pilot must not dial a guessed address or go without a token).
-  std::string coordinator, token;
+  // The coordinator's address and the pilots' credential: flag (--coordinator, --token-file),
+  // else $ABLATE_COORDINATOR / $ABLATE_TOKEN, else STATE_DIR/address and STATE_DIR/worker-token
+  // (the order of orchestrator/cli/client.h, without its fallbacks: a pilot must not dial a
+  // guessed address or go without a token).
+  std::string coordinator, token_file;
   // The CA bundle of a TLS coordinator: flag, else $ABLATE_TLS_CA, else STATE_DIR/tls-ca.pem when
   // it exists (proto/tls.h); the pilots get its absolute path. "" everywhere: plaintext.
   std::string tls_ca;

@@ -53,7 +53,7 @@ absl::Status RunUp(const UpOptions& options, std::ostream& out) {
     if (absl::StartsWith(*e, "ABLATE_TOKEN=") || absl::StartsWith(*e, "ABLATE_COORDINATOR=")) continue;
     env.emplace_back(*e);
   }
-  env.push_back("ABLATE_TOKEN=" + server.token());
+  env.push_back("ABLATE_TOKEN=" + server.credentials().worker);
 
   std::map<pid_t, std::string> running;  // pid -> the worker's name
   for (int i = 1; i <= options.workers; ++i) {

@@ -1,3 +1,4 @@
+#include "config/token_flag.h"
 #include "orchestrator/cli/workers_command.h"
 
 #include <memory>
@@ -61,9 +62,10 @@ void AddWorkersCommand(CLI::App* app, std::ostream* out, std::function<absl::Sta
     cmd->add_option("--tls-ca", o->tls_ca,
                     "CA bundle of a TLS coordinator, on a path the nodes see (default: "
                     "$ABLATE_TLS_CA, else STATE_DIR/tls-ca.pem when present, else plaintext)");
-    cmd->add_option("--token", o->token,
-                    "bearer token (default: $ABLATE_TOKEN, else STATE_DIR/token); passed to the "
-                    "pilots in their environment");
+    cmd->add_option("--token-file", o->token_file,
+                    "the pilots' credential (default: $ABLATE_TOKEN, else "
+                    "STATE_DIR/worker-token); passed to them in their environment");
+    RefuseTokenOnCommandLine(cmd);
     state_dir_flag(cmd, o.get());
     cmd->callback([out, action, o] { *action = [out, o] { return RunWorkersLaunch(*o, *out); }; });
   }

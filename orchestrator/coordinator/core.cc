@@ -11,7 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
+#include "config/credentials.h"
 #include "google/protobuf/util/json_util.h"
+#include "orchestrator/coordinator/door.h"
 #include "orchestrator/spec/expand.h"
 #include "orchestrator/spec/spec.h"
 #include "orchestrator/store/format.h"
@@ -59,6 +61,7 @@ QueuedRun ToQueued(const RunInfo& run, absl::Time not_before,
   q.needs.threads = run.threads;
   q.not_before = not_before;
   q.job = std::move(job);
+  q.total_steps = run.steps_total;
   return q;
 }
 
@@ -118,6 +121,14 @@ absl::Status CoordinatorCore::Rebuild() {
       if (s.state == "CANCELLED") scheduler_.CancelSweep(s.id);
     }
   }
+  // A sweep cancelled by an older coordinator (which cancelled its runs one by one, after the
+  // sweep) may have unstarted runs left: cancelled now.
+  for (const SweepInfo& s : *sweeps) {
+    if (s.state != "CANCELLED" || s.pending + s.interrupted == 0) continue;
+    if (absl::StatusOr<SweepCancellation> c = store_->CancelSweep(s.id); !c.ok()) {
+      return c.status();
+    }
+  }
   RunFilter filter;
   filter.states = {PENDING, RUNNING, INTERRUPTED};
   absl::StatusOr<std::vector<RunInfo>> runs = reader.ListRuns(filter);
@@ -134,6 +145,7 @@ absl::Status CoordinatorCore::Rebuild() {
       }
     }
     absl::MutexLock lock(&mu_);
+    if (run.attempt_base > 0) attempt_base_[run.id] = run.attempt_base;
     if (run.state == RUNNING) {
       scheduler_.RestoreLease(run.id, run.sweep_id, run.worker_id, run.attempts,
                               ToQueued(run, absl::InfinitePast()));
@@ -324,32 +336,17 @@ absl::StatusOr<CancelResponse> CoordinatorCore::Cancel(const CancelRequest& requ
   if (request.sweep().empty()) return absl::InvalidArgumentError("cancel: no sweep given");
   absl::StatusOr<SweepInfo> sweep = store_->reader().GetSweep(request.sweep());
   if (!sweep.ok()) return sweep.status();
-  if (absl::Status s = store_->SetSweepState(sweep->id, "CANCELLED"); !s.ok()) return s;
-  {
-    absl::MutexLock lock(&mu_);
-    scheduler_.CancelSweep(sweep->id);
-  }
-  RunFilter filter;
-  filter.sweep_id = sweep->id;
-  filter.states = {PENDING, RUNNING, INTERRUPTED};
-  absl::StatusOr<std::vector<RunInfo>> runs = store_->reader().ListRuns(filter);
-  if (!runs.ok()) return runs.status();
+  // The sweep and its unstarted runs in one transaction: a crash cannot leave a cancelled sweep
+  // with runs to start.
+  absl::StatusOr<SweepCancellation> cancelled = store_->CancelSweep(sweep->id);
+  if (!cancelled.ok()) return cancelled.status();
   CancelResponse response;
-  for (const RunInfo& run : *runs) {
-    RunTransition t;
-    t.run_id = run.id;
-    t.from = {PENDING, INTERRUPTED};
-    t.to = CANCELLED;
-    t.reason = "cancelled";
-    absl::StatusOr<TransitionResult> r = store_->TransitionRun(t);
-    if (r.ok()) {
-      response.set_cancelled(response.cancelled() + 1);
-      continue;
-    }
-    if (!absl::IsFailedPrecondition(r.status())) return r.status();
-    // RUNNING (maybe just dispatched): its worker is told to stop at its next report.
-    absl::MutexLock lock(&mu_);
-    if (scheduler_.Stop(run.id)) response.set_cancelled(response.cancelled() + 1);
+  response.set_cancelled(static_cast<int32_t>(cancelled->cancelled.size()));
+  absl::MutexLock lock(&mu_);
+  scheduler_.CancelSweep(sweep->id);
+  // RUNNING (maybe just dispatched): its worker is told to stop at its next report.
+  for (int64_t run_id : cancelled->running) {
+    if (scheduler_.Stop(run_id)) response.set_cancelled(response.cancelled() + 1);
   }
   return response;
 }
@@ -378,6 +375,7 @@ absl::StatusOr<RerunResponse> CoordinatorCore::Rerun(const RerunRequest& request
     t.from = filter.states;
     t.to = PENDING;
     t.reason = "rerun";
+    t.rebase_attempts = true;
     absl::StatusOr<TransitionResult> r = store_->TransitionRun(t);
     if (absl::IsFailedPrecondition(r.status())) continue;  // changed meanwhile
     if (!r.ok()) return r.status();
@@ -453,7 +451,7 @@ absl::Status CoordinatorCore::Watch(const WatchRequest& request,
       if (!write(event)) return absl::CancelledError("watch: the client went away");
     }
     if (!unfinished) {
-      absl::StatusOr<SweepInfo> final_sweep = reader.GetSweep(absl::StrCat(sweep->id));
+      absl::StatusOr<SweepInfo> final_sweep = reader.GetSweepById(sweep->id);
       if (!final_sweep.ok()) return final_sweep.status();
       WatchEvent event;
       *event.mutable_sweep_done() = ToSweepStatus(*final_sweep);
@@ -479,6 +477,8 @@ absl::StatusOr<QueryResponse> CoordinatorCore::Query(const QueryRequest& request
   limits.max_rows = request.max_rows() > 0
                         ? std::min<int64_t>(request.max_rows(), options_.max_query_rows)
                         : options_.default_query_rows;
+  // Rows past this are dropped (`truncated`): the formatted answer must fit one gRPC message.
+  limits.max_bytes = int64_t{8} << 20;
   absl::StatusOr<QueryResult> result = store_->reader().ReadOnlyQuery(request.sql(), limits);
   if (!result.ok()) return result.status();
   absl::StatusOr<std::string> formatted = FormatQueryResult(*result, format);
@@ -559,7 +559,8 @@ absl::StatusOr<WorkerOffer> CoordinatorCore::OfferOf(int64_t worker_id) {
       absl::StrCat("worker ", worker_id, " is not registered: register again"));
 }
 
-absl::StatusOr<Job> CoordinatorCore::MakeJob(const QueuedRun& run, int32_t attempt) {
+absl::StatusOr<Job> CoordinatorCore::MakeJob(const QueuedRun& run, int32_t attempt,
+                                             int64_t worker_id) {
   std::shared_ptr<const JobTemplate> made = run.job;
   if (made == nullptr) {
     absl::StatusOr<RunInfo> info = store_->reader().GetRun(run.run_id);
@@ -581,7 +582,19 @@ absl::StatusOr<Job> CoordinatorCore::MakeJob(const QueuedRun& run, int32_t attem
   }
   job.set_sweep(made->sweep);
   job.set_variant(made->variant);
+  job.set_lease_secret(LeaseSecret(options_.lease_key, run.run_id, attempt, worker_id));
   return job;
+}
+
+absl::Status CoordinatorCore::CheckLeaseSecret(absl::string_view what, absl::string_view presented,
+                                               int64_t run_id, int32_t attempt,
+                                               int64_t worker_id) const {
+  if (ConstantTimeEquals(presented, LeaseSecret(options_.lease_key, run_id, attempt, worker_id))) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      what, ": wrong lease secret for run ", run_id, " attempt ", attempt, " on worker ",
+      worker_id, " (only the worker the attempt was leased to may report or finish it)"));
 }
 
 void CoordinatorCore::NoteWorker(int64_t worker_id, const char* state) {
@@ -647,7 +660,7 @@ absl::StatusOr<std::optional<Job>> CoordinatorCore::LeaseStarted(
     absl::MutexLock lock(&mu_);
     scheduler_.SetLeaseAttempt(run.run_id, started->attempt);
   }
-  absl::StatusOr<Job> job = MakeJob(run, started->attempt);
+  absl::StatusOr<Job> job = MakeJob(run, started->attempt, worker_id);
   if (!job.ok()) {
     (void)EndAttemptAndRetry(run.run_id, run.sweep_id, started->attempt, "FAILED",
                              std::string(job.status().message()));
@@ -676,6 +689,11 @@ absl::StatusOr<MetricBatch> CoordinatorCore::BatchOf(const ReportRequest& r, int
 }
 
 absl::StatusOr<ReportResponse> CoordinatorCore::Report(const ReportRequest& request) {
+  if (absl::Status s = CheckLeaseSecret("report", request.lease_secret(), request.run_id(),
+                                        request.attempt(), request.worker_id());
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<MetricBatch> converted =
       BatchOf(request, request.run_id(), request.attempt(), "report: the batch has",
               "send smaller batches");
@@ -686,13 +704,27 @@ absl::StatusOr<ReportResponse> CoordinatorCore::Report(const ReportRequest& requ
     return absl::InvalidArgumentError(
         "report: seq 0 is a heartbeat; number metric batches 1, 2, 3...");
   }
+  const auto not_leased = [&] {
+    return absl::FailedPreconditionError(
+        absl::StrCat("report: run ", request.run_id(), " attempt ", request.attempt(),
+                     " is not leased to worker ", request.worker_id(),
+                     " (lease lost, finished or cancelled): stop this attempt"));
+  };
+  std::optional<Lease> lease;
+  {
+    absl::MutexLock lock(&mu_);
+    lease = scheduler_.GetLease(request.run_id());
+  }
+  if (!lease.has_value() || lease->attempt != request.attempt() ||
+      lease->worker_id != request.worker_id()) {
+    return not_leased();
+  }
+  // Checked before it renews anything: a refused batch is not progress.
+  if (absl::Status s = CheckReportAtDoor(request, lease->total_steps, "report"); !s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);
     if (!scheduler_.Renew(request.run_id(), request.attempt(), request.worker_id())) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("report: run ", request.run_id(), " attempt ", request.attempt(),
-                       " is not leased to worker ", request.worker_id(),
-                       " (lease lost, finished or cancelled): stop this attempt"));
+      return not_leased();
     }
   }
   NoteWorker(request.worker_id(), "BUSY");
@@ -714,7 +746,7 @@ absl::StatusOr<ReportResponse> CoordinatorCore::Report(const ReportRequest& requ
     if (absl::Status s = store_->Flush(); !s.ok()) return s;
   }
   absl::MutexLock lock(&mu_);
-  std::optional<Lease> lease = scheduler_.GetLease(request.run_id());
+  lease = scheduler_.GetLease(request.run_id());
   if (lease.has_value() && lease->stop) response.set_directive(DIRECTIVE_STOP);
   return response;
 }
@@ -769,6 +801,11 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
         "finish: state must be SUCCEEDED, DIVERGED, FAILED, CANCELLED or INTERRUPTED, got ",
         RunStateName(state)));
   }
+  if (absl::Status s = CheckLeaseSecret("finish", request.lease_secret(), request.run_id(),
+                                        request.attempt(), request.worker_id());
+      !s.ok()) {
+    return s;
+  }
   std::optional<MetricBatch> batch;
   if (request.has_final_report()) {
     const ReportRequest& r = request.final_report();
@@ -807,6 +844,18 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
                      " is not leased to worker ", request.worker_id(), " (it is ",
                      RunStateName(run->state), ", attempt ", run->attempts, ")"));
   }
+  if (request.has_final_report()) {
+    if (absl::Status s = CheckReportAtDoor(request.final_report(), lease->total_steps,
+                                           "finish: final_report");
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (state != FAILED && state != INTERRUPTED) {
+    if (absl::Status s = CheckSummaryAtDoor(request.summary(), lease->total_steps); !s.ok()) {
+      return s;
+    }
+  }
   // IDLE, unless the worker takes its next job now (then LeaseStarted notes BUSY: one write,
   // not two, per job handed over).
   if (!request.acquire_next()) NoteWorker(request.worker_id(), "IDLE");
@@ -820,7 +869,7 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
     }
   }
   const std::string reason =
-      !request.error().empty() ? request.error() : request.summary().reason();
+      BoundedText(!request.error().empty() ? request.error() : request.summary().reason());
   FinishResponse response;
   if (state == FAILED) {
     // Retries and backoff have their own path; the batch and the next job then take their own
@@ -856,6 +905,7 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
     t.to = state;
     t.has_summary = true;
     t.summary = request.summary();
+    t.summary.set_reason(BoundedText(t.summary.reason()));
   }
   // The next run is picked now and started in the same transaction that ends this one.
   std::optional<QueuedRun> next;

@@ -69,6 +69,9 @@ struct CoordinatorOptions {
   int64_t max_spec_bytes = 1 << 20;     // SubmitRequest.spec_yaml
   int max_runs_per_sweep = 10000;       // runs after expansion
   int64_t max_batch_rows = 200000;      // MetricBatch::Rows() of one report
+  // The coordinator's secret: every Job's lease secret is derived from it (config/credentials.h),
+  // so a restarted coordinator with the same secret accepts the leases it handed out before.
+  std::string lease_key;
   // Query limits: default and maximum rows, time per statement.
   int64_t default_query_rows = 10000;
   int64_t max_query_rows = 1000000;
@@ -130,7 +133,10 @@ class CoordinatorCore {
   absl::StatusOr<WorkerOffer> OfferOf(int64_t worker_id);
   // The job of `run`'s attempt: from its template (the stored config when it has none), and the
   // latest checkpoint of an earlier attempt.
-  absl::StatusOr<Job> MakeJob(const QueuedRun& run, int32_t attempt);
+  absl::StatusOr<Job> MakeJob(const QueuedRun& run, int32_t attempt, int64_t worker_id);
+  // PermissionDenied unless `presented` is the lease secret of (run, attempt, worker).
+  absl::Status CheckLeaseSecret(absl::string_view what, absl::string_view presented,
+                                int64_t run_id, int32_t attempt, int64_t worker_id) const;
   // The metric batch of a report (a Report's, or a Finish's final_report) for (run, attempt);
   // ResourceExhausted "<what> N rows; the limit is M: <advice>" past max_batch_rows.
   absl::StatusOr<MetricBatch> BatchOf(const ReportRequest& report, int64_t run_id,

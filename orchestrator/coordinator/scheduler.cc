@@ -143,6 +143,7 @@ std::optional<QueuedRun> Scheduler::Acquire(int64_t worker_id, const WorkerOffer
     lease.worker_id = worker_id;
     lease.expiry = clock_->Now() + options_.lease_timeout;
     lease.stop = sweep.cancelled;
+    lease.total_steps = run.total_steps;
     expiries_.emplace(lease.expiry, run_id);
     leases_[run_id] = lease;
     leased_runs_[run_id] = run;
@@ -168,6 +169,7 @@ void Scheduler::RestoreLease(int64_t run_id, int64_t sweep_id, int64_t worker_id
   lease.attempt = attempt;
   lease.expiry = clock_->Now() + options_.lease_timeout;
   lease.stop = IsCancelled(sweep_id);
+  lease.total_steps = run.total_steps;
   expiries_.emplace(lease.expiry, run_id);
   leases_[run_id] = lease;
   leased_runs_[run_id] = run;

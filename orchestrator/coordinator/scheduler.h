@@ -101,6 +101,7 @@ struct QueuedRun {
   RunNeeds needs;
   absl::Time not_before = absl::InfinitePast();  // backoff: not dispatched before this
   std::shared_ptr<const JobTemplate> job;  // may be null: the coordinator reads the store
+  int64_t total_steps = 0;  // train.steps: reports name steps in [0, total_steps]
 };
 
 struct Lease {
@@ -110,6 +111,7 @@ struct Lease {
   int32_t attempt = 0;
   absl::Time expiry;
   bool stop = false;  // the run was cancelled: the next report says DIRECTIVE_STOP
+  int64_t total_steps = 0;  // the run's QueuedRun::total_steps
 };
 
 // Whether and when a run is queued again after an attempt ended badly.

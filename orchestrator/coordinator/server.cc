@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -20,29 +21,37 @@ namespace fs = std::filesystem;
 
 constexpr int kMaxIdleServerThreads = 128;
 
-// Constant-time comparison of the `authorization` metadata with "Bearer <token>".
-absl::Status Authorize(const grpc::ServerContext* context, const std::string& expected) {
+// The role the `authorization: Bearer <credential>` metadata grants, checked against what the
+// method needs: Unauthenticated without a known credential, PermissionDenied with one too weak.
+absl::Status Authorize(const grpc::ServerContext* context, const Credentials& credentials,
+                       Role needed, const char* method) {
   const auto& metadata = context->client_metadata();
   auto it = metadata.find("authorization");
   if (it == metadata.end()) {
     return absl::UnauthenticatedError(
         "no bearer token (`authorization: Bearer TOKEN` metadata)");
   }
-  const grpc::string_ref got = it->second;
-  unsigned char diff = got.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    diff |= static_cast<unsigned char>(expected[i] ^ (i < got.size() ? got.data()[i] : 0));
-  }
-  if (diff != 0) return absl::UnauthenticatedError("wrong bearer token");
-  return absl::OkStatus();
+  constexpr absl::string_view kBearer = "Bearer ";
+  const absl::string_view got(it->second.data(), it->second.size());
+  const Role role = absl::StartsWith(got, kBearer)
+                        ? credentials.RoleOf(got.substr(kBearer.size()))
+                        : Role::kNone;
+  if (role == Role::kNone) return absl::UnauthenticatedError("wrong bearer token");
+  // Admin may do everything; otherwise the role must be the one the method needs.
+  if (role == Role::kAdmin || role == needed) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      method, " needs the ", RoleName(needed), " credential; this is the ", RoleName(role),
+      " one (docs/operations.md, \"Threat model\")"));
 }
 
-// Runs `fn` (returning StatusOr<Response>) after the token check, inside GuardHandler; copies its
-// value to `out`.
+// Runs `fn` (returning StatusOr<Response>) after the credential check, inside GuardHandler;
+// copies its value to `out`.
 template <typename Response, typename Fn>
-grpc::Status Serve(const char* method, const grpc::ServerContext* context,
-                   const std::string& bearer, Response* out, Fn fn) {
-  if (absl::Status s = Authorize(context, bearer); !s.ok()) return ToGrpcStatus(s);
+grpc::Status Serve(const char* method, Role needed, const grpc::ServerContext* context,
+                   const Credentials& credentials, Response* out, Fn fn) {
+  if (absl::Status s = Authorize(context, credentials, needed, method); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   return GuardHandler(method, [&] {
     absl::StatusOr<Response> result = fn();
     if (!result.ok()) return ToGrpcStatus(result.status());
@@ -53,29 +62,36 @@ grpc::Status Serve(const char* method, const grpc::ServerContext* context,
 
 class ClientService final : public ablate::Coordinator::Service {
  public:
-  ClientService(CoordinatorCore* core, std::string token)
-      : core_(core), bearer_("Bearer " + std::move(token)) {}
+  ClientService(CoordinatorCore* core, const Credentials& credentials)
+      : core_(core), credentials_(credentials) {}
 
   grpc::Status Submit(grpc::ServerContext* c, const SubmitRequest* r, SubmitResponse* o) override {
-    return Serve("Coordinator.Submit", c, bearer_, o, [&] { return core_->Submit(*r); });
+    return Serve("Coordinator.Submit", Role::kAdmin, c, credentials_, o,
+                 [&] { return core_->Submit(*r); });
   }
   grpc::Status ListSweeps(grpc::ServerContext* c, const ListSweepsRequest*,
                           ListSweepsResponse* o) override {
-    return Serve("Coordinator.ListSweeps", c, bearer_, o, [&] { return core_->ListSweeps(); });
+    return Serve("Coordinator.ListSweeps", Role::kRead, c, credentials_, o,
+                 [&] { return core_->ListSweeps(); });
   }
   grpc::Status GetSweep(grpc::ServerContext* c, const GetSweepRequest* r,
                         GetSweepResponse* o) override {
-    return Serve("Coordinator.GetSweep", c, bearer_, o, [&] { return core_->GetSweep(*r); });
+    return Serve("Coordinator.GetSweep", Role::kRead, c, credentials_, o,
+                 [&] { return core_->GetSweep(*r); });
   }
   grpc::Status Cancel(grpc::ServerContext* c, const CancelRequest* r, CancelResponse* o) override {
-    return Serve("Coordinator.Cancel", c, bearer_, o, [&] { return core_->Cancel(*r); });
+    return Serve("Coordinator.Cancel", Role::kAdmin, c, credentials_, o,
+                 [&] { return core_->Cancel(*r); });
   }
   grpc::Status Rerun(grpc::ServerContext* c, const RerunRequest* r, RerunResponse* o) override {
-    return Serve("Coordinator.Rerun", c, bearer_, o, [&] { return core_->Rerun(*r); });
+    return Serve("Coordinator.Rerun", Role::kAdmin, c, credentials_, o,
+                 [&] { return core_->Rerun(*r); });
   }
   grpc::Status Watch(grpc::ServerContext* c, const WatchRequest* r,
                      grpc::ServerWriter<WatchEvent>* writer) override {
-    if (absl::Status s = Authorize(c, bearer_); !s.ok()) return ToGrpcStatus(s);
+    if (absl::Status s = Authorize(c, credentials_, Role::kRead, "Coordinator.Watch"); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
     return GuardHandler("Coordinator.Watch", [&] {
       return ToGrpcStatus(core_->Watch(
           *r, [writer](const WatchEvent& e) { return writer->Write(e); },
@@ -83,46 +99,53 @@ class ClientService final : public ablate::Coordinator::Service {
     });
   }
   grpc::Status Query(grpc::ServerContext* c, const QueryRequest* r, QueryResponse* o) override {
-    return Serve("Coordinator.Query", c, bearer_, o, [&] { return core_->Query(*r); });
+    return Serve("Coordinator.Query", Role::kRead, c, credentials_, o,
+                 [&] { return core_->Query(*r); });
   }
   grpc::Status Table(grpc::ServerContext* c, const TableRequest* r, TableResponse* o) override {
-    return Serve("Coordinator.Table", c, bearer_, o, [&] { return core_->Table(*r); });
+    return Serve("Coordinator.Table", Role::kRead, c, credentials_, o,
+                 [&] { return core_->Table(*r); });
   }
 
  private:
   CoordinatorCore* const core_;
-  const std::string bearer_;
+  const Credentials credentials_;
 };
 
 class WorkerApi final : public WorkerService::Service {
  public:
-  WorkerApi(CoordinatorCore* core, std::string token)
-      : core_(core), bearer_("Bearer " + std::move(token)) {}
+  WorkerApi(CoordinatorCore* core, const Credentials& credentials)
+      : core_(core), credentials_(credentials) {}
 
   grpc::Status Register(grpc::ServerContext* c, const RegisterRequest* r,
                         RegisterResponse* o) override {
-    return Serve("WorkerService.Register", c, bearer_, o, [&] { return core_->Register(*r); });
+    return Serve("WorkerService.Register", Role::kWorker, c, credentials_, o,
+                 [&] { return core_->Register(*r); });
   }
   grpc::Status AcquireJob(grpc::ServerContext* c, const AcquireJobRequest* r,
                           AcquireJobResponse* o) override {
     // Answer (maybe without a job) a little before the client's deadline.
     const absl::Time deadline = absl::FromChrono(c->deadline()) - absl::Milliseconds(500);
-    return Serve("WorkerService.AcquireJob", c, bearer_, o, [&] { return core_->AcquireJob(*r, deadline); });
+    return Serve("WorkerService.AcquireJob", Role::kWorker, c, credentials_, o,
+                 [&] { return core_->AcquireJob(*r, deadline); });
   }
   grpc::Status Report(grpc::ServerContext* c, const ReportRequest* r, ReportResponse* o) override {
-    return Serve("WorkerService.Report", c, bearer_, o, [&] { return core_->Report(*r); });
+    return Serve("WorkerService.Report", Role::kWorker, c, credentials_, o,
+                 [&] { return core_->Report(*r); });
   }
   grpc::Status Finish(grpc::ServerContext* c, const FinishRequest* r, FinishResponse* o) override {
-    return Serve("WorkerService.Finish", c, bearer_, o, [&] { return core_->Finish(*r); });
+    return Serve("WorkerService.Finish", Role::kWorker, c, credentials_, o,
+                 [&] { return core_->Finish(*r); });
   }
   grpc::Status Deregister(grpc::ServerContext* c, const DeregisterRequest* r,
                           DeregisterResponse* o) override {
-    return Serve("WorkerService.Deregister", c, bearer_, o, [&] { return core_->Deregister(*r); });
+    return Serve("WorkerService.Deregister", Role::kWorker, c, credentials_, o,
+                 [&] { return core_->Deregister(*r); });
   }
 
  private:
   CoordinatorCore* const core_;
-  const std::string bearer_;
+  const Credentials credentials_;
 };
 
 }  // namespace
@@ -138,16 +161,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       MakeServerCredentials(options.tls_cert_file, options.tls_key_file);
   if (!credentials.ok()) return credentials.status();
-  if (options.token.empty()) {
-    absl::StatusOr<std::string> token = LoadOrCreateToken(options.state_dir);
-    if (!token.ok()) return token.status();
-    server->token_ = *token;
-  } else {
-    std::error_code ec;
-    fs::create_directories(options.state_dir, ec);
-    server->token_ = options.token;
-  }
+  absl::StatusOr<Credentials> credentials_or =
+      LoadOrCreateCredentials(options.state_dir, options.token);
+  if (!credentials_or.ok()) return credentials_or.status();
+  server->credentials_ = *std::move(credentials_or);
   CoordinatorOptions core_options = options.coordinator;
+  core_options.lease_key = server->credentials_.admin;
   core_options.checkpoint_root = options.checkpoint_root.empty()
                                      ? (fs::path(options.state_dir) / "checkpoints").string()
                                      : options.checkpoint_root;
@@ -171,8 +190,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (!core.ok()) return core.status();
   server->core_ = *std::move(core);
 
-  server->client_service_ = std::make_unique<ClientService>(server->core_.get(), server->token_);
-  server->worker_service_ = std::make_unique<WorkerApi>(server->core_.get(), server->token_);
+  server->client_service_ =
+      std::make_unique<ClientService>(server->core_.get(), server->credentials_);
+  server->worker_service_ =
+      std::make_unique<WorkerApi>(server->core_.get(), server->credentials_);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -181,8 +202,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // gRPC sets SO_REUSEPORT by default: a second server on a served port would start, and clients
   // would land on either at random.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Bounds on what anyone who can open a connection makes gRPC hold before a credential is
+  // checked: the largest message, calls per connection, and the memory of all buffers together.
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
+  grpc::ResourceQuota quota("ablate-coordinator");
+  quota.Resize(static_cast<size_t>(options.memory_quota_bytes));
+  builder.SetResourceQuota(quota);
   // The sync server runs each call on a thread of its own and, by default, lets all but two idle
   // threads exit: with dozens of workers calling at once it created and tore down a thread per
   // call (clone, exit and munmap were a quarter of its threads' CPU in perf). Idle threads are

@@ -2,19 +2,25 @@
 // WorkerService (worker API) services of proto/ablate.proto over a CoordinatorCore and a Store,
 // plus the standard gRPC health service and server reflection.
 //
-// State dir (default ./.ablate): ablate.db (the results store), token (the bearer token, 64 hex
-// digits, mode 0600, generated on first start), address (host:port clients dial, written once
-// the server listens), checkpoints/ (the default checkpoint root), coordinator.lock.
+// State dir (default ./.ablate): ablate.db (the results store, mode 0600), token (the secret and
+// admin credential, 64 hex digits, mode 0600, generated on first start), worker-token and
+// read-token (the credentials derived from it: config/credentials.h), address (host:port clients
+// dial, written once the server listens), checkpoints/ (the default checkpoint root),
+// coordinator.lock.
 //
 // One coordinator per state dir and per port. The coordinator holds an exclusive flock on
 // coordinator.lock (which names its pid) from Start until it is destroyed; a second one in the
 // same state dir fails to start, naming the holder. Readers (`ablate dashboard`, sqlite3) take
 // no lock. The port is bound without SO_REUSEPORT, so a port in use is an error too.
 //
-// Security: every method of both services needs `authorization: Bearer <token>` metadata and
-// answers UNAUTHENTICATED otherwise (health and reflection are open: they reveal nothing of the
-// results). Limits: messages over max_message_bytes are refused by gRPC (RESOURCE_EXHAUSTED);
-// spec size, runs per sweep and metric batch size are checked by CoordinatorCore.
+// Security: every method of both services needs `authorization: Bearer <credential>` metadata:
+// UNAUTHENTICATED without a known one, PERMISSION_DENIED with one of the wrong role (admin: all;
+// worker: WorkerService; read: ListSweeps, GetSweep, Watch, Query, Table). Health and reflection
+// are open: they reveal nothing of the results. Report and Finish also need the attempt's lease
+// secret (CoordinatorCore). Limits: gRPC refuses messages over max_message_bytes
+// (RESOURCE_EXHAUSTED), holds at most max_concurrent_streams calls per connection, and keeps its
+// buffers within memory_quota_bytes; spec size, runs per sweep, metric batch size and every
+// reported field are checked by CoordinatorCore.
 //
 // Shutdown: health goes NOT_SERVING, long polls and watches are woken, in-flight calls get up to
 // shutdown_grace to finish, then the store is flushed and closed.
@@ -33,6 +39,7 @@
 #include "absl/time/time.h"
 #include "orchestrator/coordinator/core.h"
 #include "orchestrator/store/store.h"
+#include "config/credentials.h"
 #include "config/state_dir.h"
 
 namespace grpc {
@@ -46,14 +53,18 @@ struct ServerOptions {
   std::string state_dir = ".ablate";
   std::string host = "127.0.0.1";  // 0.0.0.0 to accept workers from other machines
   int port = 50051;                // 0 = any free port (tests)
-  // "" = the token file of the state dir (created on first start).
+  // The secret the credentials derive from. "" = the token file of the state dir (created on
+  // first start).
   std::string token;
   // "" = <state_dir>/checkpoints.
   std::string checkpoint_root;
   // TLS (proto/tls.h): PEM certificate and key, both or neither ("" = plaintext).
   std::string tls_cert_file;
   std::string tls_key_file;
-  int max_message_bytes = 64 << 20;
+  // The largest message: a metric batch (a spec is capped at 1 MiB by CoordinatorCore).
+  int max_message_bytes = 16 << 20;
+  int max_concurrent_streams = 64;        // per connection
+  int64_t memory_quota_bytes = 512 << 20;  // gRPC's buffers, all connections together
   absl::Duration shutdown_grace = absl::Seconds(5);
   CoordinatorOptions coordinator;  // checkpoint_root is overwritten from the above
   bool synchronous_full = true;    // the store's fsync per flush
@@ -68,7 +79,8 @@ class CoordinatorServer {
   int port() const { return port_; }
   // "host:port" clients dial (127.0.0.1 when listening on every interface).
   const std::string& address() const { return address_; }
-  const std::string& token() const { return token_; }
+  // credentials().admin is the secret; worker and read are derived from it.
+  const Credentials& credentials() const { return credentials_; }
   CoordinatorCore* core() { return core_.get(); }
   Store* store() { return store_.get(); }
 
@@ -81,7 +93,7 @@ class CoordinatorServer {
   // Constant after Start.
   int port_ = 0;
   std::string address_;
-  std::string token_;
+  Credentials credentials_;
   absl::Duration grace_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<CoordinatorCore> core_;

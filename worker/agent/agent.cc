@@ -104,7 +104,7 @@ class Agent::Impl {
     return absl::Status(FromGrpcStatus(status).code(),
                         absl::StrCat("coordinator ", options_.coordinator, " refused ", call, ": ",
                                      FromGrpcStatus(status).ToString(),
-                                     auth ? " (check --token, --token-file or ABLATE_TOKEN)" : ""));
+                                     auth ? " (check --token-file or ABLATE_TOKEN: the coordinator's STATE_DIR/worker-token)" : ""));
   }
   grpc::Status CallAcquire(absl::Duration wait, AcquireJobResponse* response);
   std::string CheckpointDir(const Job& job) const;
@@ -256,6 +256,7 @@ absl::StatusOr<AgentResult> Agent::Impl::Loop() {
             back.set_worker_id(worker_id_);
             back.set_run_id(job->run_id());
             back.set_attempt(job->attempt());
+            back.set_lease_secret(job->lease_secret());
             back.mutable_summary()->set_state(INTERRUPTED);
             back.mutable_summary()->set_reason("the worker stopped before starting it");
             if (absl::Status s = SendFinish(
@@ -299,6 +300,7 @@ absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optio
   params.worker_id = worker_id_;
   params.run_id = job.run_id();
   params.attempt = job.attempt();
+  params.lease_secret = job.lease_secret();
   const absl::Duration third_of_lease =
       lease_timeout_ > absl::ZeroDuration() ? lease_timeout_ / 3 : absl::Seconds(10);
   params.heartbeat = std::max(third_of_lease, options_.report_interval);
@@ -357,6 +359,7 @@ absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optio
   finish.set_worker_id(worker_id_);
   finish.set_run_id(job.run_id());
   finish.set_attempt(job.attempt());
+  finish.set_lease_secret(job.lease_secret());
   if (summary.ok()) {
     *finish.mutable_summary() = *summary;
   } else {

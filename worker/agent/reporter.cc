@@ -95,6 +95,7 @@ ReportRequest JobReporter::TakeBatch() {
   batch.set_worker_id(p_.worker_id);
   batch.set_run_id(p_.run_id);
   batch.set_attempt(p_.attempt);
+  batch.set_lease_secret(p_.lease_secret);
   if (outbox_.empty()) return batch;
   batch.set_seq(next_seq_++);
   int points = 0;

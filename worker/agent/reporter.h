@@ -51,6 +51,7 @@ class JobReporter {
     int64_t worker_id = 0;
     int64_t run_id = 0;
     int32_t attempt = 0;
+    std::string lease_secret;  // the Job's: every report presents it
     absl::Duration heartbeat;  // an empty batch renews the lease after this long without one
     std::string journal_path;
   };

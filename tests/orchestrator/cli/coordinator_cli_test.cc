@@ -32,7 +32,8 @@ class CoordinatorCliTest : public CoordinatorFixture {
   }
   // A client command with this coordinator's address and token.
   CliResult Cli(std::vector<std::string> args) {
-    args.insert(args.end(), {"--coordinator", server_->address(), "--token", token_});
+    args.insert(args.end(),
+                {"--coordinator", server_->address(), "--token-file", state_dir_ + "/token"});
     return RunCli(args);
   }
   // A fake worker takes every queued run and finishes it (the second DIVERGED).
@@ -181,12 +182,22 @@ TEST_F(CoordinatorCliTest, ErrorsAreOneClearLineAndExitNonZero) {
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("not allowed"));
 
-  r = RunCli({"status", "--coordinator", server_->address(), "--token", "nope",
+  std::ofstream(root_ + "/nope") << "nope\n";
+  r = RunCli({"status", "--coordinator", server_->address(), "--token-file", root_ + "/nope",
               "--state-dir", root_ + "/none"});
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("refused the token"));
 
-  r = RunCli({"status", "--coordinator", "127.0.0.1:1", "--token", "x", "--timeout", "2"});
+  // A token on the command line would show in `ps`: refused, saying what to do instead.
+  r = RunCli({"status", "--coordinator", server_->address(), "--token", token_});
+  EXPECT_NE(r.code, 0);  // a usage error (CLI11's code)
+  EXPECT_THAT(r.err, HasSubstr("--token-file FILE or the ABLATE_TOKEN environment variable"));
+  r = RunCli({"status", "--token-file", root_ + "/missing-token"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("missing-token"));
+
+  r = RunCli({"status", "--coordinator", "127.0.0.1:1", "--token-file", root_ + "/nope",
+              "--timeout", "2"});
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("127.0.0.1:1"));
 
@@ -302,6 +313,7 @@ TEST(ServeProcessTest, SigkillLosesNoMetricAndCompletesOnce) {
     r.set_worker_id(registered.worker_id());
     r.set_run_id(job.run_id());
     r.set_attempt(job.attempt());
+    r.set_lease_secret(job.lease_secret());
     r.set_seq(seq);
     for (int64_t i = 1; i <= 10; ++i) {
       StepMetrics* m = r.add_steps();
@@ -329,6 +341,7 @@ TEST(ServeProcessTest, SigkillLosesNoMetricAndCompletesOnce) {
   finish.set_worker_id(registered.worker_id());
   finish.set_run_id(job.run_id());
   finish.set_attempt(job.attempt());
+  finish.set_lease_secret(job.lease_secret());
   finish.mutable_summary()->set_state(SUCCEEDED);
   finish.mutable_summary()->set_steps_done(30);
   FinishResponse finished;
@@ -382,10 +395,11 @@ class TlsTest : public ::testing::Test {
     server_ = *std::move(server);
     return absl::OkStatus();
   }
-  // `ablate ARGS --coordinator ADDRESS --token TOKEN`, nothing else taken from the state dir.
+  // `ablate ARGS --coordinator ADDRESS --token-file FILE`, nothing else taken from the state dir.
   CliResult Cli(std::vector<std::string> args) {
-    args.insert(args.end(), {"--coordinator", server_->address(), "--token", server_->token(),
-                             "--state-dir", root_ + "/elsewhere", "--timeout", "5"});
+    args.insert(args.end(), {"--coordinator", server_->address(), "--token-file",
+                             root_ + "/state/token", "--state-dir", root_ + "/elsewhere",
+                             "--timeout", "5"});
     return RunCli(args);
   }
   std::string root_;
@@ -422,7 +436,7 @@ TEST_F(TlsTest, ClientsNeedTheRightCertificateAndLocalOnesFindItInTheStateDir) {
   RegisterResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  ctx.AddMetadata("authorization", "Bearer " + server_->token());
+  ctx.AddMetadata("authorization", "Bearer " + server_->credentials().admin);
   EXPECT_EQ(WorkerService::NewStub(channel)->Register(&ctx, request, &response).error_code(),
             grpc::StatusCode::UNAVAILABLE);
 

@@ -82,6 +82,7 @@ class WorkersCommandTest : public ::testing::Test {
     fs::create_directories(state);
     std::ofstream(state / "address") << "127.0.0.1:45678\n";
     std::ofstream(state / "token") << "0123456789abcdef\n";
+    std::ofstream(state / "worker-token") << "worker-0123456789abcdef\n";
     return state;
   }
 
@@ -94,7 +95,7 @@ TEST_F(WorkersCommandTest, ScriptAsksSlurmForTheArrayAndExecsTheWorkerWithoutThe
   for (const char* line :
        {"#SBATCH --job-name=ablate-pilot\n", "#SBATCH --array=0-2\n",
         "#SBATCH --output=/shared/ablate/slurm/pilot-%A_%a.log\n", "#SBATCH --signal=B:TERM@300\n",
-        "#SBATCH --export=ALL\n", "#SBATCH --cpus-per-task=2\n", "#SBATCH --partition=gpu\n",
+        "#SBATCH --export=ABLATE_TOKEN,PATH,HOME,", "#SBATCH --cpus-per-task=2\n", "#SBATCH --partition=gpu\n",
         "#SBATCH --gres=gpu:1\n", "#SBATCH --time=4:00:00\n", "#SBATCH --mem=16G\n"}) {
     EXPECT_THAT(*script, HasSubstr(line));
   }

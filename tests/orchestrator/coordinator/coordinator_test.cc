@@ -399,7 +399,7 @@ TEST_F(CoordinatorTest, EveryMethodNeedsTheToken) {
   struct stat st;
   ASSERT_EQ(::stat((state_dir_ + "/token").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600);
-  EXPECT_EQ(server_->token().size(), 64u);
+  EXPECT_EQ(server_->credentials().admin.size(), 64u);
 
   for (const std::string& token : {std::string(), std::string("wrong")}) {
     grpc::ClientContext c1, c2, c3;

@@ -95,7 +95,7 @@ class CoordinatorFixture : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(Options());
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
-    token_ = server_->token();
+    token_ = server_->credentials().admin;
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(256 << 20);  // as the CLI: a 10,000-run expansion is ~5 MB
     auto channel =
@@ -179,6 +179,7 @@ class CoordinatorFixture : public ::testing::Test {
     r.set_worker_id(worker_id);
     r.set_run_id(job.run_id());
     r.set_attempt(job.attempt());
+    r.set_lease_secret(job.lease_secret());
     r.set_seq(seq);
     for (int64_t step : steps) {
       StepMetrics* m = r.add_steps();
@@ -208,6 +209,7 @@ class CoordinatorFixture : public ::testing::Test {
     request.set_worker_id(worker_id);
     request.set_run_id(job.run_id());
     request.set_attempt(job.attempt());
+    request.set_lease_secret(job.lease_secret());
     request.set_error(error);
     RunSummary* s = request.mutable_summary();
     s->set_state(state);

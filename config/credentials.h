@@ -1,0 +1,69 @@
+// Who may do what (docs/operations.md, "Threat model"). A coordinator has one secret (the state
+// dir's `token` file, or `ablate serve --token-file`); three credentials are derived from it, so
+// each holder gets only the power it needs:
+// - admin (the secret itself): every call, the CLI's Submit, Cancel and Rerun included;
+// - worker: WorkerService only (Register, AcquireJob, Report, Finish, Deregister): what a SLURM
+//   pilot or `ablate-worker` holds;
+// - read: ListSweeps, GetSweep, Watch, Query, Table and the dashboard: what a dashboard URL
+//   carries.
+// A worker credential still cannot report for, or finish, a run it was not leased: every Job
+// carries a lease secret for its (run, attempt, worker), which Report and Finish must present.
+// Lease secrets are derived from the coordinator's secret too, so a restarted coordinator checks
+// the same ones without storing them (and `ablate query` cannot read them).
+//
+// Derivation is HMAC-SHA256 (OpenSSL) keyed with the secret; comparisons take constant time.
+// Pure functions; thread-safe.
+#ifndef ABLATE_CONFIG_CREDENTIALS_H_
+#define ABLATE_CONFIG_CREDENTIALS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace ablate {
+
+enum class Role { kNone = 0, kRead = 1, kWorker = 2, kAdmin = 3 };
+
+// "admin", "worker", "read" or "none".
+const char* RoleName(Role role);
+
+struct Credentials {
+  std::string admin;   // the secret
+  std::string worker;  // "worker-" + 64 hex digits
+  std::string read;    // "read-" + 64 hex digits
+
+  // The three credentials of a coordinator secret (non-empty).
+  static Credentials Derive(absl::string_view secret);
+  // The role `presented` grants: kNone unless it equals one of the three (constant time: the
+  // comparison does not stop at the first differing byte).
+  Role RoleOf(absl::string_view presented) const;
+};
+
+// The lease secret of attempt `attempt` of run `run_id` on worker `worker_id` (64 hex digits).
+std::string LeaseSecret(absl::string_view secret, int64_t run_id, int32_t attempt,
+                        int64_t worker_id);
+
+// Equality that takes the same time wherever the first difference is.
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
+
+// The state dir's files of the derived credentials, mode 0600 beside `token`.
+inline constexpr char kWorkerTokenFile[] = "worker-token";
+inline constexpr char kReadTokenFile[] = "read-token";
+
+// Loads or creates the state dir's secret (LoadOrCreateToken) and writes the worker and read
+// credentials beside it. With `secret` non-empty that secret is used and no `token` file is
+// written. PermissionDenied naming the file that cannot be written.
+absl::StatusOr<Credentials> LoadOrCreateCredentials(const std::string& state_dir,
+                                                    const std::string& secret = "");
+
+// What a `--token VALUE` option answers: a secret on a command line is visible to every user of
+// the machine in `ps`.
+inline constexpr char kTokenOnCommandLine[] =
+    "--token: a token on the command line is visible to every user of the machine (ps); "
+    "use --token-file FILE or the ABLATE_TOKEN environment variable";
+
+}  // namespace ablate
+
+#endif  // ABLATE_CONFIG_CREDENTIALS_H_

@@ -1,0 +1,134 @@
+#include "orchestrator/coordinator/door.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace ablate {
+namespace {
+
+absl::Status Refuse(absl::string_view what, absl::string_view field, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat(what, ": ", field, " ", problem));
+}
+
+absl::Status StepIn(absl::string_view what, absl::string_view field, int64_t step, int64_t lo,
+                    int64_t hi) {
+  if (step >= lo && step <= hi) return absl::OkStatus();
+  return Refuse(what, field, absl::StrCat("is ", step, "; it must be in [", lo, ", ", hi, "]"));
+}
+
+absl::Status FiniteNonNegative(absl::string_view what, absl::string_view field, double v) {
+  if (std::isfinite(v) && v >= 0) return absl::OkStatus();
+  return Refuse(what, field, absl::StrCat("is ", v, "; it must be finite and >= 0"));
+}
+
+absl::Status CheckProbes(absl::string_view what, const std::string& at, const Probes& p) {
+  if (p.layers_size() > kMaxProbeLayers) {
+    return Refuse(what, absl::StrCat(at, ".probes.layers"),
+                  absl::StrCat("has ", p.layers_size(), " entries; the limit is ",
+                               kMaxProbeLayers));
+  }
+  if (p.tokens() < 0) return Refuse(what, absl::StrCat(at, ".probes.tokens"), "is negative");
+  for (int i = 0; i < p.layers_size(); ++i) {
+    const Histogram& h = p.layers(i).gate_histogram();
+    const std::string field = absl::StrCat(at, ".probes.layers[", i, "].gate_histogram");
+    if (h.counts_size() > kMaxHistogramBins) {
+      return Refuse(what, absl::StrCat(field, ".counts"),
+                    absl::StrCat("has ", h.counts_size(), " bins; the limit is ",
+                                 kMaxHistogramBins));
+    }
+    for (int64_t c : h.counts()) {
+      if (c < 0) return Refuse(what, absl::StrCat(field, ".counts"), "has a negative count");
+    }
+    if (!std::isfinite(h.lo()) || !std::isfinite(h.hi()) || h.lo() > h.hi()) {
+      return Refuse(what, field, "has edges that are not finite and ordered (lo <= hi)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckReportAtDoor(const ReportRequest& r, int64_t total_steps,
+                               absl::string_view what) {
+  for (int i = 0; i < r.steps_size(); ++i) {
+    const StepMetrics& m = r.steps(i);
+    const std::string at = absl::StrCat("steps[", i, "]");
+    if (absl::Status s = StepIn(what, at + ".step", m.step(), 1, total_steps); !s.ok()) return s;
+    if (absl::Status s = FiniteNonNegative(what, at + ".lr", m.lr()); !s.ok()) return s;
+    if (absl::Status s = FiniteNonNegative(what, at + ".tokens_per_s", m.tokens_per_s());
+        !s.ok()) {
+      return s;
+    }
+  }
+  for (int i = 0; i < r.evals_size(); ++i) {
+    const EvalResult& e = r.evals(i);
+    const std::string at = absl::StrCat("evals[", i, "]");
+    if (absl::Status s = StepIn(what, at + ".step", e.step(), 0, total_steps); !s.ok()) return s;
+    if (absl::Status s = CheckProbes(what, at, e.probes()); !s.ok()) return s;
+  }
+  for (int i = 0; i < r.spikes_size(); ++i) {
+    const SpikeEvent& e = r.spikes(i);
+    const std::string at = absl::StrCat("spikes[", i, "]");
+    if (absl::Status s = StepIn(what, at + ".step", e.step(), 1, total_steps); !s.ok()) return s;
+    if (absl::Status s = StepIn(what, at + ".rollback_to_step", e.rollback_to_step(), 0, e.step());
+        !s.ok()) {
+      return s;
+    }
+    if (e.signal().size() > kMaxSignalBytes) {
+      return Refuse(what, at + ".signal",
+                    absl::StrCat("is ", e.signal().size(), " bytes; the limit is ",
+                                 kMaxSignalBytes));
+    }
+  }
+  if (absl::Status s = StepIn(what, "checkpoint_step", r.checkpoint_step(), 0, total_steps);
+      !s.ok()) {
+    return s;
+  }
+  if (r.checkpoint_path().size() > kMaxTextBytes) {
+    return Refuse(what, "checkpoint_path",
+                  absl::StrCat("is ", r.checkpoint_path().size(), " bytes; the limit is ",
+                               kMaxTextBytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSummaryAtDoor(const RunSummary& s, int64_t total_steps) {
+  constexpr absl::string_view what = "finish";
+  if (absl::Status st = StepIn(what, "summary.steps_done", s.steps_done(), 0, total_steps);
+      !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = StepIn(what, "summary.spike_steps", s.spike_steps(), 0, s.steps_done());
+      !st.ok()) {
+    return st;
+  }
+  if (absl::Status st =
+          StepIn(what, "summary.final_eval.step", s.final_eval().step(), 0, total_steps);
+      !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = CheckProbes(what, "summary.final_eval", s.final_eval().probes());
+      !st.ok()) {
+    return st;
+  }
+  for (const auto& [field, v] : {std::pair<const char*, double>{"summary.wall_s", s.wall_s()},
+                                 {"summary.tokens_per_s", s.tokens_per_s()}}) {
+    if (absl::Status st = FiniteNonNegative(what, field, v); !st.ok()) return st;
+  }
+  const ParamCount& p = s.params();
+  if (p.total() < 0 || p.activated() < 0) {
+    return Refuse(what, "summary.params", "has a negative count");
+  }
+  return absl::OkStatus();
+}
+
+std::string BoundedText(absl::string_view text, size_t limit) {
+  if (text.size() <= limit) return std::string(text);
+  size_t cut = limit;
+  // Back to the first byte of a UTF-8 sequence (continuation bytes are 10xxxxxx).
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return absl::StrCat(text.substr(0, cut), " [... ", text.size() - cut, " bytes cut]");
+}
+
+}  // namespace ablate

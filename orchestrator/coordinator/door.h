@@ -1,0 +1,39 @@
+// What a worker sends, checked at the door before anything reaches the store: every step inside
+// the run's training length, values finite where a non-finite one means nothing (a non-finite
+// loss, gradient norm or evaluation is a divergence signal and is kept), sizes bounded. A report
+// that fails is refused whole with INVALID_ARGUMENT naming the field; free text (a failure's
+// error, a summary's reason) is cut to kMaxTextBytes instead, so a long exception message never
+// costs a run its result.
+//
+// Pure functions; thread-safe.
+#ifndef ABLATE_ORCHESTRATOR_COORDINATOR_DOOR_H_
+#define ABLATE_ORCHESTRATOR_COORDINATOR_DOOR_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "proto/ablate.pb.h"
+
+namespace ablate {
+
+inline constexpr size_t kMaxTextBytes = 4096;  // reasons, errors, checkpoint paths
+inline constexpr int kMaxProbeLayers = 4096;
+inline constexpr int kMaxHistogramBins = 4096;
+inline constexpr size_t kMaxSignalBytes = 64;
+
+// The metric batch of a Report, or of a Finish's final_report (`what` names which: "report",
+// "finish: final_report"), for a run of `total_steps` steps.
+absl::Status CheckReportAtDoor(const ReportRequest& report, int64_t total_steps,
+                               absl::string_view what);
+
+// A Finish's summary for a run of `total_steps` steps.
+absl::Status CheckSummaryAtDoor(const RunSummary& summary, int64_t total_steps);
+
+// `text` cut to at most `limit` bytes (at a UTF-8 boundary, marked " [... N bytes cut]").
+std::string BoundedText(absl::string_view text, size_t limit = kMaxTextBytes);
+
+}  // namespace ablate
+
+#endif  // ABLATE_ORCHESTRATOR_COORDINATOR_DOOR_H_

@@ -1,0 +1,323 @@
+// The coordinator against hostile or careless callers (issue 20): reports checked at the door,
+// a store that survives what older coordinators let in, credentials with roles, lease secrets,
+// an atomic cancel, and state that survives a restart.
+#include <sqlite3.h>
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <limits>
+#include <thread>
+
+#include "config/credentials.h"
+#include "orchestrator/coordinator/door.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/orchestrator/coordinator/coordinator_test_util.h"
+
+namespace ablate {
+namespace {
+
+using ::testing::HasSubstr;
+
+class HardeningTest : public CoordinatorFixture {
+ protected:
+  // A context carrying `credential` instead of the admin one.
+  std::unique_ptr<grpc::ClientContext> ContextWith(const std::string& credential) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ctx->AddMetadata("authorization", "Bearer " + credential);
+    return ctx;
+  }
+  // Runs `sql` on the coordinator's own writer connection (what an older coordinator wrote).
+  void WriteBehindTheDoor(const std::string& sql) {
+    ASSERT_TRUE(server_->store()
+                    ->RunOnWriterForTesting([&](sqlite3* db) {
+                      char* error = nullptr;
+                      const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error);
+                      EXPECT_EQ(rc, SQLITE_OK) << (error != nullptr ? error : "");
+                      sqlite3_free(error);
+                      return absl::OkStatus();
+                    })
+                    .ok());
+  }
+  grpc::Status ListSweeps(ListSweepsResponse* out) {
+    auto ctx = Context();
+    return client_->ListSweeps(ctx.get(), ListSweepsRequest(), out);
+  }
+};
+
+// Each of these reports was stored before, and the first one bricked the coordinator: the
+// sweep_progress view's sum() overflowed on every read of sweeps, start-up included.
+TEST_F(HardeningTest, AHostileReportIsRefusedAtTheDoorAndNothingIsStored) {
+  SubmitQuick();
+  const int64_t worker = RegisterWorker("w1");
+  const Job job = Acquire(worker);
+  const std::string before = DatabaseDigest();
+  struct Case {
+    const char* name;
+    std::function<void(ReportRequest*)> spoil;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"step near 2^63",
+       [](ReportRequest* r) { r->mutable_steps(0)->set_step(std::numeric_limits<int64_t>::max()); },
+       "steps[0].step is 9223372036854775807; it must be in [1, 200]"},
+      {"step past train.steps", [](ReportRequest* r) { r->mutable_steps(1)->set_step(201); },
+       "steps[1].step"},
+      {"negative step", [](ReportRequest* r) { r->mutable_steps(0)->set_step(-5); },
+       "steps[0].step"},
+      {"NaN learning rate",
+       [](ReportRequest* r) {
+         r->mutable_steps(0)->set_lr(std::numeric_limits<double>::quiet_NaN());
+       },
+       "steps[0].lr"},
+      {"eval past the end", [](ReportRequest* r) { r->add_evals()->set_step(1'000'000); },
+       "evals[0].step"},
+      {"a histogram of a million bins",
+       [](ReportRequest* r) {
+         Histogram* h =
+             r->add_evals()->mutable_probes()->add_layers()->mutable_gate_histogram();
+         h->set_hi(1);
+         for (int i = 0; i < 1'000'000; ++i) h->add_counts(1);
+       },
+       "gate_histogram.counts has 1000000 bins"},
+      {"rollback ahead of its spike",
+       [](ReportRequest* r) {
+         SpikeEvent* s = r->add_spikes();
+         s->set_step(2);
+         s->set_rollback_to_step(50);
+       },
+       "spikes[0].rollback_to_step"},
+      {"checkpoint past the end", [](ReportRequest* r) { r->set_checkpoint_step(1 << 30); },
+       "checkpoint_step"},
+  };
+  for (const Case& c : cases) {
+    ReportRequest report = MakeReport(worker, job, 1, {1, 2});
+    c.spoil(&report);
+    ReportResponse reply;
+    const grpc::Status s = CallReport(report, &reply);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.name;
+    EXPECT_THAT(s.error_message(), HasSubstr(c.says)) << c.name;
+  }
+  // A non-finite loss is a divergence signal, not bad input: it is stored.
+  ReportRequest nan_loss = MakeReport(worker, job, 1, {1});
+  nan_loss.mutable_steps(0)->set_loss(std::numeric_limits<double>::quiet_NaN());
+  FinishRequest absurd = MakeFinish(worker, job, SUCCEEDED);
+  absurd.mutable_summary()->set_steps_done(std::numeric_limits<int64_t>::max());
+  FinishResponse finish_reply;
+  const grpc::Status finished = CallFinish(absurd, &finish_reply);
+  EXPECT_EQ(finished.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(finished.error_message(), HasSubstr("summary.steps_done"));
+  EXPECT_EQ(DatabaseDigest(), before);
+  ReportResponse reply;
+  ASSERT_TRUE(CallReport(nan_loss, &reply).ok());
+  // A long error text is cut, not refused: the run keeps its result.
+  ASSERT_TRUE(CallFinish(worker, job, FAILED, std::string(100'000, 'x')).ok());
+  EXPECT_LT(Scalar("SELECT reason FROM runs WHERE id = " + std::to_string(job.run_id())).size(),
+            kMaxTextBytes + 200);
+}
+
+// A database an older coordinator let absurd step counts into still serves every read and lets
+// the coordinator start.
+TEST_F(HardeningTest, TheCoordinatorRestartsOverStepCountsThatWouldOverflow) {
+  SubmitQuick();
+  WriteBehindTheDoor("UPDATE runs SET steps_done = 9223372036854775807");
+  ListSweepsResponse sweeps;
+  ASSERT_TRUE(ListSweeps(&sweeps).ok());
+  Restart();
+  ASSERT_TRUE(ListSweeps(&sweeps).ok());
+  ASSERT_EQ(sweeps.sweeps_size(), 1);
+  EXPECT_EQ(GetSweep("quick").runs_size(), 4);
+  QueryRequest q;
+  q.set_sql("SELECT steps_done FROM sweep_progress");
+  QueryResponse out;
+  auto ctx = Context();
+  ASSERT_TRUE(client_->Query(ctx.get(), q, &out).ok());
+  EXPECT_THAT(out.formatted(), HasSubstr("9200000000000000000"));
+}
+
+TEST_F(HardeningTest, EachCredentialHasItsRole) {
+  const Credentials& c = server_->credentials();
+  EXPECT_NE(c.worker, c.admin);
+  EXPECT_NE(c.read, c.admin);
+  for (const std::string file : {"token", kWorkerTokenFile, kReadTokenFile, "ablate.db"}) {
+    struct stat st;
+    ASSERT_EQ(::stat((state_dir_ + "/" + file).c_str(), &st), 0) << file;
+    EXPECT_EQ(st.st_mode & 0777, 0600) << file;
+  }
+  EXPECT_EQ(ReadFirstLine(state_dir_ + "/" + kWorkerTokenFile), c.worker);
+  EXPECT_EQ(ReadFirstLine(state_dir_ + "/" + kReadTokenFile), c.read);
+
+  SubmitRequest submit;
+  submit.set_spec_yaml(QuickSpec("quick"));
+  SubmitResponse submitted;
+  ListSweepsResponse sweeps;
+  RegisterRequest reg;
+  reg.set_name("w");
+  RegisterResponse registered;
+  QueryRequest q;
+  q.set_sql("SELECT 1");
+  QueryResponse answer;
+  // The read credential (the dashboard URL's) reads, and nothing else.
+  auto ctx = ContextWith(c.read);
+  const grpc::Status read_submit = client_->Submit(ctx.get(), submit, &submitted);
+  EXPECT_EQ(read_submit.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(read_submit.error_message(),
+              HasSubstr("Coordinator.Submit needs the admin credential; this is the read one"));
+  ctx = ContextWith(c.read);
+  EXPECT_EQ(worker_->Register(ctx.get(), reg, &registered).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  ctx = ContextWith(c.read);
+  EXPECT_TRUE(client_->ListSweeps(ctx.get(), ListSweepsRequest(), &sweeps).ok());
+  ctx = ContextWith(c.read);
+  EXPECT_TRUE(client_->Query(ctx.get(), q, &answer).ok());
+  // The worker credential (a SLURM pilot's) works, and does nothing else.
+  ctx = ContextWith(c.worker);
+  EXPECT_EQ(client_->Submit(ctx.get(), submit, &submitted).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  ctx = ContextWith(c.worker);
+  EXPECT_EQ(client_->Query(ctx.get(), q, &answer).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  ctx = ContextWith(c.worker);
+  EXPECT_TRUE(worker_->Register(ctx.get(), reg, &registered).ok());
+  EXPECT_EQ(CountRows("sweeps"), 0);
+  // The same secret gives the same credentials after a restart.
+  const Credentials before = c;
+  Restart();
+  EXPECT_EQ(server_->credentials().worker, before.worker);
+  EXPECT_EQ(server_->credentials().read, before.read);
+}
+
+// A worker credential holder who is not the attempt's worker cannot report for it or finish it,
+// even knowing (worker_id, run_id, attempt), which `ablate query` shows.
+TEST_F(HardeningTest, ReportAndFinishNeedTheAttemptsLeaseSecret) {
+  SubmitQuick();
+  const int64_t w1 = RegisterWorker("w1");
+  const int64_t w2 = RegisterWorker("w2");
+  const Job job = Acquire(w1);
+  EXPECT_EQ(job.lease_secret().size(), 64u);
+  const Job other = Acquire(w2);
+  EXPECT_NE(other.lease_secret(), job.lease_secret());
+  const std::string before = DatabaseDigest();
+
+  Job forged = job;
+  forged.clear_lease_secret();
+  ReportResponse reply;
+  grpc::Status s = CallReport(MakeReport(w1, forged, 1, {1, 2}), &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(s.error_message(), HasSubstr("wrong lease secret"));
+  forged.set_lease_secret(other.lease_secret());  // w2's own secret, for w1's run
+  EXPECT_EQ(CallReport(MakeReport(w1, forged, 1, {1, 2}), &reply).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(CallFinish(w2, forged, SUCCEEDED).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(CallFinish(w1, forged, SUCCEEDED).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(DatabaseDigest(), before);
+  EXPECT_EQ(StateOf(job.run_id()), RUNNING);
+
+  // The worker's own secret works, before and after a coordinator restart.
+  ASSERT_TRUE(CallReport(MakeReport(w1, job, 1, {1, 2}), &reply).ok());
+  Restart();
+  ASSERT_TRUE(CallReport(MakeReport(w1, job, 2, {3}), &reply).ok());
+  ASSERT_TRUE(CallFinish(w1, job, SUCCEEDED).ok());
+  EXPECT_EQ(StateOf(job.run_id()), SUCCEEDED);
+}
+
+TEST_F(HardeningTest, CancelIsOneTransactionAndRestartRepairsAnOlderOne) {
+  SubmitQuick();
+  const int64_t worker = RegisterWorker("w1");
+  const Job running = Acquire(worker);
+  auto ctx = Context();
+  CancelRequest cancel;
+  cancel.set_sweep("quick");
+  CancelResponse cancelled;
+  ASSERT_TRUE(client_->Cancel(ctx.get(), cancel, &cancelled).ok());
+  EXPECT_EQ(cancelled.cancelled(), 4);
+  EXPECT_EQ(CountRows("runs WHERE state = 'CANCELLED'"), 3);
+  EXPECT_EQ(StateOf(running.run_id()), RUNNING);  // stopped at its next report
+
+  // What a crash between the sweep's update and its runs' left behind in an older coordinator.
+  Submit(QuickSpec("torn"), "torn.yaml", false);
+  WriteBehindTheDoor("UPDATE sweeps SET state = 'CANCELLED' WHERE name = 'torn'");
+  Restart();
+  EXPECT_EQ(CountRows("runs r JOIN sweeps s ON s.id = r.sweep_id WHERE s.name = 'torn' AND "
+                      "r.state = 'CANCELLED'"),
+            4);
+  EXPECT_FALSE(TryAcquire(worker).has_job());
+}
+
+// Retries count from the attempts a run had when it was rerun, also after a restart (the base
+// was kept in memory only, so a restarted coordinator failed a rerun run at once).
+TEST_F(HardeningTest, ARerunsAttemptBaseSurvivesARestart) {
+  SubmitQuick();
+  const int64_t worker = RegisterWorker("w1");
+  Job failing = Acquire(worker);
+  const int64_t run_id = failing.run_id();
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    ASSERT_TRUE(CallFinish(worker, failing, FAILED, "out of memory").ok());
+    if (attempt < 3) {
+      clock_.Advance(absl::Seconds(5 << (attempt - 1)));
+      failing = Acquire(worker);
+      ASSERT_EQ(failing.run_id(), run_id);
+    }
+  }
+  ASSERT_EQ(StateOf(run_id), FAILED);
+  auto ctx = Context();
+  RerunRequest rerun;
+  rerun.set_sweep("quick");
+  rerun.set_failed_only(true);
+  RerunResponse rerun_reply;
+  ASSERT_TRUE(client_->Rerun(ctx.get(), rerun, &rerun_reply).ok());
+  Restart();
+  const int64_t again = RegisterWorker("w2");
+  Job retried = Acquire(again);
+  while (retried.run_id() != run_id) {
+    ASSERT_TRUE(CallFinish(again, retried, SUCCEEDED).ok());
+    retried = Acquire(again);
+  }
+  EXPECT_EQ(retried.attempt(), 4);
+  ASSERT_TRUE(CallFinish(again, retried, FAILED, "again").ok());
+  EXPECT_EQ(StateOf(run_id), PENDING);  // attempt 1 of 3 since the rerun: retried
+}
+
+// A sweep named like another sweep's id: Watch ends with its own sweep, not the one whose name
+// is its id.
+TEST_F(HardeningTest, ASweepNamedLikeAnIdIsNotConfusedWithIt) {
+  Submit(QuickSpec("2"), "two.yaml", false);       // id 1, named "2"
+  Submit(QuickSpec("quick"), "quick.yaml", false);  // id 2
+  auto ctx = Context();
+  CancelRequest cancel;
+  cancel.set_sweep("quick");
+  CancelResponse cancelled;
+  ASSERT_TRUE(client_->Cancel(ctx.get(), cancel, &cancelled).ok());
+  ctx = Context();
+  WatchRequest request;
+  request.set_sweep("quick");
+  auto reader = client_->Watch(ctx.get(), request);
+  WatchEvent e, last;
+  while (reader->Read(&e)) last = e;
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_TRUE(last.has_sweep_done());
+  EXPECT_EQ(last.sweep_done().name(), "quick");
+  EXPECT_EQ(last.sweep_done().state(), "CANCELLED");
+}
+
+TEST(CredentialsTest, DerivedCredentialsAndLeaseSecretsAreStableAndDistinct) {
+  const Credentials a = Credentials::Derive("secret-a");
+  const Credentials b = Credentials::Derive("secret-b");
+  EXPECT_EQ(a.worker, Credentials::Derive("secret-a").worker);
+  EXPECT_NE(a.worker, b.worker);
+  EXPECT_NE(a.read, b.read);
+  EXPECT_EQ(a.RoleOf("secret-a"), Role::kAdmin);
+  EXPECT_EQ(a.RoleOf(a.worker), Role::kWorker);
+  EXPECT_EQ(a.RoleOf(a.read), Role::kRead);
+  EXPECT_EQ(a.RoleOf(b.read), Role::kNone);
+  EXPECT_EQ(a.RoleOf(""), Role::kNone);
+  EXPECT_EQ(a.RoleOf(a.read.substr(0, a.read.size() - 1)), Role::kNone);
+  EXPECT_EQ(LeaseSecret("k", 1, 2, 3), LeaseSecret("k", 1, 2, 3));
+  EXPECT_NE(LeaseSecret("k", 1, 2, 3), LeaseSecret("k", 1, 3, 3));
+  EXPECT_NE(LeaseSecret("k", 1, 2, 3), LeaseSecret("k", 1, 2, 4));
+  EXPECT_NE(LeaseSecret("k", 12, 2, 3), LeaseSecret("k", 1, 22, 3));
+}
+
+}  // namespace
+}  // namespace ablate
