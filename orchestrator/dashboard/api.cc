@@ -268,7 +268,9 @@ Response DashboardServer::Impl::SweepCurves(const std::string& name, const Reque
   const int max_points = static_cast<int>(std::min<int64_t>(*points, kMaxCurvePoints));
   int64_t longest = 0;
   for (const RunInfo& run : *runs) longest = std::max(longest, run.steps_done);
-  const int64_t k = std::max<int64_t>(1, (longest + max_points - 1) / max_points);
+  // ceil(longest / max_points) without overflow, whatever a store holds: the grid has at most
+  // max_points + 1 steps.
+  const int64_t k = std::max<int64_t>(1, longest / max_points + (longest % max_points != 0));
   absl::StatusOr<std::map<int64_t, std::vector<std::pair<int64_t, double>>>> curves =
       reader->SweepCurves(sweep->id, curve_metric, k);
   if (!curves.ok()) return FromStatus(curves.status());

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sqlite3.h>
 #include <stdlib.h>
 
 #include <boost/asio/connect.hpp>
@@ -304,6 +305,24 @@ TEST_F(DashboardServerTest, CurvesAreDownsampledPerRun) {
   json grad = Get(port_, "/api/sweeps/gates/curves?metric=grad_norm&points=10").Json();
   EXPECT_EQ(grad["metric"], "grad_norm");
   EXPECT_LE(grad["runs"][0]["step"].size(), 12u);
+}
+
+// A step count near 2^63 (what a coordinator stored before it checked reports at the door) once
+// made the grid stride overflow to 1: a grid of 2^63 steps. Now every view still answers.
+TEST_F(DashboardServerTest, AbsurdStepCountsStillServeSweepsCurvesAndMetrics) {
+  ASSERT_TRUE(store_
+                  ->RunOnWriterForTesting([](sqlite3* db) {
+                    return sqlite3_exec(db, "UPDATE runs SET steps_done = 9223372036854775807",
+                                        nullptr, nullptr, nullptr) == SQLITE_OK
+                               ? absl::OkStatus()
+                               : absl::InternalError(sqlite3_errmsg(db));
+                  })
+                  .ok());
+  EXPECT_EQ(Get(port_, "/api/sweeps").status, 200);
+  const HttpResult curves = Get(port_, "/api/sweeps/gates/curves?points=100");
+  ASSERT_EQ(curves.status, 200) << curves.body;
+  EXPECT_EQ(curves.Json()["stride"], int64_t{92233720368547759});
+  EXPECT_EQ(Get(port_, "/metrics").status, 200);
 }
 
 TEST_F(DashboardServerTest, RunEndpoints) {
