@@ -13,7 +13,7 @@ SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PACKAGES := cmake ninja-build g++ pkg-config \
   libtorch-dev libopenblas0-openmp \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-  libsqlite3-dev libfmt-dev libboost-dev libyaml-cpp-dev nlohmann-json3-dev \
+  libsqlite3-dev libfmt-dev libboost-dev libssl-dev libyaml-cpp-dev nlohmann-json3-dev \
   libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev \
   bible-kjv nodejs
 # What only the tests need on top (`make deps-test`, run by `make test`):
