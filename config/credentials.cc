@@ -1,7 +1,9 @@
 #include "config/credentials.h"
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/sha.h>
 
 #include <filesystem>
 
@@ -33,12 +35,19 @@ const char* RoleName(Role role) {
   return "none";
 }
 
+CredentialDigest DigestOf(absl::string_view credential) {
+  static_assert(sizeof(CredentialDigest) == SHA256_DIGEST_LENGTH);
+  CredentialDigest d;
+  SHA256(reinterpret_cast<const unsigned char*>(credential.data()), credential.size(), d.data());
+  return d;
+}
+
+bool DigestEquals(const CredentialDigest& a, const CredentialDigest& b) {
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < b.size(); ++i) {
-    diff |= static_cast<unsigned char>((i < a.size() ? a[i] : 0) ^ b[i]);
-  }
-  return diff == 0;
+  return DigestEquals(DigestOf(a), DigestOf(b));
 }
 
 Credentials Credentials::Derive(absl::string_view secret) {

@@ -16,6 +16,7 @@
 #ifndef ABLATE_CONFIG_CREDENTIALS_H_
 #define ABLATE_CONFIG_CREDENTIALS_H_
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -45,7 +46,12 @@ struct Credentials {
 std::string LeaseSecret(absl::string_view secret, int64_t run_id, int32_t attempt,
                         int64_t worker_id);
 
-// Equality that takes the same time wherever the first difference is.
+// Credentials are compared as SHA-256 digests with CRYPTO_memcmp: fixed length, so neither a
+// matching prefix nor a credential's length shows in the time a comparison takes.
+using CredentialDigest = std::array<unsigned char, 32>;
+CredentialDigest DigestOf(absl::string_view credential);
+bool DigestEquals(const CredentialDigest& a, const CredentialDigest& b);
+// DigestEquals(DigestOf(a), DigestOf(b)).
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
 // The state dir's files of the derived credentials, mode 0600 beside `token`.

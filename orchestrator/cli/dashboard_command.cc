@@ -23,6 +23,7 @@ struct DashboardCommandOptions {
   std::string db;  // "" = STATE_DIR/ablate.db
   std::string host = "127.0.0.1";
   int port = 8080;
+  std::string tls_cert, tls_key;  // HTTPS when both are given
 };
 
 absl::Status RunDashboard(const DashboardCommandOptions& options, std::ostream& out) {
@@ -30,6 +31,8 @@ absl::Status RunDashboard(const DashboardCommandOptions& options, std::ostream& 
   DashboardOptions o;
   o.host = options.host;
   o.port = options.port;
+  o.tls_cert_file = options.tls_cert;
+  o.tls_key_file = options.tls_key;
   o.db_path = options.db.empty()
                   ? (std::filesystem::path(options.state_dir) / "ablate.db").string()
                   : options.db;
@@ -38,7 +41,8 @@ absl::Status RunDashboard(const DashboardCommandOptions& options, std::ostream& 
   }
   absl::StatusOr<Credentials> credentials = LoadOrCreateCredentials(options.state_dir);
   if (!credentials.ok()) return credentials.status();
-  o.token = credentials->read;
+  o.token = credentials->read;  // what the URL carries
+  o.also_accepted = {credentials->admin};
   absl::StatusOr<std::unique_ptr<DashboardServer>> dashboard = DashboardServer::Start(o);
   if (!dashboard.ok()) return dashboard.status();
   out << fmt::format("ablate dashboard: {} (read-only: {})\n", (*dashboard)->Url(), o.db_path)
@@ -61,9 +65,17 @@ void AddDashboardCommand(CLI::App* app, std::ostream* out, std::function<absl::S
                   "serves unless --db)")
       ->capture_default_str();
   cmd->add_option("--db", options->db, "the database file to serve (default STATE_DIR/ablate.db)");
-  cmd->add_option("--host", options->host, "address to listen on (0.0.0.0: every interface)")
+  cmd->add_option("--host,--dashboard-host", options->host,
+                  "address to listen on (0.0.0.0: every interface)")
       ->capture_default_str();
-  cmd->add_option("--port,-p", options->port, "HTTP port (0: any free one)")->capture_default_str();
+  cmd->add_option("--port,-p,--dashboard-port", options->port, "HTTP port (0: any free one)")
+      ->capture_default_str();
+  CLI::Option* cert = cmd->add_option("--tls-cert", options->tls_cert,
+                                      "serve HTTPS with this PEM certificate (chain)");
+  CLI::Option* key = cmd->add_option("--tls-key", options->tls_key,
+                                     "the PEM private key of --tls-cert");
+  cert->needs(key);
+  key->needs(cert);
   cmd->callback([out, action, options] {
     *action = [out, options] { return RunDashboard(*options, *out); };
   });

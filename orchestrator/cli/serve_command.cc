@@ -15,10 +15,11 @@
 
 namespace ablate {
 
-absl::Status RunServe(const ServerOptions& options, std::ostream& out, int dashboard_port) {
+absl::Status RunServe(const ServerOptions& options, std::ostream& out,
+                      const DashboardFlags& dashboard) {
   const BlockedSignals signals({SIGINT, SIGTERM});
   absl::StatusOr<std::unique_ptr<ServedCoordinator>> served =
-      ServedCoordinator::Start(options, dashboard_port, out);
+      ServedCoordinator::Start(options, dashboard, out);
   if (!served.ok()) return served.status();
   CoordinatorServer& server = (*served)->server();
   const std::filesystem::path dir(options.state_dir);
@@ -50,13 +51,13 @@ void AddServeCommand(CLI::App* app, std::ostream* out, std::function<absl::Statu
                "the results database. Stops cleanly on SIGINT/SIGTERM.");
   auto options = std::make_shared<ServerOptions>();
   auto seconds = std::make_shared<ServerFlagSeconds>();
-  auto dashboard_port = std::make_shared<int>(8080);
-  AddServerFlags(cmd, options.get(), seconds.get(), dashboard_port.get());
-  cmd->callback([out, action, options, seconds, dashboard_port] {
-    *action = [out, options, seconds, dashboard_port] {
+  auto dashboard = std::make_shared<DashboardFlags>();
+  AddServerFlags(cmd, options.get(), seconds.get(), dashboard.get());
+  cmd->callback([out, action, options, seconds, dashboard] {
+    *action = [out, options, seconds, dashboard] {
       ServerOptions o = *options;
       ApplyServerFlags(*seconds, &o);
-      return RunServe(o, *out, *dashboard_port);
+      return RunServe(o, *out, *dashboard);
     };
   });
 }

@@ -15,12 +15,14 @@ class App;
 
 namespace ablate {
 
-struct ServerOptions;  // orchestrator/coordinator/server.h
+struct ServerOptions;   // orchestrator/coordinator/server.h
+struct DashboardFlags;  // orchestrator/cli/serving.h
 
 // Starts the server and blocks until SIGINT/SIGTERM (BlockedSignals: blocked before any server
-// thread starts, taken with sigwait, no async handler). With dashboard_port > 0 the web dashboard
+// thread starts, taken with sigwait, no async handler). With dashboard.port > 0 the web dashboard
 // runs beside it (serving.h).
-absl::Status RunServe(const ServerOptions& options, std::ostream& out, int dashboard_port = 0);
+absl::Status RunServe(const ServerOptions& options, std::ostream& out,
+                      const DashboardFlags& dashboard);
 
 // Registers `serve` on `app`; when chosen, *action runs it. `out` must outlive *action.
 void AddServeCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action);

@@ -10,7 +10,7 @@
 namespace ablate {
 
 void AddServerFlags(CLI::App* cmd, ServerOptions* options, ServerFlagSeconds* seconds,
-                    int* dashboard_port) {
+                    DashboardFlags* dashboard) {
   cmd->add_option("--host", options->host, "address to listen on (0.0.0.0: every interface)")
       ->capture_default_str();
   cmd->add_option("--port,-p", options->port, "port (0: any free one; see STATE_DIR/address)")
@@ -40,14 +40,19 @@ void AddServerFlags(CLI::App* cmd, ServerOptions* options, ServerFlagSeconds* se
                 "them back; several times the job throughput on slow disks, docs/operations.md)")
       ->capture_default_str();
   CLI::Option* cert = cmd->add_option("--tls-cert", options->tls_cert_file,
-                                      "serve gRPC over TLS with this PEM certificate (its "
-                                      "subjectAltName must name the address clients dial)");
+                                      "serve gRPC, and the dashboard as HTTPS, over TLS with this "
+                                      "PEM certificate (its subjectAltName must name the address "
+                                      "clients dial)");
   CLI::Option* key = cmd->add_option("--tls-key", options->tls_key_file,
                                      "the PEM private key of --tls-cert");
   cert->needs(key);
   key->needs(cert);
-  cmd->add_option("--dashboard-port", *dashboard_port,
-                  "port of the web dashboard on --host (0: no dashboard); its URL carries the token")
+  cmd->add_option("--dashboard-host", dashboard->host,
+                  "address the web dashboard listens on, whatever --host is (0.0.0.0: every "
+                  "interface)")
+      ->capture_default_str();
+  cmd->add_option("--dashboard-port", dashboard->port,
+                  "port of the web dashboard (0: no dashboard); its URL carries the token")
       ->capture_default_str();
 }
 
@@ -59,19 +64,25 @@ void ApplyServerFlags(const ServerFlagSeconds& seconds, ServerOptions* options) 
 namespace {
 
 // The dashboard of `server`, or nullptr (none asked for, or its port could not be bound).
-std::unique_ptr<DashboardServer> StartDashboard(CoordinatorServer* server, const std::string& host,
-                                                int port, std::ostream& out) {
-  if (port <= 0) return nullptr;
+std::unique_ptr<DashboardServer> StartDashboard(CoordinatorServer* server,
+                                                const ServerOptions& options,
+                                                const DashboardFlags& flags, std::ostream& out) {
+  if (flags.port <= 0) return nullptr;
   DashboardOptions o;
-  o.host = host;
-  o.port = port;
+  o.host = flags.host;
+  o.port = flags.port;
+  // The URL carries the read-only credential; the admin one is accepted in the header (curl).
   o.token = server->credentials().read;
+  o.also_accepted = {server->credentials().admin};
+  o.tls_cert_file = options.tls_cert_file;
+  o.tls_key_file = options.tls_key_file;
   o.reader = &server->store()->reader();
   Store* store = server->store();
   o.operator_stats = [store] { return StoreMetrics(store->Stats()); };
   absl::StatusOr<std::unique_ptr<DashboardServer>> dashboard = DashboardServer::Start(o);
   if (!dashboard.ok()) {
-    out << fmt::format("dashboard: not started ({}); --dashboard-port picks another port\n",
+    out << fmt::format("dashboard: not started ({}); --dashboard-host and --dashboard-port pick "
+                       "another address\n",
                        std::string(dashboard.status().message()))
         << std::flush;
     return nullptr;
@@ -83,12 +94,12 @@ std::unique_ptr<DashboardServer> StartDashboard(CoordinatorServer* server, const
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ServedCoordinator>> ServedCoordinator::Start(
-    const ServerOptions& options, int dashboard_port, std::ostream& out) {
+    const ServerOptions& options, const DashboardFlags& dashboard, std::ostream& out) {
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options);
   if (!server.ok()) return server.status();
   std::unique_ptr<ServedCoordinator> served(new ServedCoordinator());
   served->server_ = *std::move(server);
-  served->dashboard_ = StartDashboard(served->server_.get(), options.host, dashboard_port, out);
+  served->dashboard_ = StartDashboard(served->server_.get(), options, dashboard, out);
   return served;
 }
 

@@ -18,6 +18,13 @@ class App;
 
 namespace ablate {
 
+// Where `serve` and `up` run the web dashboard. Its own host: a coordinator listening on every
+// interface for workers (--host 0.0.0.0) does not expose the dashboard unless asked.
+struct DashboardFlags {
+  std::string host = "127.0.0.1";  // --dashboard-host
+  int port = 8080;                 // --dashboard-port (0: no dashboard)
+};
+
 // Coordinator flags given in seconds, applied to ServerOptions by ApplyServerFlags.
 struct ServerFlagSeconds {
   double lease = 60;         // --lease-timeout
@@ -26,24 +33,27 @@ struct ServerFlagSeconds {
 
 // The coordinator flags `serve` and `up` share: --host, --port, --state-dir, --checkpoint-root,
 // --lease-timeout, --retry-backoff, --max-attempts, --fsync/--no-fsync, --tls-cert, --tls-key,
-// --dashboard-port (into *dashboard_port).
+// --dashboard-host and --dashboard-port (into *dashboard).
 void AddServerFlags(CLI::App* cmd, ServerOptions* options, ServerFlagSeconds* seconds,
-                    int* dashboard_port);
+                    DashboardFlags* dashboard);
 // Copies the durations AddServerFlags parsed into `options`.
 void ApplyServerFlags(const ServerFlagSeconds& seconds, ServerOptions* options);
 
 class ServedCoordinator {
  public:
-  // Starts the coordinator, then its dashboard on options.host:dashboard_port (0: none) over the
-  // coordinator's store and token, with the store writer's backlog in /metrics. Prints the
-  // dashboard's URL (it carries the token), or why it did not start, on `out`: a port that cannot
-  // be bound is not fatal to the coordinator.
+  // Starts the coordinator, then its dashboard on dashboard.host:dashboard.port (port 0: none)
+  // over the coordinator's store and token, with the store writer's backlog in /metrics, over
+  // HTTPS with the coordinator's certificate when it has one. Prints the dashboard's URL (it
+  // carries the token), or why it did not start, on `out`: a port that cannot be bound is not
+  // fatal to the coordinator.
   static absl::StatusOr<std::unique_ptr<ServedCoordinator>> Start(const ServerOptions& options,
-                                                                  int dashboard_port,
+                                                                  const DashboardFlags& dashboard,
                                                                   std::ostream& out);
   ~ServedCoordinator();  // Stop()
 
   CoordinatorServer& server() { return *server_; }
+  // The dashboard, or nullptr when none runs.
+  const DashboardServer* dashboard() const { return dashboard_.get(); }
   // Stops the dashboard, then the coordinator (its store flushed and closed); returns the store's
   // statistics taken just before. Idempotent (later calls return zeros).
   StoreStats Stop();

@@ -37,7 +37,7 @@ absl::Status RunUp(const UpOptions& options, std::ostream& out) {
   const BlockedSignals signals({SIGINT, SIGTERM, SIGCHLD});
 
   absl::StatusOr<std::unique_ptr<ServedCoordinator>> served =
-      ServedCoordinator::Start(options.server, options.dashboard_port, out);
+      ServedCoordinator::Start(options.server, options.dashboard, out);
   if (!served.ok()) return served.status();
   const CoordinatorServer& server = (*served)->server();
   const fs::path state(options.server.state_dir);
@@ -127,7 +127,7 @@ void AddUpCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--device", options->device, "cpu, cuda or cuda:N for every worker's jobs");
-  AddServerFlags(cmd, &options->server, seconds.get(), &options->dashboard_port);
+  AddServerFlags(cmd, &options->server, seconds.get(), &options->dashboard);
   cmd->add_option("--worker-bin", options->worker_bin,
                   "the ablate-worker to run (default: the one beside ablate)");
   cmd->callback([out, action, options, seconds] {

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "orchestrator/cli/serving.h"
 #include "orchestrator/coordinator/server.h"
 
 namespace CLI {
@@ -33,7 +34,7 @@ struct UpOptions {
   std::string device;           // --device for every worker ("" = each job's train.device)
   std::string worker_bin;       // "" = ablate-worker beside this executable
   absl::Duration stop_grace = absl::Seconds(60);  // then SIGKILL
-  int dashboard_port = 8080;    // the web dashboard on server.host (0: none)
+  DashboardFlags dashboard;     // where the web dashboard listens (port 0: none)
 };
 
 // Runs until SIGINT/SIGTERM (blocked in the calling thread before any thread starts, taken with

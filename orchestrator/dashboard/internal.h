@@ -1,13 +1,20 @@
 // What the files of the dashboard's HTTP server share (not for use outside it): the request and
 // response types, the JSON error helpers, the JSON renderings of store rows, and the server's
-// state (DashboardServer::Impl). server.cc is the transport (listening, connections, parsing,
-// authorization, static assets), api.cc the JSON API, stream.cc the live event stream,
-// metrics.cc /metrics.
+// state (DashboardServer::Impl), a connection's byte stream (Connection: plain or TLS, every read
+// and write under a deadline). server.cc is the transport (listening, connections, deadlines,
+// TLS, parsing, authorization, static assets), api.cc the JSON API, stream.cc the live event
+// stream, metrics.cc /metrics.
 #ifndef ABLATE_ORCHESTRATOR_DASHBOARD_INTERNAL_H_
 #define ABLATE_ORCHESTRATOR_DASHBOARD_INTERNAL_H_
 
+#include <poll.h>
+
+#include <array>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/ssl/stream.hpp>
+#include <boost/system/system_error.hpp>
 #include <cstdint>
 #include <list>
 #include <map>
@@ -22,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "config/credentials.h"
 #include "nlohmann/json.hpp"
 #include "orchestrator/dashboard/server.h"
 #include "orchestrator/store/reader.h"
@@ -32,6 +40,7 @@ namespace dashboard {
 namespace asio = boost::asio;
 using tcp = boost::asio::ip::tcp;
 using json = nlohmann::json;
+using error_code = boost::system::error_code;
 
 // Series sizes a client may ask for: more would only cost memory and bandwidth.
 constexpr int kMaxSeriesPoints = 20000;
@@ -40,7 +49,122 @@ constexpr int kDefaultCurvePoints = 600;
 constexpr int kMaxCurvePoints = 5000;  // per run, on the sweep overlay
 constexpr int kMaxEventsPerPage = 1000;
 constexpr size_t kMaxHeaderBytes = 16 << 10;
-constexpr absl::Duration kIdleTimeout = absl::Seconds(30);
+constexpr absl::Duration kIdleTimeout = absl::Seconds(30);  // between keep-alive requests
+
+// A connected socket as a SyncReadStream and SyncWriteStream whose every read_some and write_some
+// fails with asio::error::timed_out once the deadline has passed. The socket is non-blocking:
+// an operation that would block waits in poll() for at most the time left, so a client that
+// trickles bytes, or stops reading, holds its thread no longer than the deadline. (SO_RCVTIMEO
+// would not do: asio's synchronous operations go back to polling forever after EAGAIN.)
+// shutdown(2) on the socket, as Stop() does, wakes the wait.
+class DeadlineSocket {
+ public:
+  using lowest_layer_type = tcp::socket::lowest_layer_type;
+  using executor_type = tcp::socket::executor_type;
+
+  // `socket` is not owned. Makes it non-blocking.
+  explicit DeadlineSocket(tcp::socket* socket);
+
+  void set_deadline(absl::Time deadline) { deadline_ = deadline; }
+  int native_handle() { return socket_->native_handle(); }
+  lowest_layer_type& lowest_layer() { return socket_->lowest_layer(); }
+  executor_type get_executor() { return socket_->get_executor(); }
+
+  template <class MutableBuffers>
+  size_t read_some(const MutableBuffers& buffers, error_code& ec) {
+    return Retry(POLLIN, ec, [&] { return socket_->read_some(buffers, ec); });
+  }
+  template <class ConstBuffers>
+  size_t write_some(const ConstBuffers& buffers, error_code& ec) {
+    return Retry(POLLOUT, ec, [&] { return socket_->write_some(buffers, ec); });
+  }
+  template <class MutableBuffers>
+  size_t read_some(const MutableBuffers& buffers) {
+    error_code ec;
+    const size_t n = read_some(buffers, ec);
+    if (ec) throw boost::system::system_error(ec);
+    return n;
+  }
+  template <class ConstBuffers>
+  size_t write_some(const ConstBuffers& buffers) {
+    error_code ec;
+    const size_t n = write_some(buffers, ec);
+    if (ec) throw boost::system::system_error(ec);
+    return n;
+  }
+
+  // Waits until the socket is ready for `events` (POLLIN, POLLOUT); false when the deadline
+  // passed first.
+  bool Wait(short events);
+  // The client has closed or reset the connection (seen without reading: its FIN, TLS or not).
+  bool PeerClosed();
+
+ private:
+  // Calls `op` until it does not say would_block, waiting for `events` in between.
+  template <class Op>
+  size_t Retry(short events, error_code& ec, Op op) {
+    while (true) {
+      const size_t n = op();
+      if (ec != asio::error::would_block && ec != asio::error::try_again) return n;
+      if (!Wait(events)) {
+        ec = asio::error::timed_out;
+        return 0;
+      }
+    }
+  }
+
+  tcp::socket* const socket_;
+  absl::Time deadline_ = absl::InfiniteFuture();
+};
+
+// One connection's byte stream: plain HTTP, or TLS over the same DeadlineSocket. What
+// http::read/http::write and the event stream read and write; set_deadline bounds every
+// operation that follows. Not movable: the TLS stream refers to the socket.
+class Connection {
+ public:
+  // `socket` is not owned; `tls` (not owned) is the server's context, nullptr for plain HTTP.
+  Connection(tcp::socket* socket, asio::ssl::context* tls);
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  void set_deadline(absl::Time deadline) { socket_.set_deadline(deadline); }
+  // For TLS: the handshake, before the deadline. A client that speaks plain HTTP instead gets a
+  // 400 that says the server speaks HTTPS, in clear text (it holds nothing but that). False when
+  // the connection is of no further use. Plain HTTP: true.
+  bool Handshake();
+  bool PeerClosed() { return socket_.PeerClosed(); }
+
+  template <class MutableBuffers>
+  size_t read_some(const MutableBuffers& buffers, error_code& ec) {
+    return tls_ != nullptr ? tls_->read_some(buffers, ec) : socket_.read_some(buffers, ec);
+  }
+  template <class ConstBuffers>
+  size_t write_some(const ConstBuffers& buffers, error_code& ec) {
+    return tls_ != nullptr ? tls_->write_some(buffers, ec) : socket_.write_some(buffers, ec);
+  }
+  template <class MutableBuffers>
+  size_t read_some(const MutableBuffers& buffers) {
+    error_code ec;
+    const size_t n = read_some(buffers, ec);
+    if (ec) throw boost::system::system_error(ec);
+    return n;
+  }
+  template <class ConstBuffers>
+  size_t write_some(const ConstBuffers& buffers) {
+    error_code ec;
+    const size_t n = write_some(buffers, ec);
+    if (ec) throw boost::system::system_error(ec);
+    return n;
+  }
+
+ private:
+  DeadlineSocket socket_;
+  std::unique_ptr<asio::ssl::stream<DeadlineSocket&>> tls_;
+};
+
+// "HTTP/1.1 STATUS ...": a whole JSON error response with Connection: close, for the places that
+// answer without Beast (the accept thread's 503s, plain HTTP on a TLS port, the stream's errors).
+std::string RawErrorResponse(int status, const std::string& message);
 
 struct Response {
   int status = 200;
@@ -83,6 +207,7 @@ json TableJson(const ComparisonTable& t);
 }  // namespace dashboard
 
 // The dashboard's files (the only ones that include this header) use these unqualified.
+using dashboard::Connection;
 using dashboard::Dump;
 using dashboard::Error;
 using dashboard::EventJson;
@@ -123,11 +248,16 @@ struct DashboardServer::Impl {
   const StoreReader* reader = nullptr;
   dashboard::asio::io_context io;  // only to own the sockets: every operation on them is synchronous
   tcp::acceptor acceptor;
+  std::unique_ptr<dashboard::asio::ssl::context> tls;  // nullptr: plain HTTP
+  // SHA-256 of every accepted credential: [0] options.token, then options.also_accepted.
+  std::vector<CredentialDigest> credentials;
   std::thread accept_thread;
 
   absl::Mutex mu;
   bool stopping ABSL_GUARDED_BY(mu) = false;
   int active ABSL_GUARDED_BY(mu) = 0;
+  std::map<dashboard::asio::ip::address, int> per_client ABSL_GUARDED_BY(mu);  // > 0 only
+  int streams ABSL_GUARDED_BY(mu) = 0;
   std::set<tcp::socket*> sockets ABSL_GUARDED_BY(mu);
   std::list<std::thread> threads ABSL_GUARDED_BY(mu);
   std::vector<std::thread::id> finished ABSL_GUARDED_BY(mu);
@@ -138,8 +268,12 @@ struct DashboardServer::Impl {
 
   void AcceptLoop();
   void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  void Serve(tcp::socket* socket);
-  bool Authorized(const Request& r) const;
+  // Serves the connection accepted at `accepted` until it closes, fails, times out, or Stop.
+  void Serve(tcp::socket* socket, absl::Time accepted);
+  // The bearer header against every credential; `query_token`: ?token= against options.token too.
+  bool Authorized(const Request& r, bool query_token) const;
+  // A slot for an event stream (give it back with --streams under mu); false when all are taken.
+  bool AcquireStream();
   Response Handle(const Request& r);
   Response HandleApi(const Request& r);
   Response Sweeps();
@@ -154,7 +288,8 @@ struct DashboardServer::Impl {
   Response Workers();
   Response Metrics();
   // Serves the SSE stream until the client leaves or the server stops.
-  void Stream(tcp::socket* socket, const Request& r);
+  // Each write must finish within options.write_timeout.
+  void Stream(Connection* connection, const Request& r);
   // Sleeps `d` unless Stop comes first; false when stopping.
   bool Sleep(absl::Duration d);
 };

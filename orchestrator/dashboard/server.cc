@@ -1,8 +1,11 @@
 #include "orchestrator/dashboard/server.h"
 
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -72,6 +75,71 @@ double Significant7(double v) {
   return std::isfinite(scale) && scale > 0 ? std::round(v * scale) / scale : v;
 }
 
+DeadlineSocket::DeadlineSocket(tcp::socket* socket) : socket_(socket) {
+  error_code ec;
+  socket_->non_blocking(true, ec);  // fails only on a closed socket: its reads fail anyway
+}
+
+bool DeadlineSocket::Wait(short events) {
+  while (true) {
+    const absl::Duration left = deadline_ - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    // Rounded up: a wait of 0 ms would spin for the last fraction of a millisecond.
+    const int64_t ms = std::min<int64_t>(
+        absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), 60 * 1000);
+    pollfd p{socket_->native_handle(), events, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(ms));
+    if (n > 0) return true;  // ready, or an error / hang-up the next operation reports
+    if (n < 0 && errno != EINTR) return true;  // let the operation report it
+  }
+}
+
+bool DeadlineSocket::PeerClosed() {
+  pollfd p{socket_->native_handle(), POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+Connection::Connection(tcp::socket* socket, asio::ssl::context* tls) : socket_(socket) {
+  if (tls != nullptr) tls_ = std::make_unique<asio::ssl::stream<DeadlineSocket&>>(socket_, *tls);
+}
+
+std::string RawErrorResponse(int status, const std::string& message) {
+  const std::string body = Dump(json{{"error", message}, {"status", status}});
+  const char* reason = status == 400   ? "Bad Request"
+                       : status == 404 ? "Not Found"
+                       : status == 503 ? "Service Unavailable"
+                                       : "Error";
+  return absl::StrCat("HTTP/1.1 ", status, " ", reason,
+                      "\r\nContent-Type: application/json\r\nCache-Control: no-store\r\n"
+                      "Content-Length: ",
+                      body.size(), "\r\nConnection: close\r\n\r\n", body);
+}
+
+bool Connection::Handshake() {
+  if (tls_ == nullptr) return true;
+  // A TLS connection opens with a handshake record (content type 22); anything else is, in
+  // practice, a browser or curl speaking plain HTTP to an https:// server.
+  if (!socket_.Wait(POLLIN)) return false;
+  unsigned char first = 0;
+  const ssize_t n = ::recv(socket_.native_handle(), &first, 1, MSG_PEEK);
+  if (n <= 0) return false;
+  if (first != 22) {
+    // Read what came (closing with unread data would reset the connection before the client
+    // reads the answer), then answer in clear text.
+    char discard[16 << 10];
+    while (::recv(socket_.native_handle(), discard, sizeof(discard), MSG_DONTWAIT) > 0) {
+    }
+    const std::string answer = RawErrorResponse(
+        400, "this dashboard serves HTTPS only: open the https:// URL ablate printed");
+    error_code ec;
+    asio::write(socket_, asio::buffer(answer), ec);
+    return false;
+  }
+  error_code ec;
+  tls_->handshake(asio::ssl::stream_base::server, ec);
+  return !ec;
+}
+
 }  // namespace dashboard
 
 namespace {
@@ -132,12 +200,36 @@ std::optional<Request> ParseTarget(absl::string_view target) {
   return r;
 }
 
-// Compares without an early exit, so the time taken does not reveal a matching prefix.
-bool TokenEquals(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
+// Errors of the HTTP parser (a malformed request: worth a 400), as opposed to the transport's
+// (closed, reset, timed out, a TLS failure: nothing to answer).
+bool IsParseError(const boost::system::error_code& ec) {
+  return ec.category() == http::make_error_code(http::error::bad_target).category() &&
+         ec != http::error::end_of_stream && ec != http::error::partial_message;
+}
+
+// The TLS context for `cert_file` and `key_file` (PEM), or why not.
+absl::StatusOr<std::unique_ptr<asio::ssl::context>> MakeTlsContext(const std::string& cert_file,
+                                                                   const std::string& key_file) {
+  auto ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+  ctx->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                   asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                   asio::ssl::context::no_tlsv1_1);
+  boost::system::error_code ec;
+  ctx->use_certificate_chain_file(cert_file, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dashboard: cannot load the TLS certificate ", cert_file, ": ", ec.message()));
+  }
+  ctx->use_private_key_file(key_file, asio::ssl::context::pem, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dashboard: cannot load the TLS private key ", key_file, ": ", ec.message()));
+  }
+  if (SSL_CTX_check_private_key(ctx->native_handle()) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("dashboard: the TLS private key ", key_file,
+                                                   " does not match the certificate ", cert_file));
+  }
+  return ctx;
 }
 
 std::string MimeType(absl::string_view path) {
@@ -162,7 +254,28 @@ absl::StatusOr<std::unique_ptr<DashboardServer>> DashboardServer::Start(
   if (options.token.empty()) {
     return absl::InvalidArgumentError("dashboard: a token is required");
   }
+  for (const std::string& other : options.also_accepted) {
+    if (other.empty()) return absl::InvalidArgumentError("dashboard: an accepted token is empty");
+  }
+  if (options.max_connections <= 0 || options.max_connections_per_client <= 0 ||
+      options.max_streams <= 0 || options.request_timeout <= absl::ZeroDuration() ||
+      options.write_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("dashboard: connection limits and timeouts must be > 0");
+  }
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("dashboard: TLS needs both a certificate and a key file");
+  }
   auto impl = std::make_unique<Impl>(options);
+  if (!options.tls_cert_file.empty()) {
+    absl::StatusOr<std::unique_ptr<asio::ssl::context>> tls =
+        MakeTlsContext(options.tls_cert_file, options.tls_key_file);
+    if (!tls.ok()) return tls.status();
+    impl->tls = *std::move(tls);
+  }
+  impl->credentials.push_back(DigestOf(options.token));
+  for (const std::string& other : options.also_accepted) {
+    impl->credentials.push_back(DigestOf(other));
+  }
   if (options.reader != nullptr) {
     impl->reader = options.reader;
   } else {
@@ -204,7 +317,8 @@ std::string DashboardServer::Url() const {
   std::string host = impl_->options.host;
   if (host == "0.0.0.0" || host == "::") host = "127.0.0.1";
   if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
-  return absl::StrCat("http://", host, ":", port_, "/?token=", impl_->options.token);
+  return absl::StrCat(impl_->tls != nullptr ? "https://" : "http://", host, ":", port_,
+                      "/?token=", impl_->options.token);
 }
 
 void DashboardServer::Stop() {
@@ -256,24 +370,39 @@ void DashboardServer::Impl::AcceptLoop() {
       mu.AwaitWithTimeout(absl::Condition(&stopping), absl::Milliseconds(20));
       continue;
     }
+    const absl::Time accepted = absl::Now();
+    const asio::ip::address client = socket->remote_endpoint(ec).address();
+    if (ec) continue;  // gone already
+    std::string busy;
     if (active >= options.max_connections) {
-      static constexpr char kBusy[] =
-          "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-          "Content-Length: 51\r\nConnection: close\r\n\r\n"
-          "{\"error\":\"too many connections\",\"status\":503}\n   ";
-      asio::write(*socket, asio::buffer(kBusy, sizeof(kBusy) - 1), ec);
+      busy = absl::StrCat("too many connections (the limit is ", options.max_connections, ")");
+    } else if (auto it = per_client.find(client);
+               it != per_client.end() && it->second >= options.max_connections_per_client) {
+      busy = absl::StrCat("too many connections from ", client.to_string(), " (the limit is ",
+                          options.max_connections_per_client, " per client)");
+    }
+    if (!busy.empty()) {
+      // Over TLS there is no answering before a handshake, which is work this thread must not
+      // wait for: the connection is just closed.
+      if (tls == nullptr) {
+        // A fresh socket's send buffer is empty: this small write does not block.
+        asio::write(*socket, asio::buffer(dashboard::RawErrorResponse(503, busy)), ec);
+        socket->shutdown(tcp::socket::shutdown_send, ec);
+      }
       socket->close(ec);
       continue;
     }
     ++active;
+    ++per_client[client];
     tcp::socket* raw = socket.release();
     sockets.insert(raw);
-    threads.emplace_back([this, raw] {
-      Serve(raw);
+    threads.emplace_back([this, raw, client, accepted] {
+      Serve(raw, accepted);
       absl::MutexLock lock(&mu);
       sockets.erase(raw);
       delete raw;
       --active;
+      if (--per_client[client] == 0) per_client.erase(client);
       finished.push_back(std::this_thread::get_id());
     });
   }
@@ -288,23 +417,33 @@ bool DashboardServer::Impl::Sleep(absl::Duration d) {
   return !stopping;
 }
 
-void DashboardServer::Impl::Serve(tcp::socket* socket) {
+void DashboardServer::Impl::Serve(tcp::socket* socket, absl::Time accepted) {
+  Connection connection(socket, tls.get());
+  // The first request, TLS handshake included, within request_timeout of the accept: a client
+  // that connects and sends nothing, or a byte now and then, is dropped at that deadline.
+  connection.set_deadline(accepted + options.request_timeout);
   beast::flat_buffer buffer;
-  while (true) {
-    // An idle keep-alive connection is closed after kIdleTimeout: it holds a thread and a slot.
-    if (buffer.size() == 0) {
-      pollfd p{socket->native_handle(), POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(kIdleTimeout))) <= 0) break;
+  bool first = connection.Handshake();
+  bool open = first;
+  while (open) {
+    boost::system::error_code ec;
+    if (!first) {
+      // Keep-alive: the next request's first byte within kIdleTimeout (an idle connection holds a
+      // thread and a slot), then the whole request within request_timeout.
+      if (buffer.size() == 0) {
+        connection.set_deadline(absl::Now() + kIdleTimeout);
+        const size_t n = connection.read_some(buffer.prepare(4096), ec);
+        if (ec) break;
+        buffer.commit(n);
+      }
+      connection.set_deadline(absl::Now() + options.request_timeout);
     }
+    first = false;
     http::request_parser<http::string_body> parser;
     parser.header_limit(kMaxHeaderBytes);
     parser.body_limit(64 << 10);
-    boost::system::error_code ec;
-    http::read(*socket, buffer, parser, ec);
-    if (ec == http::error::end_of_stream || ec == asio::error::eof ||
-        ec == asio::error::connection_reset || ec == asio::error::operation_aborted) {
-      break;
-    }
+    http::read(connection, buffer, parser, ec);
+    if (ec && !IsParseError(ec)) break;  // closed, reset, timed out: nothing to answer
     Response res;
     bool keep_alive = false;
     unsigned version = 11;
@@ -324,10 +463,15 @@ void DashboardServer::Impl::Serve(tcp::socket* socket) {
       } else {
         r->authorization = std::string(req[http::field::authorization]);
         if (r->path == "/api/stream") {
-          if (!Authorized(*r)) {
+          if (!Authorized(*r, /*query_token=*/true)) {
             res = Error(401, "not authorized: a valid token is required");
+          } else if (!AcquireStream()) {
+            res = Error(503, absl::StrCat("too many event streams (the limit is ",
+                                          options.max_streams, ")"));
           } else {
-            Stream(socket, *r);
+            Stream(&connection, *r);
+            absl::MutexLock lock(&mu);
+            --streams;
             break;
           }
         } else {
@@ -345,29 +489,47 @@ void DashboardServer::Impl::Serve(tcp::socket* socket) {
     out.keep_alive(keep_alive);
     out.body() = std::move(res.body);
     out.prepare_payload();
-    http::write(*socket, out, ec);
-    if (ec || !keep_alive) break;
+    connection.set_deadline(absl::Now() + options.write_timeout);
+    http::write(connection, out, ec);
+    open = !ec && keep_alive;
   }
+  // No TLS close_notify: it would wait for the client's; every response has a length, and a
+  // truncated event stream is reconnected by the browser.
   boost::system::error_code ignored;
   socket->shutdown(tcp::socket::shutdown_both, ignored);
   socket->close(ignored);
 }
 
-bool DashboardServer::Impl::Authorized(const Request& r) const {
+bool DashboardServer::Impl::AcquireStream() {
+  absl::MutexLock lock(&mu);
+  if (streams >= options.max_streams) return false;
+  ++streams;
+  return true;
+}
+
+bool DashboardServer::Impl::Authorized(const Request& r, bool query_token) const {
   constexpr absl::string_view kBearer = "Bearer ";
-  if (absl::StartsWith(r.authorization, kBearer) &&
-      TokenEquals(absl::string_view(r.authorization).substr(kBearer.size()), options.token)) {
-    return true;
+  bool ok = false;
+  if (absl::StartsWith(r.authorization, kBearer)) {
+    const CredentialDigest given = DigestOf(absl::string_view(r.authorization).substr(kBearer.size()));
+    for (const CredentialDigest& credential : credentials) ok |= DigestEquals(given, credential);  // all
   }
-  auto it = r.query.find("token");
-  return it != r.query.end() && TokenEquals(it->second, options.token);
+  if (query_token) {
+    auto it = r.query.find("token");
+    if (it != r.query.end()) ok |= DigestEquals(DigestOf(it->second), credentials[0]);
+  }
+  return ok;
 }
 
 Response DashboardServer::Impl::Handle(const Request& r) {
   const std::vector<std::string>& seg = r.segments;
   const bool api = !seg.empty() && seg[0] == "api";
   if (api || r.path == "/metrics") {
-    if (!Authorized(r)) {
+    if (!Authorized(r, /*query_token=*/false)) {
+      if (r.query.count("token") != 0 && r.authorization.empty()) {
+        return Error(401, "not authorized: send the token as `Authorization: Bearer TOKEN` "
+                          "(?token= is accepted on /api/stream only)");
+      }
       return Error(401, "not authorized: open the URL ablate printed (it carries the token)");
     }
     try {

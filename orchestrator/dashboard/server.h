@@ -7,14 +7,24 @@
 // results file. Live updates come from polling the store every poll_interval: event rows after the
 // last id seen, new step points of RUNNING runs, new spike events.
 //
-// Security: every /api/ path and /metrics need the token, as `Authorization: Bearer <token>` or
-// `?token=<token>` (EventSource cannot set headers); anything else answers 401 with a JSON error.
-// The static assets (the page itself) are public: they hold no results, and the page must load to
-// tell a user without the token what to do. Malformed requests get 400/404/405 JSON errors; no
-// input crashes the server.
+// Security: every /api/ path and /metrics need a credential as `Authorization: Bearer <token>`:
+// `token` or one of `also_accepted`. The event stream (/api/stream) also takes `?token=<token>`
+// (EventSource cannot set headers), and only there; nowhere else does a query token count, so
+// the URL credential cannot leak into other URLs' logs. Anything else answers 401 with a JSON
+// error. Credentials are compared in constant time (SHA-256 digests, every one compared). The
+// static assets (the page itself) and /healthz are public: they hold no results, and the page
+// must load to tell a user without the token what to do. With tls_cert_file/tls_key_file the
+// server speaks HTTPS only (a plain-HTTP request gets a 400 telling it so, never data).
+// Malformed requests get 400/404/405 JSON errors; no input crashes the server.
 //
-// Threads: one accept thread, one thread per connection (at most max_connections; more get 503;
-// an idle keep-alive connection is closed after 30 s).
+// Threads: one accept thread, one thread per connection. Limits, each answered with a 503 JSON
+// error that names it: max_connections in all, max_connections_per_client per remote address,
+// max_streams event streams (over TLS a connection refused at accept is closed without an answer:
+// the handshake has not happened). A slow or silent client cannot hold a thread: a connection's
+// first request (TLS handshake included) must arrive whole within request_timeout of the accept;
+// a later one within request_timeout of its first byte, which must come within 30 s of the
+// previous response (keep-alive idle); every response, and every write of an event stream, must
+// be written within write_timeout. Past a deadline the connection is closed.
 // Stop() closes the listener and every connection (streams included) and joins the threads.
 //
 // Thread safety: Start/Stop/port may be called from any thread; Stop is idempotent.
@@ -47,7 +57,15 @@ struct DashboardMetric {
 struct DashboardOptions {
   std::string host = "127.0.0.1";  // 0.0.0.0: every interface
   int port = 8080;                 // 0 = any free port (tests); see DashboardServer::port()
-  std::string token;               // required: the coordinator's bearer token
+  // Required: the credential the printed URL carries (Url()), accepted as a bearer header
+  // everywhere and as ?token= on /api/stream.
+  std::string token;
+  // Other credentials accepted, as a bearer header only (e.g. an admin token for curl users).
+  // None may be empty.
+  std::vector<std::string> also_accepted;
+  // HTTPS with this PEM certificate (chain) and private key: both or neither ("": plain HTTP).
+  std::string tls_cert_file;
+  std::string tls_key_file;
   // The store to read: `reader` when set (not owned, must outlive the server), otherwise the
   // database file `db_path`, opened read-only.
   const StoreReader* reader = nullptr;
@@ -57,12 +75,22 @@ struct DashboardOptions {
   std::function<std::vector<DashboardMetric>()> operator_stats;
   absl::Duration poll_interval = absl::Milliseconds(200);  // the stream's store polling period
   int max_connections = 256;  // concurrent connections (a browser tab holds up to 6); more: 503
+  int max_connections_per_client = 32;  // concurrent connections from one remote address
+  int max_streams = 64;                 // concurrent event streams (/api/stream), all clients
+  // A request (headers and body; on a new connection the TLS handshake too) must arrive within
+  // this; a slower client is disconnected, so a trickle of bytes cannot hold a thread.
+  absl::Duration request_timeout = absl::Seconds(10);
+  // A response, and each write of an event stream, must be written within this: a client that
+  // stops reading is disconnected.
+  absl::Duration write_timeout = absl::Seconds(30);
 };
 
 class DashboardServer {
  public:
-  // Opens the store (unless a reader is given) and listens. InvalidArgument without a token;
-  // the store's error when the file cannot be opened; Unavailable when the port cannot be bound.
+  // Opens the store (unless a reader is given) and listens. InvalidArgument without a token, with
+  // an empty also_accepted entry, a non-positive limit or timeout, or a TLS file given without its
+  // partner, unreadable or not a matching PEM certificate and key (naming the file); the store's
+  // error when the file cannot be opened; Unavailable when the port cannot be bound.
   static absl::StatusOr<std::unique_ptr<DashboardServer>> Start(const DashboardOptions& options);
   ~DashboardServer();  // Stop()
 
@@ -70,7 +98,8 @@ class DashboardServer {
   DashboardServer& operator=(const DashboardServer&) = delete;
 
   int port() const { return port_; }
-  // "http://HOST:PORT/?token=TOKEN" (127.0.0.1 when listening on every interface).
+  // "http://HOST:PORT/?token=TOKEN" (https:// with TLS; 127.0.0.1 when listening on every
+  // interface).
   std::string Url() const;
 
   // Closes the listener and every open connection, joins every thread. Idempotent.

@@ -1,6 +1,7 @@
 // The dashboard's live stream (/api/stream?sweep=NAME): server-sent events of what changes in a
 // sweep, read from the store every poll_interval with StoreReader::ChangesSince, the same read
-// `ablate watch` streams over gRPC.
+// `ablate watch` streams over gRPC. Every write has options.write_timeout to finish: a client
+// that stops reading is dropped then, and its stream slot freed.
 #include <boost/asio/write.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -18,17 +19,15 @@ std::string SseEvent(absl::string_view name, const json& data) {
 
 }  // namespace
 
-void DashboardServer::Impl::Stream(tcp::socket* socket, const Request& r) {
+void DashboardServer::Impl::Stream(Connection* connection, const Request& r) {
   boost::system::error_code ec;
   auto send = [&](absl::string_view text) {
-    asio::write(*socket, asio::buffer(text.data(), text.size()), ec);
+    connection->set_deadline(absl::Now() + options.write_timeout);
+    asio::write(*connection, asio::buffer(text.data(), text.size()), ec);
     return !ec;
   };
   auto fail = [&](int status, const std::string& message) {
-    const std::string body = Dump(json{{"error", message}, {"status", status}});
-    send(absl::StrCat("HTTP/1.1 ", status, status == 404 ? " Not Found" : " Bad Request",
-                      "\r\nContent-Type: application/json\r\nCache-Control: no-store\r\n"
-                      "Content-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body));
+    send(dashboard::RawErrorResponse(status, message));
   };
   auto it = r.query.find("sweep");
   if (it == r.query.end() || it->second.empty()) return fail(400, "parameter 'sweep' is required");
@@ -68,6 +67,8 @@ void DashboardServer::Impl::Stream(tcp::socket* socket, const Request& r) {
   SeriesOptions series;
   series.max_points = 500;  // per run per tick: a long stall is still one bounded message
   while (Sleep(options.poll_interval)) {
+    // A client that left gives its stream slot back now, not at the next write.
+    if (connection->PeerClosed()) return;
     std::string out;
     bool changed = false;
     absl::StatusOr<SweepChanges> changes = reader->ChangesSince(sweep_id, at, 500, {RUNNING});

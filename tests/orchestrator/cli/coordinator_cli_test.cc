@@ -8,8 +8,10 @@
 #include <sstream>
 #include <thread>
 
+#include "CLI/CLI.hpp"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "orchestrator/cli/serving.h"
 #include "tests/cli_util.h"
 #include "tests/orchestrator/coordinator/coordinator_test_util.h"
 #include "tests/process_util.h"
@@ -362,6 +364,53 @@ TEST(ServeProcessTest, SigkillLosesNoMetricAndCompletesOnce) {
   std::filesystem::remove_all(dir);
 }
 
+
+// True when a TCP connection to ADDRESS:port is accepted.
+bool Accepts(const char* address, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, address, &addr.sin_addr);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// `serve --host 0.0.0.0` takes workers from other machines; its dashboard stays on loopback unless
+// --dashboard-host says otherwise. (127.0.0.2 is this machine too, but a socket bound to
+// 127.0.0.1 does not accept connections to it: it stands for another interface.)
+TEST(ServeDashboardTest, TheDashboardStaysOnLoopbackWhenGrpcListensEverywhere) {
+  char tmpl[] = "/tmp/ablate_dash_host_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  for (const bool everywhere : {false, true}) {
+    SCOPED_TRACE(everywhere ? "--dashboard-host 0.0.0.0" : "default --dashboard-host");
+    CLI::App app;
+    ServerOptions options;
+    ServerFlagSeconds seconds;
+    DashboardFlags dashboard;
+    AddServerFlags(&app, &options, &seconds, &dashboard);
+    const int port = ablate::testing::FreePort();
+    app.parse(absl::StrCat("--host 0.0.0.0 --port 0 --no-fsync --state-dir ", dir,
+                           "/state --dashboard-port ", port,
+                           everywhere ? " --dashboard-host 0.0.0.0" : ""),
+              false);
+    ApplyServerFlags(seconds, &options);
+    EXPECT_EQ(dashboard.host, everywhere ? "0.0.0.0" : "127.0.0.1");
+    std::ostringstream out;
+    absl::StatusOr<std::unique_ptr<ServedCoordinator>> served =
+        ServedCoordinator::Start(options, dashboard, out);
+    ASSERT_TRUE(served.ok()) << served.status();
+    ASSERT_NE((*served)->dashboard(), nullptr) << out.str();
+    EXPECT_EQ((*served)->dashboard()->port(), port);
+    EXPECT_TRUE(Accepts("127.0.0.2", (*served)->server().port()));  // gRPC: every interface
+    EXPECT_TRUE(Accepts("127.0.0.1", port));
+    EXPECT_EQ(Accepts("127.0.0.2", port), everywhere);
+    (*served)->Stop();
+  }
+  std::filesystem::remove_all(dir);
+}
 
 // ---- TLS (proto/tls.h) ------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 // The dashboard's HTTP API, stream and /metrics on 127.0.0.1:0 over a real SQLite store filled
-// through the Store write API.
+// through the Store write API; its limits against slow and greedy clients; HTTPS.
 #include "orchestrator/dashboard/server.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +10,7 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -24,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 #include "tests/orchestrator/dashboard/dashboard_test_util.h"
+#include "tests/process_util.h"
 
 namespace ablate {
 namespace {
@@ -35,6 +37,7 @@ using json = nlohmann::json;
 using namespace dashboard_test;
 
 constexpr char kToken[] = "0123456789abcdef0123456789abcdef";
+constexpr char kAdminToken[] = "admin-fedcba9876543210fedcba98765";  // also_accepted
 
 struct HttpResult {
   int status = 0;
@@ -81,6 +84,103 @@ std::string Raw(int port, const std::string& bytes) {
     out.append(buf, n);
   }
   return out;
+}
+
+// Raw bytes in on a fresh connection, whatever comes back within `timeout` out (for a server that
+// may not answer).
+std::string RawWithin(int port, const std::string& bytes, std::chrono::milliseconds timeout) {
+  asio::io_context io;
+  tcp::socket socket(io);
+  boost::system::error_code ec;
+  socket.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port), ec);
+  if (ec) return "";
+  asio::write(socket, asio::buffer(bytes), ec);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string out;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{socket.native_handle(), POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    char buf[4096];
+    const size_t n = socket.read_some(asio::buffer(buf), ec);
+    if (ec) break;
+    out.append(buf, n);
+  }
+  return out;
+}
+
+// True when the server closes `socket` (EOF or reset) within `timeout`; what it sends is dropped.
+bool ClosedByServerWithin(tcp::socket& socket, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{socket.native_handle(), POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    char buf[4096];
+    boost::system::error_code ec;
+    socket.read_some(asio::buffer(buf), ec);
+    if (ec) return true;
+  }
+}
+
+// Shuts `fd` down after `timeout` unless destroyed first: bounds a blocking client (the TLS
+// helpers) so that a server that does not answer fails the test instead of hanging it.
+class Watchdog {
+ public:
+  Watchdog(int fd, std::chrono::milliseconds timeout)
+      : thread_([this, fd, timeout] {
+          absl::MutexLock lock(&mu_);
+          if (!mu_.AwaitWithTimeout(absl::Condition(&done_), absl::FromChrono(timeout))) {
+            ::shutdown(fd, SHUT_RDWR);
+          }
+        }) {}
+  ~Watchdog() {
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+    }
+    thread_.join();
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// One GET over TLS, trusting the certificate `ca_file`; status 0 when the handshake or the
+// exchange failed (*error says why).
+HttpResult GetTls(int port, const std::string& target, const std::string& ca_file,
+                  std::string* error, const std::string& bearer = kToken) {
+  asio::io_context io;
+  asio::ssl::context ctx(asio::ssl::context::tls_client);
+  ctx.load_verify_file(ca_file);
+  ctx.set_verify_mode(asio::ssl::verify_peer);
+  asio::ssl::stream<tcp::socket> stream(io, ctx);
+  HttpResult r;
+  try {
+    stream.next_layer().connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+    Watchdog watchdog(stream.next_layer().native_handle(), std::chrono::seconds(10));
+    stream.handshake(asio::ssl::stream_base::client);
+    http::request<http::string_body> req(http::verb::get, target, 11);
+    req.set(http::field::host, "127.0.0.1");
+    if (!bearer.empty()) req.set(http::field::authorization, "Bearer " + bearer);
+    http::write(stream, req);
+    boost::beast::flat_buffer buffer;
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(64 << 20);
+    http::read(stream, buffer, parser);
+    r.status = static_cast<int>(parser.get().result_int());
+    r.content_type = std::string(parser.get()[http::field::content_type]);
+    r.body = parser.get().body();
+  } catch (const std::exception& e) {
+    *error = e.what();
+  }
+  return r;
 }
 
 // An open SSE connection read with deadlines.
@@ -137,7 +237,9 @@ class DashboardServerTest : public ::testing::Test {
     o.token = kToken;
     o.db_path = so.path;  // its own read-only connections, as `ablate dashboard` has
     o.poll_interval = absl::Milliseconds(50);
+    o.also_accepted = {kAdminToken};
     o.max_connections = 1000;  // ManyConcurrentClients: threads of a loaded machine linger
+    o.max_connections_per_client = 1000;
     o.operator_stats = [] {
       return std::vector<DashboardMetric>{
           {"ablate_store_queued_rows", "Rows waiting for the writer.", "gauge", {}, 7},
@@ -203,9 +305,27 @@ TEST_F(DashboardServerTest, ApiNeedsTheToken) {
   EXPECT_EQ(Get(port_, "/api/runs/1", "").status, 401);
   EXPECT_EQ(Get(port_, "/api/stream?sweep=gates", "").status, 401);
   EXPECT_EQ(Get(port_, "/api/sweeps").status, 200);
-  EXPECT_EQ(Get(port_, absl::StrCat("/api/sweeps?token=", kToken), "").status, 200);
   EXPECT_EQ(Get(port_, "/healthz", "").status, 200);
   EXPECT_EQ(server_->Url(), absl::StrCat("http://127.0.0.1:", port_, "/?token=", kToken));
+}
+
+// The URL's token in a query opens the event stream (EventSource cannot set headers) and nothing
+// else; the other accepted credentials work as a bearer header only.
+TEST_F(DashboardServerTest, TokenInTheQueryOnlyOpensTheStream) {
+  for (const std::string target : {"/api/sweeps", "/api/runs/1", "/metrics", "/api/workers"}) {
+    HttpResult r = Get(port_, absl::StrCat(target, "?token=", kToken), "");
+    EXPECT_EQ(r.status, 401) << target;
+    EXPECT_TRUE(absl::StrContains(r.Json().value("error", ""), "Authorization: Bearer")) << r.body;
+    EXPECT_EQ(Get(port_, target, kToken).status, 200) << target;
+    EXPECT_EQ(Get(port_, target, kAdminToken).status, 200) << target;
+  }
+  StreamReader stream(port_, absl::StrCat("/api/stream?sweep=gates&token=", kToken));
+  EXPECT_NE(stream.ReadUntil("event: hello\n", std::chrono::seconds(5)), std::string::npos)
+      << stream.data();
+  StreamReader admin_in_query(port_,
+                              absl::StrCat("/api/stream?sweep=gates&token=", kAdminToken));
+  EXPECT_NE(admin_in_query.ReadUntil("HTTP/1.1 401", std::chrono::seconds(5)), std::string::npos)
+      << admin_in_query.data();
 }
 
 TEST(DashboardServerStartTest, RefusesNoTokenAndMissingDatabase) {
@@ -215,6 +335,15 @@ TEST(DashboardServerStartTest, RefusesNoTokenAndMissingDatabase) {
   EXPECT_EQ(DashboardServer::Start(o).status().code(), absl::StatusCode::kInvalidArgument);
   o.token = kToken;
   EXPECT_EQ(DashboardServer::Start(o).status().code(), absl::StatusCode::kNotFound);
+  o.also_accepted = {""};
+  EXPECT_EQ(DashboardServer::Start(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.also_accepted.clear();
+  o.tls_cert_file = "/nonexistent/cert.pem";
+  EXPECT_EQ(DashboardServer::Start(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.tls_key_file = "/nonexistent/key.pem";
+  absl::Status missing = DashboardServer::Start(o).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(missing.message(), "/nonexistent/cert.pem")) << missing;
 }
 
 TEST_F(DashboardServerTest, ServesTheEmbeddedApp) {
@@ -592,6 +721,257 @@ TEST_F(DashboardServerTest, ConnectionsBeyondTheCapGet503) {
   idle.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
   const auto t0 = std::chrono::steady_clock::now();
   (*server)->Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+}
+
+// ---- Limits: slow clients, greedy clients, streams ----------------------------------------
+
+class DashboardLimitsTest : public DashboardServerTest {
+ protected:
+  // A second server over the fixture's store with `o`'s limits.
+  std::unique_ptr<DashboardServer> StartWith(DashboardOptions o) {
+    o.port = 0;
+    o.token = kToken;
+    o.reader = &store_->reader();
+    o.poll_interval = absl::Milliseconds(50);
+    absl::StatusOr<std::unique_ptr<DashboardServer>> server = DashboardServer::Start(o);
+    EXPECT_TRUE(server.ok()) << server.status();
+    return server.ok() ? *std::move(server) : nullptr;
+  }
+  static std::unique_ptr<tcp::socket> Connect(asio::io_context& io, int port,
+                                              const char* from = "127.0.0.1") {
+    auto socket = std::make_unique<tcp::socket>(io);
+    socket->open(tcp::v4());
+    socket->bind(tcp::endpoint(asio::ip::make_address(from), 0));
+    socket->connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+    return socket;
+  }
+};
+
+// Slowloris: every connection slot held by a client that trickles a request's headers a byte at a
+// time and never finishes. Each is dropped at the request deadline, so a fresh client is served
+// again soon after, however long the flood goes on.
+TEST_F(DashboardLimitsTest, SlowClientsAreDroppedAtTheRequestDeadline) {
+  DashboardOptions o;
+  o.max_connections = 8;
+  o.max_connections_per_client = 8;
+  o.request_timeout = absl::Seconds(1);
+  std::unique_ptr<DashboardServer> server = StartWith(o);
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  asio::io_context io;
+  std::vector<std::unique_ptr<tcp::socket>> flood;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 8; ++i) {
+    flood.push_back(Connect(io, port));
+    asio::write(*flood.back(), asio::buffer("G", 1));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // all accepted
+  const std::string healthz = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  const std::string busy = RawWithin(port, healthz, std::chrono::seconds(2));
+  EXPECT_TRUE(absl::StartsWith(busy, "HTTP/1.1 503")) << busy;  // the flood holds every slot
+
+  // The flood trickles on (one byte per connection every 100 ms, for 6 s at most) while a fresh
+  // client asks /healthz until it is answered.
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    const std::string rest = "ET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + std::string(200, 'a');
+    for (size_t i = 0; i < rest.size() && !stop &&
+                       std::chrono::steady_clock::now() - t0 < std::chrono::seconds(6);
+         ++i) {
+      for (auto& socket : flood) {
+        boost::system::error_code ec;
+        asio::write(*socket, asio::buffer(&rest[i], 1), ec);  // fails once dropped: ignored
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  std::string answer;
+  double served_after_s = -1;
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+    answer = RawWithin(port, healthz, std::chrono::seconds(2));
+    if (absl::StartsWith(answer, "HTTP/1.1 200")) {
+      served_after_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GE(served_after_s, 0) << "no slot freed in 5 s with a 1 s request deadline: " << answer;
+  std::cout << "/healthz answered 200 " << served_after_s
+            << " s after a flood of 8 slow connections began (request deadline 1 s)\n";
+  // Every flood connection was closed by the server (not one slot is still held).
+  const auto closed_by = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  for (auto& socket : flood) {
+    EXPECT_TRUE(ClosedByServerWithin(
+        *socket, std::max(std::chrono::milliseconds(0),
+                          std::chrono::duration_cast<std::chrono::milliseconds>(
+                              closed_by - std::chrono::steady_clock::now()))));
+  }
+  stop = true;
+  trickle.join();
+}
+
+// A client that stops reading its responses (here: 300 pipelined requests for a 50 kB asset,
+// unread) is dropped at the write deadline instead of holding its thread and slot forever.
+TEST_F(DashboardLimitsTest, AClientThatStopsReadingIsDroppedAtTheWriteDeadline) {
+  DashboardOptions o;
+  o.max_connections = 1;
+  o.write_timeout = absl::Seconds(1);
+  std::unique_ptr<DashboardServer> server = StartWith(o);
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  asio::io_context io;
+  tcp::socket stuck(io);
+  stuck.open(tcp::v4());
+  stuck.set_option(asio::socket_base::receive_buffer_size(4096));
+  stuck.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  std::string requests;
+  for (int i = 0; i < 300; ++i) {
+    absl::StrAppend(&requests, "GET /vendor/uPlot.iife.min.js HTTP/1.1\r\nHost: x\r\n\r\n");
+  }
+  asio::write(stuck, asio::buffer(requests));
+  const auto t0 = std::chrono::steady_clock::now();
+  bool served = false;
+  while (!served && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(8)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    served = absl::StartsWith(
+        RawWithin(port, "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                  std::chrono::seconds(2)),
+        "HTTP/1.1 200");
+  }
+  EXPECT_TRUE(served) << "the only slot is still held by a client that reads nothing";
+}
+
+TEST_F(DashboardLimitsTest, ConnectionsPerClientAddressAreCapped) {
+  DashboardOptions o;
+  o.max_connections_per_client = 2;
+  std::unique_ptr<DashboardServer> server = StartWith(o);
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  asio::io_context io;
+  std::unique_ptr<tcp::socket> a = Connect(io, port), b = Connect(io, port);  // idle, held
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const std::string third = RawWithin(port, "", std::chrono::seconds(3));
+  EXPECT_TRUE(absl::StartsWith(third, "HTTP/1.1 503")) << third;
+  EXPECT_TRUE(absl::StrContains(third, "too many connections from 127.0.0.1 (the limit is 2 per "
+                                       "client)"))
+      << third;
+  // Another address is served meanwhile (127.0.0.2 is this machine too).
+  std::unique_ptr<tcp::socket> other = Connect(io, port, "127.0.0.2");
+  asio::write(*other, asio::buffer(std::string(
+                          "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")));
+  std::string answer;
+  boost::system::error_code ec;
+  char buf[4096];
+  while (!ec) {
+    const size_t n = other->read_some(asio::buffer(buf), ec);
+    answer.append(buf, n);
+  }
+  EXPECT_TRUE(absl::StartsWith(answer, "HTTP/1.1 200")) << answer;
+  // A slot given back is taken again.
+  a->close();
+  bool served = false;
+  for (int i = 0; i < 50 && !served; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    served = Get(port, "/api/sweeps").status == 200;
+  }
+  EXPECT_TRUE(served);
+}
+
+TEST_F(DashboardLimitsTest, EventStreamsBeyondTheCapGet503) {
+  DashboardOptions o;
+  o.max_streams = 2;
+  std::unique_ptr<DashboardServer> server = StartWith(o);
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  const std::string target = absl::StrCat("/api/stream?sweep=gates&token=", kToken);
+  auto first = std::make_unique<StreamReader>(port, target);
+  StreamReader second(port, target);
+  ASSERT_NE(first->ReadUntil("event: hello\n", std::chrono::seconds(5)), std::string::npos);
+  ASSERT_NE(second.ReadUntil("event: hello\n", std::chrono::seconds(5)), std::string::npos);
+  StreamReader third(port, target);
+  EXPECT_NE(third.ReadUntil("\"status\":503}", std::chrono::seconds(5)), std::string::npos)
+      << third.data();
+  EXPECT_TRUE(absl::StartsWith(third.data(), "HTTP/1.1 503")) << third.data();
+  EXPECT_TRUE(absl::StrContains(third.data(), "too many event streams (the limit is 2)"))
+      << third.data();
+  // Plain requests are not streams: served.
+  EXPECT_EQ(Get(port, "/api/sweeps").status, 200);
+  // A stream whose client left gives its slot back within a few polls, not at the next ping.
+  first.reset();
+  bool admitted = false;
+  for (int i = 0; i < 40 && !admitted; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    StreamReader again(port, target);
+    admitted = again.ReadUntil("event: hello\n", std::chrono::seconds(2)) != std::string::npos;
+  }
+  EXPECT_TRUE(admitted);
+}
+
+// ---- HTTPS ----------------------------------------------------------------------------------
+
+TEST_F(DashboardServerTest, ServesHttpsWithTheGivenCertificate) {
+  ASSERT_TRUE(ablate::testing::MakeSelfSignedCertificate(dir_, "dashboard")) << "openssl failed";
+  DashboardOptions o;
+  o.port = 0;
+  o.token = kToken;
+  o.reader = &store_->reader();
+  o.poll_interval = absl::Milliseconds(50);
+  o.tls_cert_file = dir_ + "/dashboard.pem";
+  o.tls_key_file = dir_ + "/dashboard.key";
+  absl::StatusOr<std::unique_ptr<DashboardServer>> started = DashboardServer::Start(o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  DashboardServer& server = **started;
+  const int port = server.port();
+  EXPECT_EQ(server.Url(), absl::StrCat("https://127.0.0.1:", port, "/?token=", kToken));
+
+  std::string error;
+  HttpResult health = GetTls(port, "/healthz", o.tls_cert_file, &error, "");
+  EXPECT_EQ(health.status, 200) << error;
+  HttpResult sweeps = GetTls(port, "/api/sweeps", o.tls_cert_file, &error);
+  EXPECT_EQ(sweeps.status, 200) << error;
+  EXPECT_TRUE(absl::StrContains(sweeps.body, "\"gates\"")) << sweeps.body;
+  EXPECT_EQ(GetTls(port, "/api/sweeps", o.tls_cert_file, &error, "").status, 401) << error;
+  // A client that does not trust the certificate gets nothing.
+  ASSERT_TRUE(ablate::testing::MakeSelfSignedCertificate(dir_, "other"));
+  error.clear();
+  EXPECT_EQ(GetTls(port, "/healthz", dir_ + "/other.pem", &error).status, 0);
+  EXPECT_FALSE(error.empty());
+
+  // Plain HTTP gets no data, only a 400 that says to use HTTPS.
+  for (const std::string target : {"/healthz", "/api/sweeps", "/"}) {
+    const std::string plain = RawWithin(
+        port, absl::StrCat("GET ", target, " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ",
+                           kToken, "\r\n\r\n"),
+        std::chrono::seconds(5));
+    EXPECT_FALSE(absl::StrContains(plain, "200 OK")) << plain;
+    EXPECT_FALSE(absl::StrContains(plain, "gates")) << plain;
+    EXPECT_TRUE(plain.empty() || absl::StrContains(plain, "serves HTTPS only")) << plain;
+  }
+
+  // The event stream over TLS.
+  asio::io_context io;
+  asio::ssl::context ctx(asio::ssl::context::tls_client);
+  ctx.load_verify_file(o.tls_cert_file);
+  ctx.set_verify_mode(asio::ssl::verify_peer);
+  asio::ssl::stream<tcp::socket> stream(io, ctx);
+  stream.next_layer().connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  Watchdog watchdog(stream.next_layer().native_handle(), std::chrono::seconds(10));
+  stream.handshake(asio::ssl::stream_base::client);
+  asio::write(stream, asio::buffer(absl::StrCat("GET /api/stream?sweep=gates&token=", kToken,
+                                                " HTTP/1.1\r\nHost: x\r\n\r\n")));
+  std::string data;
+  boost::system::error_code ec;
+  while (!ec && !absl::StrContains(data, "event: hello\n")) {
+    char buf[4096];
+    const size_t n = stream.read_some(asio::buffer(buf), ec);
+    data.append(buf, n);
+  }
+  EXPECT_TRUE(absl::StrContains(data, "event: hello\n")) << data << ec.message();
+
+  // Stop closes TLS connections too.
+  const auto t0 = std::chrono::steady_clock::now();
+  server.Stop();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
 }
 
