@@ -479,6 +479,10 @@ absl::StatusOr<QueryResponse> CoordinatorCore::Query(const QueryRequest& request
                         : options_.default_query_rows;
   // Rows past this are dropped (`truncated`): the formatted answer must fit one gRPC message.
   limits.max_bytes = int64_t{8} << 20;
+  if (request.sql().size() > kMaxSqlBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("query: the statement is ", request.sql().size(),
+                                                   " bytes; the limit is ", kMaxSqlBytes));
+  }
   absl::StatusOr<QueryResult> result = store_->reader().ReadOnlyQuery(request.sql(), limits);
   if (!result.ok()) return result.status();
   absl::StatusOr<std::string> formatted = FormatQueryResult(*result, format);
@@ -507,6 +511,11 @@ absl::StatusOr<TableResponse> CoordinatorCore::Table(const TableRequest& request
 
 absl::StatusOr<RegisterResponse> CoordinatorCore::Register(const RegisterRequest& request) {
   if (request.name().empty()) return absl::InvalidArgumentError("register: no worker name");
+  if (request.ByteSizeLong() > kMaxRegisterBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("register: the request is ",
+                                                   request.ByteSizeLong(), " bytes; the limit is ",
+                                                   kMaxRegisterBytes));
+  }
   std::string json;
   google::protobuf::util::JsonPrintOptions print;
   print.preserve_proto_field_names = true;

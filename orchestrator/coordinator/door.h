@@ -22,6 +22,10 @@ inline constexpr size_t kMaxTextBytes = 4096;  // reasons, errors, checkpoint pa
 inline constexpr int kMaxProbeLayers = 4096;
 inline constexpr int kMaxHistogramBins = 4096;
 inline constexpr size_t kMaxSignalBytes = 64;
+// Per method, beside gRPC's message limit (the largest message, a metric batch): a worker's
+// registration (its name and resources) and a user's SQL statement.
+inline constexpr size_t kMaxRegisterBytes = 64 << 10;
+inline constexpr size_t kMaxSqlBytes = 64 << 10;
 
 // The metric batch of a Report, or of a Finish's final_report (`what` names which: "report",
 // "finish: final_report"), for a run of `total_steps` steps.

@@ -301,6 +301,31 @@ TEST_F(HardeningTest, ASweepNamedLikeAnIdIsNotConfusedWithIt) {
   EXPECT_EQ(last.sweep_done().state(), "CANCELLED");
 }
 
+// What gRPC receives is bounded per message (16 MiB), and each method bounds its own.
+TEST_F(HardeningTest, EachMethodBoundsWhatItTakes) {
+  RegisterRequest reg;
+  reg.set_name(std::string(100'000, 'w'));
+  RegisterResponse registered;
+  auto ctx = Context();
+  grpc::Status s = worker_->Register(ctx.get(), reg, &registered);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("the limit is 65536"));
+  QueryRequest q;
+  q.set_sql("SELECT 1 -- " + std::string(100'000, 'x'));
+  QueryResponse answer;
+  ctx = Context();
+  s = client_->Query(ctx.get(), q, &answer);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("query: the statement is"));
+  SubmitRequest submit;
+  submit.set_spec_yaml(std::string(17 << 20, '#'));
+  SubmitResponse submitted;
+  ctx = Context();
+  EXPECT_EQ(client_->Submit(ctx.get(), submit, &submitted).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(CountRows("workers"), 0);
+}
+
 TEST(CredentialsTest, DerivedCredentialsAndLeaseSecretsAreStableAndDistinct) {
   const Credentials a = Credentials::Derive("secret-a");
   const Credentials b = Credentials::Derive("secret-b");
