@@ -92,7 +92,8 @@ FUZZ_FLAGS   ?= -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
 FUZZ_INPUTS_spec_fuzz  := experiments tests/orchestrator/spec/bad_specs tests/fuzz/corpus/spec_fuzz \
                           tests/fuzz/regressions/spec_fuzz
 FUZZ_INPUTS_query_fuzz := tests/fuzz/corpus/query_fuzz tests/fuzz/regressions/query_fuzz
-FUZZ_TARGETS ?= spec_fuzz query_fuzz
+FUZZ_INPUTS_report_fuzz := tests/fuzz/corpus/report_fuzz tests/fuzz/regressions/report_fuzz
+FUZZ_TARGETS ?= spec_fuzz query_fuzz report_fuzz
 
 $(FUZZ_BUILD)/build.ninja: CMakeLists.txt tests/fuzz/CMakeLists.txt
 	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
