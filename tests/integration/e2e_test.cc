@@ -81,13 +81,43 @@ TEST_F(EndToEndTest, ServeAndTwoWorkersTrainASweepToCompletion) {
   ASSERT_EQ(Ablate({"submit", Spec("e2e", 30).string()}, dir_ / "submit.log"), 0)
       << Slurp(dir_ / "submit.log");
 
+  // Each credential does its own part only: the read-only one cannot register a worker, the
+  // worker one cannot submit.
+  EXPECT_EQ(WaitExit(Spawn(ABLATE_WORKER_BIN,
+                           {"--coordinator", address, "--token-file",
+                            (state_ / "read-token").string(), "--name", "reader"},
+                           dir_ / "reader.log"),
+                     std::chrono::seconds(30)),
+            1);
+  EXPECT_NE(Slurp(dir_ / "reader.log").find("PERMISSION_DENIED"), std::string::npos)
+      << Slurp(dir_ / "reader.log");
+  EXPECT_EQ(Ablate({"submit", Spec("rogue", 30).string(), "--token-file",
+                    (state_ / "worker-token").string()},
+                   dir_ / "rogue.log"),
+            1);
+  EXPECT_NE(Slurp(dir_ / "rogue.log").find("needs the admin credential"), std::string::npos)
+      << Slurp(dir_ / "rogue.log");
+
   std::vector<pid_t> workers;
   for (const char* name : {"w1", "w2"}) {
     workers.push_back(Spawn(ABLATE_WORKER_BIN,
-                            {"--coordinator", address, "--token-file", (state_ / "token").string(),
-                             "--name", name, "--idle-exit", "3", "--report-interval", "0.2"},
+                            {"--coordinator", address, "--token-file",
+                             (state_ / "worker-token").string(), "--name", name, "--idle-exit", "3",
+                             "--report-interval", "0.2"},
                             dir_ / (std::string(name) + ".log")));
     ASSERT_GT(workers.back(), 0);
+  }
+  // No credential is on any command line (`ps` shows them to every user).
+  for (const char* file : {"token", "worker-token", "read-token"}) {
+    std::string credential = Slurp(state_ / file);
+    while (!credential.empty() && std::isspace(static_cast<unsigned char>(credential.back()))) {
+      credential.pop_back();
+    }
+    ASSERT_FALSE(credential.empty()) << file;
+    for (const auto& proc : fs::directory_iterator("/proc")) {
+      std::string cmdline = Slurp(proc.path() / "cmdline");
+      EXPECT_EQ(cmdline.find(credential), std::string::npos) << file << " in " << cmdline;
+    }
   }
   for (size_t i = 0; i < workers.size(); ++i) {
     EXPECT_EQ(WaitExit(workers[i], std::chrono::seconds(180)), 0)
