@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "config/durable_file.h"
 #include "proto/grpc_status.h"
 
 namespace ablate {
@@ -13,10 +14,16 @@ namespace agent {
 
 namespace fs = std::filesystem;
 
+JobReporter::JobReporter(Params params) : p_(std::move(params)) {
+  const absl::Time leased_at = p_.leased_at == absl::InfinitePast() ? absl::Now() : p_.leased_at;
+  acknowledged_sent_ns_.store(absl::ToUnixNanos(leased_at));
+}
+
 JobReporter::~JobReporter() {
   {
     absl::MutexLock lock(&mu_);
     closing_ = true;
+    if (call_ != nullptr) call_->TryCancel();  // a hanging call would delay the join
     cv_.SignalAll();
   }
   if (sender_.joinable()) sender_.join();
@@ -38,6 +45,30 @@ void JobReporter::Add(OutboxItem item) {
   // The sender sleeps until the next heartbeat while there is nothing to send, and until the
   // next report otherwise: wake it when that changes.
   if (was_empty || points_ >= p_.options->max_batch_points) cv_.SignalAll();
+}
+
+void JobReporter::AddNotice(const std::string& line) {
+  (*p_.log)(absl::StrCat("run ", p_.run_id, " attempt ", p_.attempt, ": ", line));
+  Add(Notice{line});
+}
+
+absl::Status JobReporter::Silence() const {
+  if (p_.lease_timeout <= absl::ZeroDuration()) return absl::OkStatus();
+  const absl::Time sent = absl::FromUnixNanos(acknowledged_sent_ns_.load());
+  if (absl::Now() - sent < p_.lease_timeout) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "nothing acknowledged by coordinator ", p_.options->coordinator, " for ",
+      absl::FormatDuration(p_.lease_timeout), " (the lease timeout): it has given the run to ",
+      "another worker or will, so this one stopped training and writing checkpoints"));
+}
+
+bool JobReporter::ShouldStop() {
+  if (stop_directive_.load() || gave_up_.load()) return true;
+  if (absl::Status silent = Silence(); !silent.ok()) {
+    GiveUp(std::move(silent));
+    return true;
+  }
+  return false;
 }
 
 void JobReporter::WriteJournal(int64_t checkpoint_step) {
@@ -65,28 +96,29 @@ void JobReporter::WriteJournal(int64_t checkpoint_step) {
     fs::remove(p_.journal_path, ec);
     return;
   }
-  const std::string tmp = p_.journal_path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out || !kept.SerializeToOstream(&out)) {
-      (*p_.log)(absl::StrCat("run ", p_.run_id, ": cannot write ", tmp, ": unsent points are ",
-                             "kept in memory only"));
-      return;
-    }
+  if (absl::Status written = WriteFileAtomically(p_.journal_path, kept.SerializeAsString(), 0644);
+      !written.ok()) {
+    (*p_.log)(absl::StrCat("run ", p_.run_id, ": ", written.message(), ": unsent points are ",
+                           "kept in memory only"));
   }
-  fs::rename(tmp, p_.journal_path, ec);
 }
 
 absl::Status JobReporter::Flush() {
   absl::MutexLock lock(&mu_);
   flush_requested_ = true;
   cv_.SignalAll();
-  while (terminal_.ok() && (!outbox_.empty() || inflight_.has_value())) cv_.Wait(&mu_);
+  while (terminal_.ok() && (!outbox_.empty() || inflight_.has_value())) {
+    // Woken now and then to give up on a silent coordinator, even while a call hangs.
+    cv_.WaitWithTimeout(&mu_, absl::Milliseconds(50));
+    if (absl::Status silent = Silence(); !silent.ok()) GiveUpLocked(std::move(silent));
+  }
   return terminal_;
 }
 
 void JobReporter::Push(OutboxItem item) {
-  if (!std::holds_alternative<CheckpointNotice>(item)) ++points_;
+  if (!std::holds_alternative<CheckpointNotice>(item) && !std::holds_alternative<Notice>(item)) {
+    ++points_;
+  }
   outbox_.push_back(std::move(item));
 }
 
@@ -112,6 +144,8 @@ ReportRequest JobReporter::TakeBatch() {
     } else if (auto* c = std::get_if<CheckpointNotice>(&item)) {
       batch.set_checkpoint_step(c->step);
       batch.set_checkpoint_path(std::move(c->path));
+    } else if (auto* n = std::get_if<Notice>(&item)) {
+      batch.add_notices(std::move(n->line));
     }
     outbox_.pop_front();
   }
@@ -140,31 +174,52 @@ std::optional<ReportRequest> JobReporter::NextBatch() {
 
 void JobReporter::GiveUp(absl::Status why) {
   absl::MutexLock lock(&mu_);
+  GiveUpLocked(std::move(why));
+}
+
+void JobReporter::GiveUpLocked(absl::Status why) {
   if (terminal_.ok()) terminal_ = std::move(why);
   gave_up_.store(true);
+  if (call_ != nullptr) call_->TryCancel();
   cv_.SignalAll();
 }
 
 bool JobReporter::WaitBeforeResend(absl::Duration d) {
   const absl::Time end = absl::Now() + d;
   absl::MutexLock lock(&mu_);
-  while (!closing_ && !IsSet(p_.options->abort) && absl::Now() < end) {
+  while (!closing_ && terminal_.ok() && !IsSet(p_.options->abort) && absl::Now() < end) {
     cv_.WaitWithDeadline(&mu_, std::min(end, absl::Now() + absl::Milliseconds(50)));
   }
-  return !closing_ && !IsSet(p_.options->abort);
+  return !closing_ && terminal_.ok() && !IsSet(p_.options->abort);
 }
 
 void JobReporter::SenderLoop() {
-  Backoff backoff(p_.options->backoff_min, p_.options->backoff_max);
+  // Several resends within a lease, so that a coordinator back in time is seen in time.
+  const absl::Duration backoff_max = p_.lease_timeout > absl::ZeroDuration()
+                                         ? std::min(p_.options->backoff_max, p_.lease_timeout / 4)
+                                         : p_.options->backoff_max;
+  Backoff backoff(p_.options->backoff_min, backoff_max);
   while (std::optional<ReportRequest> batch = NextBatch()) {
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + p_.options->call_deadline));
+    const absl::Time sent = absl::Now();
+    context.set_deadline(absl::ToChronoTime(sent + p_.options->call_deadline));
     if (!p_.options->token.empty()) {
       context.AddMetadata("authorization", "Bearer " + p_.options->token);
     }
+    {
+      absl::MutexLock lock(&mu_);
+      if (!terminal_.ok() || closing_) return;
+      call_ = &context;
+    }
     ReportResponse response;
     const grpc::Status status = p_.stub->Report(&context, *batch, &response);
+    {
+      absl::MutexLock lock(&mu_);
+      call_ = nullptr;
+      if (!terminal_.ok() || closing_) return;  // gave up or closing (and cancelled the call)
+    }
     if (status.ok()) {
+      acknowledged_sent_ns_.store(absl::ToUnixNanos(sent));
       p_.connection->Reachable();
       backoff.Reset();
       if (response.directive() == DIRECTIVE_STOP && !stop_directive_.exchange(true)) {
@@ -191,6 +246,10 @@ void JobReporter::SenderLoop() {
       return;
     }
     p_.connection->Unreachable("Report", status);
+    if (absl::Status silent = Silence(); !silent.ok()) {
+      GiveUp(std::move(silent));
+      return;
+    }
     if (!WaitBeforeResend(backoff.Next())) {
       if (IsSet(p_.options->abort)) {
         GiveUp(absl::AbortedError(absl::StrCat(
