@@ -75,7 +75,8 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
     return ok ? absl::OkStatus() : absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp));
   });
   if (!written.ok()) {
-    return absl::PermissionDeniedError(absl::StrCat("cannot write ", path, ": ", written.message()));
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot write ", path, ": ", written.message()));
   }
   return absl::OkStatus();
 }

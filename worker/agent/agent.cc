@@ -336,7 +336,8 @@ absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optio
                                              job.resume_from_step(), ")")
                               : ""));
       } else if (job.resume_from_step() > 0) {
-        log_(absl::StrCat(run, ": no readable checkpoint in ", dir, " (the coordinator knows one of step ",
+        log_(absl::StrCat(run, ": no readable checkpoint in ", dir,
+                          " (the coordinator knows one of step ",
                           job.resume_from_step(), "): starting from step 0"));
       }
       std::vector<OutboxItem> journalled = LoadJournal(params.journal_path, trainer->step());

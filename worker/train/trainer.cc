@@ -198,12 +198,15 @@ struct Trainer::State {
           try {
             archive.save_to(tmp);
           } catch (const c10::Error& e) {
-            return absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", e.what_without_backtrace()));
+            return absl::InternalError(
+                absl::StrCat("cannot write ", tmp, ": ", e.what_without_backtrace()));
           }
           return absl::OkStatus();
         },
         PreviousCheckpointPath());
-    if (!saved.ok()) return absl::Status(saved.code(), absl::StrCat("checkpoint: ", saved.message()));
+    if (!saved.ok()) {
+      return absl::Status(saved.code(), absl::StrCat("checkpoint: ", saved.message()));
+    }
     return absl::OkStatus();
   }
 

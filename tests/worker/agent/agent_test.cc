@@ -283,7 +283,8 @@ class CuttableProxy {
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t len = sizeof(addr);
-    if (::bind(listener_, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(listener_, 64) != 0 ||
+    if (::bind(listener_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        ::listen(listener_, 64) != 0 ||
         ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
       ADD_FAILURE() << "proxy: cannot listen on loopback";
       return;
@@ -726,8 +727,9 @@ TEST_F(AgentTest, LostLeaseAbandonsTheJobWithoutFinishing) {
 // within that period, on its own, and abandon the job. A cut shorter than the lease is ridden out.
 // Over both kinds of cut: connections closed and refused, and connections that hang.
 TEST_F(AgentTest, ACutOffWorkerStopsTrainingWithinALeasePeriod) {
-  for (const CuttableProxy::Cut cut : {CuttableProxy::Cut::kClose, CuttableProxy::Cut::kBlackhole}) {
-    const bool hang = cut == CuttableProxy::Cut::kBlackhole;
+  using Cut = CuttableProxy::Cut;
+  for (const Cut cut : {Cut::kClose, Cut::kBlackhole}) {
+    const bool hang = cut == Cut::kBlackhole;
     SCOPED_TRACE(hang ? "connections hang" : "connections are closed");
     FakeCoordinator c;
     c.lease_timeout_s = 3;
@@ -744,16 +746,22 @@ TEST_F(AgentTest, ACutOffWorkerStopsTrainingWithinALeasePeriod) {
     o.call_deadline = absl::Seconds(2);
     interrupt_ = abort_ = false;
     auto future = std::async(std::launch::async, [o] { return Agent(o).Run(); });
+    // Should an assertion end the test early: stop the agent, or the future's destructor waits
+    // for a million steps.
+    struct StopAgent {
+      std::atomic<bool>* flag;
+      ~StopAgent() { *flag = true; }
+    } stop_agent{&abort_}, interrupt_agent{&interrupt_};
     auto reported = [&] {
       absl::MutexLock lock(&c.mu_);
       return c.max_step;
     };
     ASSERT_TRUE(c.WaitUntil([&] { return c.max_step >= 20; }, absl::Seconds(30))) << Log();
 
-    // Half a lease without the coordinator: ridden out, training and reporting go on.
+    // A third of a lease without the coordinator: ridden out, training and reporting go on.
     proxy.SetCut(cut);
     absl::SleepFor(absl::Milliseconds(1000));
-    proxy.SetCut(CuttableProxy::Cut::kNone);
+    proxy.SetCut(Cut::kNone);
     const int64_t before = reported();
     EXPECT_TRUE(c.WaitUntil([&] { return c.max_step >= before + 20; }, absl::Seconds(20))) << Log();
     EXPECT_EQ(future.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << Log();
@@ -762,7 +770,8 @@ TEST_F(AgentTest, ACutOffWorkerStopsTrainingWithinALeasePeriod) {
     proxy.SetCut(cut);
     const absl::Time cut_at = absl::Now();
     const auto cut_at_file_clock = fs::file_time_type::clock::now();
-    const bool returned = future.wait_for(std::chrono::seconds(3 + 10)) == std::future_status::ready;
+    const bool returned =
+        future.wait_for(std::chrono::seconds(3 + 10)) == std::future_status::ready;
     const absl::Duration took = absl::Now() - cut_at;
     EXPECT_TRUE(returned) << "still training " << took << " after the cut\n" << Log();
     if (!returned) interrupt_ = abort_ = true;
@@ -878,9 +887,12 @@ TEST_F(AgentTest, ATornCheckpointIsMovedAsideAndTheRunResumesFromThePreviousOne)
   ASSERT_EQ(c.notices[K(19, 2)].size(), 1u) << Log();
   const std::string& notice = c.notices[K(19, 2)][0];
   EXPECT_TRUE(absl::StrContains(notice, "checkpoint.pt: unreadable checkpoint")) << notice;
-  EXPECT_TRUE(absl::StrContains(notice, "moved aside to " + checkpoint.string() + ".corrupt-")) << notice;
+  EXPECT_TRUE(absl::StrContains(notice, "moved aside to " + checkpoint.string() + ".corrupt-"))
+      << notice;
   EXPECT_TRUE(absl::StrContains(notice, "resumed from checkpoint.prev.pt at step 20")) << notice;
-  EXPECT_EQ(LogLines("resuming from the checkpoint of step 20 (the coordinator knows one of step 25)"), 1)
+  EXPECT_EQ(LogLines("resuming from the checkpoint of step 20 (the coordinator knows one of "
+                     "step 25)"),
+            1)
       << Log();
   EXPECT_EQ(LogLines("moved aside to"), 1) << Log();
 }
