@@ -89,19 +89,6 @@ absl::StatusOr<std::string> LoadOrCreateToken(const std::string& state_dir) {
   return token;
 }
 
-absl::Status WriteFileAtomically(const std::string& path, const std::string& text, int mode) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp));
-  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  ::close(fd);
-  if (!written || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("token file ", path, ": cannot be read"));

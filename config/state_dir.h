@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "config/durable_file.h"  // WriteFileAtomically, for the state dir's files
 
 namespace ablate {
 
@@ -23,11 +24,6 @@ absl::StatusOr<int> LockStateDir(const std::string& state_dir);
 // directory created mode 0700 when missing). FailedPrecondition when an existing token file is
 // readable by group or others.
 absl::StatusOr<std::string> LoadOrCreateToken(const std::string& state_dir);
-
-// Writes `text` to `path` whole or not at all (a temporary file renamed over it, created with
-// `mode`): a reader sees the old file or the new one, never a part. PermissionDenied naming the
-// file when it cannot be written.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& text, int mode);
 
 // The first line of `path` without surrounding whitespace: a token file (`--token-file`). NotFound
 // or InvalidArgument naming the file when it cannot be read or is empty.

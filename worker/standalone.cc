@@ -66,6 +66,10 @@ class ConsoleObserver : public TrainerObserver {
                 e.probes().m_act(), e.probes().f_attn());
     std::fflush(stdout);
   }
+  void OnNotice(const std::string& line) override {
+    std::printf("notice: %s\n", line.c_str());
+    std::fflush(stdout);
+  }
   void OnSpike(const SpikeEvent& e) override {
     Write("spike", e);
     std::printf("step %lld | %s on %s: %.4g (baseline %.4g)\n", static_cast<long long>(e.step()),

@@ -754,9 +754,21 @@ absl::StatusOr<ReportResponse> CoordinatorCore::Report(const ReportRequest& requ
   } else if (request.checkpoint_step() > 0) {
     if (absl::Status s = store_->Flush(); !s.ok()) return s;
   }
-  absl::MutexLock lock(&mu_);
-  lease = scheduler_.GetLease(request.run_id());
+  {
+    absl::MutexLock lock(&mu_);
+    lease = scheduler_.GetLease(request.run_id());
+  }
   if (lease.has_value() && lease->stop) response.set_directive(DIRECTIVE_STOP);
+  // The worker's notices (an unreadable checkpoint moved aside...) go to the event log once: not
+  // again with a duplicate batch, never from a heartbeat.
+  if (request.seq() > 0 && !response.duplicate()) {
+    for (const std::string& line : request.notices()) {
+      (void)store_->EnqueueEvent(lease.has_value() ? lease->sweep_id : 0, request.run_id(),
+                                 "worker_notice",
+                                 absl::StrCat("run ", request.run_id(), " attempt ",
+                                              request.attempt(), ": ", line));
+    }
+  }
   return response;
 }
 

@@ -85,6 +85,17 @@ absl::Status CheckReportAtDoor(const ReportRequest& r, int64_t total_steps,
       !s.ok()) {
     return s;
   }
+  if (r.notices_size() > kMaxNotices) {
+    return Refuse(what, "notices", absl::StrCat("has ", r.notices_size(), " lines; the limit is ",
+                                                kMaxNotices));
+  }
+  for (int i = 0; i < r.notices_size(); ++i) {
+    if (r.notices(i).size() > kMaxTextBytes) {
+      return Refuse(what, absl::StrCat("notices[", i, "]"),
+                    absl::StrCat("is ", r.notices(i).size(), " bytes; the limit is ",
+                                 kMaxTextBytes));
+    }
+  }
   if (r.checkpoint_path().size() > kMaxTextBytes) {
     return Refuse(what, "checkpoint_path",
                   absl::StrCat("is ", r.checkpoint_path().size(), " bytes; the limit is ",

@@ -22,6 +22,7 @@ inline constexpr size_t kMaxTextBytes = 4096;  // reasons, errors, checkpoint pa
 inline constexpr int kMaxProbeLayers = 4096;
 inline constexpr int kMaxHistogramBins = 4096;
 inline constexpr size_t kMaxSignalBytes = 64;
+inline constexpr int kMaxNotices = 16;  // a worker's notices in one batch
 // Per method, beside gRPC's message limit (the largest message, a metric batch): a worker's
 // registration (its name and resources) and a user's SQL statement.
 inline constexpr size_t kMaxRegisterBytes = 64 << 10;

@@ -284,6 +284,7 @@ absl::StatusOr<AgentResult> Agent::Impl::Loop() {
 }
 
 absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optional<Job>* next) {
+  const absl::Time leased_at = absl::Now();  // the job just arrived: its lease starts about now
   const std::string run = absl::StrCat("run ", job.run_id(), " attempt ", job.attempt());
   RunConfig config = job.config();
   if (!options_.device.empty()) config.mutable_train()->set_device(options_.device);
@@ -304,6 +305,8 @@ absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optio
   const absl::Duration third_of_lease =
       lease_timeout_ > absl::ZeroDuration() ? lease_timeout_ / 3 : absl::Seconds(10);
   params.heartbeat = std::max(third_of_lease, options_.report_interval);
+  params.lease_timeout = lease_timeout_;
+  params.leased_at = leased_at;
   params.journal_path = (fs::path(dir) / kJournalFile).string();
   JobReporter reporter(params);
 
@@ -329,9 +332,14 @@ absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optio
     } else {
       trainer = std::move(*created);
       if (trainer->step() > 0) {
-        log_(absl::StrCat(run, ": resuming from the checkpoint of step ", trainer->step()));
+        log_(absl::StrCat(run, ": resuming from the checkpoint of step ", trainer->step(),
+                          trainer->step() < job.resume_from_step()
+                              ? absl::StrCat(" (the coordinator knows one of step ",
+                                             job.resume_from_step(), ")")
+                              : ""));
       } else if (job.resume_from_step() > 0) {
-        log_(absl::StrCat(run, ": no checkpoint in ", dir, " (the coordinator knows one of step ",
+        log_(absl::StrCat(run, ": no readable checkpoint in ", dir,
+                          " (the coordinator knows one of step ",
                           job.resume_from_step(), "): starting from step 0"));
       }
       std::vector<OutboxItem> journalled = LoadJournal(params.journal_path, trainer->step());
@@ -348,10 +356,14 @@ absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optio
   if (absl::Status flushed = reporter.Flush(); !flushed.ok()) {
     if (flushed.code() == absl::StatusCode::kFailedPrecondition) {
       ++result->jobs_abandoned;
-      log_(absl::StrCat(run, ": abandoned without finishing: ", flushed.message()));
+      log_(absl::StrCat(run, ": abandoned without finishing at step ",
+                        trainer != nullptr ? trainer->step() : 0, ": ", flushed.message()));
       return absl::OkStatus();
     }
-    return flushed;
+    if (!absl::IsResourceExhausted(flushed)) return flushed;
+    // A point no report can carry: the attempt fails with the reason, on every worker alike.
+    summary = flushed;
+    permanent = true;
   }
   fs::remove(params.journal_path, ec);  // every point is acknowledged
 

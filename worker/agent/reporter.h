@@ -1,13 +1,17 @@
 // What the coordinator is told about one attempt at a run (docs/worker.md): every step, evaluation,
-// spike and checkpoint, in order, in numbered batches a sender thread ships and resends unchanged
-// until acknowledged, with heartbeats in between; the points not acknowledged at a checkpoint are
-// journalled beside it, so a later attempt resends them should this process die.
+// spike, checkpoint and notice, in order, in numbered batches a sender thread ships and resends
+// unchanged until acknowledged, with heartbeats in between; the points not acknowledged at a
+// checkpoint are journalled beside it, so a later attempt resends them should this process die.
+// When nothing was acknowledged for a lease timeout the reporter gives up: the coordinator has
+// given the run away, or will, so training must stop before it writes another checkpoint.
 #ifndef ABLATE_WORKER_AGENT_REPORTER_H_
 #define ABLATE_WORKER_AGENT_REPORTER_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <optional>
 #include <string>
 #include <thread>
@@ -35,12 +39,16 @@ struct CheckpointNotice {
   int64_t step = 0;
   std::string path;
 };
-using OutboxItem = std::variant<StepMetrics, EvalResult, SpikeEvent, CheckpointNotice>;
+// A line for the run's event log (ReportRequest.notices).
+struct Notice {
+  std::string line;
+};
+using OutboxItem = std::variant<StepMetrics, EvalResult, SpikeEvent, CheckpointNotice, Notice>;
 
 // Everything the coordinator is told about one attempt: the outbox and its sender thread.
 //
-// Add*/WriteJournal are called on the training thread, Flush and the destructor on the agent's
-// thread; ShouldStop from either. The sender thread is the only one that calls Report.
+// Add/AddNotice/WriteJournal are called on the training thread, Flush and the destructor on the
+// agent's thread; ShouldStop from either. The sender thread is the only one that calls Report.
 class JobReporter {
  public:
   struct Params {
@@ -53,10 +61,14 @@ class JobReporter {
     int32_t attempt = 0;
     std::string lease_secret;  // the Job's: every report presents it
     absl::Duration heartbeat;  // an empty batch renews the lease after this long without one
+    // Give up when no report sent after `leased_at` was acknowledged for this long (the lease
+    // timeout). Zero: never.
+    absl::Duration lease_timeout;
+    absl::Time leased_at;  // when the job was received
     std::string journal_path;
   };
 
-  explicit JobReporter(Params params) : p_(std::move(params)) {}
+  explicit JobReporter(Params params);
 
   // Stops the sender; whatever was not acknowledged stays unsent (call Flush first).
   ~JobReporter();
@@ -65,9 +77,13 @@ class JobReporter {
   void Start(std::vector<OutboxItem> first);
 
   void Add(OutboxItem item);
+  // Logs `line` (naming the run) and queues it for the run's event log.
+  void AddNotice(const std::string& line);
 
-  // Training must end now: the coordinator said stop, or the reporter gave up (lease lost).
-  bool ShouldStop() const { return stop_directive_.load() || gave_up_.load(); }
+  // Training must end now: the coordinator said stop, or the reporter gave up (the lease was
+  // lost, or nothing was acknowledged for a lease timeout: checked here too, so that training
+  // stops in time even while a call hangs).
+  bool ShouldStop();
   bool stop_directive() const { return stop_directive_.load(); }
 
   // Journals the points not acknowledged yet, up to `checkpoint_step` (the checkpoint written
@@ -75,8 +91,9 @@ class JobReporter {
   void WriteJournal(int64_t checkpoint_step);
 
   // Ships everything queued and waits until all of it is acknowledged. Returns why not
-  // otherwise: FailedPrecondition (the lease was lost), Aborted (`abort` was set while the
-  // coordinator was unreachable), or the coordinator's refusal.
+  // otherwise: FailedPrecondition (the lease was lost, or nothing was acknowledged for a lease
+  // timeout), Aborted (`abort` was set while the coordinator was unreachable), or the
+  // coordinator's refusal.
   absl::Status Flush();
 
  private:
@@ -90,7 +107,18 @@ class JobReporter {
   // when closing.
   std::optional<ReportRequest> NextBatch();
 
+  // A report refused for its size (gRPC's message limit, the coordinator's rows limit).
+  static bool TooLarge(const grpc::Status& status);
+  // Puts the batch in flight back into the outbox and halves the batch size: false when it held
+  // a single point (no batch can carry it).
+  bool SplitInflight() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Records why the sender stops (the first reason wins) and cancels the call in flight.
   void GiveUp(absl::Status why);
+  void GiveUpLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // FailedPrecondition once no report was acknowledged for the lease timeout, else OK.
+  absl::Status Silence() const;
 
   // Waits `d` before a resend; false when closing or `abort` was set meanwhile.
   bool WaitBeforeResend(absl::Duration d);
@@ -103,6 +131,9 @@ class JobReporter {
   // Set by the sender thread, read by the training thread.
   std::atomic<bool> stop_directive_{false};
   std::atomic<bool> gave_up_{false};
+  // When the last acknowledged report was sent (absl::ToUnixNanos): the coordinator renewed the
+  // lease after that, so it holds until this plus the lease timeout at least.
+  std::atomic<int64_t> acknowledged_sent_ns_{0};
 
   absl::Mutex mu_;
   absl::CondVar cv_;  // outbox, inflight_, closing_, terminal_ changed
@@ -111,10 +142,13 @@ class JobReporter {
   // The batch sent and not acknowledged yet: resent unchanged.
   std::optional<ReportRequest> inflight_ ABSL_GUARDED_BY(mu_);
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  // Points per batch after a batch was refused for its size (halved each time).
+  int batch_limit_ ABSL_GUARDED_BY(mu_) = std::numeric_limits<int>::max();
   absl::Time last_sent_ ABSL_GUARDED_BY(mu_);  // last acknowledgement (or the start)
   bool flush_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status terminal_ ABSL_GUARDED_BY(mu_);  // why the sender gave up
+  grpc::ClientContext* call_ ABSL_GUARDED_BY(mu_) = nullptr;  // the Report in flight
 
   std::thread sender_;  // touched by the agent's thread only
 };
@@ -129,10 +163,14 @@ class ReportingObserver : public TrainerObserver {
   }
   void OnEval(const EvalResult& e) override { reporter_->Add(e); }
   void OnSpike(const SpikeEvent& e) override { reporter_->Add(e); }
+  Directive BeforeCheckpoint(int64_t) override {
+    return reporter_->ShouldStop() ? Directive::kStop : Directive::kContinue;
+  }
   void OnCheckpoint(int64_t step, const std::string& path) override {
     reporter_->WriteJournal(step);
     reporter_->Add(CheckpointNotice{step, path});
   }
+  void OnNotice(const std::string& line) override { reporter_->AddNotice(line); }
 
  private:
   JobReporter* const reporter_;

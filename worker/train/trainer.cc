@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "config/durable_file.h"
 #include "config/model_config.h"
 #include "config/param_count.h"
 #include "worker/train/data.h"
@@ -80,11 +82,17 @@ struct Trainer::State {
   std::vector<double> loss_history, grad_history;  // per step, to rebuild the detectors
   std::unique_ptr<SpikeMonitor> monitor;
   EvalResult last_eval;
+  // Checkpoints found unreadable by Create, for Run to report (OnNotice).
+  std::vector<std::string> notices;
 
   explicit State(TokenData d) : data(std::move(d)) {}
 
   std::string CheckpointPath() const {
     return (fs::path(options.checkpoint_dir) / "checkpoint.pt").string();
+  }
+  // The checkpoint CheckpointPath() replaced: the fallback when that one cannot be read.
+  std::string PreviousCheckpointPath() const {
+    return (fs::path(options.checkpoint_dir) / "checkpoint.prev.pt").string();
   }
   int64_t TokensPerStep() const {
     const TrainConfig& t = config.train();
@@ -103,6 +111,40 @@ struct Trainer::State {
   torch::Tensor Loss(const torch::Tensor& logits, const torch::Tensor& targets) {
     return torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32),
                                      targets.reshape({-1}));
+  }
+
+  // A fresh model and optimizer from the run's seed, and no progress: the state of step 0.
+  absl::Status Build() {
+    const TrainConfig& t = config.train();
+    try {
+      torch::manual_seed(t.seed());
+      model = Transformer(config.model());
+      model->to(device);
+      // Weight decay on matrices only; never on norm weights or input-independent gate thetas.
+      std::vector<torch::Tensor> decay, no_decay;
+      params.clear();
+      for (const auto& p : model->named_parameters()) {
+        const bool is_theta = p.key().find("theta") != std::string::npos;
+        (p.value().dim() >= 2 && !is_theta ? decay : no_decay).push_back(p.value());
+        params.push_back(p.value());
+      }
+      const OptimizerConfig& o = t.optimizer();
+      auto options_for = [&](double wd) {
+        return std::make_unique<torch::optim::AdamWOptions>(
+            torch::optim::AdamWOptions(o.lr()).betas({o.beta1(), o.beta2()}).eps(o.eps()).weight_decay(wd));
+      };
+      std::vector<torch::optim::OptimizerParamGroup> groups;
+      groups.emplace_back(decay, options_for(o.weight_decay()));
+      groups.emplace_back(no_decay, options_for(0.0));
+      optimizer = std::make_unique<torch::optim::AdamW>(std::move(groups));
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("building the model: ", e.what_without_backtrace()));
+    }
+    step = data_offset = rollbacks = spike_steps = 0;
+    loss_history.clear();
+    grad_history.clear();
+    RebuildMonitor();
+    return absl::OkStatus();
   }
 
   void RebuildMonitor() {
@@ -132,11 +174,10 @@ struct Trainer::State {
     return r;
   }
 
-  // Model, optimizer, progress and RNG state, written to a temp file and renamed into place.
+  // Model, optimizer, progress and RNG state, replacing checkpoint.pt durably; the checkpoint it
+  // replaces becomes checkpoint.prev.pt.
   absl::Status SaveCheckpoint() {
     fs::create_directories(options.checkpoint_dir);
-    const std::string path = CheckpointPath();
-    const std::string tmp = path + ".tmp";
     torch::serialize::OutputArchive archive;
     torch::serialize::OutputArchive model_archive, optimizer_archive;
     model->save(model_archive);
@@ -151,15 +192,26 @@ struct Trainer::State {
     archive.write("loss_history", torch::tensor(loss_history, torch::kFloat64));
     archive.write("grad_history", torch::tensor(grad_history, torch::kFloat64));
     archive.write("rng", at::detail::getDefaultCPUGenerator().get_state());
-    archive.save_to(tmp);
-    std::error_code ec;
-    fs::rename(tmp, path, ec);
-    if (ec) return absl::InternalError(absl::StrCat(path, ": cannot rename checkpoint: ", ec.message()));
+    absl::Status saved = ReplaceFileDurably(
+        CheckpointPath(),
+        [&](const std::string& tmp) {
+          try {
+            archive.save_to(tmp);
+          } catch (const c10::Error& e) {
+            return absl::InternalError(
+                absl::StrCat("cannot write ", tmp, ": ", e.what_without_backtrace()));
+          }
+          return absl::OkStatus();
+        },
+        PreviousCheckpointPath());
+    if (!saved.ok()) {
+      return absl::Status(saved.code(), absl::StrCat("checkpoint: ", saved.message()));
+    }
     return absl::OkStatus();
   }
 
-  absl::Status LoadCheckpoint() {
-    const std::string path = CheckpointPath();
+  // Loads `path`; DataLoss when it cannot be read. The state is then part loaded: Build() again.
+  absl::Status LoadCheckpoint(const std::string& path) {
     try {
       torch::serialize::InputArchive archive;
       archive.load_from(path, device);
@@ -191,6 +243,8 @@ struct Trainer::State {
       generator.set_state(rng.to(torch::kCPU));
     } catch (const c10::Error& e) {
       return absl::DataLossError(absl::StrCat(path, ": unreadable checkpoint: ", e.what_without_backtrace()));
+    } catch (const std::exception& e) {
+      return absl::DataLossError(absl::StrCat(path, ": unreadable checkpoint: ", e.what()));
     }
     if (static_cast<int64_t>(loss_history.size()) != step) {
       return absl::DataLossError(absl::StrCat(path, ": history has ", loss_history.size(),
@@ -200,14 +254,52 @@ struct Trainer::State {
     return absl::OkStatus();
   }
 
+  // Loads checkpoint.pt, else checkpoint.prev.pt, else starts from step 0 (a fresh Build). Each
+  // one that cannot be read is moved aside (never read again, kept for a post-mortem) and noted
+  // in *notices with the step training resumes from. Errors: only when a file cannot be moved.
+  absl::Status LoadNewestGoodCheckpoint(std::vector<std::string>* notices) {
+    std::vector<std::string> bad;
+    bool loaded = false;
+    for (const std::string& path : {CheckpointPath(), PreviousCheckpointPath()}) {
+      if (!fs::exists(path)) continue;
+      absl::Status st = LoadCheckpoint(path);
+      if (st.ok()) {
+        loaded = true;
+        if (!bad.empty()) {
+          bad.back() += absl::StrCat("; resumed from ", fs::path(path).filename().string(),
+                                     " at step ", step);
+        }
+        break;
+      }
+      if (!absl::IsDataLoss(st)) return st;
+      // Aside under a name of its own, so that an earlier torn file is kept too.
+      const std::string stamp = absl::FormatTime("%Y%m%dT%H%M%S", absl::Now(), absl::UTCTimeZone());
+      std::string aside = absl::StrCat(path, ".corrupt-", stamp);
+      for (int n = 1; fs::exists(aside); ++n) aside = absl::StrCat(path, ".corrupt-", stamp, ".", n);
+      std::error_code ec;
+      fs::rename(path, aside, ec);
+      if (ec && ec != std::errc::no_such_file_or_directory) {  // ENOENT: another worker moved it
+        return absl::Status(st.code(), absl::StrCat(st.message(), "; cannot move it aside to ", aside,
+                                                    ": ", ec.message()));
+      }
+      bad.push_back(absl::StrCat(st.message(), ": moved aside to ", aside));
+      if (absl::Status built = Build(); !built.ok()) return built;  // undo the partial load
+    }
+    if (!loaded && !bad.empty()) bad.back() += "; no readable checkpoint left: starting from step 0";
+    for (std::string& line : bad) notices->push_back(std::move(line));
+    return absl::OkStatus();
+  }
+
   // PaLM's remedy for a spike at `spike_step` (SPIKE_ROLLBACK): back to the last checkpoint, past
   // the batches between it and the spike and the configured extra, keeping the run's spike and
-  // rollback counts. Marks the verdict's rolled-back events with the step returned to.
-  absl::Status RollBack(int64_t spike_step, SpikeMonitor::Verdict* verdict) {
+  // rollback counts. Marks the verdict's rolled-back events with the step returned to. An
+  // unreadable checkpoint is moved aside and noted in *notices, as at resume.
+  absl::Status RollBack(int64_t spike_step, SpikeMonitor::Verdict* verdict,
+                        std::vector<std::string>* notices) {
     const TrainConfig& t = config.train();
     const int64_t kept_spike_steps = spike_steps;
     const int64_t kept_rollbacks = rollbacks + 1;
-    if (absl::Status st = LoadCheckpoint(); !st.ok()) return st;
+    if (absl::Status st = LoadNewestGoodCheckpoint(notices); !st.ok()) return st;
     data_offset += (spike_step - step) * t.grad_accum() + t.spike().rollback_skip_batches();
     rollbacks = kept_rollbacks;
     spike_steps = kept_spike_steps;
@@ -264,32 +356,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const RunConfig& config
   torch::set_num_threads(t.threads() > 0 ? t.threads()
                                          : std::max(1u, std::thread::hardware_concurrency()));
 
-  try {
-    torch::manual_seed(t.seed());
-    s->model = Transformer(config.model());
-    s->model->to(s->device);
-    // Weight decay on matrices only; never on norm weights or input-independent gate thetas.
-    std::vector<torch::Tensor> decay, no_decay;
-    for (const auto& p : s->model->named_parameters()) {
-      const bool is_theta = p.key().find("theta") != std::string::npos;
-      (p.value().dim() >= 2 && !is_theta ? decay : no_decay).push_back(p.value());
-      s->params.push_back(p.value());
-    }
-    const OptimizerConfig& o = t.optimizer();
-    auto options_for = [&](double wd) {
-      return std::make_unique<torch::optim::AdamWOptions>(
-          torch::optim::AdamWOptions(o.lr()).betas({o.beta1(), o.beta2()}).eps(o.eps()).weight_decay(wd));
-    };
-    std::vector<torch::optim::OptimizerParamGroup> groups;
-    groups.emplace_back(decay, options_for(o.weight_decay()));
-    groups.emplace_back(no_decay, options_for(0.0));
-    s->optimizer = std::make_unique<torch::optim::AdamW>(std::move(groups));
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("building the model: ", e.what_without_backtrace()));
-  }
-  s->RebuildMonitor();
-  if (s->options.resume && fs::exists(s->CheckpointPath())) {
-    if (absl::Status st = s->LoadCheckpoint(); !st.ok()) return st;
+  if (absl::Status built = s->Build(); !built.ok()) return built;
+  if (s->options.resume) {
+    if (absl::Status st = s->LoadNewestGoodCheckpoint(&s->notices); !st.ok()) return st;
   }
   return std::unique_ptr<Trainer>(new Trainer(std::move(s)));
 }
@@ -323,15 +392,22 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
     summary.set_tokens_per_s(wall > 0 ? (s.step - first_step) * s.TokensPerStep() / wall : 0.0);
     return summary;
   };
-  auto checkpoint = [&]() -> absl::Status {
+  // Writes a checkpoint unless the observer stops the run first: false then.
+  auto checkpoint = [&]() -> absl::StatusOr<bool> {
+    if (obs->BeforeCheckpoint(s.step) == TrainerObserver::Directive::kStop) return false;
     if (absl::Status st = s.SaveCheckpoint(); !st.ok()) return st;
     obs->OnCheckpoint(s.step, s.CheckpointPath());
-    return absl::OkStatus();
+    return true;
   };
+  const char* const kStopped = "stopped by directive";
+  for (const std::string& line : s.notices) obs->OnNotice(line);
+  s.notices.clear();
 
   try {
     if (policy == SPIKE_ROLLBACK && !fs::exists(s.CheckpointPath())) {
-      if (absl::Status st = checkpoint(); !st.ok()) return st;  // something to roll back to
+      absl::StatusOr<bool> written = checkpoint();  // something to roll back to
+      if (!written.ok()) return written.status();
+      if (!*written) return finish(CANCELLED, kStopped);
     }
     s.model->train();
     auto window_start = std::chrono::steady_clock::now();
@@ -370,7 +446,9 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
       const bool skip = decision.skip;
       if (verdict.spike || verdict.nonfinite) ++s.spike_steps;
       if (decision.roll_back) {
-        if (absl::Status st = s.RollBack(step, &verdict); !st.ok()) return st;
+        std::vector<std::string> notices;
+        if (absl::Status st = s.RollBack(step, &verdict, &notices); !st.ok()) return st;
+        for (const std::string& line : notices) obs->OnNotice(line);
         for (const SpikeEvent& e : verdict.events) obs->OnSpike(e);
         continue;
       }
@@ -394,17 +472,21 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
       const TrainerObserver::Directive directive = obs->OnStep(m);
 
       if (verdict.diverged) return finish(DIVERGED, verdict.reason);
-      if (directive == TrainerObserver::Directive::kStop) return finish(CANCELLED, "stopped by directive");
+      if (directive == TrainerObserver::Directive::kStop) return finish(CANCELLED, kStopped);
       const bool last = step == t.steps();
       if (step % t.eval_every() == 0 || last) {
         s.last_eval = s.Evaluate();
         obs->OnEval(s.last_eval);
       }
       if ((t.checkpoint_every() > 0 && step % t.checkpoint_every() == 0) || last) {
-        if (absl::Status st = checkpoint(); !st.ok()) return st;
+        absl::StatusOr<bool> written = checkpoint();
+        if (!written.ok()) return written.status();
+        if (!*written) return finish(CANCELLED, kStopped);
       }
       if (s.options.interrupt != nullptr && s.options.interrupt->load() && !last) {
-        if (absl::Status st = checkpoint(); !st.ok()) return st;
+        absl::StatusOr<bool> written = checkpoint();
+        if (!written.ok()) return written.status();
+        if (!*written) return finish(CANCELLED, kStopped);
         return finish(INTERRUPTED, absl::StrCat("interrupted at step ", step, "; checkpoint written"));
       }
     }

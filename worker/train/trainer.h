@@ -2,6 +2,12 @@
 // evaluation with probes, atomic checkpoints with bitwise-exact resume on the CPU, and the
 // spike/divergence policies of DESIGN.md.
 //
+// Checkpoints. `checkpoint.pt` is replaced durably (config/durable_file.h: a temporary file of its
+// own per write, fsynced, renamed, the directory fsynced), and the one it replaces is kept as
+// `checkpoint.prev.pt`. A checkpoint that cannot be loaded (torn, truncated) is moved aside to
+// `<name>.corrupt-<UTC time>` and the trainer falls back to the previous one, else to step 0; each
+// such fallback is reported once through TrainerObserver::OnNotice.
+//
 // The header is LibTorch-free (the implementation is hidden), so the worker agent and the CLI
 // include it cheaply. A Trainer is used from one thread; the interrupt flag may be set from any
 // thread or a signal handler. Errors (bad data, a device that does not exist, an unreadable
@@ -29,14 +35,22 @@ class TrainerObserver {
   virtual Directive OnStep(const StepMetrics& metrics) { return Directive::kContinue; }
   virtual void OnEval(const EvalResult& eval) {}
   virtual void OnSpike(const SpikeEvent& event) {}
-  // A checkpoint of `step` was written (atomically) to `path`.
+  // Asked before each checkpoint is written (after the step's OnStep and evaluation). kStop ends
+  // the run as CANCELLED without writing it: a worker that may have lost its lease must not
+  // replace the checkpoint of the run's next owner.
+  virtual Directive BeforeCheckpoint(int64_t step) { return Directive::kContinue; }
+  // A checkpoint of `step` was written (durably) to `path`.
   virtual void OnCheckpoint(int64_t step, const std::string& path) {}
+  // One line about the run that belongs in its event log: an unreadable checkpoint moved aside
+  // and the step training resumed from instead (at the start of Run, or at a rollback).
+  virtual void OnNotice(const std::string& line) {}
 };
 
 struct TrainerOptions {
   // Where checkpoint.pt is written. Required.
   std::string checkpoint_dir;
-  // Continue from checkpoint_dir/checkpoint.pt when it exists.
+  // Continue from checkpoint_dir/checkpoint.pt when it exists (or from checkpoint.prev.pt when
+  // that one is unreadable; see above).
   bool resume = false;
   // When it becomes true, the trainer finishes the current step, writes a checkpoint and
   // returns INTERRUPTED. May be null.
@@ -50,7 +64,7 @@ class Trainer {
                                                          TrainerOptions options);
   ~Trainer();
 
-  // Optimizer steps already taken: the checkpoint's step after a resume, else 0.
+  // Optimizer steps already taken: the step of the checkpoint resumed from, else 0.
   int64_t step() const;
 
   // Trains to the end (or divergence, interrupt, cancel). `observer` may be null.

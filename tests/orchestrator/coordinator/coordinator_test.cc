@@ -61,6 +61,25 @@ TEST_F(CoordinatorTest, WorkerRunsAJobReportsIdempotentlyAndFinishesOnce) {
   EXPECT_EQ(CallReport(report, &reply).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+// A worker that found its checkpoint unreadable says so in a report: one event in the run's log,
+// not one per resend of the batch.
+TEST_F(CoordinatorTest, AWorkersNoticeIsStoredOnceAsARunEvent) {
+  SubmitQuick();
+  const int64_t worker = RegisterWorker("w1");
+  Job job = Acquire(worker);
+  ReportRequest report = MakeReport(worker, job, 1, {1, 2});
+  report.add_notices("checkpoint.pt: unreadable checkpoint: moved aside; resumed from step 0");
+  ReportResponse reply;
+  ASSERT_TRUE(CallReport(report, &reply).ok());
+  ASSERT_TRUE(CallReport(report, &reply).ok());
+  EXPECT_TRUE(reply.duplicate());
+  EXPECT_EQ(CountRows("events WHERE kind = 'worker_notice' AND run_id = " +
+                      std::to_string(job.run_id()) + " AND message = 'run " +
+                      std::to_string(job.run_id()) + " attempt 1: checkpoint.pt: unreadable " +
+                      "checkpoint: moved aside; resumed from step 0' AND sweep_id IS NOT NULL"),
+            1);
+}
+
 TEST_F(CoordinatorTest, FinishStoresTheLastBatchAndHandsOverTheNextJob) {
   SubmitQuick();  // 4 runs
   const int64_t worker = RegisterWorker("w1");

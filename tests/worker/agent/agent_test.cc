@@ -2,11 +2,15 @@
 // real gRPC server (loopback, port 0) that records what it receives, deduplicates report batches
 // by sequence number as the real one does, and misbehaves on request (refused calls, lost
 // replies, a restart, stop directives, lost leases, a wrong token). A tiny model trains for real.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,6 +58,9 @@ class FakeCoordinator {
   int64_t stop_at_step = 0;        // DIRECTIVE_STOP once a step >= this was applied
   int64_t lease_lost_at_step = 0;  // FAILED_PRECONDITION once a step >= this arrives
   int32_t lease_timeout_s = 30;
+  // Batches of more points than this are refused unapplied as too large (RESOURCE_EXHAUSTED, as
+  // the coordinator's rows limit says it); -1: no limit.
+  int report_point_limit = -1;
   std::atomic<bool>* interrupt_on_handover = nullptr;  // raised as a Finish hands over a job
 
   void AddJob(const Job& job) {
@@ -101,6 +108,14 @@ class FakeCoordinator {
     if (refuse_all_reports.load() || refuse_report_calls.count(call)) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "refused by the test");
     }
+    const int points = req->steps_size() + req->evals_size() + req->spikes_size();
+    if (report_point_limit >= 0 && points > report_point_limit) {
+      ++refused_too_large;
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          "report: the batch has " + std::to_string(points) +
+                              " rows; the limit is " + std::to_string(report_point_limit) +
+                              ": send smaller batches");
+    }
     for (const StepMetrics& m : req->steps()) {
       if (lease_lost_at_step > 0 && m.step() >= lease_lost_at_step) lease_lost_ = true;
     }
@@ -113,7 +128,8 @@ class FakeCoordinator {
     const int64_t last = static_cast<int64_t>(applied_batches.size());
     if (req->seq() == 0) {  // a heartbeat: renews the lease, carries nothing
       ++heartbeats;
-      if (req->steps_size() + req->evals_size() + req->spikes_size() > 0 || req->checkpoint_step() > 0) {
+      if (req->steps_size() + req->evals_size() + req->spikes_size() + req->notices_size() > 0 ||
+          req->checkpoint_step() > 0) {
         errors.push_back("a heartbeat with points");
       }
     } else if (req->seq() <= last) {
@@ -133,6 +149,7 @@ class FakeCoordinator {
       }
       for (const EvalResult& e : req->evals()) evals[key].push_back(e.step());
       for (const SpikeEvent& e : req->spikes()) spikes[key].push_back(e);
+      for (const std::string& n : req->notices()) notices[key].push_back(n);
       if (req->checkpoint_step() > 0) {
         checkpoints[key].push_back(req->checkpoint_step());
         checkpoint_paths[key] = req->checkpoint_path();
@@ -186,11 +203,13 @@ class FakeCoordinator {
   std::map<Key, std::vector<ReportRequest>> applied;  // batch seq-1 -> the batch
   std::map<Key, std::vector<int64_t>> steps, evals, checkpoints;
   std::map<Key, std::vector<SpikeEvent>> spikes;
+  std::map<Key, std::vector<std::string>> notices;
   std::map<Key, std::string> checkpoint_paths;
   std::vector<FinishRequest> finishes;
   std::vector<std::string> errors;  // protocol violations
   int64_t max_step = 0, stop_sent_at_step = 0;
   int duplicates = 0, refused_stale = 0, acquire_calls = 0, heartbeats = 0, handed_over = 0;
+  int refused_too_large = 0;
 
  private:
   grpc::Status Authorize(grpc::ServerContext* ctx) {
@@ -260,6 +279,104 @@ class TestServer {
   std::unique_ptr<FakeService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+};
+
+// A loopback TCP proxy between the agent and a TestServer: Cut() cuts the worker off from a
+// coordinator that stays up. kClose closes every connection and refuses new ones (each is accepted
+// and closed at once); kBlackhole keeps them open but forwards nothing, so calls hang until their
+// deadline, as across a network partition. Restore() forwards new connections again.
+class CuttableProxy {
+ public:
+  enum class Cut { kNone, kClose, kBlackhole };
+
+  explicit CuttableProxy(int target_port) : target_port_(target_port) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (::bind(listener_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        ::listen(listener_, 64) != 0 ||
+        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      ADD_FAILURE() << "proxy: cannot listen on loopback";
+      return;
+    }
+    port_ = ntohs(addr.sin_port);
+    acceptor_ = std::thread([this] { Accept(); });
+  }
+  ~CuttableProxy() {
+    closing_ = true;
+    if (acceptor_.joinable()) acceptor_.join();
+    for (std::thread& t : pumps_) t.join();
+    ::close(listener_);
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  void SetCut(Cut cut) { cut_ = cut; ++generation_; }
+
+ private:
+  void Accept() {
+    while (!closing_) {
+      pollfd p{listener_, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      const int client = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (client < 0) continue;
+      const Cut cut = cut_;
+      if (cut == Cut::kClose) {
+        ::close(client);
+        continue;
+      }
+      const int server = cut == Cut::kNone ? Connect() : -1;
+      pumps_.emplace_back([this, client, server, generation = generation_.load()] {
+        Pump(client, server, generation);
+      });
+    }
+  }
+  int Connect() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(target_port_));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  }
+  // Copies bytes both ways until either side closes, the proxy closes, or the cut changes: a
+  // kClose cut closes the connection, a kBlackhole cut stops forwarding (and reading), and the
+  // Restore() after it closes it (the client connects again, as after a partition heals).
+  void Pump(int client, int server, int generation) {
+    char buffer[1 << 14];
+    while (!closing_) {
+      const bool current = generation_ == generation;
+      if (!current && cut_ != Cut::kBlackhole) break;
+      const bool forwarding = current && server >= 0;
+      pollfd p[2] = {{client, static_cast<short>(forwarding ? POLLIN : 0), 0},
+                     {server, POLLIN, 0}};
+      if (::poll(p, forwarding ? 2 : 1, 20) <= 0) continue;
+      if ((p[0].revents & (POLLHUP | POLLERR)) != 0 && !forwarding) break;
+      if (!forwarding) continue;
+      bool closed = false;
+      for (int i = 0; i < 2 && !closed; ++i) {
+        if ((p[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+        const ssize_t n = ::read(p[i].fd, buffer, sizeof(buffer));
+        closed = n <= 0 || ::send(p[1 - i].fd, buffer, n, MSG_NOSIGNAL) != n;
+      }
+      if (closed) break;
+    }
+    ::close(client);
+    if (server >= 0) ::close(server);
+  }
+
+  const int target_port_;
+  int listener_ = -1;
+  int port_ = 0;
+  std::atomic<bool> closing_{false};
+  std::atomic<Cut> cut_{Cut::kNone};
+  std::atomic<int> generation_{0};  // bumped by every SetCut: connections accepted before it
+  std::thread acceptor_;
+  std::vector<std::thread> pumps_;  // the acceptor's; joined by the destructor
 };
 
 class AgentTest : public ::testing::Test {
@@ -537,6 +654,46 @@ TEST_F(AgentTest, ResendsRefusedBatchesUnchangedAndLosesNothing) {
   EXPECT_EQ(c.finishes[0].summary().state(), SUCCEEDED);
 }
 
+// A batch refused for its size is split (its number reused), until the coordinator takes it;
+// a single point no batch can carry fails the attempt for good, with the reason, and the worker
+// goes on. Before, a too-large batch was resent unchanged forever.
+TEST_F(AgentTest, ATooLargeBatchIsSplitAndAPointNoBatchCarriesFailsTheAttempt) {
+  FakeCoordinator c;
+  c.report_point_limit = 3;
+  TestServer server(&c);
+  c.AddJob(MakeJob(21, 1, Config(40)));
+  AgentOptions o = Options(server);
+  o.report_interval = absl::Seconds(30);  // everything in one batch, at the end
+  auto result = RunAgent(o);
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << Log();
+  {
+    absl::MutexLock lock(&c.mu_);
+    EXPECT_TRUE(c.errors.empty()) << c.errors.front();
+    EXPECT_GE(c.refused_too_large, 1);
+    EXPECT_EQ(c.steps[K(21, 1)], Range(1, 40));
+    EXPECT_EQ(c.evals[K(21, 1)], (std::vector<int64_t>{20, 40}));
+    ASSERT_EQ(c.finishes.size(), 1u);
+    EXPECT_EQ(c.finishes[0].summary().state(), SUCCEEDED);
+  }
+  EXPECT_TRUE(absl::StrContains(Log(), "was too large for the coordinator")) << Log();
+
+  FakeCoordinator none;
+  none.report_point_limit = 0;
+  TestServer second(&none);
+  none.AddJob(MakeJob(22, 1, Config(20)));
+  none.AddJob(MakeJob(23, 1, Config(20)));
+  AgentOptions two = Options(second);
+  two.max_jobs = 2;
+  auto after = RunAgent(two);
+  ASSERT_TRUE(after.ok()) << after.status() << "\n" << Log();
+  absl::MutexLock lock(&none.mu_);
+  ASSERT_EQ(none.finishes.size(), 2u);
+  EXPECT_EQ(none.finishes[0].summary().state(), FAILED);
+  EXPECT_TRUE(none.finishes[0].permanent());
+  EXPECT_TRUE(absl::StrContains(none.finishes[0].error(), "a single metric point of run 22"))
+      << none.finishes[0].error();
+}
+
 TEST_F(AgentTest, ReconnectsWhenTheCoordinatorRestartsMidRun) {
   FakeCoordinator c;
   TestServer server(&c);
@@ -617,6 +774,90 @@ TEST_F(AgentTest, LostLeaseAbandonsTheJobWithoutFinishing) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(60));
 }
 
+// A worker cut off from a coordinator that stays up (a network partition): the coordinator gives
+// the run away after the lease timeout, so the worker must stop training and writing checkpoints
+// within that period, on its own, and abandon the job. A cut shorter than the lease is ridden out.
+// Over both kinds of cut: connections closed and refused, and connections that hang.
+TEST_F(AgentTest, ACutOffWorkerStopsTrainingWithinALeasePeriod) {
+  using Cut = CuttableProxy::Cut;
+  for (const Cut cut : {Cut::kClose, Cut::kBlackhole}) {
+    const bool hang = cut == Cut::kBlackhole;
+    SCOPED_TRACE(hang ? "connections hang" : "connections are closed");
+    FakeCoordinator c;
+    c.lease_timeout_s = 3;
+    TestServer server(&c);
+    CuttableProxy proxy(server.port());
+    RunConfig config = Config(1000000);  // never ends by itself
+    config.mutable_train()->set_eval_every(1000000);
+    config.mutable_train()->set_checkpoint_every(10);
+    const int64_t run_id = hang ? 32 : 31;
+    c.AddJob(MakeJob(run_id, 1, config));
+    const fs::path ckpt = dir_ / "ckpt" / ("run-" + std::to_string(run_id));
+    AgentOptions o = Options(server);
+    o.coordinator = proxy.address();
+    o.call_deadline = absl::Seconds(2);
+    interrupt_ = abort_ = false;
+    auto future = std::async(std::launch::async, [o] { return Agent(o).Run(); });
+    // Should an assertion end the test early: stop the agent, or the future's destructor waits
+    // for a million steps.
+    struct StopAgent {
+      std::atomic<bool>* flag;
+      ~StopAgent() { *flag = true; }
+    } stop_agent{&abort_}, interrupt_agent{&interrupt_};
+    auto reported = [&] {
+      absl::MutexLock lock(&c.mu_);
+      return c.max_step;
+    };
+    ASSERT_TRUE(c.WaitUntil([&] { return c.max_step >= 20; }, absl::Seconds(30))) << Log();
+
+    // A third of a lease without the coordinator: ridden out, training and reporting go on.
+    proxy.SetCut(cut);
+    absl::SleepFor(absl::Milliseconds(1000));
+    proxy.SetCut(Cut::kNone);
+    const int64_t before = reported();
+    EXPECT_TRUE(c.WaitUntil([&] { return c.max_step >= before + 20; }, absl::Seconds(20))) << Log();
+    EXPECT_EQ(future.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << Log();
+
+    // For good: training stops within the lease timeout (3 s), the agent returns (max_jobs 1).
+    proxy.SetCut(cut);
+    const absl::Time cut_at = absl::Now();
+    const auto cut_at_file_clock = fs::file_time_type::clock::now();
+    const bool returned =
+        future.wait_for(std::chrono::seconds(3 + 10)) == std::future_status::ready;
+    const absl::Duration took = absl::Now() - cut_at;
+    EXPECT_TRUE(returned) << "still training " << took << " after the cut\n" << Log();
+    if (!returned) interrupt_ = abort_ = true;
+    auto result = future.get();
+    if (!returned) continue;
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->jobs, 1);
+    EXPECT_EQ(result->jobs_abandoned, 1);
+    EXPECT_EQ(LogLines("abandoned without finishing at step"), 1) << Log();
+    EXPECT_EQ(LogLines("nothing acknowledged by coordinator"), 1) << Log();
+    std::printf("[ measured ] %s: the agent returned %s after the cut\n",
+                hang ? "hanging connections" : "closed connections",
+                absl::FormatDuration(took).c_str());
+    {
+      absl::MutexLock lock(&log_mu_);
+      for (const std::string& line : log_) {
+        if (absl::StrContains(line, "abandoned")) std::printf("[ log line ] %s\n", line.c_str());
+      }
+      log_.clear();
+    }
+    // No checkpoint was written after the lease ran out (a second of slack for a step under way).
+    for (const fs::directory_entry& e : fs::directory_iterator(ckpt)) {
+      const auto written = fs::last_write_time(e.path());
+      EXPECT_LT(written, cut_at_file_clock + std::chrono::seconds(3 + 1)) << e.path();
+      std::printf("[ measured ] %s written %.2f s after the cut\n", e.path().filename().c_str(),
+                  std::chrono::duration<double>(written - cut_at_file_clock).count());
+    }
+    absl::MutexLock lock(&c.mu_);
+    EXPECT_TRUE(c.errors.empty()) << c.errors.front();
+    EXPECT_TRUE(c.finishes.empty());
+    EXPECT_EQ(c.registrations.size(), 1u);
+  }
+}
+
 // A trainer observer that raises the interrupt at a step.
 class InterruptAt : public TrainerObserver {
  public:
@@ -660,6 +901,52 @@ TEST_F(AgentTest, ResumesFromTheCheckpointInTheJobsDirectory) {
   EXPECT_EQ(c.finishes[0].summary().state(), SUCCEEDED);
   EXPECT_EQ(c.finishes[0].summary().steps_done(), 40);
   EXPECT_EQ(LogLines("resuming from the checkpoint of step 15"), 1) << Log();
+}
+
+// A checkpoint torn on disk before the next attempt: the worker moves it aside, resumes from the
+// previous one (an earlier step than the coordinator knows of), tells the coordinator in a notice
+// for the run's event log, and reports the steps after that again.
+TEST_F(AgentTest, ATornCheckpointIsMovedAsideAndTheRunResumesFromThePreviousOne) {
+  const RunConfig config = Config(40);
+  Job job = MakeJob(19, 2, config);
+  {
+    std::atomic<bool> stop{false};
+    TrainerOptions t;
+    t.checkpoint_dir = job.checkpoint_dir();
+    t.interrupt = &stop;
+    auto trainer = Trainer::Create(config, t);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    InterruptAt observer(25, &stop);  // checkpoints of steps 10, 20 and 25
+    auto summary = (*trainer)->Run(&observer);
+    ASSERT_TRUE(summary.ok()) << summary.status();
+    ASSERT_EQ(summary->state(), INTERRUPTED);
+  }
+  const fs::path checkpoint = fs::path(job.checkpoint_dir()) / "checkpoint.pt";
+  fs::resize_file(checkpoint, fs::file_size(checkpoint) / 2);
+  job.set_resume_from_step(25);
+  FakeCoordinator c;
+  TestServer server(&c);
+  c.AddJob(job);
+  auto result = RunAgent(Options(server));
+  ASSERT_TRUE(result.ok()) << result.status();
+
+  absl::MutexLock lock(&c.mu_);
+  EXPECT_TRUE(c.errors.empty()) << c.errors.front();
+  EXPECT_EQ(c.steps[K(19, 2)], Range(21, 40));
+  ASSERT_EQ(c.finishes.size(), 1u);
+  EXPECT_EQ(c.finishes[0].summary().state(), SUCCEEDED);
+  EXPECT_EQ(c.finishes[0].summary().steps_done(), 40);
+  ASSERT_EQ(c.notices[K(19, 2)].size(), 1u) << Log();
+  const std::string& notice = c.notices[K(19, 2)][0];
+  EXPECT_TRUE(absl::StrContains(notice, "checkpoint.pt: unreadable checkpoint")) << notice;
+  EXPECT_TRUE(absl::StrContains(notice, "moved aside to " + checkpoint.string() + ".corrupt-"))
+      << notice;
+  EXPECT_TRUE(absl::StrContains(notice, "resumed from checkpoint.prev.pt at step 20")) << notice;
+  EXPECT_EQ(LogLines("resuming from the checkpoint of step 20 (the coordinator knows one of "
+                     "step 25)"),
+            1)
+      << Log();
+  EXPECT_EQ(LogLines("moved aside to"), 1) << Log();
 }
 
 // A worker that dies with points unacknowledged: the next attempt resends them from the journal

@@ -27,15 +27,21 @@ class Recorder : public TrainerObserver {
     if (interrupt_at > 0 && m.step() == interrupt_at) interrupt->store(true);
     return stop_at > 0 && m.step() == stop_at ? Directive::kStop : Directive::kContinue;
   }
+  Directive BeforeCheckpoint(int64_t step) override {
+    return stop_before_checkpoint_at > 0 && step == stop_before_checkpoint_at ? Directive::kStop
+                                                                             : Directive::kContinue;
+  }
   void OnEval(const EvalResult& e) override { evals.push_back(e); }
   void OnSpike(const SpikeEvent& e) override { spikes.push_back(e); }
   void OnCheckpoint(int64_t step, const std::string&) override { checkpoints.push_back(step); }
+  void OnNotice(const std::string& line) override { notices.push_back(line); }
 
   std::vector<StepMetrics> steps;
+  std::vector<std::string> notices;
   std::vector<EvalResult> evals;
   std::vector<SpikeEvent> spikes;
   std::vector<int64_t> checkpoints;
-  int64_t interrupt_at = 0, stop_at = 0;
+  int64_t interrupt_at = 0, stop_at = 0, stop_before_checkpoint_at = 0;
   std::atomic<bool>* interrupt = nullptr;
 };
 
@@ -112,7 +118,11 @@ TEST_F(TrainerTest, LearnsAndReportsEverything) {
   EXPECT_NEAR(summary->final_eval().val_ppl(), std::exp(summary->final_eval().val_loss()), 1e-9);
   EXPECT_EQ(rec.checkpoints, (std::vector<int64_t>{10, 20, 30, 40}));
   EXPECT_TRUE(fs::exists(dir_ / "run" / "checkpoint.pt"));
-  EXPECT_FALSE(fs::exists(dir_ / "run" / "checkpoint.pt.tmp"));
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "checkpoint.prev.pt"));  // the checkpoint of step 30
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_ / "run")) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  }
+  EXPECT_TRUE(rec.notices.empty());
   EXPECT_GT(summary->tokens_per_s(), 0);
   EXPECT_EQ(summary->params().total(), CountParams(c.model()).total());
 }
@@ -143,6 +153,70 @@ TEST_F(TrainerTest, ResumeContinuesWithBitwiseIdenticalLosses) {
     EXPECT_EQ(m.grad_norm(), straight.steps[i].grad_norm()) << "step " << i + 1;
   }
   EXPECT_EQ(part2->final_eval().val_loss(), straight.evals.back().val_loss());
+}
+
+// A checkpoint torn on disk (a crash before it reached the disk, a second writer): resuming moves
+// it aside and continues from the previous good checkpoint, or from step 0 when none is good, and
+// the run still ends bit for bit equal to one never interrupted.
+TEST_F(TrainerTest, ATruncatedCheckpointIsMovedAsideAndTheRunResumesFromAnEarlierOne) {
+  RunConfig c = Config();
+  Recorder straight;
+  ASSERT_TRUE(Train(c, "straight", &straight).ok());
+  for (const bool previous_good : {true, false}) {
+    SCOPED_TRACE(previous_good ? "the previous checkpoint is good" : "no checkpoint is good");
+    const std::string sub = previous_good ? "prev" : "none";
+    const fs::path run = dir_ / sub;
+    std::atomic<bool> interrupt{false};
+    Recorder first;
+    first.interrupt_at = 25;  // checkpoints of steps 10, 20, then 25 (the interrupt's)
+    first.interrupt = &interrupt;
+    auto part1 = Train(c, sub, &first, /*resume=*/false, &interrupt);
+    ASSERT_TRUE(part1.ok()) << part1.status();
+    ASSERT_EQ(part1->steps_done(), 25);
+    auto truncate = [](const fs::path& path) {
+      ASSERT_TRUE(fs::exists(path)) << path;
+      fs::resize_file(path, fs::file_size(path) / 2);
+    };
+    truncate(run / "checkpoint.pt");
+    if (!previous_good) {
+      truncate(run / "checkpoint.prev.pt");
+    }
+    const int64_t resumed_from = previous_good ? 20 : 0;
+
+    Recorder second;
+    TrainerOptions options;
+    options.checkpoint_dir = run.string();
+    options.resume = true;
+    auto trainer = Trainer::Create(c, options);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    EXPECT_EQ((*trainer)->step(), resumed_from);
+    auto part2 = (*trainer)->Run(&second);
+    ASSERT_TRUE(part2.ok()) << part2.status();
+    EXPECT_EQ(part2->state(), SUCCEEDED);
+    EXPECT_EQ(part2->steps_done(), 40);
+    ASSERT_EQ(second.steps.size(), static_cast<size_t>(40 - resumed_from));
+    for (const StepMetrics& m : second.steps) {
+      EXPECT_EQ(m.loss(), straight.steps[m.step() - 1].loss()) << "step " << m.step();  // bitwise
+    }
+    // The torn files are kept aside for a post-mortem, never loaded again.
+    int aside = 0;
+    for (const fs::directory_entry& e : fs::directory_iterator(run)) {
+      const std::string name = e.path().filename().string();
+      EXPECT_EQ(name.find(".tmp"), std::string::npos) << name;
+      aside += name.find(".corrupt-") != std::string::npos;
+    }
+    EXPECT_EQ(aside, previous_good ? 1 : 2);
+    // Said once, at the start of the run: which file, where it went, where training resumed.
+    ASSERT_EQ(second.notices.size(), previous_good ? 1u : 2u);
+    EXPECT_NE(second.notices[0].find("checkpoint.pt: unreadable checkpoint"), std::string::npos)
+        << second.notices[0];
+    EXPECT_NE(second.notices[0].find("moved aside to " + (run / "checkpoint.pt.corrupt-").string()),
+              std::string::npos) << second.notices[0];
+    EXPECT_NE(second.notices.back().find(previous_good
+                                             ? "resumed from checkpoint.prev.pt at step 20"
+                                             : "no readable checkpoint left: starting from step 0"),
+              std::string::npos) << second.notices.back();
+  }
 }
 
 TEST_F(TrainerTest, AbsurdLearningRateEndsDivergedWithinAFewSteps) {
@@ -219,6 +293,16 @@ TEST_F(TrainerTest, StopDirectiveCancels) {
   ASSERT_TRUE(summary.ok());
   EXPECT_EQ(summary->state(), CANCELLED);
   EXPECT_EQ(summary->steps_done(), 5);
+
+  // Asked before a checkpoint (an agent whose lease may be gone): stopped, nothing written.
+  Recorder before;
+  before.stop_before_checkpoint_at = 20;
+  auto stopped = Train(Config(), "before", &before);
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ(stopped->state(), CANCELLED);
+  EXPECT_EQ(stopped->steps_done(), 20);
+  EXPECT_EQ(before.checkpoints, std::vector<int64_t>{10});
+  EXPECT_FALSE(fs::exists(dir_ / "before" / "checkpoint.prev.pt"));
 }
 
 TEST_F(TrainerTest, BadConfigAndMissingDataAreErrors) {
