@@ -35,7 +35,11 @@ absl::Status MoreExperts(ModelConfig* c) {
   if (c->moe().num_experts() == 0) {
     return absl::FailedPreconditionError("needs an MoE base (moe.num_experts > 0)");
   }
+  // The paper (§3.2.1, Table 1 row 4, "Add 4 Experts") grows "both the total and activated
+  // number of experts" without giving the new top-k; our reading: the 4 experts are added to
+  // both, 128 top-8 -> 132 top-12 (docs/model.md). Override moe.top_k for another reading.
   c->mutable_moe()->set_num_experts(c->moe().num_experts() + 4);
+  c->mutable_moe()->set_top_k(c->moe().top_k() + 4);
   return absl::OkStatus();
 }
 
@@ -93,7 +97,7 @@ const std::vector<VariantPreset>& AllVariantPresets() {
       {"baseline", "baseline", "no gate", Baseline},
       {"kv_heads_x2", "expansion", "parameter expansion: twice the KV heads", MoreKvHeads},
       {"q_heads_x1.5", "expansion", "parameter expansion: 1.5x the query heads", MoreQueryHeads},
-      {"experts_plus4", "expansion", "parameter expansion: 4 more experts", MoreExperts},
+      {"experts_plus4", "expansion", "parameter expansion: 4 more experts, all 4 activated", MoreExperts},
       {"g1_elementwise", "gate", "G1 (after SDPA) elementwise sigmoid", SetGate<kG1, kElem>},
       {"g2_elementwise", "gate", "G2 (after V) elementwise sigmoid", SetGate<GATE_G2, kElem>},
       {"g3_elementwise", "gate", "G3 (after K) elementwise sigmoid", SetGate<GATE_G3, kElem>},

@@ -42,7 +42,8 @@ TEST(PresetsTest, ExpertsNeedAnMoeBase) {
             absl::StatusCode::kFailedPrecondition);
   ModelConfig m = TinyMoe();
   ASSERT_TRUE(FindVariantPreset("experts_plus4")->apply(&m).ok());
-  EXPECT_EQ(m.moe().num_experts(), 12);
+  EXPECT_EQ(m.moe().num_experts(), TinyMoe().moe().num_experts() + 4);
+  EXPECT_EQ(m.moe().top_k(), TinyMoe().moe().top_k() + 4);  // total and activated (§3.2.1)
 }
 
 TEST(ParamCountTest, GateAddsItsProjection) {
