@@ -279,6 +279,11 @@ MoEImpl::Routing MoEImpl::Route(const torch::Tensor& x2d) {
   return r;
 }
 
+void MoEImpl::BeginStep() {
+  step_counts_ = torch::Tensor();
+  step_assignments_ = 0;
+}
+
 torch::Tensor MoEImpl::forward(const torch::Tensor& x, torch::Tensor* aux_loss) {
   const int64_t d = x.size(-1), E = moe_.num_experts(), k = moe_.top_k();
   torch::Tensor x2d = x.reshape({-1, d});  // (N, d)
@@ -308,7 +313,18 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x, torch::Tensor* aux_loss) 
 
   if (aux_loss != nullptr) {
     // Switch Transformer balance loss: E * sum_e (fraction of assignments to e) * (mean prob).
-    torch::Tensor fraction = torch::bincount(flat_expert, {}, E).to(torch::kFloat32) / (N * k);
+    // The fraction is a count (no gradient): with BALANCE_GLOBAL_BATCH it covers the step's
+    // micro-batches so far; evaluation (no gradients recorded) counts only its own batch.
+    torch::Tensor assigned = counts;
+    int64_t total = N * k;
+    if (moe_.load_balance_scope() == BALANCE_GLOBAL_BATCH && torch::GradMode::is_enabled()) {
+      step_counts_ = step_counts_.defined() ? step_counts_ + counts : counts.clone();
+      step_assignments_ += N * k;
+      assigned = step_counts_;
+      total = step_assignments_;
+    }
+    torch::Tensor fraction =
+        (assigned.to(torch::kFloat64) / static_cast<double>(total)).to(r.probs.options());
     torch::Tensor balance = E * (fraction * r.probs.mean(0)).sum();
     torch::Tensor z = torch::logsumexp(r.logits, -1).pow(2).mean();
     *aux_loss = *aux_loss + moe_.load_balance_coef() * balance + moe_.router_z_coef() * z;
@@ -361,6 +377,10 @@ TransformerImpl::TransformerImpl(const ModelConfig& c) : config_(c) {
   if (!c.tie_embeddings()) {
     lm_head_ = register_module("lm_head", Linear(c.d_model(), c.vocab_size(), c.init_std()));
   }
+}
+
+void TransformerImpl::BeginStep() {
+  for (auto& block : *blocks_) block->as<Block>()->BeginStep();
 }
 
 TransformerImpl::Output TransformerImpl::forward(const torch::Tensor& tokens,

@@ -165,8 +165,15 @@ class MoEImpl : public torch::nn::Module {
   };
   Routing Route(const torch::Tensor& x2d);
 
+  // A new optimizer step: the global-batch assignment counts start again from zero.
+  void BeginStep();
+
  private:
   MoeConfig moe_;
+  // BALANCE_GLOBAL_BATCH: assignments per expert over the step's micro-batches so far (CPU,
+  // int64, (E)) and their total; updated only by forward passes that record gradients.
+  torch::Tensor step_counts_;
+  int64_t step_assignments_ = 0;
   Linear router_{nullptr};
   torch::Tensor w_gate_, w_up_;  // (E, expert_dim, d_model)
   torch::Tensor w_down_;         // (E, d_model, expert_dim)
@@ -177,6 +184,9 @@ class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(const ModelConfig& config, int layer);
   torch::Tensor forward(const torch::Tensor& x, torch::Tensor* aux_loss, ProbeRecorder* probes);
+  void BeginStep() {
+    if (moe_) moe_->BeginStep();
+  }
 
  private:
   // Sandwich norm and clamp of a sublayer output, before the residual add.
@@ -204,6 +214,10 @@ class TransformerImpl : public torch::nn::Module {
   Output forward(const torch::Tensor& tokens, ProbeRecorder* probes = nullptr);
 
   const ModelConfig& config() const { return config_; }
+
+  // Call at the start of every optimizer step: the MoE layers' global-batch balance counts
+  // (MoeConfig.load_balance_scope) restart. A no-op for a dense model.
+  void BeginStep();
 
  private:
   ModelConfig config_;

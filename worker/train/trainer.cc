@@ -420,6 +420,7 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
 
       // Forward and backward over grad_accum micro-batches.
       s.optimizer->zero_grad();
+      s.model->BeginStep();  // the global-batch balance loss counts this step's micro-batches
       double loss_sum = 0, aux_sum = 0;
       for (int micro = 0; micro < t.grad_accum(); ++micro) {
         auto [x, y] = s.GetBatch(TokenData::Split::kTrain,

@@ -268,5 +268,51 @@ TEST(MoETest, RoutesEachTokenToExactlyTopKExperts) {
   }
 }
 
+// The balance loss counts f_e over the step's micro-batches so far (global batch, the paper's),
+// or over each micro-batch alone; P_e is always the micro-batch's own mean probability, and
+// evaluation (no gradients) never touches the step's counts.
+TEST(MoETest, TheGlobalBatchBalanceLossCountsTheStepsMicroBatches) {
+  torch::manual_seed(6);
+  ModelConfig c = TinyMoe();
+  c.mutable_moe()->set_router_z_coef(0);
+  const int64_t d = c.d_model(), E = c.moe().num_experts(), k = c.moe().top_k(), N = 24;
+  const double coef = c.moe().load_balance_coef();
+  const torch::Tensor x1 = torch::randn({1, N, d}), x2 = torch::randn({1, N, d});
+  // Hand-computed: E * sum_e (assignments to e over `counted`) / (#counted x N x k) * P_e(x).
+  auto expected = [&](MoE& moe, const std::vector<torch::Tensor>& counted, const torch::Tensor& x) {
+    torch::NoGradGuard no_grad;
+    torch::Tensor assigned = torch::zeros({E}, torch::kFloat64);
+    for (const torch::Tensor& xc : counted) {
+      MoEImpl::Routing r = moe->Route(xc.view({N, d}));
+      assigned += torch::bincount(r.experts.reshape({-1}), {}, E).to(torch::kFloat64);
+    }
+    const torch::Tensor f = assigned / static_cast<double>(counted.size() * N * k);
+    const torch::Tensor p = moe->Route(x.view({N, d})).probs.mean(0).to(torch::kFloat64);
+    return coef * E * (f * p).sum().item<double>();
+  };
+  auto aux_of = [&](MoE& moe, const torch::Tensor& x) {
+    torch::Tensor aux = torch::zeros({});
+    moe->forward(x, &aux);
+    return aux.item<double>();
+  };
+  for (LoadBalanceScope scope : {BALANCE_GLOBAL_BATCH, BALANCE_MICRO_BATCH}) {
+    c.mutable_moe()->set_load_balance_scope(scope);
+    torch::manual_seed(7);
+    MoE moe(c);
+    moe->BeginStep();
+    EXPECT_NEAR(aux_of(moe, x1), expected(moe, {x1}, x1), 1e-6);
+    {
+      torch::NoGradGuard evaluation;  // counts only itself, and leaves the step's counts alone
+      EXPECT_NEAR(aux_of(moe, x1), expected(moe, {x1}, x1), 1e-6);
+    }
+    const bool global = scope == BALANCE_GLOBAL_BATCH;
+    const double second = aux_of(moe, x2);
+    EXPECT_NEAR(second, global ? expected(moe, {x1, x2}, x2) : expected(moe, {x2}, x2), 1e-6);
+    EXPECT_GT(std::abs(expected(moe, {x1, x2}, x2) - expected(moe, {x2}, x2)), 1e-5);
+    moe->BeginStep();  // a new step: its first micro-batch counts alone again
+    EXPECT_NEAR(aux_of(moe, x2), expected(moe, {x2}, x2), 1e-6);
+  }
+}
+
 }  // namespace
 }  // namespace ablate
