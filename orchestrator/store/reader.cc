@@ -289,7 +289,8 @@ constexpr char kLayerColumns[] =
     "attn_out_max_abs, attn_residual_max_abs, ffn_out_max_abs, ffn_residual_max_abs, "
     "first_token_attention, sparsity_before_gate_1e2, sparsity_before_gate_1e3, "
     "sparsity_after_gate_1e2, sparsity_after_gate_1e3, sparsity_mean_scaled_1e2, "
-    "sparsity_mean_scaled_1e3 FROM eval_layer_probes";
+    "sparsity_mean_scaled_1e3, sdpa_mean_abs_before_gate, sdpa_mean_abs_after_gate "
+    "FROM eval_layer_probes";
 
 // A spike_events row's columns from `first` on: step, signal, value, baseline, kind, action,
 // rollback_to_step.
@@ -343,6 +344,8 @@ LayerProbes ReadLayer(const Stmt& s) {
   sp->set_after_gate_1e3(s.ColumnDouble(16));
   sp->set_mean_scaled_1e2(s.ColumnDouble(17));
   sp->set_mean_scaled_1e3(s.ColumnDouble(18));
+  sp->set_mean_abs_before_gate(s.ColumnDouble(19));
+  sp->set_mean_abs_after_gate(s.ColumnDouble(20));
   return p;
 }
 

@@ -341,9 +341,13 @@ LEFT JOIN eval_metrics e
 //   reports at the door) made sum() fail with "integer overflow", and with it every read of
 //   sweeps, the coordinator's own start-up included;
 // - runs.attempt_base: the attempts a run had when a user last queued it again (rerun), so that
-//   its retries count from there across a coordinator restart.
+//   its retries count from there across a coordinator restart;
+// - eval_layer_probes.sdpa_mean_abs_before_gate / _after_gate: mean |SDPA output| before the
+//   gate and as W_O receives it (the paper's Figure 4).
 constexpr char kSchemaV4[] = R"sql(
 ALTER TABLE runs ADD COLUMN attempt_base INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE eval_layer_probes ADD COLUMN sdpa_mean_abs_before_gate REAL;
+ALTER TABLE eval_layer_probes ADD COLUMN sdpa_mean_abs_after_gate REAL;
 DROP VIEW sweep_progress;
 CREATE VIEW sweep_progress AS
 SELECT s.id AS sweep_id, s.name AS sweep, s.state, s.priority, s.created_at,

@@ -132,8 +132,9 @@ absl::Status UpsertEval(StoreWriter& w, int64_t run_id, int32_t attempt, const E
                    "attn_residual_max_abs, ffn_out_max_abs, ffn_residual_max_abs, "
                    "first_token_attention, sparsity_before_gate_1e2, sparsity_before_gate_1e3, "
                    "sparsity_after_gate_1e2, sparsity_after_gate_1e3, sparsity_mean_scaled_1e2, "
-                   "sparsity_mean_scaled_1e3) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
-                   "?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"));
+                   "sparsity_mean_scaled_1e3, sdpa_mean_abs_before_gate, sdpa_mean_abs_after_gate) "
+                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, "
+                   "?17, ?18, ?19, ?20, ?21, ?22)"));
   for (const LayerProbes& p : e.probes().layers()) {
     layer->Bind(1, run_id).Bind(2, e.step()).Bind(3, p.layer()).Bind(4, p.has_gate() ? 1 : 0);
     if (p.has_gate()) {
@@ -147,6 +148,7 @@ absl::Status UpsertEval(StoreWriter& w, int64_t run_id, int32_t attempt, const E
     layer->Bind(15, sp.before_gate_1e2()).Bind(16, sp.before_gate_1e3());
     layer->Bind(17, sp.after_gate_1e2()).Bind(18, sp.after_gate_1e3());
     layer->Bind(19, sp.mean_scaled_1e2()).Bind(20, sp.mean_scaled_1e3());
+    layer->Bind(21, sp.mean_abs_before_gate()).Bind(22, sp.mean_abs_after_gate());
     STORE_RETURN_IF_ERROR(layer->Run());
   }
   return absl::OkStatus();

@@ -70,6 +70,8 @@ void ProbeRecorder::Sparsity(int layer, const at::Tensor& before, const at::Tens
     l.below[i][1] += CountBelow(*views[i], 1e-3);
   }
   l.sdpa_n += b.numel();
+  l.abs_sum[0] += b.to(torch::kFloat64).sum().item<double>();
+  l.abs_sum[1] += a.to(torch::kFloat64).sum().item<double>();
 }
 
 void ProbeRecorder::Residuals(int layer, const at::Tensor& attn_out,
@@ -120,6 +122,8 @@ Probes ProbeRecorder::Finish() const {
       s->set_after_gate_1e3(l.below[1][1] / n);
       s->set_mean_scaled_1e2(l.below[2][0] / n);
       s->set_mean_scaled_1e3(l.below[2][1] / n);
+      s->set_mean_abs_before_gate(l.abs_sum[0] / n);
+      s->set_mean_abs_after_gate(l.abs_sum[1] / n);
     }
     m_act += p->ffn_residual_max_abs();
     f_attn += p->first_token_attention();

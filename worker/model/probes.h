@@ -49,6 +49,7 @@ class ProbeRecorder {
     // before the gate times the mean gate score of the same batch and layer.
     int64_t below[3][2] = {{0, 0}, {0, 0}, {0, 0}};  // [before, after, mean-scaled][1e-2, 1e-3]
     int64_t sdpa_n = 0;
+    double abs_sum[2] = {0, 0};  // sum of |SDPA output| before the gate, as W_O receives it
     double first_token_sum = 0;
     int64_t first_token_n = 0;
     double max_abs[4] = {0, 0, 0, 0};

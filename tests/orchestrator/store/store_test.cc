@@ -318,6 +318,8 @@ TEST_F(StoreTest, TheSameBatchTwiceIsStoredOnce) {
   layer->mutable_gate_histogram()->add_counts(3);
   layer->mutable_gate_histogram()->add_counts(7);
   layer->mutable_sparsity()->set_after_gate_1e3(0.4);
+  layer->mutable_sparsity()->set_mean_abs_before_gate(0.25);
+  layer->mutable_sparsity()->set_mean_abs_after_gate(0.0625);
 
   absl::StatusOr<ReportResult> first = store_->ReportMetrics(batch);
   ASSERT_TRUE(first.ok()) << first.status();
@@ -350,6 +352,8 @@ TEST_F(StoreTest, TheSameBatchTwiceIsStoredOnce) {
   EXPECT_EQ(back.gate_histogram().counts_size(), 2);
   EXPECT_EQ(back.gate_histogram().counts(1), 7);
   EXPECT_DOUBLE_EQ(back.sparsity().after_gate_1e3(), 0.4);
+  EXPECT_DOUBLE_EQ(back.sparsity().mean_abs_before_gate(), 0.25);
+  EXPECT_DOUBLE_EQ(back.sparsity().mean_abs_after_gate(), 0.0625);
   absl::StatusOr<std::vector<SpikeEvent>> spikes = store_->reader().SpikeEvents(run);
   ASSERT_TRUE(spikes.ok());
   ASSERT_EQ(spikes->size(), 1u);

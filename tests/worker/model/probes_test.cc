@@ -88,6 +88,10 @@ TEST(ProbesTest, InputIndependentGateScoresAreHalfEverywhere) {
     // A constant 0.5 gate: after-gate and mean-scaled sparsity agree.
     EXPECT_DOUBLE_EQ(l.sparsity().after_gate_1e2(), l.sparsity().mean_scaled_1e2());
     EXPECT_GE(l.sparsity().after_gate_1e2(), l.sparsity().before_gate_1e2());
+    // Halved by the 0.5 gate, as W_O receives it.
+    EXPECT_GT(l.sparsity().mean_abs_before_gate(), 0.0);
+    EXPECT_NEAR(l.sparsity().mean_abs_after_gate(), 0.5 * l.sparsity().mean_abs_before_gate(),
+                1e-6 * l.sparsity().mean_abs_before_gate());
   }
 }
 
@@ -107,6 +111,10 @@ TEST(ProbesTest, SparsityCountsThresholdsOnKnownTensors) {
   EXPECT_DOUBLE_EQ(s.after_gate_1e3(), 0.5);
   EXPECT_DOUBLE_EQ(s.mean_scaled_1e2(), 0.5);
   EXPECT_DOUBLE_EQ(s.mean_scaled_1e3(), 0.25);
+  // Figure 4's mean |Y|: (0.0005 + 0.005 + 0.05 + 0.5) / 4 before, (0.0005 + 0.005 + 0.005 +
+  // 0.0005) / 4 after.
+  EXPECT_NEAR(s.mean_abs_before_gate(), 0.555500 / 4, 1e-12);
+  EXPECT_NEAR(s.mean_abs_after_gate(), 0.0110 / 4, 1e-12);
 }
 
 TEST(ProbesTest, AccumulatesAcrossBatches) {
