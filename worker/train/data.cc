@@ -142,6 +142,14 @@ absl::StatusOr<TokenData> TokenData::Load(const DataConfig& config, int64_t voca
     data.source_ = files.size() == 1 ? files[0].string()
                                      : absl::StrCat(path.string(), " (", files.size(), " files)");
   }
+  if (config.has_bos_token()) {
+    if (config.bos_token() < 0 || config.bos_token() >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("train.data.bos_token: ", config.bos_token(),
+                                                     " is outside the vocabulary [0, ",
+                                                     vocab_size, ")"));
+    }
+    data.bos_ = config.bos_token();
+  }
   for (const auto& [name, split] : {std::pair{"train", &data.train_}, {"validation", &data.val_}}) {
     if (static_cast<int64_t>(split->size()) < seq_len + 1) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -161,9 +169,17 @@ void TokenData::Batch(Split split, int64_t index, int64_t batch_size, int64_t* i
   std::uniform_int_distribution<int64_t> offset(0, static_cast<int64_t>(tokens.size()) - seq_len_ - 1);
   for (int64_t b = 0; b < batch_size; ++b) {
     const int64_t start = offset(rng);
+    int64_t* in = inputs + b * seq_len_;
+    int64_t* out = targets + b * seq_len_;
+    if (bos_ >= 0) {
+      in[0] = bos_;
+      for (int64_t t = 1; t < seq_len_; ++t) in[t] = tokens[start + t - 1];
+      for (int64_t t = 0; t < seq_len_; ++t) out[t] = tokens[start + t];
+      continue;
+    }
     for (int64_t t = 0; t < seq_len_; ++t) {
-      inputs[b * seq_len_ + t] = tokens[start + t];
-      targets[b * seq_len_ + t] = tokens[start + t + 1];
+      in[t] = tokens[start + t];
+      out[t] = tokens[start + t + 1];
     }
   }
 }

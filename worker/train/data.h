@@ -34,7 +34,9 @@ class TokenData {
   enum class Split { kTrain, kVal };
 
   // Writes batch `index` of `split`: inputs (batch_size x seq_len) and the next-token targets,
-  // row-major int64. The same (data_seed, split, index) always gives the same batch.
+  // row-major int64. The same (data_seed, split, index) always gives the same batch. With a
+  // bos_token every input row is [bos, c0, ..., c(seq_len-2)] and its targets [c0, ...,
+  // c(seq_len-1)]: the first target is the window's first corpus token.
   void Batch(Split split, int64_t index, int64_t batch_size, int64_t* inputs,
              int64_t* targets) const;
 
@@ -48,6 +50,7 @@ class TokenData {
   std::vector<uint16_t> train_, val_;
   uint64_t seed_ = 0;
   int64_t seq_len_ = 0;
+  int32_t bos_ = -1;  // DataConfig.bos_token, -1 when unset
   std::string source_;  // human-readable: the path(s) loaded
 };
 

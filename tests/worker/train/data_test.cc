@@ -52,6 +52,35 @@ TEST_F(DataTest, BatchesArePureFunctionsOfSeedAndIndex) {
   }
 }
 
+// A fixed first token: every window, training and validation, starts with it; the rest is the
+// same corpus window shifted, so the first target is the window's first corpus token.
+TEST_F(DataTest, ABosTokenStartsEveryWindow) {
+  std::string text;
+  for (int i = 0; i < 2000; ++i) text += static_cast<char>('a' + i % 26);
+  DataConfig c = Config(Write("t.txt", text));
+  c.set_bos_token(2);
+  auto data = TokenData::Load(c, 256, 16);
+  ASSERT_TRUE(data.ok()) << data.status();
+  for (TokenData::Split split : {TokenData::Split::kTrain, TokenData::Split::kVal}) {
+    std::vector<int64_t> x(4 * 16), y(4 * 16);
+    data->Batch(split, 5, 4, x.data(), y.data());
+    for (int b = 0; b < 4; ++b) {
+      EXPECT_EQ(x[b * 16], 2);
+      for (int t = 1; t < 16; ++t) EXPECT_EQ(x[b * 16 + t], y[b * 16 + t - 1]);
+      // Consecutive letters of the corpus: the targets continue the inputs' letters.
+      for (int t = 1; t < 16; ++t) {
+        EXPECT_EQ((y[b * 16 + t] - 'a') % 26, (y[b * 16 + t - 1] - 'a' + 1) % 26);
+      }
+    }
+  }
+  c.set_bos_token(256);
+  const auto bad = TokenData::Load(c, 256, 16);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("train.data.bos_token: 256 is outside the vocabulary"),
+            std::string::npos)
+      << bad.status();
+}
+
 TEST_F(DataTest, HoldsOutTheLastFractionForValidation) {
   auto data = TokenData::Load(Config(Write("t.txt", std::string(1000, 'x'))), 256, 8);
   ASSERT_TRUE(data.ok()) << data.status();
