@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
 #include "config/credentials.h"
+#include "config/proto_yaml.h"
 #include "google/protobuf/util/json_util.h"
 #include "orchestrator/coordinator/door.h"
 #include "orchestrator/spec/expand.h"
@@ -201,6 +202,7 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
     return absl::InvalidArgumentError(
         absl::StrCat(file, ": sweep ", expanded->name(), " has no runs (filters dropped all)"));
   }
+  if (absl::Status s = ResolveInitFrom(file, &*expanded, &config_json); !s.ok()) return s;
   SubmitResponse response;
   response.set_sweep(expanded->name());
   response.set_runs(expanded->runs_size());
@@ -274,6 +276,55 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
   response.set_reused(reused);
   *response.mutable_expanded() = *std::move(expanded);
   return response;
+}
+
+absl::Status CoordinatorCore::ResolveInitFrom(const std::string& file, ExpandedSweep* sweep,
+                                             std::vector<std::string>* config_json) {
+  const StoreReader& reader = store_->reader();
+  for (int i = 0; i < sweep->runs_size(); ++i) {
+    RunSpec* run = sweep->mutable_runs(i);
+    InitFrom* from = run->mutable_config()->mutable_train()->mutable_init_from();
+    if (from->sweep().empty()) continue;
+    const std::string where =
+        absl::StrCat(file, ": run ", i, " (", run->variant(), ", seed ", run->seed(),
+                     "): train.init_from");
+    if (!from->checkpoint().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": give a checkpoint or a sweep, variant and seed, not both"));
+    }
+    absl::StatusOr<SweepInfo> source = reader.GetSweep(from->sweep());
+    if (absl::IsNotFound(source.status())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": no sweep named \"", from->sweep(), "\""));
+    }
+    if (!source.ok()) return source.status();
+    RunFilter filter;
+    filter.sweep_id = source->id;
+    absl::StatusOr<std::vector<RunInfo>> runs = reader.ListRuns(filter);
+    if (!runs.ok()) return runs.status();
+    auto found = std::find_if(runs->begin(), runs->end(), [&](const RunInfo& r) {
+      return r.variant == from->variant() && r.seed == from->seed();
+    });
+    if (found == runs->end()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": sweep ", from->sweep(),
+                                                     " has no run of variant \"", from->variant(),
+                                                     "\" with seed ", from->seed()));
+    }
+    if (found->state != SUCCEEDED) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, ": run ", found->id, " is ", RunStateName(found->state),
+          "; continued training starts from a SUCCEEDED run's final weights (submit after it)"));
+    }
+    absl::StatusOr<AttemptInfo> checkpoint = reader.LatestCheckpoint(found->id);
+    if (!checkpoint.ok()) return checkpoint.status();
+    if (checkpoint->checkpoint_path.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ": run ", found->id, " reported no checkpoint"));
+    }
+    from->set_checkpoint(checkpoint->checkpoint_path);
+    (*config_json)[i] = CanonicalJson(run->config());
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ListSweepsResponse> CoordinatorCore::ListSweeps() {

@@ -131,6 +131,11 @@ class CoordinatorCore {
   CoordinatorCore(Store* store, const CoordinatorOptions& options);
   absl::Status Rebuild();
   absl::StatusOr<WorkerOffer> OfferOf(int64_t worker_id);
+  // TrainConfig.init_from {sweep, variant, seed} of each run -> the checkpoint of that
+  // SUCCEEDED run, in the run's config and its `config_json` entry. InvalidArgument naming the
+  // run for an unknown sweep or run; FailedPrecondition while the source has not succeeded.
+  absl::Status ResolveInitFrom(const std::string& file, ExpandedSweep* sweep,
+                               std::vector<std::string>* config_json);
   // The job of `run`'s attempt: from its template (the stored config when it has none), and the
   // latest checkpoint of an earlier attempt.
   absl::StatusOr<Job> MakeJob(const QueuedRun& run, int32_t attempt, int64_t worker_id);

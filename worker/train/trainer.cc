@@ -9,10 +9,13 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <map>
+#include <set>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "config/durable_file.h"
 #include "config/model_config.h"
@@ -84,6 +87,8 @@ struct Trainer::State {
   EvalResult last_eval;
   // Checkpoints found unreadable by Create, for Run to report (OnNotice).
   std::vector<std::string> notices;
+  // TrainConfig.init_from: what Build() loaded from it (for the notice at step 0).
+  std::string init_from_summary;
 
   explicit State(TokenData d) : data(std::move(d)) {}
 
@@ -144,6 +149,80 @@ struct Trainer::State {
     loss_history.clear();
     grad_history.clear();
     RebuildMonitor();
+    if (!t.init_from().checkpoint().empty()) return InitFrom(t.init_from().checkpoint());
+    if (!t.init_from().sweep().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "train.init_from: sweep \"", t.init_from().sweep(),
+          "\" is resolved to a checkpoint by the coordinator at submit; without one, give "
+          "train.init_from.checkpoint: PATH"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The source checkpoint's model tensors, by dotted name (its archive nests a module's children).
+  static void ListTensors(torch::serialize::InputArchive& archive, const std::string& prefix,
+                          std::map<std::string, torch::Tensor>* out) {
+    for (const std::string& key : archive.keys()) {
+      torch::Tensor tensor;
+      if (archive.try_read(key, tensor)) {
+        (*out)[prefix + key] = tensor;
+        continue;
+      }
+      torch::serialize::InputArchive child;
+      if (archive.try_read(key, child)) ListTensors(child, prefix + key + ".", out);
+    }
+  }
+
+  // Continued training (TrainConfig.init_from): the parameters of the checkpoint at `path` are
+  // copied into the fresh model by name. A parameter the new config adds keeps its fresh
+  // initialisation (listed in init_from_summary); one the source has and the new model lacks,
+  // or a shape that differs, is InvalidArgument; an unreadable file is NotFound or DataLoss.
+  absl::Status InitFrom(const std::string& path) {
+    if (!fs::exists(path)) {
+      return absl::NotFoundError(absl::StrCat("train.init_from.checkpoint: no file ", path));
+    }
+    std::map<std::string, torch::Tensor> source;
+    try {
+      torch::serialize::InputArchive archive, model_archive;
+      archive.load_from(path, device);
+      archive.read("model", model_archive);
+      ListTensors(model_archive, "", &source);
+    } catch (const c10::Error& e) {
+      return absl::DataLossError(absl::StrCat("train.init_from.checkpoint: ", path,
+                                              " is not a readable checkpoint: ",
+                                              e.what_without_backtrace()));
+    }
+    std::set<std::string> buffers;
+    for (const auto& b : model->named_buffers()) buffers.insert(b.key());
+    std::vector<std::string> fresh, dropped;
+    std::set<std::string> used;
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->named_parameters()) {
+      auto it = source.find(p.key());
+      if (it == source.end()) {
+        fresh.push_back(p.key());
+        continue;
+      }
+      if (it->second.sizes() != p.value().sizes()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "train.init_from: parameter ", p.key(), " is ", c10::str(it->second.sizes()), " in ",
+            path, " but ", c10::str(p.value().sizes()), " in this config"));
+      }
+      p.value().copy_(it->second);
+      used.insert(p.key());
+    }
+    for (const auto& [name, tensor] : source) {
+      if (!used.count(name) && !buffers.count(name)) dropped.push_back(name);
+    }
+    if (!dropped.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "train.init_from: this config has no ", absl::StrJoin(dropped, ", "), " of ", path,
+          " (continued training may add parameters, never drop trained ones)"));
+    }
+    init_from_summary = absl::StrCat(
+        "initialised from ", path, ": ", used.size(), " parameter tensors loaded",
+        fresh.empty() ? "" : absl::StrCat("; fresh (this config adds them): ",
+                                          absl::StrJoin(fresh, ", ")));
     return absl::OkStatus();
   }
 
@@ -360,6 +439,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const RunConfig& config
   if (s->options.resume) {
     if (absl::Status st = s->LoadNewestGoodCheckpoint(&s->notices); !st.ok()) return st;
   }
+  if (s->step == 0 && !s->init_from_summary.empty()) s->notices.push_back(s->init_from_summary);
   return std::unique_ptr<Trainer>(new Trainer(std::move(s)));
 }
 

@@ -783,6 +783,62 @@ TEST_F(CoordinatorTest, APermanentFailureFailsTheRunAtOnce) {
 
 // The spec of issue 15 (regressions/spec_fuzz/variant_budget_null.yaml, scaled down): Submit
 // got gRPC's "Unexpected error in RPC handling" from an exception in expansion.
+// Continued training (appendix A.7): `init_from: {sweep, variant, seed}` is resolved at submit to
+// that SUCCEEDED run's last checkpoint, which the job carries; refused, naming the run, while the
+// source has not succeeded or does not exist.
+TEST_F(CoordinatorTest, InitFromResolvesASucceededRunsCheckpointAtSubmit) {
+  SubmitQuick();
+  std::string continued = QuickSpec("continued");
+  const std::string marker = "threads: 1}";
+  continued.replace(continued.find(marker), marker.size(),
+                    "threads: 1, init_from: {sweep: quick, variant: baseline, seed: 0}}");
+  SubmitRequest request;
+  request.set_spec_yaml(continued);
+  request.set_spec_file("continued.yaml");
+  SubmitResponse response;
+  auto ctx = Context();
+  grpc::Status early = client_->Submit(ctx.get(), request, &response);
+  EXPECT_EQ(early.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(early.error_message(), HasSubstr("is PENDING; continued training starts from"));
+
+  const int64_t worker = RegisterWorker("w1");
+  Job baseline = Acquire(worker);
+  ASSERT_EQ(baseline.variant(), "baseline");
+  ReportRequest report = MakeReport(worker, baseline, 1, {1, 2});
+  report.set_checkpoint_step(2);
+  report.set_checkpoint_path("/shared/ckpt/run-1/checkpoint.pt");
+  ReportResponse reply;
+  ASSERT_TRUE(CallReport(report, &reply).ok());
+  ASSERT_TRUE(CallFinish(worker, baseline, SUCCEEDED).ok());
+
+  ctx = Context();
+  ASSERT_TRUE(client_->Submit(ctx.get(), request, &response).ok());
+  EXPECT_EQ(response.expanded().runs(0).config().train().init_from().checkpoint(),
+            "/shared/ckpt/run-1/checkpoint.pt");
+  // The stored config carries it too: a job made from the store after a restart.
+  Restart();
+  const int64_t again = RegisterWorker("w2");
+  bool seen = false;
+  for (AcquireJobResponse r = TryAcquire(again); r.has_job(); r = TryAcquire(again)) {
+    if (r.job().sweep() == "continued") {
+      EXPECT_EQ(r.job().config().train().init_from().checkpoint(),
+                "/shared/ckpt/run-1/checkpoint.pt");
+      seen = true;
+    }
+    ASSERT_TRUE(CallFinish(again, r.job(), SUCCEEDED).ok());
+  }
+  EXPECT_TRUE(seen);
+
+  std::string unknown = continued;
+  unknown.replace(unknown.find("variant: baseline"), 17, "variant: nonesuch");
+  request.set_spec_yaml(unknown);
+  ctx = Context();
+  grpc::Status missing = client_->Submit(ctx.get(), request, &response);
+  EXPECT_EQ(missing.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(missing.error_message(),
+              HasSubstr("train.init_from: sweep quick has no run of variant \"nonesuch\""));
+}
+
 TEST_F(CoordinatorTest, SubmitOfAVariantWithAnEmptyBudgetIsAnOrdinarySweep) {
   const SubmitResponse submitted = Submit(
       "sweep: empty-budget\n"

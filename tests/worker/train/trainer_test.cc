@@ -1,5 +1,6 @@
 // The trainer end to end on a tiny model and a small generated corpus: learning, the LR
 // schedule, bitwise-exact resume, divergence, and each spike policy.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -125,6 +126,52 @@ TEST_F(TrainerTest, LearnsAndReportsEverything) {
   EXPECT_TRUE(rec.notices.empty());
   EXPECT_GT(summary->tokens_per_s(), 0);
   EXPECT_EQ(summary->params().total(), CountParams(c.model()).total());
+}
+
+// Continued training (appendix A.7): a gated run starts from a baseline's final weights; the
+// gate it adds starts fresh and is named; a config that would drop trained parameters, or
+// change their shapes, is refused.
+TEST_F(TrainerTest, InitFromStartsFromAnotherRunsWeightsAndNamesWhatIsFresh) {
+  RunConfig base = Config();
+  *base.mutable_model() = TinyDense();
+  base.mutable_model()->set_vocab_size(256);
+  base.mutable_model()->set_max_seq_len(32);
+  base.mutable_train()->set_steps(30);
+  Recorder trained;
+  ASSERT_TRUE(Train(base, "base", &trained).ok());
+  const std::string source = (dir_ / "base" / "checkpoint.pt").string();
+
+  RunConfig gated = Config();
+  gated.mutable_train()->mutable_init_from()->set_checkpoint(source);
+  gated.mutable_train()->set_steps(5);
+  Recorder continued;
+  auto summary = Train(gated, "gated", &continued);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  ASSERT_EQ(continued.notices.size(), 1u);
+  EXPECT_THAT(continued.notices[0], ::testing::HasSubstr("initialised from " + source));
+  EXPECT_THAT(continued.notices[0], ::testing::HasSubstr("fresh (this config adds them): "));
+  EXPECT_THAT(continued.notices[0], ::testing::HasSubstr("gate"));
+  // It starts where the baseline ended, not from a uniform guess.
+  EXPECT_LT(continued.steps.front().loss(), trained.steps.front().loss() - 1.0);
+  EXPECT_LT(continued.steps.front().loss(), trained.steps.back().loss() + 0.5);
+
+  // The other way round drops the gate's trained weights: refused, naming them.
+  RunConfig back = base;
+  back.mutable_train()->mutable_init_from()->set_checkpoint(
+      (dir_ / "gated" / "checkpoint.pt").string());
+  auto dropped = Train(back, "back", &continued);
+  ASSERT_FALSE(dropped.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(dropped.status())) << dropped.status();
+  EXPECT_THAT(std::string(dropped.status().message()),
+              ::testing::HasSubstr("never drop trained ones"));
+  RunConfig wider = gated;
+  wider.mutable_model()->set_ffn_dim(wider.model().ffn_dim() + 8);
+  auto reshaped = Train(wider, "wider", &continued);
+  ASSERT_FALSE(reshaped.ok());
+  EXPECT_THAT(std::string(reshaped.status().message()), ::testing::HasSubstr("in this config"));
+  RunConfig missing = gated;
+  missing.mutable_train()->mutable_init_from()->set_checkpoint((dir_ / "nope.pt").string());
+  EXPECT_TRUE(absl::IsNotFound(Train(missing, "missing", &continued).status()));
 }
 
 TEST_F(TrainerTest, ResumeContinuesWithBitwiseIdenticalLosses) {
