@@ -51,14 +51,36 @@ constexpr int kMaxEventsPerPage = 1000;
 constexpr size_t kMaxHeaderBytes = 16 << 10;
 constexpr absl::Duration kIdleTimeout = absl::Seconds(30);  // between keep-alive requests
 
+// The throwing read_some/write_some that Asio's SyncReadStream and SyncWriteStream also require,
+// from a stream's error_code ones (Stream declares `using ThrowingOverloads<Stream>::...`).
+template <class Stream>
+struct ThrowingOverloads {
+  template <class MutableBuffers>
+  size_t read_some(const MutableBuffers& buffers) {
+    error_code ec;
+    const size_t n = static_cast<Stream*>(this)->read_some(buffers, ec);
+    if (ec) throw boost::system::system_error(ec);
+    return n;
+  }
+  template <class ConstBuffers>
+  size_t write_some(const ConstBuffers& buffers) {
+    error_code ec;
+    const size_t n = static_cast<Stream*>(this)->write_some(buffers, ec);
+    if (ec) throw boost::system::system_error(ec);
+    return n;
+  }
+};
+
 // A connected socket as a SyncReadStream and SyncWriteStream whose every read_some and write_some
 // fails with asio::error::timed_out once the deadline has passed. The socket is non-blocking:
 // an operation that would block waits in poll() for at most the time left, so a client that
 // trickles bytes, or stops reading, holds its thread no longer than the deadline. (SO_RCVTIMEO
 // would not do: asio's synchronous operations go back to polling forever after EAGAIN.)
 // shutdown(2) on the socket, as Stop() does, wakes the wait.
-class DeadlineSocket {
+class DeadlineSocket : public ThrowingOverloads<DeadlineSocket> {
  public:
+  using ThrowingOverloads::read_some;
+  using ThrowingOverloads::write_some;
   using lowest_layer_type = tcp::socket::lowest_layer_type;
   using executor_type = tcp::socket::executor_type;
 
@@ -77,20 +99,6 @@ class DeadlineSocket {
   template <class ConstBuffers>
   size_t write_some(const ConstBuffers& buffers, error_code& ec) {
     return Retry(POLLOUT, ec, [&] { return socket_->write_some(buffers, ec); });
-  }
-  template <class MutableBuffers>
-  size_t read_some(const MutableBuffers& buffers) {
-    error_code ec;
-    const size_t n = read_some(buffers, ec);
-    if (ec) throw boost::system::system_error(ec);
-    return n;
-  }
-  template <class ConstBuffers>
-  size_t write_some(const ConstBuffers& buffers) {
-    error_code ec;
-    const size_t n = write_some(buffers, ec);
-    if (ec) throw boost::system::system_error(ec);
-    return n;
   }
 
   // Waits until the socket is ready for `events` (POLLIN, POLLOUT); false when the deadline
@@ -120,8 +128,10 @@ class DeadlineSocket {
 // One connection's byte stream: plain HTTP, or TLS over the same DeadlineSocket. What
 // http::read/http::write and the event stream read and write; set_deadline bounds every
 // operation that follows. Not movable: the TLS stream refers to the socket.
-class Connection {
+class Connection : public ThrowingOverloads<Connection> {
  public:
+  using ThrowingOverloads::read_some;
+  using ThrowingOverloads::write_some;
   // `socket` is not owned; `tls` (not owned) is the server's context, nullptr for plain HTTP.
   Connection(tcp::socket* socket, asio::ssl::context* tls);
   Connection(const Connection&) = delete;
@@ -141,20 +151,6 @@ class Connection {
   template <class ConstBuffers>
   size_t write_some(const ConstBuffers& buffers, error_code& ec) {
     return tls_ != nullptr ? tls_->write_some(buffers, ec) : socket_.write_some(buffers, ec);
-  }
-  template <class MutableBuffers>
-  size_t read_some(const MutableBuffers& buffers) {
-    error_code ec;
-    const size_t n = read_some(buffers, ec);
-    if (ec) throw boost::system::system_error(ec);
-    return n;
-  }
-  template <class ConstBuffers>
-  size_t write_some(const ConstBuffers& buffers) {
-    error_code ec;
-    const size_t n = write_some(buffers, ec);
-    if (ec) throw boost::system::system_error(ec);
-    return n;
   }
 
  private:
