@@ -1,5 +1,6 @@
 #include "config/model_config.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,8 @@ ModelConfig DefaultModelConfig() {
   c.mutable_moe()->set_router_z_coef(0.001);
   c.mutable_gate();
   c.mutable_switchhead();
+  c.mutable_yarn()->set_beta_fast(32.0);
+  c.mutable_yarn()->set_beta_slow(1.0);
   return c;
 }
 
@@ -63,6 +66,7 @@ TrainConfig DefaultTrainConfig() {
   t.set_checkpoint_every(250);
   t.set_log_every(50);
   t.set_device("cpu");
+  t.set_attention_map_heads(2);
   return t;
 }
 
@@ -221,6 +225,24 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& prefix
   } else if (sh.num_experts() != 0 || sh.top_k() != 0) {
     p.Add("switchhead.target", "is NONE but num_experts/top_k are set; set target V or KV");
   }
+
+  const YarnConfig& y = c.yarn();
+  if (y.factor() != 0) {
+    if (!(y.factor() > 1 && y.factor() <= 1e6)) {
+      p.Add("yarn.factor", absl::StrCat("must be 0 (off) or in (1, 1e6], got ", y.factor()));
+    }
+    if (y.original_seq_len() < 1 || y.original_seq_len() > c.max_seq_len()) {
+      p.Add("yarn.original_seq_len",
+            absl::StrCat("must be in [1, max_seq_len = ", c.max_seq_len(), "] with yarn.factor, got ",
+                         y.original_seq_len()));
+    }
+    if (!(y.beta_slow() > 0 && y.beta_fast() > y.beta_slow() && y.beta_fast() <= 1e6)) {
+      p.Add("yarn.beta_fast", absl::StrCat("must exceed yarn.beta_slow > 0, got beta_fast ",
+                                           y.beta_fast(), ", beta_slow ", y.beta_slow()));
+    }
+  } else if (y.original_seq_len() != 0) {
+    p.Add("yarn.factor", "is 0 (off) but yarn.original_seq_len is set; set a factor > 1");
+  }
   return p.Status();
 }
 
@@ -269,6 +291,23 @@ absl::Status ValidateTrainConfig(const TrainConfig& t, const std::string& prefix
     p.Add("spike.divergence_window_fraction", "must be in [0, 1]");
   }
   p.NonNegative("spike.rollback_skip_batches", s.rollback_skip_batches());
+  if (t.eval_seq_lens_size() > kMaxEvalSeqLens) {
+    p.Add("eval_seq_lens", absl::StrCat("at most ", kMaxEvalSeqLens, " lengths, got ",
+                                        t.eval_seq_lens_size()));
+  }
+  std::vector<int32_t> seen;
+  for (int i = 0; i < t.eval_seq_lens_size(); ++i) {
+    const int32_t len = t.eval_seq_lens(i);
+    if (len < 1) p.Add(absl::StrCat("eval_seq_lens[", i, "]"), absl::StrCat("must be >= 1, got ", len));
+    if (std::find(seen.begin(), seen.end(), len) != seen.end()) {
+      p.Add(absl::StrCat("eval_seq_lens[", i, "]"), absl::StrCat(len, " is listed twice"));
+    }
+    seen.push_back(len);
+  }
+  if (t.attention_map_heads() < 0 || t.attention_map_heads() > kMaxAttentionMapHeads) {
+    p.Add("attention_map_heads", absl::StrCat("must be in [0, ", kMaxAttentionMapHeads, "], got ",
+                                              t.attention_map_heads()));
+  }
   return p.Status();
 }
 
@@ -280,6 +319,12 @@ absl::Status ValidateRunConfig(const RunConfig& r) {
   if (r.train().seq_len() > r.model().max_seq_len()) {
     problems.push_back(absl::StrCat("train.seq_len: ", r.train().seq_len(),
                                     " exceeds model.max_seq_len ", r.model().max_seq_len()));
+  }
+  for (int i = 0; i < r.train().eval_seq_lens_size(); ++i) {
+    if (r.train().eval_seq_lens(i) > r.model().max_seq_len()) {
+      problems.push_back(absl::StrCat("train.eval_seq_lens[", i, "]: ", r.train().eval_seq_lens(i),
+                                      " exceeds model.max_seq_len ", r.model().max_seq_len()));
+    }
   }
   if (r.train().data().format() == DATA_TEXT && r.model().vocab_size() < 256) {
     problems.push_back(absl::StrCat("model.vocab_size: byte-level text needs >= 256, got ",

@@ -29,6 +29,9 @@ inline constexpr int32_t kMaxHeadDim = 1 << 12;     // 4,096
 inline constexpr int32_t kMaxFfnDim = 1 << 20;      // ffn_dim and moe.expert_dim
 inline constexpr int32_t kMaxExperts = 1 << 14;     // moe.num_experts
 inline constexpr int32_t kMaxSwitchHeadExperts = 1 << 10;
+inline constexpr int32_t kMaxEvalSeqLens = 16;        // train.eval_seq_lens
+inline constexpr int32_t kMaxAttentionMapHeads = 16;  // train.attention_map_heads
+inline constexpr int32_t kAttentionMapSize = 64;      // positions an attention map covers
 
 // InvalidArgument naming the offending fields (e.g. "model.gate.granularity: HEADWISE is not
 // allowed at G5"), OK otherwise. `prefix` is prepended to field paths ("model.").

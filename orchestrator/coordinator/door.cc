@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "config/model_config.h"
 
 namespace ablate {
 namespace {
@@ -47,6 +48,49 @@ absl::Status CheckProbes(absl::string_view what, const std::string& at, const Pr
   return absl::OkStatus();
 }
 
+// An evaluation's probes, lengths (TrainConfig.eval_seq_lens) and attention maps. A length's loss
+// may be non-finite (a diverged model is a result); its shape may not be absurd.
+absl::Status CheckEval(absl::string_view what, const std::string& at, const EvalResult& e) {
+  if (absl::Status s = CheckProbes(what, at, e.probes()); !s.ok()) return s;
+  if (e.lengths_size() > kMaxEvalSeqLens) {
+    return Refuse(what, at + ".lengths",
+                  absl::StrCat("has ", e.lengths_size(), " entries; the limit is ",
+                               kMaxEvalSeqLens));
+  }
+  for (int i = 0; i < e.lengths_size(); ++i) {
+    if (absl::Status s = StepIn(what, absl::StrCat(at, ".lengths[", i, "].seq_len"),
+                                e.lengths(i).seq_len(), 1, kMaxReportedSeqLen);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (e.attention_maps_size() > kMaxAttentionMaps) {
+    return Refuse(what, at + ".attention_maps",
+                  absl::StrCat("has ", e.attention_maps_size(), " maps; the limit is ",
+                               kMaxAttentionMaps));
+  }
+  for (int i = 0; i < e.attention_maps_size(); ++i) {
+    const AttentionMap& m = e.attention_maps(i);
+    const std::string field = absl::StrCat(at, ".attention_maps[", i, "]");
+    if (absl::Status s = StepIn(what, field + ".layer", m.layer(), 0, kMaxNumLayers - 1); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = StepIn(what, field + ".head", m.head(), 0, kMaxNumHeads - 1); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = StepIn(what, field + ".size", m.size(), 1, kAttentionMapSize); !s.ok()) {
+      return s;
+    }
+    const size_t want = static_cast<size_t>(m.size()) * static_cast<size_t>(m.size());
+    if (m.probs().size() != want) {
+      return Refuse(what, field + ".probs",
+                    absl::StrCat("is ", m.probs().size(), " bytes; a map of size ", m.size(),
+                                 " has ", want));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckReportAtDoor(const ReportRequest& r, int64_t total_steps,
@@ -65,7 +109,7 @@ absl::Status CheckReportAtDoor(const ReportRequest& r, int64_t total_steps,
     const EvalResult& e = r.evals(i);
     const std::string at = absl::StrCat("evals[", i, "]");
     if (absl::Status s = StepIn(what, at + ".step", e.step(), 0, total_steps); !s.ok()) return s;
-    if (absl::Status s = CheckProbes(what, at, e.probes()); !s.ok()) return s;
+    if (absl::Status s = CheckEval(what, at, e); !s.ok()) return s;
   }
   for (int i = 0; i < r.spikes_size(); ++i) {
     const SpikeEvent& e = r.spikes(i);
@@ -119,8 +163,7 @@ absl::Status CheckSummaryAtDoor(const RunSummary& s, int64_t total_steps) {
       !st.ok()) {
     return st;
   }
-  if (absl::Status st = CheckProbes(what, "summary.final_eval", s.final_eval().probes());
-      !st.ok()) {
+  if (absl::Status st = CheckEval(what, "summary.final_eval", s.final_eval()); !st.ok()) {
     return st;
   }
   for (const auto& [field, v] : {std::pair<const char*, double>{"summary.wall_s", s.wall_s()},

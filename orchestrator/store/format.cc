@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -159,12 +160,27 @@ absl::StatusOr<std::string> FormatComparisonTable(const ComparisonTable& table,
                                                   const std::string& format) {
   const bool has_axes = std::any_of(table.rows.begin(), table.rows.end(),
                                     [](const ComparisonRow& r) { return !r.axes.empty(); });
+  // The union of every row's evaluation lengths (TrainConfig.eval_seq_lens), and whether any row
+  // measured each with YaRN.
+  std::map<int64_t, bool> lengths;
+  for (const ComparisonRow& r : table.rows) {
+    for (const LengthStat& l : r.lengths) lengths[l.seq_len] = lengths[l.seq_len] || l.yarn;
+  }
+  auto length_of = [](const ComparisonRow& r, int64_t seq_len) -> const LengthStat* {
+    for (const LengthStat& l : r.lengths) {
+      if (l.seq_len == seq_len) return &l;
+    }
+    return nullptr;
+  };
   if (format == "markdown") {
     std::vector<std::string> header = {"variant"};
     if (has_axes) header.push_back("axes");
     header.push_back("n");
     for (const MetricColumn& c : MetricColumns()) {
       if (c.field != &ComparisonRow::train_loss) header.push_back(c.heading);
+    }
+    for (const auto& [len, yarn] : lengths) {
+      header.push_back(absl::StrCat("PPL@", len, yarn ? " (YaRN)" : ""));
     }
     for (const char* h : {"params", "added", "diverged", "failed"}) header.push_back(h);
     std::vector<int> decimals;
@@ -182,6 +198,10 @@ absl::StatusOr<std::string> FormatComparisonTable(const ComparisonTable& table,
         if (c.field == &ComparisonRow::train_loss) continue;
         cells.push_back(MeanStdText(r.*(c.field), decimals[i]));
       }
+      for (const auto& [len, yarn] : lengths) {
+        const LengthStat* l = length_of(r, len);
+        cells.push_back(l == nullptr ? "—" : MeanStdText(l->val_ppl, 3));
+      }
       cells.push_back(HumanCount(r.params_total));
       cells.push_back(r.params_added == 0 ? "0" : HumanCount(r.params_added, /*sign=*/true));
       cells.push_back(absl::StrCat(r.diverged));
@@ -198,6 +218,10 @@ absl::StatusOr<std::string> FormatComparisonTable(const ComparisonTable& table,
       header.push_back(absl::StrCat(c.name, "_std"));
     }
     for (const char* h : {"params_total", "params_activated", "params_added"}) header.push_back(h);
+    for (const auto& [len, yarn] : lengths) {
+      header.push_back(absl::StrCat("val_ppl_at_", len, "_mean"));
+      header.push_back(absl::StrCat("val_ppl_at_", len, "_std"));
+    }
     std::string out = absl::StrJoin(header, ",") + "\n";
     for (const ComparisonRow& r : table.rows) {
       std::vector<std::string> cells = {CsvField(table.sweep), CsvField(r.variant),
@@ -211,6 +235,11 @@ absl::StatusOr<std::string> FormatComparisonTable(const ComparisonTable& table,
       cells.push_back(CsvNumber(r.params_total));
       cells.push_back(CsvNumber(r.params_activated));
       cells.push_back(CsvNumber(r.params_added));
+      for (const auto& [len, yarn] : lengths) {
+        const LengthStat* l = length_of(r, len);
+        cells.push_back(CsvNumber(l == nullptr ? kNaN : l->val_ppl.mean));
+        cells.push_back(CsvNumber(l == nullptr ? kNaN : l->val_ppl.std));
+      }
       absl::StrAppend(&out, absl::StrJoin(cells, ","), "\n");
     }
     return out;
@@ -234,6 +263,15 @@ absl::StatusOr<std::string> FormatComparisonTable(const ComparisonTable& table,
       o["params_total"] = NumberJson(r.params_total);
       o["params_activated"] = NumberJson(r.params_activated);
       o["params_added"] = NumberJson(r.params_added);
+      nlohmann::json list = nlohmann::json::array();
+      for (const LengthStat& l : r.lengths) {
+        list.push_back({{"seq_len", l.seq_len}, {"yarn", l.yarn}, {"n", l.n},
+                        {"val_loss", {{"mean", NumberJson(l.val_loss.mean)},
+                                      {"std", NumberJson(l.val_loss.std)}}},
+                        {"val_ppl", {{"mean", NumberJson(l.val_ppl.mean)},
+                                     {"std", NumberJson(l.val_ppl.std)}}}});
+      }
+      o["lengths"] = std::move(list);
       rows.push_back(std::move(o));
     }
     nlohmann::json out;

@@ -576,7 +576,27 @@ absl::StatusOr<std::vector<EvalResult>> StoreReader::EvalSeries(int64_t run_id,
       !read.ok()) {
     return read;
   }
-  if (!with_layers || evals.empty()) return evals;
+  if (evals.empty()) return evals;
+  size_t at = 0;
+  if (absl::Status read = ForEachRow(
+          absl::StrCat("SELECT step, seq_len, yarn, val_loss, val_ppl FROM eval_lengths "
+                       "WHERE run_id = ",
+                       kSourceRun, " ORDER BY step, seq_len"),
+          [&](Stmt& q) { q.Bind(1, run_id); },
+          [&](const Stmt& s) {
+            const int64_t step = s.ColumnInt(0);
+            while (at < evals.size() && evals[at].step() < step) ++at;
+            if (at == evals.size() || evals[at].step() != step) return;
+            LengthEval& l = *evals[at].add_lengths();
+            l.set_seq_len(static_cast<int32_t>(s.ColumnInt(1)));
+            l.set_yarn(s.ColumnInt(2) != 0);
+            l.set_val_loss(s.ColumnDouble(3));
+            l.set_val_ppl(s.ColumnDouble(4));
+          });
+      !read.ok()) {
+    return read;
+  }
+  if (!with_layers) return evals;
   size_t e = 0;
   if (absl::Status read = ForEachRow(
           absl::StrCat("SELECT ", kLayerColumns, " WHERE run_id = ", kSourceRun,
@@ -607,6 +627,26 @@ absl::StatusOr<std::vector<LayerProbes>> StoreReader::LayerProbesAt(int64_t run_
     return read;
   }
   return layers;
+}
+
+absl::StatusOr<std::vector<AttentionMap>> StoreReader::AttentionMapsAt(int64_t run_id,
+                                                                      int64_t step) const {
+  std::vector<AttentionMap> maps;
+  if (absl::Status read = ForEachRow(
+          absl::StrCat("SELECT layer, head, size, probs FROM eval_attention_maps WHERE run_id = ",
+                       kSourceRun, " AND step = ?2 ORDER BY layer, head"),
+          [&](Stmt& q) { q.Bind(1, run_id).Bind(2, step); },
+          [&](const Stmt& s) {
+            AttentionMap& m = maps.emplace_back();
+            m.set_layer(static_cast<int32_t>(s.ColumnInt(0)));
+            m.set_head(static_cast<int32_t>(s.ColumnInt(1)));
+            m.set_size(static_cast<int32_t>(s.ColumnInt(2)));
+            m.set_probs(s.ColumnBlob(3));
+          });
+      !read.ok()) {
+    return read;
+  }
+  return maps;
 }
 
 absl::StatusOr<std::vector<SpikeEvent>> StoreReader::SpikeEvents(int64_t run_id) const {
@@ -850,6 +890,25 @@ absl::StatusOr<ComparisonTable> StoreReader::GetComparisonTable(const std::strin
             r.params_total = ZeroIfNull(s, 22);
             r.params_activated = ZeroIfNull(s, 23);
             r.params_added = ZeroIfNull(s, 24);
+          });
+      !read.ok()) {
+    return read;
+  }
+  if (absl::Status read = ForEachRow(
+          "SELECT variant, axes, seq_len, yarn, n, val_loss_mean, val_loss_std, val_ppl_mean, "
+          "val_ppl_std FROM length_table WHERE sweep_id = ?1 ORDER BY seq_len",
+          [&](Stmt& q) { q.Bind(1, info->id); },
+          [&](const Stmt& s) {
+            for (ComparisonRow& r : table.rows) {
+              if (r.variant != s.ColumnText(0) || r.axes != s.ColumnText(1)) continue;
+              LengthStat& l = r.lengths.emplace_back();
+              l.seq_len = s.ColumnInt(2);
+              l.yarn = s.ColumnInt(3) != 0;
+              l.n = s.ColumnInt(4);
+              l.val_loss = {s.ColumnDouble(5), s.ColumnDouble(6)};
+              l.val_ppl = {s.ColumnDouble(7), s.ColumnDouble(8)};
+              break;
+            }
           });
       !read.ok()) {
     return read;

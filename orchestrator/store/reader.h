@@ -193,6 +193,15 @@ struct MeanStd {
   double std = kNaN;   // NaN when fewer than 2 values
 };
 
+// A variant's validation loss and PPL at one evaluation length (TrainConfig.eval_seq_lens): at the
+// last evaluation of each SUCCEEDED run, mean ± std over them (the length_table view).
+struct LengthStat {
+  int64_t seq_len = 0;
+  bool yarn = false;  // measured with YaRN scaling
+  int64_t n = 0;      // runs with a value
+  MeanStd val_loss, val_ppl;
+};
+
 // One row of the paper-style comparison table: a variant at one axis point (the variant_table
 // view). Means are over SUCCEEDED runs (the seeds); diverged runs are counted, not averaged.
 struct ComparisonRow {
@@ -206,6 +215,7 @@ struct ComparisonRow {
   int64_t unfinished = 0;  // PENDING, RUNNING or INTERRUPTED
   MeanStd val_loss, val_ppl, gate_score, m_act, f_attn, spike_score, train_loss;
   double params_total = 0, params_activated = 0, params_added = 0;  // mean over the group's runs
+  std::vector<LengthStat> lengths;  // by seq_len; empty without TrainConfig.eval_seq_lens
 };
 
 struct ComparisonTable {
@@ -254,8 +264,11 @@ class StoreReader {
   // may hold a few more than max_points. Sorted by step.
   absl::StatusOr<std::vector<StepMetrics>> MetricSeries(int64_t run_id,
                                                         const SeriesOptions& options = {}) const;
-  // Evaluations of a run, by step; with per-layer probes when `with_layers`.
+  // Evaluations of a run, by step, each with its losses at the eval_seq_lens lengths (by length);
+  // with per-layer probes when `with_layers`.
   absl::StatusOr<std::vector<EvalResult>> EvalSeries(int64_t run_id, bool with_layers) const;
+  // The attention maps stored by one evaluation, by layer, then head (empty when it stored none).
+  absl::StatusOr<std::vector<AttentionMap>> AttentionMapsAt(int64_t run_id, int64_t step) const;
   // The per-layer probes of one evaluation.
   absl::StatusOr<std::vector<LayerProbes>> LayerProbesAt(int64_t run_id, int64_t step) const;
   absl::StatusOr<std::vector<SpikeEvent>> SpikeEvents(int64_t run_id) const;

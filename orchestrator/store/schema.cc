@@ -365,11 +365,68 @@ FROM sweeps s LEFT JOIN runs r ON r.sweep_id = s.id
 GROUP BY s.id;
 )sql";
 
+// Version 5, the paper's long-context table and Figure 2:
+// - eval_lengths: validation loss at each TrainConfig.eval_seq_lens length of an evaluation, and
+//   whether it was measured with YaRN scaling;
+// - eval_attention_maps: a few heads' attention probabilities over the first positions of one
+//   fixed validation window, size * size bytes (round(255 * p), row = query);
+// - length_table: mean ± std over SUCCEEDED seeds of each variant's final PPL at each length,
+//   the comparison table's long-context columns.
+constexpr char kSchemaV5[] = R"sql(
+CREATE TABLE eval_lengths (
+  run_id    INTEGER NOT NULL,
+  step      INTEGER NOT NULL,
+  seq_len   INTEGER NOT NULL,
+  yarn      INTEGER NOT NULL DEFAULT 0,
+  val_loss  REAL,
+  val_ppl   REAL,
+  PRIMARY KEY (run_id, step, seq_len)
+) WITHOUT ROWID;
+
+CREATE TABLE eval_attention_maps (
+  run_id  INTEGER NOT NULL,
+  step    INTEGER NOT NULL,
+  layer   INTEGER NOT NULL,
+  head    INTEGER NOT NULL,
+  size    INTEGER NOT NULL,
+  probs   BLOB NOT NULL,
+  PRIMARY KEY (run_id, step, layer, head)
+) WITHOUT ROWID;
+
+CREATE VIEW length_results AS
+SELECT r.id AS run_id, r.sweep_id, r.variant_id, r.axes, r.seed, r.state, l.step, l.seq_len,
+       l.yarn, l.val_loss, l.val_ppl
+FROM runs r
+JOIN eval_lengths l
+  ON l.run_id = coalesce(r.reused_from, r.id)
+  AND l.step = (SELECT max(step) FROM eval_lengths WHERE run_id = coalesce(r.reused_from, r.id));
+
+CREATE VIEW length_table AS
+WITH mean AS (
+  SELECT sweep_id, variant_id, axes, seq_len, max(yarn) AS yarn, count(val_ppl) AS n,
+         avg(val_loss) AS val_loss, avg(val_ppl) AS val_ppl
+  FROM length_results WHERE state = 'SUCCEEDED' GROUP BY sweep_id, variant_id, axes, seq_len),
+dev AS (
+  SELECT l.sweep_id, l.variant_id, l.axes, l.seq_len,
+         CASE WHEN count(l.val_loss) > 1 THEN sqrt(sum((l.val_loss - m.val_loss) * (l.val_loss - m.val_loss)) / (count(l.val_loss) - 1)) END AS val_loss,
+         CASE WHEN count(l.val_ppl) > 1 THEN sqrt(sum((l.val_ppl - m.val_ppl) * (l.val_ppl - m.val_ppl)) / (count(l.val_ppl) - 1)) END AS val_ppl
+  FROM length_results l JOIN mean m USING (sweep_id, variant_id, axes, seq_len)
+  WHERE l.state = 'SUCCEEDED' GROUP BY l.sweep_id, l.variant_id, l.axes, l.seq_len)
+SELECT s.name AS sweep, v.name AS variant, m.axes, m.seq_len, m.yarn, m.n,
+       m.val_loss AS val_loss_mean, d.val_loss AS val_loss_std,
+       m.val_ppl AS val_ppl_mean, d.val_ppl AS val_ppl_std, m.sweep_id, m.variant_id
+FROM mean m
+JOIN sweeps s ON s.id = m.sweep_id
+JOIN variants v ON v.id = m.variant_id
+LEFT JOIN dev d ON d.sweep_id = m.sweep_id AND d.variant_id = m.variant_id AND d.axes = m.axes
+  AND d.seq_len = m.seq_len;
+)sql";
+
 }  // namespace
 
 const std::vector<std::string>& StoreMigrations() {
   static const std::vector<std::string>* migrations =
-      new std::vector<std::string>{kSchemaV1, kSchemaV2, kSchemaV3, kSchemaV4};
+      new std::vector<std::string>{kSchemaV1, kSchemaV2, kSchemaV3, kSchemaV4, kSchemaV5};
   return *migrations;
 }
 

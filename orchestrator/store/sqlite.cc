@@ -114,6 +114,11 @@ Stmt& Stmt::Bind(int index, absl::string_view value) {
   return *this;
 }
 
+Stmt& Stmt::BindBlob(int index, absl::string_view bytes) {
+  sqlite3_bind_blob(stmt_, index, bytes.data(), static_cast<int>(bytes.size()), SQLITE_TRANSIENT);
+  return *this;
+}
+
 Stmt& Stmt::BindNull(int index) {
   sqlite3_bind_null(stmt_, index);
   return *this;
@@ -149,6 +154,13 @@ std::string Stmt::ColumnText(int i) const {
   const unsigned char* text = sqlite3_column_text(stmt_, i);
   if (text == nullptr) return "";
   return std::string(reinterpret_cast<const char*>(text),
+                     static_cast<size_t>(sqlite3_column_bytes(stmt_, i)));
+}
+
+std::string Stmt::ColumnBlob(int i) const {
+  const void* blob = sqlite3_column_blob(stmt_, i);
+  if (blob == nullptr) return "";
+  return std::string(static_cast<const char*>(blob),
                      static_cast<size_t>(sqlite3_column_bytes(stmt_, i)));
 }
 

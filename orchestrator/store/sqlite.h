@@ -72,6 +72,8 @@ class Stmt {
   Stmt& Bind(int index, absl::string_view value);
   Stmt& Bind(int index, const char* value) { return Bind(index, absl::string_view(value)); }
   Stmt& BindNull(int index);
+  // Binds bytes as a BLOB (Bind of a string_view binds TEXT).
+  Stmt& BindBlob(int index, absl::string_view bytes);
 
   // SQLITE_ROW -> true, SQLITE_DONE -> false, anything else -> error.
   absl::StatusOr<bool> Step();
@@ -83,6 +85,7 @@ class Stmt {
   // NaN when the column is NULL.
   double ColumnDouble(int i) const;
   std::string ColumnText(int i) const;
+  std::string ColumnBlob(int i) const;
   bool ColumnIsNull(int i) const { return sqlite3_column_type(stmt_, i) == SQLITE_NULL; }
 
   sqlite3_stmt* get() const { return stmt_; }

@@ -151,6 +151,27 @@ absl::Status UpsertEval(StoreWriter& w, int64_t run_id, int32_t attempt, const E
     layer->Bind(21, sp.mean_abs_before_gate()).Bind(22, sp.mean_abs_after_gate());
     STORE_RETURN_IF_ERROR(layer->Run());
   }
+  if (e.lengths_size() > 0) {
+    STORE_ASSIGN_OR_RETURN(
+        length, w.Get("INSERT OR REPLACE INTO eval_lengths (run_id, step, seq_len, yarn, val_loss, "
+                      "val_ppl) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"));
+    for (const LengthEval& l : e.lengths()) {
+      length->Bind(1, run_id).Bind(2, e.step()).Bind(3, static_cast<int64_t>(l.seq_len()));
+      length->Bind(4, l.yarn() ? 1 : 0).Bind(5, l.val_loss()).Bind(6, l.val_ppl());
+      STORE_RETURN_IF_ERROR(length->Run());
+    }
+  }
+  if (e.attention_maps_size() > 0) {
+    STORE_ASSIGN_OR_RETURN(
+        map, w.Get("INSERT OR REPLACE INTO eval_attention_maps (run_id, step, layer, head, size, "
+                   "probs) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"));
+    for (const AttentionMap& m : e.attention_maps()) {
+      map->Bind(1, run_id).Bind(2, e.step()).Bind(3, static_cast<int64_t>(m.layer()));
+      map->Bind(4, static_cast<int64_t>(m.head())).Bind(5, static_cast<int64_t>(m.size()));
+      map->BindBlob(6, m.probs());
+      STORE_RETURN_IF_ERROR(map->Run());
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -163,21 +163,26 @@ absl::StatusOr<TokenData> TokenData::Load(const DataConfig& config, int64_t voca
 
 void TokenData::Batch(Split split, int64_t index, int64_t batch_size, int64_t* inputs,
                       int64_t* targets) const {
+  Batch(split, index, batch_size, seq_len_, inputs, targets);
+}
+
+void TokenData::Batch(Split split, int64_t index, int64_t batch_size, int64_t len,
+                      int64_t* inputs, int64_t* targets) const {
   const std::vector<uint16_t>& tokens = split == Split::kTrain ? train_ : val_;
   const uint64_t salt = split == Split::kTrain ? 0x7261696eULL : 0x76616c00ULL;
   std::mt19937_64 rng(Mix(seed_ ^ Mix(salt ^ Mix(static_cast<uint64_t>(index)))));
-  std::uniform_int_distribution<int64_t> offset(0, static_cast<int64_t>(tokens.size()) - seq_len_ - 1);
+  std::uniform_int_distribution<int64_t> offset(0, static_cast<int64_t>(tokens.size()) - len - 1);
   for (int64_t b = 0; b < batch_size; ++b) {
     const int64_t start = offset(rng);
-    int64_t* in = inputs + b * seq_len_;
-    int64_t* out = targets + b * seq_len_;
+    int64_t* in = inputs + b * len;
+    int64_t* out = targets + b * len;
     if (bos_ >= 0) {
       in[0] = bos_;
-      for (int64_t t = 1; t < seq_len_; ++t) in[t] = tokens[start + t - 1];
-      for (int64_t t = 0; t < seq_len_; ++t) out[t] = tokens[start + t];
+      for (int64_t t = 1; t < len; ++t) in[t] = tokens[start + t - 1];
+      for (int64_t t = 0; t < len; ++t) out[t] = tokens[start + t];
       continue;
     }
-    for (int64_t t = 0; t < seq_len_; ++t) {
+    for (int64_t t = 0; t < len; ++t) {
       in[t] = tokens[start + t];
       out[t] = tokens[start + t + 1];
     }

@@ -39,6 +39,10 @@ class TokenData {
   // c(seq_len-1)]: the first target is the window's first corpus token.
   void Batch(Split split, int64_t index, int64_t batch_size, int64_t* inputs,
              int64_t* targets) const;
+  // The same at another window length (TrainConfig.eval_seq_lens); the split must hold at least
+  // seq_len + 1 tokens (tokens(split)).
+  void Batch(Split split, int64_t index, int64_t batch_size, int64_t seq_len, int64_t* inputs,
+             int64_t* targets) const;
 
   int64_t train_tokens() const { return static_cast<int64_t>(train_.size()); }
   int64_t val_tokens() const { return static_cast<int64_t>(val_.size()); }
