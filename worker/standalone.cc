@@ -64,6 +64,10 @@ class ConsoleObserver : public TrainerObserver {
     std::printf("eval step %lld | val loss %.4f | ppl %.3f | gate %s | M-Act %.2f | F-Attn %.4f\n",
                 static_cast<long long>(e.step()), e.val_loss(), e.val_ppl(), gate.c_str(),
                 e.probes().m_act(), e.probes().f_attn());
+    for (const LengthEval& l : e.lengths()) {
+      std::printf("  at %d tokens%s | val loss %.4f | ppl %.3f\n", l.seq_len(),
+                  l.yarn() ? " (YaRN)" : "", l.val_loss(), l.val_ppl());
+    }
     std::fflush(stdout);
   }
   void OnNotice(const std::string& line) override {

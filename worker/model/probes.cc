@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+
+#include "config/model_config.h"
 
 namespace ablate {
 
@@ -25,7 +28,8 @@ int64_t CountBelow(const torch::Tensor& abs_values, double threshold) {
 
 }  // namespace
 
-ProbeRecorder::ProbeRecorder(const ModelConfig& config) : layers_(config.num_layers()) {
+ProbeRecorder::ProbeRecorder(const ModelConfig& config, int map_heads)
+    : map_heads_(std::min(map_heads, config.num_heads())), layers_(config.num_layers()) {
   HistogramRange(config.gate().activation(), &hist_lo_, &hist_hi_);
   for (Layer& l : layers_) l.histogram.assign(kHistogramBins, 0);
 }
@@ -55,6 +59,38 @@ void ProbeRecorder::FirstTokenAttention(int layer, const at::Tensor& probs_on_ke
   if (p.size(2) == 0) return;
   l.first_token_sum += p.to(torch::kFloat64).sum().item<double>();
   l.first_token_n += p.numel();
+}
+
+void ProbeRecorder::AttentionMaps(int layer, const at::Tensor& probs) {
+  Layer& l = layers_.at(layer);
+  if (map_heads_ <= 0 || l.mapped) return;
+  l.mapped = true;
+  const int64_t n = std::min<int64_t>(kAttentionMapSize, probs.size(2));
+  const int64_t heads = std::min<int64_t>(map_heads_, probs.size(1));
+  // (heads, n, n) bytes: round(255 p). The causal mask makes the upper triangle exactly 0.
+  torch::Tensor bytes = (probs.detach()[0].slice(0, 0, heads).slice(1, 0, n).slice(2, 0, n)
+                             .to(torch::kCPU, torch::kFloat32) * 255.0)
+                            .round()
+                            .clamp(0, 255)
+                            .to(torch::kUInt8)
+                            .contiguous();
+  for (int64_t h = 0; h < heads; ++h) {
+    AttentionMap& m = maps_.emplace_back();
+    m.set_layer(layer);
+    m.set_head(static_cast<int32_t>(h));
+    m.set_size(static_cast<int32_t>(n));
+    const auto* data = reinterpret_cast<const char*>(bytes[h].data_ptr<uint8_t>());
+    m.set_probs(std::string(data, static_cast<size_t>(n * n)));
+  }
+}
+
+std::vector<AttentionMap> ProbeRecorder::TakeAttentionMaps() {
+  std::vector<AttentionMap> out = std::move(maps_);
+  maps_.clear();
+  std::stable_sort(out.begin(), out.end(), [](const AttentionMap& a, const AttentionMap& b) {
+    return a.layer() != b.layer() ? a.layer() < b.layer() : a.head() < b.head();
+  });
+  return out;
 }
 
 void ProbeRecorder::Sparsity(int layer, const at::Tensor& before, const at::Tensor& after,

@@ -22,7 +22,9 @@ class ProbeRecorder {
  public:
   static constexpr int kHistogramBins = 20;
 
-  explicit ProbeRecorder(const ModelConfig& config);
+  // `map_heads`: heads per layer whose attention map AttentionMaps() keeps (heads 0..n-1 of the
+  // first window of the first batch, over its first kAttentionMapSize positions); 0 = none.
+  explicit ProbeRecorder(const ModelConfig& config, int map_heads = 0);
 
   // Gate scores as applied (after activation and head sharing), any shape.
   void GateScores(int layer, const at::Tensor& scores);
@@ -37,7 +39,13 @@ class ProbeRecorder {
   void Residuals(int layer, const at::Tensor& attn_out, const at::Tensor& attn_residual,
                  const at::Tensor& ffn_out, const at::Tensor& ffn_residual);
 
+  // Attention probabilities (B, H, T, T). The first call per layer keeps its maps (see the
+  // constructor); later calls are ignored, so the maps are of the first batch's first window.
+  void AttentionMaps(int layer, const at::Tensor& probs);
+
   Probes Finish() const;
+  // The kept attention maps, by layer, then head.
+  std::vector<AttentionMap> TakeAttentionMaps();
 
  private:
   struct Layer {
@@ -53,7 +61,10 @@ class ProbeRecorder {
     double first_token_sum = 0;
     int64_t first_token_n = 0;
     double max_abs[4] = {0, 0, 0, 0};
+    bool mapped = false;  // AttentionMaps already kept this layer's maps
   };
+  int map_heads_;
+  std::vector<AttentionMap> maps_;
 
   double hist_lo_, hist_hi_;
   std::vector<Layer> layers_;

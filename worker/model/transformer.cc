@@ -1,5 +1,6 @@
 #include "worker/model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -148,21 +149,57 @@ AttentionImpl::AttentionImpl(const ModelConfig& c, int layer) : config_(c), laye
   }
   if (c.gate().position() != GATE_NONE) gate_ = register_module("gate", Gate(c));
 
-  // RoPE tables: angle(t, i) = t * base^(-2i / d_k), halves duplicated (rotate-half layout).
+  // RoPE tables: angle(t, i) = t * theta_i, halves duplicated (rotate-half layout); YaRN's
+  // tables carry its query/key scale, so a YaRN pass is the same kernels with other tables.
   const int64_t T = c.max_seq_len();
-  torch::Tensor inv_freq =
-      torch::pow(c.rope_base(), -torch::arange(0, dk, 2, torch::kFloat64) / dk);  // (dk/2)
-  torch::Tensor angles = torch::outer(torch::arange(T, torch::kFloat64), inv_freq);  // (T, dk/2)
-  angles = torch::cat({angles, angles}, -1);                                         // (T, dk)
-  rope_cos_ = register_buffer("rope_cos", angles.cos().to(torch::kFloat32));
-  rope_sin_ = register_buffer("rope_sin", angles.sin().to(torch::kFloat32));
+  auto tables = [&](bool yarn) {
+    const std::vector<double> freqs = RopeFrequencies(c, yarn);
+    torch::Tensor inv_freq = torch::tensor(freqs, torch::kFloat64);                    // (dk/2)
+    torch::Tensor angles = torch::outer(torch::arange(T, torch::kFloat64), inv_freq);  // (T, dk/2)
+    angles = torch::cat({angles, angles}, -1);                                         // (T, dk)
+    const double scale = yarn ? YarnScale(c.yarn()) : 1.0;
+    return std::pair{(angles.cos() * scale).to(torch::kFloat32),
+                     (angles.sin() * scale).to(torch::kFloat32)};
+  };
+  auto [cos, sin] = tables(false);
+  rope_cos_ = register_buffer("rope_cos", cos);
+  rope_sin_ = register_buffer("rope_sin", sin);
+  if (c.yarn().factor() > 0) {
+    auto [ycos, ysin] = tables(true);
+    yarn_cos_ = register_buffer("yarn_cos", ycos);
+    yarn_sin_ = register_buffer("yarn_sin", ysin);
+  }
   causal_mask_ = register_buffer(
       "causal_mask",
       torch::full({T, T}, -std::numeric_limits<float>::infinity()).triu(/*diagonal=*/1));
 }
 
 torch::Tensor AttentionImpl::RopeToHeads(const torch::Tensor& x, double scale) {
-  return ablate::RopeToHeads(x, rope_cos_.to(x.dtype()), rope_sin_.to(x.dtype()), scale);
+  const torch::Tensor& cos = use_yarn_ ? yarn_cos_ : rope_cos_;
+  const torch::Tensor& sin = use_yarn_ ? yarn_sin_ : rope_sin_;
+  return ablate::RopeToHeads(x, cos.to(x.dtype()), sin.to(x.dtype()), scale);
+}
+
+std::vector<double> RopeFrequencies(const ModelConfig& c, bool yarn) {
+  const int64_t dk = c.head_dim();
+  const YarnConfig& y = c.yarn();
+  std::vector<double> freqs;
+  for (int64_t i = 0; i < dk / 2; ++i) {
+    const double theta = std::pow(c.rope_base(), -2.0 * static_cast<double>(i) / dk);
+    if (!yarn || y.factor() <= 0) {
+      freqs.push_back(theta);
+      continue;
+    }
+    const double turns = y.original_seq_len() * theta / (2.0 * M_PI);  // r_i
+    const double g =
+        std::clamp((turns - y.beta_slow()) / (y.beta_fast() - y.beta_slow()), 0.0, 1.0);
+    freqs.push_back((1.0 - g) * theta / y.factor() + g * theta);
+  }
+  return freqs;
+}
+
+double YarnScale(const YarnConfig& y) {
+  return y.factor() > 1 ? 0.1 * std::log(y.factor()) + 1.0 : 1.0;
 }
 
 torch::Tensor AttentionImpl::CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
@@ -170,7 +207,10 @@ torch::Tensor AttentionImpl::CausalAttention(const torch::Tensor& q, const torch
   const int64_t T = q.size(2);
   const torch::Tensor mask = causal_mask_.slice(0, 0, T).slice(1, 0, T).to(q.dtype());  // (T, T)
   auto [out, probs] = ablate::CausalAttention(q, k, v, mask);
-  if (probes) probes->FirstTokenAttention(layer_, probs.select(3, 0), 0);
+  if (probes) {
+    probes->FirstTokenAttention(layer_, probs.select(3, 0), 0);
+    probes->AttentionMaps(layer_, probs);
+  }
   return out;
 }
 
@@ -381,6 +421,10 @@ TransformerImpl::TransformerImpl(const ModelConfig& c) : config_(c) {
 
 void TransformerImpl::BeginStep() {
   for (auto& block : *blocks_) block->as<Block>()->BeginStep();
+}
+
+void TransformerImpl::UseYarn(bool on) {
+  for (auto& block : *blocks_) block->as<Block>()->UseYarn(on);
 }
 
 TransformerImpl::Output TransformerImpl::forward(const torch::Tensor& tokens,

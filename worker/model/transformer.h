@@ -15,6 +15,8 @@
 
 #include <torch/torch.h>
 
+#include <vector>
+
 #include "proto/ablate.pb.h"
 
 namespace ablate {
@@ -116,6 +118,9 @@ class AttentionImpl : public torch::nn::Module {
   AttentionImpl(const ModelConfig& config, int layer);
   // x: the pre-norm hidden state (B, T, d_model). `probes` may be null (training).
   torch::Tensor forward(const torch::Tensor& x, ProbeRecorder* probes);
+  // Rotate queries and keys with the YaRN tables (ModelConfig.yarn) until called with false.
+  // No-op without YaRN.
+  void UseYarn(bool on) { use_yarn_ = on && yarn_cos_.defined(); }
 
  private:
   // Rotary embedding of (B, T, H, d_k), positions 0..T-1, times `scale`: (B, H, T, d_k).
@@ -134,9 +139,21 @@ class AttentionImpl : public torch::nn::Module {
   Linear switch_router_{nullptr};
   SwitchHeadProjection switch_k_{nullptr}, switch_v_{nullptr};
   torch::Tensor rope_cos_, rope_sin_;  // buffers (max_seq_len, d_k)
+  torch::Tensor yarn_cos_, yarn_sin_;  // buffers (max_seq_len, d_k), times YarnScale; with YaRN only
+  bool use_yarn_ = false;
   torch::Tensor causal_mask_;          // buffer (max_seq_len, max_seq_len): 0 or -inf
 };
 TORCH_MODULE(Attention);
+
+// RoPE's frequencies theta_i = rope_base^(-2i / d_k), i < d_k / 2. With `yarn` (and
+// ModelConfig.yarn.factor > 0), YaRN's NTK-by-parts interpolation of them: with
+// r_i = original_seq_len * theta_i / (2 pi) and g_i = clamp((r_i - beta_slow) / (beta_fast -
+// beta_slow), 0, 1), theta_i becomes (1 - g_i) * theta_i / factor + g_i * theta_i. High
+// frequencies (many turns within the trained length) are kept, low ones interpolated.
+std::vector<double> RopeFrequencies(const ModelConfig& config, bool yarn);
+// YaRN's scale on queries and keys, 0.1 ln(factor) + 1, so attention logits are divided by the
+// temperature t with sqrt(1/t) = that; 1 without YaRN.
+double YarnScale(const YarnConfig& yarn);
 
 // down(silu(gate(x)) * up(x)).
 class SwiGLUImpl : public torch::nn::Module {
@@ -187,6 +204,7 @@ class BlockImpl : public torch::nn::Module {
   void BeginStep() {
     if (moe_) moe_->BeginStep();
   }
+  void UseYarn(bool on) { attn_->UseYarn(on); }
 
  private:
   // Sandwich norm and clamp of a sublayer output, before the residual add.
@@ -218,6 +236,10 @@ class TransformerImpl : public torch::nn::Module {
   // Call at the start of every optimizer step: the MoE layers' global-batch balance counts
   // (MoeConfig.load_balance_scope) restart. A no-op for a dense model.
   void BeginStep();
+
+  // Every layer rotates with the YaRN tables (ModelConfig.yarn) until called with false: for
+  // evaluations beyond yarn.original_seq_len. A no-op without YaRN.
+  void UseYarn(bool on);
 
  private:
   ModelConfig config_;

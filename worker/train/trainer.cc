@@ -104,12 +104,15 @@ struct Trainer::State {
     return static_cast<int64_t>(t.batch_size()) * t.seq_len() * t.grad_accum();
   }
 
-  // Inputs and targets of one batch, on the device.
-  std::pair<torch::Tensor, torch::Tensor> GetBatch(TokenData::Split split, int64_t index) {
+  // Inputs and targets of one batch of windows of `seq_len` tokens (0: train.seq_len), on the
+  // device.
+  std::pair<torch::Tensor, torch::Tensor> GetBatch(TokenData::Split split, int64_t index,
+                                                   int64_t seq_len = 0) {
     const TrainConfig& t = config.train();
-    torch::Tensor x = torch::empty({t.batch_size(), t.seq_len()}, torch::kLong);
-    torch::Tensor y = torch::empty({t.batch_size(), t.seq_len()}, torch::kLong);
-    data.Batch(split, index, t.batch_size(), x.data_ptr<int64_t>(), y.data_ptr<int64_t>());
+    const int64_t len = seq_len > 0 ? seq_len : t.seq_len();
+    torch::Tensor x = torch::empty({t.batch_size(), len}, torch::kLong);
+    torch::Tensor y = torch::empty({t.batch_size(), len}, torch::kLong);
+    data.Batch(split, index, t.batch_size(), len, x.data_ptr<int64_t>(), y.data_ptr<int64_t>());
     return {x.to(device), y.to(device)};
   }
 
@@ -237,19 +240,38 @@ struct Trainer::State {
     const TrainConfig& t = config.train();
     torch::NoGradGuard no_grad;
     model->eval();
-    ProbeRecorder recorder(config.model());
+    ProbeRecorder recorder(config.model(), t.attention_map_heads());
     double loss_sum = 0;
     for (int64_t i = 0; i < t.eval_batches(); ++i) {
       auto [x, y] = GetBatch(TokenData::Split::kVal, i);
       AutocastGuard autocast_guard(autocast);
       loss_sum += Loss(model->forward(x, &recorder).logits, y).item<double>();
     }
-    model->train();
     EvalResult r;
     r.set_step(step);
     r.set_val_loss(loss_sum / t.eval_batches());
     r.set_val_ppl(std::exp(r.val_loss()));
     *r.mutable_probes() = recorder.Finish();
+    for (AttentionMap& m : recorder.TakeAttentionMaps()) *r.add_attention_maps() = std::move(m);
+    // The same validation batches at each other length; YaRN's tables beyond its original length.
+    const YarnConfig& yarn = config.model().yarn();
+    for (const int32_t len : t.eval_seq_lens()) {
+      const bool use_yarn = yarn.factor() > 0 && len > yarn.original_seq_len();
+      model->UseYarn(use_yarn);
+      double sum = 0;
+      for (int64_t i = 0; i < t.eval_batches(); ++i) {
+        auto [x, y] = GetBatch(TokenData::Split::kVal, i, len);
+        AutocastGuard autocast_guard(autocast);
+        sum += Loss(model->forward(x).logits, y).item<double>();
+      }
+      model->UseYarn(false);
+      LengthEval& l = *r.add_lengths();
+      l.set_seq_len(len);
+      l.set_yarn(use_yarn);
+      l.set_val_loss(sum / t.eval_batches());
+      l.set_val_ppl(std::exp(l.val_loss()));
+    }
+    model->train();
     return r;
   }
 
@@ -412,6 +434,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const RunConfig& config
   const TrainConfig& t = config.train();
   absl::StatusOr<TokenData> data = TokenData::Load(t.data(), config.model().vocab_size(), t.seq_len());
   if (!data.ok()) return data.status();
+  for (int i = 0; i < t.eval_seq_lens_size(); ++i) {
+    if (data->val_tokens() < t.eval_seq_lens(i) + 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "train.eval_seq_lens[", i, "]: a window of ", t.eval_seq_lens(i), " tokens needs ",
+          t.eval_seq_lens(i) + 1, " validation tokens; ", data->source(), " holds ",
+          data->val_tokens()));
+    }
+  }
 
   auto s = std::make_unique<State>(std::move(*data));
   s->config = config;

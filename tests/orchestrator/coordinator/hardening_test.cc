@@ -90,6 +90,25 @@ TEST_F(HardeningTest, AHostileReportIsRefusedAtTheDoorAndNothingIsStored) {
        "spikes[0].rollback_to_step"},
       {"checkpoint past the end", [](ReportRequest* r) { r->set_checkpoint_step(1 << 30); },
        "checkpoint_step"},
+      {"an attention map shorter than its size",
+       [](ReportRequest* r) {
+         AttentionMap* m = r->add_evals()->add_attention_maps();
+         m->set_size(64);
+         m->set_probs(std::string(100, '\0'));
+       },
+       "evals[0].attention_maps[0].probs is 100 bytes; a map of size 64 has 4096"},
+      {"an attention map of a million positions",
+       [](ReportRequest* r) { r->add_evals()->add_attention_maps()->set_size(1'000'000); },
+       "evals[0].attention_maps[0].size is 1000000; it must be in [1, 64]"},
+      {"a negative evaluation length",
+       [](ReportRequest* r) { r->add_evals()->add_lengths()->set_seq_len(-1); },
+       "evals[0].lengths[0].seq_len is -1"},
+      {"a hundred evaluation lengths",
+       [](ReportRequest* r) {
+         EvalResult* e = r->add_evals();
+         for (int i = 1; i <= 100; ++i) e->add_lengths()->set_seq_len(i);
+       },
+       "evals[0].lengths has 100 entries; the limit is 16"},
   };
   for (const Case& c : cases) {
     ReportRequest report = MakeReport(worker, job, 1, {1, 2});

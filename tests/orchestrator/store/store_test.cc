@@ -991,6 +991,106 @@ TEST_F(StoreTest, ComparisonTableMatchesHandComputedMeanAndStd) {
   EXPECT_TRUE(absl::IsNotFound(store_->reader().GetComparisonTable("nope").status()));
 }
 
+// PPL against evaluation length (TrainConfig.eval_seq_lens): each run's last evaluation counts,
+// mean ± std over SUCCEEDED seeds per length; the table gains a PPL@L column per length, marked
+// when measured with YaRN. Attention maps come back byte for byte.
+TEST_F(StoreTest, LengthTableAveragesEachRunsLastEvaluationPerLength) {
+  SweepIds ids = Submit("long", {"baseline", "g1"}, 2);  // runs: b0 g0 b1 g1
+  auto finish = [&](int64_t run_id, RunState to, double ppl_at_64, double ppl_at_256) {
+    Start(run_id);
+    MetricBatch early;  // an earlier evaluation with other numbers: not the final one
+    early.run_id = run_id;
+    early.attempt = 1;
+    early.seq = 1;
+    EvalResult& e = early.evals.emplace_back();
+    e.set_step(500);
+    LengthEval* l = e.add_lengths();
+    l->set_seq_len(64);
+    l->set_val_ppl(1000);
+    AttentionMap* m = e.add_attention_maps();
+    m->set_layer(1);
+    m->set_head(0);
+    m->set_size(2);
+    m->set_probs(std::string("\xff\x00\x80\x7f", 4));
+    ASSERT_TRUE(store_->ReportMetrics(early).ok());
+    RunTransition t;
+    t.run_id = run_id;
+    t.from = {RUNNING};
+    t.to = to;
+    t.has_summary = true;
+    t.summary.set_state(to);
+    t.summary.set_steps_done(1000);
+    EvalResult* f = t.summary.mutable_final_eval();
+    f->set_step(1000);
+    f->set_val_loss(1.0);
+    f->set_val_ppl(std::exp(1.0));
+    for (const auto& [len, ppl] : {std::pair{64, ppl_at_64}, {256, ppl_at_256}}) {
+      LengthEval* fl = f->add_lengths();
+      fl->set_seq_len(len);
+      fl->set_yarn(len > 128);
+      fl->set_val_ppl(ppl);
+      fl->set_val_loss(std::log(ppl));
+    }
+    ASSERT_TRUE(store_->TransitionRun(t).ok());
+  };
+  finish(ids.run_ids[0], SUCCEEDED, 4.0, 6.0);
+  finish(ids.run_ids[2], SUCCEEDED, 5.0, 8.0);   // baseline: 4.5 ± 0.7071, 7 ± 1.4142
+  finish(ids.run_ids[1], SUCCEEDED, 3.0, 5.0);
+  finish(ids.run_ids[3], DIVERGED, 90.0, 90.0);  // not averaged
+  ASSERT_TRUE(store_->Flush().ok());
+
+  absl::StatusOr<ComparisonTable> table = store_->reader().GetComparisonTable("long");
+  ASSERT_TRUE(table.ok()) << table.status();
+  ASSERT_EQ(table->rows.size(), 2u);
+  const std::vector<LengthStat>& base = table->rows[0].lengths;
+  ASSERT_EQ(base.size(), 2u);
+  EXPECT_EQ(base[0].seq_len, 64);
+  EXPECT_FALSE(base[0].yarn);
+  EXPECT_EQ(base[0].n, 2);
+  EXPECT_NEAR(base[0].val_ppl.mean, 4.5, 1e-12);
+  EXPECT_NEAR(base[0].val_ppl.std, std::sqrt(0.5), 1e-12);
+  EXPECT_EQ(base[1].seq_len, 256);
+  EXPECT_TRUE(base[1].yarn);
+  EXPECT_NEAR(base[1].val_ppl.mean, 7.0, 1e-12);
+  EXPECT_NEAR(base[1].val_ppl.std, std::sqrt(2.0), 1e-12);
+  const std::vector<LengthStat>& g1 = table->rows[1].lengths;
+  ASSERT_EQ(g1.size(), 2u);
+  EXPECT_EQ(g1[0].n, 1);
+  EXPECT_NEAR(g1[0].val_ppl.mean, 3.0, 1e-12);
+  EXPECT_TRUE(std::isnan(g1[0].val_ppl.std));
+
+  absl::StatusOr<std::string> markdown = FormatComparisonTable(*table, "markdown");
+  ASSERT_TRUE(markdown.ok());
+  EXPECT_NE(markdown->find("| PPL@64 | PPL@256 (YaRN) |"), std::string::npos) << *markdown;
+  EXPECT_NE(markdown->find("| 4.500 ± 0.707 | 7.000 ± 1.414 |"), std::string::npos) << *markdown;
+  EXPECT_NE(markdown->find("| 3.000 | 5.000 |"), std::string::npos) << *markdown;
+  absl::StatusOr<std::string> csv = FormatComparisonTable(*table, "csv");
+  ASSERT_TRUE(csv.ok());
+  EXPECT_NE(csv->find("val_ppl_at_64_mean,val_ppl_at_64_std,val_ppl_at_256_mean"), std::string::npos);
+  nlohmann::json j = nlohmann::json::parse(*FormatComparisonTable(*table, "json"));
+  EXPECT_EQ(j["rows"][0]["lengths"][1]["seq_len"], 256);
+  EXPECT_EQ(j["rows"][0]["lengths"][1]["yarn"], true);
+  EXPECT_NEAR(j["rows"][0]["lengths"][1]["val_ppl"]["mean"].get<double>(), 7.0, 1e-12);
+
+  // A run's evaluations carry their lengths; the maps come back as stored.
+  absl::StatusOr<std::vector<EvalResult>> evals = store_->reader().EvalSeries(ids.run_ids[0], false);
+  ASSERT_TRUE(evals.ok()) << evals.status();
+  ASSERT_EQ(evals->size(), 2u);
+  ASSERT_EQ((*evals)[0].lengths_size(), 1);
+  EXPECT_EQ((*evals)[0].lengths(0).val_ppl(), 1000);
+  ASSERT_EQ((*evals)[1].lengths_size(), 2);
+  EXPECT_EQ((*evals)[1].lengths(1).seq_len(), 256);
+  absl::StatusOr<std::vector<AttentionMap>> maps =
+      store_->reader().AttentionMapsAt(ids.run_ids[0], 500);
+  ASSERT_TRUE(maps.ok()) << maps.status();
+  ASSERT_EQ(maps->size(), 1u);
+  EXPECT_EQ((*maps)[0].layer(), 1);
+  EXPECT_EQ((*maps)[0].size(), 2);
+  EXPECT_EQ((*maps)[0].probs(), std::string("\xff\x00\x80\x7f", 4));
+  EXPECT_TRUE(store_->reader().AttentionMapsAt(ids.run_ids[0], 1000)->empty());
+  EXPECT_EQ(Count("SELECT typeof(probs) = 'blob' FROM eval_attention_maps LIMIT 1"), 1);
+}
+
 // ---- Failures -----------------------------------------------------------------------------------
 
 TEST_F(StoreTest, ALockedDatabaseFailsClearlyAndRecoversWithoutLoss) {

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <map>
 #include <set>
+#include <vector>
 
 #include "config/model_config.h"
 #include "config/param_count.h"
@@ -312,6 +314,106 @@ TEST(MoETest, TheGlobalBatchBalanceLossCountsTheStepsMicroBatches) {
     moe->BeginStep();  // a new step: its first micro-batch counts alone again
     EXPECT_NEAR(aux_of(moe, x2), expected(moe, {x2}, x2), 1e-6);
   }
+}
+
+// YaRN (Peng et al. 2023) at factor 4 from 64 positions, head_dim 8, base 10000, worked by hand:
+//   theta_i = 10000^(-i/4)          = 1, 0.1, 0.01, 0.001
+//   r_i = 64 theta_i / (2 pi)       = 10.1859, 1.01859, 0.101859, 0.0101859
+//   g_i = clamp((r_i - 1) / 31)     = 0.296320, 0.000600, 0, 0
+//   (1 - g_i) theta_i / 4 + g_i theta_i = 0.472240, 0.0250450, 0.0025, 0.00025
+//   scale = 0.1 ln 4 + 1            = 1.138629
+// The fastest pair keeps most of its frequency, the slow pairs are interpolated by the factor.
+TEST(RopeTest, YarnFrequenciesAndScaleMatchHandComputedValues) {
+  ModelConfig c = TinyDense();
+  c.set_max_seq_len(256);
+  c.mutable_yarn()->set_factor(4);
+  c.mutable_yarn()->set_original_seq_len(64);
+  ASSERT_TRUE(ValidateModelConfig(c).ok()) << ValidateModelConfig(c);
+  const std::vector<double> plain = RopeFrequencies(c, false);
+  const std::vector<double> yarn = RopeFrequencies(c, true);
+  ASSERT_EQ(plain.size(), 4u);
+  ASSERT_EQ(yarn.size(), 4u);
+  const double want_plain[] = {1.0, 0.1, 0.01, 0.001};
+  const double want_yarn[] = {0.47223991188, 0.02504497976, 0.0025, 0.00025};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NEAR(plain[i], want_plain[i], 1e-12) << i;
+    EXPECT_NEAR(yarn[i], want_yarn[i], 1e-10) << i;
+  }
+  EXPECT_NEAR(YarnScale(c.yarn()), 1.138629436112, 1e-11);
+  EXPECT_EQ(YarnScale(TinyDense().yarn()), 1.0);  // off
+
+  // The attention layer's YaRN tables are those angles times the scale, and a YaRN pass (only
+  // when asked for) changes the output.
+  torch::manual_seed(3);
+  Attention attn(c, 0);
+  std::map<std::string, torch::Tensor> buffers;
+  for (const auto& b : attn->named_buffers()) buffers[b.key()] = b.value();
+  ASSERT_TRUE(buffers.count("yarn_cos") && buffers.count("yarn_sin"));
+  const double scale = 1.138629436112;
+  // Position 100, pair 0 (column 0 and its rotate-half twin, column 4).
+  EXPECT_NEAR(buffers["yarn_cos"][100][0].item<double>(), std::cos(100 * want_yarn[0]) * scale, 1e-5);
+  EXPECT_NEAR(buffers["yarn_sin"][100][4].item<double>(), std::sin(100 * want_yarn[0]) * scale, 1e-5);
+  EXPECT_NEAR(buffers["rope_cos"][100][1].item<double>(), std::cos(100 * 0.1), 1e-5);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor x = torch::randn({1, 96, c.d_model()});
+  const torch::Tensor out = attn(x, nullptr);
+  attn->UseYarn(true);
+  const torch::Tensor scaled = attn(x, nullptr);
+  attn->UseYarn(false);
+  EXPECT_TRUE(torch::equal(attn(x, nullptr), out));
+  EXPECT_GT((scaled - out).abs().max().item<double>(), 1e-3);
+  // Without YaRN in the config there are no tables and UseYarn does nothing.
+  Attention plain_attn(TinyDense(), 0);
+  for (const auto& b : plain_attn->named_buffers()) EXPECT_EQ(b.key().find("yarn"), std::string::npos);
+}
+
+TEST(RopeTest, YarnConfigErrorsNameTheField) {
+  ModelConfig c = TinyDense();
+  c.mutable_yarn()->set_factor(0.5);
+  c.mutable_yarn()->set_original_seq_len(64);
+  const std::string message(ValidateModelConfig(c).message());
+  EXPECT_NE(message.find("model.yarn.factor: must be 0 (off) or in (1, 1e6], got 0.5"), std::string::npos) << message;
+  EXPECT_NE(message.find("model.yarn.original_seq_len: must be in [1, max_seq_len = 16]"), std::string::npos) << message;
+  ModelConfig no_factor = TinyDense();
+  no_factor.mutable_yarn()->set_original_seq_len(8);
+  EXPECT_NE(std::string(ValidateModelConfig(no_factor).message()).find("model.yarn.factor: is 0 (off)"),
+            std::string::npos);
+}
+
+// The attention maps a recorder keeps: heads 0..n-1 of the first window of the first call per
+// layer, over at most 64 positions, as round(255 p): causal rows that sum to about 255.
+TEST(ProbesTest, AttentionMapsAreTheFirstWindowsCausalProbabilities) {
+  torch::manual_seed(4);
+  ModelConfig c = TinyDense();
+  c.set_max_seq_len(80);
+  Transformer model(c);
+  torch::NoGradGuard no_grad;
+  ProbeRecorder recorder(c, /*map_heads=*/3);
+  model->forward(torch::randint(0, c.vocab_size(), {2, 80}), &recorder);
+  model->forward(torch::randint(0, c.vocab_size(), {2, 80}), &recorder);  // ignored
+  std::vector<AttentionMap> maps = recorder.TakeAttentionMaps();
+  ASSERT_EQ(maps.size(), 6u);  // 2 layers x 3 heads
+  for (size_t i = 0; i < maps.size(); ++i) {
+    const AttentionMap& m = maps[i];
+    EXPECT_EQ(m.layer(), static_cast<int>(i / 3));
+    EXPECT_EQ(m.head(), static_cast<int>(i % 3));
+    ASSERT_EQ(m.size(), 64);
+    ASSERT_EQ(m.probs().size(), 64u * 64u);
+    const auto* p = reinterpret_cast<const uint8_t*>(m.probs().data());
+    EXPECT_EQ(p[0], 255);  // query 0 sees only key 0
+    for (int q = 0; q < 64; ++q) {
+      int sum = 0;
+      for (int k = 0; k < 64; ++k) {
+        if (k > q) EXPECT_EQ(p[q * 64 + k], 0) << q << "," << k;
+        sum += p[q * 64 + k];
+      }
+      EXPECT_NEAR(sum, 255, (q + 1) / 2.0 + 1) << "row " << q;  // rounding of q + 1 entries
+    }
+  }
+  EXPECT_TRUE(recorder.TakeAttentionMaps().empty());
+  ProbeRecorder none(c);
+  model->forward(torch::randint(0, c.vocab_size(), {1, 8}), &none);
+  EXPECT_TRUE(none.TakeAttentionMaps().empty());
 }
 
 }  // namespace

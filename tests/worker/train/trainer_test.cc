@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -172,6 +173,85 @@ TEST_F(TrainerTest, InitFromStartsFromAnotherRunsWeightsAndNamesWhatIsFresh) {
   RunConfig missing = gated;
   missing.mutable_train()->mutable_init_from()->set_checkpoint((dir_ / "nope.pt").string());
   EXPECT_TRUE(absl::IsNotFound(Train(missing, "missing", &continued).status()));
+}
+
+// Long context (the paper's Table 5 at toy scale): a run trained at 16 tokens continues at 32
+// with a new RoPE base from its final weights (RoPE has no parameters, so nothing is fresh), then
+// every evaluation also measures PPL at 16..128 tokens, with YaRN beyond 32; and stores the
+// attention maps of its first validation window.
+TEST_F(TrainerTest, LongContextContinuesAtALongerLengthAndEvaluatesPplAgainstLength) {
+  RunConfig short_run = Config();
+  short_run.mutable_model()->set_max_seq_len(16);
+  short_run.mutable_train()->set_seq_len(16);
+  short_run.mutable_train()->set_steps(20);
+  Recorder trained;
+  ASSERT_TRUE(Train(short_run, "short", &trained).ok());
+
+  RunConfig long_run = Config();
+  long_run.mutable_model()->set_max_seq_len(128);
+  long_run.mutable_model()->set_rope_base(40000);
+  long_run.mutable_model()->mutable_yarn()->set_factor(4);
+  long_run.mutable_model()->mutable_yarn()->set_original_seq_len(32);
+  TrainConfig* t = long_run.mutable_train();
+  t->set_steps(6);
+  t->set_eval_every(3);
+  t->set_checkpoint_every(3);
+  t->mutable_init_from()->set_checkpoint((dir_ / "short" / "checkpoint.pt").string());
+  for (int len : {16, 32, 64, 128}) t->add_eval_seq_lens(len);
+  Recorder rec;
+  auto summary = Train(long_run, "long", &rec);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  ASSERT_EQ(rec.notices.size(), 1u);
+  EXPECT_THAT(rec.notices[0], ::testing::HasSubstr("parameter tensors loaded"));
+  EXPECT_THAT(rec.notices[0], ::testing::Not(::testing::HasSubstr("fresh")));
+  EXPECT_LT(rec.steps.front().loss(), trained.steps.front().loss() - 1.0);  // it continued
+
+  ASSERT_EQ(rec.evals.size(), 2u);
+  for (const EvalResult& e : rec.evals) {
+    ASSERT_EQ(e.lengths_size(), 4);
+    const bool want_yarn[] = {false, false, true, true};
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(e.lengths(i).seq_len(), t->eval_seq_lens(i));
+      EXPECT_EQ(e.lengths(i).yarn(), want_yarn[i]) << i;
+      EXPECT_TRUE(std::isfinite(e.lengths(i).val_loss()));
+      EXPECT_NEAR(e.lengths(i).val_ppl(), std::exp(e.lengths(i).val_loss()), 1e-9);
+    }
+    // The main evaluation is at train.seq_len (32): the same batches as the length-32 entry.
+    EXPECT_DOUBLE_EQ(e.lengths(1).val_loss(), e.val_loss());
+    // 2 layers x the default 2 heads, over min(64, seq_len 32) positions.
+    ASSERT_EQ(e.attention_maps_size(), 4);
+    EXPECT_EQ(e.attention_maps(3).layer(), 1);
+    EXPECT_EQ(e.attention_maps(3).head(), 1);
+    EXPECT_EQ(e.attention_maps(0).size(), 32);
+    EXPECT_EQ(e.attention_maps(0).probs().size(), 32u * 32u);
+  }
+  EXPECT_EQ(summary->final_eval().lengths_size(), 4);
+
+  // Without YaRN the lengths beyond 32 are measured with the plain tables: other numbers.
+  RunConfig plain = long_run;
+  plain.mutable_model()->clear_yarn();
+  plain.mutable_train()->set_attention_map_heads(0);
+  Recorder plain_rec;
+  ASSERT_TRUE(Train(plain, "plain", &plain_rec).ok());
+  const EvalResult& p = plain_rec.evals.back();
+  EXPECT_FALSE(p.lengths(3).yarn());
+  EXPECT_DOUBLE_EQ(p.lengths(1).val_loss(), rec.evals.back().lengths(1).val_loss());
+  EXPECT_NE(p.lengths(3).val_loss(), rec.evals.back().lengths(3).val_loss());
+  EXPECT_EQ(p.attention_maps_size(), 0);
+
+  // Lengths the config or the data cannot give are errors that name them.
+  RunConfig too_long = long_run;
+  too_long.mutable_train()->add_eval_seq_lens(256);
+  auto refused = Train(too_long, "too_long", &rec);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("train.eval_seq_lens[4]: 256 exceeds model.max_seq_len 128"));
+  RunConfig no_data = long_run;
+  no_data.mutable_model()->set_max_seq_len(8192);
+  no_data.mutable_train()->add_eval_seq_lens(8000);
+  auto short_data = Train(no_data, "no_data", &rec);
+  EXPECT_THAT(std::string(short_data.status().message()),
+              ::testing::HasSubstr("train.eval_seq_lens[4]: a window of 8000 tokens needs 8001 "
+                                   "validation tokens"));
 }
 
 TEST_F(TrainerTest, ResumeContinuesWithBitwiseIdenticalLosses) {
