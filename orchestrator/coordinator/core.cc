@@ -292,6 +292,14 @@ absl::Status CoordinatorCore::ResolveInitFrom(const std::string& file, ExpandedS
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": give a checkpoint or a sweep, variant and seed, not both"));
     }
+    // Without a variant, each run continues its own counterpart: same variant, same seed.
+    if (from->variant().empty() && from->seed() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": a seed without a variant; name the variant, or leave both out to continue "
+                 "each run's own variant and seed"));
+    }
+    const std::string variant = from->variant().empty() ? run->variant() : from->variant();
+    const uint64_t seed = from->variant().empty() ? run->seed() : from->seed();
     absl::StatusOr<SweepInfo> source = reader.GetSweep(from->sweep());
     if (absl::IsNotFound(source.status())) {
       return absl::InvalidArgumentError(
@@ -303,12 +311,12 @@ absl::Status CoordinatorCore::ResolveInitFrom(const std::string& file, ExpandedS
     absl::StatusOr<std::vector<RunInfo>> runs = reader.ListRuns(filter);
     if (!runs.ok()) return runs.status();
     auto found = std::find_if(runs->begin(), runs->end(), [&](const RunInfo& r) {
-      return r.variant == from->variant() && r.seed == from->seed();
+      return r.variant == variant && r.seed == seed;
     });
     if (found == runs->end()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": sweep ", from->sweep(),
-                                                     " has no run of variant \"", from->variant(),
-                                                     "\" with seed ", from->seed()));
+                                                     " has no run of variant \"", variant,
+                                                     "\" with seed ", seed));
     }
     if (found->state != SUCCEEDED) {
       return absl::FailedPreconditionError(absl::StrCat(

@@ -839,6 +839,44 @@ TEST_F(CoordinatorTest, InitFromResolvesASucceededRunsCheckpointAtSubmit) {
               HasSubstr("train.init_from: sweep quick has no run of variant \"nonesuch\""));
 }
 
+// `init_from: {sweep}` alone continues each run from its own counterpart (same variant, same
+// seed): the long-context continuation of a whole sweep in one line. A seed without a variant
+// is refused.
+TEST_F(CoordinatorTest, InitFromASweepAloneContinuesEachRunsOwnVariantAndSeed) {
+  SubmitQuick();
+  const int64_t worker = RegisterWorker("w1");
+  std::map<std::string, std::string> checkpoint_of;  // variant -> its reported checkpoint
+  for (AcquireJobResponse r = TryAcquire(worker); r.has_job(); r = TryAcquire(worker)) {
+    ReportRequest report = MakeReport(worker, r.job(), 1, {1});
+    report.set_checkpoint_step(1);
+    report.set_checkpoint_path("/shared/ckpt/" + r.job().variant() + "/checkpoint.pt");
+    ReportResponse reply;
+    ASSERT_TRUE(CallReport(report, &reply).ok());
+    ASSERT_TRUE(CallFinish(worker, r.job(), SUCCEEDED).ok());
+    checkpoint_of[r.job().variant()] = report.checkpoint_path();
+  }
+  ASSERT_EQ(checkpoint_of.size(), 4u);
+  std::string longer = QuickSpec("longer");
+  const std::string marker = "threads: 1}";
+  longer.replace(longer.find(marker), marker.size(), "threads: 1, init_from: {sweep: quick}}");
+  const SubmitResponse response = Submit(longer, "longer.yaml", true);
+  ASSERT_EQ(response.expanded().runs_size(), 4);
+  for (const RunSpec& run : response.expanded().runs()) {
+    EXPECT_EQ(run.config().train().init_from().checkpoint(), checkpoint_of[run.variant()])
+        << run.variant();
+  }
+  std::string seed_only = longer;
+  seed_only.replace(seed_only.find("{sweep: quick}"), 14, "{sweep: quick, seed: 3}");
+  SubmitRequest request;
+  request.set_spec_yaml(seed_only);
+  request.set_spec_file("seed_only.yaml");
+  SubmitResponse refused;
+  auto ctx = Context();
+  grpc::Status s = client_->Submit(ctx.get(), request, &refused);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("train.init_from: a seed without a variant"));
+}
+
 TEST_F(CoordinatorTest, SubmitOfAVariantWithAnEmptyBudgetIsAnOrdinarySweep) {
   const SubmitResponse submitted = Submit(
       "sweep: empty-budget\n"
