@@ -169,9 +169,6 @@ AttentionImpl::AttentionImpl(const ModelConfig& c, int layer) : config_(c), laye
     yarn_cos_ = register_buffer("yarn_cos", ycos);
     yarn_sin_ = register_buffer("yarn_sin", ysin);
   }
-  causal_mask_ = register_buffer(
-      "causal_mask",
-      torch::full({T, T}, -std::numeric_limits<float>::infinity()).triu(/*diagonal=*/1));
 }
 
 torch::Tensor AttentionImpl::RopeToHeads(const torch::Tensor& x, double scale) {
@@ -205,7 +202,10 @@ double YarnScale(const YarnConfig& y) {
 torch::Tensor AttentionImpl::CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                                              const torch::Tensor& v, ProbeRecorder* probes) {
   const int64_t T = q.size(2);
-  const torch::Tensor mask = causal_mask_.slice(0, 0, T).slice(1, 0, T).to(q.dtype());  // (T, T)
+  // Built per call, not kept: a (max_seq_len)^2 buffer per layer would be 64 MiB per layer at 4k
+  // positions, in memory and in every checkpoint; writing T^2 values is small next to attention.
+  const torch::Tensor mask = torch::full({T, T}, -std::numeric_limits<float>::infinity(), q.options())
+                                 .triu(/*diagonal=*/1);  // (T, T): 0 or -inf
   auto [out, probs] = ablate::CausalAttention(q, k, v, mask);
   if (probes) {
     probes->FirstTokenAttention(layer_, probs.select(3, 0), 0);

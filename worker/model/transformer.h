@@ -141,7 +141,6 @@ class AttentionImpl : public torch::nn::Module {
   torch::Tensor rope_cos_, rope_sin_;  // buffers (max_seq_len, d_k)
   torch::Tensor yarn_cos_, yarn_sin_;  // buffers (max_seq_len, d_k), times YarnScale; with YaRN only
   bool use_yarn_ = false;
-  torch::Tensor causal_mask_;          // buffer (max_seq_len, max_seq_len): 0 or -inf
 };
 TORCH_MODULE(Attention);
 
