@@ -1,5 +1,7 @@
-// uPlot helpers: line charts over steps with spike markers, EMA smoothing, bar charts by layer.
+// uPlot helpers: line charts over steps with spike markers, EMA smoothing, bar charts by layer;
+// and attention-map heatmaps on a plain canvas, with their colour scale.
 /* global uPlot */
+import { el } from './format.js';
 
 // Exponential moving average skipping gaps (null/NaN stay gaps). alpha = 0: the raw values.
 export function ema(values, alpha) {
@@ -110,4 +112,80 @@ export function barChart(target, { title, labels, values, xLabel, yLabel, color 
     }],
   };
   return new uPlot(opts, [xs, values], target);
+}
+
+// Viridis, perceptually uniform and readable in grey: 10 samples of matplotlib's map,
+// interpolated linearly. t in [0, 1] -> [r, g, b].
+const VIRIDIS = ['#440154', '#482878', '#3e4989', '#31688e', '#26828e', '#1f9e89', '#35b779',
+  '#6ece58', '#b5de2b', '#fde725'].map((h) => [1, 3, 5].map((i) => parseInt(h.slice(i, i + 2), 16)));
+
+export function viridis(t) {
+  const x = Math.min(1, Math.max(0, t)) * (VIRIDIS.length - 1);
+  const i = Math.min(VIRIDIS.length - 2, Math.floor(x));
+  const f = x - i;
+  return VIRIDIS[i].map((c, j) => Math.round(c + f * (VIRIDIS[i + 1][j] - c)));
+}
+
+// The colour of each stored probability byte b = round(255 p): viridis at sqrt(p). Attention is
+// near 0 almost everywhere but at the sinks; the square root keeps the rest visible.
+const ATTENTION_COLORS = Array.from({ length: 256 }, (_, b) => viridis(Math.sqrt(b / 255)));
+const ATTENTION_SIDE = 256;  // CSS pixels of a heatmap side
+
+// One attention map: `probs` (size * size bytes as numbers, row-major, row = query) drawn with
+// query down the y axis and key along the x axis, hovering reads a cell out. Returns the element.
+export function attentionHeatmap({ layer, head, size, probs }) {
+  const cell = Math.max(1, Math.floor(ATTENTION_SIDE / size));
+  const side = cell * size;
+  const canvas = el('canvas', { class: 'heatmap', width: side, height: side,
+    'aria-label': `attention map of layer ${layer}, head ${head}: query on the y axis, key on the x axis` });
+  const ctx = canvas.getContext('2d');
+  const image = ctx.createImageData(side, side);
+  for (let q = 0; q < size; q++) {
+    for (let k = 0; k < size; k++) {
+      const [r, g, b] = ATTENTION_COLORS[probs[q * size + k] ?? 0];
+      for (let y = q * cell; y < (q + 1) * cell; y++) {
+        for (let x = k * cell, o = (y * side + x) * 4; x < (k + 1) * cell; x++, o += 4) {
+          image.data[o] = r;
+          image.data[o + 1] = g;
+          image.data[o + 2] = b;
+          image.data[o + 3] = 255;
+        }
+      }
+    }
+  }
+  ctx.putImageData(image, 0, 0);
+  const readout = el('div', { class: 'muted readout' }, '\u00a0');
+  canvas.addEventListener('mousemove', (e) => {
+    const rect = canvas.getBoundingClientRect();
+    const k = Math.min(size - 1, Math.floor(((e.clientX - rect.left) / rect.width) * size));
+    const q = Math.min(size - 1, Math.floor(((e.clientY - rect.top) / rect.height) * size));
+    readout.textContent = `query ${q}, key ${k}: p ≈ ${(probs[q * size + k] / 255).toFixed(3)}`;
+  });
+  canvas.addEventListener('mouseleave', () => { readout.textContent = '\u00a0'; });
+  return el('div', { class: 'chart heatmap-box', 'data-layer': layer, 'data-head': head },
+    el('h3', {}, `layer ${layer}, head ${head}`),
+    el('div', { class: 'heatmap-frame' },
+      el('div', { class: 'axis-y' }, el('span', {}, '0'), el('span', { class: 'axis-name' }, 'query'), el('span', {}, size - 1)),
+      canvas,
+      el('span'),
+      el('div', { class: 'axis-x', style: `width:${side}px` }, el('span', {}, '0'), el('span', { class: 'axis-name' }, 'key'), el('span', {}, size - 1))),
+    readout);
+}
+
+// The colour scale of attentionHeatmap: a bar over sqrt(p) with ticks at probabilities.
+export function attentionLegend() {
+  const width = ATTENTION_SIDE;
+  const canvas = el('canvas', { id: 'attention-legend', width, height: 12 });
+  const ctx = canvas.getContext('2d');
+  for (let x = 0; x < width; x++) {
+    const [r, g, b] = viridis(x / (width - 1));
+    ctx.fillStyle = `rgb(${r},${g},${b})`;
+    ctx.fillRect(x, 0, 1, 12);
+  }
+  const ticks = el('div', { class: 'legend-ticks', style: `width:${width}px` },
+    [0, 0.01, 0.1, 0.25, 0.5, 1].map((p) =>
+      el('span', { style: `left:${(Math.sqrt(p) * 100).toFixed(1)}%` }, String(p))));
+  return el('div', { class: 'attention-legend' },
+    el('div', {}, canvas, ticks),
+    el('span', { class: 'muted' }, 'attention probability p (viridis on √p: the small probabilities away from the sinks stay visible; stored to 1/255)'));
 }

@@ -6,6 +6,9 @@
 //                                                            # spikes then DIVERGES (SIGUSR1)
 //   dashboard_sim --db ... --mode bench --runs 40 --steps 10000  # a finished sweep to load
 //
+// Live, evaluations carry 2 attention maps per layer, except the diverging run's (it stands for a
+// run that stores none).
+//
 // Prints one JSON line {"url", "port", "sweep", "diverging_run"} once serving, then runs until
 // SIGINT/SIGTERM or --duration seconds. SIGUSR1 (live): the third run spikes, then DIVERGES, soon.
 #include <signal.h>
@@ -103,7 +106,10 @@ class LiveSweep {
       MetricBatch b = StepBatch(run.id, 1, ++run.seq, run.step + 1, n);
       bool diverged = false;
       for (StepMetrics& m : b.steps) {
-        if (m.step() % 100 == 0) b.evals.push_back(Eval(m.step(), 4, true));
+        if (m.step() % 100 == 0) {
+          EvalResult& e = b.evals.emplace_back(Eval(m.step(), 4, true));
+          if (run.id != diverging_) AddAttentionMaps(&e, 4, 2, 64);
+        }
         if (run.id != diverging_) continue;
         if (m.step() >= spike_step_ && m.step() < spike_step_ + 3) m.set_loss(m.loss() * 8);
         if (m.step() == spike_step_) {
@@ -204,7 +210,8 @@ int Main(int argc, char** argv) {
     if (!Check(ids.status()).ok()) return 1;
     live = std::make_unique<LiveSweep>(store->get(), ids->run_ids, steps, parallel, spike_step,
                                        diverge_step);
-    if (!Check(live->Tick(50)).ok()) return 1;  // runs already under way when the page opens
+    // Runs already under way when the page opens, each with a first evaluation.
+    if (!Check(live->Tick(100)).ok()) return 1;
     if (!Check((*store)->Flush()).ok()) return 1;
   }
 
