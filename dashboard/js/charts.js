@@ -1,5 +1,6 @@
-// uPlot helpers: line charts over steps with spike markers, EMA smoothing, bar charts by layer;
-// and attention-map heatmaps on a plain canvas, with their colour scale.
+// uPlot helpers: line charts over steps with spike markers, EMA smoothing, bar charts by layer, a
+// metric against evaluation length with error bars; and attention-map heatmaps on a plain
+// canvas, with their colour scale.
 /* global uPlot */
 import { el } from './format.js';
 
@@ -112,6 +113,91 @@ export function barChart(target, { title, labels, values, xLabel, yLabel, color 
     }],
   };
   return new uPlot(opts, [xs, values], target);
+}
+
+// Vertical error bars (mean ± std) in each series' colour: `stds()[seriesIdx - 1][i]`, null for
+// none.
+function errorBarPlugin(stds) {
+  return {
+    hooks: {
+      draw: [(u) => {
+        const ctx = u.ctx;
+        const [ymin, ymax] = [u.scales.y.min, u.scales.y.max];
+        const cap = 4 * devicePixelRatio;
+        ctx.save();
+        ctx.lineWidth = 1.5 * devicePixelRatio;
+        stds().forEach((std, s) => {
+          const series = u.series[s + 1];
+          if (!series.show) return;
+          ctx.strokeStyle = series.stroke(u, s + 1);
+          ctx.beginPath();
+          for (let i = 0; i < u.data[0].length; i++) {
+            const mean = u.data[s + 1][i];
+            if (mean === null || mean === undefined || std[i] === null || std[i] === undefined || !(std[i] > 0)) continue;
+            const x = u.valToPos(u.data[0][i], 'x', true);
+            const lo = u.valToPos(Math.max(ymin, mean - std[i]), 'y', true);
+            const hi = u.valToPos(Math.min(ymax, mean + std[i]), 'y', true);
+            ctx.moveTo(x, lo);
+            ctx.lineTo(x, hi);
+            ctx.moveTo(x - cap, lo);
+            ctx.lineTo(x + cap, lo);
+            ctx.moveTo(x - cap, hi);
+            ctx.lineTo(x + cap, hi);
+          }
+          ctx.stroke();
+        });
+        ctx.restore();
+      }],
+    },
+  };
+}
+
+// A metric against evaluation length: x on a log2 scale with a tick at each length (`yarn(len)`
+// true marks it with *), one line per series with mean ± std error bars. `series`:
+// [{label, stroke, mean: [], std: [], yarn: []}], each array by `lengths`. The legend reads the
+// hovered length's mean ± std and whether YaRN was on.
+export function lengthChart(target, { title, lengths, series, yLabel, log = false, yarn = () => false,
+  digits = 2, height = 340 }) {
+  const width = Math.max(320, target.clientWidth - 14);
+  // The y range holds the error bars too (uPlot's own fits the means only).
+  let lo = Infinity, hi = -Infinity;
+  for (const s of series) {
+    s.mean.forEach((m, i) => {
+      if (m === null || m === undefined || !Number.isFinite(m)) return;
+      const d = Number.isFinite(s.std[i]) ? s.std[i] : 0;
+      lo = Math.min(lo, log && m - d <= 0 ? m : m - d);
+      hi = Math.max(hi, m + d);
+    });
+  }
+  const yRange = (u, min, max) => {
+    if (!(hi >= lo)) return [min, max];
+    return log ? uPlot.rangeLog(lo, hi, 10, false) : uPlot.rangeNum(lo, hi, 0.1, true);
+  };
+  const fmt = (v) => (v === null || v === undefined || Number.isNaN(v) ? '—' : Number(v).toFixed(digits));
+  const opts = {
+    title,
+    width,
+    height,
+    legend: { show: true },
+    cursor: { drag: { x: false, y: false } },
+    scales: { x: { time: false, distr: 3, log: 2 }, y: log ? { distr: 3, range: yRange } : { range: yRange } },
+    axes: [
+      { label: 'evaluation length (tokens, log2 scale)', splits: () => lengths,
+        values: (u, ticks) => ticks.map((t) => `${t}${yarn(t) ? '*' : ''}`) },
+      { label: yLabel, size: 60 },
+    ],
+    series: [{ label: 'length', value: (u, v) => (v === null || v === undefined ? '—' : `${v}${yarn(v) ? ' (YaRN)' : ''}`) },
+      ...series.map((s) => ({
+        label: s.label, stroke: s.stroke, width: 2, spanGaps: true, points: { show: true, size: 7 },
+        value: (u, v, si, i) => {
+          if (v === null || v === undefined || i === null) return '—';
+          const std = s.std[i];
+          return `${fmt(v)}${std === null || std === undefined ? '' : ` ± ${fmt(std)}`}${s.yarn[i] ? ' (YaRN)' : ''}`;
+        },
+      }))],
+    plugins: [errorBarPlugin(() => series.map((s) => s.std))],
+  };
+  return new uPlot(opts, [lengths, ...series.map((s) => s.mean)], target);
 }
 
 // Viridis, perceptually uniform and readable in grey: 10 samples of matplotlib's map,

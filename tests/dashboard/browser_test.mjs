@@ -8,7 +8,8 @@
 //    that stored none says so, no console errors. Screenshots of the sweep, run, compare and
 //    sweeps pages.
 // 2. Without the token: the API answers 401 and the page says how to get in.
-// 3. Load time: a finished sweep of 40 runs x 10,000 steps, navigation to curves drawn.
+// 3. Load time: a finished sweep of 40 runs x 10,000 steps, navigation to curves drawn; its
+//    compare page draws PPL against evaluation length, one line per variant.
 // Prints 'N passed, N failed'; exits non-zero on any failure.
 import { spawn } from 'node:child_process';
 import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
@@ -229,6 +230,27 @@ async function loadPhase() {
   await page.waitForSelector('#compare tbody tr');
   const cell = await page.locator('#compare tbody tr').first().locator('td').nth(2).textContent();
   check(/^\d+\.\d+ ± \d+\.\d+$/.test(cell), `the compare page shows mean ± std over seeds (${cell})`);
+  // PPL against evaluation length: a line per variant (the uPlot legend: the x series, then one
+  // per line), the YaRN lengths marked, and the numbers as a table.
+  await page.waitForSelector('#lengths-chart .u-legend');
+  const lines = await page.locator('#lengths-chart .u-legend .u-series .u-label').allTextContents();
+  const variants = ['baseline', 'g1_elementwise', 'g1_headwise', 'g2_elementwise'];
+  check(lines.length === 5 && variants.every((v) => lines.includes(v)),
+    `the compare page draws PPL against length, one line per variant (${lines.slice(1).join(', ')})`);
+  const title = await page.locator('#lengths-chart .u-title').textContent();
+  check(title === 'Validation PPL against evaluation length', `the length chart is titled (${title})`);
+  const heads = await page.locator('#lengths-table thead th').allTextContents();
+  check(heads.join('|') === 'variant|PPL@64|PPL@128|PPL@256|PPL@512 (YaRN)|PPL@1024 (YaRN)',
+    `the length table has a column per length, YaRN marked (${heads.join(' | ')})`);
+  const lengthRows = await page.locator('#lengths-table tbody tr').count();
+  const longest = await page.locator('#lengths-table tbody tr').first().locator('td').last().textContent();
+  check(lengthRows === 4 && /^\d+\.\d+ ± \d+\.\d+$/.test(longest),
+    `the length table: one row per variant, mean ± std (${lengthRows} rows, ${longest})`);
+  // Hovering the longest length reads a line's mean ± std there, marked YaRN.
+  const plot = await page.locator('#lengths-chart .u-over').boundingBox();
+  await page.mouse.move(plot.x + plot.width - 2, plot.y + plot.height / 2);
+  const hovered = await page.locator('#lengths-chart .u-legend .u-series').nth(1).locator('.u-value').textContent();
+  check(/^\d+\.\d+ ± \d+\.\d+ \(YaRN\)$/.test(hovered), `the legend reads the hovered length's PPL, YaRN marked (${hovered})`);
   await page.screenshot({ path: join(OUT, 'compare_40x10000.png'), fullPage: true });
   check(errors.length === 0, `no console errors on the load page${errors.length ? `: ${errors.join(' | ')}` : ''}`);
   await context.close();
