@@ -1,6 +1,7 @@
 // The dashboard's JSON API (/api/...): sweeps, a sweep with its runs and variants, the curves of
 // a sweep overlay, the comparison table, the event log; a run, its metric series, evaluations,
-// per-layer probes and spikes; the workers. Every read goes through StoreReader's typed reads.
+// per-layer probes, attention maps and spikes; the workers. Every read goes through StoreReader's
+// typed reads.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -124,9 +125,35 @@ json LayerJson(const LayerProbes& p) {
 
 json MeanStdJson(const MeanStd& m) { return json{{"mean", m.mean}, {"std", m.std}}; }
 
+json LengthEvalJson(const LengthEval& l) {
+  return json{{"seq_len", l.seq_len()},
+              {"val_loss", l.val_loss()},
+              {"val_ppl", l.val_ppl()},
+              {"yarn", l.yarn()}};
+}
+
+json LengthStatJson(const LengthStat& l) {
+  return json{{"seq_len", l.seq_len},
+              {"yarn", l.yarn},
+              {"n", l.n},
+              {"val_loss", MeanStdJson(l.val_loss)},
+              {"val_ppl", MeanStdJson(l.val_ppl)}};
+}
+
+json AttentionMapJson(const AttentionMap& m) {
+  // The bytes as numbers 0..255 (round(255 * p)), row-major, row = query position.
+  const std::string& bytes = m.probs();
+  return json{{"layer", m.layer()},
+              {"head", m.head()},
+              {"size", m.size()},
+              {"probs", std::vector<uint8_t>(bytes.begin(), bytes.end())}};
+}
+
 json TableJson(const ComparisonTable& t) {
   json rows = json::array();
   for (const ComparisonRow& r : t.rows) {
+    json lengths = json::array();
+    for (const LengthStat& l : r.lengths) lengths.push_back(LengthStatJson(l));
     rows.push_back(json{{"variant", r.variant},
                         {"description", r.description},
                         {"axes", r.axes},
@@ -144,7 +171,8 @@ json TableJson(const ComparisonTable& t) {
                         {"train_loss", MeanStdJson(r.train_loss)},
                         {"params_total", r.params_total},
                         {"params_activated", r.params_activated},
-                        {"params_added", r.params_added}});
+                        {"params_added", r.params_added},
+                        {"lengths", std::move(lengths)}});
   }
   return json{{"sweep", t.sweep}, {"rows", rows}};
 }
@@ -175,6 +203,7 @@ Response DashboardServer::Impl::HandleApi(const Request& r) {
       if (seg[3] == "metrics") return RunMetrics(id, r);
       if (seg[3] == "evals") return RunEvals(id);
       if (seg[3] == "probes") return RunProbes(id, r);
+      if (seg[3] == "attention") return RunAttention(id, r);
       if (seg[3] == "spikes") return RunSpikes(id);
     }
   }
@@ -389,6 +418,8 @@ Response DashboardServer::Impl::RunEvals(int64_t id) {
   if (!evals.ok()) return FromStatus(evals.status());
   json list = json::array();
   for (const EvalResult& e : *evals) {
+    json lengths = json::array();
+    for (const LengthEval& l : e.lengths()) lengths.push_back(LengthEvalJson(l));
     list.push_back(json{{"step", e.step()},
                         {"val_loss", e.val_loss()},
                         {"val_ppl", e.val_ppl()},
@@ -397,7 +428,8 @@ Response DashboardServer::Impl::RunEvals(int64_t id) {
                                            : json(nullptr)},
                         {"m_act", e.probes().m_act()},
                         {"f_attn", e.probes().f_attn()},
-                        {"tokens", e.probes().tokens()}});
+                        {"tokens", e.probes().tokens()},
+                        {"lengths", std::move(lengths)}});
   }
   return JsonResponse(200, json{{"run", id}, {"evals", list}});
 }
@@ -423,6 +455,31 @@ Response DashboardServer::Impl::RunProbes(int64_t id, const Request& r) {
   json list = json::array();
   for (const LayerProbes& p : *layers) list.push_back(LayerJson(p));
   return JsonResponse(200, json{{"run", id}, {"step", *step}, {"layers", list}});
+}
+
+Response DashboardServer::Impl::RunAttention(int64_t id, const Request& r) {
+  std::string error;
+  std::optional<int64_t> step = IntParam(r, "step", -1, &error);
+  if (!step) return Error(400, error);
+  absl::StatusOr<RunInfo> run = reader->GetRun(id);
+  if (!run.ok()) return FromStatus(run.status());
+  // The evaluations say which steps exist: an evaluation that stored no map (attention_map_heads
+  // 0, or a run from before maps existed) is an empty list, a step without one a 404.
+  absl::StatusOr<std::vector<EvalResult>> evals = reader->EvalSeries(id, false);
+  if (!evals.ok()) return FromStatus(evals.status());
+  if (*step < 0) {  // the latest evaluation
+    if (evals->empty()) return JsonResponse(200, json{{"run", id}, {"step", nullptr},
+                                                      {"maps", json::array()}});
+    *step = evals->back().step();
+  } else if (std::none_of(evals->begin(), evals->end(),
+                          [&](const EvalResult& e) { return e.step() == *step; })) {
+    return Error(404, absl::StrCat("run ", id, " has no evaluation at step ", *step));
+  }
+  absl::StatusOr<std::vector<AttentionMap>> maps = reader->AttentionMapsAt(id, *step);
+  if (!maps.ok()) return FromStatus(maps.status());
+  json list = json::array();
+  for (const AttentionMap& m : *maps) list.push_back(AttentionMapJson(m));
+  return JsonResponse(200, json{{"run", id}, {"step", *step}, {"maps", list}});
 }
 
 Response DashboardServer::Impl::RunSpikes(int64_t id) {

@@ -198,11 +198,14 @@ json RunJson(const RunInfo& r);
 json SpikeJson(int64_t run_id, const SpikeEvent& s);
 json EventJson(const EventInfo& e);
 json LayerJson(const LayerProbes& p);
+json LengthEvalJson(const LengthEval& l);
+json AttentionMapJson(const AttentionMap& m);  // probs as numbers 0..255
 json TableJson(const ComparisonTable& t);
 
 }  // namespace dashboard
 
 // The dashboard's files (the only ones that include this header) use these unqualified.
+using dashboard::AttentionMapJson;
 using dashboard::Connection;
 using dashboard::Dump;
 using dashboard::Error;
@@ -219,6 +222,7 @@ using dashboard::kMaxEventsPerPage;
 using dashboard::kMaxHeaderBytes;
 using dashboard::kMaxSeriesPoints;
 using dashboard::LayerJson;
+using dashboard::LengthEvalJson;
 using dashboard::NowSeconds;
 using dashboard::Request;
 using dashboard::Response;
@@ -280,6 +284,7 @@ struct DashboardServer::Impl {
   Response RunMetrics(int64_t id, const Request& r);
   Response RunEvals(int64_t id);
   Response RunProbes(int64_t id, const Request& r);
+  Response RunAttention(int64_t id, const Request& r);
   Response RunSpikes(int64_t id);
   Response Workers();
   Response Metrics();

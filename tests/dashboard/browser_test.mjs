@@ -4,9 +4,12 @@
 //
 // 1. A live sweep (dashboard_sim --mode live: runs appear, points grow, one run spikes then
 //    DIVERGES): the run table fills, the curves grow without a reload, the divergence alert shows,
-//    no console errors. Screenshots of the sweep, run, compare and sweeps pages.
+//    a run page draws its attention maps (pixels read back) and follows new evaluations, a run
+//    that stored none says so, no console errors. Screenshots of the sweep, run, compare and
+//    sweeps pages.
 // 2. Without the token: the API answers 401 and the page says how to get in.
-// 3. Load time: a finished sweep of 40 runs x 10,000 steps, navigation to curves drawn.
+// 3. Load time: a finished sweep of 40 runs x 10,000 steps, navigation to curves drawn; its
+//    compare page draws PPL against evaluation length, one line per variant.
 // Prints 'N passed, N failed'; exits non-zero on any failure.
 import { spawn } from 'node:child_process';
 import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
@@ -131,10 +134,47 @@ async function livePhase() {
   const runAfter = Number(await page.getAttribute('#run-charts', 'data-points'));
   check(runAfter > runBefore, `a running run's page grows in place (${runBefore} -> ${runAfter} points)`);
 
+  // Its attention maps: one heatmap per stored map (4 layers x 2 heads of 64 positions), pixels
+  // read back from each canvas.
+  await page.waitForSelector('#attention-maps canvas.heatmap', { timeout: 10000 });
+  const heatmaps = await page.evaluate(() => [...document.querySelectorAll('#attention-maps .heatmap-box')].map((box) => {
+    const canvas = box.querySelector('canvas');
+    const { data } = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height);
+    const colours = new Set();
+    for (let i = 0; i < data.length; i += 4) colours.add(`${data[i]},${data[i + 1]},${data[i + 2]},${data[i + 3]}`);
+    const at = (x, y) => [...data.slice((y * canvas.width + x) * 4, (y * canvas.width + x) * 4 + 3)].join(',');
+    return { title: box.querySelector('h3').textContent, colours: colours.size,
+      topLeft: at(0, 0), topRight: at(canvas.width - 1, 0), bottomLeft: at(0, canvas.height - 1) };
+  }));
+  check(heatmaps.length === 8, `the run page draws one heatmap per stored map (${heatmaps.length} of 8)`);
+  check(heatmaps[0]?.title === 'layer 0, head 0' && heatmaps[7]?.title === 'layer 3, head 1',
+    `the heatmaps are titled by layer and head (${heatmaps.map((h) => h.title).join('; ')})`);
+  const fewest = Math.min(...heatmaps.map((h) => h.colours));
+  check(fewest >= 8, `every heatmap is drawn, not blank (at least ${fewest} distinct colours each)`);
+  // Query down, key across: query 0 sees key 0 only (p = 1, viridis' yellow), nothing of key 63
+  // (p = 0, viridis' purple); the last query keeps its sink on key 0 (not purple).
+  check(heatmaps.every((h) => h.topLeft === '253,231,37' && h.topRight === '68,1,84' && h.bottomLeft !== '68,1,84'),
+    `query on the y axis, key on the x axis, causal (${heatmaps[0]?.topLeft} | ${heatmaps[0]?.topRight} | ${heatmaps[0]?.bottomLeft})`);
+  const legend = await page.locator('.attention-legend').textContent();
+  check(await page.locator('#attention-legend').count() === 1 && legend.includes('√p'), `a colour scale legend says sqrt(p): "${legend}"`);
+  // New evaluations replace the maps while the run trains (the selection follows the latest)...
+  const mapsStep = Number(await page.getAttribute('#attention', 'data-step'));
+  await page.waitForFunction((s) => Number(document.querySelector('#attention').dataset.step) > s, mapsStep, { timeout: 15000 });
+  const mapsStepAfter = Number(await page.getAttribute('#attention', 'data-step'));
+  check(mapsStepAfter > mapsStep, `the attention maps follow new evaluations (step ${mapsStep} -> ${mapsStepAfter})`);
+  await page.screenshot({ path: join(OUT, 'run_attention.png'), fullPage: true });
+  // ... and show the evaluation chosen in the evaluation list.
+  await page.selectOption('#eval-step', '100');
+  await page.waitForSelector('#attention[data-step="100"] #attention-maps canvas', { timeout: 5000 });
+  check(await page.locator('#attention-maps canvas.heatmap').count() === 8, 'choosing an evaluation shows its maps (step 100)');
+
   await page.goto(`${base}/#/run/${sim.diverging_run}`);
   await page.waitForSelector('#spikes tbody tr', { timeout: 10000 });
   check(await page.locator('.grid .chart canvas').count() >= 6, 'the run page draws loss, val loss, grad norm, lr, M-Act, F-Attn, gate histogram');
   check(await page.locator('#spikes tbody tr').count() >= 2, 'the run page lists its spike events');
+  const none = (await page.locator('#attention').textContent()) || '';
+  check(await page.locator('#no-attention-maps').count() === 1 && none.includes('attention_map_heads: 0')
+    && await page.locator('#attention canvas').count() === 0, `a run that stored no attention map says so: "${none}"`);
   await page.screenshot({ path: join(OUT, 'run.png'), fullPage: true });
 
   await page.goto(`${base}/#/compare/${sim.sweep}`);
@@ -190,6 +230,27 @@ async function loadPhase() {
   await page.waitForSelector('#compare tbody tr');
   const cell = await page.locator('#compare tbody tr').first().locator('td').nth(2).textContent();
   check(/^\d+\.\d+ ± \d+\.\d+$/.test(cell), `the compare page shows mean ± std over seeds (${cell})`);
+  // PPL against evaluation length: a line per variant (the uPlot legend: the x series, then one
+  // per line), the YaRN lengths marked, and the numbers as a table.
+  await page.waitForSelector('#lengths-chart .u-legend');
+  const lines = await page.locator('#lengths-chart .u-legend .u-series .u-label').allTextContents();
+  const variants = ['baseline', 'g1_elementwise', 'g1_headwise', 'g2_elementwise'];
+  check(lines.length === 5 && variants.every((v) => lines.includes(v)),
+    `the compare page draws PPL against length, one line per variant (${lines.slice(1).join(', ')})`);
+  const title = await page.locator('#lengths-chart .u-title').textContent();
+  check(title === 'Validation PPL against evaluation length', `the length chart is titled (${title})`);
+  const heads = await page.locator('#lengths-table thead th').allTextContents();
+  check(heads.join('|') === 'variant|PPL@64|PPL@128|PPL@256|PPL@512 (YaRN)|PPL@1024 (YaRN)',
+    `the length table has a column per length, YaRN marked (${heads.join(' | ')})`);
+  const lengthRows = await page.locator('#lengths-table tbody tr').count();
+  const longest = await page.locator('#lengths-table tbody tr').first().locator('td').last().textContent();
+  check(lengthRows === 4 && /^\d+\.\d+ ± \d+\.\d+$/.test(longest),
+    `the length table: one row per variant, mean ± std (${lengthRows} rows, ${longest})`);
+  // Hovering the longest length reads a line's mean ± std there, marked YaRN.
+  const plot = await page.locator('#lengths-chart .u-over').boundingBox();
+  await page.mouse.move(plot.x + plot.width - 2, plot.y + plot.height / 2);
+  const hovered = await page.locator('#lengths-chart .u-legend .u-series').nth(1).locator('.u-value').textContent();
+  check(/^\d+\.\d+ ± \d+\.\d+ \(YaRN\)$/.test(hovered), `the legend reads the hovered length's PPL, YaRN marked (${hovered})`);
   await page.screenshot({ path: join(OUT, 'compare_40x10000.png'), fullPage: true });
   check(errors.length === 0, `no console errors on the load page${errors.length ? `: ${errors.join(' | ')}` : ''}`);
   await context.close();

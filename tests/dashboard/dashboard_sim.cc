@@ -6,6 +6,10 @@
 //                                                            # spikes then DIVERGES (SIGUSR1)
 //   dashboard_sim --db ... --mode bench --runs 40 --steps 10000  # a finished sweep to load
 //
+// Evaluations carry validation losses at 64..1024 positions (YaRN beyond the training length
+// 256), growing with length by variant and a little by seed. Live, they also carry 2 attention
+// maps per layer, except the diverging run's (it stands for a run that stores none).
+//
 // Prints one JSON line {"url", "port", "sweep", "diverging_run"} once serving, then runs until
 // SIGINT/SIGTERM or --duration seconds. SIGUSR1 (live): the third run spikes, then DIVERGES, soon.
 #include <signal.h>
@@ -46,6 +50,15 @@ absl::Status Check(const absl::Status& s) {
   return s;
 }
 
+// Validation losses at 64..1024 positions for run `run_id` of variant `variant` (its index),
+// trained at 256: each variant's loss grows at its own rate past it, each seed a little
+// differently.
+void AddSimLengths(EvalResult* e, int64_t run_id, size_t variant) {
+  const double growth[] = {0.45, 0.18, 0.25, 0.3};
+  AddLengths(e, {64, 128, 256, 512, 1024}, 256,
+             growth[variant % 4] + 0.02 * static_cast<double>(run_id % 3));
+}
+
 // A finished sweep of `runs` runs x `steps` steps (4 variants), evaluations every steps/10.
 absl::Status WriteBench(Store* store, int runs, int64_t steps) {
   const std::vector<std::string> variants = {"baseline", "g1_elementwise", "g1_headwise",
@@ -60,7 +73,8 @@ absl::Status WriteBench(Store* store, int runs, int64_t steps) {
     for (int64_t first = 1, seq = 1; first <= steps; first += chunk, ++seq) {
       MetricBatch b = StepBatch(id, 1, seq, first, std::min(chunk, steps - first + 1));
       for (int64_t e = first; e < first + chunk && e <= steps; ++e) {
-        if (e % std::max<int64_t>(1, steps / 10) == 0) b.evals.push_back(Eval(e, 4, true));
+        if (e % std::max<int64_t>(1, steps / 10) != 0) continue;
+        AddSimLengths(&b.evals.emplace_back(Eval(e, 4, true)), id, i % variants.size());
       }
       if (absl::StatusOr<ReportResult> r = store->ReportMetrics(b); !r.ok()) return r.status();
     }
@@ -74,11 +88,12 @@ absl::Status WriteBench(Store* store, int runs, int64_t steps) {
 // ones (at most `parallel` running).
 class LiveSweep {
  public:
-  LiveSweep(Store* store, std::vector<int64_t> ids, int64_t steps, int parallel,
+  LiveSweep(Store* store, std::vector<int64_t> ids, size_t variants, int64_t steps, int parallel,
             int64_t spike_step, int64_t diverge_step)
-      : store_(store), pending_(std::move(ids)), steps_(steps), parallel_(parallel),
-        spike_step_(spike_step), diverge_step_(diverge_step) {
+      : store_(store), pending_(std::move(ids)), variants_(variants), steps_(steps),
+        parallel_(parallel), spike_step_(spike_step), diverge_step_(diverge_step) {
     diverging_ = pending_.size() > 2 ? pending_[2] : pending_.back();
+    for (size_t i = 0; i < pending_.size(); ++i) variant_of_[pending_[i]] = i % variants_;
   }
   int64_t diverging() const { return diverging_; }
 
@@ -103,7 +118,11 @@ class LiveSweep {
       MetricBatch b = StepBatch(run.id, 1, ++run.seq, run.step + 1, n);
       bool diverged = false;
       for (StepMetrics& m : b.steps) {
-        if (m.step() % 100 == 0) b.evals.push_back(Eval(m.step(), 4, true));
+        if (m.step() % 100 == 0) {
+          EvalResult& e = b.evals.emplace_back(Eval(m.step(), 4, true));
+          AddSimLengths(&e, run.id, variant_of_[run.id]);
+          if (run.id != diverging_) AddAttentionMaps(&e, 4, 2, 64);
+        }
         if (run.id != diverging_) continue;
         if (m.step() >= spike_step_ && m.step() < spike_step_ + 3) m.set_loss(m.loss() * 8);
         if (m.step() == spike_step_) {
@@ -155,6 +174,8 @@ class LiveSweep {
  private:
   Store* store_;
   std::vector<int64_t> pending_;
+  const size_t variants_;
+  std::map<int64_t, size_t> variant_of_;  // run id -> variant index (runs are seed-major)
   std::map<int64_t, LiveRun> running_;
   const int64_t steps_;
   const int parallel_;
@@ -199,12 +220,13 @@ int Main(int argc, char** argv) {
   } else {
     sweep = "quick";
     if (mode == "live" && steps == 10000) steps = 600;
-    absl::StatusOr<SweepIds> ids = (*store)->CreateSweep(
-        MakeSweep(sweep, {"baseline", "g1_elementwise", "g1_headwise"}, 2, steps));
+    const std::vector<std::string> variants = {"baseline", "g1_elementwise", "g1_headwise"};
+    absl::StatusOr<SweepIds> ids = (*store)->CreateSweep(MakeSweep(sweep, variants, 2, steps));
     if (!Check(ids.status()).ok()) return 1;
-    live = std::make_unique<LiveSweep>(store->get(), ids->run_ids, steps, parallel, spike_step,
-                                       diverge_step);
-    if (!Check(live->Tick(50)).ok()) return 1;  // runs already under way when the page opens
+    live = std::make_unique<LiveSweep>(store->get(), ids->run_ids, variants.size(), steps, parallel,
+                                       spike_step, diverge_step);
+    // Runs already under way when the page opens, each with a first evaluation.
+    if (!Check(live->Tick(100)).ok()) return 1;
     if (!Check((*store)->Flush()).ok()) return 1;
   }
 

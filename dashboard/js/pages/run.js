@@ -1,8 +1,8 @@
 // #/run/ID : loss, validation loss, gradient norm and learning rate over steps; per-layer M-Act,
-// F-Attn and the gate-score histogram at each evaluation; spike events; the config. While the run
-// trains, everything is refreshed in place every few seconds.
+// F-Attn, the gate-score histogram and the stored attention maps at each evaluation; spike
+// events; the config. While the run trains, everything is refreshed in place every few seconds.
 import { api } from '../api.js';
-import { barChart, lineChart } from '../charts.js';
+import { attentionHeatmap, attentionLegend, barChart, lineChart } from '../charts.js';
 import { el, num, count, time, stateBadge } from '../format.js';
 
 const REFRESH_MS = 3000;
@@ -39,10 +39,12 @@ export async function render(view, ctx, idText) {
   const header = el('div', {}, headerNodes(run));
   const charts = el('div', { class: 'grid', id: 'run-charts' });
   const probeBox = el('div');
+  const attentionBox = el('div', { id: 'attention' });
   const spikeBox = el('div');
   view.replaceChildren(header,
     el('h2', {}, 'Training'), charts,
     el('h2', {}, 'Probes per layer'), probeBox,
+    el('h2', {}, 'Attention maps'), attentionBox,
     el('h2', {}, 'Spike events'), spikeBox,
     el('h2', {}, 'Config'), el('pre', { class: 'config' }, JSON.stringify(run.config, null, 2)));
 
@@ -85,8 +87,28 @@ export async function render(view, ctx, idText) {
     barChart(box(), { title: `Gate scores (${layerSelect.value === 'all' ? 'all layers' : `layer ${layerSelect.value}`})`,
       labels: bins.map((_, i) => (h0.lo + w * (i + 0.5)).toFixed(2)), values: bins, xLabel: 'gate score', yLabel: 'count', color: '#2e9d5b' });
   };
-  const loadProbes = async () => {
-    const body = await api(`runs/${id}/probes`, { step: stepSelect.value });
+  // The attention maps of the same evaluation: a heatmap per stored head.
+  const drawAttention = ({ step, maps }) => {
+    attentionBox.dataset.step = step;
+    attentionBox.dataset.maps = maps.length;
+    if (maps.length === 0) {
+      attentionBox.replaceChildren(el('p', { class: 'muted', id: 'no-attention-maps' },
+        `No attention maps were stored at step ${step} (train.attention_map_heads: 0, or a run from before they existed).`));
+      return;
+    }
+    attentionBox.replaceChildren(
+      el('p', { class: 'muted' }, `Step ${step}: the first ${maps[0].size} positions of one fixed validation window, `
+        + 'row = query, column = key (causal: nothing above the diagonal).'),
+      attentionLegend(),
+      el('div', { class: 'heatmaps', id: 'attention-maps' }, maps.map((m) => attentionHeatmap(m))));
+  };
+  let loading = 0;  // when the selection changes quickly, the last one asked for is drawn
+  const loadEvaluation = async () => {
+    const ticket = ++loading;
+    const step = stepSelect.value;
+    const [body, attention] = await Promise.all([api(`runs/${id}/probes`, { step }), api(`runs/${id}/attention`, { step })]);
+    if (ticket !== loading) return;
+    drawAttention(attention);
     layers = body.layers;
     const keep = layerSelect.value || 'all';
     layerSelect.replaceChildren(el('option', { value: 'all' }, 'all layers'),
@@ -101,17 +123,18 @@ export async function render(view, ctx, idText) {
     stepSelect.replaceChildren(...evals.map((e) => el('option', { value: e.step }, `step ${e.step}`)));
     if (wasLatest || stepSelect.selectedIndex < 0) {
       stepSelect.value = evals[evals.length - 1].step;
-      await loadProbes();
+      await loadEvaluation();
     }
   };
   if (evals.length === 0) {
     probeBox.replaceChildren(el('p', { class: 'muted', id: 'no-evals' }, 'No evaluation yet.'));
+    attentionBox.replaceChildren(el('p', { class: 'muted' }, 'No evaluation yet.'));
   } else {
     probeBox.replaceChildren(el('div', { class: 'controls' },
       el('label', {}, 'evaluation', stepSelect), el('label', {}, 'gate histogram of', layerSelect)), probeCharts);
     await updateEvalOptions();
   }
-  stepSelect.addEventListener('change', loadProbes);
+  stepSelect.addEventListener('change', loadEvaluation);
   layerSelect.addEventListener('change', drawProbes);
   spikeBox.replaceChildren(spikeTable(spikes));
 

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <regex>
 #include <thread>
 
@@ -257,7 +258,8 @@ class DashboardServerTest : public ::testing::Test {
   }
 
   // Sweep "gates": 2 variants x 2 seeds of 1000 steps: run 1 SUCCEEDED (1000 steps, evals with
-  // probes, a spike), run 2 DIVERGED at step 300, run 3 RUNNING at step 500, run 4 PENDING.
+  // probes, a spike; the last evaluation with losses at 3 lengths and 2 attention maps per layer),
+  // run 2 DIVERGED at step 300, run 3 RUNNING at step 500, run 4 PENDING.
   void Fill() {
     absl::StatusOr<SweepIds> ids =
         store_->CreateSweep(MakeSweep("gates", {"baseline", "g1_elementwise"}, 2, 1000));
@@ -266,7 +268,10 @@ class DashboardServerTest : public ::testing::Test {
     ASSERT_TRUE(StartRun(store_.get(), runs_[0]).ok());
     MetricBatch b = StepBatch(runs_[0], 1, 1, 1, 1000);
     b.evals.push_back(Eval(500, 3, true));
-    b.evals.push_back(Eval(1000, 3, true));
+    last_eval_ = Eval(1000, 3, true);
+    AddLengths(&last_eval_, {64, 256, 1024}, 256, 0.3);
+    AddAttentionMaps(&last_eval_, 3, 2, 16);
+    b.evals.push_back(last_eval_);
     SpikeEvent& spike = b.spikes.emplace_back();
     spike.set_step(420);
     spike.set_signal("loss");
@@ -290,6 +295,7 @@ class DashboardServerTest : public ::testing::Test {
   std::unique_ptr<Store> store_;
   std::unique_ptr<DashboardServer> server_;
   std::vector<int64_t> runs_;
+  EvalResult last_eval_;  // run 1's evaluation at step 1000, as reported
   int port_ = 0;
 };
 
@@ -502,6 +508,124 @@ TEST_F(DashboardServerTest, RunEndpoints) {
   EXPECT_EQ(spikes["spikes"][0]["value"], 9.5);
 }
 
+TEST_F(DashboardServerTest, EvalsCarryTheirLengths) {
+  json evals = Get(port_, absl::StrCat("/api/runs/", runs_[0], "/evals")).Json()["evals"];
+  ASSERT_EQ(evals.size(), 2u);
+  EXPECT_EQ(evals[0]["lengths"], json::array());  // an evaluation without eval_seq_lens
+  const json& lengths = evals[1]["lengths"];
+  ASSERT_EQ(lengths.size(), 3u) << lengths;
+  for (int i = 0; i < 3; ++i) {
+    const LengthEval& want = last_eval_.lengths(i);
+    EXPECT_EQ(lengths[i]["seq_len"], want.seq_len()) << i;
+    EXPECT_DOUBLE_EQ(lengths[i]["val_loss"].get<double>(), want.val_loss()) << i;
+    EXPECT_DOUBLE_EQ(lengths[i]["val_ppl"].get<double>(), want.val_ppl()) << i;
+    EXPECT_EQ(lengths[i]["yarn"], want.yarn()) << i;
+  }
+  EXPECT_EQ(lengths[0]["yarn"], false);
+  EXPECT_EQ(lengths[2]["yarn"], true);
+  EXPECT_GT(lengths[2]["val_ppl"].get<double>(), lengths[1]["val_ppl"].get<double>());
+}
+
+TEST_F(DashboardServerTest, AttentionMapsOfAnEvaluation) {
+  const std::string run = absl::StrCat("/api/runs/", runs_[0], "/attention");
+  // The latest evaluation by default: every map as reported, by layer then head.
+  for (const std::string& target : {run, run + "?step=1000"}) {
+    HttpResult r = Get(port_, target);
+    ASSERT_EQ(r.status, 200) << target << ": " << r.body;
+    json j = r.Json();
+    EXPECT_EQ(j["run"], runs_[0]);
+    EXPECT_EQ(j["step"], 1000);
+    ASSERT_EQ(j["maps"].size(), 6u) << target;
+    for (int i = 0; i < 6; ++i) {
+      const AttentionMap& want = last_eval_.attention_maps(i);
+      const json& map = j["maps"][i];
+      EXPECT_EQ(map["layer"], want.layer()) << i;
+      EXPECT_EQ(map["head"], want.head()) << i;
+      EXPECT_EQ(map["size"], 16) << i;
+      ASSERT_EQ(map["probs"].size(), 256u) << i;
+      std::vector<int> expected(want.probs().begin(), want.probs().end());
+      for (int& v : expected) v = static_cast<uint8_t>(v);
+      EXPECT_EQ(map["probs"].get<std::vector<int>>(), expected) << i;
+    }
+    EXPECT_EQ(j["maps"][0]["probs"][0], 255);  // query 0 attends to key 0 alone
+    EXPECT_EQ(j["maps"][0]["probs"][1], 0);    // above the diagonal
+  }
+  // An evaluation that stored no map: an empty list, not an error.
+  json none = Get(port_, run + "?step=500").Json();
+  EXPECT_EQ(none["step"], 500);
+  EXPECT_EQ(none["maps"], json::array());
+  // A step without an evaluation: 404 naming it.
+  HttpResult missing = Get(port_, run + "?step=501");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(missing.Json()["error"],
+            absl::StrCat("run ", runs_[0], " has no evaluation at step 501"));
+  // A run without evaluations: no step, no maps.
+  json running = Get(port_, absl::StrCat("/api/runs/", runs_[2], "/attention")).Json();
+  EXPECT_TRUE(running["step"].is_null()) << running;
+  EXPECT_EQ(running["maps"], json::array());
+  // A step that is not an integer.
+  HttpResult bad = Get(port_, run + "?step=last");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_TRUE(absl::StrContains(bad.Json()["error"].get<std::string>(), "step")) << bad.body;
+  EXPECT_EQ(Get(port_, "/api/runs/424242/attention").status, 404);
+}
+
+// Each row's final PPL per evaluation length: mean ± sample std over the SUCCEEDED seeds, from
+// each run's last evaluation; a variant none of whose runs succeeded has none.
+TEST_F(DashboardServerTest, TableCarriesLengthsPerVariant) {
+  json gates = Get(port_, "/api/sweeps/gates/table").Json();
+  ASSERT_EQ(gates["rows"].size(), 2u);
+  const json& baseline = gates["rows"][0]["lengths"];
+  ASSERT_EQ(baseline.size(), 3u) << baseline;
+  EXPECT_EQ(baseline[2]["seq_len"], 1024);
+  EXPECT_EQ(baseline[2]["yarn"], true);
+  EXPECT_EQ(baseline[0]["yarn"], false);
+  EXPECT_EQ(baseline[2]["n"], 1);
+  EXPECT_DOUBLE_EQ(baseline[2]["val_ppl"]["mean"].get<double>(),
+                   last_eval_.lengths(2).val_ppl());
+  EXPECT_TRUE(baseline[2]["val_ppl"]["std"].is_null());  // n = 1: NaN -> null
+  EXPECT_EQ(gates["rows"][1]["lengths"], json::array());  // g1: diverged, nothing succeeded
+
+  // Three seeds of two variants, each with an earlier evaluation that must not count.
+  absl::StatusOr<SweepIds> ids =
+      store_->CreateSweep(MakeSweep("long", {"baseline", "g1_elementwise"}, 3, 100));
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  std::map<std::string, std::vector<double>> ppl_1024;  // by variant
+  for (size_t i = 0; i < ids->run_ids.size(); ++i) {
+    const int64_t id = ids->run_ids[i];
+    const std::string variant = i % 2 == 0 ? "baseline" : "g1_elementwise";
+    ASSERT_TRUE(StartRun(store_.get(), id).ok());
+    MetricBatch b = StepBatch(id, 1, 1, 1, 100);
+    EvalResult early = Eval(50, 2, true);
+    AddLengths(&early, {256, 1024}, 256, 5.0);
+    EvalResult last = Eval(100, 2, true);
+    AddLengths(&last, {256, 1024}, 256, (i % 2 == 0 ? 0.4 : 0.1) + 0.05 * static_cast<double>(i));
+    ppl_1024[variant].push_back(last.lengths(1).val_ppl());
+    b.evals = {early, last};
+    ASSERT_TRUE(store_->ReportMetrics(b).ok());
+    ASSERT_TRUE(FinishRun(store_.get(), id, SUCCEEDED, 100, "").ok());
+  }
+  ASSERT_TRUE(store_->Flush().ok());
+  json table = Get(port_, "/api/sweeps/long/table").Json();
+  ASSERT_EQ(table["rows"].size(), 2u);
+  for (const json& row : table["rows"]) {
+    const std::vector<double>& v = ppl_1024[row["variant"].get<std::string>()];
+    ASSERT_EQ(v.size(), 3u) << row["variant"];
+    const double mean = (v[0] + v[1] + v[2]) / 3;
+    double ss = 0;
+    for (double x : v) ss += (x - mean) * (x - mean);
+    const json& lengths = row["lengths"];
+    ASSERT_EQ(lengths.size(), 2u) << row;
+    EXPECT_EQ(lengths[0]["seq_len"], 256);
+    EXPECT_EQ(lengths[1]["seq_len"], 1024);
+    EXPECT_EQ(lengths[1]["n"], 3);
+    EXPECT_NEAR(lengths[1]["val_ppl"]["mean"].get<double>(), mean, 1e-9) << row["variant"];
+    EXPECT_NEAR(lengths[1]["val_ppl"]["std"].get<double>(), std::sqrt(ss / 2), 1e-9)
+        << row["variant"];
+    EXPECT_TRUE(lengths[1]["val_loss"]["mean"].is_number());
+  }
+}
+
 TEST_F(DashboardServerTest, TableEventsWorkers) {
   json table = Get(port_, "/api/sweeps/gates/table").Json();
   ASSERT_EQ(table["rows"].size(), 2u);
@@ -552,6 +676,11 @@ TEST_F(DashboardServerTest, BadInputIsAJsonError) {
       {"/api/runs/1/metrics?mode=avg", 400},
       {"/api/runs/1/metrics?to=1e9", 400},
       {"/api/runs/1/probes?step=x", 400},
+      {"/api/runs/1/attention?step=x", 400},
+      {"/api/runs/1/attention?step=1.5", 400},
+      {"/api/runs/1/attention?step=99999999999999999999", 400},
+      {"/api/runs/1/attention?step=7", 404},
+      {"/api/runs/424242/attention", 404},
       {"/api/sweeps/gates/events?after=-1", 400},
       {"/api/sweeps/gates/events?limit=0", 400},
       {"/api/sweeps/%ZZ", 400},

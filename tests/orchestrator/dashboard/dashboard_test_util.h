@@ -3,6 +3,7 @@
 #ifndef ABLATE_TESTS_ORCHESTRATOR_DASHBOARD_DASHBOARD_TEST_UTIL_H_
 #define ABLATE_TESTS_ORCHESTRATOR_DASHBOARD_DASHBOARD_TEST_UTIL_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -72,6 +73,51 @@ inline EvalResult Eval(int64_t step, int layers, bool gated) {
   p->set_m_act(10.0 * (layers + 1) / 2.0);
   p->set_f_attn(0.1 * (layers + 1) / 2.0);
   return e;
+}
+
+// Validation losses at `seq_lens` (TrainConfig.eval_seq_lens), from the evaluation's own: a
+// little higher for windows shorter than `trained`, `growth` more per doubling beyond it, where
+// YaRN scaling is on.
+inline void AddLengths(EvalResult* e, const std::vector<int>& seq_lens, int trained,
+                       double growth) {
+  for (int len : seq_lens) {
+    LengthEval* l = e->add_lengths();
+    l->set_seq_len(len);
+    const double doublings = std::log2(static_cast<double>(len) / trained);
+    l->set_val_loss(e->val_loss() + (doublings <= 0 ? -0.02 * doublings : growth * doublings));
+    l->set_val_ppl(std::exp(l->val_loss()));
+    l->set_yarn(len > trained);
+  }
+}
+
+// `heads` attention maps per layer over the first `size` positions, as the trainer stores them
+// (round(255 * p), row = query, nothing above the diagonal): an attention sink on the first key
+// that grows with depth, the rest decaying away from the diagonal.
+inline void AddAttentionMaps(EvalResult* e, int layers, int heads, int size) {
+  for (int layer = 0; layer < layers; ++layer) {
+    for (int head = 0; head < heads; ++head) {
+      AttentionMap* m = e->add_attention_maps();
+      m->set_layer(layer);
+      m->set_head(head);
+      m->set_size(size);
+      std::string probs(static_cast<size_t>(size) * size, '\0');
+      const double sink =
+          std::clamp(0.2 + 0.6 * (layer + 1) / (layers + 1) - 0.1 * head, 0.05, 0.95);
+      const double decay = 0.5 + 0.4 * head / std::max(1, heads);
+      auto put = [&](int q, int k, double p) {
+        probs[static_cast<size_t>(q) * size + k] =
+            static_cast<char>(static_cast<uint8_t>(std::lround(255 * std::clamp(p, 0.0, 1.0))));
+      };
+      put(0, 0, 1);
+      for (int q = 1; q < size; ++q) {
+        double total = 0;
+        for (int k = 1; k <= q; ++k) total += std::pow(decay, q - k);
+        put(q, 0, sink);
+        for (int k = 1; k <= q; ++k) put(q, k, (1 - sink) * std::pow(decay, q - k) / total);
+      }
+      m->set_probs(std::move(probs));
+    }
+  }
 }
 
 inline absl::StatusOr<TransitionResult> StartRun(Store* store, int64_t run_id) {
