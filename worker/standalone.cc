@@ -1,15 +1,26 @@
 #include "worker/standalone.h"
 
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "config/proto_yaml.h"
+#include "worker/train/collective.h"
 #include "worker/train/trainer.h"
 
 namespace ablate {
@@ -111,14 +122,109 @@ void TruncateJsonl(const fs::path& path, int64_t last_step) {
   fs::rename(tmp, path);
 }
 
-int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "ablate-worker: %s\n", std::string(s.message()).c_str());
+int Fail(const absl::Status& s, int rank = -1) {
+  std::fprintf(stderr, "ablate-worker: %s%s\n", rank >= 0 ? absl::StrCat("rank ", rank, ": ").c_str() : "",
+               std::string(s.message()).c_str());
   return 1;
+}
+
+volatile sig_atomic_t g_forward_signal = 0;
+extern "C" void OnLauncherSignal(int sig) { g_forward_signal = sig; }
+
+// Starts `o.world_size` rank processes of this binary on `dir` and waits for them. The first
+// rank to fail stops the others (SIGTERM, then SIGKILL after 10 s); SIGTERM to the launcher is
+// passed on (each rank checkpoints at the same step). Exit code: rank 0's, 1 when any failed.
+int Launch(const StandaloneOptions& o, const fs::path& dir, bool resume) {
+  absl::StatusOr<std::unique_ptr<RendezvousServer>> server =
+      RendezvousServer::Start("127.0.0.1", o.world_size);
+  if (!server.ok()) return Fail(server.status());
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < o.world_size; ++rank) {
+    std::vector<std::string> args = {self, "train"};
+    if (resume) {
+      args.insert(args.end(), {"--resume", dir.string()});
+    } else {
+      args.insert(args.end(), {"--out", dir.string(), "--config", (dir / "config.json").string()});
+    }
+    if (!o.device.empty()) args.insert(args.end(), {"--device", o.device});
+    if (o.threads >= 0) args.insert(args.end(), {"--threads", std::to_string(o.threads)});
+    args.insert(args.end(), {"--world-size", std::to_string(o.world_size), "--rank",
+                             std::to_string(rank), "--rendezvous", (*server)->address(),
+                             "--collective-timeout", absl::StrCat(o.collective_timeout_s)});
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) return Fail(absl::InternalError(absl::StrCat("fork: ", std::strerror(errno))));
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGTERM);  // a launcher that dies takes its ranks with it
+      execv(self.c_str(), argv.data());
+      std::fprintf(stderr, "ablate-worker: rank %d: exec %s: %s\n", rank, self.c_str(),
+                   std::strerror(errno));
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  // Ctrl-C reaches every rank from the terminal; the launcher only waits for them.
+  std::signal(SIGINT, SIG_IGN);
+  std::signal(SIGTERM, OnLauncherSignal);
+  int rank0_code = 1, failed_rank = -1, failed_status = 0;
+  size_t left = pids.size();
+  bool stopping = false;
+  auto deadline = std::chrono::steady_clock::time_point::max();
+  while (left > 0) {
+    if (g_forward_signal != 0) {
+      for (pid_t p : pids) if (p > 0) kill(p, SIGTERM);
+      g_forward_signal = 0;
+    }
+    int status = 0;
+    const pid_t done = waitpid(-1, &status, WNOHANG);
+    if (done <= 0) {
+      if (stopping && std::chrono::steady_clock::now() > deadline) {
+        for (pid_t p : pids) if (p > 0) kill(p, SIGKILL);
+        deadline = std::chrono::steady_clock::time_point::max();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    const auto it = std::find(pids.begin(), pids.end(), done);
+    if (it == pids.end()) continue;
+    const int rank = static_cast<int>(it - pids.begin());
+    *it = -1;
+    --left;
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (rank == 0) rank0_code = code;
+    if ((code == 0 || code == 3) || stopping) continue;
+    failed_rank = rank;
+    failed_status = code;
+    stopping = true;  // the others cannot go on without it
+    for (pid_t p : pids) if (p > 0) kill(p, SIGTERM);
+    deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  }
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  if (failed_rank >= 0) {
+    std::fprintf(stderr,
+                 "ablate-worker: rank %d of %d ended with %s %d; the other ranks were stopped. "
+                 "Continue from the last checkpoint with: ablate-worker train --resume %s "
+                 "--world-size %d\n",
+                 failed_rank, o.world_size, failed_status > 128 ? "signal" : "exit code",
+                 failed_status > 128 ? failed_status - 128 : failed_status, dir.string().c_str(),
+                 o.world_size);
+    return 1;
+  }
+  return rank0_code;
 }
 
 }  // namespace
 
 int RunStandalone(const StandaloneOptions& o) {
+  if (o.world_size < 1) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--world-size must be >= 1, got ", o.world_size)));
+  }
+  const bool is_rank = o.rank >= 0;  // started by a launcher
+  const bool writer = !is_rank || o.rank == 0;
   const bool resume = !o.resume_dir.empty();
   const fs::path dir = resume ? o.resume_dir : o.out_dir;
   if (dir.empty()) return Fail(absl::InvalidArgumentError("--out DIR (or --resume DIR) is required"));
@@ -128,11 +234,19 @@ int RunStandalone(const StandaloneOptions& o) {
   if (!config.ok()) return Fail(config.status());
   if (!o.device.empty()) config->mutable_train()->set_device(o.device);
   if (o.threads >= 0) config->mutable_train()->set_threads(o.threads);
+  if (is_rank && config->train().device() == "cuda") {
+    config->mutable_train()->set_device(absl::StrCat("cuda:", o.rank));  // one device per rank
+  }
+  if (o.world_size > 1 && config->train().batch_size() % o.world_size != 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "train.batch_size: ", config->train().batch_size(), " windows cannot be split evenly over ",
+        o.world_size, " ranks (--world-size); the global batch is divided between them")), o.rank);
+  }
 
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Fail(absl::InternalError(absl::StrCat(dir.string(), ": ", ec.message())));
-  if (!resume) {
+  if (!resume && !is_rank) {
     if (fs::exists(dir / "checkpoint.pt")) {
       return Fail(absl::AlreadyExistsError(absl::StrCat(
           dir.string(), " already holds a run; continue it with --resume ", dir.string())));
@@ -140,12 +254,28 @@ int RunStandalone(const StandaloneOptions& o) {
     std::ofstream(dir / "config.json") << CanonicalJson(*config) << "\n";
   }
 
+  if (o.world_size > 1 && !is_rank) return Launch(o, dir, resume);
+
   TrainerOptions options;
   options.checkpoint_dir = dir.string();
   options.resume = resume;
   options.interrupt = &g_interrupt;
+  if (is_rank) {
+    options.world_size = o.world_size;
+    options.rank = o.rank;
+    options.rendezvous = o.rendezvous;
+    options.collective_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(o.collective_timeout_s * 1000));
+  }
+  std::signal(SIGINT, OnSignal);  // from here: a signal interrupts at the next step
+  std::signal(SIGTERM, OnSignal);
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*config, options);
-  if (!trainer.ok()) return Fail(trainer.status());
+  if (!trainer.ok()) return Fail(trainer.status(), o.rank);
+  if (!writer) {  // rank > 0: trains its share; rank 0 prints and writes every output
+    absl::StatusOr<RunSummary> summary = (*trainer)->Run(nullptr);
+    if (!summary.ok()) return Fail(summary.status(), o.rank);
+    return summary->state() == DIVERGED ? 3 : 0;
+  }
   if (resume) {
     TruncateJsonl(dir / "metrics.jsonl", (*trainer)->step());
     std::printf("resuming %s at step %lld\n", dir.string().c_str(),
@@ -153,12 +283,10 @@ int RunStandalone(const StandaloneOptions& o) {
   }
   std::ofstream jsonl(dir / "metrics.jsonl", std::ios::app);
   ConsoleObserver observer(config->train(), &jsonl);
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
   absl::StatusOr<RunSummary> summary = (*trainer)->Run(&observer);
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
-  if (!summary.ok()) return Fail(summary.status());
+  if (!summary.ok()) return Fail(summary.status(), o.rank);
   std::ofstream(dir / "summary.json") << PlainJson(*summary) << "\n";
 
   const EvalResult& e = summary->final_eval();

@@ -50,6 +50,16 @@ int RunWorker(int argc, char** argv) {
   cmd->add_option("--resume", train.resume_dir, "continue the run in this output directory");
   cmd->add_option("--device", train.device, "cpu, cuda or cuda:N (overrides train.device)");
   cmd->add_option("--threads", train.threads, "intra-op threads, 0 = all cores (overrides train.threads)");
+  cmd->add_option("--world-size", train.world_size,
+                  "train data-parallel over N local processes (train.batch_size is the global "
+                  "batch; with --device cuda, rank r uses cuda:r)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--collective-timeout", train.collective_timeout_s,
+                  "seconds a data-parallel collective may wait for the other ranks (default 600)")
+      ->check(CLI::PositiveNumber);
+  // Set by the --world-size launcher for the processes it starts.
+  cmd->add_option("--rank", train.rank)->group("");
+  cmd->add_option("--rendezvous", train.rendezvous)->group("");
   int code = 0;
   cmd->callback([&] { code = ablate::RunStandalone(train); });
   CLI11_PARSE(app, argc, argv);

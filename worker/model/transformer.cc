@@ -358,8 +358,10 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x, torch::Tensor* aux_loss) 
     torch::Tensor assigned = counts;
     int64_t total = N * k;
     if (moe_.load_balance_scope() == BALANCE_GLOBAL_BATCH && torch::GradMode::is_enabled()) {
-      step_counts_ = step_counts_.defined() ? step_counts_ + counts : counts.clone();
-      step_assignments_ += N * k;
+      torch::Tensor global = counts.clone();  // this rank's; every rank's when data parallel
+      if (reducer_) reducer_(global);
+      step_counts_ = step_counts_.defined() ? step_counts_ + global : global;
+      step_assignments_ += global.sum().item<int64_t>();
       assigned = step_counts_;
       total = step_assignments_;
     }
@@ -421,6 +423,10 @@ TransformerImpl::TransformerImpl(const ModelConfig& c) : config_(c) {
 
 void TransformerImpl::BeginStep() {
   for (auto& block : *blocks_) block->as<Block>()->BeginStep();
+}
+
+void TransformerImpl::SetCountReducer(const MoEImpl::CountReducer& reducer) {
+  for (auto& block : *blocks_) block->as<Block>()->SetCountReducer(reducer);
 }
 
 void TransformerImpl::UseYarn(bool on) {

@@ -15,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <vector>
 
 #include "proto/ablate.pb.h"
@@ -183,9 +184,14 @@ class MoEImpl : public torch::nn::Module {
 
   // A new optimizer step: the global-batch assignment counts start again from zero.
   void BeginStep();
+  // Data parallel: sums a count tensor (CPU, int64, (E)) over the ranks in place, so that the
+  // global-batch balance loss counts every rank's assignments. Unset for one process.
+  using CountReducer = std::function<void(torch::Tensor&)>;
+  void SetCountReducer(CountReducer reducer) { reducer_ = std::move(reducer); }
 
  private:
   MoeConfig moe_;
+  CountReducer reducer_;
   // BALANCE_GLOBAL_BATCH: assignments per expert over the step's micro-batches so far (CPU,
   // int64, (E)) and their total; updated only by forward passes that record gradients.
   torch::Tensor step_counts_;
@@ -204,6 +210,9 @@ class BlockImpl : public torch::nn::Module {
     if (moe_) moe_->BeginStep();
   }
   void UseYarn(bool on) { attn_->UseYarn(on); }
+  void SetCountReducer(const MoEImpl::CountReducer& reducer) {
+    if (moe_) moe_->SetCountReducer(reducer);
+  }
 
  private:
   // Sandwich norm and clamp of a sublayer output, before the residual add.
@@ -239,6 +248,10 @@ class TransformerImpl : public torch::nn::Module {
   // Every layer rotates with the YaRN tables (ModelConfig.yarn) until called with false: for
   // evaluations beyond yarn.original_seq_len. A no-op without YaRN.
   void UseYarn(bool on);
+
+  // Data parallel: every MoE layer's global-batch counts are summed over ranks with `reducer`
+  // (MoEImpl::SetCountReducer). A no-op for a dense model.
+  void SetCountReducer(const MoEImpl::CountReducer& reducer);
 
  private:
   ModelConfig config_;

@@ -20,6 +20,7 @@
 #include "config/durable_file.h"
 #include "config/model_config.h"
 #include "config/param_count.h"
+#include "worker/train/collective.h"
 #include "worker/train/data.h"
 #include "worker/model/probes.h"
 #include "worker/model/transformer.h"
@@ -89,6 +90,31 @@ struct Trainer::State {
   std::vector<std::string> notices;
   // TrainConfig.init_from: what Build() loaded from it (for the notice at step 0).
   std::string init_from_summary;
+  // Data parallel (TrainerOptions.world_size > 1); null for one process.
+  std::unique_ptr<Collective> dist;
+
+  // Rank 0 (or the only process): evaluates, writes checkpoints, reports.
+  bool Writer() const { return dist == nullptr || dist->rank() == 0; }
+  // True on every rank when it is true on any.
+  bool AnyRank(bool value) {
+    if (dist == nullptr) return value;
+    torch::Tensor flag = torch::tensor({value ? 1.0f : 0.0f});
+    dist->AllReduceMax(flag);
+    return flag.item<float>() > 0;
+  }
+  // Every rank at the same step after a load (resume, rollback): else they read different files.
+  absl::Status CheckRanksAgree(const char* when) {
+    if (dist == nullptr) return absl::OkStatus();
+    torch::Tensor bounds = torch::tensor({static_cast<double>(step), -static_cast<double>(step)},
+                                         torch::kFloat64);
+    dist->AllReduceMax(bounds);
+    if (bounds[0].item<double>() != -bounds[1].item<double>()) {
+      return absl::DataLossError(absl::StrCat(
+          when, ": the ranks loaded checkpoints of different steps (", -bounds[1].item<double>(),
+          " to ", bounds[0].item<double>(), ") from ", options.checkpoint_dir));
+    }
+    return absl::OkStatus();
+  }
 
   explicit State(TokenData d) : data(std::move(d)) {}
 
@@ -115,6 +141,13 @@ struct Trainer::State {
     data.Batch(split, index, t.batch_size(), len, x.data_ptr<int64_t>(), y.data_ptr<int64_t>());
     return {x.to(device), y.to(device)};
   }
+  // This rank's rows of training batch `index`: all of them for one process.
+  std::pair<torch::Tensor, torch::Tensor> GetTrainBatch(int64_t index) {
+    auto [x, y] = GetBatch(TokenData::Split::kTrain, index);
+    if (dist == nullptr) return {x, y};
+    const int64_t rows = x.size(0) / dist->world_size(), first = dist->rank() * rows;
+    return {x.slice(0, first, first + rows), y.slice(0, first, first + rows)};
+  }
 
   torch::Tensor Loss(const torch::Tensor& logits, const torch::Tensor& targets) {
     return torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32),
@@ -128,6 +161,10 @@ struct Trainer::State {
       torch::manual_seed(t.seed());
       model = Transformer(config.model());
       model->to(device);
+      if (dist != nullptr) {  // the global-batch balance loss counts every rank's assignments
+        Collective* c = dist.get();
+        model->SetCountReducer([c](torch::Tensor& counts) { c->AllReduceSum(counts); });
+      }
       // Weight decay on matrices only; never on norm weights or input-independent gate thetas.
       std::vector<torch::Tensor> decay, no_decay;
       params.clear();
@@ -373,6 +410,10 @@ struct Trainer::State {
         break;
       }
       if (!absl::IsDataLoss(st)) return st;
+      if (!Writer()) {  // rank 0 moves it aside and reports it; the others fall back alike
+        if (absl::Status built = Build(); !built.ok()) return built;
+        continue;
+      }
       // Aside under a name of its own, so that an earlier torn file is kept too.
       const std::string stamp = absl::FormatTime("%Y%m%dT%H%M%S", absl::Now(), absl::UTCTimeZone());
       std::string aside = absl::StrCat(path, ".corrupt-", stamp);
@@ -401,6 +442,7 @@ struct Trainer::State {
     const int64_t kept_spike_steps = spike_steps;
     const int64_t kept_rollbacks = rollbacks + 1;
     if (absl::Status st = LoadNewestGoodCheckpoint(notices); !st.ok()) return st;
+    if (absl::Status st = CheckRanksAgree("rollback"); !st.ok()) return st;
     data_offset += (spike_step - step) * t.grad_accum() + t.spike().rollback_skip_batches();
     rollbacks = kept_rollbacks;
     spike_steps = kept_spike_steps;
@@ -432,6 +474,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const RunConfig& config
     return absl::InvalidArgumentError("trainer: a checkpoint directory is required");
   }
   const TrainConfig& t = config.train();
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer: rank ", options.rank,
+                                                   " is outside a world of ", options.world_size));
+  }
+  if (t.batch_size() % options.world_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.batch_size: ", t.batch_size(), " windows cannot be split evenly over ",
+        options.world_size, " ranks (the global batch is divided, so that the run's results do "
+        "not depend on its world size)"));
+  }
   absl::StatusOr<TokenData> data = TokenData::Load(t.data(), config.model().vocab_size(), t.seq_len());
   if (!data.ok()) return data.status();
   for (int i = 0; i < t.eval_seq_lens_size(); ++i) {
@@ -462,12 +514,31 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const RunConfig& config
   }
   s->autocast = t.precision() == PRECISION_BF16_AUTOCAST && s->device.is_cuda();
   KeepFreedMemoryInHeap();
+  // threads 0 = all cores, shared between the ranks of this machine.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   torch::set_num_threads(t.threads() > 0 ? t.threads()
-                                         : std::max(1u, std::thread::hardware_concurrency()));
+                                         : std::max(1, static_cast<int>(cores) / s->options.world_size));
 
+  if (s->options.world_size > 1) {
+    CollectiveOptions c;
+    c.rank = s->options.rank;
+    c.world_size = s->options.world_size;
+    c.rendezvous = s->options.rendezvous;
+    c.device = t.device();
+    c.timeout = s->options.collective_timeout;
+    absl::StatusOr<std::unique_ptr<Collective>> dist = Collective::Connect(c);
+    if (!dist.ok()) return dist.status();
+    s->dist = *std::move(dist);
+  }
   if (absl::Status built = s->Build(); !built.ok()) return built;
   if (s->options.resume) {
     if (absl::Status st = s->LoadNewestGoodCheckpoint(&s->notices); !st.ok()) return st;
+  }
+  try {
+    if (absl::Status st = s->CheckRanksAgree("resume"); !st.ok()) return st;
+    if (s->dist != nullptr) s->dist->BroadcastParameters(s->params);  // one start on every rank
+  } catch (const c10::Error& e) {
+    return absl::UnavailableError(absl::StrCat("data parallel start: ", e.what_without_backtrace()));
   }
   if (s->step == 0 && !s->init_from_summary.empty()) s->notices.push_back(s->init_from_summary);
   return std::unique_ptr<Trainer>(new Trainer(std::move(s)));
@@ -503,8 +574,12 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
     return summary;
   };
   // Writes a checkpoint unless the observer stops the run first: false then.
+  // Rank 0 asks and writes; every rank learns whether the run stops here.
   auto checkpoint = [&]() -> absl::StatusOr<bool> {
-    if (obs->BeforeCheckpoint(s.step) == TrainerObserver::Directive::kStop) return false;
+    const bool stop = s.AnyRank(s.Writer() && obs->BeforeCheckpoint(s.step) ==
+                                                  TrainerObserver::Directive::kStop);
+    if (stop) return false;
+    if (!s.Writer()) return true;
     if (absl::Status st = s.SaveCheckpoint(); !st.ok()) return st;
     obs->OnCheckpoint(s.step, s.CheckpointPath());
     return true;
@@ -514,7 +589,7 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
   s.notices.clear();
 
   try {
-    if (policy == SPIKE_ROLLBACK && !fs::exists(s.CheckpointPath())) {
+    if (policy == SPIKE_ROLLBACK && s.AnyRank(s.Writer() && !fs::exists(s.CheckpointPath()))) {
       absl::StatusOr<bool> written = checkpoint();  // something to roll back to
       if (!written.ok()) return written.status();
       if (!*written) return finish(CANCELLED, kStopped);
@@ -533,8 +608,7 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
       s.model->BeginStep();  // the global-batch balance loss counts this step's micro-batches
       double loss_sum = 0, aux_sum = 0;
       for (int micro = 0; micro < t.grad_accum(); ++micro) {
-        auto [x, y] = s.GetBatch(TokenData::Split::kTrain,
-                                 (step - 1) * t.grad_accum() + micro + s.data_offset);
+        auto [x, y] = s.GetTrainBatch((step - 1) * t.grad_accum() + micro + s.data_offset);
         torch::Tensor loss, aux;
         {
           AutocastGuard autocast_guard(s.autocast);
@@ -545,6 +619,13 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
         ((loss + aux) / t.grad_accum()).backward();
         loss_sum += loss.item<double>();
         aux_sum += aux.item<double>();
+      }
+      if (s.dist != nullptr) {  // the mean over ranks: what one process would compute
+        s.dist->AverageGradients(s.params);
+        torch::Tensor sums = torch::tensor({loss_sum, aux_sum}, torch::kFloat64);
+        s.dist->AllReduceSum(sums);
+        loss_sum = sums[0].item<double>() / s.dist->world_size();
+        aux_sum = sums[1].item<double>() / s.dist->world_size();
       }
       const double loss = loss_sum / t.grad_accum();
       const double max_norm = t.optimizer().grad_clip() > 0 ? t.optimizer().grad_clip()
@@ -580,12 +661,20 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
       const double dt = std::chrono::duration<double>(now - window_start).count();
       window_start = now;
       m.set_tokens_per_s(dt > 0 ? s.TokensPerStep() / dt : 0.0);
-      const TrainerObserver::Directive directive = obs->OnStep(m);
+      // A stop (rank 0's observer) or an interrupt (any rank's signal) is every rank's.
+      bool stop = obs->OnStep(m) == TrainerObserver::Directive::kStop;
+      bool interrupted = s.options.interrupt != nullptr && s.options.interrupt->load();
+      if (s.dist != nullptr) {
+        torch::Tensor flags = torch::tensor({stop ? 1.0f : 0.0f, interrupted ? 1.0f : 0.0f});
+        s.dist->AllReduceMax(flags);
+        stop = flags[0].item<float>() > 0;
+        interrupted = flags[1].item<float>() > 0;
+      }
 
       if (verdict.diverged) return finish(DIVERGED, verdict.reason);
-      if (directive == TrainerObserver::Directive::kStop) return finish(CANCELLED, kStopped);
+      if (stop) return finish(CANCELLED, kStopped);
       const bool last = step == t.steps();
-      if (step % t.eval_every() == 0 || last) {
+      if ((step % t.eval_every() == 0 || last) && s.Writer()) {  // the other ranks wait
         s.last_eval = s.Evaluate();
         obs->OnEval(s.last_eval);
       }
@@ -594,7 +683,7 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
         if (!written.ok()) return written.status();
         if (!*written) return finish(CANCELLED, kStopped);
       }
-      if (s.options.interrupt != nullptr && s.options.interrupt->load() && !last) {
+      if (interrupted && !last) {
         absl::StatusOr<bool> written = checkpoint();
         if (!written.ok()) return written.status();
         if (!*written) return finish(CANCELLED, kStopped);

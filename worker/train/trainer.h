@@ -1,6 +1,6 @@
 // The training loop of one run: AdamW with warmup + cosine, gradient clipping and accumulation,
-// evaluation with probes, atomic checkpoints with bitwise-exact resume on the CPU, and the
-// spike/divergence policies of DESIGN.md.
+// evaluation with probes, atomic checkpoints with bitwise-exact resume on the CPU, the
+// spike/divergence policies of DESIGN.md, and data parallelism over c10d (TrainerOptions).
 //
 // Checkpoints. `checkpoint.pt` is replaced durably (config/durable_file.h: a temporary file of its
 // own per write, fsynced, renamed, the directory fsynced), and the one it replaces is kept as
@@ -17,6 +17,7 @@
 #define ABLATE_WORKER_TRAIN_TRAINER_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -55,6 +56,19 @@ struct TrainerOptions {
   // When it becomes true, the trainer finishes the current step, writes a checkpoint and
   // returns INTERRUPTED. May be null.
   const std::atomic<bool>* interrupt = nullptr;
+
+  // Data parallel (docs/training.md): this process is rank `rank` of `world_size`, meeting the
+  // others at `rendezvous` (HOST:PORT of a RendezvousServer, worker/train/collective.h).
+  // train.batch_size stays the global micro-batch: rank r trains on rows [r b, (r + 1) b) of
+  // each batch one process would draw (b = batch_size / world_size), gradients are averaged
+  // across ranks, and every rank takes the same steps. Rank 0 alone evaluates, writes
+  // checkpoints and calls the observer; every rank resumes from rank 0's checkpoints.
+  int world_size = 1;
+  int rank = 0;
+  std::string rendezvous;
+  // A collective that waits longer than this (a rank died or hangs) fails the attempt. It must
+  // exceed rank 0's longest evaluation, during which the others wait.
+  std::chrono::milliseconds collective_timeout{std::chrono::minutes(10)};
 };
 
 class Trainer {

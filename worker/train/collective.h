@@ -1,0 +1,81 @@
+// The collectives of a data-parallel run, on PyTorch's own distributed engine (c10d): a TCPStore
+// for the rendezvous, ProcessGroupGloo on the CPU (NCCL on CUDA when this LibTorch has it). The
+// trainer uses it to average gradients and to agree on every decision that ends or pauses a run,
+// so the ranks of one run take the same steps and stop at the same one.
+//
+// A rank that dies or hangs makes the others' next collective fail after `timeout` (c10d's
+// timeout) with an error naming the collective; nothing waits forever. Not thread-safe: one
+// trainer thread per rank.
+#ifndef ABLATE_WORKER_TRAIN_COLLECTIVE_H_
+#define ABLATE_WORKER_TRAIN_COLLECTIVE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace at {
+class Tensor;
+}  // namespace at
+
+namespace ablate {
+
+struct CollectiveOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string rendezvous;  // HOST:PORT of the run's TCPStore (RendezvousServer)
+  std::string device = "cpu";  // the run's train.device: NCCL for CUDA where available
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+class Collective {
+ public:
+  // Connects to the store and forms the process group (every rank must call it). Errors name
+  // the rendezvous address and what failed.
+  static absl::StatusOr<std::unique_ptr<Collective>> Connect(const CollectiveOptions& options);
+  ~Collective();
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+
+  // In place, on every rank: the element-wise sum over ranks. Throws c10::Error on a timeout or a
+  // lost peer (the trainer turns it into a failed attempt).
+  void AllReduceSum(at::Tensor& tensor);
+  // In place: the element-wise maximum over ranks.
+  void AllReduceMax(at::Tensor& tensor);
+  // In place: rank `root`'s values on every rank.
+  void Broadcast(at::Tensor& tensor, int root = 0);
+  // Every gradient of `params` (those defined) replaced by its mean over ranks, in one
+  // collective over a flattened copy.
+  void AverageGradients(const std::vector<at::Tensor>& params);
+  // Every parameter replaced by rank 0's (one collective over a flattened copy).
+  void BroadcastParameters(const std::vector<at::Tensor>& params);
+
+ private:
+  struct Impl;
+  explicit Collective(std::unique_ptr<Impl> impl, int rank, int world_size);
+  std::unique_ptr<Impl> impl_;
+  int rank_, world_size_;
+};
+
+// The TCPStore server of one run's rendezvous, for a launcher that starts the ranks itself
+// (`ablate-worker train --world-size N`). Listens on `host` at a port the system chooses.
+class RendezvousServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<RendezvousServer>> Start(const std::string& host,
+                                                                  int world_size);
+  ~RendezvousServer();
+  std::string address() const;  // HOST:PORT to hand every rank
+
+ private:
+  struct Impl;
+  explicit RendezvousServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ablate
+
+#endif  // ABLATE_WORKER_TRAIN_COLLECTIVE_H_
