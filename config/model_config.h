@@ -32,6 +32,7 @@ inline constexpr int32_t kMaxSwitchHeadExperts = 1 << 10;
 inline constexpr int32_t kMaxEvalSeqLens = 16;        // train.eval_seq_lens
 inline constexpr int32_t kMaxAttentionMapHeads = 16;  // train.attention_map_heads
 inline constexpr int32_t kAttentionMapSize = 64;      // positions an attention map covers
+inline constexpr int32_t kMaxDevices = 4096;          // resources.devices, worker slots
 
 // InvalidArgument naming the offending fields (e.g. "model.gate.granularity: HEADWISE is not
 // allowed at G5"), OK otherwise. `prefix` is prepended to field paths ("model.").

@@ -1,18 +1,12 @@
 #include "worker/standalone.h"
 
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <csignal>
-#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -21,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "config/proto_yaml.h"
 #include "worker/train/collective.h"
+#include "worker/train/rank_processes.h"
 #include "worker/train/trainer.h"
 
 namespace ablate {
@@ -138,83 +133,51 @@ int Launch(const StandaloneOptions& o, const fs::path& dir, bool resume) {
   absl::StatusOr<std::unique_ptr<RendezvousServer>> server =
       RendezvousServer::Start("127.0.0.1", o.world_size);
   if (!server.ok()) return Fail(server.status());
-  const std::string self = fs::read_symlink("/proc/self/exe").string();
-  std::vector<pid_t> pids;
+  std::vector<std::vector<std::string>> args;
+  std::vector<int> ranks;
   for (int rank = 0; rank < o.world_size; ++rank) {
-    std::vector<std::string> args = {self, "train"};
+    std::vector<std::string> a = {"train"};
     if (resume) {
-      args.insert(args.end(), {"--resume", dir.string()});
+      a.insert(a.end(), {"--resume", dir.string()});
     } else {
-      args.insert(args.end(), {"--out", dir.string(), "--config", (dir / "config.json").string()});
+      a.insert(a.end(), {"--out", dir.string(), "--config", (dir / "config.json").string()});
     }
-    if (!o.device.empty()) args.insert(args.end(), {"--device", o.device});
-    if (o.threads >= 0) args.insert(args.end(), {"--threads", std::to_string(o.threads)});
-    args.insert(args.end(), {"--world-size", std::to_string(o.world_size), "--rank",
-                             std::to_string(rank), "--rendezvous", (*server)->address(),
-                             "--collective-timeout", absl::StrCat(o.collective_timeout_s)});
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid < 0) return Fail(absl::InternalError(absl::StrCat("fork: ", std::strerror(errno))));
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGTERM);  // a launcher that dies takes its ranks with it
-      execv(self.c_str(), argv.data());
-      std::fprintf(stderr, "ablate-worker: rank %d: exec %s: %s\n", rank, self.c_str(),
-                   std::strerror(errno));
-      _exit(127);
-    }
-    pids.push_back(pid);
+    if (!o.device.empty()) a.insert(a.end(), {"--device", o.device});
+    if (o.threads >= 0) a.insert(a.end(), {"--threads", std::to_string(o.threads)});
+    a.insert(a.end(), {"--world-size", std::to_string(o.world_size), "--rank",
+                       std::to_string(rank), "--rendezvous", (*server)->address(),
+                       "--collective-timeout", absl::StrCat(o.collective_timeout_s)});
+    args.push_back(std::move(a));
+    ranks.push_back(rank);
   }
+  absl::StatusOr<RankProcesses> processes = RankProcesses::Start("", args, ranks);
+  if (!processes.ok()) return Fail(processes.status());
   // Ctrl-C reaches every rank from the terminal; the launcher only waits for them.
   std::signal(SIGINT, SIG_IGN);
   std::signal(SIGTERM, OnLauncherSignal);
-  int rank0_code = 1, failed_rank = -1, failed_status = 0;
-  size_t left = pids.size();
-  bool stopping = false;
-  auto deadline = std::chrono::steady_clock::time_point::max();
-  while (left > 0) {
+  std::optional<RankProcesses::Ending> failure;
+  while (!processes->AllEnded() && !(failure = processes->Poll())) {
     if (g_forward_signal != 0) {
-      for (pid_t p : pids) if (p > 0) kill(p, SIGTERM);
+      processes->Signal(SIGTERM);
       g_forward_signal = 0;
     }
-    int status = 0;
-    const pid_t done = waitpid(-1, &status, WNOHANG);
-    if (done <= 0) {
-      if (stopping && std::chrono::steady_clock::now() > deadline) {
-        for (pid_t p : pids) if (p > 0) kill(p, SIGKILL);
-        deadline = std::chrono::steady_clock::time_point::max();
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      continue;
-    }
-    const auto it = std::find(pids.begin(), pids.end(), done);
-    if (it == pids.end()) continue;
-    const int rank = static_cast<int>(it - pids.begin());
-    *it = -1;
-    --left;
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (rank == 0) rank0_code = code;
-    if ((code == 0 || code == 3) || stopping) continue;
-    failed_rank = rank;
-    failed_status = code;
-    stopping = true;  // the others cannot go on without it
-    for (pid_t p : pids) if (p > 0) kill(p, SIGTERM);
-    deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  if (failure) processes->Signal(SIGTERM);  // the others cannot go on without it
+  const std::vector<RankProcesses::Ending> endings =
+      processes->Wait(std::chrono::seconds(10));
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
-  if (failed_rank >= 0) {
+  if (failure) {
     std::fprintf(stderr,
-                 "ablate-worker: rank %d of %d ended with %s %d; the other ranks were stopped. "
+                 "ablate-worker: rank %d of %d ended with %s; the other ranks were stopped. "
                  "Continue from the last checkpoint with: ablate-worker train --resume %s "
                  "--world-size %d\n",
-                 failed_rank, o.world_size, failed_status > 128 ? "signal" : "exit code",
-                 failed_status > 128 ? failed_status - 128 : failed_status, dir.string().c_str(),
+                 failure->rank, o.world_size, failure->Describe().c_str(), dir.string().c_str(),
                  o.world_size);
     return 1;
   }
-  return rank0_code;
+  return endings[0].code;
 }
 
 }  // namespace
@@ -228,7 +191,9 @@ int RunStandalone(const StandaloneOptions& o) {
   const bool resume = !o.resume_dir.empty();
   const fs::path dir = resume ? o.resume_dir : o.out_dir;
   if (dir.empty()) return Fail(absl::InvalidArgumentError("--out DIR (or --resume DIR) is required"));
-  const std::string config_path = resume ? (dir / "config.json").string() : o.config_path;
+  // A rank the agent starts names its job's config next to --resume.
+  const std::string config_path =
+      resume && o.config_path.empty() ? (dir / "config.json").string() : o.config_path;
   if (config_path.empty()) return Fail(absl::InvalidArgumentError("--config FILE is required"));
   absl::StatusOr<RunConfig> config = LoadRunConfigFile(config_path);
   if (!config.ok()) return Fail(config.status());

@@ -32,7 +32,18 @@ int RunWorker(int argc, char** argv) {
   ablate::RefuseTokenOnCommandLine(&app);
   app.add_option("--tls-ca", agent.tls_ca, "PEM CA bundle to verify a TLS coordinator")
       ->envname("ABLATE_TLS_CA");
-  app.add_option("--device", agent.device, "cpu, cuda or cuda:N for every job (overrides train.device)");
+  app.add_option("--device", agent.device,
+                 "cpu, cuda or cuda:N for every job (overrides train.device); a list "
+                 "(cuda:0,cuda:1) offers one slot per device");
+  app.add_option("--slots", agent.slots,
+                 "slots offered: a job with resources.devices N <= slots trains on N ranks "
+                 "(default: the number of --device entries, else 1; on a CPU the cores are "
+                 "split between the ranks)")
+      ->check(CLI::Range(1, 4096));
+  double agent_collective_timeout_s = 600;
+  app.add_option("--collective-timeout", agent_collective_timeout_s,
+                 "seconds a data-parallel collective may wait for the other ranks (default 600)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--checkpoint-root", agent.checkpoint_root,
                  "keep checkpoints in DIR/run-<id> instead of the job's checkpoint dir");
   app.add_option("--idle-exit", idle_exit_s, "exit after this many seconds without a job (0 = never)")
@@ -65,6 +76,7 @@ int RunWorker(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (cmd->parsed()) return code;
 
+  agent.collective_timeout = absl::Seconds(agent_collective_timeout_s);
   if (agent.coordinator.empty()) {
     std::fprintf(stderr, "ablate-worker: --coordinator HOST:PORT (or ABLATE_COORDINATOR) is "
                          "required, or run one config with `ablate-worker train`\n");

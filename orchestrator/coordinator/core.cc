@@ -60,6 +60,7 @@ QueuedRun ToQueued(const RunInfo& run, absl::Time not_before,
   q.needs.device = run.device;
   q.needs.memory_gb = run.memory_gb;
   q.needs.threads = run.threads;
+  q.needs.devices = run.devices;
   q.not_before = not_before;
   q.job = std::move(job);
   q.total_steps = run.steps_total;
@@ -585,6 +586,7 @@ absl::StatusOr<RegisterResponse> CoordinatorCore::Register(const RegisterRequest
   offer.device = request.resources().device().empty() ? "cpu" : request.resources().device();
   offer.memory_gb = request.resources().memory_gb();
   offer.cores = request.resources().cores();
+  offer.slots = std::max(1, request.resources().slots());
   {
     absl::MutexLock lock(&mu_);
     workers_[*id] = offer;
@@ -618,6 +620,7 @@ absl::StatusOr<WorkerOffer> CoordinatorCore::OfferOf(int64_t worker_id) {
     offer.device = resources.device().empty() ? "cpu" : resources.device();
     offer.memory_gb = resources.memory_gb();
     offer.cores = resources.cores();
+    offer.slots = std::max(1, resources.slots());
     absl::MutexLock lock(&mu_);
     workers_[worker_id] = offer;
     worker_names_[worker_id] = w.name;
@@ -651,6 +654,7 @@ absl::StatusOr<Job> CoordinatorCore::MakeJob(const QueuedRun& run, int32_t attem
   job.set_sweep(made->sweep);
   job.set_variant(made->variant);
   job.set_lease_secret(LeaseSecret(options_.lease_key, run.run_id, attempt, worker_id));
+  job.set_world_size(std::max(1, run.needs.devices));
   return job;
 }
 

@@ -20,6 +20,7 @@ bool Fits(const RunNeeds& needs, const WorkerOffer& offer) {
   if (DeviceKind(needs.device) != DeviceKind(offer.device)) return false;
   if (needs.memory_gb > 0 && needs.memory_gb > offer.memory_gb) return false;
   if (needs.threads > 0 && needs.threads > offer.cores) return false;
+  if (std::max(1, needs.devices) > std::max(1, offer.slots)) return false;
   return true;
 }
 

@@ -72,8 +72,10 @@ struct RunNeeds {
   std::string device = "cpu";  // "cpu" or "cuda" (a "cuda:N" is read as "cuda")
   double memory_gb = 0;        // 0 = any
   int threads = 0;             // 0 = any
+  int devices = 1;             // ranks (data parallel): a worker with this many slots
   bool operator<(const RunNeeds& o) const {
-    return std::tie(device, memory_gb, threads) < std::tie(o.device, o.memory_gb, o.threads);
+    return std::tie(device, memory_gb, threads, devices) <
+           std::tie(o.device, o.memory_gb, o.threads, o.devices);
   }
 };
 
@@ -82,6 +84,7 @@ struct WorkerOffer {
   std::string device = "cpu";  // "cpu", "cuda", "cuda:N"
   double memory_gb = 0;        // 0 = unknown: only runs that need no memory fit
   int cores = 0;               // 0 = unknown: only runs that need no threads fit
+  int slots = 1;               // devices or core groups: runs needing up to this many fit
 };
 
 // "cuda:1" -> "cuda", "" -> "cpu".

@@ -117,6 +117,19 @@ class Expander {
 
     std::vector<std::vector<Prepared>> prepared(grid.size());
     for (size_t a = 0; a < grid.size(); ++a) prepared[a] = PreparePoint(grid[a]);
+    // A data-parallel run divides the global batch between its ranks.
+    const int devices = std::max(1, spec_.resources.devices());
+    for (size_t a = 0; a < grid.size() && problems_.empty(); ++a) {
+      for (size_t v = 0; v < spec_.variants.size(); ++v) {
+        const int64_t batch = prepared[a][v].post.train().batch_size();
+        if (batch % devices == 0) continue;
+        Problem(spec_.variants[v].line, "train.batch_size",
+                absl::StrCat("variant ", spec_.variants[v].name, ": ", batch,
+                             " windows cannot be split evenly over resources.devices = ",
+                             devices, " ranks"));
+        break;
+      }
+    }
     if (!problems_.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems_, "\n"));
 
     ExpandedSweep sweep;

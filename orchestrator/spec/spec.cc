@@ -197,6 +197,10 @@ class Parser {
       Problem(LineOfPath(r, "memory_gb", line), "resources.memory_gb", "must be >= 0");
     }
     if (res.threads() < 0) Problem(LineOfPath(r, "threads", line), "resources.threads", "must be >= 0");
+    if (res.devices() < 0 || res.devices() > kMaxDevices) {
+      Problem(LineOfPath(r, "devices", line), "resources.devices",
+              absl::StrCat("must be in [1, ", kMaxDevices, "], got ", res.devices()));
+    }
   }
 
   // ---- variants --------------------------------------------------------------------------------

@@ -217,7 +217,7 @@ constexpr char kRunColumns[] =
     "r.params_total, r.params_activated, r.params_added, r.created_at, r.started_at, "
     "r.finished_at, r.steps_total, r.steps_done, r.final_train_loss, r.val_loss, r.val_ppl, "
     "r.gate_score, r.m_act, r.f_attn, r.spike_score, r.spike_steps, r.tokens_per_s, r.wall_s, "
-    "r.reason, r.reused_from, r.attempt_base "
+    "r.reason, r.reused_from, r.attempt_base, r.devices "
     "FROM runs r JOIN sweeps s ON s.id = r.sweep_id JOIN variants v ON v.id = r.variant_id "
     "JOIN run_configs c ON c.run_id = r.id";
 
@@ -262,6 +262,7 @@ RunInfo ReadRun(const Stmt& s) {
   r.reason = s.ColumnText(34);
   r.reused_from = s.ColumnInt(35);  // NULL reads as 0
   r.attempt_base = static_cast<int>(s.ColumnInt(36));
+  r.devices = std::max(1, static_cast<int>(s.ColumnInt(37)));
   return r;
 }
 

@@ -77,6 +77,7 @@ struct RunInfo {
   std::string device;
   double memory_gb = 0;
   int threads = 0;
+  int devices = 1;  // Resources.devices: the ranks it trains on
   int64_t params_total = 0, params_activated = 0, params_added = 0;
   double created_at = 0, started_at = 0, finished_at = 0;  // 0 = not yet
   int64_t steps_total = 0, steps_done = 0;

@@ -422,11 +422,18 @@ LEFT JOIN dev d ON d.sweep_id = m.sweep_id AND d.variant_id = m.variant_id AND d
   AND d.seq_len = m.seq_len;
 )sql";
 
+// Version 6: runs.devices, the ranks a run trains on (Resources.devices), which the scheduler
+// matches against a worker's slots.
+constexpr char kSchemaV6[] = R"sql(
+ALTER TABLE runs ADD COLUMN devices INTEGER NOT NULL DEFAULT 1;
+)sql";
+
 }  // namespace
 
 const std::vector<std::string>& StoreMigrations() {
   static const std::vector<std::string>* migrations =
-      new std::vector<std::string>{kSchemaV1, kSchemaV2, kSchemaV3, kSchemaV4, kSchemaV5};
+      new std::vector<std::string>{kSchemaV1, kSchemaV2, kSchemaV3, kSchemaV4, kSchemaV5,
+                                   kSchemaV6};
   return *migrations;
 }
 

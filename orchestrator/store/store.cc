@@ -296,8 +296,8 @@ absl::Status ApplyCreateSweep(StoreWriter& w, const SweepRecord& record,
       run_stmt,
       w.Get("INSERT INTO runs (sweep_id, variant_id, run_index, run_key, seed, axes, "
             "params_total, params_activated, params_added, flops_per_token, priority, device, "
-            "memory_gb, threads, created_at, steps_total) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, "
-            "?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"));
+            "memory_gb, threads, created_at, steps_total, devices) VALUES (?1, ?2, ?3, ?4, ?5, "
+            "?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"));
   STORE_ASSIGN_OR_RETURN(config_stmt,
                          w.Get("INSERT INTO run_configs (run_id, config_json) VALUES (?1, ?2)"));
   // Reuse: the first run of the same key that trained to SUCCEEDED, and a copy of its results.
@@ -328,6 +328,7 @@ absl::Status ApplyCreateSweep(StoreWriter& w, const SweepRecord& record,
     run_stmt->Bind(12, device).Bind(13, run.resources().memory_gb());
     run_stmt->Bind(14, run.resources().threads()).Bind(15, now);
     run_stmt->Bind(16, run.config().train().steps());
+    run_stmt->Bind(17, static_cast<int64_t>(std::max(1, run.resources().devices())));
     STORE_RETURN_IF_ERROR(run_stmt->Run());
     ids->run_ids.push_back(sqlite3_last_insert_rowid(w.db()));
     config_stmt->Bind(1, ids->run_ids.back()).Bind(2, config_json[i]);

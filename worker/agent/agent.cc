@@ -22,6 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -30,6 +31,10 @@
 #include "proto/grpc_status.h"
 #include "worker/agent/calls.h"
 #include "worker/agent/reporter.h"
+#include "config/durable_file.h"
+#include "config/proto_yaml.h"
+#include "worker/train/collective.h"
+#include "worker/train/rank_processes.h"
 #include "worker/train/trainer.h"
 
 namespace ablate {
@@ -66,7 +71,10 @@ class Agent::Impl {
         log_(options_.log),
         connection_(options_.coordinator, options_.backoff_max, &log_) {
     if (options_.name.empty()) options_.name = absl::StrCat(Hostname(), ":", getpid());
-    resources_ = DetectResources(options_.device);
+    devices_ = absl::StrSplit(options_.device, ',', absl::SkipEmpty());
+    resources_ = DetectResources(devices_.empty() ? "" : devices_[0]);
+    resources_.set_slots(options_.slots > 0 ? options_.slots
+                                            : std::max<int>(1, static_cast<int>(devices_.size())));
     grpc::ChannelArguments args;
     // The channel reconnects by itself; keep its backoff within ours so a coordinator that
     // comes back is seen within backoff_max.
@@ -108,14 +116,49 @@ class Agent::Impl {
   }
   grpc::Status CallAcquire(absl::Duration wait, AcquireJobResponse* response);
   std::string CheckpointDir(const Job& job) const;
+
+  // Ranks 1..N-1 of a data-parallel job (Job.world_size N > 1; rank 0 trains in this process):
+  // the rendezvous they meet at, their processes, and a watcher that ends the rendezvous when
+  // one of them fails, so that rank 0 never waits for a rank that is gone. Nothing for N = 1.
+  class OtherRanks {
+   public:
+    OtherRanks(Impl* agent, std::string run) : agent_(agent), run_(std::move(run)) {}
+    ~OtherRanks() { StopWatching(); }
+    // Starts the rendezvous and ranks 1..N-1 on `dir` with `config` (the job's, devices set).
+    absl::Status Start(const Job& job, const RunConfig& config, const std::string& dir);
+    const std::string& rendezvous() const { return address_; }
+    // After rank 0 trained (or failed): waits for the others (stopping them when rank 0 failed)
+    // and names a rank that failed in a failed *summary.
+    void Finish(absl::StatusOr<RunSummary>* summary);
+
+   private:
+    void StopWatching();
+
+    Impl* agent_;
+    std::string run_;
+    int world_ = 1;
+    std::unique_ptr<RendezvousServer> server_;
+    std::optional<RankProcesses> processes_;
+    std::string address_;
+    std::thread watcher_;
+    std::atomic<bool> done_{false};
+    std::optional<RankProcesses::Ending> failure_;  // the watcher's, read after it is joined
+  };
   // Trains one job and finishes it, asking in the Finish for the next job (into *next) unless
   // the agent is to stop after it. Non-OK: the agent must stop (refused, aborted).
   absl::Status RunJob(const Job& job, AgentResult* result, std::optional<Job>* next);
   absl::Status SendFinish(const FinishRequest& request, const std::string& run,
                           std::optional<Job>* next = nullptr);
 
+  // The device of rank `rank` of a job: the rank-th listed, else the first; "" when none.
+  std::string DeviceOf(int rank) const {
+    if (devices_.empty()) return "";
+    return devices_[static_cast<size_t>(rank) < devices_.size() ? rank : 0];
+  }
+
   // Constant after construction.
   AgentOptions options_;
+  std::vector<std::string> devices_;  // options_.device, split at commas
   WorkerResources resources_;
   Logger log_;
   ConnectionLog connection_;
@@ -283,14 +326,92 @@ absl::StatusOr<AgentResult> Agent::Impl::Loop() {
   }
 }
 
+absl::Status Agent::Impl::OtherRanks::Start(const Job& job, const RunConfig& config,
+                                            const std::string& dir) {
+  world_ = std::max(1, job.world_size());
+  if (world_ == 1) return absl::OkStatus();
+  const int slots = agent_->resources_.slots();
+  if (world_ > slots) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job trains on ", world_, " ranks; this worker has ", slots, " slots"));
+  }
+  absl::StatusOr<std::unique_ptr<RendezvousServer>> server =
+      RendezvousServer::Start("127.0.0.1", world_);
+  if (!server.ok()) return server.status();
+  server_ = *std::move(server);
+  address_ = server_->address();
+  const std::string config_path = (fs::path(dir) / "job-config.json").string();
+  if (absl::Status written = WriteFileAtomically(config_path, CanonicalJson(config) + "\n", 0600);
+      !written.ok()) {
+    return written;
+  }
+  std::vector<std::vector<std::string>> args;
+  std::vector<int> ranks;
+  const std::string timeout_s =
+      absl::StrCat(absl::ToDoubleSeconds(agent_->options_.collective_timeout));
+  for (int rank = 1; rank < world_; ++rank) {
+    std::vector<std::string> a = {"train", "--resume", dir, "--config", config_path,
+                                  "--world-size", std::to_string(world_), "--rank",
+                                  std::to_string(rank), "--rendezvous", address_,
+                                  "--collective-timeout", timeout_s};
+    if (const std::string device = agent_->DeviceOf(rank); !device.empty()) {
+      a.insert(a.end(), {"--device", device});
+    }
+    args.push_back(std::move(a));
+    ranks.push_back(rank);
+  }
+  absl::StatusOr<RankProcesses> processes =
+      RankProcesses::Start(agent_->options_.rank_binary, args, ranks);
+  if (!processes.ok()) return processes.status();
+  processes_ = *std::move(processes);
+  watcher_ = std::thread([this] {
+    while (!done_.load()) {
+      if (std::optional<RankProcesses::Ending> failed = processes_->Poll()) {
+        failure_ = failed;
+        agent_->log_(absl::StrCat(run_, ": rank ", failed->rank, " of ", world_, " ended with ",
+                                     failed->Describe(), "; ending the attempt"));
+        server_->Stop();  // a rendezvous still forming fails now instead of at the timeout
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  return absl::OkStatus();
+}
+
+void Agent::Impl::OtherRanks::StopWatching() {
+  done_.store(true);
+  if (watcher_.joinable()) watcher_.join();
+}
+
+void Agent::Impl::OtherRanks::Finish(absl::StatusOr<RunSummary>* summary) {
+  if (!processes_) return;
+  StopWatching();
+  if (!summary->ok()) processes_->Signal(SIGTERM);  // rank 0 failed: the others cannot go on
+  std::optional<RankProcesses::Ending> failure;
+  processes_->Wait(std::chrono::seconds(30), &failure);
+  if (!failure) failure = failure_;
+  if (!failure) return;
+  const std::string what =
+      absl::StrCat("rank ", failure->rank, " of ", world_, " ended with ", failure->Describe());
+  if (summary->ok()) {  // after the last collective: rank 0's results are whole
+    agent_->log_(absl::StrCat(run_, ": ", what, " after the run ended"));
+    return;
+  }
+  *summary = absl::Status(summary->status().code(),
+                          absl::StrCat(what, "; rank 0: ", summary->status().message()));
+}
+
 absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optional<Job>* next) {
   const absl::Time leased_at = absl::Now();  // the job just arrived: its lease starts about now
   const std::string run = absl::StrCat("run ", job.run_id(), " attempt ", job.attempt());
   RunConfig config = job.config();
-  if (!options_.device.empty()) config.mutable_train()->set_device(options_.device);
+  if (!devices_.empty()) config.mutable_train()->set_device(DeviceOf(0));
+  const int world = std::max(1, job.world_size());
   const std::string dir = CheckpointDir(job);
   log_(absl::StrCat(run, " (", job.sweep(), job.variant().empty() ? "" : "/", job.variant(), "): ",
                     config.train().steps(), " steps on ", config.train().device(),
+                    world > 1 ? absl::StrCat(" x ", world, " ranks") : "",
                     ", checkpoints in ", dir));
 
   JobReporter::Params params;
@@ -309,6 +430,7 @@ absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optio
   params.leased_at = leased_at;
   params.journal_path = (fs::path(dir) / kJournalFile).string();
   JobReporter reporter(params);
+  OtherRanks ranks(this, run);
 
   std::unique_ptr<Trainer> trainer;
   absl::StatusOr<RunSummary> summary;
@@ -318,11 +440,20 @@ absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optio
   if (ec) {
     summary = absl::InternalError(absl::StrCat("checkpoint dir ", dir, ": ", ec.message()));
     reporter.Start({});
+  } else if (absl::Status started = ranks.Start(job, config, dir); !started.ok()) {
+    summary = started;
+    reporter.Start({});
   } else {
     TrainerOptions trainer_options;
     trainer_options.checkpoint_dir = dir;
     trainer_options.resume = true;  // continue a checkpoint that is already there
     trainer_options.interrupt = options_.interrupt;
+    if (world > 1) {
+      trainer_options.world_size = world;
+      trainer_options.rank = 0;
+      trainer_options.rendezvous = ranks.rendezvous();
+      trainer_options.collective_timeout = absl::ToChronoMilliseconds(options_.collective_timeout);
+    }
     absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(config, trainer_options);
     if (!created.ok()) {
       summary = created.status();
@@ -352,6 +483,7 @@ absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optio
       summary = trainer->Run(&observer);
     }
   }
+  ranks.Finish(&summary);
 
   if (absl::Status flushed = reporter.Flush(); !flushed.ok()) {
     if (flushed.code() == absl::StatusCode::kFailedPrecondition) {

@@ -83,8 +83,19 @@ struct AgentOptions {
   // This worker's name, stable across reconnects. "" = hostname:pid.
   std::string name;
   // Overrides train.device of every job ("cpu", "cuda", "cuda:1") and is the device advertised
-  // at registration. "" = each job's own device; "cpu" is advertised.
+  // at registration. "" = each job's own device; "cpu" is advertised. A list ("cuda:0,cuda:1")
+  // offers that many slots: rank r of a data-parallel job trains on the r-th.
   std::string device;
+  // Slots advertised (WorkerResources.slots): 0 = the number of devices listed in `device`
+  // (1 when none). On a CPU, `--slots K` splits the cores between the K ranks of a job. A job
+  // with world_size N <= slots trains data-parallel: rank 0 in this process (which reports),
+  // ranks 1..N-1 as processes of `rank_binary`; one that fails fails the attempt, which the
+  // coordinator retries from the last checkpoint.
+  int slots = 0;
+  // The binary of ranks 1..N-1 (`ablate-worker`). "" = this process's own binary.
+  std::string rank_binary;
+  // A data-parallel collective that waits longer than this fails the attempt.
+  absl::Duration collective_timeout = absl::Minutes(10);
   // When not empty, every job's checkpoints live in `<checkpoint_root>/run-<run_id>` instead of
   // the job's checkpoint_dir (for a worker that mounts the shared checkpoint path elsewhere).
   std::string checkpoint_root;

@@ -162,7 +162,9 @@ struct RendezvousServer::Impl {
   c10::intrusive_ptr<::c10d::TCPStore> store;
 };
 
-RendezvousServer::RendezvousServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RendezvousServer::RendezvousServer(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)),
+      address_(absl::StrCat(impl_->store->getHost(), ":", impl_->store->getPort())) {}
 RendezvousServer::~RendezvousServer() = default;
 
 absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(const std::string& host,
@@ -182,8 +184,8 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(const 
   return std::unique_ptr<RendezvousServer>(new RendezvousServer(std::move(impl)));
 }
 
-std::string RendezvousServer::address() const {
-  return absl::StrCat(impl_->store->getHost(), ":", impl_->store->getPort());
-}
+std::string RendezvousServer::address() const { return address_; }
+
+void RendezvousServer::Stop() { impl_->store.reset(); }
 
 }  // namespace ablate

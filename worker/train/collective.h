@@ -69,11 +69,15 @@ class RendezvousServer {
                                                                   int world_size);
   ~RendezvousServer();
   std::string address() const;  // HOST:PORT to hand every rank
+  // Stops serving: a rank still waiting at the rendezvous (or on the store) fails now. For a
+  // launcher whose other rank is gone. address() stays valid.
+  void Stop();
 
  private:
   struct Impl;
   explicit RendezvousServer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+  std::string address_;
 };
 
 }  // namespace ablate

@@ -539,6 +539,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const RunConfig& config
     if (s->dist != nullptr) s->dist->BroadcastParameters(s->params);  // one start on every rank
   } catch (const c10::Error& e) {
     return absl::UnavailableError(absl::StrCat("data parallel start: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("data parallel start: ", e.what()));
   }
   if (s->step == 0 && !s->init_from_summary.empty()) s->notices.push_back(s->init_from_summary);
   return std::unique_ptr<Trainer>(new Trainer(std::move(s)));
@@ -692,6 +694,8 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
     }
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("training step ", s.step + 1, ": ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {  // a collective's peer lost (Gloo throws its own errors)
+    return absl::InternalError(absl::StrCat("training step ", s.step + 1, ": ", e.what()));
   }
   return finish(SUCCEEDED, "");
 }

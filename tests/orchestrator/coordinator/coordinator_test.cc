@@ -877,6 +877,42 @@ TEST_F(CoordinatorTest, InitFromASweepAloneContinuesEachRunsOwnVariantAndSeed) {
   EXPECT_THAT(s.error_message(), HasSubstr("train.init_from: a seed without a variant"));
 }
 
+// A run with resources.devices N goes only to a worker with at least N slots, as a job of
+// world size N; a batch the ranks cannot split is refused at submit (issue 17).
+TEST_F(CoordinatorTest, ARunOfTwoDevicesGoesToAWorkerWithTwoSlots) {
+  std::string spec = QuickSpec("pairs");
+  spec.replace(spec.find("resources: {device: cpu, threads: 1}"), 37,
+               "resources: {device: cpu, threads: 1, devices: 2}");
+  const SubmitResponse submitted = Submit(spec, "pairs.yaml", false);
+  ASSERT_EQ(submitted.runs(), 4);
+  const int64_t one_slot = RegisterWorker("one", 1);
+  EXPECT_FALSE(TryAcquire(one_slot).has_job());
+  const int64_t two_slots = RegisterWorker("two", 2);
+  AcquireJobResponse got = TryAcquire(two_slots);
+  ASSERT_TRUE(got.has_job());
+  EXPECT_EQ(got.job().world_size(), 2);
+  EXPECT_EQ(Scalar("SELECT devices FROM runs WHERE id = " + std::to_string(got.job().run_id())), "2");
+  // Restarted, the coordinator still knows what the queued runs need and what workers offer.
+  Restart();
+  EXPECT_FALSE(TryAcquire(RegisterWorker("one-again", 1)).has_job());
+  AcquireJobResponse after = TryAcquire(RegisterWorker("two-again", 2));
+  ASSERT_TRUE(after.has_job());
+  EXPECT_EQ(after.job().world_size(), 2);
+
+  std::string odd = QuickSpec("triples");
+  odd.replace(odd.find("resources: {device: cpu, threads: 1}"), 37,
+              "resources: {device: cpu, threads: 1, devices: 3}");
+  SubmitRequest request;
+  request.set_spec_yaml(odd);
+  request.set_spec_file("triples.yaml");
+  SubmitResponse refused;
+  auto ctx = Context();
+  grpc::Status s = client_->Submit(ctx.get(), request, &refused);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("8 windows cannot be split evenly over resources.devices = 3 ranks"));
+}
+
 TEST_F(CoordinatorTest, SubmitOfAVariantWithAnEmptyBudgetIsAnOrdinarySweep) {
   const SubmitResponse submitted = Submit(
       "sweep: empty-budget\n"

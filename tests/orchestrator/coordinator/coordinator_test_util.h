@@ -143,10 +143,11 @@ class CoordinatorFixture : public ::testing::Test {
     return response;
   }
 
-  int64_t RegisterWorker(const std::string& name) {
+  int64_t RegisterWorker(const std::string& name, int slots = 0) {
     RegisterRequest request;
     request.set_name(name);
     request.mutable_resources()->set_device("cpu");
+    request.mutable_resources()->set_slots(slots);
     request.mutable_resources()->set_cores(4);
     request.mutable_resources()->set_memory_gb(16);
     RegisterResponse response;

@@ -130,6 +130,11 @@ TEST_F(SchedulerTest, ResourceFit) {
 
   EXPECT_TRUE(Fits(RunNeeds{"cuda", 0, 0}, WorkerOffer{"cuda:3", 0, 0}));
   EXPECT_FALSE(Fits(RunNeeds{"cpu", 0, 4}, WorkerOffer{"cpu", 8, 2}));
+  // A data-parallel run needs as many slots as devices; 0 is read as 1 on both sides.
+  EXPECT_FALSE(Fits(RunNeeds{"cuda", 0, 0, 4}, WorkerOffer{"cuda:0", 0, 0, 2}));
+  EXPECT_TRUE(Fits(RunNeeds{"cuda", 0, 0, 2}, WorkerOffer{"cuda:0", 0, 0, 2}));
+  EXPECT_TRUE(Fits(RunNeeds{"cpu", 0, 0, 0}, WorkerOffer{"cpu", 0, 0, 0}));
+  EXPECT_FALSE(Fits(RunNeeds{"cpu", 0, 0, 2}, WorkerOffer{"cpu", 0, 0, 0}));
   EXPECT_EQ(DeviceKind("cuda:7"), "cuda");
   EXPECT_EQ(DeviceKind(""), "cpu");
 }

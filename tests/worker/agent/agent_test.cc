@@ -22,6 +22,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -522,6 +523,116 @@ TEST_F(AgentTest, RegistersTrainsReportsEveryStepOnceAndFinishes) {
   EXPECT_EQ(f.summary().steps_done(), 40);
   EXPECT_EQ(f.summary().final_eval().step(), 40);
   EXPECT_GT(f.summary().spike_steps(), 0);
+}
+
+// The pids of this process's children whose command line has `needle` (a job's other ranks).
+std::vector<pid_t> ChildrenWith(const std::string& needle) {
+  std::vector<pid_t> found;
+  for (const fs::directory_entry& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string pid, comm, state;
+    pid_t ppid = 0;
+    if (!(stat >> pid >> comm >> state >> ppid) || ppid != getpid()) continue;
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (char& c : cmdline) {
+      if (c == '\0') c = ' ';
+    }
+    if (absl::StrContains(cmdline, needle)) found.push_back(std::stoi(name));
+  }
+  return found;
+}
+
+// A job with world_size 2 on a worker with 2 slots (issue 17): rank 0 trains in the agent and
+// reports, rank 1 is an `ablate-worker` process; every step is reported once and the results
+// are one process's within float reassociation. A job wider than the worker fails, naming both.
+TEST_F(AgentTest, ADataParallelJobTrainsOnTwoSlotsAndReportsOnce) {
+  FakeCoordinator c;
+  TestServer server(&c);
+  Job single = MakeJob(60, 1, Config(40));
+  Job pair = MakeJob(61, 1, Config(40));
+  pair.set_world_size(2);
+  Job wide = MakeJob(62, 1, Config(40));
+  wide.set_world_size(3);
+  for (const Job& j : {single, pair, wide}) c.AddJob(j);
+  AgentOptions o = Options(server);
+  o.max_jobs = 3;
+  o.slots = 2;
+  o.rank_binary = ABLATE_WORKER_BIN;
+  auto result = RunAgent(o);
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << Log();
+  absl::MutexLock lock(&c.mu_);
+  EXPECT_TRUE(c.errors.empty()) << c.errors.front();
+  EXPECT_EQ(c.registrations[0].resources().slots(), 2);
+  EXPECT_EQ(c.steps[K(61, 1)], Range(1, 40));
+  EXPECT_EQ(LogLines(" x 2 ranks"), 1) << Log();
+  ASSERT_EQ(c.finishes.size(), 3u);
+  const RunSummary& one = c.finishes[0].summary();
+  const RunSummary& two = c.finishes[1].summary();
+  ASSERT_EQ(two.state(), SUCCEEDED) << two.reason();
+  EXPECT_EQ(two.steps_done(), 40);
+  EXPECT_NEAR(two.final_train_loss(), one.final_train_loss(), 1e-5 * one.final_train_loss());
+  EXPECT_NEAR(two.final_eval().val_loss(), one.final_eval().val_loss(),
+              1e-4 * one.final_eval().val_loss());
+  EXPECT_EQ(c.finishes[2].summary().state(), FAILED);
+  EXPECT_TRUE(absl::StrContains(c.finishes[2].summary().reason(),
+                                "the job trains on 3 ranks; this worker has 2 slots"))
+      << c.finishes[2].summary().reason();
+  EXPECT_TRUE(ChildrenWith("--rank").empty());
+}
+
+// A rank that dies fails the attempt at once (its peer's collective breaks; not after the
+// collective timeout), naming the rank; the coordinator's retry resumes from the checkpoint on
+// the same slots and finishes with every step reported.
+TEST_F(AgentTest, ARankThatDiesFailsTheAttemptAndTheRetryResumes) {
+  FakeCoordinator c;
+  TestServer server(&c);
+  Job first = MakeJob(70, 1, Config(400));
+  first.set_world_size(2);
+  c.AddJob(first);
+  AgentOptions o = Options(server);
+  o.slots = 2;
+  o.rank_binary = ABLATE_WORKER_BIN;
+  o.collective_timeout = absl::Seconds(600);
+  std::thread killer([&] {
+    for (int i = 0; i < 1200; ++i) {
+      {
+        absl::MutexLock lock(&c.mu_);
+        if (c.steps[K(70, 1)].size() >= 25) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    for (pid_t pid : ChildrenWith("--rank 1 ")) kill(pid, SIGKILL);
+  });
+  const auto started = std::chrono::steady_clock::now();
+  auto result = RunAgent(o);
+  killer.join();
+  const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << Log();
+  {
+    absl::MutexLock lock(&c.mu_);
+    ASSERT_EQ(c.finishes.size(), 1u);
+    EXPECT_EQ(c.finishes[0].summary().state(), FAILED);
+    EXPECT_TRUE(absl::StrContains(c.finishes[0].summary().reason(), "rank 1 of 2 ended with signal 9"))
+        << c.finishes[0].summary().reason();
+    EXPECT_FALSE(c.finishes[0].permanent());
+  }
+  EXPECT_LT(took_s, 120.0) << "the attempt waited for the collective timeout";
+
+  Job retry = MakeJob(70, 2, Config(400));
+  retry.set_world_size(2);
+  c.AddJob(retry);
+  auto again = RunAgent(o);
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << Log();
+  absl::MutexLock lock(&c.mu_);
+  ASSERT_EQ(c.finishes.size(), 2u);
+  EXPECT_EQ(c.finishes[1].summary().state(), SUCCEEDED) << c.finishes[1].summary().reason();
+  EXPECT_EQ(c.finishes[1].summary().steps_done(), 400);
+  EXPECT_EQ(c.steps[K(70, 2)].back(), 400);
+  EXPECT_GT(c.steps[K(70, 2)].front(), 1);  // resumed from a checkpoint, not from step 0
+  EXPECT_TRUE(ChildrenWith("--rank").empty());
 }
 
 TEST_F(AgentTest, EachFinishTakesTheNextJobWithoutAnotherAcquire) {
