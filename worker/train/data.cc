@@ -189,4 +189,24 @@ void TokenData::Batch(Split split, int64_t index, int64_t batch_size, int64_t le
   }
 }
 
+void TokenData::Consecutive(Split split, int64_t count, int64_t len, int64_t* inputs,
+                            int64_t* targets) const {
+  const std::vector<uint16_t>& tokens = split == Split::kTrain ? train_ : val_;
+  for (int64_t w = 0; w < count; ++w) {
+    const int64_t start = w * len;
+    int64_t* in = inputs + w * len;
+    int64_t* out = targets + w * len;
+    if (bos_ >= 0) {
+      in[0] = bos_;
+      for (int64_t t = 1; t < len; ++t) in[t] = tokens[start + t - 1];
+      for (int64_t t = 0; t < len; ++t) out[t] = tokens[start + t];
+      continue;
+    }
+    for (int64_t t = 0; t < len; ++t) {
+      in[t] = tokens[start + t];
+      out[t] = tokens[start + t + 1];
+    }
+  }
+}
+
 }  // namespace ablate

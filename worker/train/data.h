@@ -44,6 +44,13 @@ class TokenData {
   void Batch(Split split, int64_t index, int64_t batch_size, int64_t seq_len, int64_t* inputs,
              int64_t* targets) const;
 
+  // `count` consecutive windows of `len` tokens cut from the start of `split`, back to back
+  // (window w covers tokens [w len, (w + 1) len) and predicts each one's successor): the same
+  // text at every window length. The split must hold count * len + 1 tokens. With a bos_token,
+  // each input row starts with it as in Batch.
+  void Consecutive(Split split, int64_t count, int64_t len, int64_t* inputs,
+                   int64_t* targets) const;
+
   int64_t train_tokens() const { return static_cast<int64_t>(train_.size()); }
   int64_t val_tokens() const { return static_cast<int64_t>(val_.size()); }
   const std::string& source() const { return source_; }

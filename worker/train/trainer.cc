@@ -273,6 +273,16 @@ struct Trainer::State {
     }
   }
 
+  // Tokens every eval_seq_lens length is measured on: eval_batches x batch_size windows of the
+  // longest length (a multiple of every length that divides it; a shorter length not dividing
+  // it drops the remainder).
+  int64_t LengthSpan() const {
+    const TrainConfig& t = config.train();
+    int64_t longest = 0;
+    for (const int32_t len : t.eval_seq_lens()) longest = std::max<int64_t>(longest, len);
+    return static_cast<int64_t>(t.eval_batches()) * t.batch_size() * longest;
+  }
+
   EvalResult Evaluate() {
     const TrainConfig& t = config.train();
     torch::NoGradGuard no_grad;
@@ -290,22 +300,33 @@ struct Trainer::State {
     r.set_val_ppl(std::exp(r.val_loss()));
     *r.mutable_probes() = recorder.Finish();
     for (AttentionMap& m : recorder.TakeAttentionMaps()) *r.add_attention_maps() = std::move(m);
-    // The same validation batches at each other length; YaRN's tables beyond its original length.
+    // Every length reads the same text (LengthSpan() tokens from the start of the validation
+    // split) cut into windows of that length, so lengths differ only in the context a token
+    // sees; YaRN's tables beyond its original length.
     const YarnConfig& yarn = config.model().yarn();
+    const int64_t span = LengthSpan();
     for (const int32_t len : t.eval_seq_lens()) {
       const bool use_yarn = yarn.factor() > 0 && len > yarn.original_seq_len();
       model->UseYarn(use_yarn);
-      double sum = 0;
-      for (int64_t i = 0; i < t.eval_batches(); ++i) {
-        auto [x, y] = GetBatch(TokenData::Split::kVal, i, len);
+      const int64_t windows = span / len;
+      torch::Tensor x = torch::empty({windows, len}, torch::kLong);
+      torch::Tensor y = torch::empty({windows, len}, torch::kLong);
+      data.Consecutive(TokenData::Split::kVal, windows, len, x.data_ptr<int64_t>(),
+                       y.data_ptr<int64_t>());
+      double sum = 0;  // summed over tokens: windows of one batch and of the last may differ
+      for (int64_t first = 0; first < windows; first += t.batch_size()) {
+        const int64_t rows = std::min<int64_t>(t.batch_size(), windows - first);
         AutocastGuard autocast_guard(autocast);
-        sum += Loss(model->forward(x).logits, y).item<double>();
+        sum += Loss(model->forward(x.slice(0, first, first + rows).to(device)).logits,
+                    y.slice(0, first, first + rows).to(device))
+                   .item<double>() *
+               static_cast<double>(rows);
       }
       model->UseYarn(false);
       LengthEval& l = *r.add_lengths();
       l.set_seq_len(len);
       l.set_yarn(use_yarn);
-      l.set_val_loss(sum / t.eval_batches());
+      l.set_val_loss(sum / static_cast<double>(windows));
       l.set_val_ppl(std::exp(l.val_loss()));
     }
     model->train();
@@ -486,12 +507,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const RunConfig& config
   }
   absl::StatusOr<TokenData> data = TokenData::Load(t.data(), config.model().vocab_size(), t.seq_len());
   if (!data.ok()) return data.status();
-  for (int i = 0; i < t.eval_seq_lens_size(); ++i) {
-    if (data->val_tokens() < t.eval_seq_lens(i) + 1) {
+  if (t.eval_seq_lens_size() > 0) {
+    const int32_t longest = *std::max_element(t.eval_seq_lens().begin(), t.eval_seq_lens().end());
+    const int64_t span = static_cast<int64_t>(t.eval_batches()) * t.batch_size() * longest;
+    if (data->val_tokens() < span + 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "train.eval_seq_lens[", i, "]: a window of ", t.eval_seq_lens(i), " tokens needs ",
-          t.eval_seq_lens(i) + 1, " validation tokens; ", data->source(), " holds ",
-          data->val_tokens()));
+          "train.eval_seq_lens: every length is measured on eval_batches x batch_size windows of "
+          "the longest (", t.eval_batches(), " x ", t.batch_size(), " x ", longest, " = ", span,
+          " tokens), which needs ", span + 1, " validation tokens; ", data->source(), " holds ",
+          data->val_tokens(), " (fewer eval_batches, or a larger val_fraction)"));
     }
   }
 

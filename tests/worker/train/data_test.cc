@@ -81,6 +81,22 @@ TEST_F(DataTest, ABosTokenStartsEveryWindow) {
       << bad.status();
 }
 
+// The windows of an evaluation length are the validation split's first tokens back to back, so
+// every length reads the same text: 3 windows of 8 and 6 of 4 cover the same 24 tokens.
+TEST_F(DataTest, ConsecutiveWindowsCoverTheSameTextAtEveryLength) {
+  std::string text;
+  for (int i = 0; i < 2000; ++i) text += static_cast<char>('a' + i % 26);
+  auto data = TokenData::Load(Config(Write("t.txt", text)), 256, 8);
+  ASSERT_TRUE(data.ok()) << data.status();
+  std::vector<int64_t> x8(3 * 8), y8(3 * 8), x4(6 * 4), y4(6 * 4);
+  data->Consecutive(TokenData::Split::kVal, 3, 8, x8.data(), y8.data());
+  data->Consecutive(TokenData::Split::kVal, 6, 4, x4.data(), y4.data());
+  EXPECT_EQ(x8, x4);
+  EXPECT_EQ(y8, y4);
+  for (int t = 0; t < 24; ++t) EXPECT_EQ((y8[t] - 'a') % 26, (x8[t] - 'a' + 1) % 26) << t;
+  for (int t = 1; t < 24; ++t) EXPECT_EQ(x8[t], y8[t - 1]) << t;  // back to back, no gap
+}
+
 TEST_F(DataTest, HoldsOutTheLastFractionForValidation) {
   auto data = TokenData::Load(Config(Write("t.txt", std::string(1000, 'x'))), 256, 8);
   ASSERT_TRUE(data.ok()) << data.status();
