@@ -364,7 +364,8 @@ TEST_F(DashboardServerTest, ServesTheEmbeddedApp) {
   EXPECT_EQ(Get(port_, "/vendor/uPlot.min.css", "").status, 200);
   for (const char* module : {"/js/app.js", "/js/api.js", "/js/charts.js", "/js/format.js",
                              "/js/pages/sweeps.js", "/js/pages/sweep.js", "/js/pages/run.js",
-                             "/js/pages/compare.js", "/js/figures.js", "/style.css"}) {
+                             "/js/pages/compare.js", "/js/figures.js", "/js/report.js",
+                             "/style.css"}) {
     EXPECT_EQ(Get(port_, module, "").status, 200) << module;
   }
   EXPECT_EQ(Get(port_, "/nope.js", "").status, 404);
