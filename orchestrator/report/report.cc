@@ -133,6 +133,15 @@ std::vector<double> Doubles(const std::vector<int64_t>& v) { return std::vector<
 
 std::string InterimSuffix(const GroupFigures& g) { return g.interim ? " (interim)" : ""; }
 
+bool AnyInterim(const SweepFigures& f) {
+  return std::any_of(f.groups.begin(), f.groups.end(), [](const GroupFigures& g) { return g.interim; });
+}
+
+// Whether any of `values` (standard deviations) is a number: with one seed per variant none is.
+bool AnySpread(const std::vector<double>& values) {
+  return std::any_of(values.begin(), values.end(), [](double v) { return std::isfinite(v); });
+}
+
 // ---- Figures (SVG) -------------------------------------------------------------------------------
 
 struct Figure {
@@ -186,10 +195,13 @@ std::optional<Figure> LossFigure(const SweepFigures& f) {
     red.color = svg::kSpikeColor;
     chart.Markers(spike_x, spike_y, red, absl::StrCat("spike events (", spike_x.size(), ")"));
   }
+  bool spread = false;
+  for (const GroupFigures& g : f.groups) spread = spread || AnySpread(g.loss_std);
   const std::string caption = absl::StrCat(
       "Lines: the mean training loss of each variant over its runs that did not diverge, fail or get "
       "cancelled, at every ", f.stride == 1 ? "step" : absl::StrCat(f.stride, "th step"),
-      "; bands: ± the sample standard deviation where two or more runs have a value",
+      spread ? "; bands: ± the sample standard deviation where two or more runs have a value"
+             : " (one run per variant: no band)",
       diverged > 0 ? "; dashed: diverged runs" : "",
       spike_x.empty() ? "." : "; red triangles: spike events at the run's loss (on the top edge when non-finite).");
   chart.Caption(caption);
@@ -240,7 +252,7 @@ std::optional<Figure> ValLossFigure(const SweepFigures& f) {
   chart.ErrorBars(xs, means, stds, err);
   const std::string caption = absl::StrCat(
       "Each variant's final validation loss, mean ± sample std (error bars) over its SUCCEEDED seeds, "
-      "as in the comparison table",
+      "as in the comparison table", AnySpread(stds) ? "" : " (one seed per variant: no error bars)",
       any_interim ? "; interim bars: the latest evaluation of the runs of a variant none of whose runs "
                     "has finished yet"
                   : "",
@@ -266,6 +278,7 @@ std::optional<Figure> LayerFigure(const SweepFigures& f, bool m_act) {
   y.scale = m_act ? svg::Scale::kLog10 : svg::Scale::kLinear;
   y.include_zero = !m_act;
   svg::Chart chart(m_act ? "M-Act per layer" : "F-Attn per layer", x, y, 760, 400);
+  bool spread = false;
   for (size_t i = 0; i < f.groups.size(); ++i) {
     const GroupFigures& g = f.groups[i];
     if (g.layers.empty()) continue;
@@ -284,13 +297,15 @@ std::optional<Figure> LayerFigure(const SweepFigures& f, bool m_act) {
     err.width = 1;
     err.dashed = false;
     chart.ErrorBars(xs, mean, stds, err);
+    spread = spread || AnySpread(stds);
   }
   const std::string caption = absl::StrCat(
       m_act ? "The largest |hidden state| each layer outputs (its residual stream after the FFN)"
             : "The attention each layer's heads give the first token, averaged over heads and "
               "query positions",
-      ", at each run's last evaluation: mean ± sample std over the SUCCEEDED seeds (dashed: interim, "
-      "the latest evaluation of runs still training).");
+      ", at each run's last evaluation: mean ± sample std (error bars) over the SUCCEEDED seeds",
+      spread ? "" : " (one seed per variant: no error bars)",
+      AnyInterim(f) ? "; dashed: interim, the latest evaluation of runs still training." : ".");
   chart.Caption(caption);
   return Figure{m_act ? "figures/layers_m_act.svg" : "figures/layers_f_attn.svg",
                 m_act ? "M-Act per layer" : "F-Attn per layer", caption, chart.Render()};
@@ -508,9 +523,7 @@ std::string Markdown(const ReportData& d, const std::vector<Figure>& figures,
                   "Mean ± sample std over each variant's SUCCEEDED seeds (n); diverged runs are counted, "
                   "not averaged. As `ablate table ", s.name, "`; every number in ",
                   "[tables/comparison.csv](tables/comparison.csv).\n\n");
-  bool any_interim = false;
-  for (const GroupFigures& g : d.figures.groups) any_interim = any_interim || g.interim;
-  if (any_interim) {
+  if (AnyInterim(d.figures)) {
     absl::StrAppend(&md, "Interim (no run of the variant has finished; the latest evaluation of its "
                          "runs still training, not a result):\n\n| variant | runs | step | val loss | "
                          "gate score | M-Act | F-Attn |\n|---|---:|---:|---:|---:|---:|---:|\n");

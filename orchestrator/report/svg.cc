@@ -99,8 +99,9 @@ struct Ticks {
   std::vector<std::string> labels;
 };
 
-// The range and ticks of an axis over data in [lo, hi] (finite and, on log axes, positive).
-Ticks ResolveAxis(const Axis& axis, double lo, double hi, double length_px) {
+// The range and ticks of an axis over data in [lo, hi] (finite and, on log axes, positive), about
+// one tick per `spacing_px` of its `length_px`.
+Ticks ResolveAxis(const Axis& axis, double lo, double hi, double length_px, double spacing_px) {
   Ticks t;
   const bool fixed = axis.lo < axis.hi;
   if (fixed) {
@@ -114,7 +115,7 @@ Ticks ResolveAxis(const Axis& axis, double lo, double hi, double length_px) {
     lo = std::min(lo, 0.0);
     hi = std::max(hi, 0.0);
   }
-  const int target = std::max(2, static_cast<int>(length_px / 70));
+  const int target = std::max(3, static_cast<int>(length_px / spacing_px));
   if (axis.scale == Scale::kLinear) {
     if (hi - lo <= 0) {
       const double pad = lo == 0 ? 1 : std::fabs(lo) * 0.1;
@@ -312,12 +313,12 @@ Chart::Frame Chart::Resolve() const {
                         : 18;
   f.top = title_.empty() ? 14 : 34;
   f.plot_h = height_ - f.top - x_labels_h - (x_.label.empty() ? 8 : 26);
-  f.yt = ResolveAxis(y_, y_lo, y_hi, f.plot_h);
+  f.yt = ResolveAxis(y_, y_lo, y_hi, f.plot_h, 50);
   size_t widest_y = 0;
   for (const std::string& l : f.yt.labels) widest_y = std::max(widest_y, l.size());
   f.left = 18 + (y_.label.empty() ? 0 : 18) + kCharWidth * static_cast<double>(widest_y);
   f.plot_w = width_ - f.left - 16 - (legend_w > 0 ? legend_w + 12 : 0);
-  f.xt = ResolveAxis(x_, x_lo, x_hi, f.plot_w);
+  f.xt = ResolveAxis(x_, x_lo, x_hi, f.plot_w, 90);
   f.x_label_y = f.top + f.plot_h + x_labels_h + 16;
   f.legend_left = f.left + f.plot_w + 16;
   // Captions start under the plot, or under a legend taller than it.
