@@ -288,7 +288,8 @@ function fittedY(values, log, yLabel) {
   const [a, b] = hi / lo < 1.01 ? [lo / 1.1, hi * 1.1] : [lo / 1.04, hi * 1.04];
   return {
     scale: { distr: 3, range: () => [a, b] },
-    axis: { ...axis, splits: () => logSplits(a, b), values: (u, ticks) => ticks.map((t) => String(+t.toPrecision(6))) },
+    axis: { ...axis, splits: () => logSplits(a, b),
+      values: (u, ticks) => ticks.map((t) => (t === null || t === undefined ? '' : String(+t.toPrecision(6)))) },
   };
 }
 
