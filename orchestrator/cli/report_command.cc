@@ -29,8 +29,9 @@ absl::Status RunReport(const ReportCommandOptions& options, std::ostream& out) {
   if (!std::filesystem::exists(db)) {
     return absl::NotFoundError(absl::StrCat(
         "report: no database at ", db,
-        options.db.empty() ? " (name the coordinator's state dir with --state-dir, or the file with --db)"
-                           : ""));
+        options.db.empty()
+            ? " (name the coordinator's state dir with --state-dir, or the file with --db)"
+            : ""));
   }
   ReaderOptions ro;
   ro.path = db;
@@ -59,8 +60,9 @@ absl::Status RunReport(const ReportCommandOptions& options, std::ostream& out) {
 
 void AddReportCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
-      "report", "Write a sweep's report: index.html (opens from disk, no server), report.md with "
-                "SVG figures, and CSVs of every table. Reads the results database read-only.");
+      "report",
+      "Write a sweep's report: index.html (opens from disk, no server), report.md with "
+      "SVG figures, and CSVs of every table. Reads the results database read-only.");
   auto options = std::make_shared<ReportCommandOptions>();
   cmd->add_option("sweep", options->sweep, "sweep name or id")->required();
   cmd->add_option("--out,-o", options->out, "directory to write the report into")->required();
@@ -73,9 +75,8 @@ void AddReportCommand(CLI::App* app, std::ostream* out, std::function<absl::Stat
   cmd->add_option("--points", options->points, "steps on each loss curve's grid")
       ->check(CLI::Range(2, 5000))
       ->capture_default_str();
-  cmd->callback([out, action, options] {
-    *action = [out, options] { return RunReport(*options, *out); };
-  });
+  cmd->callback(
+      [out, action, options] { *action = [out, options] { return RunReport(*options, *out); }; });
 }
 
 }  // namespace ablate

@@ -13,7 +13,9 @@ namespace {
 
 using json = nlohmann::json;
 
-bool InBand(RunState s) { return s == SUCCEEDED || s == RUNNING || s == INTERRUPTED || s == PENDING; }
+bool InBand(RunState s) {
+  return s == SUCCEEDED || s == RUNNING || s == INTERRUPTED || s == PENDING;
+}
 bool Unfinished(RunState s) { return s == RUNNING || s == INTERRUPTED || s == PENDING; }
 
 std::string GroupLabel(const std::string& variant, const std::string& axes) {
@@ -125,8 +127,8 @@ absl::StatusOr<SweepFigures> ComputeSweepFigures(const StoreReader& reader,
                                                  const ComparisonTable& table,
                                                  const FigureOptions& options) {
   if (options.curve_points < 2 || options.curve_points > 5000) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "figures: curve points must be 2..5000, got ", options.curve_points));
+    return absl::InvalidArgumentError(
+        absl::StrCat("figures: curve points must be 2..5000, got ", options.curve_points));
   }
   SweepFigures out;
   absl::StatusOr<SweepInfo> sweep = reader.GetSweep(table.sweep);
@@ -240,9 +242,9 @@ absl::StatusOr<SweepFigures> ComputeSweepFigures(const StoreReader& reader,
       mark.signal = s.event.signal();
       mark.kind = SpikeKind_Name(s.event.kind());
       const auto& curve = curve_of(s.run_id);
-      auto point = std::lower_bound(
-          curve.begin(), curve.end(), std::make_pair(mark.step, -HUGE_VAL),
-          [](const auto& a, const auto& b) { return a.first < b.first; });
+      auto point =
+          std::lower_bound(curve.begin(), curve.end(), std::make_pair(mark.step, -HUGE_VAL),
+                           [](const auto& a, const auto& b) { return a.first < b.first; });
       if (point != curve.end() && point->first == mark.step) mark.loss = point->second;
     }
   }
@@ -301,7 +303,9 @@ json SweepFiguresJson(const SweepFigures& f) {
   for (const GroupFigures& g : f.groups) {
     json layers = json::array();
     for (const LayerStat& l : g.layers) {
-      layers.push_back(json{{"layer", l.layer}, {"n", l.n}, {"m_act", MeanStd7(l.m_act)},
+      layers.push_back(json{{"layer", l.layer},
+                            {"n", l.n},
+                            {"m_act", MeanStd7(l.m_act)},
                             {"f_attn", MeanStd7(l.f_attn)}});
     }
     json mean = json::array(), stdev = json::array();
@@ -313,43 +317,47 @@ json SweepFiguresJson(const SweepFigures& f) {
     for (const RunCurve& c : g.diverged_curves) {
       json loss = json::array();
       for (double v : c.loss) loss.push_back(Number(v));
-      diverged.push_back(json{{"run", c.run_id}, {"seed", c.seed}, {"step", c.steps},
-                              {"loss", std::move(loss)}});
+      diverged.push_back(
+          json{{"run", c.run_id}, {"seed", c.seed}, {"step", c.steps}, {"loss", std::move(loss)}});
     }
     json spikes = json::array();
     for (const SpikeMark& s : g.spikes) {
-      spikes.push_back(json{{"run", s.run_id}, {"seed", s.seed}, {"step", s.step},
-                            {"signal", s.signal}, {"kind", s.kind}, {"loss", Number(s.loss)}});
+      spikes.push_back(json{{"run", s.run_id},
+                            {"seed", s.seed},
+                            {"step", s.step},
+                            {"signal", s.signal},
+                            {"kind", s.kind},
+                            {"loss", Number(s.loss)}});
     }
     json histogram = nullptr;
     if (!g.gate_counts.empty()) {
       histogram = json{{"lo", g.gate_lo}, {"hi", g.gate_hi}, {"counts", g.gate_counts}};
     }
-    groups.push_back(json{{"variant", g.variant},
-                          {"axes", g.axes},
-                          {"label", g.label},
-                          {"description", g.description},
-                          {"runs", g.runs},
-                          {"n", g.n},
-                          {"diverged", g.diverged},
-                          {"failed", g.failed},
-                          {"unfinished", g.unfinished},
-                          {"interim", g.interim},
-                          {"eval_runs", g.eval_runs},
-                          {"eval_step_min", g.eval_step_min},
-                          {"eval_step_max", g.eval_step_max},
-                          {"val_loss", MeanStd7(g.val_loss)},
-                          {"val_ppl", MeanStd7(g.val_ppl)},
-                          {"gate_score", MeanStd7(g.gate_score)},
-                          {"m_act", MeanStd7(g.m_act)},
-                          {"f_attn", MeanStd7(g.f_attn)},
-                          {"layers", std::move(layers)},
-                          {"gate_histogram", std::move(histogram)},
-                          {"band_runs", g.band_runs},
-                          {"loss", json{{"n", g.loss_n}, {"mean", std::move(mean)},
-                                        {"std", std::move(stdev)}}},
-                          {"diverged_curves", std::move(diverged)},
-                          {"spikes", std::move(spikes)}});
+    groups.push_back(
+        json{{"variant", g.variant},
+             {"axes", g.axes},
+             {"label", g.label},
+             {"description", g.description},
+             {"runs", g.runs},
+             {"n", g.n},
+             {"diverged", g.diverged},
+             {"failed", g.failed},
+             {"unfinished", g.unfinished},
+             {"interim", g.interim},
+             {"eval_runs", g.eval_runs},
+             {"eval_step_min", g.eval_step_min},
+             {"eval_step_max", g.eval_step_max},
+             {"val_loss", MeanStd7(g.val_loss)},
+             {"val_ppl", MeanStd7(g.val_ppl)},
+             {"gate_score", MeanStd7(g.gate_score)},
+             {"m_act", MeanStd7(g.m_act)},
+             {"f_attn", MeanStd7(g.f_attn)},
+             {"layers", std::move(layers)},
+             {"gate_histogram", std::move(histogram)},
+             {"band_runs", g.band_runs},
+             {"loss", json{{"n", g.loss_n}, {"mean", std::move(mean)}, {"std", std::move(stdev)}}},
+             {"diverged_curves", std::move(diverged)},
+             {"spikes", std::move(spikes)}});
   }
   return json{{"sweep", f.sweep.name},
               {"state", f.sweep.state},

@@ -80,8 +80,8 @@ struct GroupFigures {
   int64_t band_runs = 0;
   std::vector<int64_t> loss_n;
   std::vector<double> loss_mean, loss_std;  // NaN: no run, or (std) fewer than 2
-  std::vector<RunCurve> diverged_curves;     // by run id
-  std::vector<SpikeMark> spikes;             // by run id, then step
+  std::vector<RunCurve> diverged_curves;    // by run id
+  std::vector<SpikeMark> spikes;            // by run id, then step
 };
 
 struct SweepFigures {

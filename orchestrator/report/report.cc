@@ -54,7 +54,8 @@ absl::StatusOr<ReportData> ReadReportData(const StoreReader& reader, const Repor
     std::sort(names.begin(), names.end());
     return absl::NotFoundError(absl::StrCat(
         "report: no sweep named ", options.sweep, " in ", options.db_label,
-        names.empty() ? " (it holds no sweep)" : absl::StrCat(" (sweeps there: ", absl::StrJoin(names, ", "), ")")));
+        names.empty() ? " (it holds no sweep)"
+                      : absl::StrCat(" (sweeps there: ", absl::StrJoin(names, ", "), ")")));
   }
   if (!table.ok()) return table.status();
   d.table = *std::move(table);
@@ -78,7 +79,7 @@ absl::StatusOr<ReportData> ReadReportData(const StoreReader& reader, const Repor
   return d;
 }
 
-// ---- Formatting ----------------------------------------------------------------------------------
+// ---- Formatting ---------------------------------------------------------------------------------
 
 // 7 significant digits; "" for a missing value (CSV).
 std::string Num(double v) { return std::isfinite(v) ? fmt::format("{:.7g}", v) : ""; }
@@ -114,14 +115,15 @@ std::string Count(double n) {
 std::string UtcTime(double unix_seconds) {
   if (unix_seconds <= 0) return "—";
   return absl::FormatTime("%Y-%m-%d %H:%M:%S UTC",
-                          absl::FromUnixMicros(std::llround(unix_seconds * 1e6)), absl::UTCTimeZone());
+                          absl::FromUnixMicros(std::llround(unix_seconds * 1e6)),
+                          absl::UTCTimeZone());
 }
 
 std::string StatesText(const SweepInfo& s) {
   std::vector<std::string> parts;
   const std::pair<const char*, int64_t> states[] = {
-      {"PENDING", s.pending}, {"RUNNING", s.running},     {"SUCCEEDED", s.succeeded},
-      {"FAILED", s.failed},   {"DIVERGED", s.diverged},   {"CANCELLED", s.cancelled},
+      {"PENDING", s.pending},        {"RUNNING", s.running},   {"SUCCEEDED", s.succeeded},
+      {"FAILED", s.failed},          {"DIVERGED", s.diverged}, {"CANCELLED", s.cancelled},
       {"INTERRUPTED", s.interrupted}};
   for (const auto& [name, n] : states) {
     if (n > 0) parts.push_back(absl::StrCat(n, " ", name));
@@ -129,12 +131,15 @@ std::string StatesText(const SweepInfo& s) {
   return parts.empty() ? "no runs" : absl::StrJoin(parts, ", ");
 }
 
-std::vector<double> Doubles(const std::vector<int64_t>& v) { return std::vector<double>(v.begin(), v.end()); }
+std::vector<double> Doubles(const std::vector<int64_t>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
 
 std::string InterimSuffix(const GroupFigures& g) { return g.interim ? " (interim)" : ""; }
 
 bool AnyInterim(const SweepFigures& f) {
-  return std::any_of(f.groups.begin(), f.groups.end(), [](const GroupFigures& g) { return g.interim; });
+  return std::any_of(f.groups.begin(), f.groups.end(),
+                     [](const GroupFigures& g) { return g.interim; });
 }
 
 // Whether any of `values` (standard deviations) is a number: with one seed per variant none is.
@@ -142,7 +147,7 @@ bool AnySpread(const std::vector<double>& values) {
   return std::any_of(values.begin(), values.end(), [](double v) { return std::isfinite(v); });
 }
 
-// ---- Figures (SVG) -------------------------------------------------------------------------------
+// ---- Figures (SVG) ------------------------------------------------------------------------------
 
 struct Figure {
   std::string file;     // figures/NAME.svg
@@ -174,15 +179,17 @@ std::optional<Figure> LossFigure(const SweepFigures& f) {
     band.opacity = 0.18;
     chart.Band(steps, lo, hi, band);
     if (g.band_runs > 0) {
-      chart.Line(steps, g.loss_mean, style, absl::StrCat(g.label, " (", g.band_runs, g.band_runs == 1 ? " run)" : " runs)"));
+      chart.Line(steps, g.loss_mean, style,
+                 absl::StrCat(g.label, " (", g.band_runs, g.band_runs == 1 ? " run)" : " runs)"));
     }
     for (size_t k = 0; k < g.diverged_curves.size(); ++k) {
       const RunCurve& c = g.diverged_curves[k];
       svg::Style dashed = style;
       dashed.dashed = true;
       dashed.width = 1;
-      chart.Line(Doubles(c.steps), c.loss, dashed,
-                 k == 0 ? absl::StrCat(g.label, ": diverged (", g.diverged_curves.size(), ")") : "");
+      chart.Line(
+          Doubles(c.steps), c.loss, dashed,
+          k == 0 ? absl::StrCat(g.label, ": diverged (", g.diverged_curves.size(), ")") : "");
       ++diverged;
     }
     for (const SpikeMark& s : g.spikes) {
@@ -198,12 +205,15 @@ std::optional<Figure> LossFigure(const SweepFigures& f) {
   bool spread = false;
   for (const GroupFigures& g : f.groups) spread = spread || AnySpread(g.loss_std);
   const std::string caption = absl::StrCat(
-      "Lines: the mean training loss of each variant over its runs that did not diverge, fail or get "
-      "cancelled, at every ", f.stride == 1 ? "step" : absl::StrCat(f.stride, "th step"),
+      "Lines: the mean training loss of each variant over its runs that did not diverge, fail or "
+      "get cancelled, at every ",
+      f.stride == 1 ? "step" : absl::StrCat(f.stride, "th step"),
       spread ? "; bands: ± the sample standard deviation where two or more runs have a value"
              : " (one run per variant: no band)",
       diverged > 0 ? "; dashed: diverged runs" : "",
-      spike_x.empty() ? "." : "; red triangles: spike events at the run's loss (on the top edge when non-finite).");
+      spike_x.empty()
+          ? "."
+          : "; red triangles: spike events at the run's loss (on the top edge when non-finite).");
   chart.Caption(caption);
   return Figure{"figures/loss.svg", "Training loss per variant", caption, chart.Render()};
 }
@@ -251,11 +261,13 @@ std::optional<Figure> ValLossFigure(const SweepFigures& f) {
   err.width = 1.4;
   chart.ErrorBars(xs, means, stds, err);
   const std::string caption = absl::StrCat(
-      "Each variant's final validation loss, mean ± sample std (error bars) over its SUCCEEDED seeds, "
-      "as in the comparison table", AnySpread(stds) ? "" : " (one seed per variant: no error bars)",
-      any_interim ? "; interim bars: the latest evaluation of the runs of a variant none of whose runs "
-                    "has finished yet"
-                  : "",
+      "Each variant's final validation loss, mean ± sample std (error bars) over its SUCCEEDED "
+      "seeds, as in the comparison table",
+      AnySpread(stds) ? "" : " (one seed per variant: no error bars)",
+      any_interim
+          ? "; interim bars: the latest evaluation of the runs of a variant none of whose runs "
+            "has finished yet"
+          : "",
       ". The axis does not start at 0.");
   chart.Caption(caption);
   return Figure{"figures/val_loss.svg", "Validation loss per variant", caption, chart.Render()};
@@ -274,7 +286,8 @@ std::optional<Figure> LayerFigure(const SweepFigures& f, bool m_act) {
   if (layers <= 32) {
     for (int32_t l = 0; l < layers; ++l) x.ticks.push_back(l);
   }
-  y.label = m_act ? "M-Act: max |hidden state| (log scale)" : "F-Attn: attention on the first token";
+  y.label =
+      m_act ? "M-Act: max |hidden state| (log scale)" : "F-Attn: attention on the first token";
   y.scale = m_act ? svg::Scale::kLog10 : svg::Scale::kLinear;
   y.include_zero = !m_act;
   svg::Chart chart(m_act ? "M-Act per layer" : "F-Attn per layer", x, y, 760, 400);
@@ -317,7 +330,9 @@ std::optional<Figure> HistogramFigure(const SweepFigures& f) {
     int64_t total = 0;
     for (int64_t c : g.gate_counts) total += c;
     for (int64_t c : g.gate_counts) {
-      if (total > 0) top = std::max(top, 100.0 * static_cast<double>(c) / static_cast<double>(total));
+      if (total > 0) {
+        top = std::max(top, 100.0 * static_cast<double>(c) / static_cast<double>(total));
+      }
     }
   }
   std::vector<svg::Chart> charts;
@@ -331,7 +346,9 @@ std::optional<Figure> HistogramFigure(const SweepFigures& f) {
     std::vector<double> xs, ys;
     for (size_t b = 0; b < g.gate_counts.size(); ++b) {
       xs.push_back(g.gate_lo + w * (static_cast<double>(b) + 0.5));
-      ys.push_back(total > 0 ? 100.0 * static_cast<double>(g.gate_counts[b]) / static_cast<double>(total) : 0);
+      ys.push_back(total > 0
+                       ? 100.0 * static_cast<double>(g.gate_counts[b]) / static_cast<double>(total)
+                       : 0);
     }
     svg::Axis x, y;
     x.label = "gate score";
@@ -387,7 +404,8 @@ std::optional<Figure> LengthFigure(const ComparisonTable& t) {
     svg::Style style;
     style.color = svg::SeriesColor(static_cast<int>(i));
     style.width = 2;
-    chart.Line(xs, mean, style, r.axes.empty() ? r.variant : absl::StrCat(r.variant, " (", r.axes, ")"));
+    chart.Line(xs, mean, style,
+               r.axes.empty() ? r.variant : absl::StrCat(r.variant, " (", r.axes, ")"));
     chart.Points(xs, mean, style);
     svg::Style err = style;
     err.width = 1.2;
@@ -411,7 +429,7 @@ std::vector<Figure> Figures(const ReportData& d) {
   return out;
 }
 
-// ---- Tables (CSV) --------------------------------------------------------------------------------
+// ---- Tables (CSV) -------------------------------------------------------------------------------
 
 std::map<std::string, std::string> Tables(const ReportData& d) {
   std::map<std::string, std::string> out;
@@ -421,35 +439,38 @@ std::map<std::string, std::string> Tables(const ReportData& d) {
   std::string variants = CsvLine({"variant", "description", "diff", "budget", "params_total",
                                   "params_activated", "params_added", "flops_per_token"});
   for (const VariantInfo& v : d.variants) {
-    variants += CsvLine({CsvText(v.name), CsvText(v.description), CsvText(v.diff), CsvText(v.budget),
-                         absl::StrCat(v.params_total), absl::StrCat(v.params_activated),
-                         absl::StrCat(v.params_added), Num(v.flops_per_token)});
+    variants +=
+        CsvLine({CsvText(v.name), CsvText(v.description), CsvText(v.diff), CsvText(v.budget),
+                 absl::StrCat(v.params_total), absl::StrCat(v.params_activated),
+                 absl::StrCat(v.params_added), Num(v.flops_per_token)});
   }
   out["tables/variants.csv"] = variants;
 
-  std::string runs = CsvLine({"run_id", "variant", "seed", "axes", "state", "steps_done",
-                              "steps_total", "final_train_loss", "val_loss", "val_ppl",
-                              "gate_score", "m_act", "f_attn", "spike_steps", "spike_score",
-                              "params_total", "reused_from", "reason"});
+  std::string runs =
+      CsvLine({"run_id", "variant", "seed", "axes", "state", "steps_done", "steps_total",
+               "final_train_loss", "val_loss", "val_ppl", "gate_score", "m_act", "f_attn",
+               "spike_steps", "spike_score", "params_total", "reused_from", "reason"});
   for (const RunInfo& r : d.runs) {
     runs += CsvLine({absl::StrCat(r.id), CsvText(r.variant), absl::StrCat(r.seed), CsvText(r.axes),
                      RunStateName(r.state), absl::StrCat(r.steps_done), absl::StrCat(r.steps_total),
                      Num(r.final_train_loss), Num(r.val_loss), Num(r.val_ppl), Num(r.gate_score),
                      Num(r.m_act), Num(r.f_attn), absl::StrCat(r.spike_steps), Num(r.spike_score),
-                     absl::StrCat(r.params_total), r.reused_from == 0 ? "" : absl::StrCat(r.reused_from),
-                     CsvText(r.reason)});
+                     absl::StrCat(r.params_total),
+                     r.reused_from == 0 ? "" : absl::StrCat(r.reused_from), CsvText(r.reason)});
   }
   out["tables/runs.csv"] = runs;
 
-  std::string evals = CsvLine({"variant", "axes", "interim", "runs", "step_min", "step_max",
-                               "val_loss_mean", "val_loss_std", "val_ppl_mean", "val_ppl_std",
-                               "gate_score_mean", "gate_score_std", "m_act_mean", "m_act_std",
-                               "f_attn_mean", "f_attn_std"});
+  std::string evals =
+      CsvLine({"variant", "axes", "interim", "runs", "step_min", "step_max", "val_loss_mean",
+               "val_loss_std", "val_ppl_mean", "val_ppl_std", "gate_score_mean", "gate_score_std",
+               "m_act_mean", "m_act_std", "f_attn_mean", "f_attn_std"});
   std::string curves = CsvLine({"variant", "axes", "step", "n", "loss_mean", "loss_std"});
   std::string layers = CsvLine({"variant", "axes", "interim", "layer", "n", "m_act_mean",
                                 "m_act_std", "f_attn_mean", "f_attn_std"});
-  std::string histograms = CsvLine({"variant", "axes", "interim", "bin", "lo", "hi", "count", "fraction"});
-  std::string spikes = CsvLine({"run_id", "variant", "axes", "seed", "step", "signal", "kind", "loss"});
+  std::string histograms =
+      CsvLine({"variant", "axes", "interim", "bin", "lo", "hi", "count", "fraction"});
+  std::string spikes =
+      CsvLine({"run_id", "variant", "axes", "seed", "step", "signal", "kind", "loss"});
   for (const GroupFigures& g : d.figures.groups) {
     const std::string v = CsvText(g.variant), a = CsvText(g.axes), interim = g.interim ? "1" : "0";
     if (g.eval_runs > 0) {
@@ -470,11 +491,15 @@ std::map<std::string, std::string> Tables(const ReportData& d) {
     }
     int64_t total = 0;
     for (int64_t c : g.gate_counts) total += c;
-    const double w = g.gate_counts.empty() ? 0 : (g.gate_hi - g.gate_lo) / static_cast<double>(g.gate_counts.size());
+    const double w = g.gate_counts.empty()
+                         ? 0
+                         : (g.gate_hi - g.gate_lo) / static_cast<double>(g.gate_counts.size());
     for (size_t b = 0; b < g.gate_counts.size(); ++b) {
-      histograms += CsvLine({v, a, interim, absl::StrCat(b), Num(g.gate_lo + w * static_cast<double>(b)),
-                             Num(g.gate_lo + w * static_cast<double>(b + 1)), absl::StrCat(g.gate_counts[b]),
-                             Num(total > 0 ? static_cast<double>(g.gate_counts[b]) / static_cast<double>(total) : kNaN)});
+      histograms += CsvLine(
+          {v, a, interim, absl::StrCat(b), Num(g.gate_lo + w * static_cast<double>(b)),
+           Num(g.gate_lo + w * static_cast<double>(b + 1)), absl::StrCat(g.gate_counts[b]),
+           Num(total > 0 ? static_cast<double>(g.gate_counts[b]) / static_cast<double>(total)
+                         : kNaN)});
     }
     for (const SpikeMark& s : g.spikes) {
       spikes += CsvLine({absl::StrCat(s.run_id), v, a, absl::StrCat(s.seed), absl::StrCat(s.step),
@@ -501,37 +526,44 @@ std::map<std::string, std::string> Tables(const ReportData& d) {
   return out;
 }
 
-// ---- report.md -----------------------------------------------------------------------------------
+// ---- report.md ----------------------------------------------------------------------------------
 
 std::string Markdown(const ReportData& d, const std::vector<Figure>& figures,
-                     const std::map<std::string, std::string>& tables, const std::string& generated) {
+                     const std::map<std::string, std::string>& tables,
+                     const std::string& generated) {
   const SweepInfo& s = d.figures.sweep;
   std::string md = absl::StrCat("# Report: ", s.name, "\n\n", generated, "\n\n");
   absl::StrAppend(&md, "| | |\n|---|---|\n");
   absl::StrAppend(&md, "| sweep | ", MdCell(s.name), " (id ", s.id, ")",
                   s.description.empty() ? "" : absl::StrCat(": ", MdCell(s.description)), " |\n");
   absl::StrAppend(&md, "| state | ", s.state, ": ", StatesText(s), " |\n");
-  absl::StrAppend(&md, "| code version | ", MdCell(d.source.code_version.empty() ? "—" : d.source.code_version), " |\n");
-  absl::StrAppend(&md, "| spec file | ", MdCell(d.source.spec_file.empty() ? "—" : d.source.spec_file),
+  absl::StrAppend(&md, "| code version | ",
+                  MdCell(d.source.code_version.empty() ? "—" : d.source.code_version), " |\n");
+  absl::StrAppend(&md, "| spec file | ",
+                  MdCell(d.source.spec_file.empty() ? "—" : d.source.spec_file),
                   " ([as submitted](spec.yaml)) |\n");
-  absl::StrAppend(&md, "| reference variant | ", MdCell(d.source.reference.empty() ? "—" : d.source.reference), " |\n");
+  absl::StrAppend(&md, "| reference variant | ",
+                  MdCell(d.source.reference.empty() ? "—" : d.source.reference), " |\n");
   absl::StrAppend(&md, "| created | ", UtcTime(d.source.created_at), " |\n");
   absl::StrAppend(&md, "| finished | ", UtcTime(d.source.finished_at), " |\n\n");
 
   absl::StatusOr<std::string> table = FormatComparisonTable(d.table, "markdown");
-  absl::StrAppend(&md, "## Comparison\n\n", table.ok() ? *table : "", "\n",
-                  "Mean ± sample std over each variant's SUCCEEDED seeds (n); diverged runs are counted, "
-                  "not averaged. As `ablate table ", s.name, "`; every number in ",
-                  "[tables/comparison.csv](tables/comparison.csv).\n\n");
+  absl::StrAppend(
+      &md, "## Comparison\n\n", table.ok() ? *table : "", "\n",
+      "Mean ± sample std over each variant's SUCCEEDED seeds (n); diverged runs are counted, "
+      "not averaged. As `ablate table ",
+      s.name, "`; every number in ", "[tables/comparison.csv](tables/comparison.csv).\n\n");
   if (AnyInterim(d.figures)) {
-    absl::StrAppend(&md, "Interim (no run of the variant has finished; the latest evaluation of its "
-                         "runs still training, not a result):\n\n| variant | runs | step | val loss | "
-                         "gate score | M-Act | F-Attn |\n|---|---:|---:|---:|---:|---:|---:|\n");
+    absl::StrAppend(&md,
+                    "Interim (no run of the variant has finished; the latest evaluation of its "
+                    "runs still training, not a result):\n\n| variant | runs | step | val loss | "
+                    "gate score | M-Act | F-Attn |\n|---|---:|---:|---:|---:|---:|---:|\n");
     for (const GroupFigures& g : d.figures.groups) {
       if (!g.interim) continue;
       absl::StrAppend(&md, "| ", MdCell(g.label), " | ", g.eval_runs, " | ",
-                      g.eval_step_min == g.eval_step_max ? absl::StrCat(g.eval_step_max)
-                                                         : absl::StrCat(g.eval_step_min, "–", g.eval_step_max),
+                      g.eval_step_min == g.eval_step_max
+                          ? absl::StrCat(g.eval_step_max)
+                          : absl::StrCat(g.eval_step_min, "–", g.eval_step_max),
                       " | ", MeanStdText(g.val_loss, 4), " | ", MeanStdText(g.gate_score, 4), " | ",
                       MeanStdText(g.m_act, 3), " | ", MeanStdText(g.f_attn, 4), " |\n");
     }
@@ -541,52 +573,63 @@ std::string Markdown(const ReportData& d, const std::vector<Figure>& figures,
   absl::StrAppend(&md, "## Figures\n\n");
   if (figures.empty()) absl::StrAppend(&md, "No run has reported a step yet: nothing to draw.\n\n");
   for (const Figure& f : figures) {
-    absl::StrAppend(&md, "### ", f.title, "\n\n![", f.title, "](", f.file, ")\n\n", f.caption, "\n\n");
+    absl::StrAppend(&md, "### ", f.title, "\n\n![", f.title, "](", f.file, ")\n\n", f.caption,
+                    "\n\n");
   }
 
   absl::StrAppend(&md, "## Variants: budget solutions and parameters\n\n",
-                  "| variant | description | differs from the reference | budget | params | activated | added | FLOPs/token |\n",
+                  "| variant | description | differs from the reference | budget | params | "
+                  "activated | added | FLOPs/token |\n",
                   "|---|---|---|---|---:|---:|---:|---:|\n");
   for (const VariantInfo& v : d.variants) {
     absl::StrAppend(&md, "| ", MdCell(v.name), " | ", MdCell(v.description), " | ",
-                    MdCell(v.diff.empty() ? "—" : v.diff), " | ", MdCell(v.budget.empty() ? "—" : v.budget),
-                    " | ", Count(static_cast<double>(v.params_total)), " | ",
+                    MdCell(v.diff.empty() ? "—" : v.diff), " | ",
+                    MdCell(v.budget.empty() ? "—" : v.budget), " | ",
+                    Count(static_cast<double>(v.params_total)), " | ",
                     Count(static_cast<double>(v.params_activated)), " | ",
-                    v.params_added > 0 ? "+" : "", Count(static_cast<double>(v.params_added)), " | ",
-                    v.flops_per_token > 0 ? Count(v.flops_per_token) : "—", " |\n");
+                    v.params_added > 0 ? "+" : "", Count(static_cast<double>(v.params_added)),
+                    " | ", v.flops_per_token > 0 ? Count(v.flops_per_token) : "—", " |\n");
   }
   absl::StrAppend(&md, "\nExact counts in [tables/variants.csv](tables/variants.csv).\n\n");
 
-  absl::StrAppend(&md, "## Runs\n\n| run | variant | seed | state | steps | val loss | spikes | reason |\n",
-                  "|---:|---|---:|---|---:|---:|---:|---|\n");
+  absl::StrAppend(
+      &md, "## Runs\n\n| run | variant | seed | state | steps | val loss | spikes | reason |\n",
+      "|---:|---|---:|---|---:|---:|---:|---|\n");
   for (const RunInfo& r : d.runs) {
-    absl::StrAppend(&md, "| ", r.id, " | ", MdCell(r.axes.empty() ? r.variant : absl::StrCat(r.variant, " (", r.axes, ")")),
-                    " | ", r.seed, " | ", RunStateName(r.state), " | ", r.steps_done, "/", r.steps_total,
-                    " | ", std::isfinite(r.val_loss) ? fmt::format("{:.4f}", r.val_loss) : "—", " | ",
+    absl::StrAppend(&md, "| ", r.id, " | ",
+                    MdCell(r.axes.empty() ? r.variant : absl::StrCat(r.variant, " (", r.axes, ")")),
+                    " | ", r.seed, " | ", RunStateName(r.state), " | ", r.steps_done, "/",
+                    r.steps_total, " | ",
+                    std::isfinite(r.val_loss) ? fmt::format("{:.4f}", r.val_loss) : "—", " | ",
                     r.spike_steps, " | ", MdCell(r.reason), " |\n");
   }
 
-  absl::StrAppend(&md, "\n## Spec\n\n`", MdCell(d.source.spec_file.empty() ? "spec" : d.source.spec_file),
+  absl::StrAppend(&md, "\n## Spec\n\n`",
+                  MdCell(d.source.spec_file.empty() ? "spec" : d.source.spec_file),
                   "`, as submitted ([spec.yaml](spec.yaml)):\n\n");
   std::string fence = "```";
   while (absl::StrContains(d.source.spec_yaml, fence)) fence += "`";
-  absl::StrAppend(&md, fence, "yaml\n", d.source.spec_yaml,
-                  absl::EndsWith(d.source.spec_yaml, "\n") || d.source.spec_yaml.empty() ? "" : "\n", fence, "\n\n");
+  absl::StrAppend(
+      &md, fence, "yaml\n", d.source.spec_yaml,
+      absl::EndsWith(d.source.spec_yaml, "\n") || d.source.spec_yaml.empty() ? "" : "\n", fence,
+      "\n\n");
 
-  absl::StrAppend(&md, "## Files\n\n- [index.html](index.html): this report with the dashboard's "
-                       "interactive charts (opens from disk)\n");
+  absl::StrAppend(&md,
+                  "## Files\n\n- [index.html](index.html): this report with the dashboard's "
+                  "interactive charts (opens from disk)\n");
   for (const auto& [path, text] : tables) absl::StrAppend(&md, "- [", path, "](", path, ")\n");
   for (const Figure& f : figures) absl::StrAppend(&md, "- [", f.file, "](", f.file, ")\n");
   return md;
 }
 
-// ---- index.html ----------------------------------------------------------------------------------
+// ---- index.html ---------------------------------------------------------------------------------
 
 absl::StatusOr<std::string> Asset(const std::string& path) {
   for (const EmbeddedAsset* a = kDashboardAssets; a->path != nullptr; ++a) {
     if (path == a->path) return std::string(reinterpret_cast<const char*>(a->data), a->size);
   }
-  return absl::InternalError(absl::StrCat("report: the asset ", path, " is not compiled into this binary"));
+  return absl::InternalError(
+      absl::StrCat("report: the asset ", path, " is not compiled into this binary"));
 }
 
 // Text that would end or confuse the script or style element it is inlined into.
@@ -594,24 +637,30 @@ absl::Status CheckInlinable(const std::string& path, const std::string& text) {
   const std::string lower = absl::AsciiStrToLower(text);
   for (const char* bad : {"</script", "<!--", "</style"}) {
     if (absl::StrContains(lower, bad)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("report: ", path, " contains \"", bad, "\" and cannot be inlined into a page"));
+      return absl::InvalidArgumentError(absl::StrCat("report: ", path, " contains \"", bad,
+                                                     "\" and cannot be inlined into a page"));
     }
   }
   return absl::OkStatus();
 }
 
 json RunSummaryJson(const RunInfo& r) {
-  return json{{"id", r.id},           {"variant", r.variant},   {"seed", r.seed},
-              {"axes", r.axes},       {"state", RunStateName(r.state)},
-              {"steps_done", r.steps_done}, {"steps_total", r.steps_total},
-              {"val_loss", r.val_loss}, {"spike_steps", r.spike_steps}, {"reason", r.reason}};
+  return json{{"id", r.id},
+              {"variant", r.variant},
+              {"seed", r.seed},
+              {"axes", r.axes},
+              {"state", RunStateName(r.state)},
+              {"steps_done", r.steps_done},
+              {"steps_total", r.steps_total},
+              {"val_loss", r.val_loss},
+              {"spike_steps", r.spike_steps},
+              {"reason", r.reason}};
 }
 
 std::string Html(const ReportData& d, const std::vector<Figure>& figures,
                  const std::map<std::string, std::string>& tables, const std::string& generated,
-                 const std::string& modules, const std::string& uplot_js, const std::string& uplot_css,
-                 const std::string& style_css) {
+                 const std::string& modules, const std::string& uplot_js,
+                 const std::string& uplot_css, const std::string& style_css) {
   const SweepInfo& s = d.figures.sweep;
   json variants = json::array();
   for (const VariantInfo& v : d.variants) variants.push_back(VariantJson(v));
@@ -620,8 +669,12 @@ std::string Html(const ReportData& d, const std::vector<Figure>& figures,
   json files = json::array();
   for (const auto& [path, text] : tables) files.push_back(path);
   for (const Figure& f : figures) files.push_back(f.file);
-  const json data{{"sweep", json{{"id", s.id}, {"name", s.name}, {"description", s.description},
-                                 {"state", s.state}, {"states", StatesText(s)}, {"runs", s.runs}}},
+  const json data{{"sweep", json{{"id", s.id},
+                                 {"name", s.name},
+                                 {"description", s.description},
+                                 {"state", s.state},
+                                 {"states", StatesText(s)},
+                                 {"runs", s.runs}}},
                   {"source", json{{"spec_file", d.source.spec_file},
                                   {"code_version", d.source.code_version},
                                   {"reference", d.source.reference},
@@ -639,12 +692,13 @@ std::string Html(const ReportData& d, const std::vector<Figure>& figures,
   return absl::StrCat(
       "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n",
       "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n",
-      "<title>ablate report: ", svg::Escape(s.name), "</title>\n<link rel=\"icon\" href=\"data:,\">\n",
-      "<style>\n", uplot_css, "\n</style>\n<style>\n", style_css, "\n</style>\n<script>\n", uplot_js,
+      "<title>ablate report: ", svg::Escape(s.name),
+      "</title>\n<link rel=\"icon\" href=\"data:,\">\n", "<style>\n", uplot_css,
+      "\n</style>\n<style>\n", style_css, "\n</style>\n<script>\n", uplot_js,
       "\n</script>\n</head>\n<body class=\"report\">\n<header><span class=\"brand\">ablate</span>",
       "<nav>report: ", svg::Escape(s.name), "</nav></header>\n",
-      "<main id=\"view\"><noscript>This report draws its charts with JavaScript; report.md beside it "
-      "has the same figures as SVG files.</noscript></main>\n",
+      "<main id=\"view\"><noscript>This report draws its charts with JavaScript; report.md beside "
+      "it has the same figures as SVG files.</noscript></main>\n",
       "<footer><p class=\"muted\" id=\"generated\">", svg::Escape(generated), "</p></footer>\n",
       "<script type=\"application/json\" id=\"report-data\">", embedded, "</script>\n",
       "<script type=\"module\">\n", modules, "</script>\n</body>\n</html>\n");
@@ -678,8 +732,9 @@ absl::StatusOr<std::string> InlineModules(const std::vector<std::string>& order)
           return absl::EndsWith(p, absl::StrCat("/", target));
         });
         if (!seen) {
-          return absl::InvalidArgumentError(absl::StrCat("report: ", path, ":", line_number, " imports ",
-                                                         target, ", which is not inlined before it"));
+          return absl::InvalidArgumentError(absl::StrCat("report: ", path, ":", line_number,
+                                                         " imports ", target,
+                                                         ", which is not inlined before it"));
         }
         absl::StrAppend(&out, "\n");  // keeps line numbers of errors close to the source's
         continue;
@@ -745,7 +800,8 @@ absl::StatusOr<ReportFiles> WriteReport(const StoreReader& reader, const ReportO
   const fs::file_status status = fs::status(out, ec);
   if (fs::exists(status)) {
     if (!fs::is_directory(status)) {
-      return absl::FailedPreconditionError(absl::StrCat("report: --out ", options.out_dir, " is not a directory"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("report: --out ", options.out_dir, " is not a directory"));
     }
     size_t entries = 0;
     for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) ++entries;
@@ -754,9 +810,10 @@ absl::StatusOr<ReportFiles> WriteReport(const StoreReader& reader, const ReportO
           absl::StrCat("report: cannot read --out ", options.out_dir, ": ", ec.message()));
     }
     if (entries > 0 && !options.force) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "report: --out ", options.out_dir, " is not empty (", entries, entries == 1 ? " entry" : " entries",
-          "): pass --force to write over it, or choose another --out"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("report: --out ", options.out_dir, " is not empty (", entries,
+                       entries == 1 ? " entry" : " entries",
+                       "): pass --force to write over it, or choose another --out"));
     }
   }
   ReportFiles result;
@@ -766,8 +823,8 @@ absl::StatusOr<ReportFiles> WriteReport(const StoreReader& reader, const ReportO
     const fs::path p = *dir == '\0' ? out : out / dir;
     fs::create_directories(p, ec);
     if (ec) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("report: cannot create ", p.lexically_normal().string(), ": ", ec.message()));
+      return absl::PermissionDeniedError(absl::StrCat(
+          "report: cannot create ", p.lexically_normal().string(), ": ", ec.message()));
     }
   }
   for (const auto& [relative, text] : *files) {

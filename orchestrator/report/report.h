@@ -1,9 +1,10 @@
 // `ablate report`: a sweep's results as files that open from disk, with no server and no network
 // (docs/cli.md):
 //
-//   OUT/index.html      the figures drawn by the dashboard's own chart code (dashboard/js/charts.js,
-//                       figures.js and uPlot, inlined from the assets compiled into the binary),
-//                       the data embedded as JSON; the comparison table, variants, runs, the spec
+//   OUT/index.html      the figures drawn by the dashboard's own chart code (dashboard/js/
+//                       charts.js, figures.js and uPlot, inlined from the assets compiled into
+//                       the binary), the data embedded as JSON; the comparison table, variants,
+//                       runs, the spec
 //   OUT/report.md       the same as markdown: the `ablate table` comparison and the figures below
 //   OUT/figures/*.svg   loss curves as mean ± std bands with spike markers, val loss bars with
 //                       error bars, M-Act and F-Attn per layer, gate-score histograms, PPL against

@@ -19,7 +19,8 @@ constexpr double kFontSize = 12;
 constexpr double kCharWidth = 6.6;  // an average character at kFontSize, px (no font metrics)
 constexpr double kLegendLine = 17;
 constexpr double kCaptionLine = 15;
-constexpr char kFonts[] = "system-ui, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif";
+constexpr char kFonts[] =
+    "system-ui, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif";
 constexpr char kInk[] = "#1d2330";
 constexpr char kMuted[] = "#5b6374";
 constexpr char kGridLine[] = "#e6e8ec";
@@ -65,7 +66,9 @@ int DecimalsFor(double step) {
 
 std::string TickText(double v, int decimals) {
   const std::string s = fmt::format("{:.{}f}", v, decimals);
-  return s == "-0" || s.find_first_not_of("-0.") == std::string::npos ? fmt::format("{:.{}f}", 0.0, decimals) : s;
+  return s == "-0" || s.find_first_not_of("-0.") == std::string::npos
+             ? fmt::format("{:.{}f}", 0.0, decimals)
+             : s;
 }
 
 std::string ShortNumber(double v) { return fmt::format("{:g}", v); }
@@ -199,18 +202,23 @@ struct Chart::Frame {
   int total_height = 0;
 
   double X(double v) const {
-    return left + (Forward(xs, v) - Forward(xs, xt.lo)) / (Forward(xs, xt.hi) - Forward(xs, xt.lo)) *
-                      plot_w;
+    return left + (Forward(xs, v) - Forward(xs, xt.lo)) /
+                      (Forward(xs, xt.hi) - Forward(xs, xt.lo)) * plot_w;
   }
   double Y(double v) const {
     return top + plot_h -
-           (Forward(ys, v) - Forward(ys, yt.lo)) / (Forward(ys, yt.hi) - Forward(ys, yt.lo)) * plot_h;
+           (Forward(ys, v) - Forward(ys, yt.lo)) / (Forward(ys, yt.hi) - Forward(ys, yt.lo)) *
+               plot_h;
   }
   bool InX(double v) const { return Plottable(xs, v) && v >= xt.lo && v <= xt.hi; }
 };
 
 Chart::Chart(std::string title, Axis x, Axis y, int width, int height)
-    : title_(std::move(title)), x_(std::move(x)), y_(std::move(y)), width_(width), height_(height) {}
+    : title_(std::move(title)),
+      x_(std::move(x)),
+      y_(std::move(y)),
+      width_(width),
+      height_(height) {}
 
 void Chart::Add(Element e) { elements_.push_back(std::move(e)); }
 
@@ -309,8 +317,9 @@ Chart::Frame Chart::Resolve() const {
   size_t longest_x_label = 0;
   for (const std::string& l : x_.tick_labels) longest_x_label = std::max(longest_x_label, l.size());
   const double x_labels_h =
-      x_.slanted_labels ? 12 + 0.6 * kCharWidth * static_cast<double>(std::min<size_t>(longest_x_label, 28))
-                        : 18;
+      x_.slanted_labels
+          ? 12 + 0.6 * kCharWidth * static_cast<double>(std::min<size_t>(longest_x_label, 28))
+          : 18;
   f.top = title_.empty() ? 14 : 34;
   f.plot_h = height_ - f.top - x_labels_h - (x_.label.empty() ? 8 : 26);
   f.yt = ResolveAxis(y_, y_lo, y_hi, f.plot_h, 50);
@@ -326,7 +335,8 @@ Chart::Frame Chart::Resolve() const {
                           f.top + kLegendLine * static_cast<double>(legends.size()) + 8);
   f.caption_top = total + 8;
   for (const std::string& c : captions_) {
-    total += kCaptionLine * static_cast<double>(Wrap(c, static_cast<size_t>(width_ / kCharWidth)).size());
+    total += kCaptionLine *
+             static_cast<double>(Wrap(c, static_cast<size_t>(width_ / kCharWidth)).size());
   }
   f.total_height = static_cast<int>(std::ceil(total));
   return f;
@@ -339,8 +349,9 @@ std::string Chart::RenderAt(double left, double top, const std::string& id) cons
   std::string out = absl::StrCat("<g transform=\"translate(", Px(left), ",", Px(top), ")\">\n");
   const std::string pl = Px(f.left), pt = Px(f.top), pw = Px(f.plot_w), ph = Px(f.plot_h);
   if (!title_.empty()) {
-    absl::StrAppend(&out, "<text x=\"", pl, "\" y=\"20\" font-size=\"14\" font-weight=\"600\" fill=\"",
-                    kInk, "\">", Escape(title_), "</text>\n");
+    absl::StrAppend(&out, "<text x=\"", pl,
+                    "\" y=\"20\" font-size=\"14\" font-weight=\"600\" fill=\"", kInk, "\">",
+                    Escape(title_), "</text>\n");
   }
   // Grid lines and tick labels.
   absl::StrAppend(&out, "<g stroke=\"", kGridLine, "\" stroke-width=\"1\">");
@@ -361,8 +372,9 @@ std::string Chart::RenderAt(double left, double top, const std::string& id) cons
     const std::string x = Px(f.X(f.xt.at[i])), y = Px(f.top + f.plot_h + 15);
     const std::string label = Escape(Clip(f.xt.labels[i], 28));
     if (x_.slanted_labels) {
-      absl::StrAppend(&out, "<text x=\"", x, "\" y=\"", y, "\" text-anchor=\"end\" transform=\"rotate(-35 ",
-                      x, " ", y, ")\">", label, "</text>");
+      absl::StrAppend(&out, "<text x=\"", x, "\" y=\"", y,
+                      "\" text-anchor=\"end\" transform=\"rotate(-35 ", x, " ", y, ")\">", label,
+                      "</text>");
     } else {
       absl::StrAppend(&out, "<text x=\"", x, "\" y=\"", y, "\" text-anchor=\"middle\">", label,
                       "</text>");
@@ -374,22 +386,26 @@ std::string Chart::RenderAt(double left, double top, const std::string& id) cons
                   "\" fill=\"none\" stroke=\"#9aa1ad\" stroke-width=\"1\"/>\n");
   if (!x_.label.empty()) {
     absl::StrAppend(&out, "<text x=\"", Px(f.left + f.plot_w / 2), "\" y=\"", Px(f.x_label_y),
-                    "\" text-anchor=\"middle\" fill=\"", kInk, "\">", Escape(x_.label), "</text>\n");
+                    "\" text-anchor=\"middle\" fill=\"", kInk, "\">", Escape(x_.label),
+                    "</text>\n");
   }
   if (!y_.label.empty()) {
     const std::string cy = Px(f.top + f.plot_h / 2);
-    absl::StrAppend(&out, "<text x=\"14\" y=\"", cy, "\" text-anchor=\"middle\" transform=\"rotate(-90 14 ",
-                    cy, ")\" fill=\"", kInk, "\">", Escape(y_.label), "</text>\n");
+    absl::StrAppend(&out, "<text x=\"14\" y=\"", cy,
+                    "\" text-anchor=\"middle\" transform=\"rotate(-90 14 ", cy, ")\" fill=\"", kInk,
+                    "\">", Escape(y_.label), "</text>\n");
   }
 
   // The data, clipped to the plot area (markers are drawn after, unclipped, on the top edge).
-  absl::StrAppend(&out, "<clipPath id=\"", id, "\"><rect x=\"", pl, "\" y=\"", pt, "\" width=\"", pw,
-                  "\" height=\"", ph, "\"/></clipPath>\n<g clip-path=\"url(#", id, ")\">\n");
+  absl::StrAppend(&out, "<clipPath id=\"", id, "\"><rect x=\"", pl, "\" y=\"", pt, "\" width=\"",
+                  pw, "\" height=\"", ph, "\"/></clipPath>\n<g clip-path=\"url(#", id, ")\">\n");
   const double bottom = f.top + f.plot_h;
   auto stroke = [](const Style& s) {
-    return absl::StrCat(" stroke=\"", s.color, "\" stroke-width=\"", Px(s.width), "\"",
-                        s.opacity < 1 ? absl::StrCat(" stroke-opacity=\"", fmt::format("{:.2f}", s.opacity), "\"") : "",
-                        s.dashed ? " stroke-dasharray=\"5 3\"" : "");
+    return absl::StrCat(
+        " stroke=\"", s.color, "\" stroke-width=\"", Px(s.width), "\"",
+        s.opacity < 1 ? absl::StrCat(" stroke-opacity=\"", fmt::format("{:.2f}", s.opacity), "\"")
+                      : "",
+        s.dashed ? " stroke-dasharray=\"5 3\"" : "");
   };
   std::string markers;
   for (const Element& e : elements_) {
@@ -428,7 +444,8 @@ std::string Chart::RenderAt(double left, double top, const std::string& id) cons
             for (size_t k = i; k < j; ++k) {
               absl::StrAppend(&d, k == i ? "M" : "L", Px(f.X(e.x[k])), " ", Px(f.Y(e.z[k])));
             }
-            for (size_t k = j; k-- > i;) absl::StrAppend(&d, "L", Px(f.X(e.x[k])), " ", Px(f.Y(e.y[k])));
+            for (size_t k = j; k-- > i;)
+              absl::StrAppend(&d, "L", Px(f.X(e.x[k])), " ", Px(f.Y(e.y[k])));
             absl::StrAppend(&out, "<path d=\"", d, "Z\" fill=\"", e.style.color,
                             "\" fill-opacity=\"", fmt::format("{:.2f}", e.style.opacity),
                             "\" stroke=\"none\"/>\n");
@@ -443,13 +460,14 @@ std::string Chart::RenderAt(double left, double top, const std::string& id) cons
           if (!Plottable(f.ys, e.y[i]) || !Plottable(f.xs, e.x[i])) continue;
           const double x0 = f.X(e.x[i] - e.bar_width / 2), x1 = f.X(e.x[i] + e.bar_width / 2);
           const double y = std::clamp(f.Y(e.y[i]), f.top, bottom);
-          absl::StrAppend(&out, "<rect x=\"", Px(x0), "\" y=\"", Px(std::min(y, base)), "\" width=\"",
-                          Px(x1 - x0), "\" height=\"", Px(std::fabs(base - y)), "\" fill=\"",
-                          e.style.color, "\" fill-opacity=\"", fmt::format("{:.2f}", e.style.opacity),
-                          "\"", e.style.dashed ? absl::StrCat(" stroke=\"", e.style.color,
-                                                              "\" stroke-dasharray=\"4 2\"")
-                                               : "",
-                          "/>\n");
+          absl::StrAppend(
+              &out, "<rect x=\"", Px(x0), "\" y=\"", Px(std::min(y, base)), "\" width=\"",
+              Px(x1 - x0), "\" height=\"", Px(std::fabs(base - y)), "\" fill=\"", e.style.color,
+              "\" fill-opacity=\"", fmt::format("{:.2f}", e.style.opacity), "\"",
+              e.style.dashed
+                  ? absl::StrCat(" stroke=\"", e.style.color, "\" stroke-dasharray=\"4 2\"")
+                  : "",
+              "/>\n");
         }
         break;
       }
@@ -468,7 +486,8 @@ std::string Chart::RenderAt(double left, double top, const std::string& id) cons
                           Px(lo), "L", Px(x + 4), " ", Px(lo), "M", Px(x - 4), " ", Px(hi), "L",
                           Px(x + 4), " ", Px(hi));
         }
-        if (!d.empty()) absl::StrAppend(&out, "<path d=\"", d, "\" fill=\"none\"", stroke(e.style), "/>\n");
+        if (!d.empty())
+          absl::StrAppend(&out, "<path d=\"", d, "\" fill=\"none\"", stroke(e.style), "/>\n");
         break;
       }
       case Kind::kPoints:
@@ -500,8 +519,9 @@ std::string Chart::RenderAt(double left, double top, const std::string& id) cons
     switch (e.kind) {
       case Kind::kBars:
       case Kind::kBand:
-        absl::StrAppend(&out, "<rect x=\"", x, "\" y=\"", Px(ly), "\" width=\"14\" height=\"10\" fill=\"",
-                        e.style.color, "\" fill-opacity=\"",
+        absl::StrAppend(&out, "<rect x=\"", x, "\" y=\"", Px(ly),
+                        "\" width=\"14\" height=\"10\" fill=\"", e.style.color,
+                        "\" fill-opacity=\"",
                         fmt::format("{:.2f}", std::max(0.35, e.style.opacity)), "\"/>");
         break;
       case Kind::kMarkers:
@@ -535,10 +555,10 @@ std::string Chart::RenderAt(double left, double top, const std::string& id) cons
 namespace {
 
 std::string Document(int width, int height, const std::string& body) {
-  return absl::StrCat("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", width, "\" height=\"", height,
-                      "\" viewBox=\"0 0 ", width, " ", height, "\" font-family=\"", kFonts,
-                      "\" font-size=\"", kFontSize, "\">\n<rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\n",
-                      body, "</svg>\n");
+  return absl::StrCat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", width, "\" height=\"", height,
+      "\" viewBox=\"0 0 ", width, " ", height, "\" font-family=\"", kFonts, "\" font-size=\"",
+      kFontSize, "\">\n<rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\n", body, "</svg>\n");
 }
 
 }  // namespace
@@ -552,8 +572,8 @@ std::string Grid(const std::string& title, const std::vector<Chart>& charts, int
   double y = top, row_height = 0;
   std::string body;
   if (!title.empty()) {
-    body = absl::StrCat("<text x=\"12\" y=\"21\" font-size=\"15\" font-weight=\"600\" fill=\"", kInk, "\">",
-                        Escape(title), "</text>\n");
+    body = absl::StrCat("<text x=\"12\" y=\"21\" font-size=\"15\" font-weight=\"600\" fill=\"",
+                        kInk, "\">", Escape(title), "</text>\n");
   }
   double x = 0;
   for (size_t i = 0; i < charts.size(); ++i) {

@@ -43,8 +43,8 @@ struct Axis {
 
 struct Style {
   std::string color = "#2f6fde";
-  double width = 1.5;     // stroke width, px
-  double opacity = 1.0;   // fill opacity of bands and bars, stroke opacity of lines
+  double width = 1.5;    // stroke width, px
+  double opacity = 1.0;  // fill opacity of bands and bars, stroke opacity of lines
   bool dashed = false;
 };
 

@@ -139,7 +139,8 @@ class ReportTest : public ::testing::Test {
   // spikes at step 200 and goes non-finite from 248 on; it DIVERGES at 250.
   void FillStudy() {
     SweepRecord record = testing::MakeSweep("study", kVariants, 2, kSteps);
-    record.spec_yaml = "sweep: study\nvariants: [baseline, g1_elementwise, g1_headwise]\nseeds: 2\n";
+    record.spec_yaml =
+        "sweep: study\nvariants: [baseline, g1_elementwise, g1_headwise]\nseeds: 2\n";
     record.expanded.set_code_version("0.1.0+test123");
     absl::StatusOr<SweepIds> ids = store_->CreateSweep(record);
     ASSERT_TRUE(ids.ok()) << ids.status();
@@ -169,8 +170,9 @@ class ReportTest : public ::testing::Test {
       }
       ASSERT_TRUE(store_->ReportMetrics(b).ok());
       if (diverges) {
-        ASSERT_TRUE(Finish(store_.get(), id, DIVERGED, kDivergeStep, nullptr,
-                           "loss non-finite for 3 steps").ok());
+        ASSERT_TRUE(
+            Finish(store_.get(), id, DIVERGED, kDivergeStep, nullptr, "loss non-finite for 3 steps")
+                .ok());
       } else {
         val_loss_[id] = 2.0 + 0.05 * static_cast<double>(i % 3) + 0.01 * static_cast<double>(i / 3);
         const EvalResult e = FinalEval(kSteps, gated, val_loss_[id]);
@@ -222,7 +224,8 @@ TEST_F(ReportTest, LossBandsAreMeanAndStdOverTheRunsThatDidNotDiverge) {
   ASSERT_EQ(f->groups.size(), 3u);
   // The grid: every 10th step to 400 (the spike step 200 is on it; no other step is).
   ASSERT_EQ(f->steps.size(), static_cast<size_t>(kSteps / 10));
-  for (size_t k = 0; k < f->steps.size(); ++k) EXPECT_EQ(f->steps[k], 10 * static_cast<int64_t>(k + 1));
+  for (size_t k = 0; k < f->steps.size(); ++k)
+    EXPECT_EQ(f->steps[k], 10 * static_cast<int64_t>(k + 1));
   for (size_t g = 0; g < 3; ++g) {
     const GroupFigures& group = f->groups[g];
     EXPECT_EQ(group.label, kVariants[g]);
@@ -232,7 +235,8 @@ TEST_F(ReportTest, LossBandsAreMeanAndStdOverTheRunsThatDidNotDiverge) {
       if (g != 2) values.push_back(LossAt(step, study_[g + 3]));  // seed 1 of g1_headwise diverged
       double mean = 0;
       for (double v : values) mean += v / static_cast<double>(values.size());
-      EXPECT_EQ(group.loss_n[k], static_cast<int64_t>(values.size())) << kVariants[g] << " " << step;
+      EXPECT_EQ(group.loss_n[k], static_cast<int64_t>(values.size()))
+          << kVariants[g] << " " << step;
       EXPECT_NEAR(group.loss_mean[k], mean, 1e-12) << kVariants[g] << " " << step;
       if (values.size() == 2) {
         EXPECT_NEAR(group.loss_std[k], std::fabs(values[0] - values[1]) / std::sqrt(2.0), 1e-12);
@@ -421,13 +425,24 @@ TEST_F(ReportTest, WritesEveryFile) {
   absl::StatusOr<ReportFiles> r = WriteReport(*reader_, Options("study", dir_ / "out"));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->sweep, "study");
-  const std::vector<std::string> expected = {
-      "figures/gate_histograms.svg", "figures/layers_f_attn.svg", "figures/layers_m_act.svg",
-      "figures/loss.svg",            "figures/ppl_length.svg",    "figures/val_loss.svg",
-      "index.html",                  "report.md",                 "spec.yaml",
-      "tables/comparison.csv",       "tables/evaluations.csv",    "tables/gate_histograms.csv",
-      "tables/layers.csv",           "tables/lengths.csv",        "tables/loss_curves.csv",
-      "tables/runs.csv",             "tables/spikes.csv",         "tables/variants.csv"};
+  const std::vector<std::string> expected = {"figures/gate_histograms.svg",
+                                             "figures/layers_f_attn.svg",
+                                             "figures/layers_m_act.svg",
+                                             "figures/loss.svg",
+                                             "figures/ppl_length.svg",
+                                             "figures/val_loss.svg",
+                                             "index.html",
+                                             "report.md",
+                                             "spec.yaml",
+                                             "tables/comparison.csv",
+                                             "tables/evaluations.csv",
+                                             "tables/gate_histograms.csv",
+                                             "tables/layers.csv",
+                                             "tables/lengths.csv",
+                                             "tables/loss_curves.csv",
+                                             "tables/runs.csv",
+                                             "tables/spikes.csv",
+                                             "tables/variants.csv"};
   EXPECT_EQ(r->files, expected);
   std::vector<std::string> on_disk;
   for (const auto& [path, text] : Files(dir_ / "out")) {
@@ -456,8 +471,9 @@ TEST_F(ReportTest, TablesHoldTheNumbersOfTheStudy) {
   EXPECT_THAT(layers, HasSubstr("\nbaseline,,0,0,2,10,0,0.1,0\n"));
   EXPECT_THAT(layers, HasSubstr("\ng1_headwise,,0,1,1,20,,0.2,\n"));
   // Bin 0 of g1_elementwise: 2 runs x (1000 + 1001) of 22020 scores.
-  EXPECT_THAT(ReadText(out / "tables/gate_histograms.csv"),
-              HasSubstr(absl::StrCat("\ng1_elementwise,,0,0,0,0.1,4002,", Num(4002.0 / 22020), "\n")));
+  EXPECT_THAT(
+      ReadText(out / "tables/gate_histograms.csv"),
+      HasSubstr(absl::StrCat("\ng1_elementwise,,0,0,0,0.1,4002,", Num(4002.0 / 22020), "\n")));
   EXPECT_THAT(ReadText(out / "tables/gate_histograms.csv"), Not(HasSubstr("\nbaseline,")));
   EXPECT_EQ(ReadText(out / "tables/spikes.csv"),
             absl::StrCat("run_id,variant,axes,seed,step,signal,kind,loss\n", study_[5],
@@ -467,8 +483,9 @@ TEST_F(ReportTest, TablesHoldTheNumbersOfTheStudy) {
   EXPECT_THAT(runs, HasSubstr(absl::StrCat("\n", study_[5], ",g1_headwise,1,,DIVERGED,250,400,")));
   EXPECT_EQ(std::count(runs.begin(), runs.end(), '\n'), 7);
   // The budget solutions and exact parameter counts (test_sweeps.h).
-  EXPECT_THAT(ReadText(out / "tables/variants.csv"),
-              HasSubstr("\ng1_headwise,g1_headwise description,,ffn 64 -> 62,1002000,1002000,2000,"));
+  EXPECT_THAT(
+      ReadText(out / "tables/variants.csv"),
+      HasSubstr("\ng1_headwise,g1_headwise description,,ffn 64 -> 62,1002000,1002000,2000,"));
   // PPL at each length per variant (AddLengths: 512 measured with YaRN).
   EXPECT_THAT(ReadText(out / "tables/lengths.csv"), HasSubstr("\ng1_elementwise,,512,1,2,"));
   EXPECT_EQ(ReadText(out / "spec.yaml"),
@@ -483,12 +500,13 @@ TEST_F(ReportTest, MarkdownHasTheTableTheFiguresTheVariantsAndTheSpec) {
   EXPECT_THAT(md, HasSubstr(*FormatComparisonTable(*table, "markdown")));
   EXPECT_THAT(md, HasSubstr("| code version | 0.1.0+test123 |"));
   EXPECT_THAT(md, HasSubstr(absl::StrCat(kGeneratedAtMarker)));
-  for (const char* figure : {"figures/loss.svg", "figures/val_loss.svg", "figures/layers_m_act.svg",
-                             "figures/layers_f_attn.svg", "figures/gate_histograms.svg",
-                             "figures/ppl_length.svg"}) {
+  for (const char* figure :
+       {"figures/loss.svg", "figures/val_loss.svg", "figures/layers_m_act.svg",
+        "figures/layers_f_attn.svg", "figures/gate_histograms.svg", "figures/ppl_length.svg"}) {
     EXPECT_THAT(md, HasSubstr(absl::StrCat("](", figure, ")"))) << figure;
   }
-  EXPECT_THAT(md, HasSubstr("| g1_headwise | g1_headwise description | — | ffn 64 -> 62 | 1.00M |"));
+  EXPECT_THAT(md,
+              HasSubstr("| g1_headwise | g1_headwise description | — | ffn 64 -> 62 | 1.00M |"));
   EXPECT_THAT(md, HasSubstr("```yaml\nsweep: study\n"));
   EXPECT_THAT(md, Not(HasSubstr("Interim")));  // every variant has a finished run
 }
@@ -502,10 +520,11 @@ TEST_F(ReportTest, FiguresDrawEveryVariantTheDivergedRunAndTheSpikes) {
     EXPECT_THAT(loss, HasSubstr(absl::StrCat(">", legend, "</text>"))) << legend;
   }
   EXPECT_THAT(loss, HasSubstr(svg::kSpikeColor));
-  EXPECT_THAT(loss, HasSubstr("stroke-dasharray"));  // the diverged run
+  EXPECT_THAT(loss, HasSubstr("stroke-dasharray"));       // the diverged run
   EXPECT_THAT(loss, HasSubstr("fill-opacity=\"0.18\""));  // the bands
   const std::string val = ReadText(out / "figures/val_loss.svg");
-  for (const std::string& v : kVariants) EXPECT_THAT(val, HasSubstr(absl::StrCat(">", v, "</text>")));
+  for (const std::string& v : kVariants)
+    EXPECT_THAT(val, HasSubstr(absl::StrCat(">", v, "</text>")));
   const std::string gates = ReadText(out / "figures/gate_histograms.svg");
   EXPECT_THAT(gates, HasSubstr(">g1_elementwise</text>"));
   EXPECT_THAT(gates, HasSubstr(">g1_headwise</text>"));
@@ -539,7 +558,8 @@ TEST_F(ReportTest, IndexHtmlIsSelfContainedWithTheDashboardsChartCode) {
     if (std::string(a->path) == "/vendor/uPlot.iife.min.js") uplot = a;
   }
   ASSERT_NE(uplot, nullptr);
-  EXPECT_THAT(html, HasSubstr(std::string(reinterpret_cast<const char*>(uplot->data), uplot->size)));
+  EXPECT_THAT(html,
+              HasSubstr(std::string(reinterpret_cast<const char*>(uplot->data), uplot->size)));
   // The data: the table and the figures, as the compare page reads them from the API.
   const std::string open = "<script type=\"application/json\" id=\"report-data\">";
   const size_t at = html.find(open);
@@ -551,16 +571,19 @@ TEST_F(ReportTest, IndexHtmlIsSelfContainedWithTheDashboardsChartCode) {
   EXPECT_EQ(data["figures"]["groups"][2]["diverged_curves"][0]["run"], study_[5]);
   EXPECT_EQ(data["source"]["code_version"], "0.1.0+test123");
   EXPECT_EQ(data["runs"].size(), 6u);
-  EXPECT_EQ(data["spec_yaml"], "sweep: study\nvariants: [baseline, g1_elementwise, g1_headwise]\nseeds: 2\n");
+  EXPECT_EQ(data["spec_yaml"],
+            "sweep: study\nvariants: [baseline, g1_elementwise, g1_headwise]\nseeds: 2\n");
 }
 
 TEST_F(ReportTest, InterimValuesAreMarkedInTheReportOfALiveSweep) {
   ASSERT_TRUE(WriteReport(*reader_, Options("live", dir_ / "out")).ok());
   const std::string md = ReadText(dir_ / "out/report.md");
   EXPECT_THAT(md, HasSubstr("Interim (no run of the variant has finished"));
-  EXPECT_THAT(md, HasSubstr(absl::StrCat("| baseline | 1 | 200 | ", fmt::format("{:.4f}", 2.5 + 1.0 / 200))));
+  EXPECT_THAT(md, HasSubstr(absl::StrCat("| baseline | 1 | 200 | ",
+                                         fmt::format("{:.4f}", 2.5 + 1.0 / 200))));
   EXPECT_THAT(ReadText(dir_ / "out/tables/evaluations.csv"), HasSubstr("\nbaseline,,1,1,200,200,"));
-  EXPECT_THAT(ReadText(dir_ / "out/figures/val_loss.svg"), HasSubstr(">interim (runs still training)</text>"));
+  EXPECT_THAT(ReadText(dir_ / "out/figures/val_loss.svg"),
+              HasSubstr(">interim (runs still training)</text>"));
   // No lengths were measured: no figure, no table.
   EXPECT_FALSE(fs::exists(dir_ / "out/figures/ppl_length.svg"));
   EXPECT_FALSE(fs::exists(dir_ / "out/tables/lengths.csv"));
@@ -595,8 +618,9 @@ TEST_F(ReportTest, CommandWritesTheSameReportTwice) {
   const testing::CliResult r1 =
       testing::RunCli({"report", "study", "--db", db_, "--out", (dir_ / "one").string()});
   ASSERT_EQ(r1.code, 0) << r1.err;
-  EXPECT_EQ(r1.out, absl::StrCat("report of sweep study: ", (dir_ / "one").string(), "/index.html, ",
-                                 (dir_ / "one").string(), "/report.md, 6 figures, 9 tables\n"));
+  EXPECT_EQ(r1.out,
+            absl::StrCat("report of sweep study: ", (dir_ / "one").string(), "/index.html, ",
+                         (dir_ / "one").string(), "/report.md, 6 figures, 9 tables\n"));
   // By id, from the state dir, a second later.
   absl::SleepFor(absl::Seconds(1.1));
   const testing::CliResult r2 = testing::RunCli(
@@ -616,14 +640,18 @@ TEST_F(ReportTest, CommandErrorsNameWhatIsWrong) {
   const std::string out = (dir_ / "out").string();
   testing::CliResult r = testing::RunCli({"report", "nope", "--db", db_, "--out", out});
   EXPECT_EQ(r.code, 1);
-  EXPECT_EQ(r.err, absl::StrCat("report: no sweep named nope in ", db_, " (sweeps there: live, study)\n"));
+  EXPECT_EQ(r.err,
+            absl::StrCat("report: no sweep named nope in ", db_, " (sweeps there: live, study)\n"));
   EXPECT_FALSE(fs::exists(out)) << "nothing is written for an unknown sweep";
 
   r = testing::RunCli({"report", "study", "--db", (dir_ / "missing.db").string(), "--out", out});
   EXPECT_EQ(r.code, 1);
   EXPECT_EQ(r.err, absl::StrCat("report: no database at ", (dir_ / "missing.db").string(), "\n"));
-  r = testing::RunCli({"report", "study", "--state-dir", (dir_ / "nowhere").string(), "--out", out});
-  EXPECT_THAT(r.err, HasSubstr("(name the coordinator's state dir with --state-dir, or the file with --db)"));
+  r = testing::RunCli(
+      {"report", "study", "--state-dir", (dir_ / "nowhere").string(), "--out", out});
+  EXPECT_THAT(
+      r.err,
+      HasSubstr("(name the coordinator's state dir with --state-dir, or the file with --db)"));
 
   // A directory that is not empty: refused without --force, its files untouched.
   fs::create_directories(dir_ / "busy/figures");
@@ -637,7 +665,8 @@ TEST_F(ReportTest, CommandErrorsNameWhatIsWrong) {
   EXPECT_FALSE(fs::exists(dir_ / "busy/index.html"));
   // With --force: the report's files written, an old figure it does not have removed, the rest
   // kept.
-  r = testing::RunCli({"report", "live", "--db", db_, "--out", (dir_ / "busy").string(), "--force"});
+  r = testing::RunCli(
+      {"report", "live", "--db", db_, "--out", (dir_ / "busy").string(), "--force"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(fs::exists(dir_ / "busy/index.html"));
   EXPECT_FALSE(fs::exists(dir_ / "busy/figures/old.svg"));
@@ -648,7 +677,8 @@ TEST_F(ReportTest, CommandErrorsNameWhatIsWrong) {
   std::ofstream(file) << "x";
   r = testing::RunCli({"report", "study", "--db", db_, "--out", (file / "report").string()});
   EXPECT_EQ(r.code, 1);
-  EXPECT_THAT(r.err, HasSubstr(absl::StrCat("report: cannot create ", (file / "report").string(), ": ")));
+  EXPECT_THAT(r.err,
+              HasSubstr(absl::StrCat("report: cannot create ", (file / "report").string(), ": ")));
   EXPECT_THAT(r.err, HasSubstr("Not a directory"));
   r = testing::RunCli({"report", "study", "--db", db_, "--out", file.string()});
   EXPECT_EQ(r.err, absl::StrCat("report: --out ", file.string(), " is not a directory\n"));
