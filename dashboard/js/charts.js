@@ -1,6 +1,8 @@
 // uPlot helpers: line charts over steps with spike markers, EMA smoothing, bar charts by layer, a
-// metric against evaluation length with error bars; and attention-map heatmaps on a plain
-// canvas, with their colour scale.
+// metric against evaluation length with error bars, mean ± std bands over steps, bars with error
+// bars, lines with error bars over layers; and attention-map heatmaps on a plain canvas, with their
+// colour scale. The compare page and `ablate report`'s index.html (which inlines this file) draw
+// with the same functions.
 /* global uPlot */
 import { el } from './format.js';
 
@@ -89,10 +91,11 @@ export function lineChart(target, { title, series, data, log = false, spikes = (
   return new uPlot(opts, data, target);
 }
 
-// Bars over layers (M-Act, F-Attn per layer) or histogram bins.
+// Bars over layers (M-Act, F-Attn per layer) or histogram bins. `yMax`: a fixed top for the y axis
+// (small multiples that share one scale).
 export function barChart(target, { title, labels, values, xLabel, yLabel, color = '#2f6fde',
-  height = 220 }) {
-  const width = Math.max(300, target.clientWidth - 14);
+  height = 220, yMax = null, width: fixedWidth = null }) {
+  const width = fixedWidth || Math.max(300, target.clientWidth - 14);
   const xs = labels.map((_, i) => i);
   const opts = {
     title,
@@ -101,7 +104,7 @@ export function barChart(target, { title, labels, values, xLabel, yLabel, color 
     legend: { show: false },
     scales: {
       x: { time: false, range: [-0.5, Math.max(0.5, labels.length - 0.5)] },
-      y: { range: (u, min, max) => [Math.min(0, min), max > 0 ? max * 1.08 : 1] },
+      y: { range: (u, min, max) => [Math.min(0, min), yMax !== null ? yMax : max > 0 ? max * 1.08 : 1] },
     },
     axes: [
       { label: xLabel, values: (u, ticks) => ticks.map((t) => (Number.isInteger(t) ? labels[t] ?? '' : '')) },
@@ -198,6 +201,206 @@ export function lengthChart(target, { title, lengths, series, yLabel, log = fals
     plugins: [errorBarPlugin(() => series.map((s) => s.std))],
   };
   return new uPlot(opts, [lengths, ...series.map((s) => s.mean)], target);
+}
+
+// The plot area as a clip path, so that bands and bars drawn by hand stay inside it.
+function clipToPlot(u, ctx) {
+  const { left, top, width, height } = u.bbox;
+  ctx.beginPath();
+  ctx.rect(left, top, width, height);
+  ctx.clip();
+}
+
+// Filled mean ± std bands under the lines (drawn before the series): `bands()` returns
+// [{seriesIdx, lo: [], hi: [], fill}] aligned with u.data[0]; a band breaks where lo or hi is null.
+function bandPlugin(bands) {
+  return {
+    hooks: {
+      drawAxes: [(u) => {
+        const ctx = u.ctx;
+        const [ymin, ymax] = [u.scales.y.min, u.scales.y.max];
+        const y = (v) => u.valToPos(Math.min(ymax, Math.max(ymin, v)), 'y', true);
+        const ok = (b, i) => b.lo[i] !== null && b.hi[i] !== null && Number.isFinite(b.lo[i]) && Number.isFinite(b.hi[i]);
+        ctx.save();
+        clipToPlot(u, ctx);
+        for (const b of bands()) {
+          if (!u.series[b.seriesIdx]?.show) continue;
+          ctx.fillStyle = b.fill;
+          const n = u.data[0].length;
+          for (let i = 0; i < n;) {
+            while (i < n && !ok(b, i)) i++;
+            let j = i;
+            while (j < n && ok(b, j)) j++;
+            if (j - i >= 2) {
+              ctx.beginPath();
+              for (let k = i; k < j; k++) ctx[k === i ? 'moveTo' : 'lineTo'](u.valToPos(u.data[0][k], 'x', true), y(b.hi[k]));
+              for (let k = j - 1; k >= i; k--) ctx.lineTo(u.valToPos(u.data[0][k], 'x', true), y(b.lo[k]));
+              ctx.closePath();
+              ctx.fill();
+            }
+            i = j;
+          }
+        }
+        ctx.restore();
+      }],
+    },
+  };
+}
+
+// Ticks of a log axis over [lo, hi]: even steps when it spans less than a factor of 3 (a decade's
+// marks would leave it bare), else 1-9, 1-2-5 or 1 per decade, whichever gives at most `target`.
+export function logSplits(lo, hi, target = 6) {
+  if (!(lo > 0) || !(hi > lo)) return [];
+  if (hi / lo < 3) {
+    const raw = (hi - lo) / target;
+    const p = 10 ** Math.floor(Math.log10(raw));
+    const step = [1, 2, 2.5, 5, 10].map((m) => m * p).find((s) => s >= raw);
+    const out = [];
+    for (let k = Math.ceil(lo / step - 1e-9); k * step <= hi; k++) out.push(+(k * step).toPrecision(12));
+    return out;
+  }
+  let out = [];
+  for (const mantissas of [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 5], [1]]) {
+    out = [];
+    for (let e = Math.floor(Math.log10(lo)); 10 ** e <= hi; e++) {
+      for (const m of mantissas) {
+        const v = +(m * 10 ** e).toPrecision(12);
+        if (v >= lo && v <= hi) out.push(v);
+      }
+    }
+    if (out.length <= target + 1) break;
+  }
+  return out;
+}
+
+// A y scale and axis that fit `values` (and, on a log scale, ticks that suit the span): uPlot's own
+// log range rounds out to whole decades, which flattens a loss between 1.4 and 1.8.
+function fittedY(values, log, yLabel) {
+  let lo = Infinity, hi = -Infinity;
+  for (const v of values) {
+    if (v === null || v === undefined || !Number.isFinite(v) || (log && v <= 0)) continue;
+    lo = Math.min(lo, v);
+    hi = Math.max(hi, v);
+  }
+  const axis = { label: yLabel, size: 60 };
+  if (!(hi >= lo)) return { scale: log ? { distr: 3 } : {}, axis };
+  if (!log) return { scale: { range: () => uPlot.rangeNum(lo, hi, 0.1, true) }, axis };
+  const [a, b] = hi / lo < 1.01 ? [lo / 1.1, hi * 1.1] : [lo / 1.04, hi * 1.04];
+  return {
+    scale: { distr: 3, range: () => [a, b] },
+    axis: { ...axis, splits: () => logSplits(a, b),
+      values: (u, ticks) => ticks.map((t) => (t === null || t === undefined ? '' : String(+t.toPrecision(6)))) },
+  };
+}
+
+// A colour with an alpha: '#rrggbb' or 'hsl(h, s%, l%)' -> the same colour at `alpha`.
+export function withAlpha(color, alpha) {
+  if (color.startsWith('#') && color.length === 7) {
+    const [r, g, b] = [1, 3, 5].map((i) => parseInt(color.slice(i, i + 2), 16));
+    return `rgba(${r},${g},${b},${alpha})`;
+  }
+  if (color.startsWith('hsl(')) return color.replace('hsl(', 'hsla(').replace(')', `, ${alpha})`);
+  return color;
+}
+
+// Mean ± std bands over steps: one line per band (its mean, the std as a filled band under it),
+// `lines` drawn dashed on their own steps (diverged runs), red triangles at `spikes`
+// ([{seriesIdx, step, value}], seriesIdx counting bands, then lines, from 1).
+// bands: [{label, stroke, mean: [], std: []}] on `steps`; lines: [{label, stroke, step, value}].
+export function bandChart(target, { title, steps, bands, lines = [], spikes = [], log = true,
+  height = 380, yLabel = 'loss' }) {
+  const width = Math.max(320, target.clientWidth - 14);
+  const data = joinSeries([...bands.map((b) => ({ step: steps, value: b.mean })), ...lines]);
+  const index = new Map();
+  data[0].forEach((x, i) => index.set(x, i));
+  const edges = bands.map((b, k) => {
+    const lo = new Array(data[0].length).fill(null);
+    const hi = new Array(data[0].length).fill(null);
+    steps.forEach((step, i) => {
+      const m = b.mean[i], s = b.std[i];
+      if (m === null || s === null || !Number.isFinite(m) || !Number.isFinite(s)) return;
+      lo[index.get(step)] = m - s;
+      hi[index.get(step)] = m + s;
+    });
+    return { seriesIdx: k + 1, lo, hi, fill: withAlpha(b.stroke, 0.18) };
+  });
+  const y = fittedY([...edges.flatMap((e) => [...e.lo, ...e.hi]), ...data.slice(1).flat()], log, yLabel);
+  const opts = {
+    title,
+    width,
+    height,
+    legend: { show: true },
+    cursor: { drag: { x: true, y: false } },
+    scales: { x: { time: false }, y: y.scale },
+    axes: [{ label: 'step' }, y.axis],
+    series: [{ label: 'step' },
+      ...bands.map((b) => ({ label: b.label, stroke: b.stroke, width: 1.5, spanGaps: true, points: { show: false } })),
+      ...lines.map((l) => ({ label: l.label, stroke: l.stroke, width: 1, dash: [5, 3], spanGaps: true, points: { show: false } }))],
+    plugins: [bandPlugin(() => edges), spikePlugin(() => spikes)],
+  };
+  return new uPlot(opts, data, target);
+}
+
+// One bar per category with mean ± std error bars: `interim[i]` bars in a second, lighter series
+// (values of runs still training). The y axis fits the error bars and does not start at 0.
+export function meanBarChart(target, { title, labels, mean, std, interim, yLabel, height = 300 }) {
+  const width = Math.max(300, target.clientWidth - 14);
+  const xs = labels.map((_, i) => i);
+  let lo = Infinity, hi = -Infinity;
+  mean.forEach((m, i) => {
+    if (m === null || !Number.isFinite(m)) return;
+    const d = Number.isFinite(std[i]) ? std[i] : 0;
+    lo = Math.min(lo, m - d);
+    hi = Math.max(hi, m + d);
+  });
+  const pad = hi > lo ? (hi - lo) : Math.abs(hi) * 0.05 || 1;
+  const pick = (want) => mean.map((m, i) => (Boolean(interim[i]) === want ? m : null));
+  const bars = uPlot.paths.bars({ size: [0.7, 80] });
+  const opts = {
+    title,
+    width,
+    height,
+    legend: { show: interim.some(Boolean) },
+    cursor: { drag: { x: false, y: false } },
+    scales: {
+      x: { time: false, range: [-0.5, Math.max(0.5, labels.length - 0.5)] },
+      y: { range: () => [lo - 0.25 * pad, hi + 0.08 * pad] },
+    },
+    axes: [
+      { values: (u, ticks) => ticks.map((t) => (Number.isInteger(t) ? labels[t] ?? '' : '')), rotate: labels.length > 6 ? -30 : 0,
+        size: labels.length > 6 ? 30 + 5.5 * Math.min(28, Math.max(...labels.map((l) => l.length))) : 50 },
+      { label: yLabel, size: 60 },
+    ],
+    series: [{},
+      { label: 'final (SUCCEEDED seeds)', fill: '#2f6fdedd', stroke: '#1d2330', width: 0, points: { show: false }, paths: bars },
+      { label: 'interim (runs still training)', fill: '#e69a1788', stroke: '#1d2330', width: 0, points: { show: false }, paths: bars }],
+    plugins: [errorBarPlugin(() => [pick(false).map((m, i) => (m === null ? null : std[i])),
+      pick(true).map((m, i) => (m === null ? null : std[i]))])],
+  };
+  return new uPlot(opts, [xs, pick(false), pick(true)], target);
+}
+
+// Lines with points and mean ± std error bars over integer x (layers): `series`
+// [{label, stroke, mean: [], std: [], dash}] aligned with `xs`.
+export function errorLineChart(target, { title, xs, series, xLabel, yLabel, log = false, height = 320 }) {
+  const width = Math.max(300, target.clientWidth - 14);
+  const y = fittedY(series.flatMap((s) => s.mean.flatMap((m, i) => (m === null ? [] : [m, m - (s.std[i] || 0), m + (s.std[i] || 0)]))), log, yLabel);
+  const opts = {
+    title,
+    width,
+    height,
+    legend: { show: true },
+    cursor: { drag: { x: false, y: false } },
+    scales: { x: { time: false, range: [xs[0] - 0.4, xs[xs.length - 1] + 0.4] }, y: y.scale },
+    axes: [{ label: xLabel, ...(xs.length <= 32 ? { splits: () => xs } : {}),
+      values: (u, ticks) => ticks.map((t) => (Number.isInteger(t) ? String(t) : '')) },
+      y.axis],
+    series: [{ label: xLabel },
+      ...series.map((s) => ({ label: s.label, stroke: s.stroke, width: 1.5, dash: s.dash ? [5, 3] : undefined,
+        spanGaps: true, points: { show: true, size: 6 } }))],
+    plugins: [errorBarPlugin(() => series.map((s) => s.std))],
+  };
+  return new uPlot(opts, [xs, ...series.map((s) => s.mean)], target);
 }
 
 // Viridis, perceptually uniform and readable in grey: 10 samples of matplotlib's map,

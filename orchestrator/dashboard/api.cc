@@ -1,7 +1,7 @@
 // The dashboard's JSON API (/api/...): sweeps, a sweep with its runs and variants, the curves of
-// a sweep overlay, the comparison table, the event log; a run, its metric series, evaluations,
-// per-layer probes, attention maps and spikes; the workers. Every read goes through StoreReader's
-// typed reads.
+// a sweep overlay, the comparison table and its figures (orchestrator/report/figures.h), the event
+// log; a run, its metric series, evaluations, per-layer probes, attention maps and spikes; the
+// workers. Every read goes through StoreReader's typed reads.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -123,21 +123,11 @@ json LayerJson(const LayerProbes& p) {
   return j;
 }
 
-json MeanStdJson(const MeanStd& m) { return json{{"mean", m.mean}, {"std", m.std}}; }
-
 json LengthEvalJson(const LengthEval& l) {
   return json{{"seq_len", l.seq_len()},
               {"val_loss", l.val_loss()},
               {"val_ppl", l.val_ppl()},
               {"yarn", l.yarn()}};
-}
-
-json LengthStatJson(const LengthStat& l) {
-  return json{{"seq_len", l.seq_len},
-              {"yarn", l.yarn},
-              {"n", l.n},
-              {"val_loss", MeanStdJson(l.val_loss)},
-              {"val_ppl", MeanStdJson(l.val_ppl)}};
 }
 
 json AttentionMapJson(const AttentionMap& m) {
@@ -147,34 +137,6 @@ json AttentionMapJson(const AttentionMap& m) {
               {"head", m.head()},
               {"size", m.size()},
               {"probs", std::vector<uint8_t>(bytes.begin(), bytes.end())}};
-}
-
-json TableJson(const ComparisonTable& t) {
-  json rows = json::array();
-  for (const ComparisonRow& r : t.rows) {
-    json lengths = json::array();
-    for (const LengthStat& l : r.lengths) lengths.push_back(LengthStatJson(l));
-    rows.push_back(json{{"variant", r.variant},
-                        {"description", r.description},
-                        {"axes", r.axes},
-                        {"runs", r.runs},
-                        {"n", r.n},
-                        {"diverged", r.diverged},
-                        {"failed", r.failed},
-                        {"unfinished", r.unfinished},
-                        {"val_loss", MeanStdJson(r.val_loss)},
-                        {"val_ppl", MeanStdJson(r.val_ppl)},
-                        {"gate_score", MeanStdJson(r.gate_score)},
-                        {"m_act", MeanStdJson(r.m_act)},
-                        {"f_attn", MeanStdJson(r.f_attn)},
-                        {"spike_score", MeanStdJson(r.spike_score)},
-                        {"train_loss", MeanStdJson(r.train_loss)},
-                        {"params_total", r.params_total},
-                        {"params_activated", r.params_activated},
-                        {"params_added", r.params_added},
-                        {"lengths", std::move(lengths)}});
-  }
-  return json{{"sweep", t.sweep}, {"rows", rows}};
 }
 
 }  // namespace dashboard
@@ -188,8 +150,9 @@ Response DashboardServer::Impl::HandleApi(const Request& r) {
     if (seg.size() == 4 && seg[3] == "table") {
       absl::StatusOr<ComparisonTable> table = reader->GetComparisonTable(seg[2]);
       if (!table.ok()) return FromStatus(table.status());
-      return JsonResponse(200, TableJson(*table));
+      return JsonResponse(200, ComparisonTableJson(*table));
     }
+    if (seg.size() == 4 && seg[3] == "figures") return SweepFigures(seg[2], r);
     if (seg.size() == 4 && seg[3] == "events") return Events(seg[2], r);
   }
   if (seg.size() >= 3 && seg[1] == "runs") {
@@ -236,14 +199,7 @@ Response DashboardServer::Impl::Sweep(const std::string& name) {
   json variant_list = json::array();
   for (const VariantInfo& v : *variants) {
     budget_of[v.name] = v.budget;
-    variant_list.push_back(json{{"name", v.name},
-                                {"description", v.description},
-                                {"diff", v.diff},
-                                {"budget", v.budget},
-                                {"params_total", v.params_total},
-                                {"params_activated", v.params_activated},
-                                {"params_added", v.params_added},
-                                {"flops_per_token", v.flops_per_token}});
+    variant_list.push_back(VariantJson(v));
   }
   json run_list = json::array();
   for (const RunInfo& run : *runs) {
@@ -324,6 +280,18 @@ Response DashboardServer::Impl::SweepCurves(const std::string& name, const Reque
   }
   return JsonResponse(200, json{{"sweep", sweep->name}, {"metric", metric},
                                 {"points", max_points}, {"stride", k}, {"runs", out}});
+}
+
+Response DashboardServer::Impl::SweepFigures(const std::string& name, const Request& r) {
+  std::string error;
+  std::optional<int64_t> points = IntParam(r, "points", FigureOptions().curve_points, &error);
+  if (!points) return Error(400, error);
+  if (*points < 2) return Error(400, "parameter 'points' must be at least 2");
+  FigureOptions options;
+  options.curve_points = static_cast<int>(std::min<int64_t>(*points, kMaxCurvePoints));
+  absl::StatusOr<ablate::SweepFigures> figures = ComputeSweepFigures(*reader, name, options);
+  if (!figures.ok()) return FromStatus(figures.status());
+  return JsonResponse(200, SweepFiguresJson(*figures));
 }
 
 Response DashboardServer::Impl::Events(const std::string& name, const Request& r) {

@@ -32,6 +32,7 @@
 #include "config/credentials.h"
 #include "nlohmann/json.hpp"
 #include "orchestrator/dashboard/server.h"
+#include "orchestrator/report/figures.h"
 #include "orchestrator/store/reader.h"
 
 namespace ablate {
@@ -189,8 +190,6 @@ std::optional<int64_t> IntParam(const Request& r, const std::string& name, int64
                                 std::string* error);
 
 double NowSeconds();
-// 7 significant digits: what a chart can show, and half the JSON of a double's 17.
-double Significant7(double v);
 
 // JSON renderings of store rows (NaN stays NaN: nlohmann writes it as null).
 json SweepJson(const SweepInfo& s, double now);
@@ -200,7 +199,6 @@ json EventJson(const EventInfo& e);
 json LayerJson(const LayerProbes& p);
 json LengthEvalJson(const LengthEval& l);
 json AttentionMapJson(const AttentionMap& m);  // probs as numbers 0..255
-json TableJson(const ComparisonTable& t);
 
 }  // namespace dashboard
 
@@ -227,10 +225,8 @@ using dashboard::NowSeconds;
 using dashboard::Request;
 using dashboard::Response;
 using dashboard::RunJson;
-using dashboard::Significant7;
 using dashboard::SpikeJson;
 using dashboard::SweepJson;
-using dashboard::TableJson;
 using dashboard::tcp;
 
 // The server's state. The methods are defined in server.cc (transport), api.cc, stream.cc and
@@ -279,6 +275,7 @@ struct DashboardServer::Impl {
   Response Sweeps();
   Response Sweep(const std::string& name);
   Response SweepCurves(const std::string& name, const Request& r);
+  Response SweepFigures(const std::string& name, const Request& r);
   Response Events(const std::string& name, const Request& r);
   Response Run(int64_t id);
   Response RunMetrics(int64_t id, const Request& r);

@@ -68,13 +68,6 @@ std::optional<int64_t> IntParam(const Request& r, const std::string& name, int64
 
 double NowSeconds() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
 
-// 7 significant digits: what a chart can show, and half the JSON of a double's 17.
-double Significant7(double v) {
-  if (!std::isfinite(v) || v == 0) return v;
-  const double scale = std::pow(10.0, 6 - std::floor(std::log10(std::fabs(v))));
-  return std::isfinite(scale) && scale > 0 ? std::round(v * scale) / scale : v;
-}
-
 DeadlineSocket::DeadlineSocket(tcp::socket* socket) : socket_(socket) {
   error_code ec;
   socket_->non_blocking(true, ec);  // fails only on a closed socket: its reads fail anyway

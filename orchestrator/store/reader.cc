@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -15,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "nlohmann/json.hpp"
 #include "orchestrator/store/sqlite.h"
 #include "orchestrator/store/schema.h"
@@ -738,6 +740,75 @@ absl::StatusOr<std::vector<VariantInfo>> StoreReader::ListVariants(int64_t sweep
       });
   if (!read.ok()) return read;
   return variants;
+}
+
+absl::StatusOr<SweepSource> StoreReader::GetSweepSource(int64_t sweep_id) const {
+  std::optional<SweepSource> source;
+  absl::Status read = ForEachRow(
+      "SELECT spec_file, spec_yaml, reference, code_version, created_at, finished_at FROM sweeps "
+      "WHERE id = ?1",
+      [&](Stmt& q) { q.Bind(1, sweep_id); },
+      [&](const Stmt& r) {
+        source.emplace();
+        source->sweep_id = sweep_id;
+        source->spec_file = r.ColumnText(0);
+        source->spec_yaml = r.ColumnText(1);
+        source->reference = r.ColumnText(2);
+        source->code_version = r.ColumnText(3);
+        source->created_at = ZeroIfNull(r, 4);
+        source->finished_at = ZeroIfNull(r, 5);
+      });
+  if (!read.ok()) return read;
+  if (!source) return absl::NotFoundError(absl::StrCat("store: no sweep ", sweep_id));
+  return *source;
+}
+
+absl::StatusOr<std::map<int64_t, EvalResult>> StoreReader::LatestEvals(int64_t sweep_id,
+                                                                       bool with_layers) const {
+  // Each run's source (itself, or the run it reused) and the step of that source's last
+  // evaluation: one PK seek per run (max(step) over the eval_metrics rows of one run_id).
+  constexpr char kLast[] =
+      "WITH last(id, src, step) AS (SELECT r.id, coalesce(r.reused_from, r.id), (SELECT "
+      "max(step) FROM eval_metrics WHERE run_id = coalesce(r.reused_from, r.id)) FROM runs r "
+      "WHERE r.sweep_id = ?1) ";
+  std::map<int64_t, EvalResult> evals;
+  if (absl::Status read = ForEachRow(
+          absl::StrCat(kLast,
+                       "SELECT last.id, e.step, e.val_loss, e.val_ppl, e.gate_score, e.m_act, "
+                       "e.f_attn, e.tokens FROM last JOIN eval_metrics e ON e.run_id = last.src "
+                       "AND e.step = last.step ORDER BY last.id"),
+          [&](Stmt& q) { q.Bind(1, sweep_id); },
+          [&](const Stmt& s) {
+            EvalResult& e = evals[s.ColumnInt(0)];
+            e.set_step(s.ColumnInt(1));
+            e.set_val_loss(s.ColumnDouble(2));
+            e.set_val_ppl(s.ColumnDouble(3));
+            if (!s.ColumnIsNull(4)) e.mutable_probes()->set_gate_score_mean(s.ColumnDouble(4));
+            e.mutable_probes()->set_m_act(s.ColumnDouble(5));
+            e.mutable_probes()->set_f_attn(s.ColumnDouble(6));
+            e.mutable_probes()->set_tokens(s.ColumnInt(7));
+          });
+      !read.ok()) {
+    return read;
+  }
+  if (!with_layers || evals.empty()) return evals;
+  // kLayerColumns with the run id in place of its first column (step), which ReadLayer skips.
+  const std::string layer_columns = absl::StrReplaceAll(
+      absl::string_view(kLayerColumns).substr(std::strlen("step, ")),
+      {{"FROM eval_layer_probes", "FROM last JOIN eval_layer_probes p"}});
+  if (absl::Status read = ForEachRow(
+          absl::StrCat(kLast, "SELECT last.id, ", layer_columns,
+                       " ON p.run_id = last.src AND p.step = last.step ORDER BY last.id, p.layer"),
+          [&](Stmt& q) { q.Bind(1, sweep_id); },
+          [&](const Stmt& s) {
+            auto it = evals.find(s.ColumnInt(0));
+            if (it == evals.end()) return;
+            *it->second.mutable_probes()->add_layers() = ReadLayer(s);
+          });
+      !read.ok()) {
+    return read;
+  }
+  return evals;
 }
 
 absl::StatusOr<ChangeCursor> StoreReader::LatestCursor() const {

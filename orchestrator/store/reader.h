@@ -224,6 +224,17 @@ struct ComparisonTable {
   std::vector<ComparisonRow> rows;  // in run order: by first run index of each group
 };
 
+// Where a sweep came from: its spec as submitted and the build that expanded it (the sweeps
+// table's columns that SweepInfo leaves out).
+struct SweepSource {
+  int64_t sweep_id = 0;
+  std::string spec_file;     // the path it was submitted from
+  std::string spec_yaml;     // the spec text as submitted
+  std::string reference;     // the variant added parameters are counted against
+  std::string code_version;  // "0.1.0+abc1234"
+  double created_at = 0, finished_at = 0;  // 0 = not yet finished
+};
+
 class StoreReader {
  public:
   // Opens one connection right away (so a missing file or a foreign file fails here) and the
@@ -285,6 +296,14 @@ class StoreReader {
   absl::StatusOr<std::vector<SweepSpike>> SweepSpikes(int64_t sweep_id) const;
   // The variants of a sweep, in spec order.
   absl::StatusOr<std::vector<VariantInfo>> ListVariants(int64_t sweep_id) const;
+  // The spec and code version of a sweep. NotFound for an unknown id.
+  absl::StatusOr<SweepSource> GetSweepSource(int64_t sweep_id) const;
+  // The last evaluation of every run of a sweep that has one, by run id (a reused run: its
+  // source's), with its per-layer probes when `with_layers` (lengths and attention maps are left
+  // out). What `ablate report` averages over seeds, and the interim values the dashboard shows for
+  // runs still training.
+  absl::StatusOr<std::map<int64_t, EvalResult>> LatestEvals(int64_t sweep_id,
+                                                             bool with_layers) const;
 
   // ---- Live streams ----
   // The cursor of a stream that starts now: the newest event-log and spike rows.

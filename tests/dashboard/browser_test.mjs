@@ -1,18 +1,22 @@
 // The dashboard in a real browser: Debian's headless Chromium driven by playwright-core.
 //
-//   node tests/dashboard/browser_test.mjs --sim BUILD/dashboard_sim --out DIR
+//   node tests/dashboard/browser_test.mjs --sim BUILD/dashboard_sim --ablate BUILD/ablate --out DIR
 //
 // 1. A live sweep (dashboard_sim --mode live: runs appear, points grow, one run spikes then
-//    DIVERGES): the run table fills, the curves grow without a reload, the divergence alert shows,
-//    a run page draws its attention maps (pixels read back) and follows new evaluations, a run
-//    that stored none says so, no console errors. Screenshots of the sweep, run, compare and
-//    sweeps pages.
+//    DIVERGES): its compare page, before any run has finished, draws its charts and shows each
+//    variant's latest evaluation marked interim, and follows new evaluations; the run table
+//    fills, the curves grow without a reload, the divergence alert shows, a run page draws its
+//    attention maps (pixels read back) and follows new evaluations, a run that stored none says
+//    so, no console errors. Screenshots of the sweep, run, compare and sweeps pages.
 // 2. Without the token: the API answers 401 and the page says how to get in.
 // 3. Load time: a finished sweep of 40 runs x 10,000 steps, navigation to curves drawn; its
-//    compare page draws PPL against evaluation length, one line per variant.
+//    compare page draws loss bands, val-loss bars, per-layer M-Act/F-Attn, gate histograms and
+//    PPL against evaluation length, one line per variant.
+// 4. `ablate report` of the live sweep, opened from disk (file://, no server): every chart drawn
+//    (pixels read back), and every SVG figure it wrote loads and is not blank.
 // Prints 'N passed, N failed'; exits non-zero on any failure.
-import { spawn } from 'node:child_process';
-import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -24,6 +28,7 @@ const { chromium } = require('playwright-core');
 const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
   (a.startsWith('--') ? [...acc, [a.slice(2), all[i + 1]]] : acc), []));
 const SIM = args.sim;
+const ABLATE = args.ablate;
 const OUT = args.out || join(tmpdir(), 'dashboard_browser_test');
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
 const LOAD_BUDGET_MS = Number(process.env.DASHBOARD_LOAD_BUDGET_MS || 1000);
@@ -62,6 +67,22 @@ async function launch() {
   });
 }
 
+// Per chart box matching `selector`: its canvas's size and how many of its pixels are coloured
+// (saturated: series lines, bands, bars; axes, grid and text are grey), so a chart with no data
+// drawn reads 0.
+function chartPixels(page, selector) {
+  return page.evaluate((sel) => [...document.querySelectorAll(sel)].map((box) => {
+    const canvas = box.querySelector('canvas');
+    if (!canvas) return { id: box.id, coloured: 0, width: 0 };
+    const { data } = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height);
+    let coloured = 0;
+    for (let i = 0; i < data.length; i += 4) {
+      if (data[i + 3] > 0 && Math.max(data[i], data[i + 1], data[i + 2]) - Math.min(data[i], data[i + 1], data[i + 2]) > 40) coloured++;
+    }
+    return { id: box.id, coloured, width: canvas.width };
+  }), selector);
+}
+
 function watchConsole(page, errors) {
   page.on('console', (msg) => { if (msg.type() === 'error') errors.push(msg.text()); });
   page.on('pageerror', (err) => errors.push(String(err)));
@@ -74,7 +95,27 @@ async function livePhase() {
   const page = context.pages()[0] || await context.newPage();
   const errors = [];
   watchConsole(page, errors);
-  await page.goto(`${sim.url}#/sweep/${sim.sweep}`);
+  // The compare page while every run still trains: charts, and interim values in the table.
+  await page.goto(`${sim.url}#/compare/${sim.sweep}`);
+  await page.waitForSelector('#compare tbody tr');
+  await page.waitForFunction(() => document.querySelectorAll('#figures canvas').length >= 4, null, { timeout: 10000 });
+  const interimCells = await page.locator('#compare td.interim').count();
+  const tags = await page.locator('#compare .interim-tag').allTextContents();
+  check(interimCells === 15 && tags.every((t) => /^interim @ \d+$/.test(t)),
+    `the compare page shows each variant's latest evaluation, marked interim, before any run finished (${interimCells} cells: ${tags[0]})`);
+  const note = await page.locator('#interim-note').textContent();
+  check(note.includes('not results'), `and says what interim means: "${note}"`);
+  check(await page.getAttribute('#val-loss-chart', 'data-interim') === '3', 'the val-loss bars of all 3 variants are interim');
+  const liveCharts = await chartPixels(page, '#figures .chart');
+  check(liveCharts.length >= 6 && liveCharts.every((c) => c.coloured > 50),
+    `the compare page draws loss bands, val-loss bars, M-Act, F-Attn and gate histograms during the sweep (${liveCharts.map((c) => `${c.id || 'chart'}:${c.coloured}`).join(', ')})`);
+  const firstStep = Math.min(...tags.map((t) => Number(t.split('@ ')[1])));
+  await page.waitForFunction((s) => [...document.querySelectorAll('#compare .interim-tag')].some((t) => Number(t.textContent.split('@ ')[1]) > s),
+    firstStep, { timeout: 15000 });
+  check(true, `the interim values follow new evaluations without a reload (step ${firstStep} -> later)`);
+  await page.screenshot({ path: join(OUT, 'compare_live.png'), fullPage: true });
+
+  await page.goto(`${base}/#/sweep/${sim.sweep}`);
   await page.evaluate(() => { window.__sameDocument = true; });
 
   await page.waitForFunction(() => document.querySelectorAll('#runs tbody tr').length === 6, null, { timeout: 10000 });
@@ -247,19 +288,97 @@ async function loadPhase() {
   check(lengthRows === 4 && /^\d+\.\d+ ± \d+\.\d+$/.test(longest),
     `the length table: one row per variant, mean ± std (${lengthRows} rows, ${longest})`);
   // Hovering the longest length reads a line's mean ± std there, marked YaRN.
+  await page.locator('#lengths-chart .u-over').scrollIntoViewIfNeeded();
   const plot = await page.locator('#lengths-chart .u-over').boundingBox();
   await page.mouse.move(plot.x + plot.width - 2, plot.y + plot.height / 2);
   const hovered = await page.locator('#lengths-chart .u-legend .u-series').nth(1).locator('.u-value').textContent();
   check(/^\d+\.\d+ ± \d+\.\d+ \(YaRN\)$/.test(hovered), `the legend reads the hovered length's PPL, YaRN marked (${hovered})`);
+  // The figures of a finished sweep: no interim value, every chart drawn.
+  check(await page.locator('#compare td.interim').count() === 0, 'a finished sweep shows no interim value');
+  check(await page.getAttribute('#val-loss-chart', 'data-bars') === '4' && await page.getAttribute('#val-loss-chart', 'data-interim') === '0',
+    'the val-loss chart has a bar per variant, none interim');
+  check(await page.getAttribute('#gate-histograms', 'data-count') === '4', 'a gate histogram per gated variant (4)');
+  const bandLegend = await page.locator('#loss-chart .u-legend .u-series .u-label').allTextContents();
+  check(bandLegend.length === 6 && bandLegend[1] === 'baseline (10 runs)' && bandLegend[4] === 'g2_elementwise (9 runs)'
+    && bandLegend[5] === 'g2_elementwise seed 9 (diverged)',
+    `the loss bands: one per variant over its seeds, the diverged run apart (${bandLegend.slice(1).join(', ')})`);
+  const doneCharts = await chartPixels(page, '#figures .chart');
+  check(doneCharts.length >= 8 && doneCharts.every((c) => c.coloured > 50),
+    `every chart of the compare page is drawn (${doneCharts.map((c) => `${c.id || 'chart'}:${c.coloured}`).join(', ')})`);
   await page.screenshot({ path: join(OUT, 'compare_40x10000.png'), fullPage: true });
   check(errors.length === 0, `no console errors on the load page${errors.length ? `: ${errors.join(' | ')}` : ''}`);
   await context.close();
 }
 
+// `ablate report` of the finished 40-run sweep (one run spiked, then diverged), opened from disk:
+// no server, no network.
+async function reportPhase() {
+  const out = join(OUT, 'report');
+  const made = spawnSync(ABLATE, ['report', 'bench', '--db', join(scratch, 'bench.db'), '--out', out, '--force'], { encoding: 'utf8' });
+  check(made.status === 0, `ablate report writes the report (${(made.stdout || made.stderr).trim()})`);
+  const context = await launch();
+  const page = context.pages()[0] || await context.newPage();
+  const errors = [];
+  watchConsole(page, errors);
+  const requests = [];
+  page.on('request', (r) => { if (!r.url().startsWith('file://') && !r.url().startsWith('data:')) requests.push(r.url()); });
+  await page.goto(`file://${out}/index.html`);
+  await page.waitForFunction(() => document.body.dataset.ready || document.body.dataset.error, null, { timeout: 20000 });
+  const error = await page.evaluate(() => document.body.dataset.error || '');
+  check(error === '', `the report draws from its embedded data${error ? `: ${error}` : ''}`);
+  check(await page.locator('#compare tbody tr').count() === 4, 'the report has the comparison table (4 variants)');
+  const spikes = Number(await page.getAttribute('#loss-chart', 'data-spikes'));
+  check(spikes === 2, `the report's loss chart marks the diverging run's spikes (${spikes})`);
+  const charts = await chartPixels(page, '#figures .chart');
+  check(charts.length >= 7 && charts.every((c) => c.coloured > 50),
+    `every chart of the report is drawn, not blank (${charts.map((c) => `${c.id || 'chart'}:${c.coloured}`).join(', ')})`);
+  const lengthLines = await page.locator('#lengths-chart .u-legend .u-series').count();
+  check(lengthLines === 5, `the report draws PPL against length, a line per variant (${lengthLines - 1})`);
+  check(await page.locator('#spec').textContent() !== '', 'the report shows the spec');
+  check(requests.length === 0, `the report fetches nothing from a network${requests.length ? `: ${requests.join(' ')}` : ''}`);
+  await page.screenshot({ path: join(OUT, 'report.png'), fullPage: true });
+
+  // Every SVG figure: it loads beside the page, and drawn onto a canvas it is not blank.
+  const svgs = JSON.parse(await page.evaluate(() => document.getElementById('report-data').textContent)).files.filter((f) => f.endsWith('.svg'));
+  check(svgs.length === 6, `the report wrote 6 SVG figures (${svgs.join(', ')})`);
+  for (const file of svgs) {
+    const loaded = await page.evaluate((src) => new Promise((resolve) => {
+      const img = new Image();
+      img.onload = () => resolve(img.naturalWidth);
+      img.onerror = () => resolve(0);
+      img.src = src;
+    }), file);
+    const text = readFileSync(join(out, file), 'utf8');
+    const pixels = await page.evaluate(async (svg) => {
+      const img = new Image();
+      img.src = `data:image/svg+xml;charset=utf-8,${encodeURIComponent(svg)}`;
+      await img.decode();
+      const canvas = document.createElement('canvas');
+      canvas.width = img.naturalWidth;
+      canvas.height = img.naturalHeight;
+      const ctx = canvas.getContext('2d');
+      ctx.drawImage(img, 0, 0);
+      const { data } = ctx.getImageData(0, 0, canvas.width, canvas.height);
+      let coloured = 0, inked = 0;
+      for (let i = 0; i < data.length; i += 4) {
+        const spread = Math.max(data[i], data[i + 1], data[i + 2]) - Math.min(data[i], data[i + 1], data[i + 2]);
+        if (spread > 40) coloured++;
+        if (data[i] < 200 || data[i + 1] < 200 || data[i + 2] < 200) inked++;
+      }
+      return { width: canvas.width, height: canvas.height, coloured, inked };
+    }, text);
+    check(loaded > 0 && pixels.coloured > 200 && pixels.inked > 1000,
+      `${file} loads from disk (${loaded} px wide) and is not blank (${pixels.coloured} coloured, ${pixels.inked} inked pixels)`);
+  }
+  check(errors.length === 0, `no console errors on the report${errors.length ? `: ${errors.join(' | ')}` : ''}`);
+  await context.close();
+}
+
 try {
-  if (!SIM) throw new Error('usage: browser_test.mjs --sim PATH/dashboard_sim [--out DIR]');
+  if (!SIM || !ABLATE) throw new Error('usage: browser_test.mjs --sim PATH/dashboard_sim --ablate PATH/ablate [--out DIR]');
   await livePhase();
   await loadPhase();
+  await reportPhase();
 } catch (err) {
   failed++;
   console.log(`FAIL ${err.stack || err}`);

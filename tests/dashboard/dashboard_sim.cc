@@ -4,7 +4,8 @@
 //
 //   dashboard_sim --db DIR/ablate.db --token T --mode live   # runs appear, points grow, one run
 //                                                            # spikes then DIVERGES (SIGUSR1)
-//   dashboard_sim --db ... --mode bench --runs 40 --steps 10000  # a finished sweep to load
+//   dashboard_sim --db ... --mode bench --runs 40 --steps 10000  # a finished sweep to load (its
+//                                                                # last run spiked and DIVERGED)
 //
 // Evaluations carry validation losses at 64..1024 positions (YaRN beyond the training length
 // 256), growing with length by variant and a little by seed. Live, they also carry 2 attention
@@ -59,24 +60,48 @@ void AddSimLengths(EvalResult* e, int64_t run_id, size_t variant) {
              growth[variant % 4] + 0.02 * static_cast<double>(run_id % 3));
 }
 
-// A finished sweep of `runs` runs x `steps` steps (4 variants), evaluations every steps/10.
+// A finished sweep of `runs` runs x `steps` steps (4 variants), evaluations every steps/10. The
+// last run stands for an unstable one: its loss spikes at 60% of the steps (a catastrophic spike,
+// recorded), goes non-finite at 70% and it DIVERGES 2 steps later.
 absl::Status WriteBench(Store* store, int runs, int64_t steps) {
   const std::vector<std::string> variants = {"baseline", "g1_elementwise", "g1_headwise",
                                              "g2_elementwise"};
   const int seeds = (runs + 3) / 4;
   absl::StatusOr<SweepIds> ids = store->CreateSweep(MakeSweep("bench", variants, seeds, steps));
   if (!ids.ok()) return ids.status();
+  const int64_t spike_step = steps * 6 / 10, nonfinite_step = steps * 7 / 10;
   for (size_t i = 0; i < ids->run_ids.size() && static_cast<int>(i) < runs; ++i) {
     const int64_t id = ids->run_ids[i];
+    const bool diverges = runs >= 4 && static_cast<int>(i) == runs - 1 && nonfinite_step > spike_step;
+    const int64_t last = diverges ? nonfinite_step + 2 : steps;
     if (absl::StatusOr<TransitionResult> r = StartRun(store, id); !r.ok()) return r.status();
     const int64_t chunk = 5000;
-    for (int64_t first = 1, seq = 1; first <= steps; first += chunk, ++seq) {
-      MetricBatch b = StepBatch(id, 1, seq, first, std::min(chunk, steps - first + 1));
-      for (int64_t e = first; e < first + chunk && e <= steps; ++e) {
+    for (int64_t first = 1, seq = 1; first <= last; first += chunk, ++seq) {
+      MetricBatch b = StepBatch(id, 1, seq, first, std::min(chunk, last - first + 1));
+      for (int64_t e = first; e < first + chunk && e <= last; ++e) {
         if (e % std::max<int64_t>(1, steps / 10) != 0) continue;
         AddSimLengths(&b.evals.emplace_back(Eval(e, 4, true)), id, i % variants.size());
       }
+      for (StepMetrics& m : b.steps) {
+        if (!diverges) break;
+        if (m.step() >= spike_step && m.step() < spike_step + 3) m.set_loss(m.loss() * 6);
+        if (m.step() >= nonfinite_step) m.set_loss(std::numeric_limits<double>::quiet_NaN());
+        if (m.step() != spike_step && m.step() != last) continue;
+        SpikeEvent& s = b.spikes.emplace_back();
+        s.set_step(m.step());
+        s.set_signal("loss");
+        s.set_value(m.loss());
+        s.set_baseline(3);
+        s.set_kind(m.step() == spike_step ? SPIKE_CATASTROPHIC : SPIKE_NONFINITE);
+        s.set_action(m.step() == spike_step ? SPIKE_ACTION_RECORDED : SPIKE_ACTION_STOPPED);
+      }
       if (absl::StatusOr<ReportResult> r = store->ReportMetrics(b); !r.ok()) return r.status();
+    }
+    if (diverges) {
+      if (auto r = FinishRun(store, id, DIVERGED, last, "loss non-finite for 3 steps", 2); !r.ok()) {
+        return r.status();
+      }
+      continue;
     }
     if (auto r = FinishRun(store, id, SUCCEEDED, steps, ""); !r.ok()) return r.status();
   }

@@ -364,7 +364,8 @@ TEST_F(DashboardServerTest, ServesTheEmbeddedApp) {
   EXPECT_EQ(Get(port_, "/vendor/uPlot.min.css", "").status, 200);
   for (const char* module : {"/js/app.js", "/js/api.js", "/js/charts.js", "/js/format.js",
                              "/js/pages/sweeps.js", "/js/pages/sweep.js", "/js/pages/run.js",
-                             "/js/pages/compare.js", "/style.css"}) {
+                             "/js/pages/compare.js", "/js/figures.js", "/js/report.js",
+                             "/style.css"}) {
     EXPECT_EQ(Get(port_, module, "").status, 200) << module;
   }
   EXPECT_EQ(Get(port_, "/nope.js", "").status, 404);
@@ -653,6 +654,63 @@ TEST_F(DashboardServerTest, TableEventsWorkers) {
   EXPECT_EQ(workers[0]["name"], "w1");
 }
 
+// The compare page's charts: the comparison's groups with their loss bands, probes and gate
+// histograms (orchestrator/report/figures.h); a variant with no finished run shows the latest
+// evaluation of its runs still training, marked interim.
+TEST_F(DashboardServerTest, SweepFigures) {
+  json f = Get(port_, "/api/sweeps/gates/figures?points=100").Json();
+  EXPECT_EQ(f["sweep"], "gates");
+  EXPECT_EQ(f["state"], "ACTIVE");
+  EXPECT_EQ(f["stride"], 10);  // the longest run (1000 steps) over 100 points
+  ASSERT_EQ(f["steps"].size(), 100u);
+  EXPECT_EQ(f["steps"][0], 10);
+  ASSERT_EQ(f["groups"].size(), 2u);
+  const json& baseline = f["groups"][0];
+  EXPECT_EQ(baseline["label"], "baseline");
+  EXPECT_FALSE(baseline["interim"].get<bool>());
+  EXPECT_EQ(baseline["eval_runs"], 1);  // run 1 SUCCEEDED; run 3 is still training
+  EXPECT_EQ(baseline["eval_step_max"], 1000);
+  EXPECT_EQ(baseline["band_runs"], 2);  // runs 1 and 3 (at step 500)
+  // Step 500: both runs; step 1000: run 1 alone.
+  EXPECT_EQ(baseline["loss"]["n"][49], 2);
+  EXPECT_NEAR(baseline["loss"]["mean"][49].get<double>(),
+              (LossAt(500, runs_[0]) + LossAt(500, runs_[2])) / 2, 1e-5);
+  EXPECT_EQ(baseline["loss"]["n"][99], 1);
+  EXPECT_TRUE(baseline["loss"]["std"][99].is_null());
+  // The 3 layers of run 1's evaluation at step 1000, gated (dashboard_test_util.h: M-Act
+  // 10 (l + 1), bin 0 of layer l counts 1000 + l).
+  ASSERT_EQ(baseline["layers"].size(), 3u);
+  EXPECT_EQ(baseline["layers"][1]["m_act"]["mean"], 20);
+  EXPECT_EQ(baseline["gate_histogram"]["counts"][0], 1000 + 1001 + 1002);
+  ASSERT_EQ(baseline["spikes"].size(), 1u);
+  EXPECT_EQ(baseline["spikes"][0]["step"], 420);
+  // g1_elementwise: run 2 DIVERGED (drawn apart), run 4 PENDING with nothing yet.
+  const json& g1 = f["groups"][1];
+  EXPECT_FALSE(g1["interim"].get<bool>());
+  EXPECT_EQ(g1["eval_runs"], 0);
+  EXPECT_TRUE(g1["val_loss"]["mean"].is_null());
+  ASSERT_EQ(g1["diverged_curves"].size(), 1u);
+  EXPECT_EQ(g1["diverged_curves"][0]["run"], runs_[1]);
+  EXPECT_EQ(g1["diverged_curves"][0]["step"].back(), 300);
+
+  // Run 4 starts and reports an evaluation at step 200: g1_elementwise's interim values.
+  ASSERT_TRUE(StartRun(store_.get(), runs_[3]).ok());
+  MetricBatch b = StepBatch(runs_[3], 1, 1, 1, 250);
+  b.evals.push_back(Eval(100, 3, true));
+  b.evals.push_back(Eval(200, 3, true));
+  ASSERT_TRUE(store_->ReportMetrics(b).ok());
+  ASSERT_TRUE(store_->Flush().ok());
+  const json live = Get(port_, "/api/sweeps/gates/figures").Json()["groups"][1];
+  EXPECT_TRUE(live["interim"].get<bool>());
+  EXPECT_EQ(live["n"], 0);
+  EXPECT_EQ(live["eval_runs"], 1);
+  EXPECT_EQ(live["eval_step_max"], 200);
+  EXPECT_NEAR(live["val_loss"]["mean"].get<double>(), Eval(200, 3, true).val_loss(), 1e-6);
+  EXPECT_EQ(live["layers"].size(), 3u);
+  // The table keeps no value for it: the page shows these in its place, marked interim.
+  EXPECT_TRUE(Get(port_, "/api/sweeps/gates/table").Json()["rows"][1]["val_loss"]["mean"].is_null());
+}
+
 TEST_F(DashboardServerTest, BadInputIsAJsonError) {
   const std::pair<std::string, int> cases[] = {
       {"/api/runs/abc", 400},
@@ -666,6 +724,9 @@ TEST_F(DashboardServerTest, BadInputIsAJsonError) {
       {"/api/sweeps/nope", 404},
       {"/api/sweeps/nope/curves", 404},
       {"/api/sweeps/nope/table", 404},
+      {"/api/sweeps/nope/figures", 404},
+      {"/api/sweeps/gates/figures?points=1", 400},
+      {"/api/sweeps/gates/figures?points=x", 400},
       {"/api/sweeps/gates/curves?points=1", 400},
       {"/api/sweeps/gates/curves?points=abc", 400},
       {"/api/sweeps/gates/curves?points=-5", 400},

@@ -1,0 +1,229 @@
+// A sweep's comparison table and its figures, built from the comparison table
+// (GET /api/sweeps/NAME/table) and the figures' numbers (GET /api/sweeps/NAME/figures,
+// orchestrator/report/figures.h): what the compare page shows, and what `ablate report`'s
+// index.html shows from its embedded copy of the same JSON (it inlines this module).
+//
+// Each section builder returns { section, draw }: append the section to the page, then draw()
+// (a chart takes its width from its box). Colours are by table row, as the report's SVG figures.
+import { bandChart, barChart, errorLineChart, lengthChart, meanBarChart } from './charts.js';
+import { el, num, count, runColor } from './format.js';
+
+const COLUMNS = [
+  { key: 'variant', label: 'variant', text: (r) => rowLabel(r) },
+  { key: 'n', label: 'n', num: true, value: (r) => r.n, text: (r) => `${r.n}/${r.runs}` },
+  { key: 'val_loss', label: 'val loss', ms: true, digits: 4, interim: true },
+  { key: 'val_ppl', label: 'val PPL', ms: true, digits: 2, interim: true },
+  { key: 'gate_score', label: 'gate score', ms: true, digits: 3, interim: true },
+  { key: 'm_act', label: 'M-Act', ms: true, digits: 1, interim: true },
+  { key: 'f_attn', label: 'F-Attn', ms: true, digits: 3, interim: true },
+  { key: 'spike_score', label: 'spike score', ms: true, digits: 4 },
+  { key: 'params_total', label: 'params', num: true, value: (r) => r.params_total, text: (r) => count(r.params_total) },
+  { key: 'params_added', label: 'added', num: true, value: (r) => r.params_added, text: (r) => count(r.params_added, true) },
+  { key: 'diverged', label: 'diverged', num: true, value: (r) => r.diverged, text: (r) => r.diverged },
+  { key: 'failed', label: 'failed', num: true, value: (r) => r.failed, text: (r) => r.failed },
+];
+
+export function meanStd(m, digits) {
+  if (!m || m.mean === null || m.mean === undefined) return '—';
+  if (m.std === null || m.std === undefined) return num(m.mean, digits);
+  // A spread below the shown precision (float noise over identical values) reads as 0.
+  const std = Math.abs(m.std) < 0.5 * 10 ** -digits ? 0 : m.std;
+  return `${num(m.mean, digits)} ± ${num(std, digits)}`;
+}
+
+export function rowLabel(r) {
+  return r.variant + (r.axes ? ` (${r.axes})` : '');
+}
+
+function groupKey(r) {
+  return `${r.variant}\u0000${r.axes}`;
+}
+
+function stepsText(g) {
+  return g.eval_step_min === g.eval_step_max ? `step ${g.eval_step_max}` : `steps ${g.eval_step_min}–${g.eval_step_max}`;
+}
+
+// The comparison table, sortable by a click on a header. A row none of whose runs has finished
+// shows, in place of dashes, the latest evaluation of its runs still training, marked interim.
+// Returns { node, update(table, figures) } (update keeps the sort).
+export function comparisonTable(table, figures) {
+  let sort = { key: 'val_loss', dir: 1 };
+  let rows = table.rows;
+  let interimOf = new Map();
+  const tbody = el('tbody');
+  const note = el('p', { class: 'muted interim-note', id: 'interim-note' });
+  const heads = COLUMNS.map((c) => el('th', {
+    class: `sortable ${c.ms || c.num ? 'num' : ''}`, 'data-key': c.key,
+    onclick: () => { sort = { key: c.key, dir: sort.key === c.key ? -sort.dir : 1 }; draw(); },
+  }, c.label));
+  const shown = (c, r) => {
+    const g = interimOf.get(groupKey(r));
+    return c.interim && g ? g[c.key] : r[c.key];
+  };
+  const sortValue = (c, r) => (c.ms ? shown(c, r).mean : c.value ? c.value(r) : c.text(r));
+  function cell(c, r) {
+    const g = interimOf.get(groupKey(r));
+    if (c.ms && c.interim && g) {
+      return el('td', { class: 'num interim', title: `interim: the latest evaluation of ${g.eval_runs} run${g.eval_runs === 1 ? '' : 's'} still training (${stepsText(g)}), not a final result` },
+        meanStd(g[c.key], c.digits), ' ', el('span', { class: 'interim-tag' }, `interim @ ${g.eval_step_max}`));
+    }
+    return el('td', { class: c.ms || c.num ? 'num' : '' }, c.ms ? meanStd(r[c.key], c.digits) : c.text(r));
+  }
+  function draw() {
+    const col = COLUMNS.find((c) => c.key === sort.key);
+    const sorted = [...rows].sort((a, b) => {
+      const x = sortValue(col, a), y = sortValue(col, b);
+      if (x === null || x === undefined) return 1;
+      if (y === null || y === undefined) return -1;
+      return (x < y ? -1 : x > y ? 1 : 0) * sort.dir;
+    });
+    heads.forEach((h) => h.classList.toggle('sorted-asc', h.dataset.key === sort.key && sort.dir > 0));
+    heads.forEach((h) => h.classList.toggle('sorted-desc', h.dataset.key === sort.key && sort.dir < 0));
+    tbody.replaceChildren(...sorted.map((r) => el('tr', { class: interimOf.has(groupKey(r)) ? 'interim-row' : null },
+      COLUMNS.map((c) => cell(c, r)))));
+    note.textContent = interimOf.size > 0
+      ? `Interim: ${interimOf.size} variant${interimOf.size === 1 ? ' has' : 's have'} no finished run yet; their cells show the latest evaluation of their runs still training (marked interim), not results.`
+      : '';
+  }
+  function update(newTable, newFigures) {
+    rows = newTable.rows;
+    interimOf = new Map((newFigures?.groups || []).filter((g) => g.interim && g.n === 0).map((g) => [groupKey(g), g]));
+    draw();
+  }
+  update(table, figures);
+  return { node: el('div', {}, el('table', { id: 'compare' }, el('thead', {}, el('tr', {}, heads)), tbody), note), update };
+}
+
+function section(id, title, intro, ...children) {
+  return el('div', { id, class: 'figure-section' }, el('h2', {}, title), intro ? el('p', { class: 'muted' }, intro) : null, ...children);
+}
+
+// Training loss: each row's mean over its runs that did not diverge, fail or get cancelled, ± std
+// as a band; diverged runs dashed; spike events as red triangles.
+export function lossSection(figures) {
+  const box = el('div', { class: 'chart', id: 'loss-chart' });
+  const bands = figures.groups.map((g, i) => ({ label: `${g.label} (${g.band_runs} run${g.band_runs === 1 ? '' : 's'})`, stroke: runColor(i),
+    mean: g.loss.mean, std: g.loss.std }));
+  const lines = figures.groups.flatMap((g, i) => g.diverged_curves.map((c) => ({ label: `${g.label} seed ${c.seed} (diverged)`, stroke: runColor(i),
+    step: c.step, value: c.loss })));
+  const lineIndex = new Map();
+  let next = bands.length + 1;
+  figures.groups.forEach((g) => g.diverged_curves.forEach((c) => lineIndex.set(c.run, next++)));
+  const spikes = figures.groups.flatMap((g, i) => g.spikes.map((s) => ({ seriesIdx: lineIndex.get(s.run) ?? i + 1, step: s.step, value: s.loss })));
+  box.dataset.series = bands.length + lines.length;
+  box.dataset.spikes = spikes.length;
+  const log = el('input', { type: 'checkbox', id: 'loss-log', checked: true });
+  let chart = null;
+  const draw = () => {
+    if (chart) chart.destroy();
+    chart = bandChart(box, { title: 'Training loss: mean ± std over seeds', steps: figures.steps, bands, lines, spikes,
+      log: log.checked, yLabel: 'training loss' });
+  };
+  log.addEventListener('change', draw);
+  const stride = figures.stride === 1 ? 'every step' : `every ${figures.stride}th step`;
+  return { section: section('loss', 'Training loss',
+    `Each variant's mean loss over its runs that did not diverge, fail or get cancelled (${stride}), ± the sample std as a band; diverged runs dashed; red triangles: spike events.`,
+    el('div', { class: 'controls' }, el('label', {}, log, 'log scale')), box), draw };
+}
+
+// Validation loss bars with error bars: the table's mean ± std over SUCCEEDED seeds, or interim.
+export function valLossSection(figures) {
+  const shown = figures.groups.filter((g) => g.val_loss.mean !== null);
+  const box = el('div', { class: 'chart', id: 'val-loss-chart', 'data-bars': shown.length,
+    'data-interim': shown.filter((g) => g.interim).length });
+  const draw = () => meanBarChart(box, { title: 'Validation loss: mean ± std over seeds', labels: shown.map((g) => g.label + (g.interim ? ' (interim)' : '')),
+    mean: shown.map((g) => g.val_loss.mean), std: shown.map((g) => g.val_loss.std), interim: shown.map((g) => g.interim), yLabel: 'val loss' });
+  return { section: section('val-loss', 'Validation loss',
+    'Final validation loss per variant, mean ± sample std (error bars) over its SUCCEEDED seeds; interim bars (orange): the latest evaluation of runs still training. The axis does not start at 0.', box), draw };
+}
+
+// M-Act and F-Attn per layer at each run's last evaluation, mean ± std over seeds.
+export function layersSection(figures) {
+  const withLayers = figures.groups.map((g, i) => ({ g, i })).filter(({ g }) => g.layers.length > 0);
+  const layers = [...new Set(withLayers.flatMap(({ g }) => g.layers.map((l) => l.layer)))].sort((a, b) => a - b);
+  const boxes = ['m_act', 'f_attn'].map((key) => el('div', { class: 'chart', id: `layers-${key.replace('_', '-')}`, 'data-series': withLayers.length }));
+  const series = (key) => withLayers.map(({ g, i }) => {
+    const at = new Map(g.layers.map((l) => [l.layer, l[key]]));
+    return { label: g.label + (g.interim ? ' (interim)' : ''), stroke: runColor(i), dash: g.interim,
+      mean: layers.map((l) => at.get(l)?.mean ?? null), std: layers.map((l) => at.get(l)?.std ?? null) };
+  });
+  const draw = () => {
+    errorLineChart(boxes[0], { title: 'M-Act per layer: max |hidden state|', xs: layers, series: series('m_act'), xLabel: 'layer', yLabel: 'M-Act (log)', log: true });
+    errorLineChart(boxes[1], { title: 'F-Attn per layer: attention on the first token', xs: layers, series: series('f_attn'), xLabel: 'layer', yLabel: 'F-Attn' });
+  };
+  return { section: section('layers', 'M-Act and F-Attn per layer',
+    'At each run\'s last evaluation, mean ± sample std over the SUCCEEDED seeds (dashed: interim, runs still training).',
+    el('div', { class: 'grid' }, boxes)), draw };
+}
+
+// Gate-score histograms, one per gated variant, summed over layers and seeds, in % of its scores.
+export function gateSection(figures) {
+  const gated = figures.groups.map((g, i) => ({ g, i })).filter(({ g }) => g.gate_histogram);
+  const pct = ({ g }) => {
+    const total = g.gate_histogram.counts.reduce((a, b) => a + b, 0);
+    return g.gate_histogram.counts.map((c) => (total > 0 ? (100 * c) / total : 0));
+  };
+  const top = Math.max(0, ...gated.flatMap(pct));
+  const boxes = gated.map(() => el('div', { class: 'chart gate-histogram' }));
+  const draw = () => gated.forEach((item, k) => {
+    const h = item.g.gate_histogram;
+    const w = (h.hi - h.lo) / Math.max(1, h.counts.length);
+    barChart(boxes[k], { title: `${item.g.label}${item.g.interim ? ' (interim)' : ''}: ${item.g.eval_runs} run${item.g.eval_runs === 1 ? '' : 's'}, ${stepsText(item.g)}`,
+      labels: h.counts.map((_, b) => (h.lo + w * (b + 0.5)).toFixed(2)), values: pct(item), xLabel: 'gate score', yLabel: '% of scores',
+      color: runColor(item.i), yMax: top > 0 ? top * 1.08 : 1 });
+  });
+  return { section: section('gates', 'Gate scores',
+    gated.length ? 'The gate scores of every gated layer at each run\'s last evaluation, summed over layers and seeds, in % of the variant\'s scores (one y scale for all).'
+      : 'No variant has a gate.',
+    el('div', { class: 'grid', id: 'gate-histograms', 'data-count': gated.length }, boxes)), draw };
+}
+
+// PPL against evaluation length: one line per row (variant, axis point) with a value, the std as
+// error bars, the YaRN lengths marked; then the same numbers as a table.
+export function lengthsSection(rows) {
+  const measured = rows.map((r, i) => ({ r, i })).filter(({ r }) => r.lengths.length > 0);
+  const lengths = [...new Set(measured.flatMap(({ r }) => r.lengths.map((l) => l.seq_len)))].sort((a, b) => a - b);
+  const yarnLengths = new Set(measured.flatMap(({ r }) => r.lengths.filter((l) => l.yarn).map((l) => l.seq_len)));
+  const at = (r, len) => r.lengths.find((l) => l.seq_len === len);
+  const series = measured.map(({ r, i }) => ({
+    label: rowLabel(r),
+    stroke: runColor(i),
+    mean: lengths.map((len) => at(r, len)?.val_ppl.mean ?? null),
+    std: lengths.map((len) => at(r, len)?.val_ppl.std ?? null),
+    yarn: lengths.map((len) => at(r, len)?.yarn ?? false),
+  }));
+  const chartBox = el('div', { class: 'chart', id: 'lengths-chart', 'data-series': series.length });
+  let chart = null;
+  const draw = (log) => {
+    if (chart) chart.destroy();
+    chart = lengthChart(chartBox, { title: 'Validation PPL against evaluation length', lengths, series,
+      yLabel: 'val PPL', log, yarn: (len) => yarnLengths.has(len) });
+  };
+  const table = el('table', { id: 'lengths-table' },
+    el('thead', {}, el('tr', {}, el('th', {}, 'variant'), lengths.map((len) =>
+      el('th', { class: 'num' }, `PPL@${len}${yarnLengths.has(len) ? ' (YaRN)' : ''}`)))),
+    el('tbody', {}, measured.map(({ r }) => el('tr', {}, el('td', {}, rowLabel(r)), lengths.map((len) => {
+      const l = at(r, len);
+      return el('td', { class: 'num', title: l ? `n = ${l.n}, val loss ${meanStd(l.val_loss, 4)}` : null },
+        l ? meanStd(l.val_ppl, 2) : '—');
+    })))));
+  const node = el('div', { id: 'lengths', class: 'figure-section' },
+    el('h2', {}, 'Evaluation lengths'),
+    el('div', { class: 'controls' },
+      el('label', {}, el('input', { type: 'checkbox', id: 'lengths-log', onchange: (e) => draw(e.target.checked) }), 'log scale'),
+      el('span', { class: 'muted' }, 'Each variant\'s final validation PPL at each train.eval_seq_lens length, mean ± sample std (error bars) over the SUCCEEDED seeds.'
+        + (yarnLengths.size ? ' * measured with YaRN RoPE scaling.' : ''))),
+    chartBox, table);
+  return { section: node, draw: () => draw(false) };
+}
+
+// Every figure section with something to show, in the report's order.
+export function figureSections(table, figures) {
+  const out = [];
+  if (figures.steps.length > 0) out.push(lossSection(figures));
+  if (figures.groups.some((g) => g.val_loss.mean !== null)) out.push(valLossSection(figures));
+  if (figures.groups.some((g) => g.layers.length > 0)) out.push(layersSection(figures));
+  if (figures.groups.some((g) => g.eval_runs > 0)) out.push(gateSection(figures));
+  if (table.rows.some((r) => r.lengths.length > 0)) out.push(lengthsSection(table.rows));
+  return out;
+}

@@ -1,0 +1,369 @@
+#include "orchestrator/report/figures.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ablate {
+namespace {
+
+using json = nlohmann::json;
+
+bool InBand(RunState s) {
+  return s == SUCCEEDED || s == RUNNING || s == INTERRUPTED || s == PENDING;
+}
+bool Unfinished(RunState s) { return s == RUNNING || s == INTERRUPTED || s == PENDING; }
+
+std::string GroupLabel(const std::string& variant, const std::string& axes) {
+  return axes.empty() ? variant : absl::StrCat(variant, " (", axes, ")");
+}
+
+// The evaluations of `runs` (their latest ones, from `evals`) folded into `g`: the summary
+// metrics (unless `keep_summary`: the table's), per-layer M-Act/F-Attn and the gate histogram.
+void FoldEvaluations(const std::vector<const RunInfo*>& runs,
+                     const std::map<int64_t, EvalResult>& evals, bool keep_summary,
+                     GroupFigures* g) {
+  std::vector<const EvalResult*> chosen;
+  for (const RunInfo* r : runs) {
+    auto it = evals.find(r->id);
+    if (it != evals.end()) chosen.push_back(&it->second);
+  }
+  g->eval_runs = static_cast<int64_t>(chosen.size());
+  if (chosen.empty()) return;
+  g->eval_step_min = chosen.front()->step();
+  g->eval_step_max = chosen.front()->step();
+  std::vector<double> val_loss, val_ppl, gate, m_act, f_attn;
+  std::map<int32_t, std::pair<std::vector<double>, std::vector<double>>> by_layer;
+  bool shaped = false;
+  for (const EvalResult* e : chosen) {
+    g->eval_step_min = std::min(g->eval_step_min, e->step());
+    g->eval_step_max = std::max(g->eval_step_max, e->step());
+    val_loss.push_back(e->val_loss());
+    val_ppl.push_back(e->val_ppl());
+    if (e->probes().has_gate_score_mean()) gate.push_back(e->probes().gate_score_mean());
+    m_act.push_back(e->probes().m_act());
+    f_attn.push_back(e->probes().f_attn());
+    for (const LayerProbes& l : e->probes().layers()) {
+      auto& [m, f] = by_layer[l.layer()];
+      m.push_back(l.ffn_residual_max_abs());
+      f.push_back(l.first_token_attention());
+      if (!l.has_gate() || l.gate_histogram().counts_size() == 0) continue;
+      const Histogram& h = l.gate_histogram();
+      if (!shaped) {
+        shaped = true;
+        g->gate_lo = h.lo();
+        g->gate_hi = h.hi();
+        g->gate_counts.assign(h.counts().begin(), h.counts().end());
+        continue;
+      }
+      if (h.lo() != g->gate_lo || h.hi() != g->gate_hi ||
+          h.counts_size() != static_cast<int>(g->gate_counts.size())) {
+        continue;  // another binning: not summable with the first
+      }
+      for (int i = 0; i < h.counts_size(); ++i) g->gate_counts[i] += h.counts(i);
+    }
+  }
+  if (!keep_summary) {
+    g->val_loss = MeanAndStd(val_loss);
+    g->val_ppl = MeanAndStd(val_ppl);
+    g->gate_score = MeanAndStd(gate);
+    g->m_act = MeanAndStd(m_act);
+    g->f_attn = MeanAndStd(f_attn);
+  }
+  for (const auto& [layer, values] : by_layer) {
+    LayerStat& s = g->layers.emplace_back();
+    s.layer = layer;
+    s.n = static_cast<int64_t>(values.first.size());
+    s.m_act = MeanAndStd(values.first);
+    s.f_attn = MeanAndStd(values.second);
+  }
+}
+
+json Number(double v) { return std::isfinite(v) ? json(Significant7(v)) : json(nullptr); }
+
+json MeanStd7(const MeanStd& m) { return json{{"mean", Number(m.mean)}, {"std", Number(m.std)}}; }
+
+}  // namespace
+
+double Significant7(double v) {
+  if (!std::isfinite(v) || v == 0) return v;
+  const double scale = std::pow(10.0, 6 - std::floor(std::log10(std::fabs(v))));
+  return std::isfinite(scale) && scale > 0 ? std::round(v * scale) / scale : v;
+}
+
+MeanStd MeanAndStd(const std::vector<double>& values) {
+  MeanStd out;
+  double sum = 0;
+  int64_t n = 0;
+  for (double v : values) {
+    if (!std::isfinite(v)) continue;
+    sum += v;
+    ++n;
+  }
+  if (n == 0) return out;
+  out.mean = sum / static_cast<double>(n);
+  if (n < 2) return out;
+  double squares = 0;
+  for (double v : values) {
+    if (std::isfinite(v)) squares += (v - out.mean) * (v - out.mean);
+  }
+  out.std = std::sqrt(squares / static_cast<double>(n - 1));
+  return out;
+}
+
+absl::StatusOr<SweepFigures> ComputeSweepFigures(const StoreReader& reader,
+                                                 const std::string& sweep,
+                                                 const FigureOptions& options) {
+  absl::StatusOr<ComparisonTable> table = reader.GetComparisonTable(sweep);
+  if (!table.ok()) return table.status();
+  return ComputeSweepFigures(reader, *table, options);
+}
+
+absl::StatusOr<SweepFigures> ComputeSweepFigures(const StoreReader& reader,
+                                                 const ComparisonTable& table,
+                                                 const FigureOptions& options) {
+  if (options.curve_points < 2 || options.curve_points > 5000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("figures: curve points must be 2..5000, got ", options.curve_points));
+  }
+  SweepFigures out;
+  absl::StatusOr<SweepInfo> sweep = reader.GetSweep(table.sweep);
+  if (!sweep.ok()) return sweep.status();
+  out.sweep = *sweep;
+  RunFilter filter;
+  filter.sweep_id = sweep->id;
+  absl::StatusOr<std::vector<RunInfo>> runs = reader.ListRuns(filter);
+  if (!runs.ok()) return runs.status();
+  absl::StatusOr<std::map<int64_t, EvalResult>> evals =
+      reader.LatestEvals(sweep->id, /*with_layers=*/true);
+  if (!evals.ok()) return evals.status();
+  absl::StatusOr<std::vector<SweepSpike>> spikes = reader.SweepSpikes(sweep->id);
+  if (!spikes.ok()) return spikes.status();
+
+  // The grid: ceil(longest / points) without overflow.
+  int64_t longest = 0;
+  for (const RunInfo& r : *runs) longest = std::max(longest, r.steps_done);
+  const int64_t points = options.curve_points;
+  out.stride = std::max<int64_t>(1, longest / points + (longest % points != 0));
+  absl::StatusOr<std::map<int64_t, std::vector<std::pair<int64_t, double>>>> curves =
+      reader.SweepCurves(sweep->id, CurveMetric::kLoss, out.stride);
+  if (!curves.ok()) return curves.status();
+  const std::vector<std::pair<int64_t, double>> no_curve;
+  auto curve_of = [&](int64_t run_id) -> const std::vector<std::pair<int64_t, double>>& {
+    auto it = curves->find(run_id);
+    return it == curves->end() ? no_curve : it->second;
+  };
+  // A band's steps: the grid's, and the last step of runs that did every step (spike steps and
+  // the last step of a run cut short would each put one run's value alone into the mean).
+  auto on_band = [&](const RunInfo& r, int64_t step) {
+    return step % out.stride == 0 || (step == r.steps_done && r.steps_done >= r.steps_total);
+  };
+  std::set<int64_t> steps;
+  for (const RunInfo& r : *runs) {
+    if (!InBand(r.state)) continue;
+    for (const auto& [step, loss] : curve_of(r.id)) {
+      if (on_band(r, step)) steps.insert(step);
+    }
+  }
+  out.steps.assign(steps.begin(), steps.end());
+  std::map<int64_t, size_t> index_of;
+  for (size_t i = 0; i < out.steps.size(); ++i) index_of[out.steps[i]] = i;
+
+  for (const ComparisonRow& row : table.rows) {
+    GroupFigures& g = out.groups.emplace_back();
+    g.variant = row.variant;
+    g.axes = row.axes;
+    g.description = row.description;
+    g.label = GroupLabel(row.variant, row.axes);
+    g.runs = row.runs;
+    g.n = row.n;
+    g.diverged = row.diverged;
+    g.failed = row.failed;
+    g.unfinished = row.unfinished;
+
+    std::vector<const RunInfo*> members, succeeded, unfinished;
+    for (const RunInfo& r : *runs) {
+      if (r.variant != row.variant || r.axes != row.axes) continue;
+      members.push_back(&r);
+      if (r.state == SUCCEEDED) succeeded.push_back(&r);
+      if (Unfinished(r.state)) unfinished.push_back(&r);
+    }
+    if (!succeeded.empty()) {
+      g.val_loss = row.val_loss;
+      g.val_ppl = row.val_ppl;
+      g.gate_score = row.gate_score;
+      g.m_act = row.m_act;
+      g.f_attn = row.f_attn;
+      FoldEvaluations(succeeded, *evals, /*keep_summary=*/true, &g);
+    } else {
+      FoldEvaluations(unfinished, *evals, /*keep_summary=*/false, &g);
+      g.interim = g.eval_runs > 0;
+    }
+
+    // The loss band, each step's values in run order.
+    std::vector<std::vector<double>> at(out.steps.size());
+    for (const RunInfo* r : members) {
+      const auto& curve = curve_of(r->id);
+      if (r->state == DIVERGED) {
+        RunCurve& c = g.diverged_curves.emplace_back();
+        c.run_id = r->id;
+        c.seed = r->seed;
+        for (const auto& [step, loss] : curve) {
+          c.steps.push_back(step);
+          c.loss.push_back(loss);
+        }
+        continue;
+      }
+      if (!InBand(r->state)) continue;
+      ++g.band_runs;
+      for (const auto& [step, loss] : curve) {
+        if (!on_band(*r, step) || !std::isfinite(loss)) continue;
+        at[index_of.at(step)].push_back(loss);
+      }
+    }
+    for (const std::vector<double>& values : at) {
+      const MeanStd m = MeanAndStd(values);
+      g.loss_n.push_back(static_cast<int64_t>(values.size()));
+      g.loss_mean.push_back(m.mean);
+      g.loss_std.push_back(m.std);
+    }
+    for (const SweepSpike& s : *spikes) {
+      auto member = std::find_if(members.begin(), members.end(),
+                                 [&](const RunInfo* r) { return r->id == s.run_id; });
+      if (member == members.end()) continue;
+      SpikeMark& mark = g.spikes.emplace_back();
+      mark.run_id = s.run_id;
+      mark.seed = (*member)->seed;
+      mark.step = s.event.step();
+      mark.signal = s.event.signal();
+      mark.kind = SpikeKind_Name(s.event.kind());
+      const auto& curve = curve_of(s.run_id);
+      auto point =
+          std::lower_bound(curve.begin(), curve.end(), std::make_pair(mark.step, -HUGE_VAL),
+                           [](const auto& a, const auto& b) { return a.first < b.first; });
+      if (point != curve.end() && point->first == mark.step) mark.loss = point->second;
+    }
+  }
+  return out;
+}
+
+json MeanStdJson(const MeanStd& m) { return json{{"mean", m.mean}, {"std", m.std}}; }
+
+json ComparisonTableJson(const ComparisonTable& t) {
+  json rows = json::array();
+  for (const ComparisonRow& r : t.rows) {
+    json lengths = json::array();
+    for (const LengthStat& l : r.lengths) {
+      lengths.push_back(json{{"seq_len", l.seq_len},
+                             {"yarn", l.yarn},
+                             {"n", l.n},
+                             {"val_loss", MeanStdJson(l.val_loss)},
+                             {"val_ppl", MeanStdJson(l.val_ppl)}});
+    }
+    rows.push_back(json{{"variant", r.variant},
+                        {"description", r.description},
+                        {"axes", r.axes},
+                        {"runs", r.runs},
+                        {"n", r.n},
+                        {"diverged", r.diverged},
+                        {"failed", r.failed},
+                        {"unfinished", r.unfinished},
+                        {"val_loss", MeanStdJson(r.val_loss)},
+                        {"val_ppl", MeanStdJson(r.val_ppl)},
+                        {"gate_score", MeanStdJson(r.gate_score)},
+                        {"m_act", MeanStdJson(r.m_act)},
+                        {"f_attn", MeanStdJson(r.f_attn)},
+                        {"spike_score", MeanStdJson(r.spike_score)},
+                        {"train_loss", MeanStdJson(r.train_loss)},
+                        {"params_total", r.params_total},
+                        {"params_activated", r.params_activated},
+                        {"params_added", r.params_added},
+                        {"lengths", std::move(lengths)}});
+  }
+  return json{{"sweep", t.sweep}, {"rows", rows}};
+}
+
+json VariantJson(const VariantInfo& v) {
+  return json{{"name", v.name},
+              {"description", v.description},
+              {"diff", v.diff},
+              {"budget", v.budget},
+              {"params_total", v.params_total},
+              {"params_activated", v.params_activated},
+              {"params_added", v.params_added},
+              {"flops_per_token", v.flops_per_token}};
+}
+
+json SweepFiguresJson(const SweepFigures& f) {
+  json groups = json::array();
+  for (const GroupFigures& g : f.groups) {
+    json layers = json::array();
+    for (const LayerStat& l : g.layers) {
+      layers.push_back(json{{"layer", l.layer},
+                            {"n", l.n},
+                            {"m_act", MeanStd7(l.m_act)},
+                            {"f_attn", MeanStd7(l.f_attn)}});
+    }
+    json mean = json::array(), stdev = json::array();
+    for (size_t i = 0; i < g.loss_mean.size(); ++i) {
+      mean.push_back(Number(g.loss_mean[i]));
+      stdev.push_back(Number(g.loss_std[i]));
+    }
+    json diverged = json::array();
+    for (const RunCurve& c : g.diverged_curves) {
+      json loss = json::array();
+      for (double v : c.loss) loss.push_back(Number(v));
+      diverged.push_back(
+          json{{"run", c.run_id}, {"seed", c.seed}, {"step", c.steps}, {"loss", std::move(loss)}});
+    }
+    json spikes = json::array();
+    for (const SpikeMark& s : g.spikes) {
+      spikes.push_back(json{{"run", s.run_id},
+                            {"seed", s.seed},
+                            {"step", s.step},
+                            {"signal", s.signal},
+                            {"kind", s.kind},
+                            {"loss", Number(s.loss)}});
+    }
+    json histogram = nullptr;
+    if (!g.gate_counts.empty()) {
+      histogram = json{{"lo", g.gate_lo}, {"hi", g.gate_hi}, {"counts", g.gate_counts}};
+    }
+    groups.push_back(
+        json{{"variant", g.variant},
+             {"axes", g.axes},
+             {"label", g.label},
+             {"description", g.description},
+             {"runs", g.runs},
+             {"n", g.n},
+             {"diverged", g.diverged},
+             {"failed", g.failed},
+             {"unfinished", g.unfinished},
+             {"interim", g.interim},
+             {"eval_runs", g.eval_runs},
+             {"eval_step_min", g.eval_step_min},
+             {"eval_step_max", g.eval_step_max},
+             {"val_loss", MeanStd7(g.val_loss)},
+             {"val_ppl", MeanStd7(g.val_ppl)},
+             {"gate_score", MeanStd7(g.gate_score)},
+             {"m_act", MeanStd7(g.m_act)},
+             {"f_attn", MeanStd7(g.f_attn)},
+             {"layers", std::move(layers)},
+             {"gate_histogram", std::move(histogram)},
+             {"band_runs", g.band_runs},
+             {"loss", json{{"n", g.loss_n}, {"mean", std::move(mean)}, {"std", std::move(stdev)}}},
+             {"diverged_curves", std::move(diverged)},
+             {"spikes", std::move(spikes)}});
+  }
+  return json{{"sweep", f.sweep.name},
+              {"state", f.sweep.state},
+              {"stride", f.stride},
+              {"steps", f.steps},
+              {"groups", std::move(groups)}};
+}
+
+}  // namespace ablate

@@ -1,0 +1,856 @@
+#include "orchestrator/report/report.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "fmt/format.h"
+#include "orchestrator/dashboard/assets.h"
+#include "orchestrator/report/svg.h"
+#include "orchestrator/spec/version.h"
+#include "orchestrator/store/format.h"
+
+namespace ablate {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// ---- What a report is made of ------------------------------------------------------------------
+
+struct ReportData {
+  ComparisonTable table;
+  SweepFigures figures;
+  SweepSource source;
+  std::vector<VariantInfo> variants;
+  std::vector<RunInfo> runs;
+  bool has_lengths = false;
+};
+
+absl::StatusOr<ReportData> ReadReportData(const StoreReader& reader, const ReportOptions& options) {
+  ReportData d;
+  absl::StatusOr<ComparisonTable> table = reader.GetComparisonTable(options.sweep);
+  if (absl::IsNotFound(table.status())) {
+    absl::StatusOr<std::vector<SweepInfo>> sweeps = reader.ListSweeps();
+    std::vector<std::string> names;
+    if (sweeps.ok()) {
+      for (const SweepInfo& s : *sweeps) names.push_back(s.name);
+    }
+    std::sort(names.begin(), names.end());
+    return absl::NotFoundError(absl::StrCat(
+        "report: no sweep named ", options.sweep, " in ", options.db_label,
+        names.empty() ? " (it holds no sweep)"
+                      : absl::StrCat(" (sweeps there: ", absl::StrJoin(names, ", "), ")")));
+  }
+  if (!table.ok()) return table.status();
+  d.table = *std::move(table);
+  absl::StatusOr<SweepFigures> figures = ComputeSweepFigures(reader, d.table, options.figures);
+  if (!figures.ok()) return figures.status();
+  d.figures = *std::move(figures);
+  const int64_t id = d.figures.sweep.id;
+  absl::StatusOr<SweepSource> source = reader.GetSweepSource(id);
+  if (!source.ok()) return source.status();
+  d.source = *std::move(source);
+  absl::StatusOr<std::vector<VariantInfo>> variants = reader.ListVariants(id);
+  if (!variants.ok()) return variants.status();
+  d.variants = *std::move(variants);
+  RunFilter filter;
+  filter.sweep_id = id;
+  absl::StatusOr<std::vector<RunInfo>> runs = reader.ListRuns(filter);
+  if (!runs.ok()) return runs.status();
+  d.runs = *std::move(runs);
+  d.has_lengths = std::any_of(d.table.rows.begin(), d.table.rows.end(),
+                              [](const ComparisonRow& r) { return !r.lengths.empty(); });
+  return d;
+}
+
+// ---- Formatting ---------------------------------------------------------------------------------
+
+// 7 significant digits; "" for a missing value (CSV).
+std::string Num(double v) { return std::isfinite(v) ? fmt::format("{:.7g}", v) : ""; }
+
+std::string CsvText(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  return absl::StrCat("\"", absl::StrReplaceAll(s, {{"\"", "\"\""}}), "\"");
+}
+
+std::string CsvLine(const std::vector<std::string>& cells) {
+  return absl::StrCat(absl::StrJoin(cells, ","), "\n");
+}
+
+// A markdown table cell: no pipe or line break can end it.
+std::string MdCell(const std::string& s) {
+  return absl::StrReplaceAll(s, {{"|", "\\|"}, {"\r\n", " "}, {"\n", " "}});
+}
+
+std::string MeanStdText(const MeanStd& m, int decimals) {
+  if (!std::isfinite(m.mean)) return "—";
+  if (!std::isfinite(m.std)) return fmt::format("{:.{}f}", m.mean, decimals);
+  return fmt::format("{:.{}f} ± {:.{}f}", m.mean, decimals, m.std, decimals);
+}
+
+std::string Count(double n) {
+  const double a = std::fabs(n);
+  if (a >= 1e9) return fmt::format("{:.2f}B", n / 1e9);
+  if (a >= 1e6) return fmt::format("{:.2f}M", n / 1e6);
+  if (a >= 1e3) return fmt::format("{:.1f}K", n / 1e3);
+  return fmt::format("{:.0f}", n);
+}
+
+std::string UtcTime(double unix_seconds) {
+  if (unix_seconds <= 0) return "—";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S UTC",
+                          absl::FromUnixMicros(std::llround(unix_seconds * 1e6)),
+                          absl::UTCTimeZone());
+}
+
+std::string StatesText(const SweepInfo& s) {
+  std::vector<std::string> parts;
+  const std::pair<const char*, int64_t> states[] = {
+      {"PENDING", s.pending},        {"RUNNING", s.running},   {"SUCCEEDED", s.succeeded},
+      {"FAILED", s.failed},          {"DIVERGED", s.diverged}, {"CANCELLED", s.cancelled},
+      {"INTERRUPTED", s.interrupted}};
+  for (const auto& [name, n] : states) {
+    if (n > 0) parts.push_back(absl::StrCat(n, " ", name));
+  }
+  return parts.empty() ? "no runs" : absl::StrJoin(parts, ", ");
+}
+
+std::vector<double> Doubles(const std::vector<int64_t>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+std::string InterimSuffix(const GroupFigures& g) { return g.interim ? " (interim)" : ""; }
+
+bool AnyInterim(const SweepFigures& f) {
+  return std::any_of(f.groups.begin(), f.groups.end(),
+                     [](const GroupFigures& g) { return g.interim; });
+}
+
+// Whether any of `values` (standard deviations) is a number: with one seed per variant none is.
+bool AnySpread(const std::vector<double>& values) {
+  return std::any_of(values.begin(), values.end(), [](double v) { return std::isfinite(v); });
+}
+
+// ---- Figures (SVG) ------------------------------------------------------------------------------
+
+struct Figure {
+  std::string file;     // figures/NAME.svg
+  std::string title;    // alt text and heading
+  std::string caption;  // under it in report.md
+  std::string svg;
+};
+
+std::optional<Figure> LossFigure(const SweepFigures& f) {
+  if (f.steps.empty()) return std::nullopt;
+  svg::Axis x, y;
+  x.label = "step";
+  y.label = "training loss (log scale)";
+  y.scale = svg::Scale::kLog10;
+  svg::Chart chart("Training loss: mean ± std over seeds", x, y, 900, 440);
+  const std::vector<double> steps = Doubles(f.steps);
+  std::vector<double> spike_x, spike_y;
+  size_t diverged = 0;
+  for (size_t i = 0; i < f.groups.size(); ++i) {
+    const GroupFigures& g = f.groups[i];
+    svg::Style style;
+    style.color = svg::SeriesColor(static_cast<int>(i));
+    std::vector<double> lo(steps.size()), hi(steps.size());
+    for (size_t k = 0; k < steps.size(); ++k) {
+      lo[k] = g.loss_mean[k] - g.loss_std[k];
+      hi[k] = g.loss_mean[k] + g.loss_std[k];
+    }
+    svg::Style band = style;
+    band.opacity = 0.18;
+    chart.Band(steps, lo, hi, band);
+    if (g.band_runs > 0) {
+      chart.Line(steps, g.loss_mean, style,
+                 absl::StrCat(g.label, " (", g.band_runs, g.band_runs == 1 ? " run)" : " runs)"));
+    }
+    for (size_t k = 0; k < g.diverged_curves.size(); ++k) {
+      const RunCurve& c = g.diverged_curves[k];
+      svg::Style dashed = style;
+      dashed.dashed = true;
+      dashed.width = 1;
+      chart.Line(
+          Doubles(c.steps), c.loss, dashed,
+          k == 0 ? absl::StrCat(g.label, ": diverged (", g.diverged_curves.size(), ")") : "");
+      ++diverged;
+    }
+    for (const SpikeMark& s : g.spikes) {
+      spike_x.push_back(static_cast<double>(s.step));
+      spike_y.push_back(s.loss);
+    }
+  }
+  if (!spike_x.empty()) {
+    svg::Style red;
+    red.color = svg::kSpikeColor;
+    chart.Markers(spike_x, spike_y, red, absl::StrCat("spike events (", spike_x.size(), ")"));
+  }
+  bool spread = false;
+  for (const GroupFigures& g : f.groups) spread = spread || AnySpread(g.loss_std);
+  const std::string caption = absl::StrCat(
+      "Lines: the mean training loss of each variant over its runs that did not diverge, fail or "
+      "get cancelled, at every ",
+      f.stride == 1 ? "step" : absl::StrCat(f.stride, "th step"),
+      spread ? "; bands: ± the sample standard deviation where two or more runs have a value"
+             : " (one run per variant: no band)",
+      diverged > 0 ? "; dashed: diverged runs" : "",
+      spike_x.empty()
+          ? "."
+          : "; red triangles: spike events at the run's loss (on the top edge when non-finite).");
+  chart.Caption(caption);
+  return Figure{"figures/loss.svg", "Training loss per variant", caption, chart.Render()};
+}
+
+std::optional<Figure> ValLossFigure(const SweepFigures& f) {
+  std::vector<const GroupFigures*> shown;
+  for (const GroupFigures& g : f.groups) {
+    if (std::isfinite(g.val_loss.mean)) shown.push_back(&g);
+  }
+  if (shown.empty()) return std::nullopt;
+  svg::Axis x, y;
+  y.label = "validation loss";
+  x.lo = -0.6;
+  x.hi = static_cast<double>(shown.size()) - 0.4;
+  x.slanted_labels = true;
+  std::vector<double> xs, final_y, interim_y, stds;
+  bool any_interim = false;
+  for (size_t i = 0; i < shown.size(); ++i) {
+    x.ticks.push_back(static_cast<double>(i));
+    x.tick_labels.push_back(shown[i]->label);
+    xs.push_back(static_cast<double>(i));
+    final_y.push_back(shown[i]->interim ? kNaN : shown[i]->val_loss.mean);
+    interim_y.push_back(shown[i]->interim ? shown[i]->val_loss.mean : kNaN);
+    stds.push_back(shown[i]->val_loss.std);
+    any_interim = any_interim || shown[i]->interim;
+  }
+  const int width = std::max(560, 120 + 52 * static_cast<int>(shown.size()));
+  svg::Chart chart("Validation loss: mean ± std over seeds", x, y, width, 420);
+  svg::Style bars;
+  bars.color = "#2f6fde";
+  bars.opacity = 0.85;
+  chart.Bars(xs, final_y, 0.7, bars, any_interim ? "final (SUCCEEDED seeds)" : "");
+  if (any_interim) {
+    svg::Style interim;
+    interim.color = "#e69a17";
+    interim.opacity = 0.55;
+    interim.dashed = true;
+    chart.Bars(xs, interim_y, 0.7, interim, "interim (runs still training)");
+  }
+  // The error bars on the bars' tops, interim or not.
+  std::vector<double> means;
+  for (const GroupFigures* g : shown) means.push_back(g->val_loss.mean);
+  svg::Style err;
+  err.color = "#1d2330";
+  err.width = 1.4;
+  chart.ErrorBars(xs, means, stds, err);
+  const std::string caption = absl::StrCat(
+      "Each variant's final validation loss, mean ± sample std (error bars) over its SUCCEEDED "
+      "seeds, as in the comparison table",
+      AnySpread(stds) ? "" : " (one seed per variant: no error bars)",
+      any_interim
+          ? "; interim bars: the latest evaluation of the runs of a variant none of whose runs "
+            "has finished yet"
+          : "",
+      ". The axis does not start at 0.");
+  chart.Caption(caption);
+  return Figure{"figures/val_loss.svg", "Validation loss per variant", caption, chart.Render()};
+}
+
+std::optional<Figure> LayerFigure(const SweepFigures& f, bool m_act) {
+  int32_t layers = 0;
+  for (const GroupFigures& g : f.groups) {
+    for (const LayerStat& l : g.layers) layers = std::max(layers, l.layer + 1);
+  }
+  if (layers == 0) return std::nullopt;
+  svg::Axis x, y;
+  x.label = "layer";
+  x.lo = -0.4;
+  x.hi = layers - 0.6;
+  if (layers <= 32) {
+    for (int32_t l = 0; l < layers; ++l) x.ticks.push_back(l);
+  }
+  y.label =
+      m_act ? "M-Act: max |hidden state| (log scale)" : "F-Attn: attention on the first token";
+  y.scale = m_act ? svg::Scale::kLog10 : svg::Scale::kLinear;
+  y.include_zero = !m_act;
+  svg::Chart chart(m_act ? "M-Act per layer" : "F-Attn per layer", x, y, 760, 400);
+  bool spread = false;
+  for (size_t i = 0; i < f.groups.size(); ++i) {
+    const GroupFigures& g = f.groups[i];
+    if (g.layers.empty()) continue;
+    std::vector<double> xs, mean, stds;
+    for (const LayerStat& l : g.layers) {
+      xs.push_back(l.layer);
+      mean.push_back(m_act ? l.m_act.mean : l.f_attn.mean);
+      stds.push_back(m_act ? l.m_act.std : l.f_attn.std);
+    }
+    svg::Style style;
+    style.color = svg::SeriesColor(static_cast<int>(i));
+    style.dashed = g.interim;
+    chart.Line(xs, mean, style, absl::StrCat(g.label, InterimSuffix(g)));
+    chart.Points(xs, mean, style);
+    svg::Style err = style;
+    err.width = 1;
+    err.dashed = false;
+    chart.ErrorBars(xs, mean, stds, err);
+    spread = spread || AnySpread(stds);
+  }
+  const std::string caption = absl::StrCat(
+      m_act ? "The largest |hidden state| each layer outputs (its residual stream after the FFN)"
+            : "The attention each layer's heads give the first token, averaged over heads and "
+              "query positions",
+      ", at each run's last evaluation: mean ± sample std (error bars) over the SUCCEEDED seeds",
+      spread ? "" : " (one seed per variant: no error bars)",
+      AnyInterim(f) ? "; dashed: interim, the latest evaluation of runs still training." : ".");
+  chart.Caption(caption);
+  return Figure{m_act ? "figures/layers_m_act.svg" : "figures/layers_f_attn.svg",
+                m_act ? "M-Act per layer" : "F-Attn per layer", caption, chart.Render()};
+}
+
+std::optional<Figure> HistogramFigure(const SweepFigures& f) {
+  double top = 0;
+  for (const GroupFigures& g : f.groups) {
+    int64_t total = 0;
+    for (int64_t c : g.gate_counts) total += c;
+    for (int64_t c : g.gate_counts) {
+      if (total > 0) {
+        top = std::max(top, 100.0 * static_cast<double>(c) / static_cast<double>(total));
+      }
+    }
+  }
+  std::vector<svg::Chart> charts;
+  for (size_t i = 0; i < f.groups.size(); ++i) {
+    const GroupFigures& g = f.groups[i];
+    if (g.gate_counts.empty()) continue;
+    int64_t total = 0;
+    for (int64_t c : g.gate_counts) total += c;
+    const double bins = static_cast<double>(g.gate_counts.size());
+    const double w = (g.gate_hi - g.gate_lo) / bins;
+    std::vector<double> xs, ys;
+    for (size_t b = 0; b < g.gate_counts.size(); ++b) {
+      xs.push_back(g.gate_lo + w * (static_cast<double>(b) + 0.5));
+      ys.push_back(total > 0
+                       ? 100.0 * static_cast<double>(g.gate_counts[b]) / static_cast<double>(total)
+                       : 0);
+    }
+    svg::Axis x, y;
+    x.label = "gate score";
+    x.lo = g.gate_lo;
+    x.hi = g.gate_hi;
+    y.label = "% of scores";
+    y.lo = 0;
+    y.hi = top > 0 ? top * 1.08 : 1;
+    svg::Chart chart(absl::StrCat(g.label, InterimSuffix(g)), x, y, 380, 230);
+    svg::Style style;
+    style.color = svg::SeriesColor(static_cast<int>(i));
+    style.opacity = g.interim ? 0.5 : 0.85;
+    chart.Bars(xs, ys, w * 0.92, style);
+    chart.Caption(absl::StrCat(g.eval_runs, g.eval_runs == 1 ? " run" : " runs", ", step ",
+                               g.eval_step_min == g.eval_step_max
+                                   ? absl::StrCat(g.eval_step_max)
+                                   : absl::StrCat(g.eval_step_min, "–", g.eval_step_max)));
+    charts.push_back(std::move(chart));
+  }
+  if (charts.empty()) return std::nullopt;
+  const std::string caption =
+      "The gate scores of every gated layer at each run's last evaluation, summed over layers and "
+      "SUCCEEDED seeds, as a percentage of all scores per variant (one y scale for all). Variants "
+      "without a gate have none.";
+  return Figure{"figures/gate_histograms.svg", "Gate-score histograms per variant", caption,
+                svg::Grid("Gate-score histograms", charts, 3)};
+}
+
+std::optional<Figure> LengthFigure(const ComparisonTable& t) {
+  std::map<int64_t, bool> lengths;  // seq_len -> measured with YaRN by some row
+  for (const ComparisonRow& r : t.rows) {
+    for (const LengthStat& l : r.lengths) lengths[l.seq_len] = lengths[l.seq_len] || l.yarn;
+  }
+  if (lengths.empty()) return std::nullopt;
+  svg::Axis x, y;
+  x.label = "evaluation length (tokens, log2 scale; * with YaRN)";
+  x.scale = svg::Scale::kLog2;
+  for (const auto& [len, yarn] : lengths) {
+    x.ticks.push_back(static_cast<double>(len));
+    x.tick_labels.push_back(absl::StrCat(len, yarn ? "*" : ""));
+  }
+  y.label = "validation PPL";
+  svg::Chart chart("Validation PPL against evaluation length", x, y, 820, 420);
+  for (size_t i = 0; i < t.rows.size(); ++i) {
+    const ComparisonRow& r = t.rows[i];
+    if (r.lengths.empty()) continue;
+    std::vector<double> xs, mean, stds;
+    for (const LengthStat& l : r.lengths) {
+      xs.push_back(static_cast<double>(l.seq_len));
+      mean.push_back(l.val_ppl.mean);
+      stds.push_back(l.val_ppl.std);
+    }
+    svg::Style style;
+    style.color = svg::SeriesColor(static_cast<int>(i));
+    style.width = 2;
+    chart.Line(xs, mean, style,
+               r.axes.empty() ? r.variant : absl::StrCat(r.variant, " (", r.axes, ")"));
+    chart.Points(xs, mean, style);
+    svg::Style err = style;
+    err.width = 1.2;
+    chart.ErrorBars(xs, mean, stds, err);
+  }
+  const std::string caption =
+      "Each variant's final validation PPL at each train.eval_seq_lens length, mean ± sample std "
+      "(error bars) over the SUCCEEDED seeds; * lengths measured with YaRN RoPE scaling.";
+  chart.Caption(caption);
+  return Figure{"figures/ppl_length.svg", "Validation PPL against evaluation length", caption,
+                chart.Render()};
+}
+
+std::vector<Figure> Figures(const ReportData& d) {
+  std::vector<Figure> out;
+  for (std::optional<Figure> f :
+       {LossFigure(d.figures), ValLossFigure(d.figures), LayerFigure(d.figures, true),
+        LayerFigure(d.figures, false), HistogramFigure(d.figures), LengthFigure(d.table)}) {
+    if (f) out.push_back(*std::move(f));
+  }
+  return out;
+}
+
+// ---- Tables (CSV) -------------------------------------------------------------------------------
+
+std::map<std::string, std::string> Tables(const ReportData& d) {
+  std::map<std::string, std::string> out;
+  absl::StatusOr<std::string> comparison = FormatComparisonTable(d.table, "csv");
+  out["tables/comparison.csv"] = comparison.ok() ? *comparison : "";
+
+  std::string variants = CsvLine({"variant", "description", "diff", "budget", "params_total",
+                                  "params_activated", "params_added", "flops_per_token"});
+  for (const VariantInfo& v : d.variants) {
+    variants +=
+        CsvLine({CsvText(v.name), CsvText(v.description), CsvText(v.diff), CsvText(v.budget),
+                 absl::StrCat(v.params_total), absl::StrCat(v.params_activated),
+                 absl::StrCat(v.params_added), Num(v.flops_per_token)});
+  }
+  out["tables/variants.csv"] = variants;
+
+  std::string runs =
+      CsvLine({"run_id", "variant", "seed", "axes", "state", "steps_done", "steps_total",
+               "final_train_loss", "val_loss", "val_ppl", "gate_score", "m_act", "f_attn",
+               "spike_steps", "spike_score", "params_total", "reused_from", "reason"});
+  for (const RunInfo& r : d.runs) {
+    runs += CsvLine({absl::StrCat(r.id), CsvText(r.variant), absl::StrCat(r.seed), CsvText(r.axes),
+                     RunStateName(r.state), absl::StrCat(r.steps_done), absl::StrCat(r.steps_total),
+                     Num(r.final_train_loss), Num(r.val_loss), Num(r.val_ppl), Num(r.gate_score),
+                     Num(r.m_act), Num(r.f_attn), absl::StrCat(r.spike_steps), Num(r.spike_score),
+                     absl::StrCat(r.params_total),
+                     r.reused_from == 0 ? "" : absl::StrCat(r.reused_from), CsvText(r.reason)});
+  }
+  out["tables/runs.csv"] = runs;
+
+  std::string evals =
+      CsvLine({"variant", "axes", "interim", "runs", "step_min", "step_max", "val_loss_mean",
+               "val_loss_std", "val_ppl_mean", "val_ppl_std", "gate_score_mean", "gate_score_std",
+               "m_act_mean", "m_act_std", "f_attn_mean", "f_attn_std"});
+  std::string curves = CsvLine({"variant", "axes", "step", "n", "loss_mean", "loss_std"});
+  std::string layers = CsvLine({"variant", "axes", "interim", "layer", "n", "m_act_mean",
+                                "m_act_std", "f_attn_mean", "f_attn_std"});
+  std::string histograms =
+      CsvLine({"variant", "axes", "interim", "bin", "lo", "hi", "count", "fraction"});
+  std::string spikes =
+      CsvLine({"run_id", "variant", "axes", "seed", "step", "signal", "kind", "loss"});
+  for (const GroupFigures& g : d.figures.groups) {
+    const std::string v = CsvText(g.variant), a = CsvText(g.axes), interim = g.interim ? "1" : "0";
+    if (g.eval_runs > 0) {
+      evals += CsvLine({v, a, interim, absl::StrCat(g.eval_runs), absl::StrCat(g.eval_step_min),
+                        absl::StrCat(g.eval_step_max), Num(g.val_loss.mean), Num(g.val_loss.std),
+                        Num(g.val_ppl.mean), Num(g.val_ppl.std), Num(g.gate_score.mean),
+                        Num(g.gate_score.std), Num(g.m_act.mean), Num(g.m_act.std),
+                        Num(g.f_attn.mean), Num(g.f_attn.std)});
+    }
+    for (size_t k = 0; k < d.figures.steps.size(); ++k) {
+      if (g.loss_n[k] == 0) continue;
+      curves += CsvLine({v, a, absl::StrCat(d.figures.steps[k]), absl::StrCat(g.loss_n[k]),
+                         Num(g.loss_mean[k]), Num(g.loss_std[k])});
+    }
+    for (const LayerStat& l : g.layers) {
+      layers += CsvLine({v, a, interim, absl::StrCat(l.layer), absl::StrCat(l.n), Num(l.m_act.mean),
+                         Num(l.m_act.std), Num(l.f_attn.mean), Num(l.f_attn.std)});
+    }
+    int64_t total = 0;
+    for (int64_t c : g.gate_counts) total += c;
+    const double w = g.gate_counts.empty()
+                         ? 0
+                         : (g.gate_hi - g.gate_lo) / static_cast<double>(g.gate_counts.size());
+    for (size_t b = 0; b < g.gate_counts.size(); ++b) {
+      histograms += CsvLine(
+          {v, a, interim, absl::StrCat(b), Num(g.gate_lo + w * static_cast<double>(b)),
+           Num(g.gate_lo + w * static_cast<double>(b + 1)), absl::StrCat(g.gate_counts[b]),
+           Num(total > 0 ? static_cast<double>(g.gate_counts[b]) / static_cast<double>(total)
+                         : kNaN)});
+    }
+    for (const SpikeMark& s : g.spikes) {
+      spikes += CsvLine({absl::StrCat(s.run_id), v, a, absl::StrCat(s.seed), absl::StrCat(s.step),
+                         CsvText(s.signal), CsvText(s.kind), Num(s.loss)});
+    }
+  }
+  out["tables/evaluations.csv"] = evals;
+  out["tables/loss_curves.csv"] = curves;
+  out["tables/layers.csv"] = layers;
+  out["tables/gate_histograms.csv"] = histograms;
+  out["tables/spikes.csv"] = spikes;
+  if (d.has_lengths) {
+    std::string lengths = CsvLine({"variant", "axes", "seq_len", "yarn", "n", "val_loss_mean",
+                                   "val_loss_std", "val_ppl_mean", "val_ppl_std"});
+    for (const ComparisonRow& r : d.table.rows) {
+      for (const LengthStat& l : r.lengths) {
+        lengths += CsvLine({CsvText(r.variant), CsvText(r.axes), absl::StrCat(l.seq_len),
+                            l.yarn ? "1" : "0", absl::StrCat(l.n), Num(l.val_loss.mean),
+                            Num(l.val_loss.std), Num(l.val_ppl.mean), Num(l.val_ppl.std)});
+      }
+    }
+    out["tables/lengths.csv"] = lengths;
+  }
+  return out;
+}
+
+// ---- report.md ----------------------------------------------------------------------------------
+
+std::string Markdown(const ReportData& d, const std::vector<Figure>& figures,
+                     const std::map<std::string, std::string>& tables,
+                     const std::string& generated) {
+  const SweepInfo& s = d.figures.sweep;
+  std::string md = absl::StrCat("# Report: ", s.name, "\n\n", generated, "\n\n");
+  absl::StrAppend(&md, "| | |\n|---|---|\n");
+  absl::StrAppend(&md, "| sweep | ", MdCell(s.name), " (id ", s.id, ")",
+                  s.description.empty() ? "" : absl::StrCat(": ", MdCell(s.description)), " |\n");
+  absl::StrAppend(&md, "| state | ", s.state, ": ", StatesText(s), " |\n");
+  absl::StrAppend(&md, "| code version | ",
+                  MdCell(d.source.code_version.empty() ? "—" : d.source.code_version), " |\n");
+  absl::StrAppend(&md, "| spec file | ",
+                  MdCell(d.source.spec_file.empty() ? "—" : d.source.spec_file),
+                  " ([as submitted](spec.yaml)) |\n");
+  absl::StrAppend(&md, "| reference variant | ",
+                  MdCell(d.source.reference.empty() ? "—" : d.source.reference), " |\n");
+  absl::StrAppend(&md, "| created | ", UtcTime(d.source.created_at), " |\n");
+  absl::StrAppend(&md, "| finished | ", UtcTime(d.source.finished_at), " |\n\n");
+
+  absl::StatusOr<std::string> table = FormatComparisonTable(d.table, "markdown");
+  absl::StrAppend(
+      &md, "## Comparison\n\n", table.ok() ? *table : "", "\n",
+      "Mean ± sample std over each variant's SUCCEEDED seeds (n); diverged runs are counted, "
+      "not averaged. As `ablate table ",
+      s.name, "`; every number in ", "[tables/comparison.csv](tables/comparison.csv).\n\n");
+  if (AnyInterim(d.figures)) {
+    absl::StrAppend(&md,
+                    "Interim (no run of the variant has finished; the latest evaluation of its "
+                    "runs still training, not a result):\n\n| variant | runs | step | val loss | "
+                    "gate score | M-Act | F-Attn |\n|---|---:|---:|---:|---:|---:|---:|\n");
+    for (const GroupFigures& g : d.figures.groups) {
+      if (!g.interim) continue;
+      absl::StrAppend(&md, "| ", MdCell(g.label), " | ", g.eval_runs, " | ",
+                      g.eval_step_min == g.eval_step_max
+                          ? absl::StrCat(g.eval_step_max)
+                          : absl::StrCat(g.eval_step_min, "–", g.eval_step_max),
+                      " | ", MeanStdText(g.val_loss, 4), " | ", MeanStdText(g.gate_score, 4), " | ",
+                      MeanStdText(g.m_act, 3), " | ", MeanStdText(g.f_attn, 4), " |\n");
+    }
+    absl::StrAppend(&md, "\n");
+  }
+
+  absl::StrAppend(&md, "## Figures\n\n");
+  if (figures.empty()) absl::StrAppend(&md, "No run has reported a step yet: nothing to draw.\n\n");
+  for (const Figure& f : figures) {
+    absl::StrAppend(&md, "### ", f.title, "\n\n![", f.title, "](", f.file, ")\n\n", f.caption,
+                    "\n\n");
+  }
+
+  absl::StrAppend(&md, "## Variants: budget solutions and parameters\n\n",
+                  "| variant | description | differs from the reference | budget | params | "
+                  "activated | added | FLOPs/token |\n",
+                  "|---|---|---|---|---:|---:|---:|---:|\n");
+  for (const VariantInfo& v : d.variants) {
+    absl::StrAppend(&md, "| ", MdCell(v.name), " | ", MdCell(v.description), " | ",
+                    MdCell(v.diff.empty() ? "—" : v.diff), " | ",
+                    MdCell(v.budget.empty() ? "—" : v.budget), " | ",
+                    Count(static_cast<double>(v.params_total)), " | ",
+                    Count(static_cast<double>(v.params_activated)), " | ",
+                    v.params_added > 0 ? "+" : "", Count(static_cast<double>(v.params_added)),
+                    " | ", v.flops_per_token > 0 ? Count(v.flops_per_token) : "—", " |\n");
+  }
+  absl::StrAppend(&md, "\nExact counts in [tables/variants.csv](tables/variants.csv).\n\n");
+
+  absl::StrAppend(
+      &md, "## Runs\n\n| run | variant | seed | state | steps | val loss | spikes | reason |\n",
+      "|---:|---|---:|---|---:|---:|---:|---|\n");
+  for (const RunInfo& r : d.runs) {
+    absl::StrAppend(&md, "| ", r.id, " | ",
+                    MdCell(r.axes.empty() ? r.variant : absl::StrCat(r.variant, " (", r.axes, ")")),
+                    " | ", r.seed, " | ", RunStateName(r.state), " | ", r.steps_done, "/",
+                    r.steps_total, " | ",
+                    std::isfinite(r.val_loss) ? fmt::format("{:.4f}", r.val_loss) : "—", " | ",
+                    r.spike_steps, " | ", MdCell(r.reason), " |\n");
+  }
+
+  absl::StrAppend(&md, "\n## Spec\n\n`",
+                  MdCell(d.source.spec_file.empty() ? "spec" : d.source.spec_file),
+                  "`, as submitted ([spec.yaml](spec.yaml)):\n\n");
+  std::string fence = "```";
+  while (absl::StrContains(d.source.spec_yaml, fence)) fence += "`";
+  absl::StrAppend(
+      &md, fence, "yaml\n", d.source.spec_yaml,
+      absl::EndsWith(d.source.spec_yaml, "\n") || d.source.spec_yaml.empty() ? "" : "\n", fence,
+      "\n\n");
+
+  absl::StrAppend(&md,
+                  "## Files\n\n- [index.html](index.html): this report with the dashboard's "
+                  "interactive charts (opens from disk)\n");
+  for (const auto& [path, text] : tables) absl::StrAppend(&md, "- [", path, "](", path, ")\n");
+  for (const Figure& f : figures) absl::StrAppend(&md, "- [", f.file, "](", f.file, ")\n");
+  return md;
+}
+
+// ---- index.html ---------------------------------------------------------------------------------
+
+absl::StatusOr<std::string> Asset(const std::string& path) {
+  for (const EmbeddedAsset* a = kDashboardAssets; a->path != nullptr; ++a) {
+    if (path == a->path) return std::string(reinterpret_cast<const char*>(a->data), a->size);
+  }
+  return absl::InternalError(
+      absl::StrCat("report: the asset ", path, " is not compiled into this binary"));
+}
+
+// Text that would end or confuse the script or style element it is inlined into.
+absl::Status CheckInlinable(const std::string& path, const std::string& text) {
+  const std::string lower = absl::AsciiStrToLower(text);
+  for (const char* bad : {"</script", "<!--", "</style"}) {
+    if (absl::StrContains(lower, bad)) {
+      return absl::InvalidArgumentError(absl::StrCat("report: ", path, " contains \"", bad,
+                                                     "\" and cannot be inlined into a page"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+json RunSummaryJson(const RunInfo& r) {
+  return json{{"id", r.id},
+              {"variant", r.variant},
+              {"seed", r.seed},
+              {"axes", r.axes},
+              {"state", RunStateName(r.state)},
+              {"steps_done", r.steps_done},
+              {"steps_total", r.steps_total},
+              {"val_loss", r.val_loss},
+              {"spike_steps", r.spike_steps},
+              {"reason", r.reason}};
+}
+
+std::string Html(const ReportData& d, const std::vector<Figure>& figures,
+                 const std::map<std::string, std::string>& tables, const std::string& generated,
+                 const std::string& modules, const std::string& uplot_js,
+                 const std::string& uplot_css, const std::string& style_css) {
+  const SweepInfo& s = d.figures.sweep;
+  json variants = json::array();
+  for (const VariantInfo& v : d.variants) variants.push_back(VariantJson(v));
+  json runs = json::array();
+  for (const RunInfo& r : d.runs) runs.push_back(RunSummaryJson(r));
+  json files = json::array();
+  for (const auto& [path, text] : tables) files.push_back(path);
+  for (const Figure& f : figures) files.push_back(f.file);
+  const json data{{"sweep", json{{"id", s.id},
+                                 {"name", s.name},
+                                 {"description", s.description},
+                                 {"state", s.state},
+                                 {"states", StatesText(s)},
+                                 {"runs", s.runs}}},
+                  {"source", json{{"spec_file", d.source.spec_file},
+                                  {"code_version", d.source.code_version},
+                                  {"reference", d.source.reference},
+                                  {"created", UtcTime(d.source.created_at)},
+                                  {"finished", UtcTime(d.source.finished_at)}}},
+                  {"spec_yaml", d.source.spec_yaml},
+                  {"table", ComparisonTableJson(d.table)},
+                  {"figures", SweepFiguresJson(d.figures)},
+                  {"variants", std::move(variants)},
+                  {"runs", std::move(runs)},
+                  {"files", std::move(files)}};
+  // '<' as \u003c: no string in the data can end its script element.
+  const std::string embedded = absl::StrReplaceAll(
+      data.dump(-1, ' ', false, json::error_handler_t::replace), {{"<", "\\u003c"}});
+  return absl::StrCat(
+      "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n",
+      "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n",
+      "<title>ablate report: ", svg::Escape(s.name),
+      "</title>\n<link rel=\"icon\" href=\"data:,\">\n", "<style>\n", uplot_css,
+      "\n</style>\n<style>\n", style_css, "\n</style>\n<script>\n", uplot_js,
+      "\n</script>\n</head>\n<body class=\"report\">\n<header><span class=\"brand\">ablate</span>",
+      "<nav>report: ", svg::Escape(s.name), "</nav></header>\n",
+      "<main id=\"view\"><noscript>This report draws its charts with JavaScript; report.md beside "
+      "it has the same figures as SVG files.</noscript></main>\n",
+      "<footer><p class=\"muted\" id=\"generated\">", svg::Escape(generated), "</p></footer>\n",
+      "<script type=\"application/json\" id=\"report-data\">", embedded, "</script>\n",
+      "<script type=\"module\">\n", modules, "</script>\n</body>\n</html>\n");
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> InlineModules(const std::vector<std::string>& order) {
+  std::string out;
+  std::set<std::string> included;
+  for (const std::string& path : order) {
+    absl::StatusOr<std::string> text = Asset(path);
+    if (!text.ok()) return text.status();
+    if (absl::Status s = CheckInlinable(path, *text); !s.ok()) return s;
+    absl::StrAppend(&out, "// ---- ", path.substr(1), " ----\n");
+    int line_number = 0;
+    for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+      ++line_number;
+      if (absl::StartsWith(line, "import ")) {
+        // Only imports of modules inlined before this one: they are in scope already.
+        const size_t from = line.find(" from './");
+        const size_t from_parent = line.find(" from '../");
+        const size_t at = from != absl::string_view::npos ? from + 9 : from_parent + 10;
+        if ((from == absl::string_view::npos && from_parent == absl::string_view::npos) ||
+            !absl::EndsWith(line, "';")) {
+          return absl::InvalidArgumentError(absl::StrCat("report: ", path, ":", line_number,
+                                                         ": an import this cannot inline: ", line));
+        }
+        const std::string target = std::string(line.substr(at, line.size() - 2 - at));
+        const bool seen = std::any_of(included.begin(), included.end(), [&](const std::string& p) {
+          return absl::EndsWith(p, absl::StrCat("/", target));
+        });
+        if (!seen) {
+          return absl::InvalidArgumentError(absl::StrCat("report: ", path, ":", line_number,
+                                                         " imports ", target,
+                                                         ", which is not inlined before it"));
+        }
+        absl::StrAppend(&out, "\n");  // keeps line numbers of errors close to the source's
+        continue;
+      }
+      if (absl::StartsWith(line, "export ")) {
+        const absl::string_view rest = line.substr(7);
+        if (!absl::StartsWith(rest, "function ") && !absl::StartsWith(rest, "async function ") &&
+            !absl::StartsWith(rest, "const ") && !absl::StartsWith(rest, "class ")) {
+          return absl::InvalidArgumentError(absl::StrCat("report: ", path, ":", line_number,
+                                                         ": an export this cannot inline: ", line));
+        }
+        absl::StrAppend(&out, rest, "\n");
+        continue;
+      }
+      absl::StrAppend(&out, line, "\n");
+    }
+    included.insert(path);
+  }
+  return out;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> RenderReport(const StoreReader& reader,
+                                                                const ReportOptions& options) {
+  absl::StatusOr<ReportData> data = ReadReportData(reader, options);
+  if (!data.ok()) return data.status();
+  const std::string when =
+      options.generated_at.empty()
+          ? absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::Now(), absl::UTCTimeZone())
+          : options.generated_at;
+  const std::string generated = absl::StrCat(kGeneratedAtMarker, when, " by ablate ", CodeVersion(),
+                                             " from ", options.db_label, ".");
+  std::map<std::string, std::string> files = Tables(*data);
+  const std::map<std::string, std::string> tables = files;
+  const std::vector<Figure> figures = Figures(*data);
+  for (const Figure& f : figures) files[f.file] = f.svg;
+  files["spec.yaml"] = data->source.spec_yaml;
+  files["report.md"] = Markdown(*data, figures, tables, generated);
+
+  absl::StatusOr<std::string> modules =
+      InlineModules({"/js/format.js", "/js/charts.js", "/js/figures.js", "/js/report.js"});
+  if (!modules.ok()) return modules.status();
+  absl::StatusOr<std::string> uplot_js = Asset("/vendor/uPlot.iife.min.js");
+  absl::StatusOr<std::string> uplot_css = Asset("/vendor/uPlot.min.css");
+  absl::StatusOr<std::string> style_css = Asset("/style.css");
+  for (const auto* a : {&uplot_js, &uplot_css, &style_css}) {
+    if (!a->ok()) return a->status();
+  }
+  if (absl::Status s = CheckInlinable("/vendor/uPlot.iife.min.js", *uplot_js); !s.ok()) return s;
+  if (absl::Status s = CheckInlinable("/vendor/uPlot.min.css", *uplot_css); !s.ok()) return s;
+  if (absl::Status s = CheckInlinable("/style.css", *style_css); !s.ok()) return s;
+  files["index.html"] =
+      Html(*data, figures, tables, generated, *modules, *uplot_js, *uplot_css, *style_css);
+  return files;
+}
+
+absl::StatusOr<ReportFiles> WriteReport(const StoreReader& reader, const ReportOptions& options) {
+  if (options.out_dir.empty()) return absl::InvalidArgumentError("report: --out is empty");
+  // Everything is read and rendered before the disk is touched: an unknown sweep leaves nothing.
+  absl::StatusOr<std::map<std::string, std::string>> files = RenderReport(reader, options);
+  if (!files.ok()) return files.status();
+  const fs::path out(options.out_dir);
+  std::error_code ec;
+  const fs::file_status status = fs::status(out, ec);
+  if (fs::exists(status)) {
+    if (!fs::is_directory(status)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("report: --out ", options.out_dir, " is not a directory"));
+    }
+    size_t entries = 0;
+    for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) ++entries;
+    if (ec) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("report: cannot read --out ", options.out_dir, ": ", ec.message()));
+    }
+    if (entries > 0 && !options.force) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("report: --out ", options.out_dir, " is not empty (", entries,
+                       entries == 1 ? " entry" : " entries",
+                       "): pass --force to write over it, or choose another --out"));
+    }
+  }
+  ReportFiles result;
+  absl::StatusOr<SweepInfo> sweep = reader.GetSweep(options.sweep);
+  result.sweep = sweep.ok() ? sweep->name : options.sweep;
+  for (const char* dir : {"", "figures", "tables"}) {
+    const fs::path p = *dir == '\0' ? out : out / dir;
+    fs::create_directories(p, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "report: cannot create ", p.lexically_normal().string(), ": ", ec.message()));
+    }
+  }
+  for (const auto& [relative, text] : *files) {
+    const fs::path p = out / relative;
+    std::ofstream file(p, std::ios::binary | std::ios::trunc);
+    if (file) file.write(text.data(), static_cast<std::streamsize>(text.size()));
+    file.close();
+    if (!file) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("report: cannot write ", p.string(), ": ", std::strerror(errno)));
+    }
+    result.files.push_back(relative);
+  }
+  if (options.force) {
+    // A previous report's figures and tables that this one does not have.
+    for (const auto& [dir, extension] : {std::pair<const char*, const char*>{"figures", ".svg"},
+                                         std::pair<const char*, const char*>{"tables", ".csv"}}) {
+      for (fs::directory_iterator it(out / dir, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string relative = absl::StrCat(dir, "/", it->path().filename().string());
+        if (it->path().extension() == extension && files->count(relative) == 0) {
+          fs::remove(it->path(), ec);
+        }
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace ablate
