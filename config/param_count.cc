@@ -76,14 +76,19 @@ ParamCount CountParams(const ModelConfig& c) {
   return count;
 }
 
-double TrainingFlopsPerToken(const ModelConfig& c, int seq_len) {
+double ForwardFlopsPerToken(const ModelConfig& c, int seq_len) {
   const ParamCount p = CountParams(c);
   const ParamBreakdown& b = p.breakdown();
   // Matmul parameters a token touches: everything activated but the norms and one copy of the
   // vocabulary matrix (the output projection is a matmul, the input lookup is not).
   const double matmul = static_cast<double>(p.activated() - b.norms() - b.lm_head());
-  const double attention = 12.0 * c.num_layers() * c.num_heads() * c.head_dim() * seq_len;
-  return 6.0 * matmul + attention;
+  // Per layer and query head, q.k over seq_len keys and the weighted sum of as many values.
+  const double attention = 4.0 * c.num_layers() * c.num_heads() * c.head_dim() * seq_len;
+  return 2.0 * matmul + attention;
+}
+
+double TrainingFlopsPerToken(const ModelConfig& c, int seq_len) {
+  return kTrainingFlopsPerForwardFlop * ForwardFlopsPerToken(c, seq_len);
 }
 
 }  // namespace ablate

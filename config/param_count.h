@@ -12,10 +12,19 @@ namespace ablate {
 
 ParamCount CountParams(const ModelConfig& config);
 
-// Training FLOPs per token, estimated the usual way: 6 x activated non-embedding matmul
-// parameters (forward 2, backward 4) plus attention scores and values, 12 x layers x query
-// heads x head_dim x seq_len (PaLM's estimate, the one nanoGPT's MFU uses). The tied or
-// untied output projection counts, the input embedding lookup does not.
+// Forward FLOPs per token at a context of `seq_len`: 2 x activated matmul parameters plus
+// attention scores and values, 4 x layers x query heads x head_dim x seq_len. The tied or
+// untied output projection counts, the input embedding lookup and the norms do not.
+double ForwardFlopsPerToken(const ModelConfig& config, int seq_len);
+
+// What a training step costs per token over its forward pass: the backward pass takes twice
+// the forward's FLOPs (gradients of activations and of weights), so forward + backward = 3x.
+inline constexpr double kTrainingFlopsPerForwardFlop = 3.0;
+
+// Training FLOPs per token, estimated the usual way: kTrainingFlopsPerForwardFlop x
+// ForwardFlopsPerToken, i.e. 6 x activated non-embedding matmul parameters (forward 2, backward
+// 4) plus 12 x layers x query heads x head_dim x seq_len for attention (PaLM's estimate, the one
+// nanoGPT's MFU uses).
 double TrainingFlopsPerToken(const ModelConfig& config, int seq_len);
 
 }  // namespace ablate
