@@ -23,7 +23,7 @@ int RunAblateCli(int argc, const char* const* argv, std::ostream& out, std::ostr
   app.set_version_flag("--version", std::string(CodeVersion()));
   app.require_subcommand(1);
   std::function<absl::Status()> action;
-  AddExpandCommand(&app, &out, &action);
+  AddExpandCommand(&app, &out, &err, &action);
   AddServeCommand(&app, &out, &action);
   AddUpCommand(&app, &out, &action);
   AddClientCommands(&app, &out, &err, &action);

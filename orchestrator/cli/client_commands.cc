@@ -7,6 +7,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "fmt/format.h"
 #include "config/token_flag.h"
+#include "orchestrator/cli/cost.h"
 #include "orchestrator/store/reader.h"
 
 namespace ablate {
@@ -180,9 +182,11 @@ void AddSubmitCommand(CLI::App* app, std::ostream* out, std::ostream* err,
   auto spec = std::make_shared<std::string>();
   auto watch = std::make_shared<bool>(false);
   auto force = std::make_shared<bool>(false);
+  auto cost = std::make_shared<CostFlags>();
   cmd->add_option("spec", *spec, "sweep spec (YAML; see docs/spec.md)")->required();
   cmd->add_flag("--watch,-w", *watch, "then watch it until it ends (as `ablate watch`)");
   cmd->add_flag("--force", *force, "train runs again even when an identical one succeeded");
+  AddCostFlags(cmd, cost.get());
   AddClientFlags(cmd, flags.get());
   cmd->callback([=] {
     *action = [=]() -> absl::Status {
@@ -200,6 +204,22 @@ void AddSubmitCommand(CLI::App* app, std::ostream* out, std::ostream* err,
       } else {
         *out << fmt::format("sweep {} (id {}): {} runs, {} queued, {} reused\n", r->sweep(),
                             r->sweep_id(), r->runs(), r->queued(), r->reused());
+        // What the queued runs will cost: reused runs do not train.
+        std::set<std::string> reused_keys;
+        if (r->reused() > 0) {
+          absl::StatusOr<GetSweepResponse> stored =
+              client.GetSweep(absl::StrCat(r->sweep_id()));
+          if (!stored.ok()) return stored.status();
+          for (const RunStatus& run : stored->runs()) {
+            if (run.reused_from() != 0) reused_keys.insert(run.run_key());
+          }
+        }
+        const SweepCost c = EstimateSweepCost(r->expanded(), reused_keys);
+        *out << FormatCostLine(
+            c, *cost,
+            r->reused() > 0 ? fmt::format("{} of {} runs to train ({} reused)", c.runs,
+                                          r->runs(), r->runs() - c.runs)
+                            : fmt::format("{} runs", c.runs));
       }
       if (!*watch) return absl::OkStatus();
       return RunWatch(client, r->sweep(), IsTerminal(*out), absl::Hours(24 * 30), *out);

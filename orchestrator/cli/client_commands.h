@@ -1,8 +1,10 @@
 // The CLI commands that talk to a running coordinator (orchestrator/cli/client.h resolves where it
 // is and the token; every call has a deadline, --timeout):
-//   ablate submit SPEC [--watch] [--force]   queue a sweep (identical finished runs are reused)
+//   ablate submit SPEC [--watch] [--force] [--device-peak D] [--mfu F]
+//                                             queue a sweep (identical finished runs are reused);
+//                                             its cost line (cost.h); --watch as `ablate watch`
 //   ablate status [SWEEP]                     sweeps with run counts, or one sweep's runs
-//   ablate watch SWEEP                        live progress per run, spikes and divergences as
+//   ablate watch SWEEP [--plain]              live progress per run, spikes and divergences as
 //                                             they happen; exits when the sweep ends
 //   ablate cancel SWEEP                       cancel queued runs, stop running ones
 //   ablate rerun SWEEP --failed               queue FAILED and CANCELLED runs again (not DIVERGED)

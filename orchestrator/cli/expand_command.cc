@@ -110,37 +110,48 @@ std::string FormatExpandJson(const ExpandedSweep& sweep) {
   return out;
 }
 
-absl::Status RunExpand(const std::string& spec_path, const std::string& format, std::ostream& out) {
+absl::Status RunExpand(const std::string& spec_path, const std::string& format,
+                       const CostFlags& cost, std::ostream& out, std::ostream& err) {
   if (format != "table" && format != "json" && format != "csv") {
     return absl::InvalidArgumentError(
         absl::StrCat("--format: must be table, json or csv, got \"", format, "\""));
   }
   absl::StatusOr<ExpandedSweep> sweep = ExpandSweepFile(spec_path);
   if (!sweep.ok()) return sweep.status();
+  const std::string cost_line = FormatCostLine(
+      EstimateSweepCost(*sweep), cost, absl::StrCat(sweep->runs_size(), " runs"));
   if (format == "json") {
-    out << FormatExpandJson(*sweep);
+    out << FormatExpandJson(*sweep) << std::flush;
+    err << cost_line;
   } else if (format == "csv") {
-    out << FormatExpandCsv(*sweep);
+    out << FormatExpandCsv(*sweep) << std::flush;
+    err << cost_line;
   } else {
-    out << FormatExpandTable(*sweep);
+    out << FormatExpandTable(*sweep) << cost_line;
   }
   return absl::OkStatus();
 }
 
-void AddExpandCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
+void AddExpandCommand(CLI::App* app, std::ostream* out, std::ostream* err,
+                      std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
       "expand",
       "Dry run: list every run a sweep spec launches, with exact parameter counts (total, "
       "activated, added vs the reference), how its budget was matched, training FLOPs per "
-      "token, seed and run key. Nothing is queued.");
+      "token, seed and run key; then the sweep's total FLOPs and, with --device-peak, "
+      "device-hours. Nothing is queued.");
   auto spec = std::make_shared<std::string>();
   auto format = std::make_shared<std::string>("table");
+  auto cost = std::make_shared<CostFlags>();
   cmd->add_option("spec", *spec, "sweep spec (YAML or JSON; see docs/spec.md)")->required();
   cmd->add_option("--format,-f", *format, "output format")
       ->check(CLI::IsMember({"table", "json", "csv"}))
       ->capture_default_str();
-  cmd->callback([out, action, spec, format] {
-    *action = [out, spec, format] { return RunExpand(*spec, *format, *out); };
+  AddCostFlags(cmd, cost.get());
+  cmd->callback([out, err, action, spec, format, cost] {
+    *action = [out, err, spec, format, cost] {
+      return RunExpand(*spec, *format, *cost, *out, *err);
+    };
   });
 }
 

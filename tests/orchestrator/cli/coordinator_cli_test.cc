@@ -11,7 +11,9 @@
 #include "CLI/CLI.hpp"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "orchestrator/cli/cost.h"
 #include "orchestrator/cli/serving.h"
+#include "orchestrator/spec/expand.h"
 #include "tests/cli_util.h"
 #include "tests/orchestrator/coordinator/coordinator_test_util.h"
 #include "tests/process_util.h"
@@ -153,6 +155,39 @@ TEST_F(CoordinatorCliTest, WatchPrintsSpikesDivergenceAndExitsWithTheSweep) {
   EXPECT_THAT(watched.out, HasSubstr("run 2 g1_elementwise: DIVERGED"));
   EXPECT_THAT(watched.out, HasSubstr("sweep quick DONE: 3 SUCCEEDED, 1 DIVERGED"));
   EXPECT_THAT(watched.out, HasSubstr("run 1 baseline: RUNNING (attempt 1, worker cli-worker)"));
+}
+
+// `submit` prints the cost of the runs it queued, as `expand` counts them; reused runs are not
+// counted, since they do not train.
+TEST_F(CoordinatorCliTest, SubmitPrintsTheCostOfTheRunsItQueued) {
+  absl::StatusOr<ExpandedSweep> expanded = ExpandSweepFile(spec_path_);
+  ASSERT_TRUE(expanded.ok()) << expanded.status();
+  CostFlags flags;
+  flags.device_peak = "a100-bf16";
+  flags.mfu = 0.3;
+  CliResult r = Cli({"submit", spec_path_, "--device-peak", "a100-bf16", "--mfu", "0.3"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "sweep quick (id 1): 4 runs, 4 queued, 0 reused\n" +
+                       FormatCostLine(EstimateSweepCost(*expanded), flags, "4 runs"));
+  EXPECT_THAT(r.out, HasSubstr("at 30% MFU of a100-bf16 (312 TFLOP/s): "));
+
+  // The same runs under another name: the three that SUCCEEDED are reused, the diverged one
+  // (run 2, g1_elementwise) trains again, and only it is counted.
+  TrainAll();
+  const std::string again = root_ + "/again.yaml";
+  std::ofstream(again) << QuickSpec("again");
+  r = Cli({"submit", again});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("4 runs, 1 queued, 3 reused"));
+  const RunFlops diverged = EstimateRunFlops(expanded->runs(1).config());
+  ASSERT_EQ(expanded->runs(1).variant(), "g1_elementwise");
+  EXPECT_THAT(r.out, HasSubstr("total: 1 of 4 runs to train (3 reused), " +
+                               FormatFlops(diverged.train + diverged.eval) + " FLOPs"));
+  EXPECT_THAT(r.out, HasSubstr("device-hours: give --device-peak"));
+
+  r = Cli({"submit", spec_path_, "--device-peak", "b200"});
+  EXPECT_NE(r.code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--device-peak: unknown device class \"b200\""));
 }
 
 TEST_F(CoordinatorCliTest, CancelAndRerunFailed) {

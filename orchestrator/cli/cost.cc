@@ -1,0 +1,188 @@
+#include "orchestrator/cli/cost.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "fmt/format.h"
+#include "config/param_count.h"
+#include "config/text_format.h"
+
+namespace ablate {
+
+RunFlops EstimateRunFlops(const RunConfig& config) {
+  const ModelConfig& m = config.model();
+  const TrainConfig& t = config.train();
+  RunFlops f;
+  const double tokens_per_step =
+      static_cast<double>(t.batch_size()) * t.seq_len() * t.grad_accum();
+  f.train = TrainingFlopsPerToken(m, t.seq_len()) * tokens_per_step * t.steps();
+  // The trainer evaluates after every eval_every-th step and after the last one
+  // (worker/train/trainer.cc): ceil(steps / eval_every) evaluations.
+  if (t.eval_every() > 0 && t.steps() > 0) {
+    f.evaluations = (static_cast<int64_t>(t.steps()) + t.eval_every() - 1) / t.eval_every();
+  }
+  // Each: eval_batches batches of batch_size windows at seq_len, then the same at each length
+  // of eval_seq_lens. Forward only.
+  const double windows = static_cast<double>(t.eval_batches()) * t.batch_size();
+  double per_evaluation = windows * t.seq_len() * ForwardFlopsPerToken(m, t.seq_len());
+  for (const int32_t len : t.eval_seq_lens()) {
+    per_evaluation += windows * len * ForwardFlopsPerToken(m, len);
+  }
+  f.eval = per_evaluation * f.evaluations;
+  return f;
+}
+
+SweepCost EstimateSweepCost(const ExpandedSweep& sweep, const std::set<std::string>& skip) {
+  SweepCost cost;
+  for (const RunSpec& run : sweep.runs()) {
+    if (skip.count(run.run_key()) > 0) continue;
+    const RunFlops f = EstimateRunFlops(run.config());
+    ++cost.runs;
+    cost.train_flops += f.train;
+    cost.eval_flops += f.eval;
+  }
+  return cost;
+}
+
+const std::vector<DeviceClass>& DeviceClasses() {
+  // Vendor datasheets' peak figures without structured (2:4) sparsity. NVIDIA quotes Tensor Core
+  // figures with sparsity and says the dense ones are half; those halves are below. ablate's
+  // PRECISION_FP32 trains in plain fp32 (LibTorch leaves TF32 matmuls off), so fp32 runs on a
+  // GPU match the -fp32 classes and PRECISION_BF16_AUTOCAST runs the -bf16 ones.
+  static const std::vector<DeviceClass> kClasses = {
+      // NVIDIA A100 Tensor Core GPU datasheet (SXM and PCIe 80GB): BF16 312 | 624* TFLOPS,
+      // TF32 156 | 312*, FP32 19.5 (* with sparsity).
+      {"a100-bf16", 312e12, "NVIDIA A100 datasheet: BF16 Tensor Core 312 TFLOPS (624 sparse)"},
+      {"a100-tf32", 156e12, "NVIDIA A100 datasheet: TF32 Tensor Core 156 TFLOPS (312 sparse)"},
+      {"a100-fp32", 19.5e12, "NVIDIA A100 datasheet: FP32 19.5 TFLOPS"},
+      // NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16 1,979* TFLOPS, TF32 989*, FP32 67.
+      {"h100-bf16", 989e12, "NVIDIA H100 datasheet (SXM): BF16 Tensor Core 1,979 TFLOPS sparse"},
+      {"h100-tf32", 494.5e12, "NVIDIA H100 datasheet (SXM): TF32 Tensor Core 989 TFLOPS sparse"},
+      {"h100-fp32", 67e12, "NVIDIA H100 datasheet (SXM): FP32 67 TFLOPS"},
+      // NVIDIA H200 datasheet, H200 SXM: BF16 1,979* TFLOPS (the H100's compute, more memory).
+      {"h200-bf16", 989e12, "NVIDIA H200 datasheet (SXM): BF16 Tensor Core 1,979 TFLOPS sparse"},
+      // NVIDIA L40S datasheet: BF16 362.05 | 733* TFLOPS, FP32 91.6.
+      {"l40s-bf16", 362.05e12,
+       "NVIDIA L40S datasheet: BF16 Tensor Core 362.05 TFLOPS (733 sparse)"},
+      {"l40s-fp32", 91.6e12, "NVIDIA L40S datasheet: FP32 91.6 TFLOPS"},
+      // AMD Instinct MI300X data sheet: peak BF16 1,307.4 TFLOPS (2,614.9 with sparsity).
+      {"mi300x-bf16", 1307.4e12,
+       "AMD Instinct MI300X data sheet: BF16 1,307.4 TFLOPS (2,614.9 sparse)"},
+  };
+  return kClasses;
+}
+
+namespace {
+
+std::string DeviceChoices() {
+  std::vector<std::string> names;
+  for (const DeviceClass& d : DeviceClasses()) names.push_back(d.name);
+  return absl::StrJoin(names, ", ");
+}
+
+// "989 TFLOP/s", "100 kFLOP/s": four significant digits and an SI prefix.
+std::string FormatRate(double flops_per_s) {
+  const char* prefixes[] = {"", "k", "M", "G", "T", "P", "E"};
+  int p = 0;
+  while (flops_per_s >= 1000 && p < 6) {
+    flops_per_s /= 1000;
+    ++p;
+  }
+  return fmt::format("{:.4g} {}FLOP/s", flops_per_s, prefixes[p]);
+}
+
+// "2.38 device-hours", "1,234 device-hours"; under an hour in minutes, under a minute in seconds.
+std::string FormatDeviceTime(double seconds) {
+  const double hours = seconds / 3600;
+  if (hours >= 1000) {
+    return FormatCount(static_cast<int64_t>(std::llround(hours))) + " device-hours";
+  }
+  if (hours >= 1) return fmt::format("{:.3g} device-hours", hours);
+  if (seconds >= 60) return fmt::format("{:.3g} device-minutes", seconds / 60);
+  return fmt::format("{:.3g} device-seconds", seconds);
+}
+
+std::string FormatPercent(double fraction) { return fmt::format("{:.3g}%", 100 * fraction); }
+
+}  // namespace
+
+absl::StatusOr<DevicePeak> ParseDevicePeak(absl::string_view text) {
+  const std::string name = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  for (const DeviceClass& d : DeviceClasses()) {
+    if (name == d.name) return DevicePeak{d.name, d.peak};
+  }
+  double number = 0;
+  // A number starts like one: "inf" and "nan" are (unknown) names, not peaks.
+  const bool numeric = !name.empty() && std::strchr("0123456789.+-", name[0]) != nullptr;
+  if (numeric && absl::SimpleAtod(name, &number)) {
+    if (!std::isfinite(number) || number <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("peak FLOP/s must be a positive number, got ", text));
+    }
+    return DevicePeak{"", number};
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown device class \"", text,
+                                                 "\"; give one of ", DeviceChoices(),
+                                                 ", or the peak in FLOP/s as a number (3.5e12)"));
+}
+
+void AddCostFlags(CLI::App* cmd, CostFlags* flags) {
+  cmd->add_option("--device-peak", flags->device_peak,
+                  absl::StrCat("for the device-hours estimate: a device class (", DeviceChoices(),
+                               "; vendor peak dense FLOP/s, docs/cli.md) or its peak in FLOP/s "
+                               "(3.5e12)"))
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            absl::StatusOr<DevicePeak> peak = ParseDevicePeak(value);
+            return peak.ok() ? "" : std::string(peak.status().message());
+          },
+          "NAME|FLOP/s", "device peak"));
+  cmd->add_option("--mfu", flags->mfu,
+                  "assumed model FLOP utilisation, a fraction of the peak in (0, 1] (default: "
+                  "the last measured figure, docs/benchmarks.md)")
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            double mfu = 0;
+            if (absl::SimpleAtod(value, &mfu) && mfu > 0 && mfu <= 1) return "";
+            return absl::StrCat("must be a fraction in (0, 1] (0.4 = 40% of the peak), got ",
+                                value);
+          },
+          "FRACTION", "mfu"))
+      ->capture_default_str();
+}
+
+std::string FormatFlops(double flops) {
+  if (flops < 1000) return fmt::format("{:.0f}", flops);
+  // "3.40e+08" -> "3.40e8"
+  std::string s = fmt::format("{:.2e}", flops);
+  const size_t e = s.find('e');
+  std::string exponent = s.substr(e + 1);
+  if (!exponent.empty() && exponent[0] == '+') exponent.erase(0, 1);
+  exponent.erase(0, std::min(exponent.find_first_not_of('0'), exponent.size() - 1));
+  return s.substr(0, e + 1) + exponent;
+}
+
+std::string FormatCostLine(const SweepCost& cost, const CostFlags& flags, absl::string_view runs) {
+  std::string line = absl::StrCat("total: ", runs, ", ", FormatFlops(cost.total()), " FLOPs: ",
+                                  FormatFlops(cost.train_flops), " training (",
+                                  kTrainingFlopsPerForwardFlop, " x forward) + ",
+                                  FormatFlops(cost.eval_flops), " evaluation (forward)");
+  if (flags.device_peak.empty()) {
+    return line + "; device-hours: give --device-peak (a device class or its FLOP/s)\n";
+  }
+  absl::StatusOr<DevicePeak> peak = ParseDevicePeak(flags.device_peak);
+  if (!peak.ok()) return line + "; --device-peak: " + std::string(peak.status().message()) + "\n";
+  const std::string device = peak->name.empty()
+                                 ? FormatRate(peak->peak)
+                                 : absl::StrCat(peak->name, " (", FormatRate(peak->peak), ")");
+  const double seconds = cost.total() / (peak->peak * flags.mfu);
+  return absl::StrCat(line, "; at ", FormatPercent(flags.mfu), " MFU of ", device, ": ",
+                      FormatDeviceTime(seconds), "\n");
+}
+
+}  // namespace ablate
