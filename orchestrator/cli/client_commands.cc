@@ -54,6 +54,18 @@ void AddClientFlags(CLI::App* cmd, ClientFlags* flags) {
       ->capture_default_str();
 }
 
+// `watch`'s own flags, which `submit --watch` takes too.
+struct WatchFlags {
+  bool plain = false;
+};
+
+// Adds them to `cmd`; with `needs`, each flag is refused unless that one is given too.
+void AddWatchFlags(CLI::App* cmd, WatchFlags* flags, CLI::Option* needs = nullptr) {
+  CLI::Option* plain = cmd->add_flag(
+      "--plain", flags->plain, "a line per event, no redrawn bars (default off a terminal)");
+  if (needs != nullptr) plain->needs(needs);
+}
+
 std::string Loss(double v) { return v == 0 ? "-" : fmt::format("{:.4f}", v); }
 
 std::string Counts(const SweepStatus& s) {
@@ -181,10 +193,13 @@ void AddSubmitCommand(CLI::App* app, std::ostream* out, std::ostream* err,
   auto flags = std::make_shared<ClientFlags>();
   auto spec = std::make_shared<std::string>();
   auto watch = std::make_shared<bool>(false);
+  auto watch_flags = std::make_shared<WatchFlags>();
   auto force = std::make_shared<bool>(false);
   auto cost = std::make_shared<CostFlags>();
   cmd->add_option("spec", *spec, "sweep spec (YAML; see docs/spec.md)")->required();
-  cmd->add_flag("--watch,-w", *watch, "then watch it until it ends (as `ablate watch`)");
+  CLI::Option* watch_option = cmd->add_flag(
+      "--watch,-w", *watch, "then watch it until it ends (as `ablate watch`, with its flags)");
+  AddWatchFlags(cmd, watch_flags.get(), watch_option);
   cmd->add_flag("--force", *force, "train runs again even when an identical one succeeded");
   AddCostFlags(cmd, cost.get());
   AddClientFlags(cmd, flags.get());
@@ -222,7 +237,8 @@ void AddSubmitCommand(CLI::App* app, std::ostream* out, std::ostream* err,
                             : fmt::format("{} runs", c.runs));
       }
       if (!*watch) return absl::OkStatus();
-      return RunWatch(client, r->sweep(), IsTerminal(*out), absl::Hours(24 * 30), *out);
+      return RunWatch(client, r->sweep(), !watch_flags->plain && IsTerminal(*out),
+                      absl::Hours(24 * 30), *out);
     };
   });
 }
@@ -282,15 +298,15 @@ void AddWatchCommand(CLI::App* app, std::ostream* out, std::ostream* err,
                "happen; exits when the sweep ends.");
   auto flags = std::make_shared<ClientFlags>();
   auto sweep = std::make_shared<std::string>();
-  auto plain = std::make_shared<bool>(false);
+  auto watch_flags = std::make_shared<WatchFlags>();
   cmd->add_option("sweep", *sweep, "sweep name or id")->required();
-  cmd->add_flag("--plain", *plain, "a line per event, no redrawn bars (default off a terminal)");
+  AddWatchFlags(cmd, watch_flags.get());
   AddClientFlags(cmd, flags.get());
   flags->timeout_s = 30 * 24 * 3600;  // the stream's deadline: a sweep may take weeks
   cmd->callback([=] {
     *action = [=]() -> absl::Status {
       CoordinatorClient client(flags->Options());
-      return RunWatch(client, *sweep, !*plain && IsTerminal(*out),
+      return RunWatch(client, *sweep, !watch_flags->plain && IsTerminal(*out),
                       absl::Seconds(flags->timeout_s), *out);
     };
   });

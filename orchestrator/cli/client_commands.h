@@ -1,6 +1,6 @@
 // The CLI commands that talk to a running coordinator (orchestrator/cli/client.h resolves where it
 // is and the token; every call has a deadline, --timeout):
-//   ablate submit SPEC [--watch] [--force] [--device-peak D] [--mfu F]
+//   ablate submit SPEC [--watch [--plain]] [--force] [--device-peak D] [--mfu F]
 //                                             queue a sweep (identical finished runs are reused);
 //                                             its cost line (cost.h); --watch as `ablate watch`
 //   ablate status [SWEEP]                     sweeps with run counts, or one sweep's runs

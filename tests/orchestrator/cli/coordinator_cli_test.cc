@@ -157,6 +157,29 @@ TEST_F(CoordinatorCliTest, WatchPrintsSpikesDivergenceAndExitsWithTheSweep) {
   EXPECT_THAT(watched.out, HasSubstr("run 1 baseline: RUNNING (attempt 1, worker cli-worker)"));
 }
 
+// `submit --watch` takes watch's own flags; without --watch they are refused, naming it.
+TEST_F(CoordinatorCliTest, SubmitWatchTakesWatchsFlags) {
+  CliResult r = Cli({"submit", spec_path_, "--plain"});
+  EXPECT_NE(r.code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--plain requires --watch"));
+  EXPECT_EQ(CountRows("sweeps"), 0);  // refused before anything was sent
+
+  CliResult watched;
+  std::thread submitter([&] { watched = Cli({"submit", spec_path_, "--watch", "--plain"}); });
+  // TrainAll finds nothing until the submit lands; wait for it rather than race it.
+  for (int i = 0; i < 200 && CountRows("runs") < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  ASSERT_EQ(CountRows("runs"), 4);
+  TrainAll();
+  submitter.join();
+  ASSERT_EQ(watched.code, 0) << watched.err;
+  EXPECT_THAT(watched.out, HasSubstr("sweep quick (id 1): 4 runs, 4 queued, 0 reused"));
+  EXPECT_THAT(watched.out, HasSubstr("run 2 g1_elementwise: DIVERGED"));
+  EXPECT_THAT(watched.out, HasSubstr("sweep quick DONE: 3 SUCCEEDED, 1 DIVERGED"));
+  EXPECT_THAT(watched.out, Not(HasSubstr("\x1b[")));  // no redrawn bars
+}
+
 // `submit` prints the cost of the runs it queued, as `expand` counts them; reused runs are not
 // counted, since they do not train.
 TEST_F(CoordinatorCliTest, SubmitPrintsTheCostOfTheRunsItQueued) {
