@@ -21,9 +21,11 @@ PACKAGES := cmake ninja-build g++ pkg-config \
 # - slurmctld, slurmd, slurm-client, munge: tests/integration/slurm_test.cc starts its own
 #   single-node cluster from them (private ports and dirs; the packages' services are not used);
 # - clang and libclang-rt-14-dev (libFuzzer, the sanitizers): the fuzz targets' replay;
-# - sqlite3 and openssl: the docs' examples and the TLS tests' certificates.
+# - sqlite3 and openssl: the docs' examples and the TLS tests' certificates;
+# - python3-pandas, python3-grpcio, python3-protobuf: docs/python.md's examples
+#   (tests/python/docs_python_test.py; the gRPC stubs come from protobuf-compiler-grpc above).
 TEST_PACKAGES := chromium slurmctld slurmd slurm-client munge clang libclang-rt-14-dev \
-  sqlite3 openssl
+  sqlite3 openssl python3-pandas python3-grpcio python3-protobuf
 # Only for `make bench`: Debian's PyTorch (same kernels as our LibTorch) as the reference.
 BENCH_PACKAGES := python3-torch
 
