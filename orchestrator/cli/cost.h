@@ -1,8 +1,8 @@
 // What a sweep will cost before it runs: `ablate expand` and `ablate submit` end with one line
 // of its FLOPs and, given a device, its device-hours.
 //
-//   total: 4 runs, 3.40e8 FLOPs: 2.24e8 training (3 x forward) + 1.16e8 evaluation (forward);
-//   at 55% MFU of h100-bf16 (989 TFLOP/s): 2.38 device-hours
+//   total: 14 runs, 1.99e23 FLOPs: 1.99e23 training (3 x forward) + 5.33e20 evaluation
+//   (forward); at 40% MFU of h100-bf16 (989 TFLOP/s): 140,048 device-hours
 //
 // FLOPs come from the per-token figures of config/param_count.h (the formula lives there once):
 // training = TrainingFlopsPerToken (forward + backward, 3 x forward) x steps x batch_size x
