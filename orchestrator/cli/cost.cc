@@ -55,24 +55,24 @@ const std::vector<DeviceClass>& DeviceClasses() {
   // PRECISION_FP32 trains in plain fp32 (LibTorch leaves TF32 matmuls off), so fp32 runs on a
   // GPU match the -fp32 classes and PRECISION_BF16_AUTOCAST runs the -bf16 ones.
   static const std::vector<DeviceClass> kClasses = {
-      // NVIDIA A100 Tensor Core GPU datasheet (SXM and PCIe 80GB): BF16 312 | 624* TFLOPS,
-      // TF32 156 | 312*, FP32 19.5 (* with sparsity).
-      {"a100-bf16", 312e12, "NVIDIA A100 datasheet: BF16 Tensor Core 312 TFLOPS (624 sparse)"},
-      {"a100-tf32", 156e12, "NVIDIA A100 datasheet: TF32 Tensor Core 156 TFLOPS (312 sparse)"},
-      {"a100-fp32", 19.5e12, "NVIDIA A100 datasheet: FP32 19.5 TFLOPS"},
-      // NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16 1,979* TFLOPS, TF32 989*, FP32 67.
-      {"h100-bf16", 989e12, "NVIDIA H100 datasheet (SXM): BF16 Tensor Core 1,979 TFLOPS sparse"},
-      {"h100-tf32", 494.5e12, "NVIDIA H100 datasheet (SXM): TF32 Tensor Core 989 TFLOPS sparse"},
-      {"h100-fp32", 67e12, "NVIDIA H100 datasheet (SXM): FP32 67 TFLOPS"},
-      // NVIDIA H200 datasheet, H200 SXM: BF16 1,979* TFLOPS (the H100's compute, more memory).
-      {"h200-bf16", 989e12, "NVIDIA H200 datasheet (SXM): BF16 Tensor Core 1,979 TFLOPS sparse"},
-      // NVIDIA L40S datasheet: BF16 362.05 | 733* TFLOPS, FP32 91.6.
-      {"l40s-bf16", 362.05e12,
-       "NVIDIA L40S datasheet: BF16 Tensor Core 362.05 TFLOPS (733 sparse)"},
-      {"l40s-fp32", 91.6e12, "NVIDIA L40S datasheet: FP32 91.6 TFLOPS"},
+      // NVIDIA A100 Tensor Core GPU datasheet (SXM and PCIe 80GB): BF16 Tensor Core 312 | 624*
+      // TFLOPS, TF32 Tensor Core 156 | 312*, FP32 19.5 (* with sparsity).
+      {"a100-bf16", 312e12},
+      {"a100-tf32", 156e12},
+      {"a100-fp32", 19.5e12},
+      // NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: BF16 Tensor Core 1,979* TFLOPS, TF32
+      // Tensor Core 989*, FP32 67.
+      {"h100-bf16", 989e12},
+      {"h100-tf32", 494.5e12},
+      {"h100-fp32", 67e12},
+      // NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: BF16 Tensor Core 1,979* TFLOPS (the
+      // H100's compute with more memory).
+      {"h200-bf16", 989e12},
+      // NVIDIA L40S datasheet: BF16 Tensor Core 362.05 | 733* TFLOPS, FP32 91.6.
+      {"l40s-bf16", 362.05e12},
+      {"l40s-fp32", 91.6e12},
       // AMD Instinct MI300X data sheet: peak BF16 1,307.4 TFLOPS (2,614.9 with sparsity).
-      {"mi300x-bf16", 1307.4e12,
-       "AMD Instinct MI300X data sheet: BF16 1,307.4 TFLOPS (2,614.9 sparse)"},
+      {"mi300x-bf16", 1307.4e12},
   };
   return kClasses;
 }

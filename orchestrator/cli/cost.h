@@ -47,11 +47,11 @@ struct SweepCost {
 };
 SweepCost EstimateSweepCost(const ExpandedSweep& sweep, const std::set<std::string>& skip = {});
 
-// A device class of the built-in table: its vendor's peak dense (no 2:4 sparsity) FLOP/s.
+// A device class of the built-in table: its vendor's peak dense (no 2:4 sparsity) FLOP/s. The
+// datasheet each figure comes from is cited beside it (cost.cc) and in docs/cli.md.
 struct DeviceClass {
   const char* name;  // "h100-bf16"
   double peak;       // FLOP/s
-  const char* source;
 };
 const std::vector<DeviceClass>& DeviceClasses();
 
