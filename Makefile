@@ -32,8 +32,8 @@ BENCH_PACKAGES := python3-torch
 # `make install`: ablate, ablate-worker and the default corpus under PREFIX.
 PREFIX ?= /usr/local
 
-.PHONY: all deps deps-test deps-bench build data test demo bench clean install fuzz fuzz-build \
-        fuzz-replay fuzz-corpus
+.PHONY: all deps deps-test deps-bench build build-bin data test demo bench clean install fuzz \
+        fuzz-build fuzz-replay fuzz-corpus
 
 all: build
 
@@ -62,6 +62,14 @@ $(BUILD)/build.ninja: CMakeLists.txt
 
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
+
+# Only what `make demo` and `make install` run: the two binaries (the dashboard's web app is
+# built into `ablate`), not the tests and benchmarks `make build` compiles. A fresh build of them
+# is 78 of 145 steps and 44% of the CPU time (on the project's 2-core VM at -j1: 325 against
+# 736 CPU-seconds, 8.6 against 15.4 minutes).
+BIN_TARGETS := ablate ablate-worker
+build-bin: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target $(BIN_TARGETS)
 
 # The default corpus: the King James Bible, 4.4 MB of text, not committed.
 data: $(DATA_DIR)/kjv.txt
@@ -163,7 +171,7 @@ fuzz-corpus: fuzz-build
 # the dashboard can be browsed; the last lines say how to stop it.
 DEMO_DIR ?= $(BUILD)/demo
 DEMO_DASHBOARD_PORT ?= 8080
-demo: build data
+demo: build-bin data
 	@if [ -f $(DEMO_DIR)/up.pid ]; then kill $$(cat $(DEMO_DIR)/up.pid) 2>/dev/null; sleep 2; fi
 	@rm -rf $(DEMO_DIR) && mkdir -p $(DEMO_DIR)
 	@echo "== the quick sweep: every run, its parameters and how its budget was matched =="
@@ -188,7 +196,7 @@ bench: deps-bench build data
 
 # The binaries and the default corpus, where `ablate up` and the workers find them from any
 # directory: PREFIX/bin/ablate, PREFIX/bin/ablate-worker, PREFIX/share/ablate/kjv.txt.
-install: build data
+install: build-bin data
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/ablate
 	install -m 0755 $(BUILD)/ablate $(BUILD)/ablate-worker $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 $(DATA_DIR)/kjv.txt $(DESTDIR)$(PREFIX)/share/ablate/kjv.txt
