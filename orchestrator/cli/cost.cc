@@ -1,5 +1,6 @@
 #include "orchestrator/cli/cost.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -26,12 +27,17 @@ RunFlops EstimateRunFlops(const RunConfig& config) {
   if (t.eval_every() > 0 && t.steps() > 0) {
     f.evaluations = (static_cast<int64_t>(t.steps()) + t.eval_every() - 1) / t.eval_every();
   }
-  // Each: eval_batches batches of batch_size windows at seq_len, then the same at each length
-  // of eval_seq_lens. Forward only.
-  const double windows = static_cast<double>(t.eval_batches()) * t.batch_size();
-  double per_evaluation = windows * t.seq_len() * ForwardFlopsPerToken(m, t.seq_len());
+  // Each, forward only: eval_batches batches of batch_size windows at seq_len; then, at each
+  // length of eval_seq_lens, the same text of eval_batches x batch_size x max(eval_seq_lens)
+  // tokens cut into as many whole windows of that length as it holds.
+  const int64_t windows = static_cast<int64_t>(t.eval_batches()) * t.batch_size();
+  double per_evaluation =
+      static_cast<double>(windows) * t.seq_len() * ForwardFlopsPerToken(m, t.seq_len());
+  int64_t longest = 0;
+  for (const int32_t len : t.eval_seq_lens()) longest = std::max<int64_t>(longest, len);
   for (const int32_t len : t.eval_seq_lens()) {
-    per_evaluation += windows * len * ForwardFlopsPerToken(m, len);
+    const int64_t windows_at_len = windows * longest / len;
+    per_evaluation += static_cast<double>(windows_at_len) * len * ForwardFlopsPerToken(m, len);
   }
   f.eval = per_evaluation * f.evaluations;
   return f;

@@ -6,11 +6,14 @@
 //
 // FLOPs come from the per-token figures of config/param_count.h (the formula lives there once):
 // training = TrainingFlopsPerToken (forward + backward, 3 x forward) x steps x batch_size x
-// seq_len x grad_accum; evaluation = ForwardFlopsPerToken x the tokens of every evaluation the
-// trainer runs (one every eval_every steps and one at the last step; eval_batches batches of
-// batch_size windows at seq_len, and as many at each of eval_seq_lens). Not counted: steps
-// trained again after a rollback, a retry or a resume from an earlier checkpoint, and the probes'
-// own arithmetic. Device-hours = FLOPs / (peak x MFU) / 3600. Pure functions; thread-safe.
+// seq_len x grad_accum (batch_size is the global batch of a data-parallel run); evaluation =
+// ForwardFlopsPerToken x the tokens of every evaluation the trainer runs (worker/train/trainer.cc:
+// one every eval_every steps and one at the last step, each eval_batches batches of batch_size
+// windows at seq_len, and at each length of eval_seq_lens the whole windows of that length in
+// eval_batches x batch_size x max(eval_seq_lens) tokens). Not counted: steps trained again after
+// a rollback, a retry or a resume from an earlier checkpoint, and the probes' own arithmetic.
+// Device-hours = FLOPs / (peak x MFU) / 3600, summed over the devices a run trains on.
+// Pure functions; thread-safe.
 #ifndef ABLATE_ORCHESTRATOR_CLI_COST_H_
 #define ABLATE_ORCHESTRATOR_CLI_COST_H_
 

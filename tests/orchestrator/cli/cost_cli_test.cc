@@ -39,8 +39,8 @@ seeds: [0, 1]
 // Training: 3 x 38,912 = 116,736 per token, over 10 steps x 2 x 16 x 3 (grad_accum) = 960
 // tokens: 112,066,560.
 // Evaluations after steps 4, 8 and 10 (the last): 3, each 5 batches x 2 windows of 16 tokens
-// (160 x 38,912 = 6,225,920) and of 32 (320 x 40,960 = 13,107,200): 19,333,120, x 3 =
-// 57,999,360.
+// (160 x 38,912 = 6,225,920) and the same 10 windows at 32 (320 x 40,960 = 13,107,200):
+// 19,333,120, x 3 = 57,999,360.
 constexpr double kRunTrain = 112066560;
 constexpr double kRunEval = 57999360;
 // Two seeds: 224,133,120 + 115,998,720 = 340,131,840 FLOPs.
@@ -97,6 +97,12 @@ TEST_F(CostTest, EvaluationsAreEveryEvalEveryStepsAndTheLast) {
   EXPECT_EQ(EstimateRunFlops(config).evaluations, 1);
   config.mutable_train()->clear_eval_seq_lens();  // only the training length: 6,225,920 each
   EXPECT_EQ(EstimateRunFlops(config).eval, 6225920);
+  // Each length reads the same 5 x 2 x 32 = 320 tokens (the longest length's windows), in whole
+  // windows: at 24, 13 of them (312 tokens) at 36,864 + 128 x 24 = 39,936 FLOPs a token,
+  // 12,460,032; at 32, 10 (320 tokens) at 40,960, 13,107,200.
+  config.mutable_train()->add_eval_seq_lens(24);
+  config.mutable_train()->add_eval_seq_lens(32);
+  EXPECT_EQ(EstimateRunFlops(config).eval, 6225920 + 12460032 + 13107200);
 }
 
 TEST_F(CostTest, ANumericPeakGivesDeviceHours) {
