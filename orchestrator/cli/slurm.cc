@@ -231,6 +231,7 @@ absl::StatusOr<std::string> PilotScript(const PilotScriptOptions& o) {
       " \\\n    --name \"pilot-${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\"",
       " \\\n    --idle-exit ", o.idle_exit_s);
   if (!o.device.empty()) absl::StrAppend(&s, " \\\n    --device ", ShellQuote(o.device));
+  if (o.slots > 0) absl::StrAppend(&s, " \\\n    --slots ", o.slots);
   if (!o.checkpoint_root.empty()) {
     absl::StrAppend(&s, " \\\n    --checkpoint-root ", ShellQuote(o.checkpoint_root));
   }

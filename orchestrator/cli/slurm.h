@@ -69,6 +69,7 @@ struct PilotScriptOptions {
   std::string checkpoint_root;  // --checkpoint-root ("" = each job's checkpoint dir)
   std::string tls_ca;           // --tls-ca: the CA of a TLS coordinator ("" = plaintext)
   int idle_exit_s = 120;        // --idle-exit: give the allocation back after this long idle
+  int slots = 0;                // --slots: devices a pilot trains one run on (0 = the worker's: 1)
 };
 
 // The sbatch script (bash). InvalidArgument names the field when a value cannot be written safely

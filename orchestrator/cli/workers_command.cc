@@ -49,6 +49,10 @@ void AddWorkersCommand(CLI::App* app, std::ostream* out, std::function<absl::Sta
     cmd->add_option("--device", p.device,
                     "cpu, cuda or cuda:N for every pilot (default cpu; cuda when --gres asks for "
                     "a GPU)");
+    cmd->add_option("--slots", p.slots,
+                    "devices each pilot offers to one run (e.g. 4 with --gres gpu:4): runs with "
+                    "resources.devices up to this train data-parallel on one pilot")
+        ->check(CLI::Range(1, 4096));
     cmd->add_option("--checkpoint-root", p.checkpoint_root,
                     "where pilots keep checkpoints (a shared path; default: the coordinator's)");
     cmd->add_option("--log-dir", p.log_dir,

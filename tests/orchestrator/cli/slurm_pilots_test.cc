@@ -90,7 +90,9 @@ class WorkersCommandTest : public ::testing::Test {
 };
 
 TEST_F(WorkersCommandTest, ScriptAsksSlurmForTheArrayAndExecsTheWorkerWithoutTheToken) {
-  absl::StatusOr<std::string> script = PilotScript(Pilots());
+  PilotScriptOptions pilots = Pilots();
+  pilots.slots = 4;  // a 4-GPU pilot: data-parallel runs of up to 4 devices
+  absl::StatusOr<std::string> script = PilotScript(pilots);
   ASSERT_TRUE(script.ok()) << script.status();
   for (const char* line :
        {"#SBATCH --job-name=ablate-pilot\n", "#SBATCH --array=0-2\n",
@@ -104,6 +106,7 @@ TEST_F(WorkersCommandTest, ScriptAsksSlurmForTheArrayAndExecsTheWorkerWithoutThe
   EXPECT_THAT(*script, HasSubstr("--name \"pilot-${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\""));
   EXPECT_THAT(*script, HasSubstr("--idle-exit 90"));
   EXPECT_THAT(*script, HasSubstr("--device 'cuda'"));
+  EXPECT_THAT(*script, HasSubstr("--slots 4"));
   EXPECT_THAT(*script, HasSubstr("--checkpoint-root '/shared/ckpt'"));
   EXPECT_THAT(*script, HasSubstr("--tls-ca '/shared/ablate/tls-ca.pem'"));
   // The token travels in the environment only; nothing traces the shell.
@@ -135,7 +138,8 @@ TEST_F(WorkersCommandTest, ScriptLeavesOutWhatWasNotAsked) {
   EXPECT_THAT(*script, HasSubstr("#SBATCH --signal=B:TERM@120\n"));
   EXPECT_THAT(*script, HasSubstr("#SBATCH --cpus-per-task=1\n"));
   for (const char* absent :
-       {"--partition", "--gres", "--time", "--mem", "--device", "--checkpoint-root", "--tls-ca"}) {
+       {"--partition", "--gres", "--time", "--mem", "--device", "--slots", "--checkpoint-root",
+        "--tls-ca"}) {
     EXPECT_THAT(*script, Not(HasSubstr(absent))) << absent;
   }
 }
