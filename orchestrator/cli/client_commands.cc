@@ -283,7 +283,12 @@ void AddStatusCommand(CLI::App* app, std::ostream* out, std::ostream* err,
                             RunStateName(run.state()), run.attempts(),
                             absl::StrCat(run.step(), "/", run.total_steps()),
                             Loss(run.last_loss()), Loss(run.val_loss()),
-                            run.state() == RUNNING ? run.worker() : run.reason());
+                            run.state() == RUNNING
+                                ? absl::StrCat(run.worker(), run.devices() > 1
+                                                                 ? absl::StrCat(" (", run.devices(),
+                                                                                " ranks)")
+                                                                 : "")
+                                : run.reason());
       }
       return absl::OkStatus();
     };

@@ -366,6 +366,7 @@ RunStatus CoordinatorCore::ToRunStatus(const RunInfo& run) {
   out.set_params_total(run.params_total);
   if (!std::isnan(run.val_loss)) out.set_val_loss(run.val_loss);
   out.set_reused_from(run.reused_from);
+  out.set_devices(run.devices);
   return out;
 }
 

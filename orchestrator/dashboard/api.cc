@@ -57,6 +57,7 @@ json RunJson(const RunInfo& r) {
               {"attempts", r.attempts},
               {"worker_id", r.worker_id},
               {"device", r.device},
+              {"devices", r.devices},
               {"params_total", r.params_total},
               {"params_activated", r.params_activated},
               {"params_added", r.params_added},

@@ -14,6 +14,7 @@ function headerNodes(run) {
       el('dt', {}, 'sweep'), el('dd', {}, el('a', { href: `#/sweep/${encodeURIComponent(run.sweep)}` }, run.sweep)),
       el('dt', {}, 'steps'), el('dd', { id: 'run-steps' }, `${run.steps_done} / ${run.steps_total}`),
       el('dt', {}, 'axes'), el('dd', {}, run.axes || '—'),
+      el('dt', {}, 'devices'), el('dd', { id: 'run-devices' }, run.devices > 1 ? `${run.devices} ranks, data parallel` : '1'),
       el('dt', {}, 'params'), el('dd', {}, `${count(run.params_total)} total, ${count(run.params_activated)} activated, ${count(run.params_added, true)} added`),
       el('dt', {}, 'val loss / PPL'), el('dd', {}, `${num(run.val_loss)} / ${num(run.val_ppl, 2)}`),
       el('dt', {}, 'gate score, M-Act, F-Attn'), el('dd', {}, `${num(run.gate_score, 3)}, ${num(run.m_act, 1)}, ${num(run.f_attn, 3)}`),

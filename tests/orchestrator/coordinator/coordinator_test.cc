@@ -891,6 +891,8 @@ TEST_F(CoordinatorTest, ARunOfTwoDevicesGoesToAWorkerWithTwoSlots) {
   AcquireJobResponse got = TryAcquire(two_slots);
   ASSERT_TRUE(got.has_job());
   EXPECT_EQ(got.job().world_size(), 2);
+  const GetSweepResponse pairs = GetSweep("pairs");
+  for (const RunStatus& run : pairs.runs()) EXPECT_EQ(run.devices(), 2);
   EXPECT_EQ(Scalar("SELECT devices FROM runs WHERE id = " + std::to_string(got.job().run_id())), "2");
   // Restarted, the coordinator still knows what the queued runs need and what workers offer.
   Restart();

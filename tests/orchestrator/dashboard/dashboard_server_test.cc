@@ -466,6 +466,7 @@ TEST_F(DashboardServerTest, RunEndpoints) {
   json j = Get(port_, run).Json();
   EXPECT_EQ(j["run"]["id"], runs_[0]);
   EXPECT_EQ(j["run"]["state"], "SUCCEEDED");
+  EXPECT_EQ(j["run"]["devices"], 1);  // resources.devices: one process unless asked
   EXPECT_TRUE(j["run"]["config"].is_object());
   EXPECT_EQ(j["run"]["config"]["train"]["steps"], 1000);
   ASSERT_EQ(j["run"]["attempt_list"].size(), 1u);
