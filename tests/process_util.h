@@ -149,6 +149,26 @@ inline int64_t QueryInt(const std::filesystem::path& db_path, const std::string&
 // ("NAME=value"): a test tags what it starts with a value of its own (the SLURM test: its private
 // SLURM_CONF) and so finds the daemons' grandchildren (slurmstepd, the jobs' processes) without
 // touching anyone else's processes. Returns how many were signalled.
+// The pids whose parent is `parent` and whose command line (arguments joined by spaces) holds
+// `needle`: a launcher's rank processes.
+inline std::vector<pid_t> ChildrenWith(pid_t parent, const std::string& needle) {
+  std::vector<pid_t> found;
+  for (const std::filesystem::directory_entry& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string pid, comm, state;
+    pid_t ppid = 0;
+    if (!(stat >> pid >> comm >> state >> ppid) || ppid != parent) continue;
+    std::string cmdline = Slurp(e.path() / "cmdline");
+    for (char& c : cmdline) {
+      if (c == '\0') c = ' ';
+    }
+    if (cmdline.find(needle) != std::string::npos) found.push_back(std::stoi(name));
+  }
+  return found;
+}
+
 inline int SignalProcessesWithEnv(const std::string& entry, int sig) {
   int signalled = 0;
   std::error_code ec;

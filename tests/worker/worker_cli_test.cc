@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/process_util.h"
 #include "tests/test_dir.h"
 
 namespace {
@@ -27,12 +28,7 @@ struct Result {
   std::string out, err;
 };
 
-std::string Slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using ablate::testing::Slurp;
 
 class WorkerCliTest : public ::testing::Test {
  protected:
@@ -115,23 +111,6 @@ class WorkerCliTest : public ::testing::Test {
       EXPECT_NEAR(got[i], want[i], tolerance * std::max(1e-12, std::abs(want[i])))
           << what << " at step " << i + 1;
     }
-  }
-
-  // The pids whose parent is `parent` and whose command line has `needle`.
-  static std::vector<pid_t> ChildrenWith(pid_t parent, const std::string& needle) {
-    std::vector<pid_t> found;
-    for (const fs::directory_entry& e : fs::directory_iterator("/proc")) {
-      const std::string name = e.path().filename().string();
-      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-      std::ifstream stat(e.path() / "stat");
-      std::string pid, comm, state;
-      pid_t ppid = 0;
-      if (!(stat >> pid >> comm >> state >> ppid) || ppid != parent) continue;
-      std::string cmdline = Slurp(e.path() / "cmdline");
-      for (char& c : cmdline) if (c == '\0') c = ' ';
-      if (cmdline.find(needle) != std::string::npos) found.push_back(std::stoi(name));
-    }
-    return found;
   }
 
   fs::path dir_;
@@ -288,11 +267,11 @@ TEST_F(WorkerCliTest, DataParallelRunsResumeAndARankThatDiesStopsTheRun) {
         for (int i = 0; i < 600 && Steps(killed).size() < 8; ++i) {
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
         }
-        const std::vector<pid_t> rank1 = ChildrenWith(launcher, "--rank 1 ");
+        const std::vector<pid_t> rank1 = ablate::testing::ChildrenWith(launcher, "--rank 1 ");
         ASSERT_EQ(rank1.size(), 1u);
         const auto at = std::chrono::steady_clock::now();
         kill(rank1[0], SIGKILL);
-        while (kill(launcher, 0) == 0 && ChildrenWith(launcher, "--rank").size() > 0 &&
+        while (kill(launcher, 0) == 0 && ablate::testing::ChildrenWith(launcher, "--rank").size() > 0 &&
                std::chrono::steady_clock::now() - at < std::chrono::seconds(60)) {
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
         }

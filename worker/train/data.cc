@@ -166,6 +166,20 @@ void TokenData::Batch(Split split, int64_t index, int64_t batch_size, int64_t* i
   Batch(split, index, batch_size, seq_len_, inputs, targets);
 }
 
+void TokenData::Window(const std::vector<uint16_t>& tokens, int64_t start, int64_t len,
+                       int64_t* in, int64_t* out) const {
+  if (bos_ >= 0) {
+    in[0] = bos_;
+    for (int64_t t = 1; t < len; ++t) in[t] = tokens[start + t - 1];
+    for (int64_t t = 0; t < len; ++t) out[t] = tokens[start + t];
+    return;
+  }
+  for (int64_t t = 0; t < len; ++t) {
+    in[t] = tokens[start + t];
+    out[t] = tokens[start + t + 1];
+  }
+}
+
 void TokenData::Batch(Split split, int64_t index, int64_t batch_size, int64_t len,
                       int64_t* inputs, int64_t* targets) const {
   const std::vector<uint16_t>& tokens = split == Split::kTrain ? train_ : val_;
@@ -173,19 +187,7 @@ void TokenData::Batch(Split split, int64_t index, int64_t batch_size, int64_t le
   std::mt19937_64 rng(Mix(seed_ ^ Mix(salt ^ Mix(static_cast<uint64_t>(index)))));
   std::uniform_int_distribution<int64_t> offset(0, static_cast<int64_t>(tokens.size()) - len - 1);
   for (int64_t b = 0; b < batch_size; ++b) {
-    const int64_t start = offset(rng);
-    int64_t* in = inputs + b * len;
-    int64_t* out = targets + b * len;
-    if (bos_ >= 0) {
-      in[0] = bos_;
-      for (int64_t t = 1; t < len; ++t) in[t] = tokens[start + t - 1];
-      for (int64_t t = 0; t < len; ++t) out[t] = tokens[start + t];
-      continue;
-    }
-    for (int64_t t = 0; t < len; ++t) {
-      in[t] = tokens[start + t];
-      out[t] = tokens[start + t + 1];
-    }
+    Window(tokens, offset(rng), len, inputs + b * len, targets + b * len);
   }
 }
 
@@ -193,19 +195,7 @@ void TokenData::Consecutive(Split split, int64_t count, int64_t len, int64_t* in
                             int64_t* targets) const {
   const std::vector<uint16_t>& tokens = split == Split::kTrain ? train_ : val_;
   for (int64_t w = 0; w < count; ++w) {
-    const int64_t start = w * len;
-    int64_t* in = inputs + w * len;
-    int64_t* out = targets + w * len;
-    if (bos_ >= 0) {
-      in[0] = bos_;
-      for (int64_t t = 1; t < len; ++t) in[t] = tokens[start + t - 1];
-      for (int64_t t = 0; t < len; ++t) out[t] = tokens[start + t];
-      continue;
-    }
-    for (int64_t t = 0; t < len; ++t) {
-      in[t] = tokens[start + t];
-      out[t] = tokens[start + t + 1];
-    }
+    Window(tokens, w * len, len, inputs + w * len, targets + w * len);
   }
 }
 

@@ -57,6 +57,10 @@ class TokenData {
 
  private:
   TokenData() = default;
+  // One window of `len` inputs from tokens[start] and their next-token targets (with the
+  // bos_token first when set).
+  void Window(const std::vector<uint16_t>& tokens, int64_t start, int64_t len, int64_t* in,
+              int64_t* out) const;
 
   std::vector<uint16_t> train_, val_;
   uint64_t seed_ = 0;

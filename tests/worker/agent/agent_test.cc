@@ -37,6 +37,7 @@
 #include "config/presets.h"
 #include "proto/ablate.grpc.pb.h"
 #include "tests/test_configs.h"
+#include "tests/process_util.h"
 #include "tests/test_dir.h"
 #include "worker/agent/agent.h"
 #include "worker/train/trainer.h"
@@ -525,24 +526,9 @@ TEST_F(AgentTest, RegistersTrainsReportsEveryStepOnceAndFinishes) {
   EXPECT_GT(f.summary().spike_steps(), 0);
 }
 
-// The pids of this process's children whose command line has `needle` (a job's other ranks).
+// This process's children whose command line has `needle` (a job's other ranks).
 std::vector<pid_t> ChildrenWith(const std::string& needle) {
-  std::vector<pid_t> found;
-  for (const fs::directory_entry& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(e.path() / "stat");
-    std::string pid, comm, state;
-    pid_t ppid = 0;
-    if (!(stat >> pid >> comm >> state >> ppid) || ppid != getpid()) continue;
-    std::ifstream in(e.path() / "cmdline");
-    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    for (char& c : cmdline) {
-      if (c == '\0') c = ' ';
-    }
-    if (absl::StrContains(cmdline, needle)) found.push_back(std::stoi(name));
-  }
-  return found;
+  return ablate::testing::ChildrenWith(getpid(), needle);
 }
 
 // A job with world_size 2 on a worker with 2 slots (issue 17): rank 0 trains in the agent and
