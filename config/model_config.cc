@@ -107,6 +107,12 @@ class Problems {
 
 }  // namespace
 
+int64_t EvalLengthSpan(const TrainConfig& t) {
+  int64_t longest = 0;
+  for (const int32_t len : t.eval_seq_lens()) longest = std::max<int64_t>(longest, len);
+  return static_cast<int64_t>(t.eval_batches()) * t.batch_size() * longest;
+}
+
 int64_t GateHeads(const ModelConfig& c) {
   switch (c.gate().position()) {
     case GATE_G1:

@@ -34,6 +34,11 @@ inline constexpr int32_t kMaxAttentionMapHeads = 16;  // train.attention_map_hea
 inline constexpr int32_t kAttentionMapSize = 64;      // positions an attention map covers
 inline constexpr int32_t kMaxDevices = 4096;          // resources.devices, worker slots
 
+// Tokens every train.eval_seq_lens length is measured on: eval_batches x batch_size windows of the
+// longest length, read from the start of the validation split and cut into back-to-back windows
+// of each length (a length that does not divide it drops the remainder). 0 without lengths.
+int64_t EvalLengthSpan(const TrainConfig& train);
+
 // InvalidArgument naming the offending fields (e.g. "model.gate.granularity: HEADWISE is not
 // allowed at G5"), OK otherwise. `prefix` is prepended to field paths ("model.").
 absl::Status ValidateModelConfig(const ModelConfig& config, const std::string& prefix = "model.");

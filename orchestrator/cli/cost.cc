@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "config/model_config.h"
 #include "fmt/format.h"
 #include "config/param_count.h"
 #include "config/text_format.h"
@@ -33,11 +34,9 @@ RunFlops EstimateRunFlops(const RunConfig& config) {
   const int64_t windows = static_cast<int64_t>(t.eval_batches()) * t.batch_size();
   double per_evaluation =
       static_cast<double>(windows) * t.seq_len() * ForwardFlopsPerToken(m, t.seq_len());
-  int64_t longest = 0;
-  for (const int32_t len : t.eval_seq_lens()) longest = std::max<int64_t>(longest, len);
+  const int64_t span = EvalLengthSpan(t);
   for (const int32_t len : t.eval_seq_lens()) {
-    const int64_t windows_at_len = windows * longest / len;
-    per_evaluation += static_cast<double>(windows_at_len) * len * ForwardFlopsPerToken(m, len);
+    per_evaluation += static_cast<double>(span / len) * len * ForwardFlopsPerToken(m, len);
   }
   f.eval = per_evaluation * f.evaluations;
   return f;

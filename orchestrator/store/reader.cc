@@ -315,6 +315,20 @@ SpikeEvent ReadSpike(const Stmt& s, int first) {
 constexpr char kSpikeColumns[] = "s.step, s.signal, s.value, s.baseline, s.kind, s.action, "
                                  "s.rollback_to_step";
 
+// An eval_metrics row: step, val_loss, val_ppl, gate_score, m_act, f_attn, tokens, from column
+// `first` on.
+void ReadEval(const Stmt& s, int first, EvalResult* e) {
+  e->set_step(s.ColumnInt(first));
+  e->set_val_loss(s.ColumnDouble(first + 1));
+  e->set_val_ppl(s.ColumnDouble(first + 2));
+  if (!s.ColumnIsNull(first + 3)) {
+    e->mutable_probes()->set_gate_score_mean(s.ColumnDouble(first + 3));  // NULL: no gate
+  }
+  e->mutable_probes()->set_m_act(s.ColumnDouble(first + 4));
+  e->mutable_probes()->set_f_attn(s.ColumnDouble(first + 5));
+  e->mutable_probes()->set_tokens(s.ColumnInt(first + 6));
+}
+
 LayerProbes ReadLayer(const Stmt& s) {
   LayerProbes p;
   p.set_layer(static_cast<int32_t>(s.ColumnInt(1)));
@@ -566,16 +580,7 @@ absl::StatusOr<std::vector<EvalResult>> StoreReader::EvalSeries(int64_t run_id,
                        "eval_metrics WHERE run_id = ",
                        kSourceRun, " ORDER BY step"),
           [&](Stmt& q) { q.Bind(1, run_id); },
-          [&](const Stmt& s) {
-            EvalResult& e = evals.emplace_back();
-            e.set_step(s.ColumnInt(0));
-            e.set_val_loss(s.ColumnDouble(1));
-            e.set_val_ppl(s.ColumnDouble(2));
-            if (!s.ColumnIsNull(3)) e.mutable_probes()->set_gate_score_mean(s.ColumnDouble(3));
-            e.mutable_probes()->set_m_act(s.ColumnDouble(4));
-            e.mutable_probes()->set_f_attn(s.ColumnDouble(5));
-            e.mutable_probes()->set_tokens(s.ColumnInt(6));
-          });
+          [&](const Stmt& s) { ReadEval(s, 0, &evals.emplace_back()); });
       !read.ok()) {
     return read;
   }
@@ -778,16 +783,7 @@ absl::StatusOr<std::map<int64_t, EvalResult>> StoreReader::LatestEvals(int64_t s
                        "e.f_attn, e.tokens FROM last JOIN eval_metrics e ON e.run_id = last.src "
                        "AND e.step = last.step ORDER BY last.id"),
           [&](Stmt& q) { q.Bind(1, sweep_id); },
-          [&](const Stmt& s) {
-            EvalResult& e = evals[s.ColumnInt(0)];
-            e.set_step(s.ColumnInt(1));
-            e.set_val_loss(s.ColumnDouble(2));
-            e.set_val_ppl(s.ColumnDouble(3));
-            if (!s.ColumnIsNull(4)) e.mutable_probes()->set_gate_score_mean(s.ColumnDouble(4));
-            e.mutable_probes()->set_m_act(s.ColumnDouble(5));
-            e.mutable_probes()->set_f_attn(s.ColumnDouble(6));
-            e.mutable_probes()->set_tokens(s.ColumnInt(7));
-          });
+          [&](const Stmt& s) { ReadEval(s, 1, &evals[s.ColumnInt(0)]); });
       !read.ok()) {
     return read;
   }

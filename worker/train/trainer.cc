@@ -273,16 +273,6 @@ struct Trainer::State {
     }
   }
 
-  // Tokens every eval_seq_lens length is measured on: eval_batches x batch_size windows of the
-  // longest length (a multiple of every length that divides it; a shorter length not dividing
-  // it drops the remainder).
-  int64_t LengthSpan() const {
-    const TrainConfig& t = config.train();
-    int64_t longest = 0;
-    for (const int32_t len : t.eval_seq_lens()) longest = std::max<int64_t>(longest, len);
-    return static_cast<int64_t>(t.eval_batches()) * t.batch_size() * longest;
-  }
-
   EvalResult Evaluate() {
     const TrainConfig& t = config.train();
     torch::NoGradGuard no_grad;
@@ -300,11 +290,11 @@ struct Trainer::State {
     r.set_val_ppl(std::exp(r.val_loss()));
     *r.mutable_probes() = recorder.Finish();
     for (AttentionMap& m : recorder.TakeAttentionMaps()) *r.add_attention_maps() = std::move(m);
-    // Every length reads the same text (LengthSpan() tokens from the start of the validation
+    // Every length reads the same text (EvalLengthSpan tokens from the start of the validation
     // split) cut into windows of that length, so lengths differ only in the context a token
     // sees; YaRN's tables beyond its original length.
     const YarnConfig& yarn = config.model().yarn();
-    const int64_t span = LengthSpan();
+    const int64_t span = EvalLengthSpan(t);
     for (const int32_t len : t.eval_seq_lens()) {
       const bool use_yarn = yarn.factor() > 0 && len > yarn.original_seq_len();
       model->UseYarn(use_yarn);
@@ -509,7 +499,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const RunConfig& config
   if (!data.ok()) return data.status();
   if (t.eval_seq_lens_size() > 0) {
     const int32_t longest = *std::max_element(t.eval_seq_lens().begin(), t.eval_seq_lens().end());
-    const int64_t span = static_cast<int64_t>(t.eval_batches()) * t.batch_size() * longest;
+    const int64_t span = EvalLengthSpan(t);
     if (data->val_tokens() < span + 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "train.eval_seq_lens: every length is measured on eval_batches x batch_size windows of "
