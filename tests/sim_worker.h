@@ -4,9 +4,12 @@
 // finishes SUCCEEDED at once. Dozens of them run in one process, where dozens of LibTorch
 // workers would not fit.
 //
-// Two ways to speak it (SimProtocol): kCallPerStep, an AcquireJob, a Report per batch and a
+// Three ways to speak it (SimProtocol): kCallPerStep, an AcquireJob, a Report per batch and a
 // Finish per job; kFinishCarries, the last batch inside the Finish (final_report) and the next
-// job in its reply (acquire_next), so a job of one batch costs one call.
+// job in its reply (acquire_next), so a job of one batch costs one call; kSlots, a worker of
+// `slots` slots that takes up to one job per slot in each AcquireJob (max_jobs) and ends all the
+// jobs it holds in one Finish (more, each with its whole batch), taking the next ones in its
+// reply (acquire_max): a job then costs 1/slots of a call.
 //
 // What it records (for the caller's checks): every job it was given, with the steady-clock time
 // it arrived, and every call that failed.
@@ -33,7 +36,7 @@
 
 namespace ablate::testing {
 
-enum class SimProtocol { kCallPerStep, kFinishCarries };
+enum class SimProtocol { kCallPerStep, kFinishCarries, kSlots };
 
 struct SimJob {
   int64_t run_id = 0;
@@ -47,13 +50,14 @@ class SimWorker {
   // points_per_job 0: as many as the job's train.steps. batch_points 0: all in one report.
   SimWorker(std::shared_ptr<grpc::Channel> channel, std::string token, std::string name,
             int points_per_job, int batch_points = 0,
-            SimProtocol protocol = SimProtocol::kCallPerStep)
+            SimProtocol protocol = SimProtocol::kCallPerStep, int slots = 1)
       : stub_(WorkerService::NewStub(std::move(channel))),
         bearer_("Bearer " + std::move(token)),
         name_(std::move(name)),
         points_(points_per_job),
         batch_(batch_points),
-        protocol_(protocol) {}
+        protocol_(protocol),
+        slots_(protocol == SimProtocol::kSlots ? std::max(slots, 1) : 1) {}
 
   // Registers; false (with the error in errors()) when that fails.
   bool Register() {
@@ -62,6 +66,7 @@ class SimWorker {
     request.mutable_resources()->set_device("cpu");
     request.mutable_resources()->set_cores(1);
     request.mutable_resources()->set_memory_gb(4);
+    request.mutable_resources()->set_slots(slots_);
     RegisterResponse response;
     grpc::ClientContext ctx;
     Prepare(&ctx, std::chrono::seconds(30));
@@ -113,10 +118,12 @@ class SimWorker {
   // Run() when no more are wanted.
   void Next(std::optional<Job> job) {
     if (job.has_value()) return Start(*std::move(job));
+    if (protocol_ == SimProtocol::kSlots && !held_.empty()) return FinishHeld();
     if (!WantsMore()) return Done();
     acquire_.Clear();
     acquire_.set_worker_id(worker_id_);
     acquire_.set_wait_s(wait_s_);
+    acquire_.set_max_jobs(slots_);
     offered_.Clear();
     NewContext(std::chrono::seconds(wait_s_ + 30));
     stub_->async()->AcquireJob(ctx_.get(), &acquire_, &offered_, [this](grpc::Status s) {
@@ -125,7 +132,73 @@ class SimWorker {
         return Next(std::nullopt);
       }
       if (!offered_.has_job()) return Next(std::nullopt);
+      if (protocol_ == SimProtocol::kSlots) {
+        Hold(std::move(*offered_.mutable_job()));
+        for (Job& more : *offered_.mutable_more_jobs()) Hold(std::move(more));
+        return Next(std::nullopt);
+      }
       Next(std::move(*offered_.mutable_job()));
+    });
+  }
+
+  // kSlots: a job taken, to be ended with the others held in the next Finish.
+  void Hold(Job job) {
+    jobs_.push_back({job.run_id(), job.attempt(), job.sweep(), std::chrono::steady_clock::now()});
+    held_.push_back(std::move(job));
+  }
+
+  // kSlots: one Finish for every held job, each with its whole batch, taking the next ones.
+  void FinishHeld() {
+    finish_.Clear();
+    for (size_t i = 0; i < held_.size(); ++i) {
+      const Job& job = held_[i];
+      FinishRequest* f = i == 0 ? &finish_ : finish_.add_more();
+      const int points = points_ > 0 ? points_ : static_cast<int>(job.config().train().steps());
+      f->set_worker_id(worker_id_);
+      f->set_run_id(job.run_id());
+      f->set_attempt(job.attempt());
+      f->set_lease_secret(job.lease_secret());
+      ReportRequest* report = f->mutable_final_report();
+      report->set_seq(1);
+      for (int step = 1; step <= points; ++step) {
+        StepMetrics* m = report->add_steps();
+        m->set_step(step);
+        m->set_loss(5.0 - 0.001 * step);
+        m->set_grad_norm(1.0);
+        m->set_lr(1e-3);
+        m->set_tokens_per_s(1e5);
+      }
+      RunSummary* summary = f->mutable_summary();
+      summary->set_state(SUCCEEDED);
+      summary->set_steps_done(points);
+      summary->set_final_train_loss(5.0 - 0.001 * points);
+    }
+    // Only as many next jobs as this worker will still run.
+    const int64_t left =
+        max_jobs_ == 0 ? slots_ : max_jobs_ - static_cast<int64_t>(jobs_.size());
+    finish_.set_acquire_next(WantsMore());
+    finish_.set_acquire_max(static_cast<int32_t>(std::clamp<int64_t>(left, 1, slots_)));
+    finished_reply_.Clear();
+    NewContext(std::chrono::seconds(30));
+    stub_->async()->Finish(ctx_.get(), &finish_, &finished_reply_, [this](grpc::Status s) {
+      const size_t ended = held_.size();
+      held_.clear();
+      if (!s.ok()) {
+        Failed("finish", s);
+        return Next(std::nullopt);
+      }
+      int64_t ok = 1;
+      for (const std::string& e : finished_reply_.more_errors()) {
+        if (e.empty()) {
+          ++ok;
+        } else {
+          errors_.push_back("finish (more): " + e);
+        }
+      }
+      if (finished_ != nullptr) finished_->fetch_add(std::min<int64_t>(ok, ended));
+      if (finished_reply_.has_next_job()) Hold(std::move(*finished_reply_.mutable_next_job()));
+      for (Job& more : *finished_reply_.mutable_more_next_jobs()) Hold(std::move(more));
+      Next(std::nullopt);
     });
   }
 
@@ -219,6 +292,7 @@ class SimWorker {
   const int points_;
   const int batch_;
   const SimProtocol protocol_;
+  const int slots_;
   int64_t worker_id_ = 0;
   std::atomic<int64_t>* finished_ = nullptr;
   std::vector<SimJob> jobs_;
@@ -232,6 +306,7 @@ class SimWorker {
   AcquireJobRequest acquire_;
   AcquireJobResponse offered_;
   Job job_;
+  std::vector<Job> held_;  // kSlots: jobs taken and not yet ended
   int points_now_ = 0, batch_now_ = 0;
   ReportRequest report_;
   ReportResponse reported_;

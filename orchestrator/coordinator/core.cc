@@ -35,6 +35,15 @@ namespace {
 
 bool IsUnfinished(RunState s) { return s == PENDING || s == RUNNING || s == INTERRUPTED; }
 
+// A worker's registered resources (unknown fields of a newer worker ignored).
+WorkerResources ResourcesOf(const WorkerInfo& w) {
+  WorkerResources resources;
+  google::protobuf::util::JsonParseOptions parse;
+  parse.ignore_unknown_fields = true;
+  (void)google::protobuf::util::JsonStringToMessage(w.resources_json, &resources, parse);
+  return resources;
+}
+
 absl::StatusOr<std::shared_ptr<const JobTemplate>> TemplateOf(const RunInfo& run) {
   auto t = std::make_shared<JobTemplate>();
   google::protobuf::util::JsonParseOptions parse;
@@ -341,6 +350,21 @@ absl::StatusOr<ListSweepsResponse> CoordinatorCore::ListSweeps() {
   if (!sweeps.ok()) return sweeps.status();
   ListSweepsResponse response;
   for (const SweepInfo& s : *sweeps) *response.add_sweeps() = ToSweepStatus(s);
+  absl::StatusOr<std::vector<WorkerInfo>> workers = store_->reader().ListWorkers();
+  if (!workers.ok()) return workers.status();
+  for (const WorkerInfo& w : *workers) {
+    if (w.state == "GONE") continue;
+    const WorkerResources resources = ResourcesOf(w);
+    WorkerStatus* out = response.add_workers();
+    out->set_worker_id(w.id);
+    out->set_name(w.name);
+    out->set_state(w.state);
+    out->set_device(resources.device().empty() ? "cpu" : resources.device());
+    out->set_slots(std::max(1, resources.slots()));
+    out->set_slots_in_use(w.slots_in_use);
+    out->set_running(w.running);
+    out->set_hostname(resources.hostname());
+  }
   return response;
 }
 
@@ -613,10 +637,7 @@ absl::StatusOr<WorkerOffer> CoordinatorCore::OfferOf(int64_t worker_id) {
   if (!workers.ok()) return workers.status();
   for (const WorkerInfo& w : *workers) {
     if (w.id != worker_id) continue;
-    WorkerResources resources;
-    google::protobuf::util::JsonParseOptions parse;
-    parse.ignore_unknown_fields = true;
-    (void)google::protobuf::util::JsonStringToMessage(w.resources_json, &resources, parse);
+    const WorkerResources resources = ResourcesOf(w);
     WorkerOffer offer;
     offer.device = resources.device().empty() ? "cpu" : resources.device();
     offer.memory_gb = resources.memory_gb();
@@ -687,35 +708,56 @@ absl::StatusOr<AcquireJobResponse> CoordinatorCore::AcquireJob(const AcquireJobR
                                                            absl::Time deadline) {
   absl::StatusOr<WorkerOffer> offer = OfferOf(request.worker_id());
   if (!offer.ok()) return offer.status();
-  NoteWorker(request.worker_id(), "IDLE");
+  bool busy = false;  // a worker of several slots asks for more while some train
+  {
+    absl::MutexLock lock(&mu_);
+    busy = scheduler_.SlotsInUse(request.worker_id()) > 0;
+  }
+  NoteWorker(request.worker_id(), busy ? "BUSY" : "IDLE");
   const absl::Duration wait =
       std::min(absl::Seconds(std::max(0, request.wait_s())), options_.max_acquire_wait);
   deadline = std::min(deadline, absl::Now() + wait);
+  const int max_jobs = std::max(1, request.max_jobs());
   AcquireJobResponse response;
   for (;;) {
-    std::optional<QueuedRun> run;
+    std::vector<QueuedRun> runs;
     {
       absl::MutexLock lock(&mu_);
       if (shutdown_) return response;
-      run = scheduler_.Acquire(request.worker_id(), *offer);
-      if (!run.has_value()) {
+      runs = scheduler_.AcquireUpTo(request.worker_id(), *offer, max_jobs);
+      if (runs.empty()) {
         if (absl::Now() >= deadline) return response;
         // Wake on new work, or every second (a backoff may have ended).
         work_cv_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Seconds(1)));
         continue;
       }
     }
-    RunTransition start;
-    start.run_id = run->run_id;
-    start.from = {PENDING};
-    start.to = RUNNING;
-    start.worker_id = request.worker_id();
-    absl::StatusOr<std::optional<Job>> job =
-        LeaseStarted(request.worker_id(), *run, store_->TransitionRun(start));
-    if (!job.ok()) return job.status();
-    if (!job->has_value()) continue;
-    *response.mutable_job() = **std::move(job);
-    return response;
+    std::vector<RunTransition> starts;
+    for (const QueuedRun& run : runs) {
+      RunTransition& start = starts.emplace_back();
+      start.run_id = run.run_id;
+      start.from = {PENDING};
+      start.to = RUNNING;
+      start.worker_id = request.worker_id();
+    }
+    std::vector<absl::StatusOr<TransitionResult>> started = store_->TransitionRuns(starts);
+    absl::Status first_error;  // returned when no job could be made
+    for (size_t i = 0; i < runs.size(); ++i) {
+      absl::StatusOr<std::optional<Job>> job =
+          LeaseStarted(request.worker_id(), runs[i], started[i]);
+      if (!job.ok()) {
+        if (first_error.ok()) first_error = job.status();
+        continue;
+      }
+      if (!job->has_value()) continue;
+      if (!response.has_job()) {
+        *response.mutable_job() = **std::move(job);
+      } else {
+        *response.add_more_jobs() = **std::move(job);
+      }
+    }
+    if (response.has_job()) return response;
+    if (!first_error.ok()) return first_error;
   }
 }
 
@@ -878,7 +920,10 @@ absl::Status CoordinatorCore::EndAttemptAndRetry(int64_t run_id, int64_t sweep_i
   return absl::OkStatus();
 }
 
-absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& request) {
+absl::StatusOr<CoordinatorCore::PreparedFinish> CoordinatorCore::PrepareFinish(
+    const FinishRequest& request, int64_t worker_id) {
+  PreparedFinish p;
+  p.request = &request;
   const RunState state = request.summary().state();
   if (state != SUCCEEDED && state != DIVERGED && state != FAILED && state != CANCELLED &&
       state != INTERRUPTED) {
@@ -887,19 +932,18 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
         RunStateName(state)));
   }
   if (absl::Status s = CheckLeaseSecret("finish", request.lease_secret(), request.run_id(),
-                                        request.attempt(), request.worker_id());
+                                        request.attempt(), worker_id);
       !s.ok()) {
     return s;
   }
-  std::optional<MetricBatch> batch;
   if (request.has_final_report()) {
     const ReportRequest& r = request.final_report();
-    if ((r.worker_id() != 0 && r.worker_id() != request.worker_id()) ||
+    if ((r.worker_id() != 0 && r.worker_id() != worker_id) ||
         (r.run_id() != 0 && r.run_id() != request.run_id()) ||
         (r.attempt() != 0 && r.attempt() != request.attempt())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "finish: final_report is of worker ", r.worker_id(), " run ", r.run_id(), " attempt ",
-          r.attempt(), ", not of the finished worker ", request.worker_id(), " run ",
+          r.attempt(), ", not of the finished worker ", worker_id, " run ",
           request.run_id(), " attempt ", request.attempt()));
     }
     if (r.seq() < 1) {
@@ -910,7 +954,7 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
         BatchOf(r, request.run_id(), request.attempt(), "finish: final_report has",
                 "send the rest with Report first");
     if (!converted.ok()) return converted.status();
-    batch = *std::move(converted);
+    p.batch = *std::move(converted);
   }
   std::optional<Lease> lease;
   {
@@ -918,17 +962,21 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
     lease = scheduler_.GetLease(request.run_id());
   }
   if (!lease.has_value() || lease->attempt != request.attempt() ||
-      lease->worker_id != request.worker_id()) {
+      lease->worker_id != worker_id) {
     // A retried Finish whose first try was applied is acknowledged again (without a next job:
     // one leased by the first try comes back when its lease expires).
     absl::StatusOr<RunInfo> run = store_->reader().GetRun(request.run_id());
     if (!run.ok()) return run.status();
-    if (run->attempts == request.attempt() && run->state == state) return FinishResponse();
+    if (run->attempts == request.attempt() && run->state == state) {
+      p.applied_before = true;
+      return p;
+    }
     return absl::FailedPreconditionError(
         absl::StrCat("finish: run ", request.run_id(), " attempt ", request.attempt(),
-                     " is not leased to worker ", request.worker_id(), " (it is ",
+                     " is not leased to worker ", worker_id, " (it is ",
                      RunStateName(run->state), ", attempt ", run->attempts, ")"));
   }
+  p.lease = *lease;
   if (request.has_final_report()) {
     if (absl::Status s = CheckReportAtDoor(request.final_report(), lease->total_steps,
                                            "finish: final_report");
@@ -941,10 +989,7 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
       return s;
     }
   }
-  // IDLE, unless the worker takes its next job now (then LeaseStarted notes BUSY: one write,
-  // not two, per job handed over).
-  if (!request.acquire_next()) NoteWorker(request.worker_id(), "IDLE");
-  if (batch.has_value() && request.final_report().checkpoint_step() > 0) {
+  if (p.batch.has_value() && request.final_report().checkpoint_step() > 0) {
     // Queued before the finish: committed with it or earlier.
     if (absl::Status s = store_->EnqueueCheckpoint(request.run_id(), request.attempt(),
                                                    request.final_report().checkpoint_path(),
@@ -953,88 +998,186 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
       return s;
     }
   }
-  const std::string reason =
+  p.reason =
       BoundedText(!request.error().empty() ? request.error() : request.summary().reason());
-  FinishResponse response;
-  if (state == FAILED) {
-    // Retries and backoff have their own path; the batch and the next job then take their own
-    // transactions (a failed attempt is not the hot path).
-    if (batch.has_value()) {
-      if (absl::StatusOr<ReportResult> r = store_->ReportMetrics(*batch); !r.ok()) return r.status();
-    }
-    if (absl::Status s = EndAttemptAndRetry(request.run_id(), lease->sweep_id, request.attempt(),
-                                            "FAILED", reason, !request.permanent());
-        !s.ok()) {
-      return s;
-    }
-    if (request.acquire_next()) {
-      AcquireJobRequest acquire;
-      acquire.set_worker_id(request.worker_id());
-      absl::StatusOr<AcquireJobResponse> next = AcquireJob(acquire);
-      if (next.ok() && next->has_job()) *response.mutable_next_job() = next->job();
-    }
-    return response;
+  return p;
+}
+
+absl::Status CoordinatorCore::FinishFailed(PreparedFinish& p) {
+  // Retries and backoff have their own path; the batch takes its own transaction (a failed
+  // attempt is not the hot path).
+  const FinishRequest& request = *p.request;
+  if (p.batch.has_value()) {
+    if (absl::StatusOr<ReportResult> r = store_->ReportMetrics(*p.batch); !r.ok()) return r.status();
   }
+  return EndAttemptAndRetry(request.run_id(), p.lease.sweep_id, request.attempt(), "FAILED",
+                            p.reason, !request.permanent());
+}
+
+FinishWrite CoordinatorCore::FinishWriteOf(PreparedFinish& p) {
+  const FinishRequest& request = *p.request;
   FinishWrite write;
-  write.batch = std::move(batch);
+  write.batch = std::move(p.batch);
   RunTransition& t = write.end;
   t.run_id = request.run_id();
   t.from = {RUNNING};
   t.expected_attempt = request.attempt();
-  t.reason = reason;
-  if (state == INTERRUPTED) {
+  t.reason = p.reason;
+  if (request.summary().state() == INTERRUPTED) {
     // Resumable: queued again at once (or cancelled with its sweep).
     t.attempt_end = "INTERRUPTED";
-    t.to = lease->stop ? CANCELLED : PENDING;
+    t.to = p.lease.stop ? CANCELLED : PENDING;
   } else {
-    t.to = state;
+    t.to = request.summary().state();
     t.has_summary = true;
     t.summary = request.summary();
     t.summary.set_reason(BoundedText(t.summary.reason()));
   }
-  // The next run is picked now and started in the same transaction that ends this one.
-  std::optional<QueuedRun> next;
-  if (request.acquire_next()) {
-    absl::StatusOr<WorkerOffer> offer = OfferOf(request.worker_id());
-    absl::MutexLock lock(&mu_);
-    if (offer.ok() && !shutdown_) next = scheduler_.Acquire(request.worker_id(), *offer);
-  }
-  if (next.has_value()) {
-    RunTransition& start = write.start.emplace();
-    start.run_id = next->run_id;
-    start.from = {PENDING};
-    start.to = RUNNING;
-    start.worker_id = request.worker_id();
-  }
-  absl::StatusOr<FinishWriteResult> r = store_->FinishAttempt(write);
-  if (!r.ok()) {
-    if (next.has_value()) {
-      absl::MutexLock lock(&mu_);
-      scheduler_.Release(next->run_id);
-      scheduler_.Enqueue(*next);
-      work_cv_.SignalAll();
+  return write;
+}
+
+absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& request) {
+  const int64_t worker_id = request.worker_id();
+  absl::StatusOr<PreparedFinish> first = PrepareFinish(request, worker_id);
+  // This request refused: none of `more` is applied either (the worker resends them all).
+  if (!first.ok()) return first.status();
+  // Every attempt this call ends, this request's first; errors of those in `more` are theirs.
+  std::vector<PreparedFinish> items = {*std::move(first)};
+  std::vector<absl::Status> errors(request.more_size() + 1);
+  for (int i = 0; i < request.more_size(); ++i) {
+    const FinishRequest& more = request.more(i);
+    if (more.worker_id() != 0 && more.worker_id() != worker_id) {
+      errors[i + 1] = absl::InvalidArgumentError(
+          absl::StrCat("finish: more[", i, "] is of worker ", more.worker_id(), ", not ",
+                       worker_id));
+      continue;
     }
-    return r.status();
+    if (more.more_size() > 0) {
+      errors[i + 1] = absl::InvalidArgumentError(
+          absl::StrCat("finish: more[", i, "] has more of its own; list every attempt in the "
+                       "outer request's more"));
+      continue;
+    }
+    absl::StatusOr<PreparedFinish> p = PrepareFinish(more, worker_id);
+    if (!p.ok()) {
+      errors[i + 1] = p.status();
+      continue;
+    }
+    p->index = i + 1;
+    items.push_back(*std::move(p));
   }
+  // Failed attempts first, on their own path; the rest end in one store transaction with the
+  // starts of the next jobs.
+  std::vector<PreparedFinish*> ending;
+  int freeing = 0;  // slots the ending attempts hold
+  for (PreparedFinish& p : items) {
+    if (p.applied_before) continue;
+    if (p.request->summary().state() == FAILED) {
+      errors[p.index] = FinishFailed(p);
+      continue;
+    }
+    ending.push_back(&p);
+    freeing += p.lease.slots;
+  }
+  if (!errors[0].ok()) return errors[0];
+  const int max_next = request.acquire_next() ? std::max(1, request.acquire_max()) : 0;
+  FinishResponse response;
+  const auto add_next = [&response](Job job) {
+    if (!response.has_next_job()) {
+      *response.mutable_next_job() = std::move(job);
+    } else {
+      *response.add_more_next_jobs() = std::move(job);
+    }
+  };
+  if (ending.empty()) {
+    if (max_next > 0) {
+      AcquireJobRequest acquire;
+      acquire.set_worker_id(worker_id);
+      acquire.set_max_jobs(max_next);
+      absl::StatusOr<AcquireJobResponse> next = AcquireJob(acquire);
+      if (next.ok() && next->has_job()) {
+        add_next(next->job());
+        for (const Job& job : next->more_jobs()) add_next(job);
+      }
+    }
+  } else {
+    std::vector<FinishWrite> writes;
+    for (PreparedFinish* p : ending) writes.push_back(FinishWriteOf(*p));
+    // The next runs are picked now and started in the transaction of the first write.
+    std::vector<QueuedRun> next;
+    if (max_next > 0) {
+      absl::StatusOr<WorkerOffer> offer = OfferOf(worker_id);
+      absl::MutexLock lock(&mu_);
+      if (offer.ok() && !shutdown_) {
+        next = scheduler_.AcquireUpTo(worker_id, *offer, max_next, freeing);
+      }
+    }
+    for (size_t i = 0; i < next.size(); ++i) {
+      RunTransition start;
+      start.run_id = next[i].run_id;
+      start.from = {PENDING};
+      start.to = RUNNING;
+      start.worker_id = worker_id;
+      if (i == 0) {
+        writes[0].start = std::move(start);
+      } else {
+        writes[0].more_starts.push_back(std::move(start));
+      }
+    }
+    std::vector<absl::StatusOr<FinishWriteResult>> results = store_->FinishAttempts(writes);
+    {
+      absl::MutexLock lock(&mu_);
+      if (!results[0].ok()) {
+        // The starts rode on the first write: back to the queue.
+        for (const QueuedRun& run : next) {
+          scheduler_.Release(run.run_id);
+          scheduler_.Enqueue(run);
+        }
+        if (!next.empty()) work_cv_.SignalAll();
+      }
+      for (size_t i = 0; i < ending.size(); ++i) {
+        if (!results[i].ok()) {
+          errors[ending[i]->index] = results[i].status();
+          continue;
+        }
+        const int64_t run_id = ending[i]->request->run_id();
+        std::optional<QueuedRun> queued = scheduler_.LeasedRun(run_id);
+        scheduler_.Release(run_id);
+        if (writes[i].end.to == PENDING && queued.has_value()) {
+          queued->not_before = absl::InfinitePast();
+          scheduler_.Enqueue(*queued);
+          work_cv_.SignalAll();
+        }
+      }
+    }
+    if (results[0].ok()) {
+      // A next job that cannot be made is not this Finish's failure: the worker asks again.
+      const FinishWriteResult& r = *results[0];
+      for (size_t i = 0; i < next.size(); ++i) {
+        const absl::Status& status = i == 0 ? r.start_status : r.more_start_status[i - 1];
+        const TransitionResult& started = i == 0 ? r.start : r.more_starts[i - 1];
+        absl::StatusOr<std::optional<Job>> job =
+            LeaseStarted(worker_id, next[i],
+                         status.ok() ? absl::StatusOr<TransitionResult>(started)
+                                     : absl::StatusOr<TransitionResult>(status));
+        if (job.ok() && job->has_value()) add_next(**std::move(job));
+      }
+    }
+    if (!errors[0].ok()) return errors[0];
+  }
+  // BUSY while it holds a job (a next one, or another slot's), else IDLE: written when it
+  // changed (a job handed over was noted BUSY as it started: one write, not two, per job).
+  bool busy = false;
   {
     absl::MutexLock lock(&mu_);
-    std::optional<QueuedRun> queued = scheduler_.LeasedRun(request.run_id());
-    scheduler_.Release(request.run_id());
-    if (t.to == PENDING && queued.has_value()) {
-      queued->not_before = absl::InfinitePast();
-      scheduler_.Enqueue(*queued);
-      work_cv_.SignalAll();
-    }
+    busy = scheduler_.SlotsInUse(worker_id) > 0;
   }
-  if (next.has_value()) {
-    // A next job that cannot be made is not this Finish's failure: the worker asks again.
-    absl::StatusOr<std::optional<Job>> job =
-        LeaseStarted(request.worker_id(), *next,
-                     r->start_status.ok() ? absl::StatusOr<TransitionResult>(r->start)
-                                          : absl::StatusOr<TransitionResult>(r->start_status));
-    if (job.ok() && job->has_value()) *response.mutable_next_job() = **std::move(job);
+  NoteWorker(worker_id, busy ? "BUSY" : "IDLE");
+  for (size_t i = 1; i < errors.size(); ++i) {
+    const absl::Status& e = errors[i];
+    response.add_more_errors(
+        e.ok() ? "" : absl::StrCat(absl::StatusCodeToString(e.code()), ": ", e.message()));
   }
-  if (request.acquire_next() && !response.has_next_job()) NoteWorker(request.worker_id(), "IDLE");
   return response;
 }
 

@@ -23,6 +23,9 @@
 //    (acquire_next) go into the same store transaction: a short job costs one call and one
 //    commit instead of three of each.
 //    A FAILED finish marked `permanent` (an invalid config, missing data) is not retried.
+//    A worker running several jobs side by side ends several attempts in one Finish (`more`) and
+//    takes up to one next job per free slot (acquire_max), all in one transaction; AcquireJob
+//    likewise leases up to max_jobs at once (the Scheduler's slots).
 //  - Lost leases (CheckLeases, also run by a background thread): the attempt ends LOST and the run
 //    is queued again with backoff (or FAILED after max_attempts, CANCELLED when its sweep was).
 //  - Workers: IDLE or BUSY while they call; GONE after Deregister or a lease timeout of silence
@@ -159,6 +162,23 @@ class CoordinatorCore {
   absl::Status EndAttemptAndRetry(int64_t run_id, int64_t sweep_id, int32_t attempt,
                                   const std::string& attempt_end, const std::string& reason,
                                   bool retry = true);
+  // One attempt a Finish ends (the request's own, or one of its `more`), checked and ready.
+  struct PreparedFinish {
+    const FinishRequest* request = nullptr;
+    int index = 0;                    // 0: the request itself; i: its more[i - 1]
+    bool applied_before = false;      // a resent Finish whose first try was applied
+    Lease lease;
+    std::optional<MetricBatch> batch;  // of final_report
+    std::string reason;
+  };
+  // The checks of a Finish of `worker_id` (state, lease secret, final report, lease, summary at
+  // the door); queues its checkpoint notice. The error is what the Finish answers.
+  absl::StatusOr<PreparedFinish> PrepareFinish(const FinishRequest& request, int64_t worker_id);
+  // A FAILED finish: its batch, then the retry decision.
+  absl::Status FinishFailed(PreparedFinish& p);
+  // The store write that ends a SUCCEEDED, DIVERGED, CANCELLED or INTERRUPTED attempt (moves
+  // the batch out of `p`).
+  static FinishWrite FinishWriteOf(PreparedFinish& p);
   RunStatus ToRunStatus(const RunInfo& run);
   // Records in the store that a worker was seen IDLE or BUSY: at once when its state changed,
   // else at most every kWorkerSeenInterval (a report or long poll per job need not each write

@@ -116,17 +116,26 @@ void Scheduler::PromoteDelayed() {
   }
 }
 
-std::optional<QueuedRun> Scheduler::Acquire(int64_t worker_id, const WorkerOffer& offer) {
+std::optional<QueuedRun> Scheduler::Acquire(int64_t worker_id, const WorkerOffer& offer,
+                                            int freeing) {
   PromoteDelayed();
+  const int free_slots = std::max(1, offer.slots) - SlotsInUse(worker_id) + freeing;
+  if (free_slots <= 0) return std::nullopt;
   for (auto ait = active_.begin(); ait != active_.end(); ++ait) {
     const auto [pass, sweep_id] = *ait;
     SweepQueue& sweep = sweeps_[sweep_id];
     const std::pair<int, int64_t>* best = nullptr;
+    int best_devices = 1;
     for (const auto& [needs, bucket] : sweep.buckets) {
       if (!Fits(needs, offer)) continue;
-      if (best == nullptr || *bucket.begin() < *best) best = &*bucket.begin();
+      if (best == nullptr || *bucket.begin() < *best) {
+        best = &*bucket.begin();
+        best_devices = std::max(1, needs.devices);
+      }
     }
     if (best == nullptr) continue;
+    // The run this worker owes its next slots to: nothing smaller jumps ahead of it.
+    if (best_devices > free_slots) return std::nullopt;
     const int64_t run_id = best->second;
     auto qit = queued_.find(run_id);
     QueuedRun run = qit->second;
@@ -145,12 +154,40 @@ std::optional<QueuedRun> Scheduler::Acquire(int64_t worker_id, const WorkerOffer
     lease.expiry = clock_->Now() + options_.lease_timeout;
     lease.stop = sweep.cancelled;
     lease.total_steps = run.total_steps;
-    expiries_.emplace(lease.expiry, run_id);
-    leases_[run_id] = lease;
-    leased_runs_[run_id] = run;
+    AddLease(lease, run);
     return run;
   }
   return std::nullopt;
+}
+
+std::vector<QueuedRun> Scheduler::AcquireUpTo(int64_t worker_id, const WorkerOffer& offer,
+                                              int max_runs, int freeing) {
+  std::vector<QueuedRun> runs;
+  while (static_cast<int>(runs.size()) < max_runs) {
+    std::optional<QueuedRun> run = Acquire(worker_id, offer, freeing);
+    if (!run.has_value()) break;
+    runs.push_back(*std::move(run));
+  }
+  return runs;
+}
+
+int Scheduler::SlotsInUse(int64_t worker_id) const {
+  auto it = slots_in_use_.find(worker_id);
+  return it == slots_in_use_.end() ? 0 : it->second;
+}
+
+void Scheduler::AddLease(const Lease& lease, const QueuedRun& run) {
+  Lease& added = leases_[lease.run_id] = lease;
+  added.slots = std::max(1, run.needs.devices);
+  slots_in_use_[lease.worker_id] += added.slots;
+  expiries_.emplace(lease.expiry, lease.run_id);
+  leased_runs_[lease.run_id] = run;
+}
+
+void Scheduler::DropLease(const Lease& lease) {
+  expiries_.erase({lease.expiry, lease.run_id});
+  auto it = slots_in_use_.find(lease.worker_id);
+  if (it != slots_in_use_.end() && (it->second -= lease.slots) <= 0) slots_in_use_.erase(it);
 }
 
 void Scheduler::SetLeaseAttempt(int64_t run_id, int32_t attempt) {
@@ -171,9 +208,7 @@ void Scheduler::RestoreLease(int64_t run_id, int64_t sweep_id, int64_t worker_id
   lease.expiry = clock_->Now() + options_.lease_timeout;
   lease.stop = IsCancelled(sweep_id);
   lease.total_steps = run.total_steps;
-  expiries_.emplace(lease.expiry, run_id);
-  leases_[run_id] = lease;
-  leased_runs_[run_id] = run;
+  AddLease(lease, run);
 }
 
 std::optional<Lease> Scheduler::GetLease(int64_t run_id) const {
@@ -205,9 +240,8 @@ std::optional<Lease> Scheduler::Release(int64_t run_id) {
   auto it = leases_.find(run_id);
   if (it == leases_.end()) return std::nullopt;
   Lease lease = it->second;
-  expiries_.erase({lease.expiry, run_id});
+  DropLease(lease);
   leases_.erase(it);
-  leased_runs_.erase(run_id);
   return lease;
 }
 
@@ -218,7 +252,7 @@ std::vector<Lease> Scheduler::ExpireLeases() {
     const int64_t run_id = expiries_.begin()->second;
     auto it = leases_.find(run_id);
     expired.push_back(it->second);
-    expiries_.erase(expiries_.begin());
+    DropLease(it->second);
     leases_.erase(it);
     // leased_runs_ keeps the run until the caller requeued it (LeasedRun) or it is released.
   }

@@ -16,6 +16,13 @@
 // sweep (B is 1 for specs with one `resources:`), n queued runs; Enqueue, Renew and Release are
 // O(log n); ExpireLeases is O(log n) per expired lease.
 //
+// Slots. A worker offers `slots` devices or core groups; a lease holds as many of them as its
+// run needs (RunNeeds::devices), and a worker takes runs while its free slots allow: several
+// single-device runs side by side, or one run of N devices on N slots at once (all or nothing).
+// No starving: when the run a worker would get next (the lowest-pass sweep's first run it could
+// ever fit) needs more slots than are free, the worker takes nothing else until enough of its
+// slots are free for that run, so a queued N-device run is not passed over forever by smaller ones.
+//
 // Leases. A dispatched run holds a lease (worker, attempt) that expires lease_timeout after the
 // last Renew. ExpireLeases returns the expired ones; the coordinator ends those attempts as LOST
 // and asks RetryAfterLoss / RetryAfterFailure whether and when to queue the run again:
@@ -115,6 +122,7 @@ struct Lease {
   absl::Time expiry;
   bool stop = false;  // the run was cancelled: the next report says DIRECTIVE_STOP
   int64_t total_steps = 0;  // the run's QueuedRun::total_steps
+  int slots = 1;            // of the worker's slots the run holds (its RunNeeds::devices)
 };
 
 // Whether and when a run is queued again after an attempt ended badly.
@@ -151,8 +159,15 @@ class Scheduler {
 
   // Picks the next run for a worker: the lowest-pass sweep holding a due run the worker fits,
   // its first such run in run order. The run leaves the queue and is leased to worker_id from
-  // now (attempt 0 until SetLeaseAttempt). nullopt when no queued run fits or is due.
-  std::optional<QueuedRun> Acquire(int64_t worker_id, const WorkerOffer& offer);
+  // now (attempt 0 until SetLeaseAttempt). nullopt when no queued run fits or is due, or when
+  // that run needs more slots than the worker has free (see "Slots"). `freeing` slots of the
+  // worker's leases count as free (a Finish picks the next runs before it releases its own).
+  std::optional<QueuedRun> Acquire(int64_t worker_id, const WorkerOffer& offer, int freeing = 0);
+  // Acquire up to `max_runs` times, while it returns runs.
+  std::vector<QueuedRun> AcquireUpTo(int64_t worker_id, const WorkerOffer& offer, int max_runs,
+                                     int freeing = 0);
+  // Slots of worker_id its leases hold.
+  int SlotsInUse(int64_t worker_id) const;
   // Records the attempt number of a lease once the store has started it.
   void SetLeaseAttempt(int64_t run_id, int32_t attempt);
 
@@ -203,6 +218,9 @@ class Scheduler {
   void PromoteDelayed();               // moves due delayed runs into their buckets
   void EraseFromBucket(const QueuedRun& run);
   void SetActive(int64_t sweep_id, SweepQueue& sweep);
+  void AddLease(const Lease& lease, const QueuedRun& run);
+  // Forgets a lease's expiry entry and slots (not leases_ itself).
+  void DropLease(const Lease& lease);
 
   // Constant after construction.
   const SchedulerOptions options_;
@@ -219,6 +237,7 @@ class Scheduler {
   std::unordered_map<int64_t, Lease> leases_;
   std::unordered_map<int64_t, QueuedRun> leased_runs_;
   std::set<std::pair<absl::Time, int64_t>> expiries_;  // (expiry, run_id) of leases_
+  std::unordered_map<int64_t, int> slots_in_use_;       // by worker, of leases_
 };
 
 }  // namespace ablate

@@ -882,8 +882,10 @@ absl::StatusOr<StoreCounts> StoreReader::Counts() const {
 absl::StatusOr<std::vector<WorkerInfo>> StoreReader::ListWorkers() const {
   std::vector<WorkerInfo> workers;
   if (absl::Status read = ForEachRow(
-          "SELECT id, name, resources_json, registered_at, last_seen, state FROM workers "
-          "ORDER BY id",
+          "SELECT w.id, w.name, w.resources_json, w.registered_at, w.last_seen, w.state, "
+          "COALESCE(SUM(MAX(r.devices, 1)), 0), COUNT(r.id) FROM workers w "
+          "LEFT JOIN runs r ON r.worker_id = w.id AND r.state = 'RUNNING' "
+          "GROUP BY w.id ORDER BY w.id",
           [](Stmt&) {},
           [&](const Stmt& s) {
             WorkerInfo& w = workers.emplace_back();
@@ -893,6 +895,8 @@ absl::StatusOr<std::vector<WorkerInfo>> StoreReader::ListWorkers() const {
             w.registered_at = s.ColumnDouble(3);
             w.last_seen = s.ColumnDouble(4);
             w.state = s.ColumnText(5);
+            w.slots_in_use = static_cast<int>(s.ColumnInt(6));
+            w.running = static_cast<int>(s.ColumnInt(7));
           });
       !read.ok()) {
     return read;

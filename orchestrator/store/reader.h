@@ -138,6 +138,8 @@ struct WorkerInfo {
   std::string resources_json;
   double registered_at = 0, last_seen = 0;
   std::string state;  // IDLE, BUSY, GONE
+  int slots_in_use = 0;  // the devices of its RUNNING runs, summed
+  int running = 0;       // its RUNNING runs
 };
 
 // One row of the event log.

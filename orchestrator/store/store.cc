@@ -576,6 +576,10 @@ Store::~Store() {
 
 absl::Status Store::Enqueue(Op op) {
   absl::MutexLock lock(&mu_);
+  return EnqueueLocked(std::move(op));
+}
+
+absl::Status Store::EnqueueLocked(Op op) {
   if (stop_) return absl::UnavailableError("store: closed");
   if (queued_rows_ + op.rows > options_.max_queued_rows && !queue_.empty()) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -596,23 +600,42 @@ absl::Status Store::Enqueue(Op op) {
 
 absl::Status Store::RunSync(std::function<absl::Status(StoreWriter&)> apply, int64_t rows,
                             bool keep_on_transient) {
+  Op op;
+  op.apply = std::move(apply);
+  op.rows = rows;
+  op.keep_on_transient = keep_on_transient;
+  std::vector<Op> ops;
+  ops.push_back(std::move(op));
+  return RunAllSync(std::move(ops))[0];
+}
+
+std::vector<absl::Status> Store::RunAllSync(std::vector<Op> ops) {
   struct Outcome {
     absl::Notification done;
     absl::Status status;
   };
-  auto outcome = std::make_shared<Outcome>();
-  Op op;
-  op.apply = std::move(apply);
-  op.done = [outcome](absl::Status s) {
-    outcome->status = std::move(s);
-    outcome->done.Notify();
-  };
-  op.rows = rows;
-  op.keep_on_transient = keep_on_transient;
-  op.urgent = true;
-  if (absl::Status s = Enqueue(std::move(op)); !s.ok()) return s;
-  outcome->done.WaitForNotification();
-  return outcome->status;
+  std::vector<std::shared_ptr<Outcome>> outcomes;
+  std::vector<absl::Status> statuses(ops.size());
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      auto outcome = std::make_shared<Outcome>();
+      Op& op = ops[i];
+      op.done = [outcome](absl::Status s) {
+        outcome->status = std::move(s);
+        outcome->done.Notify();
+      };
+      op.urgent = true;
+      statuses[i] = EnqueueLocked(std::move(op));
+      outcomes.push_back(statuses[i].ok() ? outcome : nullptr);
+    }
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (outcomes[i] == nullptr) continue;
+    outcomes[i]->done.WaitForNotification();
+    statuses[i] = outcomes[i]->status;
+  }
+  return statuses;
 }
 
 void Store::WriterLoop() {
@@ -926,48 +949,112 @@ absl::StatusOr<SweepCancellation> Store::CancelSweep(int64_t sweep_id) {
 }
 
 absl::StatusOr<TransitionResult> Store::TransitionRun(const RunTransition& transition) {
-  auto result = std::make_shared<TransitionResult>();
-  absl::Status s = RunSync(
-      [&transition, result](StoreWriter& w) {
-        *result = TransitionResult();
-        return ApplyTransition(w, transition, result.get());
-      },
-      4);
-  if (!s.ok()) return s;
-  return *result;
+  std::vector<absl::StatusOr<TransitionResult>> r = TransitionRuns({transition});
+  return std::move(r[0]);
+}
+
+std::vector<absl::StatusOr<TransitionResult>> Store::TransitionRuns(
+    const std::vector<RunTransition>& transitions) {
+  std::vector<Op> ops;
+  std::vector<std::shared_ptr<TransitionResult>> results;
+  for (const RunTransition& transition : transitions) {
+    auto result = std::make_shared<TransitionResult>();
+    Op op;
+    op.apply = [&transition, result](StoreWriter& w) {
+      *result = TransitionResult();
+      return ApplyTransition(w, transition, result.get());
+    };
+    op.rows = 4;
+    ops.push_back(std::move(op));
+    results.push_back(std::move(result));
+  }
+  std::vector<absl::Status> statuses = RunAllSync(std::move(ops));
+  std::vector<absl::StatusOr<TransitionResult>> out;
+  for (size_t i = 0; i < statuses.size(); ++i) {
+    if (statuses[i].ok()) {
+      out.emplace_back(*results[i]);
+    } else {
+      out.emplace_back(statuses[i]);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Applies `start` under its own savepoint when the pass has them: a start that cannot happen
+// (FailedPrecondition: cancelled meanwhile) is undone alone. Without savepoints its failure fails
+// the whole write, and CommitBatch applies the batch again with them.
+absl::Status ApplyStart(StoreWriter& w, const RunTransition& start, absl::Status* status,
+                        TransitionResult* result) {
+  if (!w.undo_points()) {
+    *status = ApplyTransition(w, start, result);
+    return *status;
+  }
+  STORE_RETURN_IF_ERROR(w.Run("SAVEPOINT start_next"));
+  *status = ApplyTransition(w, start, result);
+  if (!status->ok()) {
+    if (IsTransient(*status)) return *status;
+    STORE_RETURN_IF_ERROR(w.Run("ROLLBACK TO start_next"));
+  }
+  return w.Run("RELEASE start_next");
+}
+
+}  // namespace
+
+Store::Op Store::FinishOp(const FinishWrite& write, std::shared_ptr<FinishWriteResult> result) {
+  Op op;
+  op.apply = [&write, result](StoreWriter& w) -> absl::Status {
+    *result = FinishWriteResult();
+    if (write.batch.has_value()) {
+      STORE_RETURN_IF_ERROR(ApplyMetrics(w, *write.batch, &result->report));
+    }
+    STORE_RETURN_IF_ERROR(ApplyTransition(w, write.end, &result->end));
+    if (write.start.has_value()) {
+      STORE_RETURN_IF_ERROR(ApplyStart(w, *write.start, &result->start_status, &result->start));
+    }
+    result->more_start_status.resize(write.more_starts.size());
+    result->more_starts.resize(write.more_starts.size());
+    for (size_t i = 0; i < write.more_starts.size(); ++i) {
+      STORE_RETURN_IF_ERROR(ApplyStart(w, write.more_starts[i], &result->more_start_status[i],
+                                       &result->more_starts[i]));
+    }
+    return absl::OkStatus();
+  };
+  op.rows = (write.batch.has_value() ? write.batch->Rows() : 0) + 8 +
+            static_cast<int64_t>(write.more_starts.size());
+  return op;
 }
 
 absl::StatusOr<FinishWriteResult> Store::FinishAttempt(const FinishWrite& write) {
-  if (write.batch.has_value() && write.batch->seq < 1) {
-    return absl::InvalidArgumentError("store: metric batch seq must be >= 1");
+  std::vector<absl::StatusOr<FinishWriteResult>> r = FinishAttempts({write});
+  return std::move(r[0]);
+}
+
+std::vector<absl::StatusOr<FinishWriteResult>> Store::FinishAttempts(
+    const std::vector<FinishWrite>& writes) {
+  std::vector<absl::StatusOr<FinishWriteResult>> out(writes.size(), FinishWriteResult());
+  std::vector<Op> ops;
+  std::vector<size_t> index;  // of each op's write
+  std::vector<std::shared_ptr<FinishWriteResult>> results;
+  for (size_t i = 0; i < writes.size(); ++i) {
+    if (writes[i].batch.has_value() && writes[i].batch->seq < 1) {
+      out[i] = absl::InvalidArgumentError("store: metric batch seq must be >= 1");
+      continue;
+    }
+    results.push_back(std::make_shared<FinishWriteResult>());
+    ops.push_back(FinishOp(writes[i], results.back()));
+    index.push_back(i);
   }
-  auto result = std::make_shared<FinishWriteResult>();
-  absl::Status s = RunSync(
-      [&write, result](StoreWriter& w) -> absl::Status {
-        *result = FinishWriteResult();
-        if (write.batch.has_value()) {
-          STORE_RETURN_IF_ERROR(ApplyMetrics(w, *write.batch, &result->report));
-        }
-        STORE_RETURN_IF_ERROR(ApplyTransition(w, write.end, &result->end));
-        if (!write.start.has_value()) return absl::OkStatus();
-        if (!w.undo_points()) {
-          // No savepoints in this pass: a start that cannot happen fails the whole write, and
-          // CommitBatch applies the batch again with them.
-          result->start_status = ApplyTransition(w, *write.start, &result->start);
-          return result->start_status;
-        }
-        // The start under its own savepoint: when it cannot happen, only it is undone.
-        STORE_RETURN_IF_ERROR(w.Run("SAVEPOINT start_next"));
-        result->start_status = ApplyTransition(w, *write.start, &result->start);
-        if (!result->start_status.ok()) {
-          if (IsTransient(result->start_status)) return result->start_status;
-          STORE_RETURN_IF_ERROR(w.Run("ROLLBACK TO start_next"));
-        }
-        return w.Run("RELEASE start_next");
-      },
-      (write.batch.has_value() ? write.batch->Rows() : 0) + 8);
-  if (!s.ok()) return s;
-  return *result;
+  std::vector<absl::Status> statuses = RunAllSync(std::move(ops));
+  for (size_t k = 0; k < index.size(); ++k) {
+    if (statuses[k].ok()) {
+      out[index[k]] = *results[k];
+    } else {
+      out[index[k]] = statuses[k];
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<int64_t> Store::RegisterWorker(const std::string& name,

@@ -161,6 +161,7 @@ struct FinishWrite {
   std::optional<MetricBatch> batch;
   RunTransition end;
   std::optional<RunTransition> start;  // -> RUNNING of another run on the same worker
+  std::vector<RunTransition> more_starts;  // further runs started on it (a worker's free slots)
 };
 
 struct FinishWriteResult {
@@ -170,6 +171,9 @@ struct FinishWriteResult {
   // undone alone; the batch and the end commit.
   absl::Status start_status;
   TransitionResult start;
+  // Of more_starts, one each, likewise undone alone when they cannot happen.
+  std::vector<absl::Status> more_start_status;
+  std::vector<TransitionResult> more_starts;
 };
 
 struct StoreStats {
@@ -222,11 +226,19 @@ class Store {
   // FailedPrecondition "run 7 is SUCCEEDED, not RUNNING" when the CAS fails (nothing changes),
   // NotFound for an unknown run, InvalidArgument for an edge that is not allowed.
   absl::StatusOr<TransitionResult> TransitionRun(const RunTransition& transition);
+  // Several transitions queued together (one transaction), each succeeding or failing as
+  // TransitionRun would alone.
+  std::vector<absl::StatusOr<TransitionResult>> TransitionRuns(
+      const std::vector<RunTransition>& transitions);
 
   // A FinishWrite in one transaction: fewer commits per job than ReportMetrics plus two
   // TransitionRuns. Errors of the batch or the end fail the whole write, as ReportMetrics and
   // TransitionRun would (nothing is kept for a retry: the worker resends its Finish).
   absl::StatusOr<FinishWriteResult> FinishAttempt(const FinishWrite& write);
+  // Several FinishWrites (a worker ending several attempts in one call), queued together so
+  // that they commit in one transaction; each succeeds or fails as FinishAttempt would alone.
+  std::vector<absl::StatusOr<FinishWriteResult>> FinishAttempts(
+      const std::vector<FinishWrite>& writes);
 
   absl::StatusOr<int64_t> RegisterWorker(const std::string& name,
                                          const std::string& resources_json);
@@ -280,6 +292,12 @@ class Store {
 
   explicit Store(const StoreOptions& options);
   absl::Status Enqueue(Op op);
+  absl::Status EnqueueLocked(Op op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The op of a FinishWrite; `write` must outlive it (FinishAttempts waits for it).
+  static Op FinishOp(const FinishWrite& write, std::shared_ptr<FinishWriteResult> result);
+  // Enqueues urgent ops under one lock (so the writer takes them in one transaction) and waits
+  // for all their outcomes, in order. Refused ones (a closed or full queue) get that error.
+  std::vector<absl::Status> RunAllSync(std::vector<Op> ops);
   // Enqueues an urgent op and waits for its outcome.
   absl::Status RunSync(std::function<absl::Status(StoreWriter&)> apply, int64_t rows,
                        bool keep_on_transient = false);

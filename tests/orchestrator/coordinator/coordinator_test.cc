@@ -211,6 +211,7 @@ TEST_F(CoordinatorTest, LostLeaseRequeuesWithBackoffAndResumesFromCheckpoint) {
   const int64_t w2 = RegisterWorker("w2");
   Job other = Acquire(w2);
   EXPECT_NE(other.run_id(), job.run_id());
+  ASSERT_TRUE(CallFinish(w2, other, SUCCEEDED).ok());  // w2 has one slot
   clock_.Advance(absl::Seconds(5));
   Job again = Acquire(w2);
   EXPECT_EQ(again.run_id(), job.run_id());
@@ -476,7 +477,11 @@ TEST_F(CoordinatorTest, RestartKeepsReportingWorkersAndNeverCompletesTwice) {
   // The requeued run and the two never started are all dispatched, each once.
   clock_.Advance(absl::Seconds(10));
   std::set<int64_t> handed_out;
-  for (int i = 0; i < 3; ++i) handed_out.insert(Acquire(w1).run_id());
+  for (int i = 0; i < 3; ++i) {
+    const Job job = Acquire(w1);
+    handed_out.insert(job.run_id());
+    ASSERT_TRUE(CallFinish(w1, job, SUCCEEDED).ok());  // w1 has one slot
+  }
   EXPECT_EQ(handed_out.size(), 3u);
   EXPECT_TRUE(handed_out.count(dropped.run_id()));
   EXPECT_FALSE(TryAcquire(w1).has_job());
@@ -913,6 +918,84 @@ TEST_F(CoordinatorTest, ARunOfTwoDevicesGoesToAWorkerWithTwoSlots) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(),
               HasSubstr("8 windows cannot be split evenly over resources.devices = 3 ranks"));
+}
+
+// A worker with four slots fills them in one AcquireJob, and ends four attempts and takes the
+// next jobs in one Finish. One of them refused (a wrong secret) stays leased and is named.
+TEST_F(CoordinatorTest, AWorkerWithFourSlotsTakesAndEndsSeveralJobsPerCall) {
+  Submit(QuickSpec("first"), "first.yaml", false);
+  Submit(QuickSpec("second"), "second.yaml", false);  // 8 runs in all
+  const int64_t worker = RegisterWorker("four", 4);
+  AcquireJobRequest acquire;
+  acquire.set_worker_id(worker);
+  acquire.set_max_jobs(8);
+  AcquireJobResponse got;
+  {
+    auto ctx = Context();
+    ASSERT_TRUE(worker_->AcquireJob(ctx.get(), acquire, &got).ok());
+  }
+  ASSERT_TRUE(got.has_job());
+  ASSERT_EQ(got.more_jobs_size(), 3);  // one per slot
+  std::vector<Job> jobs = {got.job()};
+  for (const Job& j : got.more_jobs()) jobs.push_back(j);
+  EXPECT_EQ(CountRows("runs WHERE state = 'RUNNING'"), 4);
+  EXPECT_EQ(CountRows("attempts WHERE worker_id = " + std::to_string(worker)), 4);
+  EXPECT_FALSE(TryAcquire(worker).has_job());  // every slot is taken
+  {
+    ListSweepsResponse listed;
+    auto ctx = Context();
+    ASSERT_TRUE(client_->ListSweeps(ctx.get(), ListSweepsRequest(), &listed).ok());
+    ASSERT_EQ(listed.workers_size(), 1);
+    EXPECT_EQ(listed.workers(0).name(), "four");
+    EXPECT_EQ(listed.workers(0).slots(), 4);
+    EXPECT_EQ(listed.workers(0).slots_in_use(), 4);
+    EXPECT_EQ(listed.workers(0).running(), 4);
+  }
+
+  FinishRequest finish = MakeFinish(worker, jobs[0], SUCCEEDED);
+  *finish.mutable_final_report() = MakeReport(0, Job(), 1, {1, 2});
+  for (int i = 1; i < 4; ++i) {
+    FinishRequest* more = finish.add_more();
+    *more = MakeFinish(i == 1 ? 0 : worker, jobs[i], SUCCEEDED);
+    *more->mutable_final_report() = MakeReport(0, Job(), 1, {1, 2, 3});
+  }
+  finish.mutable_more(1)->set_lease_secret("wrong");  // jobs[2]
+  finish.set_acquire_next(true);
+  finish.set_acquire_max(4);
+  FinishResponse response;
+  ASSERT_TRUE(CallFinish(finish, &response).ok());
+  ASSERT_EQ(response.more_errors_size(), 3);
+  EXPECT_EQ(response.more_errors(0), "");
+  EXPECT_THAT(response.more_errors(1), HasSubstr("PERMISSION_DENIED: finish: wrong lease secret"));
+  EXPECT_EQ(response.more_errors(2), "");
+  for (int i : {0, 1, 3}) EXPECT_EQ(StateOf(jobs[i].run_id()), SUCCEEDED) << i;
+  EXPECT_EQ(StateOf(jobs[2].run_id()), RUNNING);
+  EXPECT_EQ(CountRows("step_metrics WHERE run_id = " + std::to_string(jobs[3].run_id())), 3);
+  // Three slots came free: three next jobs, started in the same call.
+  ASSERT_TRUE(response.has_next_job());
+  ASSERT_EQ(response.more_next_jobs_size(), 2);
+  EXPECT_EQ(CountRows("runs WHERE state = 'RUNNING'"), 4);
+
+  // The rest, the refused one included, end in one more call; the sweep drains.
+  std::vector<Job> running = {jobs[2], response.next_job()};
+  for (const Job& j : response.more_next_jobs()) running.push_back(j);
+  FinishRequest rest = MakeFinish(worker, running[0], SUCCEEDED);
+  for (size_t i = 1; i < running.size(); ++i) *rest.add_more() = MakeFinish(0, running[i], SUCCEEDED);
+  rest.set_acquire_next(true);
+  rest.set_acquire_max(4);
+  FinishResponse last;
+  ASSERT_TRUE(CallFinish(rest, &last).ok());
+  for (const std::string& e : last.more_errors()) EXPECT_EQ(e, "");
+  ASSERT_TRUE(last.has_next_job());  // the eighth run
+  EXPECT_EQ(last.more_next_jobs_size(), 0);
+  ASSERT_TRUE(CallFinish(worker, last.next_job(), SUCCEEDED).ok());
+  EXPECT_EQ(CountRows("runs WHERE state = 'SUCCEEDED' AND attempts = 1"), 8);
+  EXPECT_EQ(Scalar("SELECT state FROM sweeps WHERE name = 'second'"), "DONE");
+
+  // A Finish whose own attempt is refused applies none of its more.
+  FinishRequest stale = MakeFinish(worker, jobs[0], FAILED);
+  stale.set_lease_secret("wrong");
+  EXPECT_EQ(CallFinish(stale, &response).error_code(), grpc::StatusCode::PERMISSION_DENIED);
 }
 
 TEST_F(CoordinatorTest, SubmitOfAVariantWithAnEmptyBudgetIsAnOrdinarySweep) {

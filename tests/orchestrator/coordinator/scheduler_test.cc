@@ -30,13 +30,17 @@ QueuedRun MakeRun(int64_t id, int64_t sweep, int index, const std::string& devic
   return r;
 }
 
-WorkerOffer Cpu(double memory_gb = 16) {
+WorkerOffer Cpu(double memory_gb = 16, int slots = 1) {
   WorkerOffer o;
   o.device = "cpu";
   o.memory_gb = memory_gb;
   o.cores = 8;
+  o.slots = slots;
   return o;
 }
+
+// A worker with more slots than any test leases: ordering tests need no releases.
+WorkerOffer Roomy() { return Cpu(16, 1 << 20); }
 
 class SchedulerTest : public ::testing::Test {
  protected:
@@ -56,11 +60,11 @@ TEST_F(SchedulerTest, RunOrderInsideASweep) {
   s.AddSweep(1, 1);
   for (int i : {3, 0, 2, 1}) ASSERT_TRUE(s.Enqueue(MakeRun(100 + i, 1, i)));
   for (int i = 0; i < 4; ++i) {
-    auto r = s.Acquire(7, Cpu());
+    auto r = s.Acquire(7, Roomy());
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->run_index, i);
   }
-  EXPECT_FALSE(s.Acquire(7, Cpu()).has_value());
+  EXPECT_FALSE(s.Acquire(7, Roomy()).has_value());
   EXPECT_EQ(s.leased(), 4u);
 }
 
@@ -76,7 +80,7 @@ TEST_F(SchedulerTest, FairShareFollowsPriority) {
   }
   std::map<int64_t, int> served;
   for (int i = 0; i < 600; ++i) {
-    auto r = s.Acquire(1, Cpu());
+    auto r = s.Acquire(1, Roomy());
     ASSERT_TRUE(r.has_value());
     ++served[r->sweep_id];
   }
@@ -91,11 +95,11 @@ TEST_F(SchedulerTest, IdleSweepBanksNoCredit) {
   s.AddSweep(1, 1);
   s.AddSweep(2, 1);
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(s.Enqueue(MakeRun(1000 + i, 1, i)));
-  for (int i = 0; i < 50; ++i) ASSERT_EQ(s.Acquire(1, Cpu())->sweep_id, 1);
+  for (int i = 0; i < 50; ++i) ASSERT_EQ(s.Acquire(1, Roomy())->sweep_id, 1);
   // Sweep 2 arrives late: it shares from now on instead of taking 50 dispatches in a row.
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(s.Enqueue(MakeRun(2000 + i, 2, i)));
   std::map<int64_t, int> served;
-  for (int i = 0; i < 20; ++i) ++served[s.Acquire(1, Cpu())->sweep_id];
+  for (int i = 0; i < 20; ++i) ++served[s.Acquire(1, Roomy())->sweep_id];
   EXPECT_NEAR(served[1], 10, 1);
   EXPECT_NEAR(served[2], 10, 1);
 }
@@ -204,17 +208,17 @@ TEST_F(SchedulerTest, CancelDropsQueuedAndStopsRunning) {
   s.AddSweep(2, 1);
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(s.Enqueue(MakeRun(10 + i, 1, i)));
   ASSERT_TRUE(s.Enqueue(MakeRun(20, 2, 0)));
-  auto running = s.Acquire(1, Cpu());
+  auto running = s.Acquire(1, Roomy());
   ASSERT_TRUE(running.has_value());
   ASSERT_EQ(running->sweep_id, 1);
   std::vector<int64_t> dropped = s.CancelSweep(1);
   EXPECT_EQ(dropped.size(), 3u);
   EXPECT_TRUE(s.GetLease(running->run_id)->stop);
   EXPECT_FALSE(s.Enqueue(MakeRun(99, 1, 9)));  // nothing of a cancelled sweep is queued
-  auto next = s.Acquire(1, Cpu());
+  auto next = s.Acquire(1, Roomy());
   ASSERT_TRUE(next.has_value());
   EXPECT_EQ(next->run_id, 20);
-  EXPECT_FALSE(s.Acquire(1, Cpu()).has_value());
+  EXPECT_FALSE(s.Acquire(1, Roomy()).has_value());
   s.UncancelSweep(1);
   EXPECT_TRUE(s.Enqueue(MakeRun(dropped[0], 1, 1)));
 }
@@ -256,13 +260,13 @@ TEST_F(SchedulerTest, TenThousandQueuedRunsAllDispatchAndExpire) {
   for (int i = 0; i < kRuns; ++i) {
     ASSERT_TRUE(s.Enqueue(MakeRun(i + 1, 1 + i % kSweeps, i, devices[i % 3], memory[i % 3])));
   }
-  WorkerOffer gpu{"cuda:0", 80, 16};
+  WorkerOffer gpu{"cuda:0", 80, 16, 1 << 20};
   const auto start = std::chrono::steady_clock::now();
   int dispatched = 0;
   for (int round = 0; dispatched < kRuns; ++round) {
-    auto r = s.Acquire(1 + round % 2, round % 2 ? gpu : Cpu(64));
+    auto r = s.Acquire(1 + round % 2, round % 2 ? gpu : Cpu(64, 1 << 20));
     if (!r.has_value()) {
-      r = s.Acquire(3, round % 2 ? Cpu(64) : gpu);
+      r = s.Acquire(3, round % 2 ? Cpu(64, 1 << 20) : gpu);
       ASSERT_TRUE(r.has_value()) << dispatched;
     }
     ++dispatched;
@@ -276,6 +280,59 @@ TEST_F(SchedulerTest, TenThousandQueuedRunsAllDispatchAndExpire) {
   clock_.Advance(absl::Minutes(5));
   EXPECT_EQ(s.ExpireLeases().size(), static_cast<size_t>(kRuns));
   EXPECT_EQ(s.leased(), 0u);
+}
+
+QueuedRun Wide(int64_t id, int64_t sweep, int index, int devices) {
+  QueuedRun r = MakeRun(id, sweep, index);
+  r.needs.devices = devices;
+  return r;
+}
+
+TEST_F(SchedulerTest, AWorkerHoldsOneSingleDeviceRunPerSlot) {
+  Scheduler s(Options(), &clock_);
+  s.AddSweep(1, 1);
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(s.Enqueue(MakeRun(10 + i, 1, i)));
+  std::vector<QueuedRun> runs = s.AcquireUpTo(7, Cpu(16, 4), 8);
+  ASSERT_EQ(runs.size(), 4u);
+  EXPECT_EQ(s.SlotsInUse(7), 4);
+  EXPECT_FALSE(s.Acquire(7, Cpu(16, 4)).has_value());
+  EXPECT_TRUE(s.Acquire(8, Cpu(16, 1)).has_value());  // another worker's slots are its own
+  ASSERT_TRUE(s.Release(runs[1].run_id).has_value());
+  EXPECT_EQ(s.SlotsInUse(7), 3);
+  ASSERT_TRUE(s.Acquire(7, Cpu(16, 4)).has_value());
+  EXPECT_EQ(s.SlotsInUse(7), 4);
+  // An expired lease frees its slot too.
+  clock_.Advance(absl::Minutes(5));
+  EXPECT_EQ(s.ExpireLeases().size(), 5u);
+  EXPECT_EQ(s.SlotsInUse(7), 0);
+}
+
+TEST_F(SchedulerTest, AWideRunIsNotPassedOverByNarrowOnes) {
+  Scheduler s(Options(), &clock_);
+  s.AddSweep(1, 1);
+  ASSERT_TRUE(s.Enqueue(MakeRun(10, 1, 0)));
+  ASSERT_TRUE(s.Enqueue(Wide(11, 1, 1, 2)));
+  for (int i = 2; i < 6; ++i) ASSERT_TRUE(s.Enqueue(MakeRun(10 + i, 1, i)));
+  const WorkerOffer two = Cpu(16, 2);
+  std::optional<QueuedRun> narrow = s.Acquire(7, two);
+  ASSERT_TRUE(narrow.has_value());
+  EXPECT_EQ(narrow->run_id, 10);
+  // The wide run is next and needs both slots: the free one waits for it.
+  EXPECT_FALSE(s.Acquire(7, two).has_value());
+  // A one-slot worker can never take the wide run: it gets the narrow ones behind it.
+  std::optional<QueuedRun> other = s.Acquire(8, Cpu(16, 1));
+  ASSERT_TRUE(other.has_value());
+  EXPECT_EQ(other->run_id, 12);
+  // A Finish picks the next run counting the slot it frees.
+  std::optional<QueuedRun> wide = s.Acquire(7, two, /*freeing=*/1);
+  ASSERT_TRUE(wide.has_value());
+  EXPECT_EQ(wide->run_id, 11);
+  ASSERT_TRUE(s.Release(10).has_value());
+  EXPECT_EQ(s.SlotsInUse(7), 2);
+  EXPECT_EQ(s.GetLease(11)->slots, 2);
+  EXPECT_FALSE(s.Acquire(7, two).has_value());
+  ASSERT_TRUE(s.Release(11).has_value());
+  EXPECT_EQ(s.AcquireUpTo(7, two, 4).size(), 2u);
 }
 
 }  // namespace
