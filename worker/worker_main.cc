@@ -11,6 +11,7 @@
 #include "config/state_dir.h"
 #include "config/token_flag.h"
 #include "worker/agent/agent.h"
+#include "worker/agent/job_process.h"
 #include "worker/standalone.h"
 
 namespace {
@@ -73,8 +74,18 @@ int RunWorker(int argc, char** argv) {
   cmd->add_option("--rendezvous", train.rendezvous)->group("");
   int code = 0;
   cmd->callback([&] { code = ablate::RunStandalone(train); });
+  // A job of an agent with several slots, in a process of its own (worker/agent/job_process.h):
+  // started by the agent, not by hand.
+  ablate::JobProcessOptions job;
+  CLI::App* job_cmd = app.add_subcommand("job-process")->group("");
+  job_cmd->add_option("--config", job.config_path)->required();
+  job_cmd->add_option("--checkpoint-dir", job.checkpoint_dir)->required();
+  job_cmd->add_option("--world-size", job.world_size);
+  job_cmd->add_option("--rendezvous", job.rendezvous);
+  job_cmd->add_option("--collective-timeout", job.collective_timeout_s);
+  job_cmd->callback([&] { code = ablate::RunJobProcess(job); });
   CLI11_PARSE(app, argc, argv);
-  if (cmd->parsed()) return code;
+  if (cmd->parsed() || job_cmd->parsed()) return code;
 
   agent.collective_timeout = absl::Seconds(agent_collective_timeout_s);
   if (agent.coordinator.empty()) {

@@ -20,8 +20,10 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
@@ -30,6 +32,7 @@
 #include "proto/ablate.grpc.pb.h"
 #include "proto/grpc_status.h"
 #include "worker/agent/calls.h"
+#include "worker/agent/job_process.h"
 #include "worker/agent/reporter.h"
 #include "config/durable_file.h"
 #include "config/proto_yaml.h"
@@ -114,7 +117,9 @@ class Agent::Impl {
                                      FromGrpcStatus(status).ToString(),
                                      auth ? " (check --token-file or ABLATE_TOKEN: the coordinator's STATE_DIR/worker-token)" : ""));
   }
-  grpc::Status CallAcquire(absl::Duration wait, AcquireJobResponse* response);
+  // A long poll for up to max_jobs jobs; cancelled (CANCELLED) by an interrupt, or when slots
+  // came free meanwhile (the next poll asks for them too).
+  grpc::Status CallAcquire(absl::Duration wait, int max_jobs, AcquireJobResponse* response);
   std::string CheckpointDir(const Job& job) const;
 
   // Ranks 1..N-1 of a data-parallel job (Job.world_size N > 1; rank 0 trains in this process):
@@ -124,8 +129,10 @@ class Agent::Impl {
    public:
     OtherRanks(Impl* agent, std::string run) : agent_(agent), run_(std::move(run)) {}
     ~OtherRanks() { StopWatching(); }
-    // Starts the rendezvous and ranks 1..N-1 on `dir` with `config` (the job's, devices set).
-    absl::Status Start(const Job& job, const RunConfig& config, const std::string& dir);
+    // Starts the rendezvous and ranks 1..N-1 on `dir` with the config in `config_path` (the
+    // job's, device and threads set), rank r on slot slots[r].
+    absl::Status Start(const Job& job, const std::string& config_path, const std::string& dir,
+                       const std::vector<int>& slots);
     const std::string& rendezvous() const { return address_; }
     // After rank 0 trained (or failed): waits for the others (stopping them when rank 0 failed)
     // and names a rank that failed in a failed *summary.
@@ -144,17 +151,54 @@ class Agent::Impl {
     std::atomic<bool> done_{false};
     std::optional<RankProcesses::Ending> failure_;  // the watcher's, read after it is joined
   };
-  // Trains one job and finishes it, asking in the Finish for the next job (into *next) unless
-  // the agent is to stop after it. Non-OK: the agent must stop (refused, aborted).
-  absl::Status RunJob(const Job& job, AgentResult* result, std::optional<Job>* next);
+  // Trains one job and finishes it, asking in the Finish for the next job (into *next, claimed)
+  // unless the agent is to stop after it. Non-OK: the agent must stop (refused, aborted).
+  absl::Status RunJob(const Job& job, std::optional<Job>* next);
+  // A job thread: runs `job` and each job its Finish hands over, then ends.
+  void JobThread(Job job);
   absl::Status SendFinish(const FinishRequest& request, const std::string& run,
                           std::optional<Job>* next = nullptr);
+  // Gives a job back untouched (INTERRUPTED: queued again at once), saying why.
+  absl::Status GiveBack(const Job& job, const std::string& why);
 
-  // The device of rank `rank` of a job: the rank-th listed, else the first; "" when none.
-  std::string DeviceOf(int rank) const {
-    if (devices_.empty()) return "";
-    return devices_[static_cast<size_t>(rank) < devices_.size() ? rank : 0];
+  // The device a job (or rank) on slot `slot` trains on: the slot-th of `--device` (the first
+  // when fewer are listed), else the job's own `device`; a plain "cuda" on a worker of several
+  // slots is cuda:<slot>.
+  std::string DeviceOf(int slot, const std::string& device) const {
+    std::string d = device;
+    if (!devices_.empty()) d = devices_[static_cast<size_t>(slot) < devices_.size() ? slot : 0];
+    if (d == "cuda" && slots() > 1) d = absl::StrCat("cuda:", slot);
+    return d;
   }
+  int slots() const { return resources_.slots(); }
+  // Slots a job holds: its ranks (a job wider than the worker fails at once: 1).
+  int SlotsOf(const Job& job) const {
+    const int world = std::max(1, job.world_size());
+    return world > slots() ? 1 : world;
+  }
+  // Marks a job this agent was leased: its slots are the coordinator's until it finishes.
+  void Claim(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    claimed_ += SlotsOf(job);
+    ++result_.jobs;
+  }
+  // The job's slots go back, just before its Finish (the coordinator may lease them at once).
+  void Unclaim(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    claimed_ -= SlotsOf(job);
+    ++changes_;
+  }
+  // Waits until `n` slots are free and takes them (their indices), or nullopt after `timeout`
+  // or an interrupt.
+  std::optional<std::vector<int>> TakeSlots(int n, absl::Duration timeout);
+  void FreeSlots(const std::vector<int>& taken);
+  // interrupt_, or a signal the loop has not passed on yet.
+  bool Interrupted() const { return interrupt_.load() || IsSet(options_.interrupt); }
+  // Whether the agent may take another job (max_jobs counts every job taken or asked for).
+  bool MayTakeMore() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !Interrupted() &&
+           (options_.max_jobs == 0 || result_.jobs + asking_ < options_.max_jobs);
+  }
+  // Waits for every job thread to end.
+  void JoinJobs();
 
   // Constant after construction.
   AgentOptions options_;
@@ -166,14 +210,36 @@ class Agent::Impl {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<WorkerService::Stub> stub_;
 
-  // Run()'s thread only.
-  int64_t worker_id_ = 0;
+  // Set by Register (Run()'s thread) before any job thread starts; read by job threads.
+  std::atomic<int64_t> worker_id_{0};
   absl::Duration lease_timeout_ = absl::ZeroDuration();
+  // options_.interrupt, or a job thread's fatal error: every job checkpoints and finishes
+  // INTERRUPTED, and the agent returns. What trainers and job processes watch.
+  std::atomic<bool> interrupt_{false};
+
+  // Slots and job threads.
+  absl::Mutex mu_;
+  int claimed_ ABSL_GUARDED_BY(mu_) = 0;        // slots of the jobs held (the coordinator's view)
+  std::vector<bool> slot_busy_ ABSL_GUARDED_BY(mu_);  // by slot: a job trains on it
+  int asking_ ABSL_GUARDED_BY(mu_) = 0;         // Finishes out asking for a next job
+  int64_t changes_ ABSL_GUARDED_BY(mu_) = 0;    // bumped whenever slots come free
+  int threads_running_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time idle_since_ ABSL_GUARDED_BY(mu_) = absl::Now();
+  absl::Status fatal_ ABSL_GUARDED_BY(mu_);     // the first job thread's error
+  AgentResult result_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_;            // Run()'s thread only
 };
 
-grpc::Status Agent::Impl::CallAcquire(absl::Duration wait, AcquireJobResponse* response) {
+grpc::Status Agent::Impl::CallAcquire(absl::Duration wait, int max_jobs,
+                                      AcquireJobResponse* response) {
+  int64_t changes = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    changes = changes_;
+  }
   AcquireJobRequest request;
   request.set_worker_id(worker_id_);
+  request.set_max_jobs(max_jobs);
   request.set_wait_s(static_cast<int32_t>(
       std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(wait, absl::Seconds(1))))));
   grpc::ClientContext context;
@@ -190,7 +256,13 @@ grpc::Status Agent::Impl::CallAcquire(absl::Duration wait, AcquireJobResponse* r
   absl::MutexLock lock(&mu);
   bool cancelled = false;
   while (!mu.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(50))) {
-    if (!cancelled && IsSet(options_.interrupt)) {
+    if (cancelled) continue;
+    bool freed = false;  // slots came free: ask again, for all of them
+    if (slots() > 1) {
+      absl::MutexLock slots_lock(&mu_);
+      freed = changes_ != changes;
+    }
+    if (freed || IsSet(options_.interrupt) || Interrupted()) {
       context.TryCancel();
       cancelled = true;
     }
@@ -219,7 +291,7 @@ void Agent::Impl::Leave() {
   Prepare(&context, std::min(options_.call_deadline, absl::Seconds(2)));
   const grpc::Status status = stub_->Deregister(&context, request, &response);
   if (status.ok()) {
-    log_(absl::StrCat("left the coordinator (worker ", worker_id_, " is GONE)"));
+    log_(absl::StrCat("left the coordinator (worker ", worker_id_.load(), " is GONE)"));
   } else {
     log_(absl::StrCat("could not tell the coordinator this worker leaves: ",
                       FromGrpcStatus(status).ToString()));
@@ -232,19 +304,65 @@ absl::StatusOr<AgentResult> Agent::Impl::Loop() {
   }
   if (options_.max_batch_points < 1) return absl::InvalidArgumentError("max_batch_points must be >= 1");
   if (!credentials_.ok()) return credentials_;
-  AgentResult result;
+  {
+    absl::MutexLock lock(&mu_);
+    slot_busy_.assign(slots(), false);
+    idle_since_ = absl::Now();
+  }
+  // Every return joins the job threads first (they end soon once interrupt_ is set).
+  const auto finish = [this](absl::StatusOr<AgentResult> r) -> absl::StatusOr<AgentResult> {
+    interrupt_.store(true);  // jobs still training checkpoint and finish INTERRUPTED
+    JoinJobs();
+    absl::MutexLock lock(&mu_);
+    if (!fatal_.ok()) return fatal_;
+    if (!r.ok()) return r;
+    return result_;
+  };
   Backoff backoff(options_.backoff_min, options_.backoff_max);
   bool registered = false;
-  absl::Time idle_since = absl::Now();
   while (true) {
-    if (IsSet(options_.interrupt)) {
-      log_("interrupted: exiting");
-      return result;
+    if (IsSet(options_.interrupt)) interrupt_.store(true);
+    int want = 0;  // jobs to ask for now
+    absl::Duration idle = absl::ZeroDuration();
+    {
+      absl::MutexLock lock(&mu_);
+      if (!fatal_.ok()) interrupt_.store(true);
+      if (Interrupted()) {
+        if (fatal_.ok()) log_("interrupted: exiting");
+        break;
+      }
+      if (options_.max_jobs > 0 && result_.jobs >= options_.max_jobs && asking_ == 0) {
+        if (threads_running_ > 0) {
+          mu_.AwaitWithTimeout(absl::Condition(
+                                   +[](int* running) { return *running == 0; }, &threads_running_),
+                               absl::Milliseconds(50));
+          continue;
+        }
+        log_(absl::StrCat("done: ", result_.jobs, " job", result_.jobs == 1 ? "" : "s"));
+        break;
+      }
+      if (threads_running_ == 0) idle = absl::Now() - idle_since_;
+      // A Finish asking for a next job keeps a slot for it.
+      want = MayTakeMore() ? slots() - claimed_ - asking_ : 0;
+      if (options_.max_jobs > 0) {
+        want = std::min<int64_t>(want, options_.max_jobs - result_.jobs - asking_);
+      }
+      if (registered && want <= 0) {
+        // Every slot is held: wait for one to come free.
+        const int64_t seen = changes_;
+        struct Seen {
+          int64_t* changes;
+          int64_t seen;
+        } arg{&changes_, seen};
+        mu_.AwaitWithTimeout(
+            absl::Condition(+[](Seen* a) { return *a->changes != a->seen; }, &arg),
+            absl::Milliseconds(50));
+        continue;
+      }
     }
-    const absl::Duration idle = absl::Now() - idle_since;
     if (options_.idle_exit > absl::ZeroDuration() && idle >= options_.idle_exit) {
       log_(absl::StrCat("no job for ", absl::FormatDuration(options_.idle_exit), ": exiting"));
-      return result;
+      break;
     }
     grpc::Status status;
     const char* call = registered ? "AcquireJob" : "Register";
@@ -260,11 +378,16 @@ absl::StatusOr<AgentResult> Agent::Impl::Loop() {
         connection_.Reachable();
         backoff.Reset();
         registered = true;
-        ++result.registrations;
+        {
+          absl::MutexLock lock(&mu_);
+          ++result_.registrations;
+        }
         worker_id_ = response.worker_id();
         lease_timeout_ = absl::Seconds(response.lease_timeout_s());
-        log_(absl::StrFormat("registered with %s as worker %d (%s: %s, %d cores, %.1f GB%s)",
-                             options_.coordinator, worker_id_, options_.name, resources_.device(),
+        log_(absl::StrFormat("registered with %s as worker %d (%s: %s%s, %d cores, %.1f GB%s)",
+                             options_.coordinator, worker_id_.load(), options_.name,
+                             resources_.device(),
+                             slots() > 1 ? absl::StrCat(" x ", slots(), " slots") : "",
                              resources_.cores(), resources_.memory_gb(),
                              resources_.slurm_job().empty()
                                  ? ""
@@ -275,76 +398,128 @@ absl::StatusOr<AgentResult> Agent::Impl::Loop() {
       absl::Duration wait = options_.acquire_wait;
       if (options_.idle_exit > absl::ZeroDuration()) wait = std::min(wait, options_.idle_exit - idle);
       AcquireJobResponse response;
-      status = CallAcquire(wait, &response);
+      status = CallAcquire(wait, want, &response);
       if (status.ok()) {
         connection_.Reachable();
         backoff.Reset();
         if (!response.has_job()) continue;
-        // Each Finish may hand over the next job: no AcquireJob between back-to-back jobs.
-        std::optional<Job> job = response.job();
-        while (job.has_value()) {
-          ++result.jobs;
-          std::optional<Job> next;
-          absl::Status job_status = RunJob(*job, &result, &next);
-          idle_since = absl::Now();
-          if (!job_status.ok()) return job_status;
-          if (options_.max_jobs > 0 && result.jobs >= options_.max_jobs) {
-            log_(absl::StrCat("done: ", result.jobs, " job", result.jobs == 1 ? "" : "s"));
-            return result;
+        std::vector<Job> jobs = {response.job()};
+        for (const Job& more : response.more_jobs()) jobs.push_back(more);
+        for (Job& job : jobs) {
+          {
+            absl::MutexLock lock(&mu_);
+            Claim(job);
+            ++threads_running_;
           }
-          job = std::move(next);
-          if (job.has_value() && IsSet(options_.interrupt)) {
-            // Handed over as the interrupt came: given back untouched, queued again at once.
-            FinishRequest back;
-            back.set_worker_id(worker_id_);
-            back.set_run_id(job->run_id());
-            back.set_attempt(job->attempt());
-            back.set_lease_secret(job->lease_secret());
-            back.mutable_summary()->set_state(INTERRUPTED);
-            back.mutable_summary()->set_reason("the worker stopped before starting it");
-            if (absl::Status s = SendFinish(
-                    back, absl::StrCat("run ", job->run_id(), " attempt ", job->attempt()));
-                !s.ok()) {
-              return s;
-            }
-            job.reset();
-          }
+          // Each Finish may hand over the next job: no AcquireJob between back-to-back jobs.
+          threads_.emplace_back([this, job = std::move(job)] { JobThread(job); });
         }
         continue;
       }
-      if (status.error_code() == grpc::StatusCode::CANCELLED && IsSet(options_.interrupt)) continue;
+      if (status.error_code() == grpc::StatusCode::CANCELLED) continue;  // interrupt, freed slots
       if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
-        log_(absl::StrCat("the coordinator does not know worker ", worker_id_, ": registering again"));
+        log_(absl::StrCat("the coordinator does not know worker ", worker_id_.load(),
+                          ": registering again"));
         registered = false;
         continue;
       }
     }
-    if (!Transient(status.error_code())) return Refused(call, status);
+    if (!Transient(status.error_code())) return finish(Refused(call, status));
     connection_.Unreachable(call, status);
     registered = false;  // a restarted coordinator may not know us
     SleepUnless(backoff.Next(), options_.interrupt);
   }
+  return finish(AgentResult());
 }
 
-absl::Status Agent::Impl::OtherRanks::Start(const Job& job, const RunConfig& config,
-                                            const std::string& dir) {
+void Agent::Impl::JoinJobs() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (threads_running_ == 0) break;
+    }
+    if (IsSet(options_.interrupt)) interrupt_.store(true);  // a signal while we wait
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+}
+
+void Agent::Impl::JobThread(Job first) {
+  std::optional<Job> job = std::move(first);
+  while (job.has_value()) {
+    std::optional<Job> next;
+    absl::Status status = RunJob(*job, &next);
+    if (!status.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (fatal_.ok()) fatal_ = status;
+      interrupt_.store(true);
+      break;
+    }
+    job = std::move(next);
+    if (job.has_value() && Interrupted()) {
+      // Handed over as the interrupt came: given back untouched, queued again at once.
+      if (absl::Status s = GiveBack(*job, "the worker stopped before starting it"); !s.ok()) {
+        absl::MutexLock lock(&mu_);
+        if (fatal_.ok()) fatal_ = s;
+      }
+      absl::MutexLock lock(&mu_);
+      Unclaim(*job);
+      job.reset();
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  --threads_running_;
+  ++changes_;
+  idle_since_ = absl::Now();
+}
+
+absl::Status Agent::Impl::GiveBack(const Job& job, const std::string& why) {
+  FinishRequest back;
+  back.set_worker_id(worker_id_);
+  back.set_run_id(job.run_id());
+  back.set_attempt(job.attempt());
+  back.set_lease_secret(job.lease_secret());
+  back.mutable_summary()->set_state(INTERRUPTED);
+  back.mutable_summary()->set_reason(why);
+  return SendFinish(back, absl::StrCat("run ", job.run_id(), " attempt ", job.attempt()));
+}
+
+std::optional<std::vector<int>> Agent::Impl::TakeSlots(int n, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      std::vector<int> free;
+      for (int i = 0; i < static_cast<int>(slot_busy_.size()); ++i) {
+        if (!slot_busy_[i]) free.push_back(i);
+      }
+      if (static_cast<int>(free.size()) >= n) {
+        free.resize(n);
+        for (int i : free) slot_busy_[i] = true;
+        return free;
+      }
+    }
+    if (Interrupted() || absl::Now() >= deadline) return std::nullopt;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+void Agent::Impl::FreeSlots(const std::vector<int>& taken) {
+  absl::MutexLock lock(&mu_);
+  for (int i : taken) slot_busy_[i] = false;
+}
+
+absl::Status Agent::Impl::OtherRanks::Start(const Job& job, const std::string& config_path,
+                                            const std::string& dir,
+                                            const std::vector<int>& slots) {
   world_ = std::max(1, job.world_size());
   if (world_ == 1) return absl::OkStatus();
-  const int slots = agent_->resources_.slots();
-  if (world_ > slots) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the job trains on ", world_, " ranks; this worker has ", slots, " slots"));
-  }
   absl::StatusOr<std::unique_ptr<RendezvousServer>> server =
       RendezvousServer::Start("127.0.0.1", world_);
   if (!server.ok()) return server.status();
   server_ = *std::move(server);
   address_ = server_->address();
-  const std::string config_path = (fs::path(dir) / "job-config.json").string();
-  if (absl::Status written = WriteFileAtomically(config_path, CanonicalJson(config) + "\n", 0600);
-      !written.ok()) {
-    return written;
-  }
   std::vector<std::vector<std::string>> args;
   std::vector<int> ranks;
   const std::string timeout_s =
@@ -354,7 +529,8 @@ absl::Status Agent::Impl::OtherRanks::Start(const Job& job, const RunConfig& con
                                   "--world-size", std::to_string(world_), "--rank",
                                   std::to_string(rank), "--rendezvous", address_,
                                   "--collective-timeout", timeout_s};
-    if (const std::string device = agent_->DeviceOf(rank); !device.empty()) {
+    if (const std::string device = agent_->DeviceOf(slots[rank], job.config().train().device());
+        !device.empty()) {
       a.insert(a.end(), {"--device", device});
     }
     args.push_back(std::move(a));
@@ -402,16 +578,42 @@ void Agent::Impl::OtherRanks::Finish(absl::StatusOr<RunSummary>* summary) {
                           absl::StrCat(what, "; rank 0: ", summary->status().message()));
 }
 
-absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optional<Job>* next) {
+absl::Status Agent::Impl::RunJob(const Job& job, std::optional<Job>* next) {
   const absl::Time leased_at = absl::Now();  // the job just arrived: its lease starts about now
   const std::string run = absl::StrCat("run ", job.run_id(), " attempt ", job.attempt());
-  RunConfig config = job.config();
-  if (!devices_.empty()) config.mutable_train()->set_device(DeviceOf(0));
   const int world = std::max(1, job.world_size());
+  const absl::Duration third_of_lease =
+      lease_timeout_ > absl::ZeroDuration() ? lease_timeout_ / 3 : absl::Seconds(10);
+  // The slots it trains on. The coordinator leases no more than the worker has, but a job of
+  // ours may still be finishing: wait for it, not past a third of the lease (its slots are then
+  // not coming: given back).
+  std::vector<int> taken = {0};
+  if (world <= slots()) {
+    std::optional<std::vector<int>> got = TakeSlots(world, third_of_lease);
+    if (!got.has_value()) {
+      absl::Status s = GiveBack(job, Interrupted() ? "the worker stopped before starting it"
+                                                   : "the worker had no free slot for it");
+      absl::MutexLock lock(&mu_);
+      Unclaim(job);
+      return s;
+    }
+    taken = *std::move(got);
+  }
+  const bool own_process = slots() > 1;  // several jobs side by side: one process each
+  RunConfig config = job.config();
+  config.mutable_train()->set_device(DeviceOf(taken[0], config.train().device()));
+  if (own_process && config.train().threads() == 0 &&
+      (config.train().device().empty() || absl::StartsWith(config.train().device(), "cpu"))) {
+    // The cores split between the slots (each rank of a data-parallel job holds one).
+    config.mutable_train()->set_threads(std::max(1, resources_.cores() / slots()));
+  }
   const std::string dir = CheckpointDir(job);
   log_(absl::StrCat(run, " (", job.sweep(), job.variant().empty() ? "" : "/", job.variant(), "): ",
                     config.train().steps(), " steps on ", config.train().device(),
                     world > 1 ? absl::StrCat(" x ", world, " ranks") : "",
+                    own_process ? absl::StrCat(" (slot", taken.size() > 1 ? "s " : " ",
+                                               absl::StrJoin(taken, ","), ")")
+                                : "",
                     ", checkpoints in ", dir));
 
   JobReporter::Params params;
@@ -423,8 +625,6 @@ absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optio
   params.run_id = job.run_id();
   params.attempt = job.attempt();
   params.lease_secret = job.lease_secret();
-  const absl::Duration third_of_lease =
-      lease_timeout_ > absl::ZeroDuration() ? lease_timeout_ / 3 : absl::Seconds(10);
   params.heartbeat = std::max(third_of_lease, options_.report_interval);
   params.lease_timeout = lease_timeout_;
   params.leased_at = leased_at;
@@ -432,39 +632,78 @@ absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optio
   JobReporter reporter(params);
   OtherRanks ranks(this, run);
 
-  std::unique_ptr<Trainer> trainer;
+  std::unique_ptr<Trainer> trainer;        // in this process
+  std::unique_ptr<JobProcess> process;     // or in one of its own
+  int64_t step = 0;                        // the trainer's, for the log and a failed summary
   absl::StatusOr<RunSummary> summary;
   bool permanent = false;  // a failure that retries cannot mend
   std::error_code ec;
   fs::create_directories(dir, ec);
+  const std::string config_path = (fs::path(dir) / "job-config.json").string();
   if (ec) {
     summary = absl::InternalError(absl::StrCat("checkpoint dir ", dir, ": ", ec.message()));
     reporter.Start({});
-  } else if (absl::Status started = ranks.Start(job, config, dir); !started.ok()) {
+  } else if (world > slots()) {
+    summary = absl::FailedPreconditionError(absl::StrCat(
+        "the job trains on ", world, " ranks; this worker has ", slots(), " slots"));
+    reporter.Start({});
+  } else if (absl::Status written = (world > 1 || own_process)
+                                        ? WriteFileAtomically(config_path,
+                                                              CanonicalJson(config) + "\n", 0600)
+                                        : absl::OkStatus();
+             !written.ok()) {
+    summary = written;
+    reporter.Start({});
+  } else if (absl::Status started = ranks.Start(job, config_path, dir, taken); !started.ok()) {
     summary = started;
     reporter.Start({});
   } else {
-    TrainerOptions trainer_options;
-    trainer_options.checkpoint_dir = dir;
-    trainer_options.resume = true;  // continue a checkpoint that is already there
-    trainer_options.interrupt = options_.interrupt;
-    if (world > 1) {
-      trainer_options.world_size = world;
-      trainer_options.rank = 0;
-      trainer_options.rendezvous = ranks.rendezvous();
-      trainer_options.collective_timeout = absl::ToChronoMilliseconds(options_.collective_timeout);
+    absl::StatusOr<int64_t> resumed;
+    if (own_process) {
+      JobProcessOptions p;
+      p.config_path = config_path;
+      p.checkpoint_dir = dir;
+      p.world_size = world;
+      p.rendezvous = ranks.rendezvous();
+      p.collective_timeout_s = absl::ToDoubleSeconds(options_.collective_timeout);
+      absl::StatusOr<std::unique_ptr<JobProcess>> started =
+          JobProcess::Start(options_.rank_binary, p);
+      if (!started.ok()) {
+        resumed = started.status();
+      } else {
+        process = *std::move(started);
+        resumed = process->WaitStarted(&permanent);
+      }
+    } else {
+      TrainerOptions trainer_options;
+      trainer_options.checkpoint_dir = dir;
+      trainer_options.resume = true;  // continue a checkpoint that is already there
+      trainer_options.interrupt = &interrupt_;
+      if (world > 1) {
+        trainer_options.world_size = world;
+        trainer_options.rank = 0;
+        trainer_options.rendezvous = ranks.rendezvous();
+        trainer_options.collective_timeout =
+            absl::ToChronoMilliseconds(options_.collective_timeout);
+      }
+      absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(config, trainer_options);
+      if (!created.ok()) {
+        resumed = created.status();
+        // An invalid config or missing data fails the same way on every worker and attempt.
+        permanent = absl::IsInvalidArgument(created.status()) || absl::IsNotFound(created.status());
+      } else {
+        trainer = std::move(*created);
+        resumed = trainer->step();
+      }
     }
-    absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(config, trainer_options);
-    if (!created.ok()) {
-      summary = created.status();
-      // An invalid config or missing data fails the same way on every worker and every attempt.
-      permanent = absl::IsInvalidArgument(created.status()) || absl::IsNotFound(created.status());
+    if (!resumed.ok()) {
+      summary = resumed.status();
       reporter.Start({});
     } else {
-      trainer = std::move(*created);
-      if (trainer->step() > 0) {
-        log_(absl::StrCat(run, ": resuming from the checkpoint of step ", trainer->step(),
-                          trainer->step() < job.resume_from_step()
+      step = *resumed;
+      if (step > 0) {
+        log_(absl::StrCat(run, ": resuming from the checkpoint of step ", step,
+                          step < job.resume_from_step()
                               ? absl::StrCat(" (the coordinator knows one of step ",
                                              job.resume_from_step(), ")")
                               : ""));
@@ -473,26 +712,40 @@ absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optio
                           " (the coordinator knows one of step ",
                           job.resume_from_step(), "): starting from step 0"));
       }
-      std::vector<OutboxItem> journalled = LoadJournal(params.journal_path, trainer->step());
+      std::vector<OutboxItem> journalled = LoadJournal(params.journal_path, step);
       if (!journalled.empty()) {
         log_(absl::StrCat(run, ": resending ", journalled.size(),
                           " points an earlier attempt left unacknowledged"));
       }
       reporter.Start(std::move(journalled));
       ReportingObserver observer(&reporter);
-      summary = trainer->Run(&observer);
+      if (process != nullptr) {
+        summary = process->Run(&observer, &interrupt_, [&reporter] { return reporter.ShouldStop(); });
+        step = process->step();
+      } else {
+        summary = trainer->Run(&observer);
+        step = trainer->step();
+      }
     }
   }
   ranks.Finish(&summary);
+  process.reset();
+  if (world <= slots()) FreeSlots(taken);
 
   if (absl::Status flushed = reporter.Flush(); !flushed.ok()) {
     if (flushed.code() == absl::StatusCode::kFailedPrecondition) {
-      ++result->jobs_abandoned;
-      log_(absl::StrCat(run, ": abandoned without finishing at step ",
-                        trainer != nullptr ? trainer->step() : 0, ": ", flushed.message()));
+      log_(absl::StrCat(run, ": abandoned without finishing at step ", step, ": ",
+                        flushed.message()));
+      absl::MutexLock lock(&mu_);
+      ++result_.jobs_abandoned;
+      Unclaim(job);
       return absl::OkStatus();
     }
-    if (!absl::IsResourceExhausted(flushed)) return flushed;
+    if (!absl::IsResourceExhausted(flushed)) {
+      absl::MutexLock lock(&mu_);
+      Unclaim(job);
+      return flushed;
+    }
     // A point no report can carry: the attempt fails with the reason, on every worker alike.
     summary = flushed;
     permanent = true;
@@ -510,13 +763,21 @@ absl::Status Agent::Impl::RunJob(const Job& job, AgentResult* result, std::optio
     RunSummary* s = finish.mutable_summary();
     s->set_state(FAILED);
     s->set_reason(std::string(summary.status().message()));
-    s->set_steps_done(trainer != nullptr ? trainer->step() : 0);
+    s->set_steps_done(step);
     finish.set_error(summary.status().ToString());
     finish.set_permanent(permanent);
   }
-  finish.set_acquire_next(!IsSet(options_.interrupt) &&
-                          (options_.max_jobs == 0 || result->jobs < options_.max_jobs));
-  return SendFinish(finish, run, next);
+  {
+    absl::MutexLock lock(&mu_);
+    Unclaim(job);  // the coordinator may lease its slots as soon as it reads the Finish
+    finish.set_acquire_next(MayTakeMore());
+    if (finish.acquire_next()) ++asking_;
+  }
+  absl::Status sent = SendFinish(finish, run, next);
+  absl::MutexLock lock(&mu_);
+  if (finish.acquire_next()) --asking_;
+  if (next->has_value()) Claim(**next);
+  return sent;
 }
 
 absl::Status Agent::Impl::SendFinish(const FinishRequest& request, const std::string& run,

@@ -55,7 +55,8 @@
 // worker) registers again; any other code (UNAUTHENTICATED: a wrong token, UNIMPLEMENTED, ...) from
 // Register, AcquireJob, Report or Finish ends Run() with that error, naming the coordinator.
 //
-// Thread safety: an Agent is driven by one thread (Run); it starts and joins its sender threads.
+// Thread safety: an Agent is driven by one thread (Run); it starts and joins a thread per job it
+// holds (each with its reporter's sender thread).
 // `interrupt` and `abort` may be set from any thread or a signal handler.
 #ifndef ABLATE_WORKER_AGENT_AGENT_H_
 #define ABLATE_WORKER_AGENT_AGENT_H_
@@ -87,12 +88,17 @@ struct AgentOptions {
   // offers that many slots: rank r of a data-parallel job trains on the r-th.
   std::string device;
   // Slots advertised (WorkerResources.slots): 0 = the number of devices listed in `device`
-  // (1 when none). On a CPU, `--slots K` splits the cores between the K ranks of a job. A job
-  // with world_size N <= slots trains data-parallel: rank 0 in this process (which reports),
-  // ranks 1..N-1 as processes of `rank_binary`; one that fails fails the attempt, which the
-  // coordinator retries from the last checkpoint.
+  // (1 when none). The agent holds up to one job per free slot, side by side, leasing them in
+  // one AcquireJob; a job with world_size N <= slots trains data-parallel on N of them, all at
+  // once. With one slot the job trains in this process. With several, each job trains in a
+  // process of its own (`rank_binary job-process`, worker/agent/job_process.h: LibTorch's seed
+  // and thread pool are per process) whose results this agent reports and finishes; ranks
+  // 1..N-1 of a data-parallel job are processes of `rank_binary` too, and one that fails fails
+  // the attempt, which the coordinator retries from the last checkpoint. On a CPU a job whose
+  // train.threads is 0 gets cores / slots threads per rank; with `--device cuda:0,cuda:1` slot
+  // i is the i-th device.
   int slots = 0;
-  // The binary of ranks 1..N-1 (`ablate-worker`). "" = this process's own binary.
+  // The binary of job processes and of ranks 1..N-1 (`ablate-worker`). "" = this process's own.
   std::string rank_binary;
   // A data-parallel collective that waits longer than this fails the attempt.
   absl::Duration collective_timeout = absl::Minutes(10);

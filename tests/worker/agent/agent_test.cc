@@ -99,6 +99,11 @@ class FakeCoordinator {
     if (jobs_.empty()) return grpc::Status::OK;
     *resp->mutable_job() = jobs_.front();
     jobs_.pop_front();
+    // Up to max_jobs, as the coordinator (which also counts the worker's free slots).
+    for (int i = 1; i < req->max_jobs() && !jobs_.empty(); ++i) {
+      *resp->add_more_jobs() = jobs_.front();
+      jobs_.pop_front();
+    }
     return grpc::Status::OK;
   }
 
@@ -106,6 +111,7 @@ class FakeCoordinator {
     if (grpc::Status s = Authorize(ctx); !s.ok()) return s;
     absl::MutexLock lock(&mu_);
     received.push_back(*req);
+    first_report_at.try_emplace({req->run_id(), req->attempt()}, absl::Now());
     const int call = static_cast<int>(received.size());
     if (refuse_all_reports.load() || refuse_report_calls.count(call)) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "refused by the test");
@@ -173,6 +179,7 @@ class FakeCoordinator {
     if (grpc::Status s = Authorize(ctx); !s.ok()) return s;
     absl::MutexLock lock(&mu_);
     finishes.push_back(*req);
+    finished_at[{req->run_id(), req->attempt()}] = absl::Now();
     if (req->acquire_next() && !jobs_.empty()) {
       *resp->mutable_next_job() = jobs_.front();
       jobs_.pop_front();
@@ -207,6 +214,7 @@ class FakeCoordinator {
   std::map<Key, std::vector<SpikeEvent>> spikes;
   std::map<Key, std::vector<std::string>> notices;
   std::map<Key, std::string> checkpoint_paths;
+  std::map<Key, absl::Time> first_report_at, finished_at;
   std::vector<FinishRequest> finishes;
   std::vector<std::string> errors;  // protocol violations
   int64_t max_step = 0, stop_sent_at_step = 0;
@@ -555,17 +563,19 @@ TEST_F(AgentTest, ADataParallelJobTrainsOnTwoSlotsAndReportsOnce) {
   EXPECT_EQ(c.steps[K(61, 1)], Range(1, 40));
   EXPECT_EQ(LogLines(" x 2 ranks"), 1) << Log();
   ASSERT_EQ(c.finishes.size(), 3u);
-  const RunSummary& one = c.finishes[0].summary();
-  const RunSummary& two = c.finishes[1].summary();
+  std::map<int64_t, RunSummary> by_run;  // the jobs overlap: their Finishes come in any order
+  for (const FinishRequest& f : c.finishes) by_run[f.run_id()] = f.summary();
+  const RunSummary& one = by_run[60];
+  const RunSummary& two = by_run[61];
   ASSERT_EQ(two.state(), SUCCEEDED) << two.reason();
   EXPECT_EQ(two.steps_done(), 40);
   EXPECT_NEAR(two.final_train_loss(), one.final_train_loss(), 1e-5 * one.final_train_loss());
   EXPECT_NEAR(two.final_eval().val_loss(), one.final_eval().val_loss(),
               1e-4 * one.final_eval().val_loss());
-  EXPECT_EQ(c.finishes[2].summary().state(), FAILED);
-  EXPECT_TRUE(absl::StrContains(c.finishes[2].summary().reason(),
+  EXPECT_EQ(by_run[62].state(), FAILED);
+  EXPECT_TRUE(absl::StrContains(by_run[62].reason(),
                                 "the job trains on 3 ranks; this worker has 2 slots"))
-      << c.finishes[2].summary().reason();
+      << by_run[62].reason();
   EXPECT_TRUE(ChildrenWith("--rank").empty());
 }
 
@@ -619,6 +629,95 @@ TEST_F(AgentTest, ARankThatDiesFailsTheAttemptAndTheRetryResumes) {
   EXPECT_EQ(c.steps[K(70, 2)].back(), 400);
   EXPECT_GT(c.steps[K(70, 2)].front(), 1);  // resumed from a checkpoint, not from step 0
   EXPECT_TRUE(ChildrenWith("--rank").empty());
+}
+
+// Two single-device jobs on a worker with two slots (issue 17): leased in one AcquireJob, they
+// train side by side, each in a job process of its own, and come out bit for bit as they do one
+// at a time in the agent's own process. A job process that dies fails its attempt, naming how.
+TEST_F(AgentTest, TwoSlotsTrainTwoJobsSideBySideWithTheResultsOfOneAtATime) {
+  RunConfig a = Config(200), b = Config(200);
+  b.mutable_train()->set_seed(7);
+  FakeCoordinator side;
+  {
+    TestServer server(&side);
+    side.AddJob(MakeJob(80, 1, a));
+    side.AddJob(MakeJob(81, 1, b));
+    AgentOptions o = Options(server);
+    o.max_jobs = 2;
+    o.slots = 2;
+    o.rank_binary = ABLATE_WORKER_BIN;
+    auto result = RunAgent(o);
+    ASSERT_TRUE(result.ok()) << result.status() << "\n" << Log();
+    EXPECT_EQ(result->jobs, 2);
+  }
+  FakeCoordinator one;
+  {
+    TestServer server(&one);
+    one.AddJob(MakeJob(82, 1, a));
+    one.AddJob(MakeJob(83, 1, b));
+    AgentOptions o = Options(server);
+    o.max_jobs = 2;
+    auto result = RunAgent(o);
+    ASSERT_TRUE(result.ok()) << result.status() << "\n" << Log();
+  }
+  EXPECT_EQ(LogLines("(slot 0)"), 1) << Log();
+  EXPECT_EQ(LogLines("(slot 1)"), 1) << Log();
+  absl::MutexLock lock(&side.mu_);
+  absl::MutexLock lock_one(&one.mu_);
+  EXPECT_TRUE(side.errors.empty()) << side.errors.front();
+  EXPECT_EQ(side.acquire_calls, 1);  // both jobs in one call
+  ASSERT_EQ(side.finishes.size(), 2u);
+  ASSERT_EQ(one.finishes.size(), 2u);
+  std::map<int64_t, RunSummary> by_run;
+  for (const FinishRequest& f : side.finishes) by_run[f.run_id()] = f.summary();
+  for (const FinishRequest& f : one.finishes) by_run[f.run_id()] = f.summary();
+  for (int64_t run : {80, 81}) {
+    const RunSummary& packed = by_run[run];
+    const RunSummary& alone = by_run[run + 2];
+    ASSERT_EQ(packed.state(), SUCCEEDED) << packed.reason();
+    EXPECT_EQ(side.steps[K(run, 1)], Range(1, 200));
+    EXPECT_EQ(packed.final_train_loss(), alone.final_train_loss()) << run;
+    EXPECT_EQ(packed.final_eval().val_loss(), alone.final_eval().val_loss()) << run;
+    EXPECT_EQ(packed.spike_steps(), alone.spike_steps()) << run;
+  }
+  EXPECT_NE(by_run[80].final_train_loss(), by_run[81].final_train_loss());
+  // Side by side: each reported before the other finished.
+  EXPECT_LT(side.first_report_at[K(81, 1)], side.finished_at[K(80, 1)]);
+  EXPECT_LT(side.first_report_at[K(80, 1)], side.finished_at[K(81, 1)]);
+  EXPECT_TRUE(ChildrenWith("job-process").empty());
+}
+
+TEST_F(AgentTest, AJobProcessThatDiesFailsTheAttemptNamingHowAndTheRetryResumes) {
+  FakeCoordinator c;
+  TestServer server(&c);
+  c.AddJob(MakeJob(90, 1, Config(400)));
+  AgentOptions o = Options(server);
+  o.slots = 2;
+  o.rank_binary = ABLATE_WORKER_BIN;
+  std::thread killer([&] {
+    c.WaitUntil([&] { return c.steps[K(90, 1)].size() >= 25; });
+    for (pid_t pid : ChildrenWith("job-process")) kill(pid, SIGKILL);
+  });
+  auto result = RunAgent(o);
+  killer.join();
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << Log();
+  {
+    absl::MutexLock lock(&c.mu_);
+    ASSERT_EQ(c.finishes.size(), 1u);
+    const FinishRequest& f = c.finishes[0];
+    EXPECT_EQ(f.summary().state(), FAILED);
+    EXPECT_TRUE(absl::StrContains(f.summary().reason(), "the job process ended with signal 9"))
+        << f.summary().reason();
+    EXPECT_FALSE(f.permanent());
+  }
+  c.AddJob(MakeJob(90, 2, Config(400)));
+  auto again = RunAgent(o);
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << Log();
+  absl::MutexLock lock(&c.mu_);
+  ASSERT_EQ(c.finishes.size(), 2u);
+  EXPECT_EQ(c.finishes[1].summary().state(), SUCCEEDED) << c.finishes[1].summary().reason();
+  EXPECT_EQ(c.steps[K(90, 2)].back(), 400);
+  EXPECT_GT(c.steps[K(90, 2)].front(), 1);  // resumed from a checkpoint
 }
 
 TEST_F(AgentTest, EachFinishTakesTheNextJobWithoutAnotherAcquire) {
