@@ -243,11 +243,27 @@ void AddSubmitCommand(CLI::App* app, std::ostream* out, std::ostream* err,
   });
 }
 
+// The workers section of `ablate status`: one line per worker not GONE, with its slots in use.
+void PrintWorkers(const ListSweepsResponse& r, std::ostream& out) {
+  if (r.workers().empty()) {
+    out << "\nno workers (ablate-worker --coordinator ADDRESS, or ablate up)\n";
+    return;
+  }
+  out << fmt::format("\n{:>4}  {:<24} {:<5} {:<8} {:>5}  {}\n", "ID", "WORKER", "STATE", "DEVICE",
+                     "SLOTS", "RUNS");
+  for (const WorkerStatus& w : r.workers()) {
+    out << fmt::format("{:>4}  {:<24} {:<5} {:<8} {:>5}  {}\n", w.worker_id(), w.name(),
+                       w.state(), w.device(), absl::StrCat(w.slots_in_use(), "/", w.slots()),
+                       w.running());
+  }
+}
+
 // `ablate status [SWEEP]`.
 void AddStatusCommand(CLI::App* app, std::ostream* out, std::ostream* err,
                       std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
-      "status", "Sweeps and their run counts; with SWEEP, every run of it.");
+      "status", "Sweeps and their run counts, and the workers with their slots in use; with "
+                "SWEEP, every run of it.");
   auto flags = std::make_shared<ClientFlags>();
   auto sweep = std::make_shared<std::string>();
   cmd->add_option("sweep", *sweep, "sweep name or id");
@@ -260,6 +276,7 @@ void AddStatusCommand(CLI::App* app, std::ostream* out, std::ostream* err,
         if (!r.ok()) return r.status();
         if (r->sweeps().empty()) {
           *out << "no sweeps (ablate submit SPEC)\n";
+          PrintWorkers(*r, *out);
           return absl::OkStatus();
         }
         *out << fmt::format("{:>4}  {:<24} {:<9} {:>5}  {}\n", "ID", "SWEEP", "STATE", "RUNS",
@@ -268,6 +285,7 @@ void AddStatusCommand(CLI::App* app, std::ostream* out, std::ostream* err,
           *out << fmt::format("{:>4}  {:<24} {:<9} {:>5}  {}\n", s.sweep_id(), s.name(),
                               s.state(), s.total_runs(), Counts(s));
         }
+        PrintWorkers(*r, *out);
         return absl::OkStatus();
       }
       absl::StatusOr<GetSweepResponse> r = client.GetSweep(*sweep);

@@ -468,7 +468,8 @@ Response DashboardServer::Impl::Workers() {
   for (const WorkerInfo& w : *workers) {
     list.push_back(json{{"id", w.id}, {"name", w.name}, {"resources", w.resources_json},
                         {"registered_at", w.registered_at}, {"last_seen", w.last_seen},
-                        {"state", w.state}});
+                        {"state", w.state}, {"slots_in_use", w.slots_in_use},
+                        {"running", w.running}});
   }
   return JsonResponse(200, json{{"workers", list}});
 }

@@ -236,6 +236,11 @@ async function livePhase() {
   await page.goto(`${base}/#/`);
   await page.waitForSelector('#sweeps tbody tr');
   check(await page.locator('#sweeps tbody tr').count() === 1, 'the sweeps page lists the sweep');
+  await page.waitForSelector('#workers tbody tr');
+  const workerRows = await page.locator('#workers tbody tr').count();
+  const slots = await page.locator('#workers tbody tr td[data-slots]').first().getAttribute('data-slots');
+  check(workerRows === 1 && /^[0-4]\/4$/.test(slots),
+    `the sweeps page lists the worker with its slots in use (${workerRows} rows, ${slots})`);
   await page.screenshot({ path: join(OUT, 'sweeps.png'), fullPage: true });
   check(errors.length === 0, `no console errors${errors.length ? `: ${errors.join(' | ')}` : ''}`);
   await context.close();

@@ -121,6 +121,8 @@ class LiveSweep {
     for (size_t i = 0; i < pending_.size(); ++i) variant_of_[pending_[i]] = i % variants_;
   }
   int64_t diverging() const { return diverging_; }
+  // The worker its runs are started on (0: none).
+  void set_worker(int64_t worker) { worker_ = worker; }
 
   // SIGUSR1: the diverging run spikes 10 steps from now and goes non-finite 60 steps from now.
   void DivergeSoon() {
@@ -134,7 +136,7 @@ class LiveSweep {
     while (static_cast<int>(running_.size()) < parallel_ && !pending_.empty()) {
       const int64_t id = pending_.front();
       pending_.erase(pending_.begin());
-      if (auto r = StartRun(store_, id); !r.ok()) return r.status();
+      if (auto r = StartRun(store_, id, worker_); !r.ok()) return r.status();
       running_[id] = LiveRun{id, 0, 0};
     }
     for (auto it = running_.begin(); it != running_.end();) {
@@ -204,6 +206,7 @@ class LiveSweep {
   std::map<int64_t, LiveRun> running_;
   const int64_t steps_;
   const int parallel_;
+  int64_t worker_ = 0;
   int64_t spike_step_, diverge_step_;
   int64_t diverging_ = 0;
 };
@@ -250,6 +253,11 @@ int Main(int argc, char** argv) {
     if (!Check(ids.status()).ok()) return 1;
     live = std::make_unique<LiveSweep>(store->get(), ids->run_ids, variants.size(), steps, parallel,
                                        spike_step, diverge_step);
+    // One worker of `parallel` slots trains them (the sweeps page lists its slots in use).
+    absl::StatusOr<int64_t> worker = (*store)->RegisterWorker(
+        "sim-worker", absl::StrCat("{\"device\":\"cpu\",\"slots\":", parallel, "}"));
+    if (!Check(worker.status()).ok()) return 1;
+    live->set_worker(*worker);
     // Runs already under way when the page opens, each with a first evaluation.
     if (!Check(live->Tick(100)).ok()) return 1;
     if (!Check((*store)->Flush()).ok()) return 1;

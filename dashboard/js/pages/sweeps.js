@@ -1,4 +1,5 @@
-// #/ : every sweep with its progress (runs by state), start time and ETA.
+// #/ : every sweep with its progress (runs by state), start time and ETA; then every worker that
+// has not left, with its slots in use and its running runs.
 import { api } from '../api.js';
 import { el, time, duration, stateBadge } from '../format.js';
 
@@ -14,7 +15,21 @@ export function progressBar(sweep) {
 export async function render(view, ctx) {
   ctx.crumbs([]);
   const draw = async () => {
-    const { sweeps } = await api('sweeps');
+    const [{ sweeps }, { workers }] = await Promise.all([api('sweeps'), api('workers')]);
+    const live = workers.filter((w) => w.state !== 'GONE');
+    const workerRows = live.map((w) => {
+      let resources = {};
+      try { resources = JSON.parse(w.resources || '{}'); } catch { /* an older worker's */ }
+      const slots = Math.max(1, resources.slots || 1);
+      return el('tr', { 'data-worker': w.id },
+        el('td', {}, w.name),
+        el('td', {}, stateBadge(w.state)),
+        el('td', {}, resources.device || 'cpu'),
+        el('td', { class: 'num', 'data-slots': `${w.slots_in_use}/${slots}` },
+          `${w.slots_in_use} / ${slots}`),
+        el('td', { class: 'num' }, w.running),
+        el('td', {}, time(w.last_seen)));
+    });
     const rows = sweeps.map((s) => el('tr', { 'data-sweep': s.name },
       el('td', {}, el('a', { href: `#/sweep/${encodeURIComponent(s.name)}` }, s.name)),
       el('td', {}, stateBadge(s.state)),
@@ -31,7 +46,13 @@ export async function render(view, ctx) {
         el('table', { id: 'sweeps' },
           el('thead', {}, el('tr', {}, ['sweep', 'state', 'progress', 'done', 'running', 'diverged',
             'started', 'ETA', ''].map((h) => el('th', {}, h)))),
-          el('tbody', {}, rows)));
+          el('tbody', {}, rows)),
+      el('h2', {}, 'Workers'),
+      live.length === 0 ? el('p', { class: 'muted' }, 'No worker: `ablate-worker --coordinator ADDRESS`, or `ablate up`.') :
+        el('table', { id: 'workers' },
+          el('thead', {}, el('tr', {}, ['worker', 'state', 'device', 'slots in use', 'running',
+            'last seen'].map((h) => el('th', {}, h)))),
+          el('tbody', {}, workerRows)));
   };
   await draw();
   ctx.every(2000, draw);

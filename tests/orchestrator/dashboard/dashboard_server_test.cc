@@ -285,9 +285,10 @@ class DashboardServerTest : public ::testing::Test {
     ASSERT_TRUE(store_->ReportMetrics(StepBatch(runs_[1], 1, 1, 1, 300)).ok());
     ASSERT_TRUE(
         FinishRun(store_.get(), runs_[1], DIVERGED, 300, "loss non-finite for 3 steps").ok());
-    ASSERT_TRUE(StartRun(store_.get(), runs_[2]).ok());
+    absl::StatusOr<int64_t> w1 = store_->RegisterWorker("w1", "{\"device\":\"cpu\",\"slots\":2}");
+    ASSERT_TRUE(w1.ok()) << w1.status();
+    ASSERT_TRUE(StartRun(store_.get(), runs_[2], *w1).ok());
     ASSERT_TRUE(store_->ReportMetrics(StepBatch(runs_[2], 1, 1, 1, 500)).ok());
-    ASSERT_TRUE(store_->RegisterWorker("w1", "{\"device\":\"cpu\"}").ok());
     ASSERT_TRUE(store_->Flush().ok());
   }
 
@@ -653,6 +654,8 @@ TEST_F(DashboardServerTest, TableEventsWorkers) {
   json workers = Get(port_, "/api/workers").Json()["workers"];
   ASSERT_EQ(workers.size(), 1u);
   EXPECT_EQ(workers[0]["name"], "w1");
+  EXPECT_EQ(workers[0]["slots_in_use"], 1);  // run 3 holds one of its 2 slots
+  EXPECT_EQ(workers[0]["running"], 1);
 }
 
 // The compare page's charts: the comparison's groups with their loss bands, probes and gate

@@ -120,11 +120,13 @@ inline void AddAttentionMaps(EvalResult* e, int layers, int heads, int size) {
   }
 }
 
-inline absl::StatusOr<TransitionResult> StartRun(Store* store, int64_t run_id) {
+inline absl::StatusOr<TransitionResult> StartRun(Store* store, int64_t run_id,
+                                                  int64_t worker_id = 0) {
   RunTransition t;
   t.run_id = run_id;
   t.from = {PENDING};
   t.to = RUNNING;
+  t.worker_id = worker_id;
   return store->TransitionRun(t);
 }
 
