@@ -230,7 +230,8 @@ struct Floor {
 // the worker count) as fast as they go, with `job` as every job.
 Floor TransportFloor(const Args& args, const fs::path& dir, const ablate::Job& job) {
   Floor floor;
-  const fs::path echo = dir / "echo";
+  // A directory of its own per floor: a second floor must not read the first server's port.
+  const fs::path echo = dir / absl::StrCat("echo-", static_cast<int>(args.protocol));
   fs::create_directories(echo);
   const std::string token = "echo-token";
   {
