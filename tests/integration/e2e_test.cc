@@ -43,8 +43,8 @@ class EndToEndTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // Two variants x two seeds of a 2-layer, d_model 32 model.
-  fs::path Spec(const std::string& name, int steps) {
+  // Two variants x `seeds` seeds of a 2-layer, d_model 32 model, each run on `devices` ranks.
+  fs::path Spec(const std::string& name, int steps, int devices = 1, int seeds = 2) {
     const fs::path p = dir_ / (name + ".yaml");
     std::ofstream(p) << "sweep: " << name << "\n"
                      << "base:\n"
@@ -54,9 +54,16 @@ class EndToEndTest : public ::testing::Test {
                      << "eval_every: 15, eval_batches: 1, checkpoint_every: 10, "
                      << "data: {path: " << (dir_ / "corpus.txt").string() << "}}\n"
                      << "variants: [baseline, g1_elementwise]\n"
-                     << "seeds: [0, 1]\n"
-                     << "resources: {device: cpu, threads: 1}\n";
+                     << "seeds: [" << SeedList(seeds) << "]\n"
+                     << "resources: {device: cpu, threads: 1"
+                     << (devices > 1 ? ", devices: " + std::to_string(devices) : "") << "}\n";
     return p;
+  }
+
+  static std::string SeedList(int seeds) {
+    std::string list;
+    for (int i = 0; i < seeds; ++i) list += (i ? ", " : "") + std::to_string(i);
+    return list;
   }
 
   // `ablate ARGS --state-dir STATE`, waited for.
@@ -140,6 +147,57 @@ TEST_F(EndToEndTest, ServeAndTwoWorkersTrainASweepToCompletion) {
   EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM attempts WHERE state = 'SUCCEEDED'"), 4);
   EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM attempts WHERE checkpoint_step = 30"), 4);
   EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM workers"), 2);
+}
+
+// One worker of two slots (issue 17) trains a sweep of single-device runs two at a time, each in
+// a job process of its own, and a sweep of two-device runs on both slots at once, all or nothing:
+// the wide runs are not starved by the narrow ones (fair share alternates the two sweeps, a wide
+// run waiting for both slots), never share the worker with them, and once they are done the
+// narrow runs left pack two at a time.
+TEST_F(EndToEndTest, AWorkerOfTwoSlotsPacksNarrowRunsAndGivesWideOnesBothSlots) {
+  const pid_t serve = Spawn(ABLATE_BIN, {"serve", "--port", "0", "--state-dir", state_.string()},
+                            dir_ / "serve.log");
+  ASSERT_GT(serve, 0);
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)))
+      << Slurp(dir_ / "serve.log");
+  std::string address = Slurp(state_ / "address");
+  while (!address.empty() && std::isspace(static_cast<unsigned char>(address.back()))) address.pop_back();
+  ASSERT_EQ(Ablate({"submit", Spec("narrow", 60, 1, 4).string()}, dir_ / "narrow.log"), 0)
+      << Slurp(dir_ / "narrow.log");
+  ASSERT_EQ(Ablate({"submit", Spec("wide", 30, 2).string()}, dir_ / "wide.log"), 0)
+      << Slurp(dir_ / "wide.log");
+  const pid_t worker = Spawn(ABLATE_WORKER_BIN,
+                             {"--coordinator", address, "--token-file",
+                              (state_ / "worker-token").string(), "--name", "pair", "--slots",
+                              "2", "--idle-exit", "3", "--report-interval", "0.2"},
+                             dir_ / "pair.log");
+  ASSERT_GT(worker, 0);
+  // While it trains, `ablate status` lists it with its slots.
+  ASSERT_TRUE(WaitFor([&] { return QueryInt(Db(), "SELECT count(*) FROM runs WHERE state = 'RUNNING'") > 0; },
+                      std::chrono::seconds(60)));
+  ASSERT_EQ(Ablate({"status"}, dir_ / "status.log"), 0) << Slurp(dir_ / "status.log");
+  EXPECT_TRUE(std::regex_search(Slurp(dir_ / "status.log"), std::regex("pair +(IDLE|BUSY) +cpu +[0-2]/2 ")))
+      << Slurp(dir_ / "status.log");
+  EXPECT_EQ(WaitExit(worker, std::chrono::seconds(300)), 0) << Slurp(dir_ / "pair.log");
+  kill(serve, SIGTERM);
+  EXPECT_EQ(WaitExit(serve, std::chrono::seconds(30)), 0) << Slurp(dir_ / "serve.log");
+
+  const fs::path db = Db();
+  EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM runs WHERE state = 'SUCCEEDED' AND attempts = 1"), 12)
+      << Slurp(dir_ / "pair.log");
+  EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM runs WHERE devices = 2"), 4);
+  EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM (SELECT run_id FROM step_metrics GROUP BY run_id "
+                         "HAVING min(step) = 1 AND count(*) = max(step))"),
+            12);
+  // Attempts that trained at the same time: narrow ones did; a wide one never shared the worker.
+  const std::string overlapping =
+      "SELECT count(*) FROM attempts a JOIN attempts b ON a.run_id < b.run_id "
+      "AND a.started_at < b.ended_at AND b.started_at < a.ended_at "
+      "JOIN runs ra ON ra.id = a.run_id JOIN runs rb ON rb.id = b.run_id ";
+  EXPECT_GT(QueryInt(db, overlapping + "WHERE ra.devices = 1 AND rb.devices = 1"), 0);
+  EXPECT_EQ(QueryInt(db, overlapping + "WHERE ra.devices = 2 OR rb.devices = 2"), 0);
+  EXPECT_NE(Slurp(dir_ / "pair.log").find("x 2 ranks (slots 0,1)"), std::string::npos)
+      << Slurp(dir_ / "pair.log");
 }
 
 TEST_F(EndToEndTest, UpRunsCoordinatorAndWorkersAndCtrlCStopsAll) {
