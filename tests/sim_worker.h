@@ -141,6 +141,18 @@ class SimWorker {
     });
   }
 
+  // The no-op job's step metrics first..last.
+  static void AddSteps(ReportRequest* report, int first, int last) {
+    for (int i = first; i <= last; ++i) {
+      StepMetrics* m = report->add_steps();
+      m->set_step(i);
+      m->set_loss(5.0 - 0.001 * i);
+      m->set_grad_norm(1.0);
+      m->set_lr(1e-3);
+      m->set_tokens_per_s(1e5);
+    }
+  }
+
   // kSlots: a job taken, to be ended with the others held in the next Finish.
   void Hold(Job job) {
     jobs_.push_back({job.run_id(), job.attempt(), job.sweep(), std::chrono::steady_clock::now()});
@@ -160,14 +172,7 @@ class SimWorker {
       f->set_lease_secret(job.lease_secret());
       ReportRequest* report = f->mutable_final_report();
       report->set_seq(1);
-      for (int step = 1; step <= points; ++step) {
-        StepMetrics* m = report->add_steps();
-        m->set_step(step);
-        m->set_loss(5.0 - 0.001 * step);
-        m->set_grad_norm(1.0);
-        m->set_lr(1e-3);
-        m->set_tokens_per_s(1e5);
-      }
+      AddSteps(report, 1, points);
       RunSummary* summary = f->mutable_summary();
       summary->set_state(SUCCEEDED);
       summary->set_steps_done(points);
@@ -225,14 +230,7 @@ class SimWorker {
     report->set_attempt(job_.attempt());
     report->set_lease_secret(job_.lease_secret());
     report->set_seq(seq);
-    for (int i = first; i < first + batch_now_ && i <= points_now_; ++i) {
-      StepMetrics* m = report->add_steps();
-      m->set_step(i);
-      m->set_loss(5.0 - 0.001 * i);
-      m->set_grad_norm(1.0);
-      m->set_lr(1e-3);
-      m->set_tokens_per_s(1e5);
-    }
+    AddSteps(report, first, std::min(first + batch_now_ - 1, points_now_));
     if (carries && last) return Finish();
     reported_.Clear();
     NewContext(std::chrono::seconds(30));

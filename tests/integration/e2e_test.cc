@@ -74,17 +74,28 @@ class EndToEndTest : public ::testing::Test {
 
   fs::path Db() const { return state_ / "ablate.db"; }
 
+  // `ablate serve` on a free port: its pid once it wrote its address (in *address), else -1.
+  pid_t StartServe(std::string* address) {
+    const pid_t serve = Spawn(ABLATE_BIN, {"serve", "--port", "0", "--state-dir", state_.string()},
+                              dir_ / "serve.log");
+    if (serve <= 0 ||
+        !WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30))) {
+      return -1;
+    }
+    *address = Slurp(state_ / "address");
+    while (!address->empty() && std::isspace(static_cast<unsigned char>(address->back()))) {
+      address->pop_back();
+    }
+    return serve;
+  }
+
   fs::path dir_, state_;
 };
 
 TEST_F(EndToEndTest, ServeAndTwoWorkersTrainASweepToCompletion) {
-  const pid_t serve = Spawn(ABLATE_BIN, {"serve", "--port", "0", "--state-dir", state_.string()},
-                            dir_ / "serve.log");
-  ASSERT_GT(serve, 0);
-  ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)))
-      << Slurp(dir_ / "serve.log");
-  std::string address = Slurp(state_ / "address");
-  while (!address.empty() && std::isspace(static_cast<unsigned char>(address.back()))) address.pop_back();
+  std::string address;
+  const pid_t serve = StartServe(&address);
+  ASSERT_GT(serve, 0) << Slurp(dir_ / "serve.log");
   ASSERT_EQ(Ablate({"submit", Spec("e2e", 30).string()}, dir_ / "submit.log"), 0)
       << Slurp(dir_ / "submit.log");
 
@@ -155,13 +166,9 @@ TEST_F(EndToEndTest, ServeAndTwoWorkersTrainASweepToCompletion) {
 // run waiting for both slots), never share the worker with them, and once they are done the
 // narrow runs left pack two at a time.
 TEST_F(EndToEndTest, AWorkerOfTwoSlotsPacksNarrowRunsAndGivesWideOnesBothSlots) {
-  const pid_t serve = Spawn(ABLATE_BIN, {"serve", "--port", "0", "--state-dir", state_.string()},
-                            dir_ / "serve.log");
-  ASSERT_GT(serve, 0);
-  ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)))
-      << Slurp(dir_ / "serve.log");
-  std::string address = Slurp(state_ / "address");
-  while (!address.empty() && std::isspace(static_cast<unsigned char>(address.back()))) address.pop_back();
+  std::string address;
+  const pid_t serve = StartServe(&address);
+  ASSERT_GT(serve, 0) << Slurp(dir_ / "serve.log");
   ASSERT_EQ(Ablate({"submit", Spec("narrow", 60, 1, 4).string()}, dir_ / "narrow.log"), 0)
       << Slurp(dir_ / "narrow.log");
   ASSERT_EQ(Ablate({"submit", Spec("wide", 30, 2).string()}, dir_ / "wide.log"), 0)
