@@ -63,6 +63,7 @@ absl::Status RunUp(const UpOptions& options, std::ostream& out) {
       args.insert(args.end(), {"--tls-ca", (state / kTlsCaFile).string()});
     }
     if (!options.device.empty()) args.insert(args.end(), {"--device", options.device});
+    if (options.slots > 0) args.insert(args.end(), {"--slots", std::to_string(options.slots)});
     const pid_t pid = SpawnChild(args, env);
     if (pid < 0) {
       out << fmt::format("ablate up: cannot start worker {}: {}\n", name, std::strerror(errno));
@@ -127,6 +128,10 @@ void AddUpCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--device", options->device, "cpu, cuda or cuda:N for every worker's jobs");
+  cmd->add_option("--slots", options->slots,
+                  "slots of every worker: each holds up to that many jobs side by side "
+                  "(docs/worker.md, \"Slots\")")
+      ->check(CLI::Range(1, 4096));
   AddServerFlags(cmd, &options->server, seconds.get(), &options->dashboard);
   cmd->add_option("--worker-bin", options->worker_bin,
                   "the ablate-worker to run (default: the one beside ablate)");

@@ -32,6 +32,7 @@ struct UpOptions {
   ServerOptions server;
   int workers = 1;              // local worker processes (0: the coordinator alone)
   std::string device;           // --device for every worker ("" = each job's train.device)
+  int slots = 0;                // --slots of every worker (0: the worker's default)
   std::string worker_bin;       // "" = ablate-worker beside this executable
   absl::Duration stop_grace = absl::Seconds(60);  // then SIGKILL
   DashboardFlags dashboard;     // where the web dashboard listens (port 0: none)

@@ -284,11 +284,12 @@ std::set<std::string> ListeningInodes() {
 }
 
 // Workers hold none of the parent's descriptors: a worker that outlives `ablate up` must not keep
-// the dashboard's or the coordinator's port.
+// the dashboard's or the coordinator's port. (`--slots` reaches the worker.)
 TEST_F(EndToEndTest, UpWorkersHoldNoneOfTheCoordinatorsListeningSockets) {
   const fs::path log = dir_ / "up.log";
-  const pid_t up = Spawn(ABLATE_BIN, {"up", "--workers", "1", "--port", "0", "--dashboard-port",
-                                      std::to_string(FreePort()), "--state-dir", state_.string()},
+  const pid_t up = Spawn(ABLATE_BIN, {"up", "--workers", "1", "--slots", "3", "--port", "0",
+                                      "--dashboard-port", std::to_string(FreePort()),
+                                      "--state-dir", state_.string()},
                          log);
   ASSERT_GT(up, 0);
   std::smatch match;
@@ -303,6 +304,7 @@ TEST_F(EndToEndTest, UpWorkersHoldNoneOfTheCoordinatorsListeningSockets) {
   // Wait until the worker registered (it has its own gRPC connection by then).
   ASSERT_TRUE(WaitFor([&] { return QueryInt(Db(), "SELECT count(*) FROM workers") == 1; },
                       std::chrono::seconds(30)));
+  EXPECT_EQ(QueryInt(Db(), "SELECT json_extract(resources_json, '$.slots') FROM workers"), 3);
   std::set<std::string> parent_listening;
   const std::set<std::string> listening = ListeningInodes();
   for (const std::string& inode : SocketInodes(up)) {
