@@ -75,6 +75,13 @@ class Agent::Impl {
         connection_(options_.coordinator, options_.backoff_max, &log_) {
     if (options_.name.empty()) options_.name = absl::StrCat(Hostname(), ":", getpid());
     devices_ = absl::StrSplit(options_.device, ',', absl::SkipEmpty());
+    cpu_set_t affinity;
+    CPU_ZERO(&affinity);
+    if (sched_getaffinity(0, sizeof(affinity), &affinity) == 0) {
+      for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (CPU_ISSET(cpu, &affinity)) cpus_.push_back(cpu);
+      }
+    }
     resources_ = DetectResources(devices_.empty() ? "" : devices_[0]);
     resources_.set_slots(options_.slots > 0 ? options_.slots
                                             : std::max<int>(1, static_cast<int>(devices_.size())));
@@ -171,6 +178,13 @@ class Agent::Impl {
     return d;
   }
   int slots() const { return resources_.slots(); }
+  // The CPUs of slot `slot`'s core group: its share of this process's CPU affinity, contiguous.
+  // Empty (not pinned) with one slot, or fewer CPUs than slots.
+  std::vector<int> CoreGroup(int slot) const {
+    const int n = static_cast<int>(cpus_.size()), k = slots();
+    if (k <= 1 || n < k) return {};
+    return std::vector<int>(cpus_.begin() + slot * n / k, cpus_.begin() + (slot + 1) * n / k);
+  }
   // Slots a job holds: its ranks (a job wider than the worker fails at once: 1).
   int SlotsOf(const Job& job) const {
     const int world = std::max(1, job.world_size());
@@ -203,6 +217,7 @@ class Agent::Impl {
   // Constant after construction.
   AgentOptions options_;
   std::vector<std::string> devices_;  // options_.device, split at commas
+  std::vector<int> cpus_;             // this process's CPU affinity at start
   WorkerResources resources_;
   Logger log_;
   ConnectionLog connection_;
@@ -522,6 +537,7 @@ absl::Status Agent::Impl::OtherRanks::Start(const Job& job, const std::string& c
   address_ = server_->address();
   std::vector<std::vector<std::string>> args;
   std::vector<int> ranks;
+  std::vector<std::vector<int>> cpus;  // rank r on its slot's core group
   const std::string timeout_s =
       absl::StrCat(absl::ToDoubleSeconds(agent_->options_.collective_timeout));
   for (int rank = 1; rank < world_; ++rank) {
@@ -535,9 +551,10 @@ absl::Status Agent::Impl::OtherRanks::Start(const Job& job, const std::string& c
     }
     args.push_back(std::move(a));
     ranks.push_back(rank);
+    cpus.push_back(agent_->CoreGroup(slots[rank]));
   }
   absl::StatusOr<RankProcesses> processes =
-      RankProcesses::Start(agent_->options_.rank_binary, args, ranks);
+      RankProcesses::Start(agent_->options_.rank_binary, args, ranks, cpus);
   if (!processes.ok()) return processes.status();
   processes_ = *std::move(processes);
   watcher_ = std::thread([this] {
@@ -604,8 +621,11 @@ absl::Status Agent::Impl::RunJob(const Job& job, std::optional<Job>* next) {
   config.mutable_train()->set_device(DeviceOf(taken[0], config.train().device()));
   if (own_process && config.train().threads() == 0 &&
       (config.train().device().empty() || absl::StartsWith(config.train().device(), "cpu"))) {
-    // The cores split between the slots (each rank of a data-parallel job holds one).
-    config.mutable_train()->set_threads(std::max(1, resources_.cores() / slots()));
+    // The cores split between the slots (each rank of a data-parallel job holds one): its
+    // core group's, which its processes are pinned to.
+    const std::vector<int> group = CoreGroup(taken[0]);
+    config.mutable_train()->set_threads(
+        group.empty() ? std::max(1, resources_.cores() / slots()) : static_cast<int>(group.size()));
   }
   const std::string dir = CheckpointDir(job);
   log_(absl::StrCat(run, " (", job.sweep(), job.variant().empty() ? "" : "/", job.variant(), "): ",
@@ -666,6 +686,7 @@ absl::Status Agent::Impl::RunJob(const Job& job, std::optional<Job>* next) {
       p.world_size = world;
       p.rendezvous = ranks.rendezvous();
       p.collective_timeout_s = absl::ToDoubleSeconds(options_.collective_timeout);
+      p.cpus = CoreGroup(taken[0]);
       absl::StatusOr<std::unique_ptr<JobProcess>> started =
           JobProcess::Start(options_.rank_binary, p);
       if (!started.ok()) {

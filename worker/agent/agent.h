@@ -94,9 +94,10 @@ struct AgentOptions {
   // process of its own (`rank_binary job-process`, worker/agent/job_process.h: LibTorch's seed
   // and thread pool are per process) whose results this agent reports and finishes; ranks
   // 1..N-1 of a data-parallel job are processes of `rank_binary` too, and one that fails fails
-  // the attempt, which the coordinator retries from the last checkpoint. On a CPU a job whose
-  // train.threads is 0 gets cores / slots threads per rank; with `--device cuda:0,cuda:1` slot
-  // i is the i-th device.
+  // the attempt, which the coordinator retries from the last checkpoint. Slot i owns the i-th
+  // of `slots` contiguous shares of this process's CPUs (its core group): the processes of a
+  // job on it are pinned there, and a job whose train.threads is 0 gets that many threads per
+  // rank. With `--device cuda:0,cuda:1` slot i is the i-th device.
   int slots = 0;
   // The binary of job processes and of ranks 1..N-1 (`ablate-worker`). "" = this process's own.
   std::string rank_binary;

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -199,6 +200,9 @@ absl::StatusOr<std::unique_ptr<JobProcess>> JobProcess::Start(std::string binary
     close(control[1]);
     return absl::InternalError(absl::StrCat("job process: pipe: ", std::strerror(errno)));
   }
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int cpu : options.cpus) CPU_SET(cpu, &cpus);
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
@@ -212,6 +216,7 @@ absl::StatusOr<std::unique_ptr<JobProcess>> JobProcess::Start(std::string binary
     // Its own process group: a terminal's Ctrl-C reaches the agent, which interrupts its jobs
     // (checkpoint first), not the job processes directly.
     setpgid(0, 0);
+    if (!options.cpus.empty()) sched_setaffinity(0, sizeof(cpus), &cpus);  // its core group
     // The targets lose O_CLOEXEC with dup2 (a pipe already on its target keeps it: cleared).
     if (control[0] == 0) {
       fcntl(0, F_SETFD, 0);

@@ -46,6 +46,9 @@ struct JobProcessOptions {
   int world_size = 1;          // > 1: rank 0 of a data-parallel job meeting its ranks at...
   std::string rendezvous;      // ...this HOST:PORT
   double collective_timeout_s = 600;
+  // The agent's side only: CPUs the process is pinned to (its slot's core group); empty: not
+  // pinned.
+  std::vector<int> cpus;
 };
 
 // The job process's main: trains and writes the events to fd 3. Exit code 0 once its last

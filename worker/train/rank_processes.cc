@@ -1,5 +1,6 @@
 #include "worker/train/rank_processes.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -21,7 +22,7 @@ std::string RankProcesses::Ending::Describe() const {
 
 absl::StatusOr<RankProcesses> RankProcesses::Start(
     std::string binary, const std::vector<std::vector<std::string>>& args,
-    const std::vector<int>& ranks) {
+    const std::vector<int>& ranks, const std::vector<std::vector<int>>& cpus) {
   if (binary.empty()) {
     std::error_code ec;
     binary = std::filesystem::read_symlink("/proc/self/exe", ec).string();
@@ -34,6 +35,12 @@ absl::StatusOr<RankProcesses> RankProcesses::Start(
     std::vector<char*> argv;
     for (std::string& a : argv_strings) argv.push_back(a.data());
     argv.push_back(nullptr);
+    cpu_set_t pinned;
+    CPU_ZERO(&pinned);
+    const bool pin = i < cpus.size() && !cpus[i].empty();
+    if (pin) {
+      for (int cpu : cpus[i]) CPU_SET(cpu, &pinned);
+    }
     const pid_t parent = getpid();
     const pid_t pid = fork();
     if (pid < 0) {
@@ -43,6 +50,7 @@ absl::StatusOr<RankProcesses> RankProcesses::Start(
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGTERM);  // a parent that dies takes its ranks with it
       if (getppid() != parent) _exit(1);  // it died before prctl
+      if (pin) sched_setaffinity(0, sizeof(pinned), &pinned);
       execv(binary.c_str(), argv.data());
       std::fprintf(stderr, "ablate-worker: rank %d: exec %s: %s\n", ranks[i], binary.c_str(),
                    std::strerror(errno));

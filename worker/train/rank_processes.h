@@ -33,9 +33,11 @@ class RankProcesses {
   // Starts one process per entry of `args` (argv[0] excluded), rank `ranks[i]` for args[i].
   // `binary` empty: /proc/self/exe. An error when a process cannot be started (the ones started
   // are killed).
+  // `cpus[i]`, when given and not empty, are the CPUs process i is pinned to.
   static absl::StatusOr<RankProcesses> Start(std::string binary,
                                              const std::vector<std::vector<std::string>>& args,
-                                             const std::vector<int>& ranks);
+                                             const std::vector<int>& ranks,
+                                             const std::vector<std::vector<int>>& cpus = {});
 
   RankProcesses(RankProcesses&&) noexcept = default;
   RankProcesses& operator=(RankProcesses&&) noexcept = default;

@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -646,9 +647,35 @@ TEST_F(AgentTest, TwoSlotsTrainTwoJobsSideBySideWithTheResultsOfOneAtATime) {
     o.max_jobs = 2;
     o.slots = 2;
     o.rank_binary = ABLATE_WORKER_BIN;
+    // The job processes' CPUs, as the kernel has them, while they train.
+    std::set<std::string> pinned;
+    std::atomic<bool> done{false};
+    std::thread sampler([&] {
+      while (!done.load()) {
+        for (pid_t pid : ChildrenWith("job-process")) {
+          const std::string status = ablate::testing::Slurp(
+              fs::path("/proc") / std::to_string(pid) / "status");
+          const size_t at = status.find("Cpus_allowed_list:");
+          if (at == std::string::npos) continue;
+          const size_t end = status.find('\n', at);
+          pinned.insert(std::string(absl::StripAsciiWhitespace(
+              status.substr(at + 18, end - at - 18))));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
     auto result = RunAgent(o);
+    done = true;
+    sampler.join();
     ASSERT_TRUE(result.ok()) << result.status() << "\n" << Log();
     EXPECT_EQ(result->jobs, 2);
+    // Each on its slot's core group: one CPU each on a machine of two.
+    const WorkerResources machine = Agent::DetectResources("");
+    if (machine.cores() == 2) {
+      EXPECT_EQ(pinned, (std::set<std::string>{"0", "1"}));
+    } else if (machine.cores() > 2) {
+      EXPECT_EQ(pinned.size(), 2u);
+    }
   }
   FakeCoordinator one;
   {
