@@ -4,7 +4,8 @@
 // and `experiments/` linked in (a user's study directory with the shipped specs copied in).
 //
 //   ```sh test          the block is one bash script (-e) that must exit 0. A line
-//                       ending in `&` starts something in the background (`ablate up`): the
+//                       ending in `&` (a comment may follow) starts something in the
+//                       background (`ablate up`): the
 //                       block then waits for its first line of output, as a user reads it
 //                       before typing on.
 //   ```console test     `$ COMMAND` lines (a trailing `\` continues one), each followed by the
@@ -126,6 +127,12 @@ std::vector<Block> TestBlocks(const fs::path& doc) {
   return blocks;
 }
 
+// Whether a line of `script` ends its command with `&` (a comment may follow; `&&` is not it).
+bool StartsInTheBackground(const std::string& script) {
+  static const std::regex background("(^|[^&])&[ \t]*(#[^\n]*)?(\n|$)");
+  return std::regex_search(script, background);
+}
+
 // What may differ between the doc and a run: numbers, run keys, commit hashes, alignment.
 std::string Normalize(std::string line) {
   // A run key: 16 hex digits standing alone (not the decimals of a number).
@@ -229,7 +236,7 @@ class DocsTest : public ::testing::TestWithParam<std::string> {
     const int code = WaitExit(Bash(block.script, true, log), std::chrono::seconds(600));
     ASSERT_EQ(code, 0) << where << ": the block failed:\n" << block.script << "--- output:\n"
                        << Slurp(log);
-    if (block.script.find("&\n") != std::string::npos) {
+    if (StartsInTheBackground(block.script)) {
       EXPECT_TRUE(WaitFor([&] { return !Slurp(log).empty(); }, std::chrono::seconds(60)))
           << where << ": what the block started printed nothing in 60 s";
     }
@@ -296,6 +303,15 @@ INSTANTIATE_TEST_SUITE_P(Docs, DocsTest,
                          });
 
 // The harness itself: what counts as the same output.
+TEST(DocsHarnessTest, ABackgroundCommandMayCarryAComment) {
+  EXPECT_TRUE(StartsInTheBackground("ablate up &\n"));
+  EXPECT_TRUE(StartsInTheBackground("ablate up --workers 2 &   # coordinator + workers\n"));
+  EXPECT_TRUE(StartsInTheBackground("cd x\nablate serve &"));
+  EXPECT_FALSE(StartsInTheBackground("make && ablate status\n"));
+  EXPECT_FALSE(StartsInTheBackground("test -f a &&\n  echo yes\n"));
+  EXPECT_FALSE(StartsInTheBackground("ablate status  # not & here\n"));
+}
+
 TEST(DocsHarnessTest, NumbersKeysAndAlignmentMayDifferButWordsMayNot) {
   EXPECT_EQ(Normalize("0  baseline   0  -   279,232  891cd08d774519d1"),
             Normalize("0 baseline 0 - 279,488 50b3bba759aeeb1f"));
