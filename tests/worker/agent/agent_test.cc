@@ -1323,6 +1323,71 @@ TEST_F(AgentTest, SigtermFinishesInterruptedWithACheckpointAndExitsZero) {
   EXPECT_TRUE(absl::StrContains(Slurp(dir_ / "err"), "INTERRUPTED")) << Slurp(dir_ / "err");
 }
 
+// The same on a worker of two slots: a stop directive reaches the job process (CANCELLED within
+// a few steps), and SIGTERM makes every job process checkpoint and finish INTERRUPTED.
+TEST_F(AgentTest, JobProcessesStopOnTheDirectiveAndCheckpointOnSigterm) {
+  {
+    FakeCoordinator c;
+    c.stop_at_step = 5;
+    TestServer server(&c);
+    RunConfig config = Config(400);
+    config.mutable_train()->set_eval_every(200);
+    config.mutable_train()->set_checkpoint_every(100);
+    c.AddJob(MakeJob(12, 1, config));
+    AgentOptions o = Options(server);
+    o.report_interval = absl::Milliseconds(1);
+    o.slots = 2;
+    o.rank_binary = ABLATE_WORKER_BIN;
+    auto result = RunAgent(o);
+    ASSERT_TRUE(result.ok()) << result.status();
+    absl::MutexLock lock(&c.mu_);
+    ASSERT_EQ(c.finishes.size(), 1u);
+    const RunSummary& s = c.finishes[0].summary();
+    EXPECT_EQ(s.state(), CANCELLED);
+    ASSERT_GT(c.stop_sent_at_step, 0);
+    // The process learns it a pipe later than a trainer in the agent would.
+    EXPECT_LE(s.steps_done(), c.stop_sent_at_step + 20) << "stop sent after step " << c.stop_sent_at_step;
+    EXPECT_EQ(c.steps[K(12, 1)], Range(1, s.steps_done()));
+  }
+  FakeCoordinator c;
+  TestServer server(&c);
+  RunConfig config = Config(5000);
+  config.mutable_train()->set_eval_every(5000);
+  config.mutable_train()->set_checkpoint_every(0);  // only the interrupt writes one
+  c.AddJob(MakeJob(32, 1, config));
+  c.AddJob(MakeJob(33, 1, config));
+  const pid_t pid = Spawn({"--coordinator", server.address(), "--max-jobs", "2", "--slots", "2",
+                           "--report-interval", "0.05", "--checkpoint-root",
+                           (dir_ / "root").string(), "--name", "w2"},
+                          {"ABLATE_TOKEN=secret"}, dir_ / "out", dir_ / "err");
+  ASSERT_GT(pid, 0);
+  const bool training = c.WaitUntil([&] {
+    return c.steps[K(32, 1)].size() >= 5 && c.steps[K(33, 1)].size() >= 5;
+  });
+  kill(pid, SIGTERM);
+  const int code = WaitExit(pid);
+  ASSERT_TRUE(training) << Slurp(dir_ / "err");
+  EXPECT_EQ(code, 0) << Slurp(dir_ / "err");
+  absl::MutexLock lock(&c.mu_);
+  ASSERT_EQ(c.finishes.size(), 2u) << Slurp(dir_ / "err");
+  for (const FinishRequest& f : c.finishes) {
+    const RunSummary& s = f.summary();
+    EXPECT_EQ(s.state(), INTERRUPTED) << f.run_id();
+    EXPECT_LT(s.steps_done(), 5000);
+    EXPECT_EQ(c.steps[K(f.run_id(), 1)], Range(1, s.steps_done()));
+    ASSERT_FALSE(c.checkpoints[K(f.run_id(), 1)].empty());
+    EXPECT_EQ(c.checkpoints[K(f.run_id(), 1)].back(), s.steps_done());
+  }
+  // The worker reaped its job processes before it exited: none is left, anywhere.
+  for (const auto& proc : fs::directory_iterator("/proc")) {
+    std::string cmdline = Slurp(proc.path() / "cmdline");
+    for (char& ch : cmdline) {
+      if (ch == '\0') ch = ' ';
+    }
+    EXPECT_EQ(cmdline.find((dir_ / "root").string() + "/run-3"), std::string::npos) << cmdline;
+  }
+}
+
 TEST_F(AgentTest, WrongTokenExitsNonZeroWithAClearMessage) {
   FakeCoordinator c;
   TestServer server(&c);
