@@ -113,6 +113,13 @@ int64_t EvalLengthSpan(const TrainConfig& t) {
   return static_cast<int64_t>(t.eval_batches()) * t.batch_size() * longest;
 }
 
+absl::Status CheckBatchSplits(const TrainConfig& t, int ranks, const std::string& ranks_name) {
+  if (ranks <= 1 || t.batch_size() % ranks == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("train.batch_size: ", t.batch_size(),
+                                                 " windows cannot be split evenly over ", ranks,
+                                                 " ", ranks_name));
+}
+
 int64_t GateHeads(const ModelConfig& c) {
   switch (c.gate().position()) {
     case GATE_G1:

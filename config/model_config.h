@@ -39,6 +39,12 @@ inline constexpr int32_t kMaxDevices = 4096;          // resources.devices, work
 // of each length (a length that does not divide it drops the remainder). 0 without lengths.
 int64_t EvalLengthSpan(const TrainConfig& train);
 
+// A data-parallel run divides train.batch_size (the global batch) between its `ranks`, so that
+// its results do not depend on its world size: InvalidArgument "train.batch_size: B windows
+// cannot be split evenly over N <ranks_name>" when it does not divide.
+absl::Status CheckBatchSplits(const TrainConfig& train, int ranks,
+                              const std::string& ranks_name = "ranks");
+
 // InvalidArgument naming the offending fields (e.g. "model.gate.granularity: HEADWISE is not
 // allowed at G5"), OK otherwise. `prefix` is prepended to field paths ("model.").
 absl::Status ValidateModelConfig(const ModelConfig& config, const std::string& prefix = "model.");

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "config/model_config.h"
 #include "config/proto_yaml.h"
 #include "worker/train/collective.h"
 #include "worker/train/rank_processes.h"
@@ -202,10 +203,10 @@ int RunStandalone(const StandaloneOptions& o) {
   if (is_rank && config->train().device() == "cuda") {
     config->mutable_train()->set_device(absl::StrCat("cuda:", o.rank));  // one device per rank
   }
-  if (o.world_size > 1 && config->train().batch_size() % o.world_size != 0) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "train.batch_size: ", config->train().batch_size(), " windows cannot be split evenly over ",
-        o.world_size, " ranks (--world-size); the global batch is divided between them")), o.rank);
+  // Before any rank starts (each would refuse it too).
+  if (absl::Status split = CheckBatchSplits(config->train(), o.world_size, "ranks (--world-size)");
+      !split.ok()) {
+    return Fail(split, o.rank);
   }
 
   std::error_code ec;

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "orchestrator/spec/budget.h"
@@ -121,12 +122,12 @@ class Expander {
     const int devices = std::max(1, spec_.resources.devices());
     for (size_t a = 0; a < grid.size() && problems_.empty(); ++a) {
       for (size_t v = 0; v < spec_.variants.size(); ++v) {
-        const int64_t batch = prepared[a][v].post.train().batch_size();
-        if (batch % devices == 0) continue;
+        const absl::Status split =
+            CheckBatchSplits(prepared[a][v].post.train(), devices, "ranks (resources.devices)");
+        if (split.ok()) continue;
         Problem(spec_.variants[v].line, "train.batch_size",
-                absl::StrCat("variant ", spec_.variants[v].name, ": ", batch,
-                             " windows cannot be split evenly over resources.devices = ",
-                             devices, " ranks"));
+                absl::StrCat("variant ", spec_.variants[v].name, ": ",
+                             absl::StripPrefix(split.message(), "train.batch_size: ")));
         break;
       }
     }

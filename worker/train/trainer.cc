@@ -489,12 +489,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const RunConfig& config
     return absl::InvalidArgumentError(absl::StrCat("trainer: rank ", options.rank,
                                                    " is outside a world of ", options.world_size));
   }
-  if (t.batch_size() % options.world_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.batch_size: ", t.batch_size(), " windows cannot be split evenly over ",
-        options.world_size, " ranks (the global batch is divided, so that the run's results do "
-        "not depend on its world size)"));
-  }
+  if (absl::Status split = CheckBatchSplits(t, options.world_size); !split.ok()) return split;
   absl::StatusOr<TokenData> data = TokenData::Load(t.data(), config.model().vocab_size(), t.seq_len());
   if (!data.ok()) return data.status();
   if (t.eval_seq_lens_size() > 0) {

@@ -917,7 +917,7 @@ TEST_F(CoordinatorTest, ARunOfTwoDevicesGoesToAWorkerWithTwoSlots) {
   grpc::Status s = client_->Submit(ctx.get(), request, &refused);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(),
-              HasSubstr("8 windows cannot be split evenly over resources.devices = 3 ranks"));
+              HasSubstr("8 windows cannot be split evenly over 3 ranks (resources.devices)"));
 }
 
 // A worker with four slots fills them in one AcquireJob, and ends four attempts and takes the
