@@ -118,6 +118,7 @@ if [ "$MODE" = dry ]; then
   DEVICE=cpu; KIND=cpu; PRECISION=fp32
 else
   DEVICE=cuda:0; KIND=cuda; PRECISION=bf16_autocast
+  [ -x /usr/local/cuda/bin/nvcc ] && export PATH=$PATH:/usr/local/cuda/bin
 fi
 STATE=$WORK/state
 COORDINATOR=down
@@ -132,7 +133,7 @@ step_env() {
   echo "## nvidia-smi"; nvidia-smi 2>&1 | head -20 || true
   echo "## python3 / torch"
   python3 -c 'import sys, torch; print(sys.executable, torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")' 2>&1 || true
-  echo "## compilers"; g++ --version | head -1; nvcc --version 2>&1 | tail -2 || true
+  echo "## compilers"; c++ --version | head -1; nvcc --version 2>&1 | tail -2 || true
   cmake --version | head -1; ninja --version
   echo "## glibc"; ldd --version | head -1
 }
@@ -183,7 +184,7 @@ int main() {
              sqlite3_libversion(), YAML::Load("a: 1")["a"].as<int>());
 }
 EOF
-  g++ -std=c++17 -O0 -I"$PREFIX/usr/include" "$WORK/link_test.cc" -o "$WORK/link_test" \
+  c++ -std=c++17 -O0 -I"$PREFIX/usr/include" "$WORK/link_test.cc" -o "$WORK/link_test" \
       -L"$PREFIX/usr/lib/x86_64-linux-gnu" -lgrpc++ -lgrpc -lgpr -lprotobuf -lsqlite3 -lyaml-cpp -lfmt \
       && "$WORK/link_test" || bad=1
   if [ "$bad" != 0 ]; then
@@ -217,10 +218,15 @@ step_configure() {
   if [ "$MODE" = device ] && command -v nvcc > /dev/null; then
     cuda_args=(-DCMAKE_CUDA_COMPILER="$(command -v nvcc)" -DCMAKE_CUDA_ARCHITECTURES=90 -DTORCH_CUDA_ARCH_LIST=9.0)
   fi
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_STANDARD=$CXX_STD \
-    "-DCMAKE_PREFIX_PATH=$PREFIX/usr;$PREFIX/usr/lib/x86_64-linux-gnu/cmake;$TORCH_CMAKE" \
-    -DProtobuf_PROTOC_EXECUTABLE="$PREFIX/usr/bin/protoc" -DNPM_EXECUTABLE=/bin/true \
-    "${cuda_args[@]}" || return 1
+  local args=(-S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_STANDARD=$CXX_STD
+    "-DCMAKE_PREFIX_PATH=$PREFIX/usr;$PREFIX/usr/lib/x86_64-linux-gnu/cmake;$TORCH_CMAKE"
+    -DProtobuf_PROTOC_EXECUTABLE="$PREFIX/usr/bin/protoc" -DNPM_EXECUTABLE=/bin/true)
+  if ! cmake "${args[@]}" "${cuda_args[@]}"; then
+    [ ${#cuda_args[@]} -gt 0 ] || return 1
+    echo "configure failed with ${cuda_args[*]}: once more without them, from a fresh cache"
+    rm -f "$BUILD/CMakeCache.txt"
+    cmake "${args[@]}" || return 1
+  fi
   # Every package the bundle carries must resolve into the prefix, never to the system's copy.
   local leaks
   leaks=$(grep -E '^(Protobuf|gRPC|absl|yaml-cpp|fmt|SQLite3|OPENSSL|Boost|boost_headers|GTest|benchmark|nlohmann_json|CLI11|c-ares|ZLIB)[A-Za-z_]*:(PATH|FILEPATH)=/' "$BUILD/CMakeCache.txt" | grep -v "=$PREFIX" | grep -v NOTFOUND)
@@ -232,7 +238,8 @@ run_step configure 180 "$OUT/build.log" step_configure
 # ---- build --------------------------------------------------------------------------------------
 TARGETS=(ablate ablate-worker gpu_parity_test bench_gpu)
 if passed configure; then
-  run_step build 420 "$OUT/build.log" ninja -C "$BUILD" -j "$JOBS" "${TARGETS[@]}"
+  # -k 0: past a failing compile, build every target that does not need it.
+  run_step build 420 "$OUT/build.log" ninja -C "$BUILD" -j "$JOBS" -k 0 "${TARGETS[@]}"
   # Whatever the binaries load from outside the prefix (the device's own libraries), and any
   # that load from nowhere.
   for b in ablate ablate-worker; do
