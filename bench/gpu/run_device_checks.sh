@@ -13,7 +13,8 @@
 #   libcheck  the carried libraries load here: ldd of each, and a tiny program linked against
 #             gRPC, protobuf, SQLite, yaml-cpp and fmt from the prefix, run
 #   configure CMake against the device's LibTorch (torch.utils.cmake_prefix_path) and the prefix
-#   build     ninja -j$JOBS: ablate, ablate-worker, gpu_parity_test, bench_gpu
+#   build     ninja -j$JOBS: ablate, ablate-worker, torch_compat_test, gpu_parity_test, bench_gpu
+#   compat    tests/worker/model/torch_compat_test: the version shims on the device's LibTorch
 #   parity    tests/gpu/gpu_parity_test: every variant on CUDA (fp32 and bf16 autocast) vs the CPU
 #   bench     bench_gpu: training tokens/s and MFU at three shapes against a bf16 matmul
 #   sweep     `ablate serve` + two `ablate-worker --device cuda:0`: a three-variant sweep to
@@ -236,7 +237,7 @@ step_configure() {
 run_step configure 180 "$OUT/build.log" step_configure
 
 # ---- build --------------------------------------------------------------------------------------
-TARGETS=(ablate ablate-worker gpu_parity_test bench_gpu)
+TARGETS=(ablate ablate-worker torch_compat_test gpu_parity_test bench_gpu)
 if passed configure; then
   # -k 0: past a failing compile, build every target that does not need it.
   run_step build 420 "$OUT/build.log" ninja -C "$BUILD" -j "$JOBS" -k 0 "${TARGETS[@]}"
@@ -248,6 +249,10 @@ if passed configure; then
 else
   skip build "configure failed"
 fi
+
+# ---- compat: the version shims on this LibTorch (the autocast API of 2.4+ here) ------------------
+if [ -x "$BUILD/torch_compat_test" ]; then run_step compat 60 "$OUT/parity.txt" "$BUILD/torch_compat_test" --gtest_color=no
+else skip compat "torch_compat_test was not built"; fi
 
 # ---- parity -------------------------------------------------------------------------------------
 step_parity() {

@@ -62,6 +62,22 @@ void SetCudaAutocast(bool enabled, at::ScalarType dtype) {
   if (!enabled) at::autocast::clear_cache();
 }
 
+bool CudaAutocastEnabled() {
+#if ABLATE_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(at::kCUDA);
+#else
+  return at::autocast::is_enabled();
+#endif
+}
+
+at::ScalarType CudaAutocastDtype() {
+#if ABLATE_TORCH_AT_LEAST(2, 4)
+  return at::autocast::get_autocast_dtype(at::kCUDA);
+#else
+  return at::autocast::get_autocast_gpu_dtype();
+#endif
+}
+
 namespace {
 absl::Mutex log_mu;
 std::unordered_set<const void*>* logged ABSL_GUARDED_BY(log_mu) = nullptr;

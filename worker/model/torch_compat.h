@@ -68,8 +68,12 @@ torch::Tensor FusedCausalAttention(const torch::Tensor& q, const torch::Tensor& 
                                    const torch::Tensor& v);
 
 // CUDA autocast on (to `dtype`) or off, for the calling thread. Clears the autocast cast cache
-// when turning it off, as leaving an autocast region does.
+// when turning it off, as leaving an autocast region does. Only a thread-local switch: callable
+// (and without effect on CPU tensors) in a CPU-only build too.
 void SetCudaAutocast(bool enabled, at::ScalarType dtype = at::kBFloat16);
+// Whether CUDA autocast is on for the calling thread, and to which dtype.
+bool CudaAutocastEnabled();
+at::ScalarType CudaAutocastDtype();
 
 // Writes "YYYY-MM-DD HH:MM:SS <line>" to stderr (the worker's log format) the first time it is
 // called with `key`, and nothing after: "once per model" when the key is one of the model's
