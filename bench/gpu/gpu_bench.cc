@@ -150,12 +150,12 @@ int main(int argc, char** argv) {
                                    .string();
       auto trainer = ablate::Trainer::Create(run, options);
       StepClock clock(warmup);
-      absl::StatusOr<ablate::RunSummary> summary = trainer.status();
-      if (trainer.ok()) summary = (*trainer)->Run(&clock);
+      absl::Status status = trainer.status();
+      if (status.ok()) status = (*trainer)->Run(&clock).status();
       std::filesystem::remove_all(options.checkpoint_dir);
-      if (!summary.ok()) {  // one shape failing (out of memory, say) leaves the others to run
+      if (!status.ok()) {  // one shape failing (out of memory, say) leaves the others to run
         std::printf("{\"impl\":\"ablate\",\"variant\":\"%s\",\"d_model\":%d,\"error\":\"%s\"}\n",
-                    variant.c_str(), s.d_model, std::string(summary.status().message()).c_str());
+                    variant.c_str(), s.d_model, std::string(status.message()).c_str());
         std::fflush(stdout);
         ++failures;
         continue;
