@@ -288,19 +288,22 @@ else
 fi
 
 # ---- peer ---------------------------------------------------------------------------------------
-# bench/peer_nanogpt.py (flags --device, --compile, one machine-readable line) comes from the
-# speed work; it is run as it is, with the shape flags its --help lists.
+# bench/peer_nanogpt.py (flags --device, --compile, --d-model, --layers, --head-dim, --seq-len,
+# --batch; one JSON line last) comes from the speed branch; it is run as it is, with the shape
+# flags its --help lists.
 step_peer() {
-  local compile=$1 help args=() shape d layers seq batch
+  local compile=$1 help args=() shape d layers head_dim seq batch
   help=$(env -u LD_LIBRARY_PATH python3 bench/peer_nanogpt.py --help 2>&1) || { echo "$help"; return 1; }
-  for shape in "768 12 1024 16" "1024 12 1024 16"; do
-    read -r d layers seq batch <<< "$shape"
-    [ "$MODE" = dry ] && { d=64; layers=2; seq=64; batch=4; }
+  # bench_gpu's first two shapes: d_model, layers, head dim, tokens, batch.
+  for shape in "768 12 64 1024 16" "1024 12 64 1024 16"; do
+    read -r d layers head_dim seq batch <<< "$shape"
+    [ "$MODE" = dry ] && { d=64; layers=2; head_dim=16; seq=64; batch=4; }
     args=(--device "$([ "$MODE" = dry ] && echo cpu || echo cuda)")
     [ "$compile" = 1 ] && args+=(--compile)
     grep -q -- "--d-model" <<< "$help" && args+=(--d-model "$d")
     grep -q -- "--layers" <<< "$help" && args+=(--layers "$layers")
-    grep -q -- "--seq" <<< "$help" && args+=(--seq "$seq")
+    grep -q -- "--head-dim" <<< "$help" && args+=(--head-dim "$head_dim")
+    grep -q -- "--seq-len" <<< "$help" && args+=(--seq-len "$seq")
     grep -q -- "--batch" <<< "$help" && args+=(--batch "$batch")
     echo "python3 bench/peer_nanogpt.py ${args[*]}"
     env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 python3 bench/peer_nanogpt.py "${args[@]}" || return 1
