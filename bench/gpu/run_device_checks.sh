@@ -14,7 +14,7 @@
 #             gRPC, protobuf, SQLite, yaml-cpp and fmt from the prefix, run
 #   configure CMake against the device's LibTorch (torch.utils.cmake_prefix_path) and the prefix
 #   build     ninja -j$JOBS: ablate, ablate-worker, torch_compat_test, gpu_parity_test, bench_gpu
-#   compat    tests/worker/model/torch_compat_test: the version shims on the device's LibTorch
+#   compat    tests/gpu/torch_compat_test: the version shims on the device's LibTorch
 #   parity    tests/gpu/gpu_parity_test: every variant on CUDA (fp32 and bf16 autocast) vs the CPU
 #   bench     bench_gpu: training tokens/s and MFU at three shapes against a bf16 matmul
 #   sweep     `ablate serve` + two `ablate-worker --device cuda:0`: a three-variant sweep to
