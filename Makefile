@@ -33,7 +33,7 @@ BENCH_PACKAGES := python3-torch
 PREFIX ?= /usr/local
 
 .PHONY: all deps deps-test deps-bench build build-bin data test demo bench clean install fuzz \
-        fuzz-build fuzz-replay fuzz-corpus
+        fuzz-build fuzz-replay fuzz-corpus gpu-bundle gpu-rehearse
 
 all: build
 
@@ -205,3 +205,40 @@ install: build-bin data
 
 clean:
 	rm -rf $(BUILD)
+
+# ---- The GPU device machine (docs/gpu.md) ------------------------------------------------------
+# That machine has PyTorch 2.x with CUDA (its LibTorch), nvcc, CMake and ninja, but no Debian
+# packages and no network. `make gpu-bundle` downloads the Debian packages the build needs beside
+# LibTorch (the libraries of PACKAGES, their headers, protoc and the gRPC plugin, and the runtime
+# libraries they load that a CUDA image may lack) into $(GPU_BUNDLE), with the web app's uPlot
+# files (the device has no npm), for bench/gpu/run_device_checks.sh to unpack there (dpkg -x into
+# a prefix, never into /). Left out: the C/C++ toolchain and its runtime (libc6, libstdc++6), which
+# the device's compiler brings, and Debian's LibTorch and Gloo (the device's PyTorch has its own).
+GPU_BUNDLE ?= .gpu-bundle
+GPU_BUNDLE_PACKAGES := libgrpc++-dev libgrpc-dev libgrpc++1.51 libgrpc29 protobuf-compiler-grpc \
+  libprotobuf-dev libprotobuf32 libprotobuf-lite32 libprotoc32 protobuf-compiler \
+  libabsl-dev libabsl20220623 libc-ares-dev libc-ares2 libre2-dev libre2-9 zlib1g-dev zlib1g \
+  libssl-dev libssl3 libsqlite3-dev libsqlite3-0 libyaml-cpp-dev libyaml-cpp0.7 libfmt-dev libfmt9 \
+  libboost1.74-dev libboost-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev \
+  libbenchmark-dev libbenchmark1debian pkgconf pkgconf-bin libpkgconf3
+gpu-bundle:
+	@test -f dashboard/node_modules/uplot/dist/uPlot.min.css || (cd dashboard && npm ci --no-audit --no-fund --loglevel=error)
+	rm -rf $(GPU_BUNDLE) && mkdir -p $(GPU_BUNDLE)/debs $(GPU_BUNDLE)/uplot
+	$(SUDO) apt-get update -qq
+	cd $(GPU_BUNDLE)/debs && apt-get download -qq $(GPU_BUNDLE_PACKAGES) 2>&1 | grep -v "unsandboxed" || true
+	@test $$(ls $(GPU_BUNDLE)/debs/*.deb | wc -l) -eq $(words $(GPU_BUNDLE_PACKAGES)) || \
+	  { echo "gpu-bundle: expected $(words $(GPU_BUNDLE_PACKAGES)) packages"; exit 1; }
+	cp dashboard/node_modules/uplot/dist/uPlot.iife.min.js dashboard/node_modules/uplot/dist/uPlot.min.css \
+	  $(GPU_BUNDLE)/uplot/
+	@echo "gpu-bundle: $$(ls $(GPU_BUNDLE)/debs | wc -l) packages, $$(du -sh $(GPU_BUNDLE) | cut -f1) in $(GPU_BUNDLE)/"
+
+# The device script's rehearsal on this machine (CPU): the bundle unpacked into a prefix, the
+# project configured and built against that prefix instead of the system's packages (LibTorch
+# from Debian here), then every step of the script on the CPU with tiny shapes. Builds with
+# JOBS (default: all cores); the report goes to $(GPU_REHEARSE_OUT).
+GPU_REHEARSE_OUT ?= $(BUILD)-gpu-rehearse/out
+gpu-rehearse: data
+	@test -d $(GPU_BUNDLE)/debs || { echo "gpu-rehearse: run make gpu-bundle first"; exit 1; }
+	mkdir -p $(GPU_REHEARSE_OUT)
+	OUT=$(GPU_REHEARSE_OUT) JOBS=$(JOBS) bench/gpu/run_device_checks.sh --cpu-dry-run \
+	  --build $(BUILD)-gpu-rehearse --prefix /tmp/ablate-gpu-prefix

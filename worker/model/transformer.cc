@@ -8,6 +8,7 @@
 #include "config/model_config.h"
 #include "worker/model/fused_ops.h"
 #include "worker/model/probes.h"
+#include "worker/model/torch_compat.h"
 
 namespace ablate {
 
@@ -201,6 +202,16 @@ double YarnScale(const YarnConfig& y) {
 
 torch::Tensor AttentionImpl::CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                                              const torch::Tensor& v, ProbeRecorder* probes) {
+  // On CUDA with LibTorch >= 2.1, LibTorch's fused kernels (flash / memory-efficient), unless the
+  // probes need the probabilities; the fallback is logged once per model (by its layer 0).
+  if (q.is_cuda()) {
+    const std::string blocker = compat::FusedAttentionBlocker(q, /*need_probs=*/probes != nullptr);
+    if (blocker.empty()) return compat::FusedCausalAttention(q, k, v);
+    if (layer_ == 0) {
+      compat::LogOnce(this, "model: attention on " + q.device().str() +
+                                " takes the unfused path because " + blocker);
+    }
+  }
   const int64_t T = q.size(2);
   // Built per call, not kept: a (max_seq_len)^2 buffer per layer would be 64 MiB per layer at 4k
   // positions, in memory and in every checkpoint; writing T^2 values is small next to attention.

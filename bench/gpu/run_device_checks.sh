@@ -1,0 +1,445 @@
+#!/usr/bin/env bash
+# Every GPU check of ablate in one run, for the lent device machine (docs/gpu.md): PyTorch 2.x
+# with CUDA, nvcc, CMake and ninja there, but no Debian packages and no network.
+#
+#   bench/gpu/run_device_checks.sh                  # on the device: the report goes to $OUT
+#   bench/gpu/run_device_checks.sh --cpu-dry-run    # here, on the CPU: `make gpu-rehearse`
+#
+# Steps, each timed and logged with a timestamp; a failing step is recorded and the next runs,
+# so one run yields everything it can:
+#   env       the machine: GPU, driver, PyTorch, compilers
+#   unpack    the Debian packages of `make gpu-bundle` (.gpu-bundle/debs) into a prefix with
+#             `dpkg -x` (never into /), absolute symlinks pointed into the prefix
+#   libcheck  the carried libraries load here: ldd of each, and a tiny program linked against
+#             gRPC, protobuf, SQLite, yaml-cpp and fmt from the prefix, run
+#   configure CMake against the device's LibTorch (torch.utils.cmake_prefix_path) and the prefix
+#   build     ninja -j$JOBS: ablate, ablate-worker, torch_compat_test, gpu_parity_test, bench_gpu
+#   compat    tests/gpu/torch_compat_test: the version shims on the device's LibTorch
+#   parity    tests/gpu/gpu_parity_test: every variant on CUDA (fp32 and bf16 autocast) vs the CPU
+#   bench     bench_gpu: training tokens/s and MFU at three shapes against a bf16 matmul
+#   sweep     `ablate serve` + two `ablate-worker --device cuda:0`: a three-variant sweep to
+#             SUCCEEDED
+#   peer      bench/peer_nanogpt.py, the nanoGPT-architecture peer on the device's PyTorch, eager,
+#             then torch.compile'd if time remains, at two of the shapes (when the tree has it)
+#   sink      if time remains: the attention-sink contrast, a ~14M model, baseline vs G1
+#
+# --cpu-dry-run runs every step against the CPU: Debian's LibTorch 1.13 instead of the device's
+# (the host has no 2.x), JOBS cores (make gpu-rehearse passes them), tiny shapes; the parity test
+# then skips every case, which the step checks. Budget: BUDGET_S seconds (default 400; 3600 for
+# --cpu-dry-run, whose first build at -j1 is long): the optional steps (peer-compile, sink) run
+# only while enough of it is left, and no step runs past BUDGET_S + 120 seconds from the start.
+#
+# Report in $OUT (at most 8 files): summary.md (every step, its status and seconds, the key
+# numbers), log.txt (everything, timestamped), env.txt, build.log, parity.txt, bench.jsonl,
+# sweeps.md.
+set -u -o pipefail
+
+usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+
+MODE=device
+BUILD=build-gpu
+PREFIX=/tmp/ablate-gpu-prefix
+BUNDLE=.gpu-bundle
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cpu-dry-run) MODE=dry ;;
+    --build) BUILD=$2; shift ;;
+    --prefix) PREFIX=$2; shift ;;
+    --bundle) BUNDLE=$2; shift ;;
+    --budget) BUDGET_S=$2; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "run_device_checks.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+# The device's budget by default; a rehearsal's first build at -j1 takes far longer than any
+# device step, so it gets an hour.
+if [ -z "${BUDGET_S:-}" ]; then BUDGET_S=$([ "$MODE" = dry ] && echo 3600 || echo 400); fi
+BUILD_LIMIT_S=$([ "$MODE" = dry ] && echo "$BUDGET_S" || echo 420)
+
+cd "$(dirname "$0")/../.." || exit 2
+ROOT=$PWD
+OUT=${OUT:-$ROOT/$BUILD/out}
+mkdir -p "$OUT" "$BUILD" || exit 2
+JOBS=${JOBS:-$(nproc)}
+WORK=$(mktemp -d /tmp/ablate-gpu-checks.XXXXXX)
+START=$(date +%s)
+HARD_S=$(( BUDGET_S + 120 ))
+LOG=$OUT/log.txt
+SUMMARY=$OUT/summary.md
+for f in summary.md log.txt env.txt build.log parity.txt bench.jsonl sweeps.md; do : > "$OUT/$f"; done
+STATUS=()   # "name|PASS/FAIL/SKIP|seconds|note"
+PIDS=()     # background processes this script started
+
+elapsed() { echo $(( $(date +%s) - START )); }
+left() { echo $(( BUDGET_S - $(elapsed) )); }
+log() { printf '%s +%4ss %s\n' "$(date -u +%H:%M:%S)" "$(elapsed)" "$*" | tee -a "$LOG"; }
+record() { STATUS+=("$1|$2|$3|$4"); log "== $1: $2 (${3}s) $4"; }
+
+# run_step NAME TIMEOUT_S FILE COMMAND...: COMMAND's output goes to FILE and to the log, each line
+# timestamped; the step passes when COMMAND exits 0 within TIMEOUT_S.
+# A step may be a function of this script: it runs in a child bash (so that timeout can stop it),
+# which sees the functions and the exported variables, and changes nothing here. No step runs past
+# HARD_S seconds from the start (BUDGET_S + 120, under the device tool's 600 s).
+run_step() {
+  local name=$1 limit=$2 file=$3; shift 3
+  local t0 rc
+  t0=$(date +%s)
+  local cap=$(( HARD_S - $(elapsed) ))
+  [ "$cap" -lt 30 ] && cap=30
+  [ "$limit" -gt "$cap" ] && limit=$cap
+  log "== $name: start (limit ${limit}s): $*"
+  if declare -F "$1" > /dev/null; then
+    export -f $(compgen -A function)
+    set -- bash -c '"$@"' run_step "$@"
+  fi
+  timeout --kill-after=10 "$limit" "$@" 2>&1 |
+    while IFS= read -r line; do
+      printf '%s +%4ss [%s] %s\n' "$(date -u +%H:%M:%S)" "$(elapsed)" "$name" "$line" >> "$LOG"
+      [ "$file" = - ] || printf '%s\n' "$line" >> "$file"
+    done
+  rc=${PIPESTATUS[0]}
+  local took=$(( $(date +%s) - t0 ))
+  if [ "$rc" = 0 ]; then record "$name" PASS "$took" ""
+  elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then record "$name" FAIL "$took" "timed out after ${limit}s"
+  else record "$name" FAIL "$took" "exit $rc"
+  fi
+  return "$rc"
+}
+skip() { record "$1" SKIP 0 "$2"; }
+passed() { local s; for s in "${STATUS[@]}"; do [[ $s == "$1|PASS|"* ]] && return 0; done; return 1; }
+
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  sleep 1
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+if [ "$MODE" = dry ]; then
+  DEVICE=cpu; KIND=cpu; PRECISION=fp32
+else
+  DEVICE=cuda:0; KIND=cuda; PRECISION=bf16_autocast
+  [ -x /usr/local/cuda/bin/nvcc ] && export PATH=$PATH:/usr/local/cuda/bin
+fi
+STATE=$WORK/state
+COORDINATOR=down
+export MODE BUILD PREFIX BUNDLE BUDGET_S ROOT OUT JOBS WORK START HARD_S LOG DEVICE KIND PRECISION STATE
+log "run_device_checks.sh: mode $MODE, device $DEVICE, build $BUILD, prefix $PREFIX, jobs $JOBS, budget ${BUDGET_S}s, report $OUT"
+
+# ---- env ----------------------------------------------------------------------------------------
+step_env() {
+  echo "## uname"; uname -a
+  echo "## os"; grep PRETTY_NAME /etc/os-release
+  echo "## cpus"; nproc
+  echo "## nvidia-smi"; nvidia-smi 2>&1 | head -20 || true
+  echo "## python3 / torch"
+  python3 -c 'import sys, torch; print(sys.executable, torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")' 2>&1 || true
+  echo "## compilers"; c++ --version | head -1; nvcc --version 2>&1 | tail -2 || true
+  cmake --version | head -1; ninja --version
+  echo "## glibc"; ldd --version | head -1
+}
+run_step env 60 "$OUT/env.txt" step_env
+
+# ---- unpack -------------------------------------------------------------------------------------
+step_unpack() {
+  ls "$BUNDLE"/debs/*.deb > /dev/null || { echo "no $BUNDLE/debs/*.deb: run make gpu-bundle here and carry $BUNDLE"; return 1; }
+  rm -rf "$PREFIX" && mkdir -p "$PREFIX" || return 1
+  local n
+  n=$(ls "$BUNDLE"/debs/*.deb | wc -l)
+  printf '%s\0' "$BUNDLE"/debs/*.deb | xargs -0 -P "$JOBS" -I{} dpkg -x {} "$PREFIX" || return 1
+  # Debian's -dev packages point some .so links at /lib/...: into the prefix instead.
+  local link target
+  while IFS= read -r link; do
+    target=$(readlink "$link")
+    case "$target" in
+      /*) if [ -e "$PREFIX$target" ]; then ln -sfn "$PREFIX$target" "$link"; echo "relinked $link -> $PREFIX$target"; fi ;;
+    esac
+  done < <(find "$PREFIX" -type l)
+  # The web app's uPlot, vendored by npm here: the device has no npm (configure sets it to true).
+  mkdir -p dashboard/node_modules/uplot/dist && cp "$BUNDLE"/uplot/* dashboard/node_modules/uplot/dist/ || return 1
+  echo "unpacked $n packages into $PREFIX ($(du -sh "$PREFIX" | cut -f1))"
+}
+run_step unpack 120 - step_unpack
+LIBDIRS=$PREFIX/usr/lib/x86_64-linux-gnu:$PREFIX/lib/x86_64-linux-gnu
+export PATH=$PREFIX/usr/bin:$PATH
+export LD_LIBRARY_PATH=$LIBDIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+# ---- libcheck -----------------------------------------------------------------------------------
+step_libcheck() {
+  local lib bad=0
+  for lib in "$PREFIX"/usr/lib/x86_64-linux-gnu/lib{grpc++,grpc,protobuf,absl_base,yaml-cpp,fmt,sqlite3,ssl,crypto,cares,re2,benchmark}.so \
+             "$PREFIX"/usr/lib/x86_64-linux-gnu/libprotoc.so.32 "$PREFIX"/usr/bin/grpc_cpp_plugin; do
+    [ -e "$lib" ] || { echo "missing: $lib"; bad=1; continue; }
+    if ldd "$lib" | grep -q "not found"; then echo "$lib:"; ldd "$lib" | grep "not found"; bad=1; fi
+  done
+  "$PREFIX"/usr/bin/protoc --version || bad=1
+  cat > "$WORK/link_test.cc" <<'EOF'
+#include <fmt/core.h>
+#include <google/protobuf/stubs/common.h>
+#include <grpcpp/grpcpp.h>
+#include <sqlite3.h>
+#include <yaml-cpp/yaml.h>
+int main() {
+  fmt::print("grpc {} protobuf {} sqlite {} yaml {}\n", grpc::Version(),
+             google::protobuf::internal::VersionString(GOOGLE_PROTOBUF_VERSION),
+             sqlite3_libversion(), YAML::Load("a: 1")["a"].as<int>());
+}
+EOF
+  c++ -std=c++17 -O0 -I"$PREFIX/usr/include" "$WORK/link_test.cc" -o "$WORK/link_test" \
+      -L"$PREFIX/usr/lib/x86_64-linux-gnu" -lgrpc++ -lgrpc -lgpr -lprotobuf -lsqlite3 -lyaml-cpp -lfmt \
+      && "$WORK/link_test" || bad=1
+  if [ "$bad" != 0 ]; then
+    echo "FALLBACK: the Debian 12 libraries carried in $BUNDLE do not all load on this machine"
+    echo "  (lines above). The build below will likely fail the same way; what would help: build"
+    echo "  the missing ones from source on the device, or carry their Debian runtime packages too"
+    echo "  (add them to GPU_BUNDLE_PACKAGES in the Makefile)."
+  fi
+  return "$bad"
+}
+run_step libcheck 120 - step_libcheck
+
+# ---- configure ----------------------------------------------------------------------------------
+if [ "$MODE" = dry ]; then
+  TORCH_CMAKE=/usr/lib/x86_64-linux-gnu/cmake   # Debian's LibTorch 1.13: no 2.x here
+  TORCH_INC=/usr/include
+else
+  TORCH_CMAKE=$(env -u LD_LIBRARY_PATH python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>>"$LOG")
+  TORCH_INC=$(dirname "$(dirname "$TORCH_CMAKE")")/include
+fi
+export TORCH_CMAKE TORCH_INC
+log "LibTorch: cmake prefix $TORCH_CMAKE, headers $TORCH_INC"
+CXX_STD=17
+if grep -rqs "C++20 or later compatible compiler is required" "$TORCH_INC/c10/macros" "$TORCH_INC/c10/util"; then
+  CXX_STD=20   # PyTorch 2.12+ requires C++20 of the code that includes its headers
+fi
+export CXX_STD
+step_configure() {
+  [ -e "$TORCH_INC/gloo/algorithm.h" ] || echo "warning: no Gloo headers under $TORCH_INC/gloo (worker/train/collective.cc needs them)"
+  local cuda_args=()
+  if [ "$MODE" = device ] && command -v nvcc > /dev/null; then
+    cuda_args=(-DCMAKE_CUDA_COMPILER="$(command -v nvcc)" -DCMAKE_CUDA_ARCHITECTURES=90 -DTORCH_CUDA_ARCH_LIST=9.0)
+  fi
+  local args=(-S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_STANDARD=$CXX_STD
+    "-DCMAKE_PREFIX_PATH=$PREFIX/usr;$PREFIX/usr/lib/x86_64-linux-gnu/cmake;$TORCH_CMAKE"
+    -DProtobuf_PROTOC_EXECUTABLE="$PREFIX/usr/bin/protoc" -DNPM_EXECUTABLE=/bin/true)
+  if ! cmake "${args[@]}" "${cuda_args[@]}"; then
+    [ ${#cuda_args[@]} -gt 0 ] || return 1
+    echo "configure failed with ${cuda_args[*]}: once more without them, from a fresh cache"
+    rm -f "$BUILD/CMakeCache.txt"
+    cmake "${args[@]}" || return 1
+  fi
+  # Every package the bundle carries must resolve into the prefix, never to the system's copy.
+  local leaks
+  leaks=$(grep -E '^(Protobuf|gRPC|absl|yaml-cpp|fmt|SQLite3|OPENSSL|Boost|boost_headers|GTest|benchmark|nlohmann_json|CLI11|c-ares|ZLIB)[A-Za-z_]*:(PATH|FILEPATH)=/' "$BUILD/CMakeCache.txt" | grep -v "=$PREFIX" | grep -v NOTFOUND)
+  if [ -n "$leaks" ]; then echo "resolved outside $PREFIX:"; echo "$leaks"; return 1; fi
+  echo "every carried package resolved into $PREFIX (C++$CXX_STD)"
+}
+run_step configure 180 "$OUT/build.log" step_configure
+
+# ---- build --------------------------------------------------------------------------------------
+TARGETS=(ablate ablate-worker torch_compat_test gpu_parity_test bench_gpu)
+if passed configure; then
+  # -k 0: past a failing compile, build every target that does not need it.
+  run_step build "$BUILD_LIMIT_S" "$OUT/build.log" ninja -C "$BUILD" -j "$JOBS" -k 0 "${TARGETS[@]}"
+  # Whatever the binaries load from outside the prefix (the device's own libraries), and any
+  # that load from nowhere.
+  for b in ablate ablate-worker; do
+    [ -x "$BUILD/$b" ] && { echo "## ldd $b"; ldd "$BUILD/$b" | grep -v "$PREFIX"; } >> "$OUT/env.txt"
+  done
+else
+  skip build "configure failed"
+fi
+
+# ---- compat: the version shims on this LibTorch (the autocast API of 2.4+ here) ------------------
+if [ -x "$BUILD/torch_compat_test" ]; then run_step compat 60 "$OUT/parity.txt" "$BUILD/torch_compat_test" --gtest_color=no
+else skip compat "torch_compat_test was not built"; fi
+
+# ---- parity -------------------------------------------------------------------------------------
+step_parity() {
+  "$BUILD/gpu_parity_test" --gtest_color=no > "$WORK/parity.txt" 2>&1
+  local rc=$?
+  cat "$WORK/parity.txt"
+  if [ "$MODE" = dry ]; then  # without CUDA every case must skip, saying why, and none pass
+    grep -q "no CUDA device" "$WORK/parity.txt" || { echo "dry run: expected every case skipped"; return 1; }
+    if grep -q "^\[       OK \]" "$WORK/parity.txt"; then echo "dry run: a case passed without CUDA"; return 1; fi
+    echo "dry run: every case skipped without CUDA, as it must"
+  fi
+  return $rc
+}
+if [ -x "$BUILD/gpu_parity_test" ]; then run_step parity 240 "$OUT/parity.txt" step_parity
+else skip parity "gpu_parity_test was not built"; fi
+
+# ---- bench --------------------------------------------------------------------------------------
+if [ -x "$BUILD/bench_gpu" ]; then
+  if [ "$MODE" = dry ]; then
+    run_step bench 240 "$WORK/bench.txt" "$BUILD/bench_gpu" --device cpu --tiny
+  else
+    run_step bench 240 "$WORK/bench.txt" "$BUILD/bench_gpu" --device "$DEVICE" --peak-tflops 989
+  fi
+  grep -h '^{' "$WORK/bench.txt" >> "$OUT/bench.jsonl"
+  # LibTorch >= 2.4 warns on every call of the pre-2.4 autocast names (worker/model/torch_compat.h).
+  log "bench: $(grep -c 'is deprecated' "$WORK/bench.txt") deprecation warnings in its output"
+else
+  skip bench "bench_gpu was not built"
+fi
+
+# ---- peer ---------------------------------------------------------------------------------------
+# bench/peer_nanogpt.py (flags --device, --compile, --d-model, --layers, --head-dim, --seq-len,
+# --batch; one JSON line last) comes from the speed branch; it is run as it is, with the shape
+# flags its --help lists.
+step_peer() {
+  local compile=$1 help args=() shape d layers head_dim seq batch
+  help=$(env -u LD_LIBRARY_PATH python3 bench/peer_nanogpt.py --help 2>&1) || { echo "$help"; return 1; }
+  # bench_gpu's first two shapes: d_model, layers, head dim, tokens, batch.
+  for shape in "768 12 64 1024 16" "1024 12 64 1024 16"; do
+    read -r d layers head_dim seq batch <<< "$shape"
+    [ "$MODE" = dry ] && { d=64; layers=2; head_dim=16; seq=64; batch=4; }
+    args=(--device "$([ "$MODE" = dry ] && echo cpu || echo cuda)")
+    [ "$compile" = 1 ] && args+=(--compile)
+    grep -q -- "--d-model" <<< "$help" && args+=(--d-model "$d")
+    grep -q -- "--layers" <<< "$help" && args+=(--layers "$layers")
+    grep -q -- "--head-dim" <<< "$help" && args+=(--head-dim "$head_dim")
+    grep -q -- "--seq-len" <<< "$help" && args+=(--seq-len "$seq")
+    grep -q -- "--batch" <<< "$help" && args+=(--batch "$batch")
+    echo "python3 bench/peer_nanogpt.py ${args[*]}"
+    env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 python3 bench/peer_nanogpt.py "${args[@]}" || return 1
+    [ "$MODE" = dry ] && break
+  done
+}
+# ---- sweep: ablate serve + two ablate-worker --device cuda:0 -------------------------------------
+export ABLATE_DATA_DIR=$ROOT/data
+write_spec() {  # NAME STEPS D_MODEL LAYERS HEADS SEQ BATCH VARIANTS... -> $WORK/NAME.yaml
+  local name=$1 steps=$2 d=$3 layers=$4 heads=$5 seq=$6 batch=$7; shift 7
+  {
+    echo "sweep: $name"
+    echo "base:"
+    echo "  model: {d_model: $d, num_layers: $layers, num_heads: $heads, num_kv_heads: $heads,"
+    echo "          head_dim: $((d / heads)), ffn_dim: $((4 * d)), max_seq_len: $seq}"
+    echo "  train:"
+    echo "    steps: $steps"
+    echo "    batch_size: $batch"
+    echo "    seq_len: $seq"
+    echo "    device: $DEVICE"
+    echo "    precision: $PRECISION"
+    [ "$MODE" = dry ] && echo "    threads: 1"   # a rehearsal on a shared CPU
+    echo "    optimizer: {lr: 1e-3, warmup_steps: $((steps / 10))}"
+    echo "    eval_every: $((steps / 2))"
+    echo "    eval_batches: 4"
+    echo "    checkpoint_every: $((steps / 2))"
+    echo "    data: {bos_token: 2}"
+    echo "variants:"
+    local v; for v in "$@"; do echo "  - $v"; done
+    echo "budget: {match: ffn, reference: baseline, tolerance: 0.01}"
+    echo "seeds: [0]"
+    echo "resources: {device: $KIND}"
+  } > "$WORK/$name.yaml"
+}
+step_sweep() {  # NAME RUNS: submit $WORK/NAME.yaml, watch it, table it; pass when RUNS SUCCEEDED
+  local name=$1 want=$2
+  cat "$WORK/$name.yaml"
+  "$BUILD/ablate" submit "$WORK/$name.yaml" --watch --state-dir "$STATE" || return 1
+  { echo "## $name ($DEVICE)"; echo; "$BUILD/ablate" table "$name" --state-dir "$STATE"; echo;
+    "$BUILD/ablate" query "SELECT run_id, variant, state FROM run_summary WHERE sweep = '$name' ORDER BY run_id" --state-dir "$STATE";
+    echo; } | tee -a "$OUT/sweeps.md"
+  local ok
+  ok=$("$BUILD/ablate" query "SELECT state FROM run_summary WHERE sweep = '$name'" --state-dir "$STATE" | grep -c SUCCEEDED)
+  echo "$name: $ok of $want runs SUCCEEDED"
+  [ "$ok" = "$want" ]
+}
+start_coordinator() {
+  mkdir -p "$STATE"
+  "$BUILD/ablate" serve --port 0 --dashboard-port 0 --state-dir "$STATE" >> "$WORK/serve.log" 2>&1 &
+  PIDS+=($!)
+  local i
+  for i in $(seq 100); do [ -s "$STATE/address" ] && break; sleep 0.2; done
+  [ -s "$STATE/address" ] || { cat "$WORK/serve.log"; return 1; }
+  local worker
+  for worker in 1 2; do  # two workers on the one GPU: the sink contrast trains its runs side by side
+    "$BUILD/ablate-worker" --coordinator "$(cat "$STATE/address")" --token-file "$STATE/worker-token" \
+      --device "$DEVICE" --name "gpu-$worker" >> "$WORK/worker-$worker.log" 2>&1 &
+    PIDS+=($!)
+  done
+  echo "coordinator $(cat "$STATE/address"), workers gpu-1 and gpu-2 on $DEVICE"
+}
+if [ -x "$BUILD/ablate" ] && [ -x "$BUILD/ablate-worker" ]; then
+  t0=$(date +%s)
+  if start_coordinator >> "$LOG" 2>&1; then
+    record coordinator PASS $(( $(date +%s) - t0 )) "$(cat "$STATE/address")"
+    COORDINATOR=up
+    if [ "$MODE" = dry ]; then
+      write_spec gpu_sweep 20 64 2 4 64 8 baseline g1_elementwise g1_headwise
+    else
+      write_spec gpu_sweep 300 256 4 4 256 16 baseline g1_elementwise g1_headwise
+    fi
+    run_step sweep 180 - step_sweep gpu_sweep 3
+  else
+    record coordinator FAIL $(( $(date +%s) - t0 )) "ablate serve did not start (log.txt)"
+  fi
+else
+  skip sweep "ablate or ablate-worker was not built"
+fi
+
+# ---- peer (after the sweep: what follows is for the time that remains) --------------------------
+if [ ! -f bench/peer_nanogpt.py ]; then
+  skip peer "bench/peer_nanogpt.py is absent from this tree (it comes from the speed branch)"
+else
+  run_step peer-eager 150 "$WORK/peer.txt" step_peer 0
+  if [ "$MODE" = dry ]; then
+    skip peer-compile "dry run: torch.compile is not rehearsed on the CPU"
+  elif [ "$(left)" -gt 150 ]; then
+    run_step peer-compile 200 "$WORK/peer.txt" step_peer 1
+  else
+    skip peer-compile "$(left)s of the budget left, too little for torch.compile"
+  fi
+  # The peer's machine-readable lines (JSON) beside bench_gpu's.
+  grep -h '^{' "$WORK/peer.txt" >> "$OUT/bench.jsonl" 2>/dev/null
+fi
+
+# ---- sink: the attention-sink contrast, if time remains ------------------------------------------
+if [ "$COORDINATOR" != up ]; then
+  skip sink "no coordinator"
+elif [ "$MODE" = dry ]; then
+  write_spec gpu_sink 20 96 2 4 64 8 baseline g1_elementwise
+  run_step sink 180 - step_sweep gpu_sink 2
+elif [ "$(left)" -gt 60 ]; then
+  # ~14M parameters: d_model 384, 6 layers, 6 heads of 64, FFN 1536, 512 tokens, bos token 2;
+  # 1,000 steps of 32 sequences, the two runs side by side on the two workers.
+  write_spec gpu_sink 1000 384 6 6 512 32 baseline g1_elementwise
+  run_step sink $(( $(left) + 60 )) - step_sweep gpu_sink 2
+else
+  skip sink "$(left)s of the budget left"
+fi
+for f in "$WORK"/serve.log "$WORK"/worker-*.log; do
+  [ -f "$f" ] && { echo "## $(basename "$f")"; tail -n 40 "$f"; } >> "$LOG"
+done
+
+# ---- summary ------------------------------------------------------------------------------------
+{
+  echo "# run_device_checks.sh ($MODE, $DEVICE): $(date -u '+%Y-%m-%d %H:%M:%S') UTC, $(elapsed)s"
+  echo
+  echo "| step | status | seconds | note |"
+  echo "|---|---|---:|---|"
+  for s in "${STATUS[@]}"; do IFS='|' read -r n st sec note <<< "$s"; echo "| $n | $st | $sec | $note |"; done
+  echo
+  echo "## bench.jsonl"
+  echo; echo '```'; cat "$OUT/bench.jsonl"; echo '```'
+  echo
+  if [ -s "$WORK/peer.txt" ]; then
+    echo "## peer: the last lines of bench/peer_nanogpt.py"
+    echo; echo '```'; tail -n 30 "$WORK/peer.txt"; echo '```'; echo
+  fi
+  echo "## parity: margins and failures"
+  echo; echo '```'
+  grep -E "^\[ parity|^\[  FAILED  \]|^\[  PASSED  \]|test suites? ran|^\[  SKIPPED \] [0-9]+ test" "$OUT/parity.txt" 2>/dev/null | tail -n 200
+  echo '```'
+  echo
+  cat "$OUT/sweeps.md"
+} > "$SUMMARY"
+log "summary: $SUMMARY"
+FAILED=$(printf '%s\n' "${STATUS[@]}" | grep -c '|FAIL|')
+log "done in $(elapsed)s: $FAILED step(s) failed"
+[ "$FAILED" = 0 ]
