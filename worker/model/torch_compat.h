@@ -26,10 +26,6 @@
 // torch::serialize archives. worker/train/CMakeLists.txt links the system's Gloo only for 1.x
 // (2.x carries Gloo inside libtorch_cpu and its headers in include/gloo).
 //
-// Not here: worker/train/trainer.cc still calls the pre-2.4 autocast names directly (it is
-// another change's file); it compiles against 2.x, with deprecation warnings at build and run
-// time, until it calls SetCudaAutocast.
-//
 // Includes <torch/torch.h>: worker/ only. Thread-safe.
 #ifndef ABLATE_WORKER_MODEL_TORCH_COMPAT_H_
 #define ABLATE_WORKER_MODEL_TORCH_COMPAT_H_

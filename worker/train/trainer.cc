@@ -1,6 +1,5 @@
 #include "worker/train/trainer.h"
 
-#include <ATen/autocast_mode.h>
 #include <malloc.h>
 #include <torch/torch.h>
 
@@ -23,6 +22,7 @@
 #include "worker/train/collective.h"
 #include "worker/train/data.h"
 #include "worker/model/probes.h"
+#include "worker/model/torch_compat.h"
 #include "worker/model/transformer.h"
 #include "worker/train/spike.h"
 
@@ -37,14 +37,10 @@ namespace {
 class AutocastGuard {
  public:
   explicit AutocastGuard(bool enabled) : enabled_(enabled) {
-    if (!enabled_) return;
-    at::autocast::set_enabled(true);
-    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+    if (enabled_) compat::SetCudaAutocast(true, at::kBFloat16);
   }
   ~AutocastGuard() {
-    if (!enabled_) return;
-    at::autocast::set_enabled(false);
-    at::autocast::clear_cache();
+    if (enabled_) compat::SetCudaAutocast(false);  // clears autocast's cast cache too
   }
 
  private:
