@@ -17,7 +17,10 @@ At every grid point (d_model x seq_len, 4 layers, batch = tokens_per_step / seq_
 - G1: `bench_train --variant g1_elementwise --match-ffn`, the gate with the FFN narrowed until the
   parameters match; its step time over the baseline's;
 - MFU of ablate and of the peer: training FLOPs per token (config/param_count.cc) x tokens/s over
-  the fp32 1024^3 matmul FLOP/s measured in every round.
+  the fp32 1024^3 matmul FLOP/s measured in every round of the same point.
+
+Points are measured one after the other, each in its own alternating rounds, and each row is
+printed as soon as its point is done.
 
 Targets (issue 22): ablate >= 1.2x the peer at every point; MFU >= 60% at d_model >= 256; G1
 step <= 1.03x the baseline's at every point.
@@ -79,76 +82,70 @@ def main():
     ours = os.path.join(a.build, "bench_train")
     py = "/usr/bin/python3"
     points = [(d, t) for d in a.d_model for t in a.seq]
-    jobs = {}
+    header = (f"| d_model | seq | batch | ablate tok/s | peer tok/s | ablate/peer | "
+              f"{'' if a.no_reference else 'same-arch tok/s | ablate/same-arch | '}"
+              f"ablate MFU | peer MFU | matmul GFLOP/s | G1 step/base |")
+    print(f"train_throughput: {a.layers} layers, {a.tokens_per_step} tokens per step, "
+          f"{a.threads} threads, {a.rounds} rounds x ({a.warmup} + {a.steps}) steps per point, "
+          f"medians; OMP_WAIT_POLICY {env.get('OMP_WAIT_POLICY', 'unset')}", flush=True)
+    print(header)
+    print("|" + "---:|" * (header.count("|") - 1), flush=True)
+    began = time.time()
+    load = [os.getloadavg()[0]]
+    summary, raw = [], {}
+    # Point by point, each point's measurements in alternating rounds (the fp32 matmul among
+    # them, for its MFU): a ratio compares measurements minutes apart, never hours, and each
+    # row is printed as soon as it is measured.
     for d, t in points:
         batch = a.tokens_per_step // t
         w = swiglu_width(d)
         common = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--threads", str(a.threads),
                   "--batch", str(batch), "--layers", str(a.layers)]
         ablate = [ours, "--d-model", str(d), "--seq", str(t), "--ffn", str(w)] + common
-        jobs[(d, t, "ablate")] = ablate
-        jobs[(d, t, "peer")] = [py, os.path.join(HERE, "peer_nanogpt.py"), "--d-model", str(d),
-                                "--seq-len", str(t)] + common
+        jobs = {"matmul": [ours, "--matmul", "--threads", str(a.threads)], "ablate": ablate,
+                "peer": [py, os.path.join(HERE, "peer_nanogpt.py"), "--d-model", str(d),
+                         "--seq-len", str(t)] + common}
         if not a.no_reference:
-            jobs[(d, t, "reference")] = [py, os.path.join(HERE, "reference_train.py"), "--d-model",
-                                         str(d), "--seq-len", str(t), "--ffn", str(w)] + common
-        jobs[(d, t, "g1")] = ablate + ["--variant", "g1_elementwise", "--match-ffn"]
-    jobs[("matmul",)] = [ours, "--matmul", "--threads", str(a.threads)]
-    results = {k: [] for k in jobs}
-    last = {}
-    began = time.time()
-    load = [os.getloadavg()[0]]
-    for r in range(a.rounds):
-        for k, cmd in jobs.items():
-            out = run(cmd, env)
-            if out is None:
-                continue
-            last[k] = out
-            results[k].append(out["flops"] if k == ("matmul",) else out["tokens_per_s"])
-        load.append(os.getloadavg()[0])
-        print(f"round {r + 1}/{a.rounds} done after {time.time() - began:.0f} s", file=sys.stderr)
-    # A same-architecture ratio means something only between equal models.
-    if not a.no_reference:
-        for d, t in points:
-            if (d, t, "ablate") not in last or (d, t, "reference") not in last:
-                continue
-            ours_params, ref_params = last[(d, t, "ablate")]["params"], last[(d, t, "reference")]["params"]
-            if ours_params != ref_params:
-                sys.exit(f"train_throughput: at d_model {d} ablate trains {ours_params} parameters "
-                         f"and the reference {ref_params}: the two models differ")
-    med = {k: statistics.median(v) if v else float("nan") for k, v in results.items()}
-    peak = med[("matmul",)]
-    print(f"train_throughput: {a.layers} layers, {a.tokens_per_step} tokens per step, "
-          f"{a.threads} threads, {a.rounds} rounds x ({a.warmup} + {a.steps}) steps, medians; "
-          f"{time.time() - began:.0f} s; OMP_WAIT_POLICY {env.get('OMP_WAIT_POLICY', 'unset')}; "
-          f"1-min load average {min(load):.1f}-{max(load):.1f}")
-    print(f"fp32 matmul (1024^3): {peak / 1e9:.1f} GFLOP/s")
-    header = (f"| d_model | seq | batch | ablate tok/s | peer tok/s | ablate/peer | "
-              f"{'' if a.no_reference else 'same-arch tok/s | ablate/same-arch | '}"
-              f"ablate MFU | peer MFU | G1 step/base |")
-    print(header)
-    print("|" + "---:|" * (header.count("|") - 1))
-    summary = []
-    for d, t in points:
-        ours_tps, peer_tps, g1_tps = med[(d, t, "ablate")], med[(d, t, "peer")], med[(d, t, "g1")]
-        fpt = lambda impl: last[(d, t, impl)]["flops_per_token"] if (d, t, impl) in last else 0
-        mfu, peer_mfu = ours_tps * fpt("ablate") / peak, peer_tps * fpt("peer") / peak
-        row = {"d_model": d, "seq": t, "batch": a.tokens_per_step // t, "ablate": ours_tps,
-               "peer": peer_tps, "g1": g1_tps, "mfu": mfu, "peer_mfu": peer_mfu,
-               "g1_step_ratio": ours_tps / g1_tps}
+            jobs["reference"] = [py, os.path.join(HERE, "reference_train.py"), "--d-model", str(d),
+                                 "--seq-len", str(t), "--ffn", str(w)] + common
+        jobs["g1"] = ablate + ["--variant", "g1_elementwise", "--match-ffn"]
+        results = {k: [] for k in jobs}
+        last = {}
+        for r in range(a.rounds):
+            for k, cmd in jobs.items():
+                out = run(cmd, env)
+                if out is None:
+                    continue
+                last[k] = out
+                results[k].append(out["flops"] if k == "matmul" else out["tokens_per_s"])
+            load.append(os.getloadavg()[0])
+            print(f"d_model {d} seq {t}: round {r + 1}/{a.rounds} done after "
+                  f"{time.time() - began:.0f} s", file=sys.stderr, flush=True)
+        # A same-architecture ratio means something only between equal models.
+        if "ablate" in last and "reference" in last and last["ablate"]["params"] != last["reference"]["params"]:
+            sys.exit(f"train_throughput: at d_model {d} ablate trains {last['ablate']['params']} "
+                     f"parameters and the reference {last['reference']['params']}: the two models differ")
+        med = {k: statistics.median(v) if v else float("nan") for k, v in results.items()}
+        peak = med["matmul"]
+        fpt = lambda impl: last[impl]["flops_per_token"] if impl in last else float("nan")
+        row = {"d_model": d, "seq": t, "batch": batch, "ablate": med["ablate"], "peer": med["peer"],
+               "g1": med["g1"], "matmul_flops": peak, "mfu": med["ablate"] * fpt("ablate") / peak,
+               "peer_mfu": med["peer"] * fpt("peer") / peak,
+               "g1_step_ratio": med["ablate"] / med["g1"]}
         ref = ""
         if not a.no_reference:
-            row["reference"] = med[(d, t, "reference")]
-            ref = f"{row['reference']:.0f} | {ours_tps / row['reference']:.2f} | "
-        print(f"| {d} | {t} | {row['batch']} | {ours_tps:.0f} | {peer_tps:.0f} | "
-              f"{ours_tps / peer_tps:.2f} | {ref}{100 * mfu:.1f}% | {100 * peer_mfu:.1f}% | "
-              f"{ours_tps / g1_tps:.3f} |")
+            row["reference"] = med["reference"]
+            ref = f"{row['reference']:.0f} | {row['ablate'] / row['reference']:.2f} | "
+        print(f"| {d} | {t} | {batch} | {row['ablate']:.0f} | {row['peer']:.0f} | "
+              f"{row['ablate'] / row['peer']:.2f} | {ref}{100 * row['mfu']:.1f}% | "
+              f"{100 * row['peer_mfu']:.1f}% | {peak / 1e9:.1f} | {row['g1_step_ratio']:.3f} |",
+              flush=True)
         summary.append(row)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"args": vars(a), "matmul_flops": peak, "load": load, "points": summary,
-                       "raw": {"/".join(map(str, k)): v for k, v in results.items()}}, f, indent=1)
-
+        raw[f"{d}x{t}"] = results
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"args": vars(a), "load": load, "points": summary, "raw": raw}, f, indent=1)
+    print(f"{time.time() - began:.0f} s; 1-min load average {min(load):.1f}-{max(load):.1f}")
 
 if __name__ == "__main__":
     main()
