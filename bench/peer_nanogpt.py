@@ -11,7 +11,8 @@ with --compile (torch >= 2 only). Prints one JSON line (the last line of stdout)
     /usr/bin/python3 bench/peer_nanogpt.py --d-model 128 --seq-len 256 --batch 128 --steps 5
     python3 bench/peer_nanogpt.py --device cuda --compile --d-model 512 --seq-len 512 --batch 64
 
-The JSON line: impl "nanogpt_peer", tokens_per_s and step_ms over the timed steps (after
+The JSON line: impl "nanogpt_peer", tokens_per_s, step_ms and cpu_ms (process CPU time per
+step) over the timed steps (after
 --warmup untimed ones, the device synchronised at both ends), params, flops_per_token (training
 FLOPs counted as ablate counts them, config/param_count.cc: 6 x matmul parameters + 12 x layers x
 d_model x seq_len for attention), and the settings that produced it.
@@ -202,6 +203,7 @@ def main():
         if step == c.warmup:
             sync()
             start = time.perf_counter()
+            cpu_start = time.process_time()
         x, y = get_batch()
         opt.zero_grad(set_to_none=True)
         if autocast is not None:
@@ -215,12 +217,14 @@ def main():
         loss.item()  # a host sync per step, as a training loop that logs its loss has
     sync()
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu_start
     print(json.dumps({
         "impl": "nanogpt_peer", "d_model": c.d_model, "layers": c.layers, "heads": c.heads,
         "mlp": c.mlp, "batch": c.batch, "seq_len": c.seq_len,
         "params": sum(q.numel() for q in model.parameters()),
         "tokens_per_s": c.steps * c.batch * c.seq_len / elapsed,
-        "step_ms": 1e3 * elapsed / c.steps, "flops_per_token": flops_per_token(c),
+        "step_ms": 1e3 * elapsed / c.steps, "cpu_ms": 1e3 * cpu / c.steps,
+        "flops_per_token": flops_per_token(c),
         "threads": c.threads, "device": str(device), "dtype": dtype, "compile": c.compile,
         "torch": torch.__version__, "loss": loss.item()}))
 

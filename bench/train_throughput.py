@@ -19,6 +19,11 @@ At every grid point (d_model x seq_len, 4 layers, batch = tokens_per_step / seq_
 - MFU of ablate and of the peer: training FLOPs per token (config/param_count.cc) x tokens/s over
   the fp32 1024^3 matmul FLOP/s measured in every round of the same point.
 
+The last two columns compare process CPU time per step instead of wall time (bench_train and
+both Python programs report it): with --omp-wait-policy PASSIVE, a thread waiting for a
+descheduled peer sleeps instead of spinning, so CPU time is close to the work done whatever else
+runs on the machine; it says nothing about how well the work spreads over the threads.
+
 Points are measured one after the other, each in its own alternating rounds, and each row is
 printed as soon as its point is done.
 
@@ -84,7 +89,8 @@ def main():
     points = [(d, t) for d in a.d_model for t in a.seq]
     header = (f"| d_model | seq | batch | ablate tok/s | peer tok/s | ablate/peer | "
               f"{'' if a.no_reference else 'same-arch tok/s | ablate/same-arch | '}"
-              f"ablate MFU | peer MFU | matmul GFLOP/s | G1 step/base |")
+              f"ablate MFU | peer MFU | matmul GFLOP/s | G1 step/base | "
+              f"ablate/peer by CPU time | G1/base by CPU time |")
     print(f"train_throughput: {a.layers} layers, {a.tokens_per_step} tokens per step, "
           f"{a.threads} threads, {a.rounds} rounds x ({a.warmup} + {a.steps}) steps per point, "
           f"medians; OMP_WAIT_POLICY {env.get('OMP_WAIT_POLICY', 'unset')}", flush=True)
@@ -110,6 +116,7 @@ def main():
                                  "--seq-len", str(t), "--ffn", str(w)] + common
         jobs["g1"] = ablate + ["--variant", "g1_elementwise", "--match-ffn"]
         results = {k: [] for k in jobs}
+        cpu_ms = {}  # CPU time per step, where the program reports it
         last = {}
         for r in range(a.rounds):
             for k, cmd in jobs.items():
@@ -118,6 +125,8 @@ def main():
                     continue
                 last[k] = out
                 results[k].append(out["flops"] if k == "matmul" else out["tokens_per_s"])
+                if "cpu_ms" in out:
+                    cpu_ms.setdefault(k, []).append(out["cpu_ms"])
             load.append(os.getloadavg()[0])
             print(f"d_model {d} seq {t}: round {r + 1}/{a.rounds} done after "
                   f"{time.time() - began:.0f} s", file=sys.stderr, flush=True)
@@ -132,13 +141,17 @@ def main():
                "g1": med["g1"], "matmul_flops": peak, "mfu": med["ablate"] * fpt("ablate") / peak,
                "peer_mfu": med["peer"] * fpt("peer") / peak,
                "g1_step_ratio": med["ablate"] / med["g1"]}
+        cpu = {k: statistics.median(v) for k, v in cpu_ms.items()}
+        row["cpu_ratio"] = cpu["peer"] / cpu["ablate"] if "peer" in cpu and "ablate" in cpu else float("nan")
+        row["g1_cpu_ratio"] = cpu["g1"] / cpu["ablate"] if "g1" in cpu and "ablate" in cpu else float("nan")
         ref = ""
         if not a.no_reference:
             row["reference"] = med["reference"]
             ref = f"{row['reference']:.0f} | {row['ablate'] / row['reference']:.2f} | "
         print(f"| {d} | {t} | {batch} | {row['ablate']:.0f} | {row['peer']:.0f} | "
               f"{row['ablate'] / row['peer']:.2f} | {ref}{100 * row['mfu']:.1f}% | "
-              f"{100 * row['peer_mfu']:.1f}% | {peak / 1e9:.1f} | {row['g1_step_ratio']:.3f} |",
+              f"{100 * row['peer_mfu']:.1f}% | {peak / 1e9:.1f} | {row['g1_step_ratio']:.3f} | "
+              f"{row['cpu_ratio']:.2f} | {row['g1_cpu_ratio']:.3f} |",
               flush=True)
         summary.append(row)
         raw[f"{d}x{t}"] = results
