@@ -7,6 +7,8 @@
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
+#include <time.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -24,19 +26,32 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// CPU seconds of this process (every thread) so far.
+double ProcessCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// Wall and CPU time from the end of step `warmup` to the last step's end. CPU time counts the
+// work (and any spin-waiting) whatever else the machine runs; with OMP_WAIT_POLICY=PASSIVE it is
+// close to the work alone, a steadier A/B figure than wall time on a shared machine.
 class StepClock : public ablate::TrainerObserver {
  public:
   explicit StepClock(int warmup) : warmup_(warmup) {}
   Directive OnStep(const ablate::StepMetrics& m) override {
-    if (m.step() == warmup_) start_ = Clock::now();
+    if (m.step() == warmup_) start_ = Clock::now(), cpu_start_ = ProcessCpuSeconds();
     end_ = Clock::now();
+    cpu_end_ = ProcessCpuSeconds();
     return Directive::kContinue;
   }
   double seconds() const { return std::chrono::duration<double>(end_ - start_).count(); }
+  double cpu_seconds() const { return cpu_end_ - cpu_start_; }
 
  private:
   int warmup_;
   Clock::time_point start_, end_;
+  double cpu_start_ = 0, cpu_end_ = 0;
 };
 
 // fp32 GEMM throughput: n x n x n products, best of `reps` after warm-up.
@@ -135,9 +150,11 @@ int main(int argc, char** argv) {
   const double tokens = static_cast<double>(steps) * batch * seq;
   const double tps = tokens / clock.seconds();
   std::printf("{\"impl\":\"ablate\",\"variant\":\"%s\",\"d_model\":%d,\"ffn\":%d,\"params\":%lld,"
-              "\"tokens_per_s\":%.6g,\"step_ms\":%.6g,\"flops_per_token\":%.6g,\"threads\":%d}\n",
+              "\"tokens_per_s\":%.6g,\"step_ms\":%.6g,\"cpu_ms\":%.6g,\"flops_per_token\":%.6g,"
+              "\"threads\":%d}\n",
               variant.c_str(), d_model, m.ffn_dim(),
               static_cast<long long>(ablate::CountParams(m).total()), tps,
-              1e3 * clock.seconds() / steps, ablate::TrainingFlopsPerToken(m, seq), threads);
+              1e3 * clock.seconds() / steps, 1e3 * clock.cpu_seconds() / steps,
+              ablate::TrainingFlopsPerToken(m, seq), threads);
   return 0;
 }

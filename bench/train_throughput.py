@@ -1,12 +1,34 @@
 #!/usr/bin/python3
-"""Training throughput of ablate against the PyTorch reference, gate overhead and MFU, measured
+"""Training throughput of ablate over a grid of shapes, against two PyTorch programs, measured
 side by side: every round runs each measurement once, in turn, so machine noise hits all alike;
 medians over rounds are compared.
 
-    /usr/bin/python3 bench/train_throughput.py [--build build] [--rounds 5] [--steps 15]
+    /usr/bin/python3 bench/train_throughput.py [--build build] [--rounds 3] [--steps 2]
+    /usr/bin/python3 bench/train_throughput.py --quick            # 1 round, 2 timed steps
+    /usr/bin/python3 bench/train_throughput.py --d-model 128 --seq 256 --rounds 5
 
-Targets (issue 3): ablate >= 1.2x the reference at d_model 128 and not slower at 256; G1
-elementwise (FFN narrowed to match) <= 1.05x the baseline's step time; MFU >= 50% at 256.
+At every grid point (d_model x seq_len, 4 layers, batch = tokens_per_step / seq_len):
+- ablate: `bench_train`, the baseline with SwiGLU width round(8 d / 3), whose three matrices
+  hold the FLOPs of a 4 x d GELU MLP;
+- the peer: bench/peer_nanogpt.py, the nanoGPT architecture (LayerNorm, GELU, learned positions,
+  fused attention) in Debian's torch 1.13, on the same corpus and threads;
+- the same-architecture reference: bench/reference_train.py, ablate's own model and loop in
+  eager PyTorch (refused unless its parameter count equals ablate's);
+- G1: `bench_train --variant g1_elementwise --match-ffn`, the gate with the FFN narrowed until the
+  parameters match; its step time over the baseline's;
+- MFU of ablate and of the peer: training FLOPs per token (config/param_count.cc) x tokens/s over
+  the fp32 1024^3 matmul FLOP/s measured in every round of the same point.
+
+The last two columns compare process CPU time per step instead of wall time (bench_train and
+both Python programs report it): with --omp-wait-policy PASSIVE, a thread waiting for a
+descheduled peer sleeps instead of spinning, so CPU time is close to the work done whatever else
+runs on the machine; it says nothing about how well the work spreads over the threads.
+
+Points are measured one after the other, each in its own alternating rounds, and each row is
+printed as soon as its point is done.
+
+Targets (issue 22): ablate >= 1.2x the peer at every point; MFU >= 60% at d_model >= 256; G1
+step <= 1.03x the baseline's at every point.
 """
 import argparse
 import json
@@ -14,60 +36,129 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run(cmd):
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+def run(cmd, env):
+    """The measurement's JSON line, or None (and its error on stderr) when it failed, so that one
+    shape that does not fit in memory leaves the rest of the grid measured."""
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        print(f"train_throughput: exit {p.returncode}: {' '.join(cmd)}\n{p.stderr[-2000:]}",
+              file=sys.stderr)
+        return None
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def swiglu_width(d):
+    """Width of a SwiGLU whose 3 d x w matrices hold the 8 d^2 parameters of a 4 x d GELU MLP."""
+    return round(8 * d / 3)
 
 
 def main():
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--build", default=os.path.join(HERE, "..", "build"))
-    p.add_argument("--rounds", type=int, default=5,
+    p.add_argument("--d-model", type=int, nargs="+", default=[128, 256, 512])
+    p.add_argument("--seq", type=int, nargs="+", default=[128, 256, 512])
+    p.add_argument("--tokens-per-step", type=int, default=32768,
+                   help="batch = this / seq (the issue asks for 32-64k)")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3,
                    help="the VM drifts by +-10%% between runs: fewer rounds, noisier medians")
-    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--steps", type=int, default=2, help="timed steps per measurement")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--quick", action="store_true", help="1 round of 2 timed steps")
+    p.add_argument("--no-reference", action="store_true", help="skip the same-architecture column")
+    p.add_argument("--omp-wait-policy", default="inherit", choices=["inherit", "PASSIVE", "ACTIVE"],
+                   help="OMP_WAIT_POLICY of every measured process (both sides share libgomp). "
+                   "With other processes busy on the cores, the default spin-waiting lets one "
+                   "descheduled thread stall every parallel region: PASSIVE keeps a shared "
+                   "machine's numbers from collapsing (docs/benchmarks.md)")
+    p.add_argument("--json", help="also write every measurement and the medians to this file")
     a = p.parse_args()
+    if a.quick:
+        a.rounds, a.steps = 1, 2
+    env = dict(os.environ)
+    if a.omp_wait_policy != "inherit":
+        env["OMP_WAIT_POLICY"] = a.omp_wait_policy
     ours = os.path.join(a.build, "bench_train")
-    common = ["--steps", str(a.steps), "--threads", str(a.threads)]
-    sizes = {128: [], 256: []}
-    jobs = {}
-    for d in sizes:
-        jobs[(d, "ablate")] = [ours, "--d-model", str(d)] + common
-        jobs[(d, "pytorch")] = ["/usr/bin/python3", os.path.join(HERE, "reference_train.py"),
-                                "--d-model", str(d)] + common
-        jobs[(d, "g1")] = [ours, "--d-model", str(d), "--variant", "g1_elementwise", "--match-ffn"] + common
-    jobs[("matmul",)] = [ours, "--matmul", "--threads", str(a.threads)]
-    results = {k: [] for k in jobs}
-    last = {}
-    for r in range(a.rounds):
-        for k, cmd in jobs.items():
-            out = run(cmd)
-            last[k] = out
-            results[k].append(out["flops"] if k == ("matmul",) else out["tokens_per_s"])
-        print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
-    # A ratio means something only between equal models: the reference must mirror bench_train.
-    for d in sizes:
-        ours_params, ref_params = last[(d, "ablate")]["params"], last[(d, "pytorch")]["params"]
-        if ours_params != ref_params:
-            sys.exit(f"train_throughput: at d_model {d} ablate trains {ours_params} parameters and "
-                     f"the reference {ref_params}: the two models differ")
-    med = {k: statistics.median(v) for k, v in results.items()}
-    peak = med[("matmul",)]
-    print(f"train_throughput: batch 16 x 256 tokens, 4 layers, {a.threads} threads, "
-          f"{a.rounds} rounds x {a.steps} steps, medians")
-    print(f"fp32 matmul (1024^3): {peak / 1e9:.1f} GFLOP/s")
-    print(f"{'d_model':>8} {'params':>9} {'ablate tok/s':>13} {'pytorch tok/s':>14} {'ratio':>6} "
-          f"{'g1 tok/s':>9} {'g1 step/base':>13} {'ablate MFU':>11}")
-    for d in sizes:
-        ours_tps, ref_tps, g1_tps = med[(d, "ablate")], med[(d, "pytorch")], med[(d, "g1")]
-        mfu = ours_tps * last[(d, "ablate")]["flops_per_token"] / peak
-        print(f"{d:>8} {last[(d, 'ablate')]['params']:>9} {ours_tps:>13.0f} {ref_tps:>14.0f} {ours_tps / ref_tps:>6.2f} "
-              f"{g1_tps:>9.0f} {ours_tps / g1_tps:>13.3f} {100 * mfu:>10.1f}%")
-
+    py = "/usr/bin/python3"
+    points = [(d, t) for d in a.d_model for t in a.seq]
+    header = (f"| d_model | seq | batch | ablate tok/s | peer tok/s | ablate/peer | "
+              f"{'' if a.no_reference else 'same-arch tok/s | ablate/same-arch | '}"
+              f"ablate MFU | peer MFU | matmul GFLOP/s | G1 step/base | "
+              f"ablate/peer by CPU time | G1/base by CPU time |")
+    print(f"train_throughput: {a.layers} layers, {a.tokens_per_step} tokens per step, "
+          f"{a.threads} threads, {a.rounds} rounds x ({a.warmup} + {a.steps}) steps per point, "
+          f"medians; OMP_WAIT_POLICY {env.get('OMP_WAIT_POLICY', 'unset')}", flush=True)
+    print(header)
+    print("|" + "---:|" * (header.count("|") - 1), flush=True)
+    began = time.time()
+    load = [os.getloadavg()[0]]
+    summary, raw = [], {}
+    # Point by point, each point's measurements in alternating rounds (the fp32 matmul among
+    # them, for its MFU): a ratio compares measurements minutes apart, never hours, and each
+    # row is printed as soon as it is measured.
+    for d, t in points:
+        batch = a.tokens_per_step // t
+        w = swiglu_width(d)
+        common = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--threads", str(a.threads),
+                  "--batch", str(batch), "--layers", str(a.layers)]
+        ablate = [ours, "--d-model", str(d), "--seq", str(t), "--ffn", str(w)] + common
+        jobs = {"matmul": [ours, "--matmul", "--threads", str(a.threads)], "ablate": ablate,
+                "peer": [py, os.path.join(HERE, "peer_nanogpt.py"), "--d-model", str(d),
+                         "--seq-len", str(t)] + common}
+        if not a.no_reference:
+            jobs["reference"] = [py, os.path.join(HERE, "reference_train.py"), "--d-model", str(d),
+                                 "--seq-len", str(t), "--ffn", str(w)] + common
+        jobs["g1"] = ablate + ["--variant", "g1_elementwise", "--match-ffn"]
+        results = {k: [] for k in jobs}
+        cpu_ms = {}  # CPU time per step, where the program reports it
+        last = {}
+        for r in range(a.rounds):
+            for k, cmd in jobs.items():
+                out = run(cmd, env)
+                if out is None:
+                    continue
+                last[k] = out
+                results[k].append(out["flops"] if k == "matmul" else out["tokens_per_s"])
+                if "cpu_ms" in out:
+                    cpu_ms.setdefault(k, []).append(out["cpu_ms"])
+            load.append(os.getloadavg()[0])
+            print(f"d_model {d} seq {t}: round {r + 1}/{a.rounds} done after "
+                  f"{time.time() - began:.0f} s", file=sys.stderr, flush=True)
+        # A same-architecture ratio means something only between equal models.
+        if "ablate" in last and "reference" in last and last["ablate"]["params"] != last["reference"]["params"]:
+            sys.exit(f"train_throughput: at d_model {d} ablate trains {last['ablate']['params']} "
+                     f"parameters and the reference {last['reference']['params']}: the two models differ")
+        med = {k: statistics.median(v) if v else float("nan") for k, v in results.items()}
+        peak = med["matmul"]
+        fpt = lambda impl: last[impl]["flops_per_token"] if impl in last else float("nan")
+        row = {"d_model": d, "seq": t, "batch": batch, "ablate": med["ablate"], "peer": med["peer"],
+               "g1": med["g1"], "matmul_flops": peak, "mfu": med["ablate"] * fpt("ablate") / peak,
+               "peer_mfu": med["peer"] * fpt("peer") / peak,
+               "g1_step_ratio": med["ablate"] / med["g1"]}
+        cpu = {k: statistics.median(v) for k, v in cpu_ms.items()}
+        row["cpu_ratio"] = cpu["peer"] / cpu["ablate"] if "peer" in cpu and "ablate" in cpu else float("nan")
+        row["g1_cpu_ratio"] = cpu["g1"] / cpu["ablate"] if "g1" in cpu and "ablate" in cpu else float("nan")
+        ref = ""
+        if not a.no_reference:
+            row["reference"] = med["reference"]
+            ref = f"{row['reference']:.0f} | {row['ablate'] / row['reference']:.2f} | "
+        print(f"| {d} | {t} | {batch} | {row['ablate']:.0f} | {row['peer']:.0f} | "
+              f"{row['ablate'] / row['peer']:.2f} | {ref}{100 * row['mfu']:.1f}% | "
+              f"{100 * row['peer_mfu']:.1f}% | {peak / 1e9:.1f} | {row['g1_step_ratio']:.3f} | "
+              f"{row['cpu_ratio']:.2f} | {row['g1_cpu_ratio']:.3f} |",
+              flush=True)
+        summary.append(row)
+        raw[f"{d}x{t}"] = results
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"args": vars(a), "load": load, "points": summary, "raw": raw}, f, indent=1)
+    print(f"{time.time() - began:.0f} s; 1-min load average {min(load):.1f}-{max(load):.1f}")
 
 if __name__ == "__main__":
     main()

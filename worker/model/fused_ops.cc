@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -269,67 +270,119 @@ class SigmoidGateCpu : public torch::autograd::Function<SigmoidGateCpu> {
 };
 
 // Causal softmax attention on the CPU, one (batch, KV head) group at a time: the groups are split
-// across the intra-op threads and each does single-threaded BLAS products and an in-cache softmax
-// on T x T tiles. LibTorch 1.13's CPU bmm walks the batch on one thread and lets BLAS thread
-// every small product, and the unfused mask/softmax passes stream the whole (B, H, T, T) tensor
-// through memory several times; this does neither, reads K/V once per group instead of
-// repeating them for GQA, and writes the output in the (B, T, H, dk) layout W_O reads.
+// across the intra-op threads and each does single-threaded BLAS products and an in-cache softmax.
+// LibTorch 1.13's CPU bmm walks the batch on one thread and lets BLAS thread every small product,
+// and the unfused mask/softmax passes stream the whole (B, H, T, T) tensor through memory several
+// times; this does neither, reads K/V once per group instead of repeating them for GQA, and
+// writes the output in the (B, T, H, dk) layout W_O reads.
+//
+// Causal blocks: queries are taken kCausalBlock rows at a time, and the rows [r0, r1) see keys
+// [0, r1) only, so the products above the diagonal block (all -inf in the mask, exact zeros in
+// the probabilities) are never computed, forward or backward: at T = 512 a head does 56% of the
+// full T x T work, at T = 128 75%. The mask must be -inf above the diagonal (causal).
+//
+// No (B, H, T, T) tensor unless the probes ask for it: the backward recomputes a row block's
+// probabilities (one more q k^T product and softmax, in cache, bit-identical to the forward's)
+// instead of saving them; at 32k tokens a step, a saved tensor was 67-268 MB per layer at
+// d_model 128, written, page-faulted in and read back every step.
 //
 // q (pre-scaled), k: (B, H, T, dk) and (B, KV, T, dk); v: (B, T, KV, dk); all contiguous fp32.
-// Returns {out (B, T, H, dk), probs (B, H, T, T)}; probs is saved for the backward pass and
-// handed to the probes.
+// Returns {out (B, T, H, dk)}, and with `with_probs` {out, probs (B, H, T, T)} for the probes
+// (not differentiable; its upper triangle written as zeros).
+constexpr int64_t kCausalBlock = 64;
+
+// Row block [r0, r0 + n) of one head's causal softmax(mask + q k^T) into s (n, r0 + n):
+// qh (T, dk), kt (dk, T).
+void CausalProbsBlock(torch::Tensor& s, const torch::Tensor& mask, const torch::Tensor& qh,
+                      const torch::Tensor& kt, int64_t r0, int64_t n) {
+  at::addmm_out(s, mask.narrow(0, r0, n).narrow(1, 0, r0 + n), qh.narrow(0, r0, n),
+                kt.narrow(1, 0, r0 + n));  // mask + q k^T
+  at::_softmax_out(s, s, 1, false);
+}
+
 class CausalAttentionCpu : public torch::autograd::Function<CausalAttentionCpu> {
  public:
   static torch::autograd::tensor_list forward(torch::autograd::AutogradContext* ctx,
                                               const torch::Tensor& q, const torch::Tensor& k,
-                                              const torch::Tensor& v, const torch::Tensor& mask) {
+                                              const torch::Tensor& v, const torch::Tensor& mask,
+                                              bool with_probs) {
     const int64_t B = q.size(0), H = q.size(1), T = q.size(2), KV = k.size(1);
     torch::Tensor out = torch::empty({B, T, H, q.size(3)}, q.options());
-    torch::Tensor probs = torch::empty({B, H, T, T}, q.options());
+    torch::Tensor probs = with_probs ? torch::empty({B, H, T, T}, q.options()) : torch::Tensor();
+    float* const probs_data = with_probs ? probs.data_ptr<float>() : nullptr;
     at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
+      torch::Tensor scratch = torch::empty({kCausalBlock * T}, q.options());  // one row block
       for (int64_t g = begin; g < end; ++g) {
         const int64_t b = g / KV, kvh = g % KV;
         const torch::Tensor kt = k[b][kvh].t(), vg = v[b].select(1, kvh);  // (dk, T), (T, dk)
         for (int64_t h = kvh * (H / KV); h < (kvh + 1) * (H / KV); ++h) {
-          torch::Tensor p = probs[b][h], o = out[b].select(1, h);
-          at::addmm_out(p, mask, q[b][h], kt);  // mask + q k^T
-          at::_softmax_out(p, p, 1, false);
-          at::mm_out(o, p, vg);
+          const torch::Tensor qh = q[b][h];             // (T, dk)
+          const torch::Tensor o = out[b].select(1, h);  // (T, dk), rows H * dk apart
+          for (int64_t r0 = 0; r0 < T; r0 += kCausalBlock) {
+            const int64_t n = std::min(kCausalBlock, T - r0), r1 = r0 + n;
+            torch::Tensor s = scratch.narrow(0, 0, n * r1).view({n, r1});  // rows [r0, r1), keys [0, r1)
+            CausalProbsBlock(s, mask, qh, kt, r0, n);
+            torch::Tensor o_rows = o.narrow(0, r0, n);
+            at::mm_out(o_rows, s, vg.narrow(0, 0, r1));  // (n, dk)
+            if (probs_data == nullptr) continue;
+            const float* sp = s.data_ptr<float>();
+            for (int64_t i = 0; i < n; ++i) {
+              float* row = probs_data + ((b * H + h) * T + r0 + i) * T;
+              std::copy(sp + i * r1, sp + (i + 1) * r1, row);
+              std::fill(row + r1, row + T, 0.0f);
+            }
+          }
         }
       }
     });
-    ctx->save_for_backward({q, k, v, probs});
-    ctx->mark_non_differentiable({probs});
+    ctx->save_for_backward({q, k, v, mask});
     ctx->set_materialize_grads(false);  // no (B, H, T, T) zero gradient for probs
+    if (!with_probs) return {out};
+    ctx->mark_non_differentiable({probs});
     return {out, probs};
   }
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &probs = saved[3];
+    const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &mask = saved[3];
     const torch::Tensor grad_out = grads[0].contiguous();  // (B, T, H, dk)
     const int64_t B = q.size(0), H = q.size(1), T = q.size(2), KV = k.size(1);
-    torch::Tensor dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
+    torch::Tensor dq = torch::empty_like(q), dk = torch::zeros_like(k), dv = torch::zeros_like(v);
     at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
-      torch::Tensor dp = torch::empty({T, T}, q.options()), ds = torch::empty({T, T}, q.options());
+      // One row block's probabilities P, and dP then dS.
+      torch::Tensor p_scratch = torch::empty({kCausalBlock * T}, q.options());
+      torch::Tensor ds_scratch = torch::empty({kCausalBlock * T}, q.options());
       for (int64_t g = begin; g < end; ++g) {
         const int64_t b = g / KV, kvh = g % KV;
-        const torch::Tensor kg = k[b][kvh], vg = v[b].select(1, kvh);
-        torch::Tensor dkg = dk[b][kvh], dvg = dv[b].select(1, kvh);
+        const torch::Tensor kg = k[b][kvh], kt = kg.t(), vg = v[b].select(1, kvh);  // (T, dk)
+        const torch::Tensor dkg = dk[b][kvh], dvg = dv[b].select(1, kvh);
         for (int64_t h = kvh * (H / KV); h < (kvh + 1) * (H / KV); ++h) {
-          const float beta = h == kvh * (H / KV) ? 0.0f : 1.0f;  // accumulate over the group
-          const torch::Tensor p = probs[b][h], go = grad_out[b].select(1, h);
-          torch::Tensor dqh = dq[b][h];
-          at::addmm_out(dvg, dvg, p.t(), go, beta);                      // dV += P^T dO
-          at::mm_out(dp, go, vg.t());                                    // dP = dO V^T
-          at::_softmax_backward_data_out(ds, dp, p, 1, torch::kFloat32);  // dS = P (dP - rowsum)
-          at::mm_out(dqh, ds, kg);                                       // dQ = dS K
-          at::addmm_out(dkg, dkg, ds.t(), q[b][h], beta);                // dK += dS^T Q
+          const torch::Tensor go = grad_out[b].select(1, h), qh = q[b][h], dqh = dq[b][h];
+          for (int64_t r0 = 0; r0 < T; r0 += kCausalBlock) {
+            const int64_t n = std::min(kCausalBlock, T - r0), r1 = r0 + n;
+            torch::Tensor p = p_scratch.narrow(0, 0, n * r1).view({n, r1});
+            CausalProbsBlock(p, mask, qh, kt, r0, n);
+            const torch::Tensor gob = go.narrow(0, r0, n);  // (n, dk)
+            torch::Tensor dv_seen = dvg.narrow(0, 0, r1), dk_seen = dkg.narrow(0, 0, r1);
+            at::addmm_out(dv_seen, dv_seen, p.t(), gob);  // dV += P^T dO
+            torch::Tensor ds = ds_scratch.narrow(0, 0, n * r1).view({n, r1});
+            at::mm_out(ds, gob, vg.narrow(0, 0, r1).t());  // dP = dO V^T
+            float* dsp = ds.data_ptr<float>();
+            const float* pp = p.data_ptr<float>();
+            for (int64_t i = 0; i < n * r1; i += r1) {  // dS = P (dP - rowsum(dP P))
+              float dot = 0;
+              for (int64_t j = i; j < i + r1; ++j) dot += dsp[j] * pp[j];
+              for (int64_t j = i; j < i + r1; ++j) dsp[j] = pp[j] * (dsp[j] - dot);
+            }
+            torch::Tensor dq_rows = dqh.narrow(0, r0, n);
+            at::mm_out(dq_rows, ds, kg.narrow(0, 0, r1));                  // dQ = dS K
+            at::addmm_out(dk_seen, dk_seen, ds.t(), qh.narrow(0, r0, n));  // dK += dS^T Q
+          }
         }
       }
     });
-    return {dq, dk, dv, torch::Tensor()};
+    return {dq, dk, dv, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -364,12 +417,15 @@ torch::Tensor SigmoidGate(const torch::Tensor& y, const torch::Tensor& logits) {
 std::pair<torch::Tensor, torch::Tensor> CausalAttention(const torch::Tensor& q,
                                                         const torch::Tensor& k,
                                                         const torch::Tensor& v,
-                                                        const torch::Tensor& mask) {
+                                                        const torch::Tensor& mask,
+                                                        bool with_probs) {
   if (!q.is_cpu() || q.scalar_type() != torch::kFloat32) {
-    return reference::CausalAttention(q, k, v, mask);
+    auto [out, probs] = reference::CausalAttention(q, k, v, mask);
+    return {out, with_probs ? probs : torch::Tensor()};
   }
-  torch::autograd::tensor_list r = CausalAttentionCpu::apply(q, k, v.contiguous(), mask);
-  return {r[0], r[1]};
+  torch::autograd::tensor_list r =
+      CausalAttentionCpu::apply(q, k, v.contiguous(), mask, with_probs);
+  return {r[0], with_probs ? r[1] : torch::Tensor()};
 }
 
 }  // namespace ablate

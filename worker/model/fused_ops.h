@@ -33,14 +33,17 @@ torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b);
 torch::Tensor SigmoidGate(const torch::Tensor& y, const torch::Tensor& logits);
 
 // Causal softmax attention with grouped-query heads (each KV head serves H / KV consecutive query
-// heads): q (pre-scaled) (B, H, T, dk), k (B, KV, T, dk), v (B, T, KV, dk), mask (T, T) additive.
+// heads): q (pre-scaled) (B, H, T, dk), k (B, KV, T, dk), v (B, T, KV, dk), mask (T, T) additive
+// and -inf above the diagonal (the fused kernel skips the products there).
 // Returns {out (B, T, H, dk), the layout W_O reads; probs (B, H, T, T), for the probes, not
-// differentiable}. On fp32 CPU tensors one autograd function walks the (batch, KV head) tiles in
-// parallel, each with single-threaded BLAS and an in-cache softmax.
+// differentiable, undefined unless `with_probs`}. On fp32 CPU tensors one autograd function walks
+// the (batch, KV head) tiles in parallel, each with single-threaded BLAS and an in-cache softmax,
+// and skips the products above the diagonal; without `with_probs` it keeps no (B, H, T, T) tensor.
 std::pair<torch::Tensor, torch::Tensor> CausalAttention(const torch::Tensor& q,
                                                         const torch::Tensor& k,
                                                         const torch::Tensor& v,
-                                                        const torch::Tensor& mask);
+                                                        const torch::Tensor& mask,
+                                                        bool with_probs = true);
 
 // The eager LibTorch versions: the fallback, and what the tests compare against.
 namespace reference {

@@ -217,7 +217,7 @@ torch::Tensor AttentionImpl::CausalAttention(const torch::Tensor& q, const torch
   // positions, in memory and in every checkpoint; writing T^2 values is small next to attention.
   const torch::Tensor mask = torch::full({T, T}, -std::numeric_limits<float>::infinity(), q.options())
                                  .triu(/*diagonal=*/1);  // (T, T): 0 or -inf
-  auto [out, probs] = ablate::CausalAttention(q, k, v, mask);
+  auto [out, probs] = ablate::CausalAttention(q, k, v, mask, /*with_probs=*/probes != nullptr);
   if (probes) {
     probes->FirstTokenAttention(layer_, probs.select(3, 0), 0);
     probes->AttentionMaps(layer_, probs);

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
+
 #include "worker/model/fused_ops.h"
 
 namespace ablate {
@@ -73,6 +75,53 @@ TEST(FusedOpsTest, SigmoidGateMatchesEagerElementwiseAndHeadwise) {
     ExpectSameWithGrads({torch::randn({2, 5, 3, 8}), torch::randn({2, 5, 3, p}) * 3},
                         [](const auto& x) { return SigmoidGate(x[0], x[1]); },
                         [](const auto& x) { return reference::SigmoidGate(x[0], x[1]); });
+  }
+}
+
+// The attention kernel (fp32, causal row blocks) against the eager reference run in fp64: lengths
+// below, at and across the kernel's 64-row blocks, with and without grouped-query heads.
+TEST(FusedOpsTest, CausalAttentionMatchesEagerInFp64) {
+  torch::manual_seed(5);
+  for (const int64_t T : {1, 7, 64, 65, 150}) {
+    for (const int64_t KV : {4, 2}) {
+      const int64_t B = 2, H = 4, dk = 16;
+      const torch::Tensor mask =
+          torch::full({T, T}, -std::numeric_limits<double>::infinity(), torch::kFloat64).triu(1);
+      const torch::Tensor q = torch::randn({B, H, T, dk}, torch::kFloat64) * 0.5;
+      const torch::Tensor k = torch::randn({B, KV, T, dk}, torch::kFloat64);
+      const torch::Tensor v = torch::randn({B, T, KV, dk}, torch::kFloat64);
+      const torch::Tensor up = torch::randn({B, T, H, dk}, torch::kFloat64);
+      // {out, probs (undefined without with_probs), dq, dk, dv} in fp64.
+      auto run = [&](torch::ScalarType type, bool fused, bool with_probs) {
+        std::vector<torch::Tensor> in;
+        for (const torch::Tensor& x : {q, k, v}) in.push_back(x.to(type).clone().requires_grad_(true));
+        auto [out, probs] =
+            fused ? CausalAttention(in[0], in[1], in[2], mask.to(type), with_probs)
+                  : reference::CausalAttention(in[0], in[1], in[2], mask.to(type));
+        (out * up.to(type)).sum().backward();
+        std::vector<torch::Tensor> r = {out, probs};
+        for (const torch::Tensor& x : in) r.push_back(x.grad());
+        for (torch::Tensor& x : r) x = x.defined() ? x.detach().to(torch::kFloat64) : x;
+        return r;
+      };
+      const std::vector<torch::Tensor> want = run(torch::kFloat64, false, true);
+      for (const bool with_probs : {true, false}) {
+        const std::vector<torch::Tensor> got = run(torch::kFloat32, true, with_probs);
+        const char* names[] = {"out", "probs", "dq", "dk", "dv"};
+        for (size_t i = 0; i < got.size(); ++i) {
+          if (i == 1 && !with_probs) {
+            EXPECT_FALSE(got[i].defined()) << "probs without with_probs";
+            continue;
+          }
+          ASSERT_EQ(got[i].sizes(), want[i].sizes()) << names[i];
+          EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-4, 1e-5))
+              << names[i] << " at T " << T << ", KV " << KV << ", with_probs " << with_probs
+              << ": " << (got[i] - want[i]).abs().max().item<double>();
+        }
+        // The probabilities above the diagonal are exact zeros (the probes read them).
+        if (with_probs) EXPECT_EQ(got[1].triu(1).abs().max().item<double>(), 0.0);
+      }
+    }
   }
 }
 
