@@ -187,9 +187,12 @@ demo: build-bin data
 	@echo; grep -h "dashboard" $(DEMO_DIR)/up.log || true
 	@echo "the coordinator and dashboard keep running; stop them with: kill $$(cat $(DEMO_DIR)/up.pid)"
 
+# The training grid's full default (3 rounds) takes hours on 2 cores: `make bench` runs one
+# round (BENCH_TRAIN_ARGS= for all of it).
+BENCH_TRAIN_ARGS ?= --quick
 bench: deps-bench build data
 	$(BUILD)/bench_model_step
-	/usr/bin/python3 bench/train_throughput.py --build $(BUILD)
+	/usr/bin/python3 bench/train_throughput.py --build $(BUILD) $(BENCH_TRAIN_ARGS)
 	$(BUILD)/bench_store
 	$(BUILD)/bench_scheduler
 	$(BUILD)/bench_query_isolation
