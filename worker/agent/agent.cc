@@ -124,8 +124,7 @@ class Agent::Impl {
                                      FromGrpcStatus(status).ToString(),
                                      auth ? " (check --token-file or ABLATE_TOKEN: the coordinator's STATE_DIR/worker-token)" : ""));
   }
-  // A long poll for up to max_jobs jobs; cancelled (CANCELLED) by an interrupt, or when slots
-  // came free meanwhile (the next poll asks for them too).
+  // A long poll for up to max_jobs jobs; cancelled (CANCELLED) by an interrupt.
   grpc::Status CallAcquire(absl::Duration wait, int max_jobs, AcquireJobResponse* response);
   std::string CheckpointDir(const Job& job) const;
 
@@ -247,11 +246,6 @@ class Agent::Impl {
 
 grpc::Status Agent::Impl::CallAcquire(absl::Duration wait, int max_jobs,
                                       AcquireJobResponse* response) {
-  int64_t changes = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    changes = changes_;
-  }
   AcquireJobRequest request;
   request.set_worker_id(worker_id_);
   request.set_max_jobs(max_jobs);
@@ -270,14 +264,11 @@ grpc::Status Agent::Impl::CallAcquire(absl::Duration wait, int max_jobs,
   });
   absl::MutexLock lock(&mu);
   bool cancelled = false;
+  // Only an interrupt cancels it: a poll cancelled as the coordinator leased its jobs would lose
+  // them until their leases expired. Slots that come free meanwhile are filled by the Finish that
+  // freed them (acquire_next) or by the next poll.
   while (!mu.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(50))) {
-    if (cancelled) continue;
-    bool freed = false;  // slots came free: ask again, for all of them
-    if (slots() > 1) {
-      absl::MutexLock slots_lock(&mu_);
-      freed = changes_ != changes;
-    }
-    if (freed || IsSet(options_.interrupt) || Interrupted()) {
+    if (!cancelled && Interrupted()) {
       context.TryCancel();
       cancelled = true;
     }
@@ -431,7 +422,7 @@ absl::StatusOr<AgentResult> Agent::Impl::Loop() {
         }
         continue;
       }
-      if (status.error_code() == grpc::StatusCode::CANCELLED) continue;  // interrupt, freed slots
+      if (status.error_code() == grpc::StatusCode::CANCELLED) continue;  // an interrupt
       if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
         log_(absl::StrCat("the coordinator does not know worker ", worker_id_.load(),
                           ": registering again"));

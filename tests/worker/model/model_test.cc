@@ -404,7 +404,9 @@ TEST(ProbesTest, AttentionMapsAreTheFirstWindowsCausalProbabilities) {
     for (int q = 0; q < 64; ++q) {
       int sum = 0;
       for (int k = 0; k < 64; ++k) {
-        if (k > q) EXPECT_EQ(p[q * 64 + k], 0) << q << "," << k;
+        if (k > q) {
+          EXPECT_EQ(p[q * 64 + k], 0) << q << "," << k;
+        }
         sum += p[q * 64 + k];
       }
       EXPECT_NEAR(sum, 255, (q + 1) / 2.0 + 1) << "row " << q;  // rounding of q + 1 entries
