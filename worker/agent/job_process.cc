@@ -14,7 +14,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "config/proto_yaml.h"
 #include "google/protobuf/io/zero_copy_stream_impl.h"
