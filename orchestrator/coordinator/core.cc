@@ -44,6 +44,11 @@ WorkerResources ResourcesOf(const WorkerInfo& w) {
   return resources;
 }
 
+// Where a worker serves a gang's rendezvous when it holds rank 0.
+std::string RendezvousHostOf(const WorkerResources& r) {
+  return !r.rendezvous_host().empty() ? r.rendezvous_host() : r.hostname();
+}
+
 absl::StatusOr<std::shared_ptr<const JobTemplate>> TemplateOf(const RunInfo& run) {
   auto t = std::make_shared<JobTemplate>();
   google::protobuf::util::JsonParseOptions parse;
@@ -612,9 +617,11 @@ absl::StatusOr<RegisterResponse> CoordinatorCore::Register(const RegisterRequest
   offer.memory_gb = request.resources().memory_gb();
   offer.cores = request.resources().cores();
   offer.slots = std::max(1, request.resources().slots());
+  offer.host = RendezvousHostOf(request.resources());
   {
     absl::MutexLock lock(&mu_);
     workers_[*id] = offer;
+    scheduler_.AddWorker(*id, offer);
     worker_names_[*id] = request.name();
     const absl::Time now = options_.clock->Now();
     worker_seen_[*id] = WorkerSeen{"IDLE", now, now};  // as RegisterWorker wrote it
@@ -643,8 +650,10 @@ absl::StatusOr<WorkerOffer> CoordinatorCore::OfferOf(int64_t worker_id) {
     offer.memory_gb = resources.memory_gb();
     offer.cores = resources.cores();
     offer.slots = std::max(1, resources.slots());
+    offer.host = RendezvousHostOf(resources);
     absl::MutexLock lock(&mu_);
     workers_[worker_id] = offer;
+    scheduler_.AddWorker(worker_id, offer);
     worker_names_[worker_id] = w.name;
     return offer;
   }
@@ -677,7 +686,36 @@ absl::StatusOr<Job> CoordinatorCore::MakeJob(const QueuedRun& run, int32_t attem
   job.set_variant(made->variant);
   job.set_lease_secret(LeaseSecret(options_.lease_key, run.run_id, attempt, worker_id));
   job.set_world_size(std::max(1, run.needs.devices));
+  std::optional<Lease> lease;
+  std::string host;
+  {
+    absl::MutexLock lock(&mu_);
+    lease = scheduler_.GetLease(run.run_id);
+    if (lease.has_value()) {
+      if (auto it = workers_.find(lease->worker_id); it != workers_.end()) host = it->second.host;
+    }
+  }
+  if (lease.has_value() && !lease->members.empty()) {
+    const GangMember* part = lease->MemberOf(worker_id);
+    if (part == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "run ", run.run_id, " attempt ", attempt, " has no part on worker ", worker_id));
+    }
+    if (host.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "run ", run.run_id, ": rank 0's worker ", lease->worker_id, " is gone"));
+    }
+    job.set_rank_offset(part->rank_offset);
+    job.set_local_ranks(part->slots);
+    job.set_rendezvous(absl::StrCat(host, ":", RendezvousPort(run.run_id, attempt)));
+  }
   return job;
+}
+
+int CoordinatorCore::RendezvousPort(int64_t run_id, int32_t attempt) const {
+  const int lo = options_.rendezvous_ports.first, hi = options_.rendezvous_ports.second;
+  const uint64_t mix = static_cast<uint64_t>(run_id) * 1000003u + static_cast<uint64_t>(attempt) * 7919u;
+  return lo + static_cast<int>(mix % static_cast<uint64_t>(hi - lo + 1));
 }
 
 absl::Status CoordinatorCore::CheckLeaseSecret(absl::string_view what, absl::string_view presented,
@@ -732,6 +770,28 @@ absl::StatusOr<AcquireJobResponse> CoordinatorCore::AcquireJob(const AcquireJobR
         continue;
       }
     }
+    // A gang's part for a member other than rank 0's worker: started already, by that worker.
+    for (auto it = runs.begin(); it != runs.end();) {
+      std::optional<Lease> lease;
+      {
+        absl::MutexLock lock(&mu_);
+        lease = scheduler_.GetLease(it->run_id);
+      }
+      if (!lease.has_value() || lease->worker_id == request.worker_id()) {
+        ++it;
+        continue;
+      }
+      absl::StatusOr<Job> job = MakeJob(*it, lease->attempt, request.worker_id());
+      if (job.ok()) {
+        NoteWorker(request.worker_id(), "BUSY");
+        *(response.has_job() ? response.add_more_jobs() : response.mutable_job()) = *std::move(job);
+      }
+      it = runs.erase(it);
+    }
+    if (runs.empty()) {
+      if (response.has_job()) return response;
+      continue;
+    }
     std::vector<RunTransition> starts;
     for (const QueuedRun& run : runs) {
       RunTransition& start = starts.emplace_back();
@@ -774,6 +834,11 @@ absl::StatusOr<std::optional<Job>> CoordinatorCore::LeaseStarted(
   {
     absl::MutexLock lock(&mu_);
     scheduler_.SetLeaseAttempt(run.run_id, started->attempt);
+    // A gang's other members wait in their polls for the started attempt.
+    if (std::optional<Lease> lease = scheduler_.GetLease(run.run_id);
+        lease.has_value() && !lease->members.empty()) {
+      work_cv_.SignalAll();
+    }
   }
   absl::StatusOr<Job> job = MakeJob(run, started->attempt, worker_id);
   if (!job.ok()) {
@@ -831,8 +896,15 @@ absl::StatusOr<ReportResponse> CoordinatorCore::Report(const ReportRequest& requ
     lease = scheduler_.GetLease(request.run_id());
   }
   if (!lease.has_value() || lease->attempt != request.attempt() ||
-      lease->worker_id != request.worker_id()) {
+      !lease->Holds(request.worker_id())) {
     return not_leased();
+  }
+  if (lease->worker_id != request.worker_id() &&
+      (request.seq() != 0 || request.checkpoint_step() != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "report: worker ", request.worker_id(), " trains ranks from ",
+        lease->MemberOf(request.worker_id())->rank_offset, " of run ", request.run_id(),
+        ": only rank 0's worker reports metrics and checkpoints; send heartbeats (seq 0)"));
   }
   // Checked before it renews anything: a refused batch is not progress.
   if (absl::Status s = CheckReportAtDoor(request, lease->total_steps, "report"); !s.ok()) return s;
@@ -1036,7 +1108,66 @@ FinishWrite CoordinatorCore::FinishWriteOf(PreparedFinish& p) {
   return write;
 }
 
+absl::StatusOr<FinishResponse> CoordinatorCore::FinishMember(const FinishRequest& request) {
+  const int64_t worker_id = request.worker_id();
+  if (absl::Status s = CheckLeaseSecret("finish", request.lease_secret(), request.run_id(),
+                                        request.attempt(), worker_id);
+      !s.ok()) {
+    return s;
+  }
+  if (request.more_size() > 0 || request.has_final_report()) {
+    return absl::InvalidArgumentError(
+        "finish: a member's finish ends its part alone: no `more`, no final_report (rank 0's "
+        "worker reports the metrics)");
+  }
+  std::optional<Lease> lease;
+  {
+    absl::MutexLock lock(&mu_);
+    lease = scheduler_.GetLease(request.run_id());
+  }
+  const bool holds = lease.has_value() && lease->attempt == request.attempt() &&
+                     lease->worker_id != worker_id && lease->MemberOf(worker_id) != nullptr;
+  if (holds && request.summary().state() == FAILED) {
+    std::string worker = absl::StrCat("#", worker_id);
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto it = worker_names_.find(worker_id); it != worker_names_.end()) worker = it->second;
+    }
+    const std::string reason = BoundedText(absl::StrCat(
+        "ranks from ", lease->MemberOf(worker_id)->rank_offset, " on worker ", worker, ": ",
+        !request.error().empty() ? request.error() : request.summary().reason()));
+    if (absl::Status s = EndAttemptAndRetry(request.run_id(), lease->sweep_id, request.attempt(),
+                                            "FAILED", reason, !request.permanent());
+        !s.ok() && !absl::IsFailedPrecondition(s)) {
+      return s;
+    }
+  } else if (holds) {
+    absl::MutexLock lock(&mu_);
+    scheduler_.ReleaseMember(request.run_id(), request.attempt(), worker_id);
+  }
+  // Not held (the attempt is over, rank 0's worker finished it first): acknowledged.
+  FinishResponse response;
+  if (request.acquire_next()) {
+    AcquireJobRequest acquire;
+    acquire.set_worker_id(worker_id);
+    acquire.set_max_jobs(std::max(1, request.acquire_max()));
+    absl::StatusOr<AcquireJobResponse> next = AcquireJob(acquire);
+    if (next.ok() && next->has_job()) {
+      *response.mutable_next_job() = next->job();
+      for (const Job& job : next->more_jobs()) *response.add_more_next_jobs() = job;
+    }
+  }
+  bool busy = false;
+  {
+    absl::MutexLock lock(&mu_);
+    busy = scheduler_.SlotsInUse(worker_id) > 0;
+  }
+  NoteWorker(worker_id, busy ? "BUSY" : "IDLE");
+  return response;
+}
+
 absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& request) {
+  if (request.member()) return FinishMember(request);
   const int64_t worker_id = request.worker_id();
   absl::StatusOr<PreparedFinish> first = PrepareFinish(request, worker_id);
   // This request refused: none of `more` is applied either (the worker resends them all).
@@ -1191,6 +1322,7 @@ absl::StatusOr<DeregisterResponse> CoordinatorCore::Deregister(const DeregisterR
     seen.state = "GONE";
     seen.written = options_.clock->Now();
     workers_.erase(request.worker_id());
+    scheduler_.RemoveWorker(request.worker_id());
   }
   if (absl::Status s = store_->EnqueueWorkerGone(request.worker_id()); !s.ok()) return s;
   return DeregisterResponse();
@@ -1206,6 +1338,8 @@ int CoordinatorCore::CheckWorkers() {
       seen.state = "GONE";
       seen.written = now;
       silent.push_back(id);
+      workers_.erase(id);
+      scheduler_.RemoveWorker(id);
     }
   }
   for (int64_t id : silent) (void)store_->EnqueueWorkerGone(id);
@@ -1220,16 +1354,23 @@ int CoordinatorCore::CheckLeases() {
   }
   int lost = 0;
   for (const Lease& lease : expired) {
-    std::string worker = absl::StrCat("#", lease.worker_id);
+    // A gang's: the member whose part expired first (the silent one).
+    int64_t silent = lease.worker_id;
+    for (const GangMember& m : lease.members) {
+      if (!m.done && m.expiry <= lease.expiry) silent = m.worker_id;
+    }
+    std::string worker = absl::StrCat("#", silent);
     {
       absl::MutexLock lock(&mu_);
-      if (auto it = worker_names_.find(lease.worker_id); it != worker_names_.end()) {
-        worker = it->second;
-      }
+      if (auto it = worker_names_.find(silent); it != worker_names_.end()) worker = it->second;
     }
     const std::string reason = absl::StrCat(
         "lease lost: no report from worker ", worker, " for ",
-        absl::FormatDuration(options_.scheduler.lease_timeout));
+        absl::FormatDuration(options_.scheduler.lease_timeout),
+        lease.members.empty()
+            ? ""
+            : absl::StrCat(" (it trained ranks from ", lease.MemberOf(silent)->rank_offset,
+                           " of ", lease.members.size(), " workers' gang)"));
     absl::Status s =
         EndAttemptAndRetry(lease.run_id, lease.sweep_id, lease.attempt, "LOST", reason);
     if (s.ok()) {

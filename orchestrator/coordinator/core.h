@@ -26,6 +26,11 @@
 //    A worker running several jobs side by side ends several attempts in one Finish (`more`) and
 //    takes up to one next job per free slot (acquire_max), all in one transaction; AcquireJob
 //    likewise leases up to max_jobs at once (the Scheduler's slots).
+//  - Gangs: a run wider than any one worker is leased to several at once (the Scheduler's
+//    "Gangs"). Rank 0's worker starts the attempt and reports; each other member gets its part
+//    (Job.rank_offset, local_ranks, rendezvous) at its next AcquireJob, renews it with heartbeats
+//    and ends it with a member Finish: FAILED fails the attempt, anything else frees its slots.
+//    A member that goes silent loses the whole attempt (LOST, retried).
 //  - Lost leases (CheckLeases, also run by a background thread): the attempt ends LOST and the run
 //    is queued again with backoff (or FAILED after max_attempts, CANCELLED when its sweep was).
 //  - Workers: IDLE or BUSY while they call; GONE after Deregister or a lease timeout of silence
@@ -47,6 +52,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -65,6 +71,8 @@ struct RunInfo;  // orchestrator/store/reader.h
 struct CoordinatorOptions {
   // Runs' checkpoints live under checkpoint_root/run-<id> (a shared filesystem on clusters).
   std::string checkpoint_root = ".ablate/checkpoints";
+  // The TCP ports a gang-scheduled run's rendezvous may take on its rank 0 worker, inclusive.
+  std::pair<int, int> rendezvous_ports = {29500, 29999};
   SchedulerOptions scheduler;
   // The longest an AcquireJob long poll waits (a worker's wait_s is capped to this).
   absl::Duration max_acquire_wait = absl::Seconds(30);
@@ -141,7 +149,14 @@ class CoordinatorCore {
                                std::vector<std::string>* config_json);
   // The job of `run`'s attempt: from its template (the stored config when it has none), and the
   // latest checkpoint of an earlier attempt.
+  // A gang's part carries the worker's ranks and the rendezvous (rank 0's worker's host and
+  // RendezvousPort).
   absl::StatusOr<Job> MakeJob(const QueuedRun& run, int32_t attempt, int64_t worker_id);
+  // The port of (run, attempt)'s gang rendezvous: a function of both in rendezvous_ports, so that
+  // every member computes it alike and a retry moves to another (a port taken fails one attempt).
+  int RendezvousPort(int64_t run_id, int32_t attempt) const;
+  // A gang member's Finish (FinishRequest.member).
+  absl::StatusOr<FinishResponse> FinishMember(const FinishRequest& request);
   // PermissionDenied unless `presented` is the lease secret of (run, attempt, worker).
   absl::Status CheckLeaseSecret(absl::string_view what, absl::string_view presented,
                                 int64_t run_id, int32_t attempt, int64_t worker_id) const;

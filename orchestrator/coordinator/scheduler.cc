@@ -16,12 +16,28 @@ std::string DeviceKind(const std::string& device) {
   return colon == std::string::npos ? device : device.substr(0, colon);
 }
 
-bool Fits(const RunNeeds& needs, const WorkerOffer& offer) {
+bool FitsRanks(const RunNeeds& needs, const WorkerOffer& offer) {
   if (DeviceKind(needs.device) != DeviceKind(offer.device)) return false;
   if (needs.memory_gb > 0 && needs.memory_gb > offer.memory_gb) return false;
   if (needs.threads > 0 && needs.threads > offer.cores) return false;
-  if (std::max(1, needs.devices) > std::max(1, offer.slots)) return false;
   return true;
+}
+
+bool Fits(const RunNeeds& needs, const WorkerOffer& offer) {
+  return FitsRanks(needs, offer) && std::max(1, needs.devices) <= std::max(1, offer.slots);
+}
+
+const GangMember* Lease::MemberOf(int64_t worker) const {
+  for (const GangMember& m : members) {
+    if (m.worker_id == worker) return &m;
+  }
+  return nullptr;
+}
+
+int Scheduler::FormingGang::Reserved() const {
+  int n = 0;
+  for (const auto& [worker, slots] : reserved) n += slots;
+  return n;
 }
 
 Scheduler::Scheduler(const SchedulerOptions& options, const Clock* clock)
@@ -103,6 +119,7 @@ bool Scheduler::Remove(int64_t run_id) {
   const QueuedRun& run = it->second;
   if (delayed_.erase({run.not_before, run_id}) == 0) EraseFromBucket(run);
   queued_.erase(it);
+  DissolveGang(run_id);
   return true;
 }
 
@@ -116,36 +133,190 @@ void Scheduler::PromoteDelayed() {
   }
 }
 
+void Scheduler::AddWorker(int64_t worker_id, const WorkerOffer& offer) {
+  workers_[worker_id] = offer;
+}
+
+void Scheduler::RemoveWorker(int64_t worker_id) {
+  workers_.erase(worker_id);
+  for (auto& [run_id, gang] : forming_) {
+    if (auto it = gang.seen.find(worker_id); it != gang.seen.end()) it->second = absl::InfinitePast();
+  }
+  ExpireReservations();
+}
+
+bool Scheduler::GangFor(const RunNeeds& needs) const {
+  const int devices = std::max(1, needs.devices);
+  int slots = 0;
+  for (const auto& [id, offer] : workers_) {
+    if (!FitsRanks(needs, offer)) continue;
+    if (std::max(1, offer.slots) >= devices) return false;  // it waits for that worker
+    slots += std::max(1, offer.slots);
+  }
+  return slots >= devices;
+}
+
+int Scheduler::SlotsReserved(int64_t worker_id) const {
+  auto it = reserved_.find(worker_id);
+  return it == reserved_.end() ? 0 : it->second;
+}
+
+void Scheduler::ExpireReservations() {
+  if (forming_.empty()) return;
+  const absl::Time now = clock_->Now();
+  std::vector<int64_t> dissolve;
+  for (auto& [run_id, gang] : forming_) {
+    for (auto it = gang.reserved.begin(); it != gang.reserved.end();) {
+      if (gang.seen[it->first] + options_.lease_timeout > now) {
+        ++it;
+        continue;
+      }
+      if ((reserved_[it->first] -= it->second) <= 0) reserved_.erase(it->first);
+      gang.seen.erase(it->first);
+      it = gang.reserved.erase(it);
+    }
+    if (gang.reserved.empty() || !queued_.count(run_id) || !GangFor(gang.needs)) {
+      dissolve.push_back(run_id);
+    }
+  }
+  for (int64_t run_id : dissolve) DissolveGang(run_id);
+}
+
+void Scheduler::DissolveGang(int64_t run_id) {
+  auto it = forming_.find(run_id);
+  if (it == forming_.end()) return;
+  for (const auto& [worker, slots] : it->second.reserved) {
+    if ((reserved_[worker] -= slots) <= 0) reserved_.erase(worker);
+  }
+  forming_.erase(it);
+}
+
+void Scheduler::Dispatch(double pass, int64_t sweep_id, const QueuedRun& run) {
+  SweepQueue& sweep = sweeps_[sweep_id];
+  EraseFromBucket(run);
+  queued_.erase(run.run_id);
+  // Stride scheduling: charge the sweep one dispatch.
+  global_pass_ = pass;
+  if (sweep.due > 0) active_.erase({sweep.pass, sweep_id});
+  sweep.pass = pass + kStride / sweep.priority;
+  if (sweep.due > 0) active_.emplace(sweep.pass, sweep_id);
+}
+
+std::optional<QueuedRun> Scheduler::JoinGang(int64_t run_id, int64_t worker_id, int free_slots) {
+  FormingGang& gang = forming_[run_id];
+  gang.seen[worker_id] = clock_->Now();
+  const int add = std::min(free_slots, gang.needs.devices - gang.Reserved());
+  if (add <= 0) return std::nullopt;
+  auto mine = std::find_if(gang.reserved.begin(), gang.reserved.end(),
+                           [&](const auto& r) { return r.first == worker_id; });
+  if (mine == gang.reserved.end()) {
+    gang.reserved.emplace_back(worker_id, add);
+  } else {
+    mine->second += add;
+  }
+  reserved_[worker_id] += add;
+  if (gang.Reserved() < gang.needs.devices) return std::nullopt;
+
+  // Complete: the run is leased to every member, this worker's part first (rank 0).
+  FormingGang formed = std::move(gang);
+  forming_.erase(run_id);
+  for (const auto& [worker, slots] : formed.reserved) {
+    if ((reserved_[worker] -= slots) <= 0) reserved_.erase(worker);
+  }
+  std::stable_partition(formed.reserved.begin(), formed.reserved.end(),
+                        [&](const auto& r) { return r.first == worker_id; });
+  QueuedRun run = queued_.at(run_id);
+  auto ait = active_.find({sweeps_[run.sweep_id].pass, run.sweep_id});
+  Dispatch(ait != active_.end() ? ait->first : global_pass_, run.sweep_id, run);
+  Lease lease;
+  lease.run_id = run_id;
+  lease.sweep_id = run.sweep_id;
+  lease.worker_id = worker_id;
+  lease.expiry = clock_->Now() + options_.lease_timeout;
+  lease.stop = IsCancelled(run.sweep_id);
+  lease.total_steps = run.total_steps;
+  int offset = 0;
+  for (const auto& [worker, slots] : formed.reserved) {
+    GangMember& m = lease.members.emplace_back();
+    m.worker_id = worker;
+    m.slots = slots;
+    m.rank_offset = offset;
+    m.expiry = lease.expiry;
+    offset += slots;
+    if (worker != worker_id) undelivered_[worker].push_back(run_id);
+  }
+  AddLease(lease, run);
+  return run;
+}
+
 std::optional<QueuedRun> Scheduler::Acquire(int64_t worker_id, const WorkerOffer& offer,
                                             int freeing) {
   PromoteDelayed();
+  ExpireReservations();
+  // A gang's part leased to this worker when another completed the gang, once started.
+  if (auto uit = undelivered_.find(worker_id); uit != undelivered_.end()) {
+    std::vector<int64_t>& runs = uit->second;
+    for (auto it = runs.begin(); it != runs.end();) {
+      auto lit = leases_.find(*it);
+      if (lit == leases_.end() || lit->second.MemberOf(worker_id) == nullptr) {
+        it = runs.erase(it);  // that attempt ended before the part was taken
+        continue;
+      }
+      if (lit->second.attempt == 0) {
+        ++it;  // not started in the store yet
+        continue;
+      }
+      const int64_t run_id = *it;
+      runs.erase(it);
+      if (runs.empty()) undelivered_.erase(uit);
+      return leased_runs_.at(run_id);
+    }
+    if (runs.empty()) undelivered_.erase(uit);
+  }
+  const absl::Time now = clock_->Now();
+  for (auto& [run_id, gang] : forming_) {
+    if (gang.seen.count(worker_id)) gang.seen[worker_id] = now;  // still waiting with it
+  }
   const int free_slots = std::max(1, offer.slots) - SlotsInUse(worker_id) + freeing;
   if (free_slots <= 0) return std::nullopt;
+  // A forming gang it can add to goes first (its own, then the lowest run id): gangs complete
+  // rather than split the workers.
+  for (const bool own : {true, false}) {
+    for (auto& [run_id, gang] : forming_) {
+      if (gang.seen.count(worker_id) == (own ? 1u : 0u) && FitsRanks(gang.needs, offer)) {
+        return JoinGang(run_id, worker_id, free_slots);
+      }
+    }
+  }
   for (auto ait = active_.begin(); ait != active_.end(); ++ait) {
     const auto [pass, sweep_id] = *ait;
     SweepQueue& sweep = sweeps_[sweep_id];
     const std::pair<int, int64_t>* best = nullptr;
-    int best_devices = 1;
+    const RunNeeds* best_needs = nullptr;
     for (const auto& [needs, bucket] : sweep.buckets) {
-      if (!Fits(needs, offer)) continue;
+      if (!FitsRanks(needs, offer)) continue;
+      // Wider than this worker: a gang, when no known worker is wide enough and together
+      // they are.
+      if (std::max(1, needs.devices) > std::max(1, offer.slots) && !GangFor(needs)) continue;
       if (best == nullptr || *bucket.begin() < *best) {
         best = &*bucket.begin();
-        best_devices = std::max(1, needs.devices);
+        best_needs = &needs;
       }
     }
     if (best == nullptr) continue;
+    const int best_devices = std::max(1, best_needs->devices);
+    const int64_t run_id = best->second;
+    if (best_devices > std::max(1, offer.slots)) {
+      FormingGang& gang = forming_[run_id];
+      gang.needs = *best_needs;
+      gang.sweep_id = sweep_id;
+      return JoinGang(run_id, worker_id, free_slots);
+    }
     // The run this worker owes its next slots to: nothing smaller jumps ahead of it.
     if (best_devices > free_slots) return std::nullopt;
-    const int64_t run_id = best->second;
-    auto qit = queued_.find(run_id);
-    QueuedRun run = qit->second;
-    EraseFromBucket(run);  // may erase *ait: do not touch ait after this
-    queued_.erase(qit);
-    // Stride scheduling: charge the sweep one dispatch.
-    global_pass_ = pass;
-    if (sweep.due > 0) active_.erase({sweep.pass, sweep_id});
-    sweep.pass = pass + kStride / sweep.priority;
-    if (sweep.due > 0) active_.emplace(sweep.pass, sweep_id);
+    QueuedRun run = queued_.at(run_id);
+    Dispatch(pass, sweep_id, run);  // may erase *ait: do not touch ait after this
+    DissolveGang(run_id);  // taken whole by a worker wide enough
 
     Lease lease;
     lease.run_id = run_id;
@@ -173,21 +344,41 @@ std::vector<QueuedRun> Scheduler::AcquireUpTo(int64_t worker_id, const WorkerOff
 
 int Scheduler::SlotsInUse(int64_t worker_id) const {
   auto it = slots_in_use_.find(worker_id);
-  return it == slots_in_use_.end() ? 0 : it->second;
+  return (it == slots_in_use_.end() ? 0 : it->second) + SlotsReserved(worker_id);
 }
 
 void Scheduler::AddLease(const Lease& lease, const QueuedRun& run) {
   Lease& added = leases_[lease.run_id] = lease;
-  added.slots = std::max(1, run.needs.devices);
-  slots_in_use_[lease.worker_id] += added.slots;
+  if (added.members.empty()) {
+    added.slots = std::max(1, run.needs.devices);
+    slots_in_use_[lease.worker_id] += added.slots;
+  } else {
+    added.slots = added.members.front().slots;
+    for (const GangMember& m : added.members) slots_in_use_[m.worker_id] += m.slots;
+  }
   expiries_.emplace(lease.expiry, lease.run_id);
   leased_runs_[lease.run_id] = run;
 }
 
 void Scheduler::DropLease(const Lease& lease) {
   expiries_.erase({lease.expiry, lease.run_id});
-  auto it = slots_in_use_.find(lease.worker_id);
-  if (it != slots_in_use_.end() && (it->second -= lease.slots) <= 0) slots_in_use_.erase(it);
+  const auto free = [this](int64_t worker, int slots) {
+    auto it = slots_in_use_.find(worker);
+    if (it != slots_in_use_.end() && (it->second -= slots) <= 0) slots_in_use_.erase(it);
+  };
+  if (lease.members.empty()) {
+    free(lease.worker_id, lease.slots);
+    return;
+  }
+  for (const GangMember& m : lease.members) {
+    if (!m.done) free(m.worker_id, m.slots);
+  }
+}
+
+void Scheduler::SetExpiry(Lease& lease, absl::Time expiry) {
+  expiries_.erase({lease.expiry, lease.run_id});
+  lease.expiry = expiry;
+  expiries_.emplace(lease.expiry, lease.run_id);
 }
 
 void Scheduler::SetLeaseAttempt(int64_t run_id, int32_t attempt) {
@@ -221,11 +412,43 @@ bool Scheduler::Renew(int64_t run_id, int32_t attempt, int64_t worker_id) {
   auto it = leases_.find(run_id);
   if (it == leases_.end()) return false;
   Lease& lease = it->second;
-  if (lease.attempt != attempt || lease.worker_id != worker_id) return false;
-  expiries_.erase({lease.expiry, run_id});
-  lease.expiry = clock_->Now() + options_.lease_timeout;
-  expiries_.emplace(lease.expiry, run_id);
-  return true;
+  if (lease.attempt != attempt || !lease.Holds(worker_id)) return false;
+  const absl::Time expiry = clock_->Now() + options_.lease_timeout;
+  if (lease.members.empty()) {
+    SetExpiry(lease, expiry);
+    return true;
+  }
+  absl::Time earliest = absl::InfiniteFuture();
+  bool renewed = false;
+  for (GangMember& m : lease.members) {
+    if (m.worker_id == worker_id && !m.done) {
+      m.expiry = expiry;
+      renewed = true;
+    }
+    if (!m.done) earliest = std::min(earliest, m.expiry);
+  }
+  if (renewed) SetExpiry(lease, earliest);
+  return renewed;
+}
+
+bool Scheduler::ReleaseMember(int64_t run_id, int32_t attempt, int64_t worker_id) {
+  auto it = leases_.find(run_id);
+  if (it == leases_.end()) return false;
+  Lease& lease = it->second;
+  if (lease.attempt != attempt || worker_id == lease.worker_id) return false;
+  absl::Time earliest = absl::InfiniteFuture();
+  bool released = false;
+  for (GangMember& m : lease.members) {
+    if (m.worker_id == worker_id && !m.done) {
+      m.done = true;
+      released = true;
+      auto sit = slots_in_use_.find(worker_id);
+      if (sit != slots_in_use_.end() && (sit->second -= m.slots) <= 0) slots_in_use_.erase(sit);
+    }
+    if (!m.done) earliest = std::min(earliest, m.expiry);
+  }
+  if (released) SetExpiry(lease, earliest);
+  return released;
 }
 
 bool Scheduler::Stop(int64_t run_id) {
@@ -248,6 +471,7 @@ std::optional<Lease> Scheduler::Release(int64_t run_id) {
 std::vector<Lease> Scheduler::ExpireLeases() {
   const absl::Time now = clock_->Now();
   std::vector<Lease> expired;
+  ExpireReservations();
   while (!expiries_.empty() && expiries_.begin()->first <= now) {
     const int64_t run_id = expiries_.begin()->second;
     auto it = leases_.find(run_id);

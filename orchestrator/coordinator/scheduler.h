@@ -23,6 +23,20 @@
 // ever fit) needs more slots than are free, the worker takes nothing else until enough of its
 // slots are free for that run, so a queued N-device run is not passed over forever by smaller ones.
 //
+// Gangs. A run needing more devices than any worker the scheduler knows (AddWorker) has, but
+// fitting them otherwise, is gang-scheduled across several workers once they have enough slots
+// between them; a run wider than all of them waits without holding anyone. Its
+// gang forms as workers poll: each reserves its free slots for the run (they count as in use, so
+// it takes nothing else meanwhile), a worker joins a forming gang it fits (lowest run id first)
+// before it starts one, and the worker whose slots complete it gets the run as rank 0's worker (the
+// primary). Then every member holds one lease: `Lease::members`, rank 0's worker first, each
+// with its ranks [rank_offset, rank_offset + slots). The others get the run at their next
+// Acquire, once the store started the attempt (SetLeaseAttempt). A member renews its own part;
+// the lease expires when any member's part does (a lost member ends the whole attempt), and
+// Release frees every member's slots. A reserving worker silent for lease_timeout, or removed
+// (RemoveWorker), gives its reservation back; a gang that can no longer complete (too few slots
+// left) dissolves. A worker that could take the run whole dissolves a forming gang by taking it.
+//
 // Leases. A dispatched run holds a lease (worker, attempt) that expires lease_timeout after the
 // last Renew. ExpireLeases returns the expired ones; the coordinator ends those attempts as LOST
 // and asks RetryAfterLoss / RetryAfterFailure whether and when to queue the run again:
@@ -92,12 +106,16 @@ struct WorkerOffer {
   double memory_gb = 0;        // 0 = unknown: only runs that need no memory fit
   int cores = 0;               // 0 = unknown: only runs that need no threads fit
   int slots = 1;               // devices or core groups: runs needing up to this many fit
+  std::string host;            // where other workers reach its rendezvous (a gang's rank 0)
 };
 
 // "cuda:1" -> "cuda", "" -> "cpu".
 std::string DeviceKind(const std::string& device);
 // Whether a worker offering `offer` may take a run needing `needs`.
 bool Fits(const RunNeeds& needs, const WorkerOffer& offer);
+// Whether it may train some ranks of such a run (device kind, memory and threads fit; the
+// run's devices may exceed its slots: a gang).
+bool FitsRanks(const RunNeeds& needs, const WorkerOffer& offer);
 
 // What the coordinator makes a run's job from (coordinator.cc). The scheduler only carries it,
 // from queue to lease and back, and drops it with the run.
@@ -114,15 +132,31 @@ struct QueuedRun {
   int64_t total_steps = 0;  // train.steps: reports name steps in [0, total_steps]
 };
 
+// One worker's part of a gang-scheduled run: ranks [rank_offset, rank_offset + slots).
+struct GangMember {
+  int64_t worker_id = 0;
+  int slots = 0;
+  int rank_offset = 0;
+  absl::Time expiry;   // of its part: renewed by its own reports
+  bool done = false;   // finished its part (ReleaseMember): slots free, no reports expected
+};
+
 struct Lease {
   int64_t run_id = 0;
   int64_t sweep_id = 0;
-  int64_t worker_id = 0;
+  int64_t worker_id = 0;  // a gang's: rank 0's worker
   int32_t attempt = 0;
   absl::Time expiry;
   bool stop = false;  // the run was cancelled: the next report says DIRECTIVE_STOP
   int64_t total_steps = 0;  // the run's QueuedRun::total_steps
   int slots = 1;            // of the worker's slots the run holds (its RunNeeds::devices)
+  // A gang-scheduled run's members, rank 0's worker (worker_id) first; empty otherwise. The
+  // lease's expiry is the earliest of its members' still running.
+  std::vector<GangMember> members;
+  // The member part of `worker`, if it has one (a gang's).
+  const GangMember* MemberOf(int64_t worker) const;
+  // Whether `worker` holds this lease or a part of it.
+  bool Holds(int64_t worker) const { return worker == worker_id || MemberOf(worker) != nullptr; }
 };
 
 // Whether and when a run is queued again after an attempt ended badly.
@@ -157,17 +191,27 @@ class Scheduler {
   // Drops a queued run (cancelled). False when it was not queued.
   bool Remove(int64_t run_id);
 
-  // Picks the next run for a worker: the lowest-pass sweep holding a due run the worker fits,
-  // its first such run in run order. The run leaves the queue and is leased to worker_id from
-  // now (attempt 0 until SetLeaseAttempt). nullopt when no queued run fits or is due, or when
-  // that run needs more slots than the worker has free (see "Slots"). `freeing` slots of the
-  // worker's leases count as free (a Finish picks the next runs before it releases its own).
+  // The workers that may poll, for gangs (a run is gang-scheduled only when the known workers
+  // have the slots for it). AddWorker again replaces the offer. RemoveWorker (gone) also takes
+  // back its reservations.
+  void AddWorker(int64_t worker_id, const WorkerOffer& offer);
+  void RemoveWorker(int64_t worker_id);
+
+  // Picks the next run for a worker: a gang part waiting for it (see "Gangs"), else the
+  // lowest-pass sweep holding a due run the worker fits, its first such run in run order. The
+  // run leaves the queue and is leased to worker_id from now (attempt 0 until SetLeaseAttempt).
+  // nullopt when no queued run fits or is due, when that run needs more slots than the worker
+  // has free (see "Slots"), or while the worker's slots wait in a forming gang. `freeing` slots
+  // of the worker's leases count as free (a Finish picks the next runs before it releases its
+  // own).
   std::optional<QueuedRun> Acquire(int64_t worker_id, const WorkerOffer& offer, int freeing = 0);
   // Acquire up to `max_runs` times, while it returns runs.
   std::vector<QueuedRun> AcquireUpTo(int64_t worker_id, const WorkerOffer& offer, int max_runs,
                                      int freeing = 0);
-  // Slots of worker_id its leases hold.
+  // Slots of worker_id its leases hold or a forming gang reserved.
   int SlotsInUse(int64_t worker_id) const;
+  // Slots of worker_id reserved by forming gangs.
+  int SlotsReserved(int64_t worker_id) const;
   // Records the attempt number of a lease once the store has started it.
   void SetLeaseAttempt(int64_t run_id, int32_t attempt);
 
@@ -177,9 +221,13 @@ class Scheduler {
 
   // The lease of a running run, if any.
   std::optional<Lease> GetLease(int64_t run_id) const;
-  // Renews the lease of (run, attempt) held by worker_id: expiry = now + lease_timeout.
-  // False when no such lease exists (lost, finished, or another attempt).
+  // Renews the lease of (run, attempt) held by worker_id (a gang member: its part):
+  // expiry = now + lease_timeout. False when no such lease exists (lost, finished, or another
+  // attempt) or the member's part is done.
   bool Renew(int64_t run_id, int32_t attempt, int64_t worker_id);
+  // A gang member (not rank 0's worker) finished its part of (run, attempt): its slots are
+  // free, its part no longer renewed. False when it holds no such part.
+  bool ReleaseMember(int64_t run_id, int32_t attempt, int64_t worker_id);
   // Sets the stop flag of a running run's lease. False when it has none.
   bool Stop(int64_t run_id);
   // Ends a lease (the attempt finished) and forgets its run. Returns the lease, nullopt when
@@ -219,6 +267,20 @@ class Scheduler {
   void EraseFromBucket(const QueuedRun& run);
   void SetActive(int64_t sweep_id, SweepQueue& sweep);
   void AddLease(const Lease& lease, const QueuedRun& run);
+  // Charges sweep `sweep_id` (at pass `pass`) one dispatch of `run` and takes the run out of the
+  // queue.
+  void Dispatch(double pass, int64_t sweep_id, const QueuedRun& run);
+  // Whether a run needing `needs` is gang-scheduled: no known worker it fits has the slots for
+  // it alone, and together they have.
+  bool GangFor(const RunNeeds& needs) const;
+  // Gangs: drops silent members' reservations and gangs that can no longer complete.
+  void ExpireReservations();
+  // Adds up to `free_slots` of the worker's slots to the gang forming for run_id; when they
+  // complete it, leases the run to every member and returns it (this worker is rank 0's).
+  std::optional<QueuedRun> JoinGang(int64_t run_id, int64_t worker_id, int free_slots);
+  void DissolveGang(int64_t run_id);
+  // Moves a lease's expiry entry to `expiry`.
+  void SetExpiry(Lease& lease, absl::Time expiry);
   // Forgets a lease's expiry entry and slots (not leases_ itself).
   void DropLease(const Lease& lease);
 
@@ -238,6 +300,21 @@ class Scheduler {
   std::unordered_map<int64_t, QueuedRun> leased_runs_;
   std::set<std::pair<absl::Time, int64_t>> expiries_;  // (expiry, run_id) of leases_
   std::unordered_map<int64_t, int> slots_in_use_;       // by worker, of leases_
+
+  // Gangs.
+  struct FormingGang {
+    RunNeeds needs;
+    int64_t sweep_id = 0;
+    // (worker, slots reserved), in join order; last poll by worker.
+    std::vector<std::pair<int64_t, int>> reserved;
+    std::unordered_map<int64_t, absl::Time> seen;
+    int Reserved() const;
+  };
+  std::unordered_map<int64_t, WorkerOffer> workers_;    // AddWorker
+  std::map<int64_t, FormingGang> forming_;              // by run_id
+  std::unordered_map<int64_t, int> reserved_;           // by worker, of forming_
+  // Gang runs whose part a member has not received yet, by member worker.
+  std::unordered_map<int64_t, std::vector<int64_t>> undelivered_;
 };
 
 }  // namespace ablate

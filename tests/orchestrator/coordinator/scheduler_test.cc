@@ -335,5 +335,126 @@ TEST_F(SchedulerTest, AWideRunIsNotPassedOverByNarrowOnes) {
   EXPECT_EQ(s.AcquireUpTo(7, two, 4).size(), 2u);
 }
 
+// Two one-slot workers known to the scheduler, a run of 2 devices and narrow runs behind it.
+class GangTest : public SchedulerTest {
+ protected:
+  void SetUp() override {
+    s_.AddWorker(1, Cpu());
+    s_.AddWorker(2, Cpu());
+    s_.AddSweep(1, 1);
+    ASSERT_TRUE(s_.Enqueue(Wide(11, 1, 0, 2)));
+    ASSERT_TRUE(s_.Enqueue(MakeRun(12, 1, 1)));
+    ASSERT_TRUE(s_.Enqueue(MakeRun(13, 1, 2)));
+  }
+  // Worker 1 reserves, worker 2 completes the gang (rank 0's), the attempt starts.
+  void Form() {
+    ASSERT_FALSE(s_.Acquire(1, Cpu()).has_value());
+    std::optional<QueuedRun> primary = s_.Acquire(2, Cpu());
+    ASSERT_TRUE(primary.has_value());
+    ASSERT_EQ(primary->run_id, 11);
+    s_.SetLeaseAttempt(11, 1);
+  }
+  Scheduler s_{Options(), &clock_};
+};
+
+TEST_F(GangTest, ARunWiderThanEveryWorkerIsLeasedToSeveralAtOnce) {
+  // Worker 1's slot waits for the gang: it takes none of the narrow runs behind it.
+  EXPECT_FALSE(s_.Acquire(1, Cpu()).has_value());
+  EXPECT_EQ(s_.SlotsInUse(1), 1);
+  EXPECT_EQ(s_.SlotsReserved(1), 1);
+  EXPECT_FALSE(s_.Acquire(1, Cpu()).has_value());
+  std::optional<QueuedRun> primary = s_.Acquire(2, Cpu());
+  ASSERT_TRUE(primary.has_value());
+  EXPECT_EQ(primary->run_id, 11);
+  const Lease lease = *s_.GetLease(11);
+  EXPECT_EQ(lease.worker_id, 2);  // the worker that completed it holds rank 0
+  ASSERT_EQ(lease.members.size(), 2u);
+  EXPECT_EQ(lease.members[0].worker_id, 2);
+  EXPECT_EQ(lease.members[0].rank_offset, 0);
+  EXPECT_EQ(lease.members[1].worker_id, 1);
+  EXPECT_EQ(lease.members[1].rank_offset, 1);
+  EXPECT_EQ(lease.members[1].slots, 1);
+  EXPECT_EQ(s_.SlotsReserved(1), 0);
+  EXPECT_EQ(s_.SlotsInUse(1), 1);
+  EXPECT_EQ(s_.SlotsInUse(2), 1);
+  // Worker 1 gets its part once the attempt started, and nothing else meanwhile.
+  EXPECT_FALSE(s_.Acquire(1, Cpu()).has_value());
+  s_.SetLeaseAttempt(11, 1);
+  std::optional<QueuedRun> part = s_.Acquire(1, Cpu());
+  ASSERT_TRUE(part.has_value());
+  EXPECT_EQ(part->run_id, 11);
+  EXPECT_TRUE(s_.Renew(11, 1, 1));
+  EXPECT_TRUE(s_.Renew(11, 1, 2));
+  EXPECT_FALSE(s_.Renew(11, 1, 3));
+  // Worker 1's part ends first: its slot is free for the narrow runs; rank 0's ends the lease.
+  EXPECT_FALSE(s_.ReleaseMember(11, 1, 2));  // rank 0's worker ends the run, not its part
+  EXPECT_TRUE(s_.ReleaseMember(11, 1, 1));
+  EXPECT_FALSE(s_.Renew(11, 1, 1));
+  EXPECT_EQ(s_.SlotsInUse(1), 0);
+  std::optional<QueuedRun> narrow = s_.Acquire(1, Cpu());
+  ASSERT_TRUE(narrow.has_value());
+  EXPECT_EQ(narrow->run_id, 12);
+  ASSERT_TRUE(s_.Release(11).has_value());
+  EXPECT_EQ(s_.SlotsInUse(2), 0);
+  EXPECT_EQ(s_.SlotsInUse(1), 1);
+}
+
+TEST_F(GangTest, ASilentMemberLosesTheWholeAttemptAndFreesTheOthers) {
+  Form();
+  ASSERT_TRUE(s_.Acquire(1, Cpu()).has_value());
+  clock_.Advance(absl::Seconds(20));
+  ASSERT_TRUE(s_.Renew(11, 1, 2));  // rank 0's worker reports; worker 1 is silent
+  clock_.Advance(absl::Seconds(15));
+  std::vector<Lease> expired = s_.ExpireLeases();
+  ASSERT_EQ(expired.size(), 1u);
+  EXPECT_EQ(expired[0].run_id, 11);
+  EXPECT_EQ(expired[0].expiry, expired[0].MemberOf(1)->expiry);  // worker 1's part expired
+  EXPECT_EQ(s_.SlotsInUse(1), 0);
+  EXPECT_EQ(s_.SlotsInUse(2), 0);
+}
+
+TEST_F(GangTest, ASilentReservationIsGivenBack) {
+  EXPECT_FALSE(s_.Acquire(1, Cpu()).has_value());
+  EXPECT_EQ(s_.SlotsReserved(1), 1);
+  clock_.Advance(absl::Seconds(31));  // worker 1 stopped polling
+  std::optional<QueuedRun> got = s_.Acquire(2, Cpu());
+  EXPECT_FALSE(got.has_value());  // worker 2 now waits for the gang alone
+  EXPECT_EQ(s_.SlotsReserved(1), 0);
+  EXPECT_EQ(s_.SlotsReserved(2), 1);
+  // Worker 1 polls again: the gang completes with it as rank 0's worker.
+  std::optional<QueuedRun> primary = s_.Acquire(1, Cpu());
+  ASSERT_TRUE(primary.has_value());
+  EXPECT_EQ(s_.GetLease(11)->worker_id, 1);
+}
+
+TEST_F(GangTest, AGangThatCanNoLongerCompleteDissolves) {
+  EXPECT_FALSE(s_.Acquire(1, Cpu()).has_value());
+  s_.RemoveWorker(2);  // gone: one slot is left for a run of two
+  std::optional<QueuedRun> narrow = s_.Acquire(1, Cpu());
+  ASSERT_TRUE(narrow.has_value());
+  EXPECT_EQ(narrow->run_id, 12);
+  EXPECT_EQ(s_.SlotsReserved(1), 0);
+}
+
+TEST_F(GangTest, AWorkerWideEnoughTakesTheRunWholeInstead) {
+  s_.AddWorker(3, Cpu(16, 2));
+  // With worker 3 known the run is not a gang's: one-slot workers go on with narrow runs.
+  std::optional<QueuedRun> narrow = s_.Acquire(1, Cpu());
+  ASSERT_TRUE(narrow.has_value());
+  EXPECT_EQ(narrow->run_id, 12);
+  std::optional<QueuedRun> whole = s_.Acquire(3, Cpu(16, 2));
+  ASSERT_TRUE(whole.has_value());
+  EXPECT_EQ(whole->run_id, 11);
+  EXPECT_TRUE(s_.GetLease(11)->members.empty());
+}
+
+TEST_F(GangTest, ACancelledRunDissolvesItsFormingGang) {
+  EXPECT_FALSE(s_.Acquire(1, Cpu()).has_value());
+  EXPECT_EQ(s_.CancelSweep(1).size(), 3u);
+  EXPECT_EQ(s_.SlotsReserved(1), 0);
+  EXPECT_FALSE(s_.Acquire(2, Cpu()).has_value());
+  EXPECT_EQ(s_.SlotsInUse(2), 0);
+}
+
 }  // namespace
 }  // namespace ablate
