@@ -145,10 +145,6 @@ inline int64_t QueryInt(const std::filesystem::path& db_path, const std::string&
   return value;
 }
 
-// Sends `sig` to every process but this one whose environment (as it was at exec) holds `entry`
-// ("NAME=value"): a test tags what it starts with a value of its own (the SLURM test: its private
-// SLURM_CONF) and so finds the daemons' grandchildren (slurmstepd, the jobs' processes) without
-// touching anyone else's processes. Returns how many were signalled.
 // The pids whose parent is `parent` and whose command line (arguments joined by spaces) holds
 // `needle`: a launcher's rank processes.
 inline std::vector<pid_t> ChildrenWith(pid_t parent, const std::string& needle) {
@@ -169,6 +165,10 @@ inline std::vector<pid_t> ChildrenWith(pid_t parent, const std::string& needle) 
   return found;
 }
 
+// Sends `sig` to every process but this one whose environment (as it was at exec) holds `entry`
+// ("NAME=value"): a test tags what it starts with a value of its own (the SLURM test: its private
+// SLURM_CONF) and so finds the daemons' grandchildren (slurmstepd, the jobs' processes) without
+// touching anyone else's processes. Returns how many were signalled.
 inline int SignalProcessesWithEnv(const std::string& entry, int sig) {
   int signalled = 0;
   std::error_code ec;

@@ -45,6 +45,9 @@ int RunWorker(int argc, char** argv) {
   app.add_option("--collective-timeout", agent_collective_timeout_s,
                  "seconds a data-parallel collective may wait for the other ranks (default 600)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--rendezvous-host", agent.rendezvous_host,
+                 "the address other workers reach this one at when it holds rank 0 of a run wider "
+                 "than any one worker (default: the hostname)");
   app.add_option("--checkpoint-root", agent.checkpoint_root,
                  "keep checkpoints in DIR/run-<id> instead of the job's checkpoint dir");
   app.add_option("--idle-exit", idle_exit_s, "exit after this many seconds without a job (0 = never)")

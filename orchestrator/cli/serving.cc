@@ -3,6 +3,9 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "fmt/format.h"
 #include "orchestrator/dashboard/metrics.h"
@@ -34,6 +37,13 @@ void AddServerFlags(CLI::App* cmd, ServerOptions* options, ServerFlagSeconds* se
                   "attempts (lost or failed) before a run is FAILED")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--rendezvous-ports", seconds->rendezvous_ports,
+                  "ports LO-HI a run wider than any one worker may take for its rendezvous on "
+                  "its rank 0 worker (open them between workers)")
+      ->capture_default_str()
+      ->check([](const std::string& text) -> std::string {
+        return ParsePortRange(text).ok() ? "" : std::string(ParsePortRange(text).status().message());
+      });
   cmd->add_flag("--fsync,!--no-fsync", options->synchronous_full,
                 "fsync the database at every group commit: acknowledged writes survive a power "
                 "loss (--no-fsync: they survive a crash of the coordinator, and the OS writes "
@@ -59,6 +69,21 @@ void AddServerFlags(CLI::App* cmd, ServerOptions* options, ServerFlagSeconds* se
 void ApplyServerFlags(const ServerFlagSeconds& seconds, ServerOptions* options) {
   options->coordinator.scheduler.lease_timeout = absl::Seconds(seconds.lease);
   options->coordinator.scheduler.retry_base = absl::Seconds(seconds.retry_backoff);
+  if (absl::StatusOr<std::pair<int, int>> ports = ParsePortRange(seconds.rendezvous_ports);
+      ports.ok()) {
+    options->coordinator.rendezvous_ports = *ports;
+  }
+}
+
+absl::StatusOr<std::pair<int, int>> ParsePortRange(const std::string& text) {
+  const std::vector<std::string> parts = absl::StrSplit(text, '-');
+  int lo = 0, hi = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &lo) || !absl::SimpleAtoi(parts[1], &hi) ||
+      lo < 1 || hi > 65535 || lo > hi) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", text, "\": expected LO-HI with 1 <= LO <= HI <= 65535"));
+  }
+  return std::pair{lo, hi};
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "orchestrator/coordinator/server.h"
@@ -25,19 +26,23 @@ struct DashboardFlags {
   int port = 8080;                 // --dashboard-port (0: no dashboard)
 };
 
-// Coordinator flags given in seconds, applied to ServerOptions by ApplyServerFlags.
+// Coordinator flags given in seconds or as text, applied to ServerOptions by ApplyServerFlags.
 struct ServerFlagSeconds {
   double lease = 60;         // --lease-timeout
   double retry_backoff = 5;  // --retry-backoff
+  std::string rendezvous_ports = "29500-29999";  // --rendezvous-ports LO-HI
 };
 
 // The coordinator flags `serve` and `up` share: --host, --port, --state-dir, --checkpoint-root,
-// --lease-timeout, --retry-backoff, --max-attempts, --fsync/--no-fsync, --tls-cert, --tls-key,
+// --lease-timeout, --retry-backoff, --max-attempts, --rendezvous-ports, --fsync/--no-fsync, --tls-cert, --tls-key,
 // --dashboard-host and --dashboard-port (into *dashboard).
 void AddServerFlags(CLI::App* cmd, ServerOptions* options, ServerFlagSeconds* seconds,
                     DashboardFlags* dashboard);
-// Copies the durations AddServerFlags parsed into `options`.
+// Copies the durations and ports AddServerFlags parsed (and checked) into `options`.
 void ApplyServerFlags(const ServerFlagSeconds& seconds, ServerOptions* options);
+
+// "29500-29999" -> {29500, 29999}; InvalidArgument naming the text otherwise.
+absl::StatusOr<std::pair<int, int>> ParsePortRange(const std::string& text);
 
 class ServedCoordinator {
  public:

@@ -687,7 +687,7 @@ absl::StatusOr<Job> CoordinatorCore::MakeJob(const QueuedRun& run, int32_t attem
   job.set_lease_secret(LeaseSecret(options_.lease_key, run.run_id, attempt, worker_id));
   job.set_world_size(std::max(1, run.needs.devices));
   std::optional<Lease> lease;
-  std::string host;
+  std::optional<std::string> host;  // rank 0's worker's, while it is known
   {
     absl::MutexLock lock(&mu_);
     lease = scheduler_.GetLease(run.run_id);
@@ -701,13 +701,14 @@ absl::StatusOr<Job> CoordinatorCore::MakeJob(const QueuedRun& run, int32_t attem
       return absl::FailedPreconditionError(absl::StrCat(
           "run ", run.run_id, " attempt ", attempt, " has no part on worker ", worker_id));
     }
-    if (host.empty()) {
+    if (!host.has_value() || host->empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "run ", run.run_id, ": rank 0's worker ", lease->worker_id, " is gone"));
+          "run ", run.run_id, ": rank 0's worker ", lease->worker_id,
+          host.has_value() ? " registered no hostname or rendezvous_host" : " is gone"));
     }
     job.set_rank_offset(part->rank_offset);
     job.set_local_ranks(part->slots);
-    job.set_rendezvous(absl::StrCat(host, ":", RendezvousPort(run.run_id, attempt)));
+    job.set_rendezvous(absl::StrCat(*host, ":", RendezvousPort(run.run_id, attempt)));
   }
   return job;
 }

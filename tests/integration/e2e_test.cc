@@ -207,6 +207,90 @@ TEST_F(EndToEndTest, AWorkerOfTwoSlotsPacksNarrowRunsAndGivesWideOnesBothSlots) 
       << Slurp(dir_ / "pair.log");
 }
 
+// Issue 17: a run wider than any worker is gang-scheduled across two one-slot workers, each
+// training one rank, rank 0's worker serving the rendezvous at the port the coordinator chose.
+// Then a member dies mid-run: the attempt fails, its partner is freed, and with a third worker
+// the run resumes from its checkpoint and completes.
+TEST_F(EndToEndTest, TwoOneSlotWorkersTrainAWiderRunAsAGangAndSurviveALostMember) {
+  std::string address;
+  const pid_t serve = StartServe(&address);
+  ASSERT_GT(serve, 0) << Slurp(dir_ / "serve.log");
+  ASSERT_EQ(Ablate({"submit", Spec("gang", 30, 2, 1).string()}, dir_ / "gang.log"), 0)
+      << Slurp(dir_ / "gang.log");
+  const auto worker = [&](const std::string& name, const std::string& idle_exit) {
+    return Spawn(ABLATE_WORKER_BIN,
+                 {"--coordinator", address, "--token-file", (state_ / "worker-token").string(),
+                  "--name", name, "--rendezvous-host", "127.0.0.1", "--idle-exit", idle_exit,
+                  "--report-interval", "0.2", "--collective-timeout", "30"},
+                 dir_ / (name + ".log"));
+  };
+  const pid_t w1 = worker("w1", "4"), w2 = worker("w2", "4");
+  ASSERT_GT(w1, 0);
+  ASSERT_GT(w2, 0);
+  EXPECT_EQ(WaitExit(w1, std::chrono::seconds(180)), 0) << Slurp(dir_ / "w1.log");
+  EXPECT_EQ(WaitExit(w2, std::chrono::seconds(180)), 0) << Slurp(dir_ / "w2.log");
+  const std::string logs = Slurp(dir_ / "w1.log") + Slurp(dir_ / "w2.log");
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM runs WHERE state = 'SUCCEEDED' AND attempts = 1 "
+                           "AND devices = 2 AND steps_done = 30"),
+            2)
+      << logs;
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM (SELECT run_id FROM step_metrics GROUP BY run_id "
+                           "HAVING min(step) = 1 AND count(*) = 30 AND max(step) = 30)"),
+            2);
+  // Each run had one rank on each worker: one log names rank 1 here, at a port in range.
+  const std::regex part("x 2 ranks \\(ranks 1-1 here, rendezvous 127\\.0\\.0\\.1:(\\d+)\\)");
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(logs, match, part)) << logs;
+  EXPECT_GE(std::stoi(match[1]), 29500);
+  EXPECT_LE(std::stoi(match[1]), 29999);
+
+  // A long run; the member (not rank 0's worker) is killed after the checkpoint of step 10.
+  ASSERT_EQ(Ablate({"submit", Spec("long", 60, 2, 1).string()}, dir_ / "long.log"), 0)
+      << Slurp(dir_ / "long.log");
+  const pid_t w3 = worker("w3", "10"), w4 = worker("w4", "10");
+  ASSERT_GT(w3, 0);
+  ASSERT_GT(w4, 0);
+  const std::string long_run = "SELECT r.id FROM runs r JOIN sweeps s ON s.id = r.sweep_id "
+                               "WHERE s.name = 'long' ORDER BY r.id LIMIT 1";
+  ASSERT_TRUE(WaitFor([&] { return QueryInt(Db(), "SELECT max(checkpoint_step) FROM attempts "
+                                                  "WHERE run_id = (" + long_run + ")") >= 10; },
+                      std::chrono::seconds(120)))
+      << Slurp(dir_ / "w3.log") << Slurp(dir_ / "w4.log");
+  const int primary = QueryInt(Db(), "SELECT w.name = 'w3' FROM attempts a JOIN workers w ON "
+                                     "w.id = a.worker_id WHERE a.run_id = (" + long_run +
+                                     ") AND a.attempt = 1");
+  // The member's machine is lost: the agent and its rank process die at once, no checkpoint.
+  const pid_t member = primary ? w4 : w3;
+  const std::vector<pid_t> ranks = ablate::testing::ChildrenWith(member, "--rank 1");
+  ASSERT_EQ(ranks.size(), 1u) << Slurp(dir_ / "w3.log") << Slurp(dir_ / "w4.log");
+  kill(member, SIGKILL);
+  kill(ranks[0], SIGKILL);
+  WaitExit(member, std::chrono::seconds(10));
+  // The attempt fails (rank 0's collective loses its peer) and the run waits for a second
+  // worker: a new one joins, the run resumes from its checkpoint and completes.
+  const pid_t w5 = worker("w5", "10");
+  ASSERT_GT(w5, 0);
+  const pid_t partner = primary ? w3 : w4;
+  EXPECT_EQ(WaitExit(partner, std::chrono::seconds(240)), 0)
+      << Slurp(dir_ / "w3.log") << Slurp(dir_ / "w4.log") << Slurp(dir_ / "w5.log");
+  EXPECT_EQ(WaitExit(w5, std::chrono::seconds(60)), 0) << Slurp(dir_ / "w5.log");
+  kill(serve, SIGTERM);
+  EXPECT_EQ(WaitExit(serve, std::chrono::seconds(30)), 0) << Slurp(dir_ / "serve.log");
+  const std::string all = Slurp(dir_ / "w3.log") + Slurp(dir_ / "w4.log") + Slurp(dir_ / "w5.log");
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM runs r JOIN sweeps s ON s.id = r.sweep_id "
+                           "WHERE s.name = 'long' AND r.state = 'SUCCEEDED' AND r.steps_done = 60"),
+            2)
+      << all;
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM attempts WHERE run_id = (" + long_run +
+                               ") AND attempt = 1 AND state IN ('FAILED', 'LOST')"),
+            1)
+      << all;
+  EXPECT_NE(all.find("resuming from the checkpoint of step"), std::string::npos) << all;
+  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM (SELECT run_id FROM step_metrics GROUP BY run_id "
+                           "HAVING min(step) = 1 AND count(*) = max(step))"),
+            4);
+}
+
 TEST_F(EndToEndTest, UpRunsCoordinatorAndWorkersAndCtrlCStopsAll) {
   const fs::path log = dir_ / "up.log";
   const pid_t up = Spawn(ABLATE_BIN, {"up", "--workers", "2", "--port", "0", "--state-dir",

@@ -85,6 +85,7 @@ class Agent::Impl {
     resources_ = DetectResources(devices_.empty() ? "" : devices_[0]);
     resources_.set_slots(options_.slots > 0 ? options_.slots
                                             : std::max<int>(1, static_cast<int>(devices_.size())));
+    resources_.set_rendezvous_host(options_.rendezvous_host);
     grpc::ChannelArguments args;
     // The channel reconnects by itself; keep its backoff within ours so a coordinator that
     // comes back is seen within backoff_max.
@@ -128,18 +129,25 @@ class Agent::Impl {
   grpc::Status CallAcquire(absl::Duration wait, int max_jobs, AcquireJobResponse* response);
   std::string CheckpointDir(const Job& job) const;
 
-  // Ranks 1..N-1 of a data-parallel job (Job.world_size N > 1; rank 0 trains in this process):
-  // the rendezvous they meet at, their processes, and a watcher that ends the rendezvous when
-  // one of them fails, so that rank 0 never waits for a rank that is gone. Nothing for N = 1.
+  // The rank processes of a data-parallel job (Job.world_size N > 1) on this worker: ranks
+  // 1..N-1 when rank 0 trains in this process, the rendezvous they meet at (served here, at
+  // Job.rendezvous for a gang), and a watcher that ends the rendezvous when one of them fails,
+  // so that rank 0 never waits for a rank that is gone. For a gang member (Job.rank_offset > 0)
+  // all of its ranks, at rank 0's worker's rendezvous (RunMember watches them). Nothing for
+  // N = 1.
   class OtherRanks {
    public:
     OtherRanks(Impl* agent, std::string run) : agent_(agent), run_(std::move(run)) {}
     ~OtherRanks() { StopWatching(); }
-    // Starts the rendezvous and ranks 1..N-1 on `dir` with the config in `config_path` (the
-    // job's, device and threads set), rank r on slot slots[r].
+    // Starts the rendezvous and the ranks on `dir` with the config in `config_path` (the job's,
+    // device and threads set), the i-th of this worker's ranks on slot slots[i].
     absl::Status Start(const Job& job, const std::string& config_path, const std::string& dir,
                        const std::vector<int>& slots);
     const std::string& rendezvous() const { return address_; }
+    // A gang member's part: waits until its ranks end, renewing its lease (the reporter's
+    // heartbeats). An interrupt or a lost lease passes SIGTERM on (an interrupt: every rank
+    // checkpoints at the same step, rank 0's worker writes it). The summary says how it ended.
+    RunSummary RunMember(JobReporter* reporter);
     // After rank 0 trained (or failed): waits for the others (stopping them when rank 0 failed)
     // and names a rank that failed in a failed *summary.
     void Finish(absl::StatusOr<RunSummary>* summary);
@@ -150,6 +158,7 @@ class Agent::Impl {
     Impl* agent_;
     std::string run_;
     int world_ = 1;
+    int offset_ = 0, local_ = 1;  // this worker's ranks: [offset_, offset_ + local_)
     std::unique_ptr<RendezvousServer> server_;
     std::optional<RankProcesses> processes_;
     std::string address_;
@@ -184,10 +193,14 @@ class Agent::Impl {
     if (k <= 1 || n < k) return {};
     return std::vector<int>(cpus_.begin() + slot * n / k, cpus_.begin() + (slot + 1) * n / k);
   }
-  // Slots a job holds: its ranks (a job wider than the worker fails at once: 1).
+  // The ranks a job trains on this worker: all of its world, or a gang's part.
+  static int LocalRanks(const Job& job) {
+    return job.local_ranks() > 0 ? job.local_ranks() : std::max(1, job.world_size());
+  }
+  // Slots a job holds: its ranks here (a job wider than the worker fails at once: 1).
   int SlotsOf(const Job& job) const {
-    const int world = std::max(1, job.world_size());
-    return world > slots() ? 1 : world;
+    const int local = LocalRanks(job);
+    return local > slots() ? 1 : local;
   }
   // Marks a job this agent was leased: its slots are the coordinator's until it finishes.
   void Claim(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -521,46 +534,80 @@ absl::Status Agent::Impl::OtherRanks::Start(const Job& job, const std::string& c
                                             const std::vector<int>& slots) {
   world_ = std::max(1, job.world_size());
   if (world_ == 1) return absl::OkStatus();
-  absl::StatusOr<std::unique_ptr<RendezvousServer>> server =
-      RendezvousServer::Start("127.0.0.1", world_);
-  if (!server.ok()) return server.status();
-  server_ = *std::move(server);
-  address_ = server_->address();
+  const int offset = job.rank_offset(), local = LocalRanks(job);
+  offset_ = offset;
+  local_ = local;
+  if (offset == 0) {
+    // A gang's rank 0 serves at the address the coordinator chose; else a port of our own.
+    absl::StatusOr<std::unique_ptr<RendezvousServer>> server =
+        job.rendezvous().empty() ? RendezvousServer::Start("127.0.0.1", world_)
+                                 : RendezvousServer::StartAt(job.rendezvous(), world_);
+    if (!server.ok()) return server.status();
+    server_ = *std::move(server);
+    address_ = job.rendezvous().empty() ? server_->address() : job.rendezvous();
+  } else {
+    address_ = job.rendezvous();
+  }
   std::vector<std::vector<std::string>> args;
   std::vector<int> ranks;
-  std::vector<std::vector<int>> cpus;  // rank r on its slot's core group
+  std::vector<std::vector<int>> cpus;  // each rank on its slot's core group
   const std::string timeout_s =
       absl::StrCat(absl::ToDoubleSeconds(agent_->options_.collective_timeout));
-  for (int rank = 1; rank < world_; ++rank) {
+  for (int i = offset == 0 ? 1 : 0; i < local; ++i) {
+    const int rank = offset + i;
     std::vector<std::string> a = {"train", "--resume", dir, "--config", config_path,
                                   "--world-size", std::to_string(world_), "--rank",
                                   std::to_string(rank), "--rendezvous", address_,
                                   "--collective-timeout", timeout_s};
-    if (const std::string device = agent_->DeviceOf(slots[rank], job.config().train().device());
-        !device.empty()) {
-      a.insert(a.end(), {"--device", device});
-    }
+    std::string device = agent_->DeviceOf(slots[i], job.config().train().device());
+    if (device == "cuda") device = absl::StrCat("cuda:", slots[i]);  // this node's, not rank's
+    if (!device.empty()) a.insert(a.end(), {"--device", device});
     args.push_back(std::move(a));
     ranks.push_back(rank);
-    cpus.push_back(agent_->CoreGroup(slots[rank]));
+    cpus.push_back(agent_->CoreGroup(slots[i]));
   }
+  if (args.empty()) return absl::OkStatus();  // a gang's rank 0 alone on this worker
   absl::StatusOr<RankProcesses> processes =
       RankProcesses::Start(agent_->options_.rank_binary, args, ranks, cpus);
   if (!processes.ok()) return processes.status();
   processes_ = *std::move(processes);
+  if (offset > 0) return absl::OkStatus();  // RunMember watches them
   watcher_ = std::thread([this] {
     while (!done_.load()) {
       if (std::optional<RankProcesses::Ending> failed = processes_->Poll()) {
         failure_ = failed;
         agent_->log_(absl::StrCat(run_, ": rank ", failed->rank, " of ", world_, " ended with ",
                                      failed->Describe(), "; ending the attempt"));
-        server_->Stop();  // a rendezvous still forming fails now instead of at the timeout
+        if (server_) server_->Stop();  // a rendezvous still forming fails now, not at the timeout
         return;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   });
   return absl::OkStatus();
+}
+
+RunSummary Agent::Impl::OtherRanks::RunMember(JobReporter* reporter) {
+  RunSummary summary;
+  summary.set_state(SUCCEEDED);
+  bool signalled = false;
+  while (processes_.has_value() && !processes_->AllEnded()) {
+    if (std::optional<RankProcesses::Ending> failed = processes_->Poll()) {
+      failure_ = failed;
+      processes_->Signal(SIGTERM);  // the others cannot go on
+      break;
+    }
+    const bool lost = reporter->ShouldStop() && !reporter->stop_directive();
+    if (!signalled && (agent_->Interrupted() || lost)) {
+      // A cancellation (stop directive) reaches rank 0's worker, which stops every rank.
+      processes_->Signal(SIGTERM);
+      signalled = true;
+      if (!lost) summary.set_state(INTERRUPTED);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  summary.set_reason(absl::StrCat("its ranks ", offset_, "-", offset_ + local_ - 1, " of ", world_));
+  return summary;
 }
 
 void Agent::Impl::OtherRanks::StopWatching() {
@@ -578,6 +625,10 @@ void Agent::Impl::OtherRanks::Finish(absl::StatusOr<RunSummary>* summary) {
   if (!failure) return;
   const std::string what =
       absl::StrCat("rank ", failure->rank, " of ", world_, " ended with ", failure->Describe());
+  if (offset_ > 0) {  // a gang member's rank: the attempt fails (rank 0's worker sees it too)
+    *summary = absl::InternalError(what);
+    return;
+  }
   if (summary->ok()) {  // after the last collective: rank 0's results are whole
     agent_->log_(absl::StrCat(run_, ": ", what, " after the run ended"));
     return;
@@ -590,14 +641,16 @@ absl::Status Agent::Impl::RunJob(const Job& job, std::optional<Job>* next) {
   const absl::Time leased_at = absl::Now();  // the job just arrived: its lease starts about now
   const std::string run = absl::StrCat("run ", job.run_id(), " attempt ", job.attempt());
   const int world = std::max(1, job.world_size());
+  const int local = LocalRanks(job);       // of them on this worker (a gang's part: fewer)
+  const bool member = job.rank_offset() > 0;  // a gang's part without rank 0
   const absl::Duration third_of_lease =
       lease_timeout_ > absl::ZeroDuration() ? lease_timeout_ / 3 : absl::Seconds(10);
   // The slots it trains on. The coordinator leases no more than the worker has, but a job of
   // ours may still be finishing: wait for it, not past a third of the lease (its slots are then
   // not coming: given back).
   std::vector<int> taken = {0};
-  if (world <= slots()) {
-    std::optional<std::vector<int>> got = TakeSlots(world, third_of_lease);
+  if (local <= slots()) {
+    std::optional<std::vector<int>> got = TakeSlots(local, third_of_lease);
     if (!got.has_value()) {
       absl::Status s = GiveBack(job, Interrupted() ? "the worker stopped before starting it"
                                                    : "the worker had no free slot for it");
@@ -617,11 +670,19 @@ absl::Status Agent::Impl::RunJob(const Job& job, std::optional<Job>* next) {
     const std::vector<int> group = CoreGroup(taken[0]);
     config.mutable_train()->set_threads(
         group.empty() ? std::max(1, resources_.cores() / slots()) : static_cast<int>(group.size()));
+  } else if (local < world && config.train().threads() == 0 &&
+             (config.train().device().empty() || absl::StartsWith(config.train().device(), "cpu"))) {
+    // A gang's part: this worker's cores between its ranks (not the whole world's).
+    config.mutable_train()->set_threads(std::max(1, resources_.cores() / slots()));
   }
   const std::string dir = CheckpointDir(job);
   log_(absl::StrCat(run, " (", job.sweep(), job.variant().empty() ? "" : "/", job.variant(), "): ",
                     config.train().steps(), " steps on ", config.train().device(),
                     world > 1 ? absl::StrCat(" x ", world, " ranks") : "",
+                    local < world ? absl::StrCat(" (ranks ", job.rank_offset(), "-",
+                                                 job.rank_offset() + local - 1, " here, rendezvous ",
+                                                 job.rendezvous(), ")")
+                                  : "",
                     own_process ? absl::StrCat(" (slot", taken.size() > 1 ? "s " : " ",
                                                absl::StrJoin(taken, ","), ")")
                                 : "",
@@ -650,13 +711,18 @@ absl::Status Agent::Impl::RunJob(const Job& job, std::optional<Job>* next) {
   bool permanent = false;  // a failure that retries cannot mend
   std::error_code ec;
   fs::create_directories(dir, ec);
-  const std::string config_path = (fs::path(dir) / "job-config.json").string();
+  // A gang's members share the checkpoint dir: each its own config (its device and threads).
+  const std::string config_path =
+      (fs::path(dir) / (member ? absl::StrCat("job-config-ranks-", job.rank_offset(), ".json")
+                               : std::string("job-config.json")))
+          .string();
   if (ec) {
     summary = absl::InternalError(absl::StrCat("checkpoint dir ", dir, ": ", ec.message()));
     reporter.Start({});
-  } else if (world > slots()) {
+  } else if (local > slots()) {
     summary = absl::FailedPreconditionError(absl::StrCat(
-        "the job trains on ", world, " ranks; this worker has ", slots(), " slots"));
+        "the job trains on ", local, " ranks", local < world ? " here" : "", "; this worker has ",
+        slots(), " slots"));
     reporter.Start({});
   } else if (absl::Status written = (world > 1 || own_process)
                                         ? WriteFileAtomically(config_path,
@@ -668,6 +734,9 @@ absl::Status Agent::Impl::RunJob(const Job& job, std::optional<Job>* next) {
   } else if (absl::Status started = ranks.Start(job, config_path, dir, taken); !started.ok()) {
     summary = started;
     reporter.Start({});
+  } else if (member) {
+    reporter.Start({});  // heartbeats: rank 0's worker reports the run
+    summary = ranks.RunMember(&reporter);
   } else {
     absl::StatusOr<int64_t> resumed;
     if (own_process) {
@@ -742,7 +811,7 @@ absl::Status Agent::Impl::RunJob(const Job& job, std::optional<Job>* next) {
   }
   ranks.Finish(&summary);
   process.reset();
-  if (world <= slots()) FreeSlots(taken);
+  if (local <= slots()) FreeSlots(taken);
 
   if (absl::Status flushed = reporter.Flush(); !flushed.ok()) {
     if (flushed.code() == absl::StatusCode::kFailedPrecondition) {
@@ -762,13 +831,14 @@ absl::Status Agent::Impl::RunJob(const Job& job, std::optional<Job>* next) {
     summary = flushed;
     permanent = true;
   }
-  fs::remove(params.journal_path, ec);  // every point is acknowledged
+  if (!member) fs::remove(params.journal_path, ec);  // every point is acknowledged (rank 0's)
 
   FinishRequest finish;
   finish.set_worker_id(worker_id_);
   finish.set_run_id(job.run_id());
   finish.set_attempt(job.attempt());
   finish.set_lease_secret(job.lease_secret());
+  finish.set_member(member);
   if (summary.ok()) {
     *finish.mutable_summary() = *summary;
   } else {
@@ -803,8 +873,12 @@ absl::Status Agent::Impl::SendFinish(const FinishRequest& request, const std::st
     if (status.ok()) {
       connection_.Reachable();
       const RunSummary& s = request.summary();
-      log_(absl::StrCat(run, ": ", RunState_Name(s.state()), " after ", s.steps_done(), " steps",
-                        s.reason().empty() ? "" : absl::StrCat(" (", s.reason(), ")")));
+      if (request.member()) {  // rank 0's worker knows the steps
+        log_(absl::StrCat(run, ": ", s.reason(), " ended (", RunState_Name(s.state()), ")"));
+      } else {
+        log_(absl::StrCat(run, ": ", RunState_Name(s.state()), " after ", s.steps_done(), " steps",
+                          s.reason().empty() ? "" : absl::StrCat(" (", s.reason(), ")")));
+      }
       if (next != nullptr && response.has_next_job()) *next = response.next_job();
       return absl::OkStatus();
     }

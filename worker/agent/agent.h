@@ -103,6 +103,10 @@ struct AgentOptions {
   std::string rank_binary;
   // A data-parallel collective that waits longer than this fails the attempt.
   absl::Duration collective_timeout = absl::Minutes(10);
+  // Where other workers reach this one when it holds rank 0 of a gang-scheduled run (a run
+  // wider than any one worker; it serves the rendezvous): WorkerResources.rendezvous_host.
+  // "" = the hostname.
+  std::string rendezvous_host;
   // When not empty, every job's checkpoints live in `<checkpoint_root>/run-<run_id>` instead of
   // the job's checkpoint_dir (for a worker that mounts the shared checkpoint path elsewhere).
   std::string checkpoint_root;

@@ -168,20 +168,31 @@ RendezvousServer::RendezvousServer(std::unique_ptr<Impl> impl)
 RendezvousServer::~RendezvousServer() = default;
 
 absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(const std::string& host,
-                                                                          int world_size) {
+                                                                          int world_size, int port) {
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("rendezvous port ", port, " is not in [0, 65535]"));
+  }
   auto impl = std::make_unique<Impl>();
   try {
     ::c10d::TCPStoreOptions options;
-    options.port = 0;  // the system chooses: no two runs race for a fixed port
+    options.port = static_cast<uint16_t>(port);  // 0: the system chooses (no race for a port)
     options.isServer = true;
     options.numWorkers = world_size;
     options.waitWorkers = false;  // the ranks connect after they are started
     impl->store = c10::make_intrusive<::c10d::TCPStore>(host, options);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot start a rendezvous server on ", host, ": ", e.what()));
+    return absl::UnavailableError(absl::StrCat("cannot start a rendezvous server on ", host,
+                                               port > 0 ? absl::StrCat(" port ", port) : "", ": ",
+                                               e.what()));
   }
   return std::unique_ptr<RendezvousServer>(new RendezvousServer(std::move(impl)));
+}
+
+absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::StartAt(
+    const std::string& address, int world_size) {
+  absl::StatusOr<std::pair<std::string, uint16_t>> split = SplitAddress(address);
+  if (!split.ok()) return split.status();
+  return Start(split->first, world_size, split->second);
 }
 
 std::string RendezvousServer::address() const { return address_; }

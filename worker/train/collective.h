@@ -62,12 +62,17 @@ class Collective {
 };
 
 // The TCPStore server of one run's rendezvous, for a launcher that starts the ranks itself
-// (`ablate-worker train --world-size N`). Listens on `host` at a port the system chooses.
+// (`ablate-worker train --world-size N`), or rank 0's worker of a gang-scheduled run. Listens at
+// `port` (0: a port the system chooses); `host` is where this machine's ranks reach it.
 class RendezvousServer {
  public:
   static absl::StatusOr<std::unique_ptr<RendezvousServer>> Start(const std::string& host,
-                                                                  int world_size);
+                                                                  int world_size, int port = 0);
   ~RendezvousServer();
+  // At `address` (HOST:PORT, the rendezvous a coordinator chose for a gang): an error naming it
+  // when it is malformed or the port is taken.
+  static absl::StatusOr<std::unique_ptr<RendezvousServer>> StartAt(const std::string& address,
+                                                                    int world_size);
   std::string address() const;  // HOST:PORT to hand every rank
   // Stops serving: a rank still waiting at the rendezvous (or on the store) fails now. For a
   // launcher whose other rank is gone. address() stays valid.

@@ -998,6 +998,92 @@ TEST_F(CoordinatorTest, AWorkerWithFourSlotsTakesAndEndsSeveralJobsPerCall) {
   EXPECT_EQ(CallFinish(stale, &response).error_code(), grpc::StatusCode::PERMISSION_DENIED);
 }
 
+// Issue 17: runs of 2 devices and two one-slot workers. Each run is leased to both at once, the
+// worker completing the gang holding rank 0; the other gets its part at its next poll. A member
+// sends heartbeats only; its FAILED finish, or its silence, ends the whole attempt.
+TEST_F(CoordinatorTest, ARunWiderThanEveryWorkerIsLeasedToAGangOfThem) {
+  std::string spec = QuickSpec("gang");
+  const size_t resources = spec.find("resources: {device: cpu, threads: 1}");
+  ASSERT_NE(resources, std::string::npos);
+  spec.replace(resources, 36, "resources: {device: cpu, threads: 1, devices: 2}");
+  Submit(spec, "gang.yaml", false);  // 4 runs of 2 devices
+  const auto register_at = [&](const std::string& name, const std::string& host) {
+    RegisterRequest request;
+    request.set_name(name);
+    request.mutable_resources()->set_device("cpu");
+    request.mutable_resources()->set_cores(4);
+    request.mutable_resources()->set_hostname(name + ".cluster");
+    request.mutable_resources()->set_rendezvous_host(host);
+    RegisterResponse response;
+    auto ctx = Context();
+    EXPECT_TRUE(worker_->Register(ctx.get(), request, &response).ok());
+    return response.worker_id();
+  };
+  const int64_t a = register_at("a", ""), b = register_at("b", "10.0.0.7");
+  EXPECT_FALSE(TryAcquire(a).has_job());  // its slot waits for a partner
+  const Job primary = Acquire(b);
+  EXPECT_EQ(primary.world_size(), 2);
+  EXPECT_EQ(primary.rank_offset(), 0);
+  EXPECT_EQ(primary.local_ranks(), 1);
+  EXPECT_THAT(primary.rendezvous(), ::testing::StartsWith("10.0.0.7:"));
+  const int port = std::stoi(primary.rendezvous().substr(9));
+  EXPECT_GE(port, 29500);
+  EXPECT_LE(port, 29999);
+  const Job part = Acquire(a);
+  EXPECT_EQ(part.run_id(), primary.run_id());
+  EXPECT_EQ(part.attempt(), primary.attempt());
+  EXPECT_EQ(part.rank_offset(), 1);
+  EXPECT_EQ(part.local_ranks(), 1);
+  EXPECT_EQ(part.rendezvous(), primary.rendezvous());
+  EXPECT_NE(part.lease_secret(), primary.lease_secret());
+  EXPECT_EQ(CountRows("attempts"), 1);
+
+  // A member renews its part with heartbeats; metrics are rank 0's worker's to send.
+  ReportResponse reply;
+  EXPECT_TRUE(CallReport(MakeReport(a, part, 0, {}), &reply).ok());
+  grpc::Status refused = CallReport(MakeReport(a, part, 1, {1}), &reply);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("only rank 0's worker reports metrics"));
+  EXPECT_TRUE(CallReport(MakeReport(b, primary, 1, {1, 2}), &reply).ok());
+  // The member's part ends: the run goes on under rank 0's worker until it finishes.
+  FinishRequest done = MakeFinish(a, part, SUCCEEDED);
+  done.set_member(true);
+  FinishResponse response;
+  ASSERT_TRUE(CallFinish(done, &response).ok());
+  EXPECT_EQ(StateOf(primary.run_id()), RUNNING);
+  ASSERT_TRUE(CallFinish(b, primary, SUCCEEDED).ok());
+  EXPECT_EQ(StateOf(primary.run_id()), SUCCEEDED);
+  ASSERT_TRUE(CallFinish(done, &response).ok());  // resent after the attempt ended: acknowledged
+
+  // A member's FAILED part fails the attempt; rank 0's worker's finish of it comes too late.
+  EXPECT_FALSE(TryAcquire(a).has_job());
+  const Job primary2 = Acquire(b);
+  const Job part2 = Acquire(a);
+  FinishRequest failed = MakeFinish(a, part2, FAILED, "rank 1 of 2 ended with signal 9");
+  failed.set_member(true);
+  ASSERT_TRUE(CallFinish(failed, &response).ok());
+  EXPECT_EQ(StateOf(primary2.run_id()), PENDING);  // retried after its backoff
+  EXPECT_THAT(Scalar("SELECT reason FROM attempts WHERE run_id = " +
+                     std::to_string(primary2.run_id())),
+              HasSubstr("ranks from 1 on worker a: rank 1 of 2 ended with signal 9"));
+  EXPECT_EQ(CallFinish(b, primary2, FAILED).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+
+  // A member that goes silent loses the attempt for all of its gang.
+  EXPECT_FALSE(TryAcquire(a).has_job());
+  const Job primary3 = Acquire(b);
+  ASSERT_TRUE(Acquire(a).has_config());
+  clock_.Advance(absl::Seconds(20));
+  ASSERT_TRUE(CallReport(MakeReport(b, primary3, 1, {1}), &reply).ok());
+  clock_.Advance(absl::Seconds(15));
+  EXPECT_EQ(server_->core()->CheckLeases(), 1);
+  EXPECT_EQ(StateOf(primary3.run_id()), PENDING);
+  EXPECT_THAT(Scalar("SELECT reason FROM attempts WHERE run_id = " +
+                     std::to_string(primary3.run_id()) + " AND state = 'LOST'"),
+              HasSubstr("no report from worker a for 30s (it trained ranks from 1"));
+  EXPECT_EQ(CallReport(MakeReport(b, primary3, 2, {2}), &reply).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
 TEST_F(CoordinatorTest, SubmitOfAVariantWithAnEmptyBudgetIsAnOrdinarySweep) {
   const SubmitResponse submitted = Submit(
       "sweep: empty-budget\n"
