@@ -366,7 +366,11 @@ absl::StatusOr<ListSweepsResponse> CoordinatorCore::ListSweeps() {
     out->set_state(w.state);
     out->set_device(resources.device().empty() ? "cpu" : resources.device());
     out->set_slots(std::max(1, resources.slots()));
-    out->set_slots_in_use(w.slots_in_use);
+    // Live: the leases' slots (a gang member's part included) and forming gangs' reservations.
+    {
+      absl::MutexLock lock(&mu_);
+      out->set_slots_in_use(scheduler_.SlotsInUse(w.id));
+    }
     out->set_running(w.running);
     out->set_hostname(resources.hostname());
   }
@@ -388,8 +392,19 @@ RunStatus CoordinatorCore::ToRunStatus(const RunInfo& run) {
   out.set_spike_count(run.spike_steps);
   if (run.state == RUNNING && run.worker_id != 0) {
     absl::MutexLock lock(&mu_);
-    auto it = worker_names_.find(run.worker_id);
-    out.set_worker(it != worker_names_.end() ? it->second : absl::StrCat("#", run.worker_id));
+    const auto name = [&](int64_t id) {
+      auto it = worker_names_.find(id);
+      return it != worker_names_.end() ? it->second : absl::StrCat("#", id);
+    };
+    // A gang's: every member, rank 0's worker first ("a+b").
+    std::optional<Lease> lease = scheduler_.GetLease(run.id);
+    if (lease.has_value() && lease->members.size() > 1) {
+      std::vector<std::string> names;
+      for (const GangMember& m : lease->members) names.push_back(name(m.worker_id));
+      out.set_worker(absl::StrJoin(names, "+"));
+    } else {
+      out.set_worker(name(run.worker_id));
+    }
   }
   out.set_reason(run.reason);
   out.set_params_total(run.params_total);

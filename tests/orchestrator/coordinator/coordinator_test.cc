@@ -1037,6 +1037,10 @@ TEST_F(CoordinatorTest, ARunWiderThanEveryWorkerIsLeasedToAGangOfThem) {
   EXPECT_EQ(part.rendezvous(), primary.rendezvous());
   EXPECT_NE(part.lease_secret(), primary.lease_secret());
   EXPECT_EQ(CountRows("attempts"), 1);
+  const GetSweepResponse sweep = GetSweep("gang");
+  for (const RunStatus& run : sweep.runs()) {
+    if (run.run_id() == primary.run_id()) EXPECT_EQ(run.worker(), "b+a");
+  }
 
   // A member renews its part with heartbeats; metrics are rank 0's worker's to send.
   ReportResponse reply;
