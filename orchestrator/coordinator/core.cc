@@ -847,6 +847,7 @@ absl::StatusOr<std::optional<Job>> CoordinatorCore::LeaseStarted(
     if (absl::IsUnavailable(started.status())) return started.status();
     return std::nullopt;
   }
+  std::string gang;  // who trains which ranks, for the run's event log
   {
     absl::MutexLock lock(&mu_);
     scheduler_.SetLeaseAttempt(run.run_id, started->attempt);
@@ -854,9 +855,22 @@ absl::StatusOr<std::optional<Job>> CoordinatorCore::LeaseStarted(
     if (std::optional<Lease> lease = scheduler_.GetLease(run.run_id);
         lease.has_value() && !lease->members.empty()) {
       work_cv_.SignalAll();
+      std::vector<std::string> parts;
+      for (const GangMember& m : lease->members) {
+        auto it = worker_names_.find(m.worker_id);
+        parts.push_back(absl::StrCat("ranks ", m.rank_offset, "-", m.rank_offset + m.slots - 1,
+                                     " on ", it != worker_names_.end() ? it->second : "?",
+                                     " (worker ", m.worker_id, ")"));
+      }
+      gang = absl::StrCat("run ", run.run_id, " attempt ", started->attempt, " is a gang of ",
+                          lease->members.size(), " workers: ", absl::StrJoin(parts, ", "));
     }
   }
   absl::StatusOr<Job> job = MakeJob(run, started->attempt, worker_id);
+  if (job.ok() && !gang.empty()) {
+    absl::StrAppend(&gang, "; rendezvous ", job->rendezvous());
+    (void)store_->EnqueueEvent(run.sweep_id, run.run_id, "gang", gang);
+  }
   if (!job.ok()) {
     (void)EndAttemptAndRetry(run.run_id, run.sweep_id, started->attempt, "FAILED",
                              std::string(job.status().message()));

@@ -1037,6 +1037,10 @@ TEST_F(CoordinatorTest, ARunWiderThanEveryWorkerIsLeasedToAGangOfThem) {
   EXPECT_EQ(part.rendezvous(), primary.rendezvous());
   EXPECT_NE(part.lease_secret(), primary.lease_secret());
   EXPECT_EQ(CountRows("attempts"), 1);
+  EXPECT_THAT(Scalar("SELECT message FROM events WHERE kind = 'gang'"),
+              HasSubstr(" attempt 1 is a gang of 2 workers: ranks 0-0 on b (worker " +
+                        std::to_string(b) + "), ranks 1-1 on a (worker " + std::to_string(a) +
+                        "); rendezvous 10.0.0.7:"));
   const GetSweepResponse sweep = GetSweep("gang");
   for (const RunStatus& run : sweep.runs()) {
     if (run.run_id() == primary.run_id()) EXPECT_EQ(run.worker(), "b+a");
