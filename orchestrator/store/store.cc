@@ -175,7 +175,11 @@ absl::Status UpsertEval(StoreWriter& w, int64_t run_id, int32_t attempt, const E
   return absl::OkStatus();
 }
 
-absl::Status ApplyMetrics(StoreWriter& w, const MetricBatch& b, ReportResult* result) {
+// `ending`: the attempt's end follows in the same write with a summary (a Finish): the batch's
+// seq is left to the end's UPDATE of the attempt (*seq_for_end) and the run's progress to the
+// summary's steps_done, two row rewrites fewer per job.
+absl::Status ApplyMetrics(StoreWriter& w, const MetricBatch& b, ReportResult* result,
+                          bool ending = false, int64_t* seq_for_end = nullptr) {
   STORE_ASSIGN_OR_RETURN(check, w.Get("SELECT state, report_seq FROM attempts "
                                       "WHERE run_id = ?1 AND attempt = ?2"));
   check->Bind(1, b.run_id).Bind(2, b.attempt);
@@ -223,6 +227,10 @@ absl::Status ApplyMetrics(StoreWriter& w, const MetricBatch& b, ReportResult* re
       stmt->Bind(8, SpikeAction_Name(s.action())).Bind(9, s.rollback_to_step());
       STORE_RETURN_IF_ERROR(stmt->Run());
     }
+  }
+  if (ending) {
+    *seq_for_end = b.seq;
+    return absl::OkStatus();
   }
   STORE_ASSIGN_OR_RETURN(seq, w.Get("UPDATE attempts SET report_seq = ?3 "
                                     "WHERE run_id = ?1 AND attempt = ?2"));
@@ -361,7 +369,9 @@ absl::Status ApplyCreateSweep(StoreWriter& w, const SweepRecord& record,
                                   reused > 0 ? absl::StrCat(", ", reused, " reused") : ""));
 }
 
-absl::Status ApplyTransition(StoreWriter& w, const RunTransition& t, TransitionResult* result) {
+// `report_seq` > 0: the attempt that ends also records its last applied metric batch.
+absl::Status ApplyTransition(StoreWriter& w, const RunTransition& t, TransitionResult* result,
+                             int64_t report_seq = 0) {
   STORE_ASSIGN_OR_RETURN(read, w.Get("SELECT state, attempts, sweep_id FROM runs WHERE id = ?1"));
   read->Bind(1, t.run_id);
   STORE_ASSIGN_OR_RETURN(found, read->Step());
@@ -393,10 +403,11 @@ absl::Status ApplyTransition(StoreWriter& w, const RunTransition& t, TransitionR
   const double now = w.Now();
   if (current == RUNNING && attempt > 0) {
     STORE_ASSIGN_OR_RETURN(end, w.Get("UPDATE attempts SET state = ?3, ended_at = ?4, "
-                                      "reason = ?5 WHERE run_id = ?1 AND attempt = ?2"));
+                                      "reason = ?5, report_seq = max(report_seq, ?6) "
+                                      "WHERE run_id = ?1 AND attempt = ?2"));
     end->Bind(1, t.run_id).Bind(2, attempt);
     end->Bind(3, t.attempt_end.empty() ? RunStateName(t.to) : t.attempt_end);
-    end->Bind(4, now).Bind(5, t.reason);
+    end->Bind(4, now).Bind(5, t.reason).Bind(6, report_seq);
     STORE_RETURN_IF_ERROR(end->Run());
   }
   if (t.to == RUNNING) {
@@ -1006,10 +1017,17 @@ Store::Op Store::FinishOp(const FinishWrite& write, std::shared_ptr<FinishWriteR
   Op op;
   op.apply = [&write, result](StoreWriter& w) -> absl::Status {
     *result = FinishWriteResult();
+    // A batch riding with an end that carries the summary: its seq goes into the end's UPDATE
+    // and its progress into the summary's (the same run and attempt: the coordinator built both).
+    const bool ending = write.batch.has_value() && write.end.has_summary &&
+                        write.end.run_id == write.batch->run_id &&
+                        write.end.expected_attempt == write.batch->attempt;
+    int64_t seq_for_end = 0;
     if (write.batch.has_value()) {
-      STORE_RETURN_IF_ERROR(ApplyMetrics(w, *write.batch, &result->report));
+      STORE_RETURN_IF_ERROR(
+          ApplyMetrics(w, *write.batch, &result->report, ending, &seq_for_end));
     }
-    STORE_RETURN_IF_ERROR(ApplyTransition(w, write.end, &result->end));
+    STORE_RETURN_IF_ERROR(ApplyTransition(w, write.end, &result->end, seq_for_end));
     if (write.start.has_value()) {
       STORE_RETURN_IF_ERROR(ApplyStart(w, *write.start, &result->start_status, &result->start));
     }
