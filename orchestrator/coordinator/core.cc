@@ -145,11 +145,31 @@ absl::Status CoordinatorCore::Rebuild() {
       return c.status();
     }
   }
+  absl::StatusOr<std::vector<WorkerInfo>> workers = reader.ListWorkers();
+  if (!workers.ok()) return workers.status();
+  std::map<int64_t, int> slots_of;  // by worker
+  for (const WorkerInfo& w : *workers) slots_of[w.id] = std::max(1, ResourcesOf(w).slots());
   RunFilter filter;
   filter.states = {PENDING, RUNNING, INTERRUPTED};
   absl::StatusOr<std::vector<RunInfo>> runs = reader.ListRuns(filter);
   if (!runs.ok()) return runs.status();
-  for (const RunInfo& run : *runs) {
+  for (RunInfo run : *runs) {
+    // A gang's attempt (wider than its rank 0 worker): its members are not known any more, so
+    // their heartbeats would be refused. Ended here, it resumes from its checkpoint.
+    if (run.state == RUNNING && run.devices > slots_of[run.worker_id]) {
+      RunTransition t;
+      t.run_id = run.id;
+      t.from = {RUNNING};
+      t.expected_attempt = run.attempts;
+      t.attempt_end = "LOST";
+      t.to = PENDING;
+      t.reason = "the coordinator restarted during this gang-scheduled attempt; it resumes from "
+                 "its checkpoint";
+      if (absl::StatusOr<TransitionResult> r = store_->TransitionRun(t); !r.ok()) {
+        return r.status();
+      }
+      run.state = PENDING;
+    }
     if (run.state == INTERRUPTED) {
       RunTransition t;
       t.run_id = run.id;
@@ -169,8 +189,6 @@ absl::Status CoordinatorCore::Rebuild() {
       scheduler_.Enqueue(ToQueued(run, absl::InfinitePast()));
     }
   }
-  absl::StatusOr<std::vector<WorkerInfo>> workers = reader.ListWorkers();
-  if (!workers.ok()) return workers.status();
   absl::MutexLock lock(&mu_);
   const absl::Time now = options_.clock->Now();
   for (const WorkerInfo& w : *workers) {
@@ -677,7 +695,7 @@ absl::StatusOr<WorkerOffer> CoordinatorCore::OfferOf(int64_t worker_id) {
 }
 
 absl::StatusOr<Job> CoordinatorCore::MakeJob(const QueuedRun& run, int32_t attempt,
-                                             int64_t worker_id) {
+                                             int64_t worker_id, bool part) {
   std::shared_ptr<const JobTemplate> made = run.job;
   if (made == nullptr) {
     absl::StatusOr<RunInfo> info = store_->reader().GetRun(run.run_id);
@@ -710,9 +728,14 @@ absl::StatusOr<Job> CoordinatorCore::MakeJob(const QueuedRun& run, int32_t attem
       if (auto it = workers_.find(lease->worker_id); it != workers_.end()) host = it->second.host;
     }
   }
+  if (part && (!lease.has_value() || lease->members.empty())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "run ", run.run_id, " attempt ", attempt, " ended before worker ", worker_id,
+        " took its part"));
+  }
   if (lease.has_value() && !lease->members.empty()) {
-    const GangMember* part = lease->MemberOf(worker_id);
-    if (part == nullptr) {
+    const GangMember* mine = lease->MemberOf(worker_id);
+    if (mine == nullptr || lease->attempt != attempt) {
       return absl::FailedPreconditionError(absl::StrCat(
           "run ", run.run_id, " attempt ", attempt, " has no part on worker ", worker_id));
     }
@@ -721,8 +744,8 @@ absl::StatusOr<Job> CoordinatorCore::MakeJob(const QueuedRun& run, int32_t attem
           "run ", run.run_id, ": rank 0's worker ", lease->worker_id,
           host.has_value() ? " registered no hostname or rendezvous_host" : " is gone"));
     }
-    job.set_rank_offset(part->rank_offset);
-    job.set_local_ranks(part->slots);
+    job.set_rank_offset(mine->rank_offset);
+    job.set_local_ranks(mine->slots);
     job.set_rendezvous(absl::StrCat(*host, ":", RendezvousPort(run.run_id, attempt)));
   }
   return job;
@@ -775,11 +798,15 @@ absl::StatusOr<AcquireJobResponse> CoordinatorCore::AcquireJob(const AcquireJobR
   AcquireJobResponse response;
   for (;;) {
     std::vector<QueuedRun> runs;
+    std::vector<GangPart> parts;
     {
       absl::MutexLock lock(&mu_);
       if (shutdown_) return response;
-      runs = scheduler_.AcquireUpTo(request.worker_id(), *offer, max_jobs);
-      if (runs.empty()) {
+      // Gang parts first: their slots are held already.
+      parts = scheduler_.TakeParts(request.worker_id());
+      const int more = max_jobs - static_cast<int>(parts.size());
+      if (more > 0) runs = scheduler_.AcquireUpTo(request.worker_id(), *offer, more);
+      if (runs.empty() && parts.empty()) {
         if (absl::Now() >= deadline) return response;
         // Wake on new work, or every second (a backoff may have ended).
         work_cv_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Seconds(1)));
@@ -787,22 +814,18 @@ absl::StatusOr<AcquireJobResponse> CoordinatorCore::AcquireJob(const AcquireJobR
       }
     }
     // A gang's part for a member other than rank 0's worker: started already, by that worker.
-    for (auto it = runs.begin(); it != runs.end();) {
-      std::optional<Lease> lease;
-      {
-        absl::MutexLock lock(&mu_);
-        lease = scheduler_.GetLease(it->run_id);
-      }
-      if (!lease.has_value() || lease->worker_id == request.worker_id()) {
-        ++it;
-        continue;
-      }
-      absl::StatusOr<Job> job = MakeJob(*it, lease->attempt, request.worker_id());
+    for (const GangPart& part : parts) {
+      absl::StatusOr<Job> job =
+          MakeJob(part.run, part.attempt, request.worker_id(), /*part=*/true);
       if (job.ok()) {
         NoteWorker(request.worker_id(), "BUSY");
         *(response.has_job() ? response.add_more_jobs() : response.mutable_job()) = *std::move(job);
+        continue;
       }
-      it = runs.erase(it);
+      // Rank 0 would wait for this part until the lease expired: the attempt ends now.
+      (void)EndAttemptAndRetry(part.run.run_id, part.run.sweep_id, part.attempt, "FAILED",
+                               absl::StrCat("the part of worker ", request.worker_id(),
+                                            " could not be made: ", job.status().message()));
     }
     if (runs.empty()) {
       if (response.has_job()) return response;
@@ -1408,11 +1431,7 @@ int CoordinatorCore::CheckLeases() {
     } else if (absl::IsUnavailable(s) || absl::IsResourceExhausted(s)) {
       // The store cannot write now: keep the lease so the next check tries again.
       absl::MutexLock relock(&mu_);
-      std::optional<QueuedRun> run = scheduler_.LeasedRun(lease.run_id);
-      if (run.has_value()) {
-        scheduler_.RestoreLease(lease.run_id, lease.sweep_id, lease.worker_id, lease.attempt,
-                                *run);
-      }
+      scheduler_.Reinstate(lease);
     } else {
       // FailedPrecondition: the attempt finished meanwhile; nothing to do.
       absl::MutexLock relock(&mu_);

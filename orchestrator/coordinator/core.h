@@ -150,8 +150,10 @@ class CoordinatorCore {
   // The job of `run`'s attempt: from its template (the stored config when it has none), and the
   // latest checkpoint of an earlier attempt.
   // A gang's part carries the worker's ranks and the rendezvous (rank 0's worker's host and
-  // RendezvousPort).
-  absl::StatusOr<Job> MakeJob(const QueuedRun& run, int32_t attempt, int64_t worker_id);
+  // RendezvousPort). `part`: the job is a gang member's part (TakeParts): FailedPrecondition
+  // when that attempt's lease is gone.
+  absl::StatusOr<Job> MakeJob(const QueuedRun& run, int32_t attempt, int64_t worker_id,
+                              bool part = false);
   // The port of (run, attempt)'s gang rendezvous: a function of both in rendezvous_ports, so that
   // every member computes it alike and a retry moves to another (a port taken fails one attempt).
   int RendezvousPort(int64_t run_id, int32_t attempt) const;

@@ -249,45 +249,65 @@ std::optional<QueuedRun> Scheduler::JoinGang(int64_t run_id, int64_t worker_id, 
   return run;
 }
 
+std::vector<GangPart> Scheduler::TakeParts(int64_t worker_id) {
+  std::vector<GangPart> parts;
+  auto uit = undelivered_.find(worker_id);
+  if (uit == undelivered_.end()) return parts;
+  std::vector<int64_t>& runs = uit->second;
+  for (auto it = runs.begin(); it != runs.end();) {
+    auto lit = leases_.find(*it);
+    if (lit == leases_.end() || lit->second.MemberOf(worker_id) == nullptr) {
+      it = runs.erase(it);  // that attempt ended before the part was taken
+      continue;
+    }
+    if (lit->second.attempt == 0) {
+      ++it;  // not started in the store yet
+      continue;
+    }
+    parts.push_back(GangPart{leased_runs_.at(*it), lit->second.attempt});
+    it = runs.erase(it);
+  }
+  if (runs.empty()) undelivered_.erase(uit);
+  return parts;
+}
+
+void Scheduler::LeaveGang(int64_t run_id, int64_t worker_id) {
+  auto git = forming_.find(run_id);
+  if (git == forming_.end()) return;
+  FormingGang& gang = git->second;
+  for (auto it = gang.reserved.begin(); it != gang.reserved.end(); ++it) {
+    if (it->first != worker_id) continue;
+    if ((reserved_[worker_id] -= it->second) <= 0) reserved_.erase(worker_id);
+    gang.reserved.erase(it);
+    break;
+  }
+  gang.seen.erase(worker_id);
+  if (gang.reserved.empty()) forming_.erase(git);
+}
+
 std::optional<QueuedRun> Scheduler::Acquire(int64_t worker_id, const WorkerOffer& offer,
                                             int freeing) {
   PromoteDelayed();
   ExpireReservations();
-  // A gang's part leased to this worker when another completed the gang, once started.
-  if (auto uit = undelivered_.find(worker_id); uit != undelivered_.end()) {
-    std::vector<int64_t>& runs = uit->second;
-    for (auto it = runs.begin(); it != runs.end();) {
-      auto lit = leases_.find(*it);
-      if (lit == leases_.end() || lit->second.MemberOf(worker_id) == nullptr) {
-        it = runs.erase(it);  // that attempt ended before the part was taken
-        continue;
-      }
-      if (lit->second.attempt == 0) {
-        ++it;  // not started in the store yet
-        continue;
-      }
-      const int64_t run_id = *it;
-      runs.erase(it);
-      if (runs.empty()) undelivered_.erase(uit);
-      return leased_runs_.at(run_id);
-    }
-    if (runs.empty()) undelivered_.erase(uit);
-  }
-  const absl::Time now = clock_->Now();
+  // A forming gang it fits goes first, the lowest run id of them: every worker that fits it
+  // joins it (leaving any other), so the first gang completes rather than two gangs each
+  // holding part of the workers the other needs.
   for (auto& [run_id, gang] : forming_) {
-    if (gang.seen.count(worker_id)) gang.seen[worker_id] = now;  // still waiting with it
+    if (!FitsRanks(gang.needs, offer)) continue;
+    const int64_t target = run_id;
+    std::vector<int64_t> others;
+    for (const auto& [other, g] : forming_) {
+      if (other != target && g.seen.count(worker_id)) others.push_back(other);
+    }
+    for (int64_t other : others) LeaveGang(other, worker_id);
+    FormingGang& joined = forming_.at(target);
+    if (joined.seen.count(worker_id)) joined.seen[worker_id] = clock_->Now();  // still waiting
+    const int free_slots = std::max(1, offer.slots) - SlotsInUse(worker_id) + freeing;
+    if (free_slots <= 0) return std::nullopt;
+    return JoinGang(target, worker_id, free_slots);
   }
   const int free_slots = std::max(1, offer.slots) - SlotsInUse(worker_id) + freeing;
   if (free_slots <= 0) return std::nullopt;
-  // A forming gang it can add to goes first (its own, then the lowest run id): gangs complete
-  // rather than split the workers.
-  for (const bool own : {true, false}) {
-    for (auto& [run_id, gang] : forming_) {
-      if (gang.seen.count(worker_id) == (own ? 1u : 0u) && FitsRanks(gang.needs, offer)) {
-        return JoinGang(run_id, worker_id, free_slots);
-      }
-    }
-  }
   for (auto ait = active_.begin(); ait != active_.end(); ++ait) {
     const auto [pass, sweep_id] = *ait;
     SweepQueue& sweep = sweeps_[sweep_id];
@@ -354,7 +374,9 @@ void Scheduler::AddLease(const Lease& lease, const QueuedRun& run) {
     slots_in_use_[lease.worker_id] += added.slots;
   } else {
     added.slots = added.members.front().slots;
-    for (const GangMember& m : added.members) slots_in_use_[m.worker_id] += m.slots;
+    for (const GangMember& m : added.members) {
+      if (!m.done) slots_in_use_[m.worker_id] += m.slots;
+    }
   }
   expiries_.emplace(lease.expiry, lease.run_id);
   leased_runs_[lease.run_id] = run;
@@ -400,6 +422,14 @@ void Scheduler::RestoreLease(int64_t run_id, int64_t sweep_id, int64_t worker_id
   lease.stop = IsCancelled(sweep_id);
   lease.total_steps = run.total_steps;
   AddLease(lease, run);
+}
+
+void Scheduler::Reinstate(Lease lease) {
+  auto rit = leased_runs_.find(lease.run_id);
+  if (rit == leased_runs_.end() || leases_.count(lease.run_id)) return;
+  lease.expiry = clock_->Now() + options_.lease_timeout;
+  for (GangMember& m : lease.members) m.expiry = lease.expiry;
+  AddLease(lease, rit->second);
 }
 
 std::optional<Lease> Scheduler::GetLease(int64_t run_id) const {

@@ -25,13 +25,14 @@
 //
 // Gangs. A run needing more devices than any worker the scheduler knows (AddWorker) has, but
 // fitting them otherwise, is gang-scheduled across several workers once they have enough slots
-// between them; a run wider than all of them waits without holding anyone. Its
-// gang forms as workers poll: each reserves its free slots for the run (they count as in use, so
-// it takes nothing else meanwhile), a worker joins a forming gang it fits (lowest run id first)
-// before it starts one, and the worker whose slots complete it gets the run as rank 0's worker (the
-// primary). Then every member holds one lease: `Lease::members`, rank 0's worker first, each
-// with its ranks [rank_offset, rank_offset + slots). The others get the run at their next
-// Acquire, once the store started the attempt (SetLeaseAttempt). A member renews its own part;
+// between them; a run wider than all of them waits without holding anyone. Its gang forms as
+// workers poll: each reserves its free slots for the run (they count as in use, so it takes
+// nothing else meanwhile). A worker joins the forming gang of the lowest run id it fits, leaving
+// any other (a total order: two gangs never each hold workers the other needs), before it starts
+// one, and the worker whose slots complete it gets the run as rank 0's worker (the primary).
+// Then every member holds one lease: `Lease::members`, rank 0's worker first, each with its
+// ranks [rank_offset, rank_offset + slots). The others take their parts with TakeParts once the
+// store started the attempt (SetLeaseAttempt). A member renews its own part;
 // the lease expires when any member's part does (a lost member ends the whole attempt), and
 // Release frees every member's slots. A reserving worker silent for lease_timeout, or removed
 // (RemoveWorker), gives its reservation back; a gang that can no longer complete (too few slots
@@ -159,6 +160,12 @@ struct Lease {
   bool Holds(int64_t worker) const { return worker == worker_id || MemberOf(worker) != nullptr; }
 };
 
+// A gang's part for a member other than rank 0's worker, its attempt started (TakeParts).
+struct GangPart {
+  QueuedRun run;
+  int32_t attempt = 0;
+};
+
 // Whether and when a run is queued again after an attempt ended badly.
 struct RetryDecision {
   bool retry = false;        // false: the run is FAILED (max_attempts reached)
@@ -197,14 +204,17 @@ class Scheduler {
   void AddWorker(int64_t worker_id, const WorkerOffer& offer);
   void RemoveWorker(int64_t worker_id);
 
-  // Picks the next run for a worker: a gang part waiting for it (see "Gangs"), else the
-  // lowest-pass sweep holding a due run the worker fits, its first such run in run order. The
+  // Picks the next run for a worker: the lowest-pass sweep holding a due run the worker fits,
+  // its first such run in run order (or it joins a forming gang: see "Gangs"). The
   // run leaves the queue and is leased to worker_id from now (attempt 0 until SetLeaseAttempt).
   // nullopt when no queued run fits or is due, when that run needs more slots than the worker
   // has free (see "Slots"), or while the worker's slots wait in a forming gang. `freeing` slots
   // of the worker's leases count as free (a Finish picks the next runs before it releases its
   // own).
   std::optional<QueuedRun> Acquire(int64_t worker_id, const WorkerOffer& offer, int freeing = 0);
+  // The gang parts of worker_id whose attempts started since it last asked: they are its jobs
+  // now (their slots were counted when the gang formed). Acquire never returns them.
+  std::vector<GangPart> TakeParts(int64_t worker_id);
   // Acquire up to `max_runs` times, while it returns runs.
   std::vector<QueuedRun> AcquireUpTo(int64_t worker_id, const WorkerOffer& offer, int max_runs,
                                      int freeing = 0);
@@ -218,6 +228,10 @@ class Scheduler {
   // Installs a lease directly (rebuilding after a restart: RUNNING runs get a fresh lease).
   void RestoreLease(int64_t run_id, int64_t sweep_id, int64_t worker_id, int32_t attempt,
                     const QueuedRun& run);
+
+  // Installs an expired lease again (ExpireLeases returned it; the coordinator could not end
+  // its attempt), its members included, renewed from now.
+  void Reinstate(Lease lease);
 
   // The lease of a running run, if any.
   std::optional<Lease> GetLease(int64_t run_id) const;
@@ -279,6 +293,8 @@ class Scheduler {
   // complete it, leases the run to every member and returns it (this worker is rank 0's).
   std::optional<QueuedRun> JoinGang(int64_t run_id, int64_t worker_id, int free_slots);
   void DissolveGang(int64_t run_id);
+  // Takes worker_id's reservation out of the gang forming for run_id (dissolved when empty).
+  void LeaveGang(int64_t run_id, int64_t worker_id);
   // Moves a lease's expiry entry to `expiry`.
   void SetExpiry(Lease& lease, absl::Time expiry);
   // Forgets a lease's expiry entry and slots (not leases_ itself).

@@ -159,6 +159,8 @@ class Agent::Impl {
     std::string run_;
     int world_ = 1;
     int offset_ = 0, local_ = 1;  // this worker's ranks: [offset_, offset_ + local_)
+    // How long a gang member's ranks may take to stop after SIGTERM (RunMember).
+    static constexpr absl::Duration kRankGrace = absl::Seconds(30);
     std::unique_ptr<RendezvousServer> server_;
     std::optional<RankProcesses> processes_;
     std::string address_;
@@ -590,7 +592,7 @@ absl::Status Agent::Impl::OtherRanks::Start(const Job& job, const std::string& c
 RunSummary Agent::Impl::OtherRanks::RunMember(JobReporter* reporter) {
   RunSummary summary;
   summary.set_state(SUCCEEDED);
-  bool signalled = false;
+  std::optional<absl::Time> signalled;
   while (processes_.has_value() && !processes_->AllEnded()) {
     if (std::optional<RankProcesses::Ending> failed = processes_->Poll()) {
       failure_ = failed;
@@ -598,11 +600,19 @@ RunSummary Agent::Impl::OtherRanks::RunMember(JobReporter* reporter) {
       break;
     }
     const bool lost = reporter->ShouldStop() && !reporter->stop_directive();
-    if (!signalled && (agent_->Interrupted() || lost)) {
+    if (!signalled.has_value() && (agent_->Interrupted() || lost)) {
       // A cancellation (stop directive) reaches rank 0's worker, which stops every rank.
       processes_->Signal(SIGTERM);
-      signalled = true;
+      signalled = absl::Now();
       if (!lost) summary.set_state(INTERRUPTED);
+    }
+    // SIGTERM stops a rank at its next collective; one whose peers are gone may wait there until
+    // the collective timeout, holding its device: not past a grace period.
+    if (signalled.has_value() && absl::Now() - *signalled > kRankGrace) {
+      agent_->log_(absl::StrCat(run_, ": ranks still running ", absl::FormatDuration(kRankGrace),
+                                " after SIGTERM: killed"));
+      processes_->Signal(SIGKILL);
+      signalled = absl::InfiniteFuture();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

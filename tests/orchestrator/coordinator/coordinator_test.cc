@@ -1001,13 +1001,18 @@ TEST_F(CoordinatorTest, AWorkerWithFourSlotsTakesAndEndsSeveralJobsPerCall) {
 // Issue 17: runs of 2 devices and two one-slot workers. Each run is leased to both at once, the
 // worker completing the gang holding rank 0; the other gets its part at its next poll. A member
 // sends heartbeats only; its FAILED finish, or its silence, ends the whole attempt.
-TEST_F(CoordinatorTest, ARunWiderThanEveryWorkerIsLeasedToAGangOfThem) {
-  std::string spec = QuickSpec("gang");
-  const size_t resources = spec.find("resources: {device: cpu, threads: 1}");
-  ASSERT_NE(resources, std::string::npos);
-  spec.replace(resources, 36, "resources: {device: cpu, threads: 1, devices: 2}");
-  Submit(spec, "gang.yaml", false);  // 4 runs of 2 devices
-  const auto register_at = [&](const std::string& name, const std::string& host) {
+class GangTest : public CoordinatorFixture {
+ protected:
+  // The quick spec with resources.devices 2: 4 runs wider than a one-slot worker.
+  void SubmitGangSweep() {
+    std::string spec = QuickSpec("gang");
+    const size_t resources = spec.find("resources: {device: cpu, threads: 1}");
+    ASSERT_NE(resources, std::string::npos);
+    spec.replace(resources, 36, "resources: {device: cpu, threads: 1, devices: 2}");
+    Submit(spec, "gang.yaml", false);
+  }
+  // A one-slot worker whose rendezvous host is `host` ("": its hostname, NAME.cluster).
+  int64_t RegisterAt(const std::string& name, const std::string& host) {
     RegisterRequest request;
     request.set_name(name);
     request.mutable_resources()->set_device("cpu");
@@ -1018,8 +1023,12 @@ TEST_F(CoordinatorTest, ARunWiderThanEveryWorkerIsLeasedToAGangOfThem) {
     auto ctx = Context();
     EXPECT_TRUE(worker_->Register(ctx.get(), request, &response).ok());
     return response.worker_id();
-  };
-  const int64_t a = register_at("a", ""), b = register_at("b", "10.0.0.7");
+  }
+};
+
+TEST_F(GangTest, ARunWiderThanEveryWorkerIsLeasedToAGangOfThem) {
+  SubmitGangSweep();
+  const int64_t a = RegisterAt("a", ""), b = RegisterAt("b", "10.0.0.7");
   EXPECT_FALSE(TryAcquire(a).has_job());  // its slot waits for a partner
   const Job primary = Acquire(b);
   EXPECT_EQ(primary.world_size(), 2);
@@ -1089,6 +1098,27 @@ TEST_F(CoordinatorTest, ARunWiderThanEveryWorkerIsLeasedToAGangOfThem) {
                      std::to_string(primary3.run_id()) + " AND state = 'LOST'"),
               HasSubstr("no report from worker a for 30s (it trained ranks from 1"));
   EXPECT_EQ(CallReport(MakeReport(b, primary3, 2, {2}), &reply).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// The members of a running gang are not in the store: a restarted coordinator ends the attempt
+// (LOST) rather than leave members whose heartbeats it would refuse; the run resumes.
+TEST_F(GangTest, ACoordinatorRestartEndsARunningGangAttemptToResumeIt) {
+  SubmitGangSweep();
+  const int64_t a = RegisterAt("a", ""), b = RegisterAt("b", "");
+  EXPECT_FALSE(TryAcquire(a).has_job());
+  const Job primary = Acquire(b);
+  const Job part = Acquire(a);
+  EXPECT_EQ(part.rendezvous().substr(0, 10), "b.cluster:");  // b's hostname
+  Restart();
+  EXPECT_EQ(StateOf(primary.run_id()), PENDING);
+  EXPECT_THAT(Scalar("SELECT state || ': ' || reason FROM attempts WHERE run_id = " +
+                     std::to_string(primary.run_id())),
+              HasSubstr("LOST: the coordinator restarted during this gang-scheduled attempt"));
+  ReportResponse reply;
+  EXPECT_EQ(CallReport(MakeReport(a, part, 0, {}), &reply).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(CallReport(MakeReport(b, primary, 1, {1}), &reply).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
 }
 

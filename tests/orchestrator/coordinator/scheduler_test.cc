@@ -377,12 +377,17 @@ TEST_F(GangTest, ARunWiderThanEveryWorkerIsLeasedToSeveralAtOnce) {
   EXPECT_EQ(s_.SlotsReserved(1), 0);
   EXPECT_EQ(s_.SlotsInUse(1), 1);
   EXPECT_EQ(s_.SlotsInUse(2), 1);
-  // Worker 1 gets its part once the attempt started, and nothing else meanwhile.
+  // Worker 1 gets its part once the attempt started, once, and nothing else meanwhile.
+  EXPECT_TRUE(s_.TakeParts(1).empty());
   EXPECT_FALSE(s_.Acquire(1, Cpu()).has_value());
   s_.SetLeaseAttempt(11, 1);
-  std::optional<QueuedRun> part = s_.Acquire(1, Cpu());
-  ASSERT_TRUE(part.has_value());
-  EXPECT_EQ(part->run_id, 11);
+  EXPECT_FALSE(s_.Acquire(1, Cpu()).has_value());  // Acquire never hands a part out as a run
+  std::vector<GangPart> parts = s_.TakeParts(1);
+  ASSERT_EQ(parts.size(), 1u);
+  EXPECT_EQ(parts[0].run.run_id, 11);
+  EXPECT_EQ(parts[0].attempt, 1);
+  EXPECT_TRUE(s_.TakeParts(1).empty());
+  EXPECT_TRUE(s_.TakeParts(2).empty());  // rank 0's worker started it: no part to take
   EXPECT_TRUE(s_.Renew(11, 1, 1));
   EXPECT_TRUE(s_.Renew(11, 1, 2));
   EXPECT_FALSE(s_.Renew(11, 1, 3));
@@ -401,7 +406,7 @@ TEST_F(GangTest, ARunWiderThanEveryWorkerIsLeasedToSeveralAtOnce) {
 
 TEST_F(GangTest, ASilentMemberLosesTheWholeAttemptAndFreesTheOthers) {
   Form();
-  ASSERT_TRUE(s_.Acquire(1, Cpu()).has_value());
+  ASSERT_EQ(s_.TakeParts(1).size(), 1u);
   clock_.Advance(absl::Seconds(20));
   ASSERT_TRUE(s_.Renew(11, 1, 2));  // rank 0's worker reports; worker 1 is silent
   clock_.Advance(absl::Seconds(15));
@@ -411,6 +416,14 @@ TEST_F(GangTest, ASilentMemberLosesTheWholeAttemptAndFreesTheOthers) {
   EXPECT_EQ(expired[0].expiry, expired[0].MemberOf(1)->expiry);  // worker 1's part expired
   EXPECT_EQ(s_.SlotsInUse(1), 0);
   EXPECT_EQ(s_.SlotsInUse(2), 0);
+  // The coordinator could not end the attempt (its store was unavailable): the lease comes back
+  // whole, every member's part and slot with it.
+  s_.Reinstate(expired[0]);
+  ASSERT_TRUE(s_.GetLease(11).has_value());
+  EXPECT_EQ(s_.GetLease(11)->members.size(), 2u);
+  EXPECT_EQ(s_.SlotsInUse(1), 1);
+  EXPECT_EQ(s_.SlotsInUse(2), 1);
+  EXPECT_TRUE(s_.Renew(11, 1, 1));
 }
 
 TEST_F(GangTest, ASilentReservationIsGivenBack) {
@@ -454,6 +467,41 @@ TEST_F(GangTest, ACancelledRunDissolvesItsFormingGang) {
   EXPECT_EQ(s_.SlotsReserved(1), 0);
   EXPECT_FALSE(s_.Acquire(2, Cpu()).has_value());
   EXPECT_EQ(s_.SlotsInUse(2), 0);
+}
+
+// Two gangs of 6 devices on 2-slot workers; each fits 3 of the 4 workers, two of them both.
+// Worker 1 starts A, worker 3 B, worker 2 joins B (the lower run id), worker 4 A: each gang has
+// 4 of 6 and needs a worker the other holds. Worker 1 moves to B, the lowest run id it fits,
+// and B completes; A keeps worker 4 and waits.
+TEST_F(SchedulerTest, TwoFormingGangsNeverHoldEachOthersWorkers) {
+  Scheduler s(Options(), &clock_);
+  WorkerOffer both = Cpu(64, 2), b_only = Cpu(16, 2), a_only = Cpu(64, 2);
+  both.cores = 16;
+  b_only.cores = 16;
+  s.AddWorker(1, both);
+  s.AddWorker(2, both);
+  s.AddWorker(3, b_only);
+  s.AddWorker(4, a_only);
+  s.AddSweep(1, 1);
+  s.AddSweep(2, 1);
+  QueuedRun a = Wide(2, 1, 0, 6);  // needs memory: workers 1, 2, 4
+  a.needs.memory_gb = 32;
+  QueuedRun b = Wide(1, 2, 0, 6);  // needs 16 threads: workers 1, 2, 3
+  b.needs.threads = 16;
+  ASSERT_TRUE(s.Enqueue(a));
+  EXPECT_FALSE(s.Acquire(1, both).has_value());  // starts A
+  ASSERT_TRUE(s.Enqueue(b));
+  EXPECT_FALSE(s.Acquire(3, b_only).has_value());  // starts B
+  EXPECT_FALSE(s.Acquire(2, both).has_value());    // joins B
+  EXPECT_FALSE(s.Acquire(4, a_only).has_value());  // joins A
+  EXPECT_EQ(s.SlotsReserved(1), 2);
+  std::optional<QueuedRun> got = s.Acquire(1, both);  // leaves A for B: B is complete
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->run_id, 1);
+  ASSERT_EQ(s.GetLease(1)->members.size(), 3u);
+  EXPECT_EQ(s.SlotsReserved(1), 0);
+  EXPECT_EQ(s.SlotsReserved(4), 2);  // A waits with worker 4
+  EXPECT_EQ(s.SlotsInUse(1), 2);
 }
 
 }  // namespace
