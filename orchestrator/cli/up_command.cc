@@ -58,7 +58,10 @@ absl::Status RunUp(const UpOptions& options, std::ostream& out) {
   std::map<pid_t, std::string> running;  // pid -> the worker's name
   for (int i = 1; i <= options.workers; ++i) {
     const std::string name = absl::StrCat("up-", i);
-    std::vector<std::string> args = {worker_bin, "--coordinator", server.address(), "--name", name};
+    // Every worker is on this machine: a gang's rendezvous (a run wider than one worker) is
+    // reached on loopback.
+    std::vector<std::string> args = {worker_bin, "--coordinator", server.address(), "--name", name,
+                                     "--rendezvous-host", "127.0.0.1"};
     if (!options.server.tls_cert_file.empty()) {
       args.insert(args.end(), {"--tls-ca", (state / kTlsCaFile).string()});
     }
