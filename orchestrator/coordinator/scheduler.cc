@@ -161,6 +161,10 @@ int Scheduler::SlotsReserved(int64_t worker_id) const {
   return it == reserved_.end() ? 0 : it->second;
 }
 
+void Scheduler::Unreserve(int64_t worker_id, int slots) {
+  if ((reserved_[worker_id] -= slots) <= 0) reserved_.erase(worker_id);
+}
+
 void Scheduler::ExpireReservations() {
   if (forming_.empty()) return;
   const absl::Time now = clock_->Now();
@@ -171,7 +175,7 @@ void Scheduler::ExpireReservations() {
         ++it;
         continue;
       }
-      if ((reserved_[it->first] -= it->second) <= 0) reserved_.erase(it->first);
+      Unreserve(it->first, it->second);
       gang.seen.erase(it->first);
       it = gang.reserved.erase(it);
     }
@@ -186,7 +190,7 @@ void Scheduler::DissolveGang(int64_t run_id) {
   auto it = forming_.find(run_id);
   if (it == forming_.end()) return;
   for (const auto& [worker, slots] : it->second.reserved) {
-    if ((reserved_[worker] -= slots) <= 0) reserved_.erase(worker);
+    Unreserve(worker, slots);
   }
   forming_.erase(it);
 }
@@ -221,7 +225,7 @@ std::optional<QueuedRun> Scheduler::JoinGang(int64_t run_id, int64_t worker_id, 
   FormingGang formed = std::move(gang);
   forming_.erase(run_id);
   for (const auto& [worker, slots] : formed.reserved) {
-    if ((reserved_[worker] -= slots) <= 0) reserved_.erase(worker);
+    Unreserve(worker, slots);
   }
   std::stable_partition(formed.reserved.begin(), formed.reserved.end(),
                         [&](const auto& r) { return r.first == worker_id; });
@@ -277,7 +281,7 @@ void Scheduler::LeaveGang(int64_t run_id, int64_t worker_id) {
   FormingGang& gang = git->second;
   for (auto it = gang.reserved.begin(); it != gang.reserved.end(); ++it) {
     if (it->first != worker_id) continue;
-    if ((reserved_[worker_id] -= it->second) <= 0) reserved_.erase(worker_id);
+    Unreserve(worker_id, it->second);
     gang.reserved.erase(it);
     break;
   }
@@ -384,16 +388,12 @@ void Scheduler::AddLease(const Lease& lease, const QueuedRun& run) {
 
 void Scheduler::DropLease(const Lease& lease) {
   expiries_.erase({lease.expiry, lease.run_id});
-  const auto free = [this](int64_t worker, int slots) {
-    auto it = slots_in_use_.find(worker);
-    if (it != slots_in_use_.end() && (it->second -= slots) <= 0) slots_in_use_.erase(it);
-  };
   if (lease.members.empty()) {
-    free(lease.worker_id, lease.slots);
+    FreeSlots(lease.worker_id, lease.slots);
     return;
   }
   for (const GangMember& m : lease.members) {
-    if (!m.done) free(m.worker_id, m.slots);
+    if (!m.done) FreeSlots(m.worker_id, m.slots);
   }
 }
 
@@ -448,17 +448,26 @@ bool Scheduler::Renew(int64_t run_id, int32_t attempt, int64_t worker_id) {
     SetExpiry(lease, expiry);
     return true;
   }
-  absl::Time earliest = absl::InfiniteFuture();
-  bool renewed = false;
   for (GangMember& m : lease.members) {
-    if (m.worker_id == worker_id && !m.done) {
-      m.expiry = expiry;
-      renewed = true;
-    }
+    if (m.worker_id != worker_id || m.done) continue;
+    m.expiry = expiry;
+    SetExpiry(lease, EarliestPart(lease));
+    return true;
+  }
+  return false;
+}
+
+absl::Time Scheduler::EarliestPart(const Lease& lease) {
+  absl::Time earliest = absl::InfiniteFuture();
+  for (const GangMember& m : lease.members) {
     if (!m.done) earliest = std::min(earliest, m.expiry);
   }
-  if (renewed) SetExpiry(lease, earliest);
-  return renewed;
+  return earliest;
+}
+
+void Scheduler::FreeSlots(int64_t worker_id, int slots) {
+  auto it = slots_in_use_.find(worker_id);
+  if (it != slots_in_use_.end() && (it->second -= slots) <= 0) slots_in_use_.erase(it);
 }
 
 bool Scheduler::ReleaseMember(int64_t run_id, int32_t attempt, int64_t worker_id) {
@@ -466,19 +475,14 @@ bool Scheduler::ReleaseMember(int64_t run_id, int32_t attempt, int64_t worker_id
   if (it == leases_.end()) return false;
   Lease& lease = it->second;
   if (lease.attempt != attempt || worker_id == lease.worker_id) return false;
-  absl::Time earliest = absl::InfiniteFuture();
-  bool released = false;
   for (GangMember& m : lease.members) {
-    if (m.worker_id == worker_id && !m.done) {
-      m.done = true;
-      released = true;
-      auto sit = slots_in_use_.find(worker_id);
-      if (sit != slots_in_use_.end() && (sit->second -= m.slots) <= 0) slots_in_use_.erase(sit);
-    }
-    if (!m.done) earliest = std::min(earliest, m.expiry);
+    if (m.worker_id != worker_id || m.done) continue;
+    m.done = true;
+    FreeSlots(worker_id, m.slots);
+    SetExpiry(lease, EarliestPart(lease));
+    return true;
   }
-  if (released) SetExpiry(lease, earliest);
-  return released;
+  return false;
 }
 
 bool Scheduler::Stop(int64_t run_id) {

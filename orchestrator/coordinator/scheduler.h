@@ -297,6 +297,12 @@ class Scheduler {
   void LeaveGang(int64_t run_id, int64_t worker_id);
   // Moves a lease's expiry entry to `expiry`.
   void SetExpiry(Lease& lease, absl::Time expiry);
+  // The earliest expiry of a gang lease's parts still running.
+  static absl::Time EarliestPart(const Lease& lease);
+  // Gives `slots` of worker_id's reserved slots back (a forming gang's).
+  void Unreserve(int64_t worker_id, int slots);
+  // Gives `slots` of worker_id's leased slots back.
+  void FreeSlots(int64_t worker_id, int slots);
   // Forgets a lease's expiry entry and slots (not leases_ itself).
   void DropLease(const Lease& lease);
 
