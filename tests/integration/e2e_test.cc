@@ -244,8 +244,9 @@ TEST_F(EndToEndTest, TwoOneSlotWorkersTrainAWiderRunAsAGangAndSurviveALostMember
   EXPECT_GE(std::stoi(match[1]), 29500);
   EXPECT_LE(std::stoi(match[1]), 29999);
 
-  // A long run; the member (not rank 0's worker) is killed after the checkpoint of step 10.
-  ASSERT_EQ(Ablate({"submit", Spec("long", 60, 2, 1).string()}, dir_ / "long.log"), 0)
+  // Long runs (a few seconds each); the member (not rank 0's worker) of the first is killed
+  // after its checkpoint of step 10, long before the run could end.
+  ASSERT_EQ(Ablate({"submit", Spec("long", 400, 2, 1).string()}, dir_ / "long.log"), 0)
       << Slurp(dir_ / "long.log");
   const pid_t w3 = worker("w3", "10"), w4 = worker("w4", "10");
   ASSERT_GT(w3, 0);
@@ -278,7 +279,7 @@ TEST_F(EndToEndTest, TwoOneSlotWorkersTrainAWiderRunAsAGangAndSurviveALostMember
   EXPECT_EQ(WaitExit(serve, std::chrono::seconds(30)), 0) << Slurp(dir_ / "serve.log");
   const std::string all = Slurp(dir_ / "w3.log") + Slurp(dir_ / "w4.log") + Slurp(dir_ / "w5.log");
   EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM runs r JOIN sweeps s ON s.id = r.sweep_id "
-                           "WHERE s.name = 'long' AND r.state = 'SUCCEEDED' AND r.steps_done = 60"),
+                           "WHERE s.name = 'long' AND r.state = 'SUCCEEDED' AND r.steps_done = 400"),
             2)
       << all;
   EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM attempts WHERE run_id = (" + long_run +
