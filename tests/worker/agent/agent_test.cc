@@ -463,6 +463,25 @@ class AgentTest : public ::testing::Test {
     return future.get();
   }
 
+  // Runs a 400-step job of `run_id` on an agent of `slots` slots (job processes of the worker
+  // binary when more than one) while `c` cancels it at step 5 (the stop directive).
+  void RunJobCancelledAtStep5(FakeCoordinator& c, int64_t run_id, int slots) {
+    c.stop_at_step = 5;
+    TestServer server(&c);
+    RunConfig config = Config(400);
+    config.mutable_train()->set_eval_every(200);
+    config.mutable_train()->set_checkpoint_every(100);
+    c.AddJob(MakeJob(run_id, 1, config));
+    AgentOptions o = Options(server);
+    o.report_interval = absl::Milliseconds(1);
+    if (slots > 1) {
+      o.slots = slots;
+      o.rank_binary = ABLATE_WORKER_BIN;
+    }
+    auto result = RunAgent(o);
+    ASSERT_TRUE(result.ok()) << result.status();
+  }
+
   int LogLines(const std::string& needle) {
     absl::MutexLock lock(&log_mu_);
     int n = 0;
@@ -949,16 +968,7 @@ TEST_F(AgentTest, ReconnectsWhenTheCoordinatorRestartsMidRun) {
 
 TEST_F(AgentTest, StopDirectiveCancelsWithinAStepOrTwo) {
   FakeCoordinator c;
-  c.stop_at_step = 5;
-  TestServer server(&c);
-  RunConfig config = Config(400);
-  config.mutable_train()->set_eval_every(200);
-  config.mutable_train()->set_checkpoint_every(100);
-  c.AddJob(MakeJob(11, 1, config));
-  AgentOptions o = Options(server);
-  o.report_interval = absl::Milliseconds(1);
-  auto result = RunAgent(o);
-  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_NO_FATAL_FAILURE(RunJobCancelledAtStep5(c, 11, 1));
 
   absl::MutexLock lock(&c.mu_);
   ASSERT_EQ(c.finishes.size(), 1u);
@@ -1328,18 +1338,7 @@ TEST_F(AgentTest, SigtermFinishesInterruptedWithACheckpointAndExitsZero) {
 TEST_F(AgentTest, JobProcessesStopOnTheDirectiveAndCheckpointOnSigterm) {
   {
     FakeCoordinator c;
-    c.stop_at_step = 5;
-    TestServer server(&c);
-    RunConfig config = Config(400);
-    config.mutable_train()->set_eval_every(200);
-    config.mutable_train()->set_checkpoint_every(100);
-    c.AddJob(MakeJob(12, 1, config));
-    AgentOptions o = Options(server);
-    o.report_interval = absl::Milliseconds(1);
-    o.slots = 2;
-    o.rank_binary = ABLATE_WORKER_BIN;
-    auto result = RunAgent(o);
-    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_NO_FATAL_FAILURE(RunJobCancelledAtStep5(c, 12, 2));
     absl::MutexLock lock(&c.mu_);
     ASSERT_EQ(c.finishes.size(), 1u);
     const RunSummary& s = c.finishes[0].summary();
