@@ -19,8 +19,14 @@ namespace ablate {
 // The schema version this build writes (the number of migrations).
 int StoreSchemaVersion();
 
-// The SQL of each migration, in order.
-const std::vector<std::string>& StoreMigrations();
+// One migration: its SQL, then its code (when it has any), in one transaction.
+struct Migration {
+  const char* sql = "";
+  absl::Status (*code)(sqlite3* db) = nullptr;
+};
+
+// Each migration, in order.
+const std::vector<Migration>& StoreMigrations();
 
 // Brings the database open on `db` (a read-write connection) to StoreSchemaVersion(), each
 // migration in its own IMMEDIATE transaction together with its user_version bump, so a crash

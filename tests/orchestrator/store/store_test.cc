@@ -184,7 +184,7 @@ TEST_F(StoreTest, RefusesADatabaseFromANewerBuild) {
 TEST_F(StoreTest, MigratesAVersionOneDatabaseKeepingEachRunsConfig) {
   // A file as a version-1 build left it: the config inside each runs row.
   const std::string v1 = absl::StrCat(
-      "PRAGMA journal_mode = WAL; BEGIN;", StoreMigrations()[0],
+      "PRAGMA journal_mode = WAL; BEGIN;", StoreMigrations()[0].sql,
       "INSERT INTO sweeps (id, name, created_at) VALUES (1, 'old', 1);"
       "INSERT INTO variants (id, sweep_id, name, position) VALUES (1, 1, 'baseline', 0);"
       "INSERT INTO runs (id, sweep_id, variant_id, run_index, run_key, seed, config_json, "
@@ -211,7 +211,7 @@ TEST_F(StoreTest, MigratesAVersionOneDatabaseKeepingEachRunsConfig) {
 // Version 3: the run a reused run took its results from, once only in its reason, is a column.
 TEST_F(StoreTest, MigratingToVersionThreeFindsReusedRunsInTheirReasons) {
   const std::string v2 = absl::StrCat(
-      "PRAGMA journal_mode = WAL; BEGIN;", StoreMigrations()[0], StoreMigrations()[1],
+      "PRAGMA journal_mode = WAL; BEGIN;", StoreMigrations()[0].sql, StoreMigrations()[1].sql,
       "INSERT INTO sweeps (id, name, created_at) VALUES (1, 'old', 1), (2, 'again', 2);"
       "INSERT INTO variants (id, sweep_id, name, position) VALUES (1, 1, 'baseline', 0), "
       "(2, 2, 'baseline', 0);"
@@ -231,6 +231,116 @@ TEST_F(StoreTest, MigratingToVersionThreeFindsReusedRunsInTheirReasons) {
   ASSERT_EQ(series->size(), 1u);
   EXPECT_DOUBLE_EQ(series->front().loss(), 4.5);
   EXPECT_EQ(IntegrityCheck(), "ok");
+}
+
+// A file as a version-6 build left it: `extra` runs after the version-6 schema, before COMMIT.
+std::string VersionSixFile(const std::string& extra) {
+  std::string sql = "PRAGMA journal_mode = WAL; BEGIN;";
+  for (int v = 0; v < 6; ++v) absl::StrAppend(&sql, StoreMigrations()[v].sql);
+  absl::StrAppend(
+      &sql,
+      "INSERT INTO sweeps (id, name, created_at) VALUES (1, 'old', 1);"
+      "INSERT INTO variants (id, sweep_id, name, position) VALUES (1, 1, 'baseline', 0);"
+      "INSERT INTO workers (id, name, registered_at, last_seen, state) VALUES (1, 'w', 1, 1, 'BUSY');"
+      "INSERT INTO runs (id, sweep_id, variant_id, run_index, run_key, seed, created_at, state, "
+      "attempts, worker_id) VALUES (1, 1, 1, 0, 'k0', 0, 1, 'RUNNING', 1, 1);"
+      "INSERT INTO run_configs (run_id, config_json) VALUES (1, '{}');"
+      "INSERT INTO attempts (run_id, attempt, worker_id, state, started_at) "
+      "VALUES (1, 1, 1, 'RUNNING', 1);",
+      extra, "PRAGMA user_version = 6; COMMIT;");
+  return sql;
+}
+
+// The opcodes of `sql`'s program on the writer connection.
+std::vector<std::string> Opcodes(Store& store, const std::string& sql) {
+  std::vector<std::string> ops;
+  EXPECT_TRUE(store.RunOnWriterForTesting([&](sqlite3* db) {
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v2(db, ("EXPLAIN " + sql).c_str(), -1, &stmt, nullptr) != SQLITE_OK) {
+      return absl::InternalError(sqlite3_errmsg(db));
+    }
+    while (sqlite3_step(stmt) == SQLITE_ROW) {
+      ops.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(stmt, 1)));
+    }
+    sqlite3_finalize(stmt);
+    return absl::OkStatus();
+  }).ok()) << sql;
+  return ops;
+}
+
+// Version 7: each state CHECK is a chain of equalities. SQLite built a temporary b-tree of an
+// IN list on every row a start or an end wrote; the constraints themselves are unchanged.
+TEST_F(StoreTest, MigratingToVersionSevenKeepsEveryStateCheckWithoutTemporaryTables) {
+  ASSERT_NO_FATAL_FAILURE(OpenOldFile(VersionSixFile("")));
+  EXPECT_EQ(Count("PRAGMA user_version"), StoreSchemaVersion());
+  EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE sql LIKE '%CHECK (state IN%'"), 0);
+  EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE name = 'runs' AND sql LIKE "
+                  "'%CHECK (state = ''PENDING'' OR state = ''RUNNING'' OR state = ''SUCCEEDED'' "
+                  "OR state = ''FAILED'' OR state = ''DIVERGED'' OR state = ''CANCELLED'' OR "
+                  "state = ''INTERRUPTED'')%'"), 1);
+  EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE name = 'attempts' AND sql LIKE "
+                  "'%state = ''LOST'')%'"), 1);
+  // Each constraint still holds, on the writer's connection and on a fresh one.
+  for (const char* bad : {"UPDATE runs SET state = 'DONE' WHERE id = 1",
+                          "UPDATE attempts SET state = 'PENDING' WHERE run_id = 1",
+                          "UPDATE workers SET state = 'LOST' WHERE id = 1",
+                          "UPDATE sweeps SET state = 'RUNNING' WHERE id = 1"}) {
+    absl::Status s = store_->RunOnWriterForTesting([&](sqlite3* db) { return Exec(db, bad); });
+    EXPECT_THAT(s.message(), ::testing::HasSubstr("CHECK constraint failed")) << bad;
+  }
+  // The run the old build left running ends as any run does.
+  ASSERT_TRUE(Finish(1, SUCCEEDED, 3.0, 0.1, 10, 0.1, 0).ok());
+  EXPECT_EQ(Count("SELECT count(*) FROM attempts WHERE state = 'SUCCEEDED'"), 1);
+  EXPECT_EQ(Count("SELECT count(*) FROM sweeps WHERE state = 'DONE'"), 1);
+  Reopen();
+  absl::Status s = store_->RunOnWriterForTesting(
+      [](sqlite3* db) { return Exec(db, "UPDATE runs SET state = 'DONE' WHERE id = 1"); });
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("CHECK constraint failed"));
+  EXPECT_EQ(IntegrityCheck(), "ok");
+}
+
+TEST_F(StoreTest, TheWritersStatementsBuildNoTemporaryTables) {
+  for (const char* sql :
+       {"UPDATE runs SET state = 'RUNNING', attempts = 1 WHERE id = 1",
+        "INSERT INTO attempts (run_id, attempt, state, started_at) VALUES (1, 1, 'RUNNING', 1)",
+        "UPDATE attempts SET state = 'LOST' WHERE run_id = 1 AND attempt = 1",
+        "UPDATE workers SET state = 'BUSY', last_seen = 2 WHERE id = 1",
+        "UPDATE sweeps SET state = 'DONE' WHERE id = 1",
+        "SELECT EXISTS (SELECT 1 FROM runs WHERE sweep_id = 1 AND state = 'PENDING') OR EXISTS "
+        "(SELECT 1 FROM runs WHERE sweep_id = 1 AND state = 'RUNNING')"}) {
+    const std::vector<std::string> ops = Opcodes(*store_, sql);
+    EXPECT_FALSE(ops.empty()) << sql;
+    EXPECT_THAT(ops, ::testing::Not(::testing::Contains("OpenEphemeral"))) << sql;
+  }
+}
+
+TEST_F(StoreTest, AVersionSixFileWithoutAStateCheckIsRefusedAndLeftAsItWas) {
+  // A workers table someone rebuilt by hand, without its CHECK: the migration cannot rewrite it.
+  const std::string sql = VersionSixFile(
+      "DROP TABLE workers; CREATE TABLE workers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+      "resources_json TEXT NOT NULL DEFAULT '{}', registered_at REAL NOT NULL, "
+      "last_seen REAL NOT NULL, state TEXT NOT NULL DEFAULT 'IDLE');");
+  store_.reset();
+  std::filesystem::remove_all(dir_);
+  std::filesystem::create_directories(dir_);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  char* error = nullptr;
+  ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error), SQLITE_OK) << error;
+  sqlite3_close(db);
+  StoreOptions options;
+  options.path = path_;
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
+  ASSERT_FALSE(store.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
+  EXPECT_THAT(store.status().message(), ::testing::HasSubstr("table workers"));
+  // Nothing changed: still version 6, the other tables' constraints as they were.
+  ASSERT_EQ(sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  EXPECT_EQ(*QueryInt(db, "PRAGMA user_version"), 6);
+  EXPECT_EQ(*QueryInt(db, "SELECT count(*) FROM sqlite_schema WHERE sql LIKE "
+                          "'%CHECK (state IN%'"), 3);
+  EXPECT_EQ(*QueryInt(db, "SELECT count(*) FROM runs WHERE state = 'RUNNING'"), 1);
+  sqlite3_close(db);
 }
 
 TEST_F(StoreTest, CreateSweepStoresVariantsAndRunsAndRefusesADuplicateName) {
@@ -296,6 +406,31 @@ TEST_F(StoreTest, EachRunStoresItsOwnConfigAndStatsKeepTheLongestTransaction) {
 }
 
 // ---- Ingestion ------------------------------------------------------------------------------------
+
+// A batch's rows go in several to a statement: every row lands whole, in its own row, and a
+// step a batch repeats keeps its last value, as one statement per row did.
+TEST_F(StoreTest, EveryRowOfALongBatchIsStoredWithItsOwnValues) {
+  SweepIds ids = Submit("s", {"baseline"}, 1);
+  const int64_t run = ids.run_ids[0];
+  const int32_t attempt = Start(run);
+  MetricBatch batch = Batch(run, attempt, 1, 1, 70);
+  for (int i = 0; i < 70; ++i) {
+    batch.steps[i].set_grad_norm(i);
+    batch.steps[i].set_aux_loss(0.5 * i);
+    batch.steps[i].set_skipped(i % 3 == 0);
+  }
+  StepMetrics again = batch.steps[40];  // step 41, reported again at the end with a new loss
+  again.set_loss(-1);
+  batch.steps.push_back(again);
+  ASSERT_TRUE(store_->ReportMetrics(batch).ok());
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics"), 70);
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics WHERE grad_norm = step - 1 AND "
+                  "aux_loss = 0.5 * (step - 1) AND skipped = ((step - 1) % 3 = 0) AND "
+                  "attempt = 1 AND lr = 3e-3 AND tokens_per_s = 1e5"), 70);
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics WHERE step = 41 AND loss = -1"), 1);
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics WHERE step <> 41 AND "
+                  "abs(loss - (5.0 - 0.001 * step)) < 1e-12"), 69);
+}
 
 TEST_F(StoreTest, TheSameBatchTwiceIsStoredOnce) {
   SweepIds ids = Submit("s", {"baseline"}, 1);
