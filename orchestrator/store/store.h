@@ -80,6 +80,9 @@ struct StoreOptions {
   absl::Duration retry_min = absl::Milliseconds(10);
   absl::Duration retry_max = absl::Seconds(2);
   bool synchronous_full = true;  // PRAGMA synchronous = FULL (else NORMAL)
+  // The WAL is checkpointed into the database file once it holds this many pages (4 KB each),
+  // by a thread and connection of its own: the writer never stops for it.
+  int checkpoint_pages = 10000;
   int reader_connections = 4;    // StoreReader pool size
   // The clock stamped on rows (created_at, last_seen, event times). Tests inject one.
   std::function<absl::Time()> now = absl::Now;
@@ -190,6 +193,8 @@ struct StoreStats {
   // queued meanwhile (a report, a finish) waited that long.
   absl::Duration longest_flush = absl::ZeroDuration();
   absl::Status last_error;      // of the last failed flush (OK after a success)
+  int64_t checkpoints = 0;      // background checkpoints run (whole or partial)
+  absl::Status checkpoint_error;  // of the last checkpoint (OK after a success)
 };
 
 class StoreReader;  // reader.h
@@ -302,6 +307,10 @@ class Store {
   absl::Status RunSync(std::function<absl::Status(StoreWriter&)> apply, int64_t rows,
                        bool keep_on_transient = false);
   void WriterLoop();
+  // The checkpointer thread: a PASSIVE checkpoint on its own connection whenever the writer's
+  // commits left checkpoint_pages or more in the WAL (OnWalCommit, SQLite's WAL hook).
+  void CheckpointLoop();
+  static int OnWalCommit(void* store, sqlite3* db, const char* name, int pages);
   void UpdateDurableTicket() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One transaction over `batch`. Returns the transient error that rolled it back, or OK; the
   // per-op outcomes are in `outcomes`. `*reapplied` is set when a write failed alone and the
@@ -318,6 +327,12 @@ class Store {
   const StoreOptions options_;
   std::unique_ptr<StoreReader> reader_;
   std::thread writer_thread_;
+  std::thread checkpoint_thread_;
+  SqliteDb checkpoint_db_;  // used by checkpoint_thread_ alone
+
+  absl::Mutex checkpoint_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  bool checkpoint_wanted_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
+  bool checkpoint_stop_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
 
   // Serializes use of the writer connection (the writer thread per flush, RunOnWriterForTesting).
   absl::Mutex db_mu_ ABSL_ACQUIRED_AFTER(mu_);

@@ -21,6 +21,7 @@
 #include "orchestrator/store/reader.h"
 #include "orchestrator/store/schema.h"
 #include "tests/orchestrator/store/test_sweeps.h"
+#include "tests/process_util.h"
 
 namespace ablate {
 namespace {
@@ -430,6 +431,40 @@ TEST_F(StoreTest, EveryRowOfALongBatchIsStoredWithItsOwnValues) {
   EXPECT_EQ(Count("SELECT count(*) FROM step_metrics WHERE step = 41 AND loss = -1"), 1);
   EXPECT_EQ(Count("SELECT count(*) FROM step_metrics WHERE step <> 41 AND "
                   "abs(loss - (5.0 - 0.001 * step)) < 1e-12"), 69);
+}
+
+// The WAL is copied into the database by the checkpointer thread, and the writer finishes the
+// copy past twice the limit, so the WAL starts over: here a limit of 64 pages (256 KB) under
+// 20,000 rows written back to back.
+TEST_F(StoreTest, TheCheckpointerCopiesTheWalIntoTheDatabaseAsItGrows) {
+  StoreOptions options;
+  options.checkpoint_pages = 64;
+  ASSERT_NO_FATAL_FAILURE(Reopen(options));
+  SweepIds ids = Submit("s", {"baseline"}, 1);
+  const int64_t run = ids.run_ids[0];
+  const int32_t attempt = Start(run);
+  const auto size = [](const std::string& path) {
+    std::error_code error;
+    const auto n = std::filesystem::file_size(path, error);
+    return error ? int64_t{0} : static_cast<int64_t>(n);
+  };
+  const int64_t db_before = size(path_);
+  int64_t wal_max = 0;
+  for (int seq = 1; seq <= 40; ++seq) {
+    ASSERT_TRUE(store_->ReportMetrics(Batch(run, attempt, seq, (seq - 1) * 500 + 1, 500)).ok());
+    wal_max = std::max(wal_max, size(path_ + "-wal"));
+  }
+  ASSERT_TRUE(testing::WaitFor([&] { return store_->Stats().checkpoints >= 1; },
+                               std::chrono::seconds(30)));
+  EXPECT_TRUE(store_->Stats().checkpoint_error.ok()) << store_->Stats().checkpoint_error;
+  // The rows (~700 KB) reached the database file itself, and the WAL started over instead of
+  // holding all of them: it stays under 4 times the limit (1 MB).
+  ASSERT_TRUE(testing::WaitFor([&] { return size(path_) - db_before > 500000; },
+                               std::chrono::seconds(30)))
+      << size(path_) - db_before << " bytes";
+  EXPECT_LT(wal_max, 4 * 64 * 4096);
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics"), 20000);
+  EXPECT_EQ(IntegrityCheck(), "ok");
 }
 
 TEST_F(StoreTest, TheSameBatchTwiceIsStoredOnce) {
