@@ -477,6 +477,27 @@ absl::StatusOr<std::string> StateCheckAsEqualities(const std::string& table,
                       create.substr(end + 1));
 }
 
+// The writable_schema steps of RewriteStateChecks: each table's new CREATE text, the schema
+// version past `version`, and this connection's schema reloaded.
+absl::Status RewriteStateCheckTexts(
+    sqlite3* db, const std::vector<std::pair<std::string, std::string>>& rewritten,
+    int64_t version) {
+  if (absl::Status s = Exec(db, "PRAGMA writable_schema = ON"); !s.ok()) return s;
+  for (const auto& [table, sql] : rewritten) {
+    absl::StatusOr<Stmt> write = Stmt::Prepare(
+        db, "UPDATE sqlite_schema SET sql = ?2 WHERE type = 'table' AND name = ?1");
+    absl::Status s = write.status();
+    if (s.ok()) s = write->Bind(1, table).Bind(2, sql).Run();
+    if (!s.ok()) {
+      Exec(db, "PRAGMA writable_schema = RESET").IgnoreError();
+      return s;
+    }
+  }
+  absl::Status s = Exec(db, absl::StrCat("PRAGMA schema_version = ", version + 1));
+  if (absl::Status reset = Exec(db, "PRAGMA writable_schema = RESET"); s.ok()) s = reset;
+  return s;
+}
+
 absl::Status RewriteStateChecks(sqlite3* db) {
   std::vector<std::pair<std::string, std::string>> rewritten;  // table, CREATE text
   for (const char* table : kStateTables) {
@@ -496,19 +517,13 @@ absl::Status RewriteStateChecks(sqlite3* db) {
   }
   absl::StatusOr<int64_t> version = QueryInt(db, "PRAGMA schema_version");
   if (!version.ok()) return version.status();
-  if (absl::Status s = Exec(db, "PRAGMA writable_schema = ON"); !s.ok()) return s;
-  for (const auto& [table, sql] : rewritten) {
-    absl::StatusOr<Stmt> write = Stmt::Prepare(
-        db, "UPDATE sqlite_schema SET sql = ?2 WHERE type = 'table' AND name = ?1");
-    absl::Status s = write.status();
-    if (s.ok()) s = write->Bind(1, table).Bind(2, sql).Run();
-    if (!s.ok()) {
-      Exec(db, "PRAGMA writable_schema = RESET").IgnoreError();
-      return s;
-    }
-  }
-  absl::Status s = Exec(db, absl::StrCat("PRAGMA schema_version = ", *version + 1));
-  if (absl::Status reset = Exec(db, "PRAGMA writable_schema = RESET"); s.ok()) s = reset;
+  // A library built defensive by default would refuse the rewrite: off for this connection,
+  // for the migration only.
+  int defensive = 0;
+  sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, -1, &defensive);
+  sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, 0, nullptr);
+  const absl::Status s = RewriteStateCheckTexts(db, rewritten, *version);
+  sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, defensive, nullptr);
   if (!s.ok()) return s;
   // The reloaded schema parses and the tables read: a rewrite SQLite could not parse fails here
   // and the transaction rolls back.

@@ -540,6 +540,10 @@ Store::Store(const StoreOptions& options) : options_(options), backoff_(options.
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
   if (options.path.empty()) return absl::InvalidArgumentError("store: no database path");
+  if (options.checkpoint_pages < 1 || options.checkpoint_pages > (1 << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "store: checkpoint_pages must be 1 to 16777216, not ", options.checkpoint_pages));
+  }
   // Created mode 0600 (SQLite would make it 0644 under the usual umask): the results, the
   // workers' names and the specs are the owner's alone. SQLite gives its -wal and -shm files the
   // database file's mode.
@@ -580,9 +584,17 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) 
     return s;
   }
   if (absl::Status s = MigrateStore(raw); !s.ok()) return s;
+  // The WAL file is cut back to twice the limit when it starts over.
+  if (absl::Status s = Exec(raw, absl::StrCat("PRAGMA journal_size_limit = ",
+                                              int64_t{2} * options.checkpoint_pages * 4096));
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<SqliteDb> checkpoint_db =
       OpenDb(options.path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX);
   if (!checkpoint_db.ok()) return checkpoint_db.status();
+  sqlite3_busy_timeout(checkpoint_db->get(),
+                       static_cast<int>(absl::ToInt64Milliseconds(options.busy_timeout)));
   if (absl::Status s = Exec(checkpoint_db->get(), options.synchronous_full
                                                       ? "PRAGMA synchronous = FULL"
                                                       : "PRAGMA synchronous = NORMAL");
@@ -621,9 +633,10 @@ int Store::OnWalCommit(void* store, sqlite3* db, const char*, int pages) {
   }
   // The WAL starts over only when a checkpoint copied all of it before the writer's next
   // transaction, which a checkpointer racing a busy writer rarely does: past twice the limit
-  // the writer copies the rest itself. The checkpointer copied the bulk already, so this is
-  // the frames since its last pass. PASSIVE: a running checkpoint makes it return at once.
+  // the writer waits for the checkpointer's pass and copies the rest itself (the frames
+  // since that pass). SQLite's own automatic checkpoint is a WAL hook doing the same.
   if (pages >= 2 * self->options_.checkpoint_pages) {
+    absl::MutexLock pass(&self->checkpoint_pass_mu_);
     sqlite3_wal_checkpoint_v2(db, nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
   }
   return SQLITE_OK;
@@ -643,16 +656,21 @@ void Store::CheckpointLoop() {
     }
     // PASSIVE: copies what no reader still needs and never waits for the writer or a reader.
     // The writer starts the WAL over at its next transaction once all of it was copied.
-    int wal_pages = 0, copied = 0;
-    const int rc = sqlite3_wal_checkpoint_v2(checkpoint_db_.get(), nullptr,
-                                             SQLITE_CHECKPOINT_PASSIVE, &wal_pages, &copied);
+    int wal_pages = 0, copied = 0, rc = SQLITE_OK;
+    {
+      absl::MutexLock pass(&checkpoint_pass_mu_);
+      rc = sqlite3_wal_checkpoint_v2(checkpoint_db_.get(), nullptr, SQLITE_CHECKPOINT_PASSIVE,
+                                     &wal_pages, &copied);
+    }
     absl::MutexLock lock(&mu_);
-    ++stats_.checkpoints;
-    // BUSY: another checkpoint (the writer's) was running; the next pass continues.
-    stats_.checkpoint_error =
-        rc == SQLITE_OK || rc == SQLITE_BUSY ? absl::OkStatus()
-                        : absl::UnavailableError(absl::StrCat(
-                              "store: checkpoint: ", sqlite3_errmsg(checkpoint_db_.get())));
+    // BUSY: another connection (a user's sqlite3) was checkpointing; the next pass goes on.
+    if (rc == SQLITE_OK || rc == SQLITE_BUSY) {
+      stats_.checkpoints += copied > 0;
+      stats_.checkpoint_error = absl::OkStatus();
+    } else {
+      stats_.checkpoint_error = absl::UnavailableError(
+          absl::StrCat("store: checkpoint: ", sqlite3_errmsg(checkpoint_db_.get())));
+    }
   }
 }
 

@@ -81,7 +81,9 @@ struct StoreOptions {
   absl::Duration retry_max = absl::Seconds(2);
   bool synchronous_full = true;  // PRAGMA synchronous = FULL (else NORMAL)
   // The WAL is checkpointed into the database file once it holds this many pages (4 KB each),
-  // by a thread and connection of its own: the writer never stops for it.
+  // by a thread and connection of its own while the writer goes on. Past twice as many (the
+  // checkpointer fell behind) the writer waits for its pass and copies the rest itself, and the
+  // WAL starts over. 1 to 2^24.
   int checkpoint_pages = 10000;
   int reader_connections = 4;    // StoreReader pool size
   // The clock stamped on rows (created_at, last_seen, event times). Tests inject one.
@@ -193,7 +195,7 @@ struct StoreStats {
   // queued meanwhile (a report, a finish) waited that long.
   absl::Duration longest_flush = absl::ZeroDuration();
   absl::Status last_error;      // of the last failed flush (OK after a success)
-  int64_t checkpoints = 0;      // background checkpoints run (whole or partial)
+  int64_t checkpoints = 0;      // checkpointer passes that copied pages into the database
   absl::Status checkpoint_error;  // of the last checkpoint (OK after a success)
 };
 
@@ -330,7 +332,10 @@ class Store {
   std::thread checkpoint_thread_;
   SqliteDb checkpoint_db_;  // used by checkpoint_thread_ alone
 
-  absl::Mutex checkpoint_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  // Held for each checkpoint pass (the checkpointer's, or the writer's past twice the limit),
+  // so that the writer's never finds the checkpointer's running and gives up.
+  absl::Mutex checkpoint_pass_mu_ ABSL_ACQUIRED_AFTER(db_mu_);
+  absl::Mutex checkpoint_mu_ ABSL_ACQUIRED_AFTER(db_mu_);
   bool checkpoint_wanted_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
   bool checkpoint_stop_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
 

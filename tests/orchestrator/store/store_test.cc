@@ -423,48 +423,86 @@ TEST_F(StoreTest, EveryRowOfALongBatchIsStoredWithItsOwnValues) {
   StepMetrics again = batch.steps[40];  // step 41, reported again at the end with a new loss
   again.set_loss(-1);
   batch.steps.push_back(again);
+  // Step 34 twice in the same statement (rows 32-63): the later row wins there too.
+  StepMetrics twice = batch.steps[33];
+  twice.set_loss(-2);
+  batch.steps.insert(batch.steps.begin() + 35, twice);
   ASSERT_TRUE(store_->ReportMetrics(batch).ok());
   EXPECT_EQ(Count("SELECT count(*) FROM step_metrics"), 70);
   EXPECT_EQ(Count("SELECT count(*) FROM step_metrics WHERE grad_norm = step - 1 AND "
                   "aux_loss = 0.5 * (step - 1) AND skipped = ((step - 1) % 3 = 0) AND "
                   "attempt = 1 AND lr = 3e-3 AND tokens_per_s = 1e5"), 70);
   EXPECT_EQ(Count("SELECT count(*) FROM step_metrics WHERE step = 41 AND loss = -1"), 1);
-  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics WHERE step <> 41 AND "
-                  "abs(loss - (5.0 - 0.001 * step)) < 1e-12"), 69);
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics WHERE step = 34 AND loss = -2"), 1);
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics WHERE step NOT IN (34, 41) AND "
+                  "abs(loss - (5.0 - 0.001 * step)) < 1e-12"), 68);
 }
 
-// The WAL is copied into the database by the checkpointer thread, and the writer finishes the
-// copy past twice the limit, so the WAL starts over: here a limit of 64 pages (256 KB) under
-// 20,000 rows written back to back.
-TEST_F(StoreTest, TheCheckpointerCopiesTheWalIntoTheDatabaseAsItGrows) {
+int64_t FileSize(const std::string& path) {
+  std::error_code error;
+  const auto n = std::filesystem::file_size(path, error);
+  return error ? 0 : static_cast<int64_t>(n);
+}
+
+// Pages in a WAL file of `bytes` (a 32-byte header, then 24 bytes and a 4 KB page a frame).
+int64_t WalPages(int64_t bytes) { return bytes < 32 ? 0 : (bytes - 32) / (24 + 4096); }
+
+// Between the limit and twice it, the checkpointer thread alone copies the WAL into the
+// database: the writer goes on without checkpointing.
+TEST_F(StoreTest, TheCheckpointerCopiesTheWalIntoTheDatabase) {
   StoreOptions options;
   options.checkpoint_pages = 64;
   ASSERT_NO_FATAL_FAILURE(Reopen(options));
   SweepIds ids = Submit("s", {"baseline"}, 1);
   const int64_t run = ids.run_ids[0];
   const int32_t attempt = Start(run);
-  const auto size = [](const std::string& path) {
-    std::error_code error;
-    const auto n = std::filesystem::file_size(path, error);
-    return error ? int64_t{0} : static_cast<int64_t>(n);
-  };
-  const int64_t db_before = size(path_);
-  int64_t wal_max = 0;
-  for (int seq = 1; seq <= 40; ++seq) {
-    ASSERT_TRUE(store_->ReportMetrics(Batch(run, attempt, seq, (seq - 1) * 500 + 1, 500)).ok());
-    wal_max = std::max(wal_max, size(path_ + "-wal"));
+  const int64_t db_before = FileSize(path_);
+  // Small batches (a few pages each) until the WAL reaches the limit, far from twice it.
+  int seq = 0;
+  while (WalPages(FileSize(path_ + "-wal")) < 64) {
+    ++seq;
+    ASSERT_LT(seq, 1000);
+    ASSERT_TRUE(store_->ReportMetrics(Batch(run, attempt, seq, (seq - 1) * 50 + 1, 50)).ok());
   }
+  ASSERT_LT(WalPages(FileSize(path_ + "-wal")), 128);
   ASSERT_TRUE(testing::WaitFor([&] { return store_->Stats().checkpoints >= 1; },
                                std::chrono::seconds(30)));
   EXPECT_TRUE(store_->Stats().checkpoint_error.ok()) << store_->Stats().checkpoint_error;
-  // The rows (~700 KB) reached the database file itself, and the WAL started over instead of
-  // holding all of them: it stays under 4 times the limit (1 MB).
-  ASSERT_TRUE(testing::WaitFor([&] { return size(path_) - db_before > 500000; },
-                               std::chrono::seconds(30)))
-      << size(path_) - db_before << " bytes";
-  EXPECT_LT(wal_max, 4 * 64 * 4096);
+  EXPECT_GT(FileSize(path_), db_before);
+  EXPECT_EQ(Count("SELECT count(*) FROM step_metrics"), 50 * seq);
+  EXPECT_EQ(IntegrityCheck(), "ok");
+}
+
+// Written back to back, the WAL starts over instead of growing: past twice the limit the writer
+// copies what the checkpointer has not, so the file never holds much more than twice the limit.
+TEST_F(StoreTest, TheWalStartsOverUnderWritesBackToBack) {
+  StoreOptions options;
+  options.checkpoint_pages = 64;
+  ASSERT_NO_FATAL_FAILURE(Reopen(options));
+  SweepIds ids = Submit("s", {"baseline"}, 1);
+  const int64_t run = ids.run_ids[0];
+  const int32_t attempt = Start(run);
+  int64_t wal_max = 0;
+  for (int seq = 1; seq <= 40; ++seq) {  // ~700 KB of rows, ~10 times the limit
+    ASSERT_TRUE(store_->ReportMetrics(Batch(run, attempt, seq, (seq - 1) * 500 + 1, 500)).ok());
+    wal_max = std::max(wal_max, WalPages(FileSize(path_ + "-wal")));
+  }
+  // Twice the limit, and the transaction that crossed it (500 rows, a few pages).
+  EXPECT_LT(wal_max, 2 * 64 + 32);
   EXPECT_EQ(Count("SELECT count(*) FROM step_metrics"), 20000);
   EXPECT_EQ(IntegrityCheck(), "ok");
+}
+
+TEST_F(StoreTest, ACheckpointLimitOutOfRangeIsRefused) {
+  for (int pages : {0, -1, (1 << 24) + 1}) {
+    StoreOptions options;
+    options.path = path_;
+    options.checkpoint_pages = pages;
+    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
+    ASSERT_FALSE(store.ok()) << pages;
+    EXPECT_TRUE(absl::IsInvalidArgument(store.status())) << store.status();
+    EXPECT_THAT(store.status().message(), ::testing::HasSubstr("checkpoint_pages"));
+  }
 }
 
 TEST_F(StoreTest, TheSameBatchTwiceIsStoredOnce) {
