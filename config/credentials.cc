@@ -1,10 +1,12 @@
 #include "config/credentials.h"
 
+#include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/sha.h>
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "absl/strings/escaping.h"
@@ -15,15 +17,49 @@ namespace ablate {
 namespace {
 
 std::string HmacHex(absl::string_view key, absl::string_view message) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(message.data()), message.size(), digest, &length);
-  return absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(digest), length));
+  return HmacSha256(key).Hex(message);
+}
+
+std::string LeaseMessage(int64_t run_id, int32_t attempt, int64_t worker_id) {
+  return absl::StrCat("ablate lease: run ", run_id, " attempt ", attempt, " worker ", worker_id);
 }
 
 }  // namespace
+
+HmacSha256::HmacSha256(absl::string_view key) {
+  mac_ = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  keyed_ = mac_ == nullptr ? nullptr : EVP_MAC_CTX_new(mac_);
+  char digest[] = "SHA256";
+  const OSSL_PARAM params[] = {
+      OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0), OSSL_PARAM_construct_end()};
+  // OpenSSL refuses an empty key; HMAC() keyed with none is keyed with one zero byte.
+  const unsigned char zero = 0;
+  if (keyed_ == nullptr ||
+      EVP_MAC_init(keyed_, key.empty() ? &zero : reinterpret_cast<const unsigned char*>(key.data()),
+                   key.empty() ? 1 : key.size(), params) != 1) {
+    std::abort();  // OpenSSL without HMAC-SHA256: nothing here can be signed or checked
+  }
+}
+
+HmacSha256::~HmacSha256() {
+  EVP_MAC_CTX_free(keyed_);
+  EVP_MAC_free(mac_);
+}
+
+std::string HmacSha256::Hex(absl::string_view message) const {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  size_t length = 0;
+  EVP_MAC_CTX* ctx = EVP_MAC_CTX_dup(keyed_);
+  if (ctx == nullptr ||
+      EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(message.data()),
+                     message.size()) != 1 ||
+      EVP_MAC_final(ctx, digest, &length, sizeof digest) != 1) {
+    std::abort();  // out of memory
+  }
+  EVP_MAC_CTX_free(ctx);
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(digest), length));
+}
 
 const char* RoleName(Role role) {
   switch (role) {
@@ -60,9 +96,10 @@ Credentials Credentials::Derive(absl::string_view secret) {
 
 Role Credentials::RoleOf(absl::string_view presented) const {
   // All three compared, whichever matches: the time taken does not say which role was tried.
-  const bool is_admin = !admin.empty() && ConstantTimeEquals(presented, admin);
-  const bool is_worker = !worker.empty() && ConstantTimeEquals(presented, worker);
-  const bool is_read = !read.empty() && ConstantTimeEquals(presented, read);
+  const CredentialDigest digest = DigestOf(presented);
+  const bool is_admin = !admin.empty() && DigestEquals(digest, DigestOf(admin));
+  const bool is_worker = !worker.empty() && DigestEquals(digest, DigestOf(worker));
+  const bool is_read = !read.empty() && DigestEquals(digest, DigestOf(read));
   if (is_admin) return Role::kAdmin;
   if (is_worker) return Role::kWorker;
   if (is_read) return Role::kRead;
@@ -71,8 +108,17 @@ Role Credentials::RoleOf(absl::string_view presented) const {
 
 std::string LeaseSecret(absl::string_view secret, int64_t run_id, int32_t attempt,
                         int64_t worker_id) {
-  return HmacHex(secret, absl::StrCat("ablate lease: run ", run_id, " attempt ", attempt,
-                                      " worker ", worker_id));
+  return HmacHex(secret, LeaseMessage(run_id, attempt, worker_id));
+}
+
+std::string LeaseSecret(const HmacSha256& key, int64_t run_id, int32_t attempt,
+                        int64_t worker_id) {
+  return key.Hex(LeaseMessage(run_id, attempt, worker_id));
+}
+
+bool LeaseSecretEquals(absl::string_view presented, absl::string_view expected) {
+  return presented.size() == expected.size() &&
+         CRYPTO_memcmp(presented.data(), expected.data(), expected.size()) == 0;
 }
 
 absl::StatusOr<Credentials> LoadOrCreateCredentials(const std::string& state_dir,

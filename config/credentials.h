@@ -23,6 +23,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
+// OpenSSL's EVP_MAC and EVP_MAC_CTX (<openssl/types.h>), kept out of this header.
+struct evp_mac_st;
+struct evp_mac_ctx_st;
+
 namespace ablate {
 
 enum class Role { kNone = 0, kRead = 1, kWorker = 2, kAdmin = 3 };
@@ -42,9 +46,35 @@ struct Credentials {
   Role RoleOf(absl::string_view presented) const;
 };
 
-// The lease secret of attempt `attempt` of run `run_id` on worker `worker_id` (64 hex digits).
+// HMAC-SHA256 under one key, keyed once. OpenSSL's one-shot HMAC() looks its algorithms up in
+// the provider store, under a lock, on every call: 1.9 us against 0.8 us for a copy of the keyed
+// state, and the coordinator signs and checks a lease secret for every job. Thread-safe: each
+// call works on its own copy.
+class HmacSha256 {
+ public:
+  explicit HmacSha256(absl::string_view key);
+  ~HmacSha256();
+  HmacSha256(const HmacSha256&) = delete;
+  HmacSha256& operator=(const HmacSha256&) = delete;
+
+  // The MAC of `message`, 64 lowercase hex digits.
+  std::string Hex(absl::string_view message) const;
+
+ private:
+  evp_mac_st* mac_ = nullptr;
+  evp_mac_ctx_st* keyed_ = nullptr;  // initialised with the key; only copied from
+};
+
+// The lease secret of attempt `attempt` of run `run_id` on worker `worker_id` (64 hex digits),
+// under the coordinator's secret (or its keyed HMAC).
 std::string LeaseSecret(absl::string_view secret, int64_t run_id, int32_t attempt,
                         int64_t worker_id);
+std::string LeaseSecret(const HmacSha256& key, int64_t run_id, int32_t attempt,
+                        int64_t worker_id);
+
+// Whether a presented lease secret is `expected` (64 hex digits, a length that says nothing),
+// in time that does not depend on where they differ.
+bool LeaseSecretEquals(absl::string_view presented, absl::string_view expected);
 
 // Credentials are compared as SHA-256 digests with CRYPTO_memcmp: fixed length, so neither a
 // matching prefix nor a credential's length shows in the time a comparison takes.

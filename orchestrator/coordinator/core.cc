@@ -103,7 +103,10 @@ SweepStatus ToSweepStatus(const SweepInfo& s) {
 }  // namespace
 
 CoordinatorCore::CoordinatorCore(Store* store, const CoordinatorOptions& options)
-    : store_(store), options_(options), scheduler_(options.scheduler, options.clock) {}
+    : store_(store),
+      options_(options),
+      lease_mac_(options.lease_key),
+      scheduler_(options.scheduler, options.clock) {}
 
 absl::StatusOr<std::unique_ptr<CoordinatorCore>> CoordinatorCore::Create(
     Store* store, const CoordinatorOptions& options) {
@@ -717,7 +720,7 @@ absl::StatusOr<Job> CoordinatorCore::MakeJob(const QueuedRun& run, int32_t attem
   }
   job.set_sweep(made->sweep);
   job.set_variant(made->variant);
-  job.set_lease_secret(LeaseSecret(options_.lease_key, run.run_id, attempt, worker_id));
+  job.set_lease_secret(LeaseSecret(lease_mac_, run.run_id, attempt, worker_id));
   job.set_world_size(std::max(1, run.needs.devices));
   std::optional<Lease> lease;
   std::optional<std::string> host;  // rank 0's worker's, while it is known
@@ -760,7 +763,7 @@ int CoordinatorCore::RendezvousPort(int64_t run_id, int32_t attempt) const {
 absl::Status CoordinatorCore::CheckLeaseSecret(absl::string_view what, absl::string_view presented,
                                                int64_t run_id, int32_t attempt,
                                                int64_t worker_id) const {
-  if (ConstantTimeEquals(presented, LeaseSecret(options_.lease_key, run_id, attempt, worker_id))) {
+  if (LeaseSecretEquals(presented, LeaseSecret(lease_mac_, run_id, attempt, worker_id))) {
     return absl::OkStatus();
   }
   return absl::PermissionDeniedError(absl::StrCat(

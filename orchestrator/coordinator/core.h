@@ -60,6 +60,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "config/credentials.h"
 #include "orchestrator/coordinator/scheduler.h"
 #include "orchestrator/store/store.h"
 #include "proto/ablate.pb.h"
@@ -207,6 +208,7 @@ class CoordinatorCore {
   // Constant after construction.
   Store* const store_;
   const CoordinatorOptions options_;
+  const HmacSha256 lease_mac_;  // keyed with options_.lease_key
 
   mutable absl::Mutex mu_;
   absl::CondVar work_cv_;  // signalled when runs are queued, and on Shutdown

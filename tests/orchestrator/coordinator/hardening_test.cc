@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <atomic>
 #include <thread>
 
 #include "config/credentials.h"
@@ -361,6 +362,35 @@ TEST(CredentialsTest, DerivedCredentialsAndLeaseSecretsAreStableAndDistinct) {
   EXPECT_NE(LeaseSecret("k", 1, 2, 3), LeaseSecret("k", 1, 3, 3));
   EXPECT_NE(LeaseSecret("k", 1, 2, 3), LeaseSecret("k", 1, 2, 4));
   EXPECT_NE(LeaseSecret("k", 12, 2, 3), LeaseSecret("k", 1, 22, 3));
+}
+
+// The keyed HMAC the coordinator signs leases with is HMAC-SHA256 (RFC 4231 case 2), the same
+// as the one-shot derivation it replaced (values from Python's hmac), from any number of threads.
+TEST(CredentialsTest, TheKeyedHmacIsHmacSha256FromEveryThread) {
+  EXPECT_EQ(HmacSha256("Jefe").Hex("what do ya want for nothing?"),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  EXPECT_EQ(LeaseSecret("k", 1, 2, 3),
+            "4e6d99b2d579bce9e263d8bfd0e6cd028c36fb8a1b36684d616d6c837399d672");
+  EXPECT_EQ(LeaseSecret("", 1, 2, 3),
+            "b0934ed1dcd998c80d24759be6a3024333b4d745e53457b0652952641f7fee1c");
+  const HmacSha256 key("k");
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 2000; ++i) {
+        wrong += LeaseSecret(key, 1, 2, 3) !=
+                 "4e6d99b2d579bce9e263d8bfd0e6cd028c36fb8a1b36684d616d6c837399d672";
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  const std::string secret = LeaseSecret(key, 1, 2, 3);
+  EXPECT_TRUE(LeaseSecretEquals(secret, secret));
+  EXPECT_FALSE(LeaseSecretEquals(LeaseSecret(key, 1, 2, 4), secret));
+  EXPECT_FALSE(LeaseSecretEquals(secret.substr(1), secret));
+  EXPECT_FALSE(LeaseSecretEquals("", secret));
 }
 
 }  // namespace
