@@ -104,6 +104,9 @@ std::unique_ptr<DashboardServer> StartDashboard(CoordinatorServer* server,
   o.reader = &server->store()->reader();
   Store* store = server->store();
   o.operator_stats = [store] { return StoreMetrics(store->Stats()); };
+  o.live_slots_in_use = [core = server->core()](int64_t worker_id) {
+    return core->SlotsInUse(worker_id);
+  };
   absl::StatusOr<std::unique_ptr<DashboardServer>> dashboard = DashboardServer::Start(o);
   if (!dashboard.ok()) {
     out << fmt::format("dashboard: not started ({}); --dashboard-host and --dashboard-port pick "

@@ -388,10 +388,7 @@ absl::StatusOr<ListSweepsResponse> CoordinatorCore::ListSweeps() {
     out->set_device(resources.device().empty() ? "cpu" : resources.device());
     out->set_slots(std::max(1, resources.slots()));
     // Live: the leases' slots (a gang member's part included) and forming gangs' reservations.
-    {
-      absl::MutexLock lock(&mu_);
-      out->set_slots_in_use(scheduler_.SlotsInUse(w.id));
-    }
+    out->set_slots_in_use(SlotsInUse(w.id));
     out->set_running(w.running);
     out->set_hostname(resources.hostname());
   }
@@ -752,6 +749,11 @@ absl::StatusOr<Job> CoordinatorCore::MakeJob(const QueuedRun& run, int32_t attem
     job.set_rendezvous(absl::StrCat(*host, ":", RendezvousPort(run.run_id, attempt)));
   }
   return job;
+}
+
+int CoordinatorCore::SlotsInUse(int64_t worker_id) {
+  absl::MutexLock lock(&mu_);
+  return scheduler_.SlotsInUse(worker_id);
 }
 
 int CoordinatorCore::RendezvousPort(int64_t run_id, int32_t attempt) const {

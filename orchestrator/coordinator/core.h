@@ -131,6 +131,10 @@ class CoordinatorCore {
   // The worker left: GONE in the workers table. NotFound for an unknown worker.
   absl::StatusOr<DeregisterResponse> Deregister(const DeregisterRequest& request);
 
+  // The slots worker `worker_id` has in use now: its leases (a gang's part on it included) and
+  // the slots a forming gang reserved on it.
+  int SlotsInUse(int64_t worker_id);
+
   // Ends every expired lease (LOST) and requeues or fails its run. Returns how many.
   int CheckLeases();
   // Marks GONE every worker not heard from for a lease timeout. Returns how many. The background

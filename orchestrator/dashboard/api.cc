@@ -409,18 +409,19 @@ Response DashboardServer::Impl::RunProbes(int64_t id, const Request& r) {
   if (!step) return Error(400, error);
   absl::StatusOr<RunInfo> run = reader->GetRun(id);
   if (!run.ok()) return FromStatus(run.status());
-  if (*step < 0) {  // the latest evaluation
-    absl::StatusOr<std::vector<EvalResult>> evals = reader->EvalSeries(id, false);
-    if (!evals.ok()) return FromStatus(evals.status());
-    if (evals->empty()) return JsonResponse(200, json{{"run", id}, {"step", nullptr},
-                                                      {"layers", json::array()}});
-    *step = evals->back().step();
-  }
-  absl::StatusOr<std::vector<LayerProbes>> layers = reader->LayerProbesAt(id, *step);
-  if (!layers.ok()) return FromStatus(layers.status());
-  if (layers->empty()) {
+  // The evaluations say which steps exist: an evaluation that stored no probes (a run without
+  // them) is an empty list, a step without an evaluation a 404.
+  absl::StatusOr<std::optional<int64_t>> at = reader->EvalStep(id, *step);
+  if (!at.ok()) return FromStatus(at.status());
+  if (!at->has_value()) {
+    if (*step < 0) {  // no evaluation yet
+      return JsonResponse(200, json{{"run", id}, {"step", nullptr}, {"layers", json::array()}});
+    }
     return Error(404, absl::StrCat("run ", id, " has no evaluation at step ", *step));
   }
+  *step = **at;
+  absl::StatusOr<std::vector<LayerProbes>> layers = reader->LayerProbesAt(id, *step);
+  if (!layers.ok()) return FromStatus(layers.status());
   json list = json::array();
   for (const LayerProbes& p : *layers) list.push_back(LayerJson(p));
   return JsonResponse(200, json{{"run", id}, {"step", *step}, {"layers", list}});
@@ -434,16 +435,15 @@ Response DashboardServer::Impl::RunAttention(int64_t id, const Request& r) {
   if (!run.ok()) return FromStatus(run.status());
   // The evaluations say which steps exist: an evaluation that stored no map (attention_map_heads
   // 0, or a run from before maps existed) is an empty list, a step without one a 404.
-  absl::StatusOr<std::vector<EvalResult>> evals = reader->EvalSeries(id, false);
-  if (!evals.ok()) return FromStatus(evals.status());
-  if (*step < 0) {  // the latest evaluation
-    if (evals->empty()) return JsonResponse(200, json{{"run", id}, {"step", nullptr},
-                                                      {"maps", json::array()}});
-    *step = evals->back().step();
-  } else if (std::none_of(evals->begin(), evals->end(),
-                          [&](const EvalResult& e) { return e.step() == *step; })) {
+  absl::StatusOr<std::optional<int64_t>> at = reader->EvalStep(id, *step);
+  if (!at.ok()) return FromStatus(at.status());
+  if (!at->has_value()) {
+    if (*step < 0) {  // no evaluation yet
+      return JsonResponse(200, json{{"run", id}, {"step", nullptr}, {"maps", json::array()}});
+    }
     return Error(404, absl::StrCat("run ", id, " has no evaluation at step ", *step));
   }
+  *step = **at;
   absl::StatusOr<std::vector<AttentionMap>> maps = reader->AttentionMapsAt(id, *step);
   if (!maps.ok()) return FromStatus(maps.status());
   json list = json::array();
@@ -468,7 +468,10 @@ Response DashboardServer::Impl::Workers() {
   for (const WorkerInfo& w : *workers) {
     list.push_back(json{{"id", w.id}, {"name", w.name}, {"resources", w.resources_json},
                         {"registered_at", w.registered_at}, {"last_seen", w.last_seen},
-                        {"state", w.state}, {"slots_in_use", w.slots_in_use},
+                        {"state", w.state},
+                        {"slots_in_use", options.live_slots_in_use
+                                             ? options.live_slots_in_use(w.id)
+                                             : w.slots_in_use},
                         {"running", w.running}});
   }
   return JsonResponse(200, json{{"workers", list}});

@@ -73,6 +73,11 @@ struct DashboardOptions {
   // Live operator statistics added to /metrics (queue depth, workers, writer backlog...).
   // Called on the connection's thread for every scrape; may be empty.
   std::function<std::vector<DashboardMetric>()> operator_stats;
+  // The slots a worker has in use now, as the coordinator counts them: its leases, a gang's parts
+  // on it, a forming gang's reservations. Empty (a dashboard on a database file): /api/workers
+  // counts the devices of the RUNNING runs the store records on it, which for a gang is all of
+  // them on rank 0's worker and none on the others.
+  std::function<int(int64_t worker_id)> live_slots_in_use;
   absl::Duration poll_interval = absl::Milliseconds(200);  // the stream's store polling period
   int max_connections = 256;  // concurrent connections (a browser tab holds up to 6); more: 503
   int max_connections_per_client = 32;  // concurrent connections from one remote address

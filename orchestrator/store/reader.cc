@@ -623,6 +623,28 @@ absl::StatusOr<std::vector<EvalResult>> StoreReader::EvalSeries(int64_t run_id,
   return evals;
 }
 
+absl::StatusOr<std::optional<int64_t>> StoreReader::EvalStep(int64_t run_id,
+                                                             int64_t step) const {
+  std::optional<int64_t> found;
+  const std::string sql =
+      step < 0 ? absl::StrCat("SELECT max(step) FROM eval_metrics WHERE run_id = ", kSourceRun)
+               : absl::StrCat("SELECT step FROM eval_metrics WHERE run_id = ", kSourceRun,
+                              " AND step = ?2");
+  if (absl::Status read = ForEachRow(
+          sql,
+          [&](Stmt& q) {
+            q.Bind(1, run_id);
+            if (step >= 0) q.Bind(2, step);
+          },
+          [&](const Stmt& s) {
+            if (!s.ColumnIsNull(0)) found = s.ColumnInt(0);
+          });
+      !read.ok()) {
+    return read;
+  }
+  return found;
+}
+
 absl::StatusOr<std::vector<LayerProbes>> StoreReader::LayerProbesAt(int64_t run_id,
                                                                     int64_t step) const {
   std::vector<LayerProbes> layers;

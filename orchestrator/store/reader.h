@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <variant>
@@ -281,6 +282,9 @@ class StoreReader {
   // Evaluations of a run, by step, each with its losses at the eval_seq_lens lengths (by length);
   // with per-layer probes when `with_layers`.
   absl::StatusOr<std::vector<EvalResult>> EvalSeries(int64_t run_id, bool with_layers) const;
+  // The step of a run's evaluation at `step` (step < 0: its latest evaluation), or nullopt when
+  // it has none there. One index probe, where EvalSeries reads every evaluation.
+  absl::StatusOr<std::optional<int64_t>> EvalStep(int64_t run_id, int64_t step) const;
   // The attention maps stored by one evaluation, by layer, then head (empty when it stored none).
   absl::StatusOr<std::vector<AttentionMap>> AttentionMapsAt(int64_t run_id, int64_t step) const;
   // The per-layer probes of one evaluation.

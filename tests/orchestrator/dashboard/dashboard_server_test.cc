@@ -511,6 +511,29 @@ TEST_F(DashboardServerTest, RunEndpoints) {
   EXPECT_EQ(spikes["spikes"][0]["value"], 9.5);
 }
 
+// An evaluation that stored no per-layer probes is an evaluation still: its probes are an empty
+// list, the latest evaluation's too; only a step without one is a 404.
+TEST_F(DashboardServerTest, AnEvaluationWithoutProbesHasNoLayersNotA404) {
+  MetricBatch b;
+  b.run_id = runs_[2];  // RUNNING, no evaluation yet
+  b.attempt = 1;
+  b.seq = 2;
+  b.evals.push_back(Eval(400, 0, false));
+  ASSERT_TRUE(store_->ReportMetrics(b).ok());
+  const std::string run = absl::StrCat("/api/runs/", runs_[2]);
+  for (const std::string& target : {run + "/probes", run + "/probes?step=400"}) {
+    HttpResult r = Get(port_, target);
+    ASSERT_EQ(r.status, 200) << target << ": " << r.body;
+    EXPECT_EQ(r.Json()["step"], 400) << target;
+    EXPECT_EQ(r.Json()["layers"], json::array()) << target;
+  }
+  HttpResult missing = Get(port_, run + "/probes?step=401");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(missing.Json()["error"],
+            absl::StrCat("run ", runs_[2], " has no evaluation at step 401"));
+  EXPECT_EQ(Get(port_, run + "/attention").Json()["step"], 400);
+}
+
 TEST_F(DashboardServerTest, EvalsCarryTheirLengths) {
   json evals = Get(port_, absl::StrCat("/api/runs/", runs_[0], "/evals")).Json()["evals"];
   ASSERT_EQ(evals.size(), 2u);
@@ -941,6 +964,24 @@ class DashboardLimitsTest : public DashboardServerTest {
     return socket;
   }
 };
+
+// Served by a coordinator, /api/workers takes each worker's slots in use from it: a gang member
+// holds its part's slots though the store records the run on rank 0's worker alone.
+TEST_F(DashboardLimitsTest, WorkersShowTheCoordinatorsLiveSlotCounts) {
+  DashboardOptions o;
+  std::vector<int64_t> asked;
+  o.live_slots_in_use = [&asked](int64_t worker_id) {
+    asked.push_back(worker_id);
+    return 2;
+  };
+  std::unique_ptr<DashboardServer> server = StartWith(o);
+  ASSERT_NE(server, nullptr);
+  json workers = Get(server->port(), "/api/workers").Json()["workers"];
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0]["slots_in_use"], 2);  // the store alone says 1 (TableEventsWorkers)
+  EXPECT_EQ(workers[0]["running"], 1);
+  EXPECT_EQ(asked, std::vector<int64_t>{workers[0]["id"].get<int64_t>()});
+}
 
 // Slowloris: every connection slot held by a client that trickles a request's headers a byte at a
 // time and never finishes. Each is dropped at the request deadline, so a fresh client is served
