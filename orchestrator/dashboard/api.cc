@@ -403,52 +403,48 @@ Response DashboardServer::Impl::RunEvals(int64_t id) {
   return JsonResponse(200, json{{"run", id}, {"evals", list}});
 }
 
-Response DashboardServer::Impl::RunProbes(int64_t id, const Request& r) {
+// The evaluation of run `id` that ?step= asks for (default: the latest) in `*step`, or the
+// response to send instead: a 400 for a bad step, a 404 for an unknown run or a step without an
+// evaluation, and for a run without evaluations `{"run", "step": null, list_key: []}`. The
+// evaluations say which steps exist; one that stored none of what is asked gives an empty list.
+std::optional<Response> DashboardServer::Impl::FindEvaluation(int64_t id, const Request& r,
+                                                              const char* list_key,
+                                                              int64_t* step) {
   std::string error;
-  std::optional<int64_t> step = IntParam(r, "step", -1, &error);
-  if (!step) return Error(400, error);
+  std::optional<int64_t> asked = IntParam(r, "step", -1, &error);
+  if (!asked) return Error(400, error);
   absl::StatusOr<RunInfo> run = reader->GetRun(id);
   if (!run.ok()) return FromStatus(run.status());
-  // The evaluations say which steps exist: an evaluation that stored no probes (a run without
-  // them) is an empty list, a step without an evaluation a 404.
-  absl::StatusOr<std::optional<int64_t>> at = reader->EvalStep(id, *step);
+  absl::StatusOr<std::optional<int64_t>> at = reader->EvalStep(id, *asked);
   if (!at.ok()) return FromStatus(at.status());
-  if (!at->has_value()) {
-    if (*step < 0) {  // no evaluation yet
-      return JsonResponse(200, json{{"run", id}, {"step", nullptr}, {"layers", json::array()}});
-    }
-    return Error(404, absl::StrCat("run ", id, " has no evaluation at step ", *step));
+  if (at->has_value()) {
+    *step = **at;
+    return std::nullopt;
   }
-  *step = **at;
-  absl::StatusOr<std::vector<LayerProbes>> layers = reader->LayerProbesAt(id, *step);
+  if (*asked < 0) {
+    return JsonResponse(200, json{{"run", id}, {"step", nullptr}, {list_key, json::array()}});
+  }
+  return Error(404, absl::StrCat("run ", id, " has no evaluation at step ", *asked));
+}
+
+Response DashboardServer::Impl::RunProbes(int64_t id, const Request& r) {
+  int64_t step = 0;
+  if (std::optional<Response> instead = FindEvaluation(id, r, "layers", &step)) return *instead;
+  absl::StatusOr<std::vector<LayerProbes>> layers = reader->LayerProbesAt(id, step);
   if (!layers.ok()) return FromStatus(layers.status());
   json list = json::array();
   for (const LayerProbes& p : *layers) list.push_back(LayerJson(p));
-  return JsonResponse(200, json{{"run", id}, {"step", *step}, {"layers", list}});
+  return JsonResponse(200, json{{"run", id}, {"step", step}, {"layers", list}});
 }
 
 Response DashboardServer::Impl::RunAttention(int64_t id, const Request& r) {
-  std::string error;
-  std::optional<int64_t> step = IntParam(r, "step", -1, &error);
-  if (!step) return Error(400, error);
-  absl::StatusOr<RunInfo> run = reader->GetRun(id);
-  if (!run.ok()) return FromStatus(run.status());
-  // The evaluations say which steps exist: an evaluation that stored no map (attention_map_heads
-  // 0, or a run from before maps existed) is an empty list, a step without one a 404.
-  absl::StatusOr<std::optional<int64_t>> at = reader->EvalStep(id, *step);
-  if (!at.ok()) return FromStatus(at.status());
-  if (!at->has_value()) {
-    if (*step < 0) {  // no evaluation yet
-      return JsonResponse(200, json{{"run", id}, {"step", nullptr}, {"maps", json::array()}});
-    }
-    return Error(404, absl::StrCat("run ", id, " has no evaluation at step ", *step));
-  }
-  *step = **at;
-  absl::StatusOr<std::vector<AttentionMap>> maps = reader->AttentionMapsAt(id, *step);
+  int64_t step = 0;
+  if (std::optional<Response> instead = FindEvaluation(id, r, "maps", &step)) return *instead;
+  absl::StatusOr<std::vector<AttentionMap>> maps = reader->AttentionMapsAt(id, step);
   if (!maps.ok()) return FromStatus(maps.status());
   json list = json::array();
   for (const AttentionMap& m : *maps) list.push_back(AttentionMapJson(m));
-  return JsonResponse(200, json{{"run", id}, {"step", *step}, {"maps", list}});
+  return JsonResponse(200, json{{"run", id}, {"step", step}, {"maps", list}});
 }
 
 Response DashboardServer::Impl::RunSpikes(int64_t id) {

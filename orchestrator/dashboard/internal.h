@@ -280,6 +280,8 @@ struct DashboardServer::Impl {
   Response Run(int64_t id);
   Response RunMetrics(int64_t id, const Request& r);
   Response RunEvals(int64_t id);
+  std::optional<Response> FindEvaluation(int64_t id, const Request& r, const char* list_key,
+                                         int64_t* step);
   Response RunProbes(int64_t id, const Request& r);
   Response RunAttention(int64_t id, const Request& r);
   Response RunSpikes(int64_t id);

@@ -72,8 +72,21 @@ class StoreTest : public ::testing::Test {
     return r.ok() ? r->attempt : 0;
   }
 
+  // Reopens the store with a WAL checkpoint limit of `pages` and one sweep of one run (id 1).
+  void ReopenWithCheckpointLimit(int pages) {
+    StoreOptions options;
+    options.checkpoint_pages = pages;
+    ASSERT_NO_FATAL_FAILURE(Reopen(options));
+    ASSERT_EQ(Submit("s", {"baseline"}, 1).run_ids, std::vector<int64_t>{1});
+  }
+
   // Replaces the store by a file made with `sql` (as an older build left it), then opens it.
   void OpenOldFile(const std::string& sql) {
+    ASSERT_NO_FATAL_FAILURE(WriteOldFile(sql));
+    Reopen();
+  }
+  // Closes the store and replaces its file by one made with `sql`.
+  void WriteOldFile(const std::string& sql) {
     store_.reset();
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
@@ -82,7 +95,6 @@ class StoreTest : public ::testing::Test {
     char* error = nullptr;
     ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error), SQLITE_OK) << error;
     sqlite3_close(db);
-    Reopen();
   }
 
   absl::Status Finish(int64_t run_id, RunState to, double val_loss, double gate, double m_act,
@@ -321,14 +333,7 @@ TEST_F(StoreTest, AVersionSixFileWithoutAStateCheckIsRefusedAndLeftAsItWas) {
       "DROP TABLE workers; CREATE TABLE workers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
       "resources_json TEXT NOT NULL DEFAULT '{}', registered_at REAL NOT NULL, "
       "last_seen REAL NOT NULL, state TEXT NOT NULL DEFAULT 'IDLE');");
-  store_.reset();
-  std::filesystem::remove_all(dir_);
-  std::filesystem::create_directories(dir_);
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
-  char* error = nullptr;
-  ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error), SQLITE_OK) << error;
-  sqlite3_close(db);
+  ASSERT_NO_FATAL_FAILURE(WriteOldFile(sql));
   StoreOptions options;
   options.path = path_;
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
@@ -336,6 +341,7 @@ TEST_F(StoreTest, AVersionSixFileWithoutAStateCheckIsRefusedAndLeftAsItWas) {
   EXPECT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
   EXPECT_THAT(store.status().message(), ::testing::HasSubstr("table workers"));
   // Nothing changed: still version 6, the other tables' constraints as they were.
+  sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
   EXPECT_EQ(*QueryInt(db, "PRAGMA user_version"), 6);
   EXPECT_EQ(*QueryInt(db, "SELECT count(*) FROM sqlite_schema WHERE sql LIKE "
@@ -450,11 +456,8 @@ int64_t WalPages(int64_t bytes) { return bytes < 32 ? 0 : (bytes - 32) / (24 + 4
 // Between the limit and twice it, the checkpointer thread alone copies the WAL into the
 // database: the writer goes on without checkpointing.
 TEST_F(StoreTest, TheCheckpointerCopiesTheWalIntoTheDatabase) {
-  StoreOptions options;
-  options.checkpoint_pages = 64;
-  ASSERT_NO_FATAL_FAILURE(Reopen(options));
-  SweepIds ids = Submit("s", {"baseline"}, 1);
-  const int64_t run = ids.run_ids[0];
+  ASSERT_NO_FATAL_FAILURE(ReopenWithCheckpointLimit(64));
+  const int64_t run = 1;
   const int32_t attempt = Start(run);
   const int64_t db_before = FileSize(path_);
   // Small batches (a few pages each) until the WAL reaches the limit, far from twice it.
@@ -476,11 +479,8 @@ TEST_F(StoreTest, TheCheckpointerCopiesTheWalIntoTheDatabase) {
 // Written back to back, the WAL starts over instead of growing: past twice the limit the writer
 // copies what the checkpointer has not, so the file never holds much more than twice the limit.
 TEST_F(StoreTest, TheWalStartsOverUnderWritesBackToBack) {
-  StoreOptions options;
-  options.checkpoint_pages = 64;
-  ASSERT_NO_FATAL_FAILURE(Reopen(options));
-  SweepIds ids = Submit("s", {"baseline"}, 1);
-  const int64_t run = ids.run_ids[0];
+  ASSERT_NO_FATAL_FAILURE(ReopenWithCheckpointLimit(64));
+  const int64_t run = 1;
   const int32_t attempt = Start(run);
   int64_t wal_max = 0;
   for (int seq = 1; seq <= 40; ++seq) {  // ~700 KB of rows, ~10 times the limit
