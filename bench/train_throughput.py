@@ -6,6 +6,7 @@ medians over rounds are compared.
     /usr/bin/python3 bench/train_throughput.py [--build build] [--rounds 3] [--steps 2]
     /usr/bin/python3 bench/train_throughput.py --quick            # 1 round, 2 timed steps
     /usr/bin/python3 bench/train_throughput.py --d-model 128 --seq 256 --rounds 5
+    /usr/bin/python3 bench/train_throughput.py --only-g1          # baseline and G1 alone
 
 At every grid point (d_model x seq_len, 4 layers, batch = tokens_per_step / seq_len):
 - ablate: `bench_train`, the baseline with SwiGLU width round(8 d / 3), whose three matrices
@@ -72,6 +73,9 @@ def main():
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--quick", action="store_true", help="1 round of 2 timed steps")
     p.add_argument("--no-reference", action="store_true", help="skip the same-architecture column")
+    p.add_argument("--only-g1", action="store_true",
+                   help="measure only the baseline and G1 (the G1 target), alternating; the other "
+                   "columns print nan")
     p.add_argument("--omp-wait-policy", default="inherit", choices=["inherit", "PASSIVE", "ACTIVE"],
                    help="OMP_WAIT_POLICY of every measured process (both sides share libgomp). "
                    "With other processes busy on the cores, the default spin-waiting lets one "
@@ -81,6 +85,8 @@ def main():
     a = p.parse_args()
     if a.quick:
         a.rounds, a.steps = 1, 2
+    if a.only_g1:
+        a.no_reference = True
     env = dict(os.environ)
     if a.omp_wait_policy != "inherit":
         env["OMP_WAIT_POLICY"] = a.omp_wait_policy
@@ -115,6 +121,8 @@ def main():
             jobs["reference"] = [py, os.path.join(HERE, "reference_train.py"), "--d-model", str(d),
                                  "--seq-len", str(t), "--ffn", str(w)] + common
         jobs["g1"] = ablate + ["--variant", "g1_elementwise", "--match-ffn"]
+        if a.only_g1:
+            jobs = {k: jobs[k] for k in ("ablate", "g1")}
         results = {k: [] for k in jobs}
         cpu_ms = {}  # CPU time per step, where the program reports it
         last = {}
@@ -134,7 +142,8 @@ def main():
         if "ablate" in last and "reference" in last and last["ablate"]["params"] != last["reference"]["params"]:
             sys.exit(f"train_throughput: at d_model {d} ablate trains {last['ablate']['params']} "
                      f"parameters and the reference {last['reference']['params']}: the two models differ")
-        med = {k: statistics.median(v) if v else float("nan") for k, v in results.items()}
+        med = {k: float("nan") for k in ("matmul", "ablate", "peer", "reference", "g1")}
+        med.update({k: statistics.median(v) for k, v in results.items() if v})
         peak = med["matmul"]
         fpt = lambda impl: last[impl]["flops_per_token"] if impl in last else float("nan")
         row = {"d_model": d, "seq": t, "batch": batch, "ablate": med["ablate"], "peer": med["peer"],
