@@ -53,7 +53,13 @@ std::vector<DashboardMetric> StoreMetrics(const StoreStats& s) {
        "counter", {}, static_cast<double>(s.reapplied_flushes)},
       {"ablate_store_longest_transaction_seconds",
        "The longest committed store transaction; writes queued meanwhile waited that long.",
-       "gauge", {}, absl::ToDoubleSeconds(s.longest_flush)}};
+       "gauge", {}, absl::ToDoubleSeconds(s.longest_flush)},
+      {"ablate_store_checkpoints_total",
+       "WAL checkpoints that copied pages into the database (the checkpointer thread's).",
+       "counter", {}, static_cast<double>(s.checkpoints)},
+      {"ablate_store_checkpoint_failing",
+       "1 while the last WAL checkpoint failed (the WAL then grows until one succeeds).", "gauge",
+       {}, s.checkpoint_error.ok() ? 0.0 : 1.0}};
 }
 
 Response DashboardServer::Impl::Metrics() {

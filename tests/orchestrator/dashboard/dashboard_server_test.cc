@@ -1,5 +1,6 @@
 // The dashboard's HTTP API, stream and /metrics on 127.0.0.1:0 over a real SQLite store filled
 // through the Store write API; its limits against slow and greedy clients; HTTPS.
+#include "orchestrator/dashboard/metrics.h"
 #include "orchestrator/dashboard/server.h"
 
 #include <gtest/gtest.h>
@@ -799,6 +800,21 @@ TEST_F(DashboardServerTest, BadInputIsAJsonError) {
       Raw(port_, absl::StrCat("GET / HTTP/1.1\r\nX: ", std::string(100000, 'a'), "\r\n\r\n")),
       "HTTP/1.1 400"));
   EXPECT_EQ(Get(port_, "/api/sweeps").status, 200);
+}
+
+// What `ablate serve` adds to /metrics from its store writer, the checkpointer's included.
+TEST(StoreMetricsTest, TheWriterAndTheCheckpointer) {
+  StoreStats stats;
+  stats.flushes = 12;
+  stats.checkpoints = 3;
+  std::map<std::string, double> by_name;
+  for (const DashboardMetric& m : StoreMetrics(stats)) by_name[m.name] = m.value;
+  EXPECT_EQ(by_name["ablate_store_flushes_total"], 12);
+  EXPECT_EQ(by_name["ablate_store_checkpoints_total"], 3);
+  EXPECT_EQ(by_name["ablate_store_checkpoint_failing"], 0);
+  stats.checkpoint_error = absl::UnavailableError("store: checkpoint: disk I/O error");
+  for (const DashboardMetric& m : StoreMetrics(stats)) by_name[m.name] = m.value;
+  EXPECT_EQ(by_name["ablate_store_checkpoint_failing"], 1);
 }
 
 TEST_F(DashboardServerTest, PrometheusMetrics) {
