@@ -16,8 +16,9 @@
 //   ```yaml test F      (any other language) the block is written to the file F, for the blocks
 //                       after it: a spec shown whole is the spec that runs.
 //
-// Whatever a document started is stopped (SIGTERM, then SIGKILL) after its last block: every
-// process started carries ABLATE_DOCS_TEST=<document> in its environment.
+// Whatever a document started is stopped (SIGTERM, then SIGKILL) after its last block, and
+// before its first what an earlier run killed midway left behind: every process started carries
+// ABLATE_DOCS_TEST=<document> in its environment.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -181,6 +182,9 @@ class DocsTest : public ::testing::TestWithParam<std::string> {
       if (c == '/' || c == '.') c = '_';
     }
     tag_ = "ABLATE_DOCS_TEST=" + name;
+    // What an earlier run of this document left running, killed before its TearDown (a ctest
+    // timeout): an `ablate serve --port 7070` of it would hold the port this run needs.
+    StopTagged();
     dir_ = fs::temp_directory_path() / ("ablate_docs_" + name);
     fs::remove_all(dir_);
     fs::create_directories(dir_);
@@ -197,14 +201,19 @@ class DocsTest : public ::testing::TestWithParam<std::string> {
   }
 
   void TearDown() override {
-    SignalProcessesWithEnv(tag_, SIGTERM);
-    const bool gone =
-        WaitFor([&] { return SignalProcessesWithEnv(tag_, 0) == 0; }, std::chrono::seconds(60));
-    if (!gone) SignalProcessesWithEnv(tag_, SIGKILL);
+    StopTagged();
     // Reap our own children (the shells); grandchildren were re-parented.
     while (waitpid(-1, nullptr, WNOHANG) > 0) {
     }
     if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // Stops every process carrying this document's tag: SIGTERM, then SIGKILL after 60 s.
+  void StopTagged() {
+    SignalProcessesWithEnv(tag_, SIGTERM);
+    const bool gone =
+        WaitFor([&] { return SignalProcessesWithEnv(tag_, 0) == 0; }, std::chrono::seconds(60));
+    if (!gone) SignalProcessesWithEnv(tag_, SIGKILL);
   }
 
   // `bash [-e] -c SCRIPT` in the document's directory, output into `log`. No pipefail: as in a
