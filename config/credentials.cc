@@ -16,10 +16,6 @@
 namespace ablate {
 namespace {
 
-std::string HmacHex(absl::string_view key, absl::string_view message) {
-  return HmacSha256(key).Hex(message);
-}
-
 std::string LeaseMessage(int64_t run_id, int32_t attempt, int64_t worker_id) {
   return absl::StrCat("ablate lease: run ", run_id, " attempt ", attempt, " worker ", worker_id);
 }
@@ -30,8 +26,8 @@ HmacSha256::HmacSha256(absl::string_view key) {
   mac_ = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
   keyed_ = mac_ == nullptr ? nullptr : EVP_MAC_CTX_new(mac_);
   char digest[] = "SHA256";
-  const OSSL_PARAM params[] = {
-      OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0), OSSL_PARAM_construct_end()};
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                               OSSL_PARAM_construct_end()};
   // OpenSSL refuses an empty key; HMAC() keyed with none is keyed with one zero byte.
   const unsigned char zero = 0;
   if (keyed_ == nullptr ||
@@ -89,17 +85,27 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
 Credentials Credentials::Derive(absl::string_view secret) {
   Credentials c;
   c.admin = std::string(secret);
-  c.worker = absl::StrCat("worker-", HmacHex(secret, "ablate credential: worker"));
-  c.read = absl::StrCat("read-", HmacHex(secret, "ablate credential: read"));
+  c.worker = absl::StrCat("worker-", HmacSha256(secret).Hex("ablate credential: worker"));
+  c.read = absl::StrCat("read-", HmacSha256(secret).Hex("ablate credential: read"));
   return c;
 }
 
 Role Credentials::RoleOf(absl::string_view presented) const {
+  return CredentialChecker(*this).RoleOf(presented);
+}
+
+CredentialChecker::CredentialChecker(const Credentials& credentials) {
+  if (!credentials.admin.empty()) admin_ = DigestOf(credentials.admin);
+  if (!credentials.worker.empty()) worker_ = DigestOf(credentials.worker);
+  if (!credentials.read.empty()) read_ = DigestOf(credentials.read);
+}
+
+Role CredentialChecker::RoleOf(absl::string_view presented) const {
   // All three compared, whichever matches: the time taken does not say which role was tried.
   const CredentialDigest digest = DigestOf(presented);
-  const bool is_admin = !admin.empty() && DigestEquals(digest, DigestOf(admin));
-  const bool is_worker = !worker.empty() && DigestEquals(digest, DigestOf(worker));
-  const bool is_read = !read.empty() && DigestEquals(digest, DigestOf(read));
+  const bool is_admin = admin_.has_value() && DigestEquals(digest, *admin_);
+  const bool is_worker = worker_.has_value() && DigestEquals(digest, *worker_);
+  const bool is_read = read_.has_value() && DigestEquals(digest, *read_);
   if (is_admin) return Role::kAdmin;
   if (is_worker) return Role::kWorker;
   if (is_read) return Role::kRead;
@@ -108,7 +114,7 @@ Role Credentials::RoleOf(absl::string_view presented) const {
 
 std::string LeaseSecret(absl::string_view secret, int64_t run_id, int32_t attempt,
                         int64_t worker_id) {
-  return HmacHex(secret, LeaseMessage(run_id, attempt, worker_id));
+  return HmacSha256(secret).Hex(LeaseMessage(run_id, attempt, worker_id));
 }
 
 std::string LeaseSecret(const HmacSha256& key, int64_t run_id, int32_t attempt,

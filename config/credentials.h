@@ -18,6 +18,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -83,6 +84,18 @@ CredentialDigest DigestOf(absl::string_view credential);
 bool DigestEquals(const CredentialDigest& a, const CredentialDigest& b);
 // DigestEquals(DigestOf(a), DigestOf(b)).
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
+
+// Credentials::RoleOf with the three credentials' digests computed once: what a server checks
+// on every call hashes only the credential presented.
+class CredentialChecker {
+ public:
+  explicit CredentialChecker(const Credentials& credentials);
+  Role RoleOf(absl::string_view presented) const;
+
+ private:
+  // The digest of each credential, none for an empty one (it grants nothing).
+  std::optional<CredentialDigest> admin_, worker_, read_;
+};
 
 // The state dir's files of the derived credentials, mode 0600 beside `token`.
 inline constexpr char kWorkerTokenFile[] = "worker-token";

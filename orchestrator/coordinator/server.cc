@@ -23,7 +23,7 @@ constexpr int kMaxIdleServerThreads = 128;
 
 // The role the `authorization: Bearer <credential>` metadata grants, checked against what the
 // method needs: Unauthenticated without a known credential, PermissionDenied with one too weak.
-absl::Status Authorize(const grpc::ServerContext* context, const Credentials& credentials,
+absl::Status Authorize(const grpc::ServerContext* context, const CredentialChecker& credentials,
                        Role needed, const char* method) {
   const auto& metadata = context->client_metadata();
   auto it = metadata.find("authorization");
@@ -48,7 +48,7 @@ absl::Status Authorize(const grpc::ServerContext* context, const Credentials& cr
 // copies its value to `out`.
 template <typename Response, typename Fn>
 grpc::Status Serve(const char* method, Role needed, const grpc::ServerContext* context,
-                   const Credentials& credentials, Response* out, Fn fn) {
+                   const CredentialChecker& credentials, Response* out, Fn fn) {
   if (absl::Status s = Authorize(context, credentials, needed, method); !s.ok()) {
     return ToGrpcStatus(s);
   }
@@ -109,7 +109,7 @@ class ClientService final : public ablate::Coordinator::Service {
 
  private:
   CoordinatorCore* const core_;
-  const Credentials credentials_;
+  const CredentialChecker credentials_;
 };
 
 class WorkerApi final : public WorkerService::Service {
@@ -145,7 +145,7 @@ class WorkerApi final : public WorkerService::Service {
 
  private:
   CoordinatorCore* const core_;
-  const Credentials credentials_;
+  const CredentialChecker credentials_;
 };
 
 }  // namespace

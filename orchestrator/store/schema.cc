@@ -528,7 +528,8 @@ absl::Status RewriteStateChecks(sqlite3* db) {
   // The reloaded schema parses and the tables read: a rewrite SQLite could not parse fails here
   // and the transaction rolls back.
   for (const char* table : kStateTables) {
-    absl::StatusOr<Stmt> probe = Stmt::Prepare(db, absl::StrCat("SELECT * FROM ", table, " LIMIT 0"));
+    absl::StatusOr<Stmt> probe =
+        Stmt::Prepare(db, absl::StrCat("SELECT * FROM ", table, " LIMIT 0"));
     if (!probe.ok()) return probe.status();
   }
   return absl::OkStatus();

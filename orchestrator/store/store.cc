@@ -566,9 +566,10 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) 
                      *row ? wal->ColumnText(0) : "unknown", ")"));
   }
   wal->Reset();
-  if (absl::Status s = Exec(raw, options.synchronous_full ? "PRAGMA synchronous = FULL"
-                                                          : "PRAGMA synchronous = NORMAL");
-      !s.ok()) {
+  // The writer's and the checkpointer's connections alike.
+  const char* const synchronous =
+      options.synchronous_full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL";
+  if (absl::Status s = Exec(raw, synchronous); !s.ok()) {
     return s;
   }
   // A 64 MB page cache and checkpoints every ~40 MB of WAL keep bulk ingestion off the disk's
@@ -595,12 +596,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) 
   if (!checkpoint_db.ok()) return checkpoint_db.status();
   sqlite3_busy_timeout(checkpoint_db->get(),
                        static_cast<int>(absl::ToInt64Milliseconds(options.busy_timeout)));
-  if (absl::Status s = Exec(checkpoint_db->get(), options.synchronous_full
-                                                      ? "PRAGMA synchronous = FULL"
-                                                      : "PRAGMA synchronous = NORMAL");
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = Exec(checkpoint_db->get(), synchronous); !s.ok()) return s;
 
   std::unique_ptr<Store> store(new Store(options));
   ReaderOptions reader_options;
