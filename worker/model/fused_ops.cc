@@ -1,8 +1,10 @@
 #include "worker/model/fused_ops.h"
 
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -286,49 +288,119 @@ class SigmoidGateCpu : public torch::autograd::Function<SigmoidGateCpu> {
 // instead of saving them; at 32k tokens a step, a saved tensor was 67-268 MB per layer at
 // d_model 128, written, page-faulted in and read back every step.
 //
+// The products go to BLAS's sgemm on raw pointers (BlockGemm), not through ATen: a row block is
+// small (64 x T x dk), and the ~40 ATen calls a block took (views, narrows, addmm_out's checks)
+// cost more than its arithmetic below T = 512; attention was 40% of a d_model 128, T 128 step.
+//
 // q (pre-scaled), k: (B, H, T, dk) and (B, KV, T, dk); v: (B, T, KV, dk); all contiguous fp32.
 // Returns {out (B, T, H, dk)}, and with `with_probs` {out, probs (B, H, T, T)} for the probes
 // (not differentiable; its upper triangle written as zeros).
 constexpr int64_t kCausalBlock = 64;
 
-// Row block [r0, r0 + n) of one head's causal softmax(mask + q k^T) into s (n, r0 + n):
-// qh (T, dk), kt (dk, T).
-void CausalProbsBlock(torch::Tensor& s, const torch::Tensor& mask, const torch::Tensor& qh,
-                      const torch::Tensor& kt, int64_t r0, int64_t n) {
-  at::addmm_out(s, mask.narrow(0, r0, n).narrow(1, 0, r0 + n), qh.narrow(0, r0, n),
-                kt.narrow(1, 0, r0 + n));  // mask + q k^T
-  at::_softmax_out(s, s, 1, false);
+// Fortran BLAS's sgemm: the library LibTorch's own CPU products call (Debian's LibTorch: the
+// system BLAS, OpenBLAS), looked up at run time. Null where this LibTorch exports none (a build
+// with MKL linked in statically), or for tests; BlockGemm then goes through ATen.
+using SgemmFn = void (*)(const char* transa, const char* transb, const int* m, const int* n,
+                         const int* k, const float* alpha, const float* a, const int* lda,
+                         const float* b, const int* ldb, const float* beta, float* c,
+                         const int* ldc);
+std::atomic<bool> aten_products_for_testing{false};
+SgemmFn Sgemm() {
+  static const SgemmFn found = reinterpret_cast<SgemmFn>(dlsym(RTLD_DEFAULT, "sgemm_"));
+  return aten_products_for_testing.load(std::memory_order_relaxed) ? nullptr : found;
+}
+
+// A row-major matrix: `rows` x `cols`, rows `ld` floats apart; `t`: use its transpose.
+struct Mat {
+  const float* data;
+  int64_t rows, cols, ld;
+  bool t = false;
+  torch::Tensor View() const {  // for the ATen fallback
+    torch::Tensor m = torch::from_blob(const_cast<float*>(data), {rows, cols}, {ld, 1});
+    return t ? m.t() : m;
+  }
+};
+
+// c (m x n, rows ldc apart) = a b + beta c, a and b as given (m x k, k x n once transposed).
+// Single-threaded inside a parallel region (OpenBLAS checks omp_in_parallel, ATen likewise).
+void BlockGemm(SgemmFn sgemm, const Mat& a, const Mat& b, float beta, float* c, int64_t ldc) {
+  const int64_t m = a.t ? a.cols : a.rows, k = a.t ? a.rows : a.cols, n = b.t ? b.rows : b.cols;
+  if (sgemm != nullptr) {
+    // Row-major C = A B is column-major C^T = B^T A^T: a row-major matrix read column-major is
+    // its transpose, so the operands swap and keep their own transpose flags.
+    const char ta = b.t ? 'T' : 'N', tb = a.t ? 'T' : 'N';
+    const int mi = static_cast<int>(n), ni = static_cast<int>(m), ki = static_cast<int>(k);
+    const int lda = static_cast<int>(b.ld), ldb = static_cast<int>(a.ld), ldci = static_cast<int>(ldc);
+    const float one = 1.0f;
+    sgemm(&ta, &tb, &mi, &ni, &ki, &one, b.data, &lda, a.data, &ldb, &beta, c, &ldci);
+    return;
+  }
+  torch::Tensor out = torch::from_blob(c, {m, n}, {ldc, 1});
+  if (beta == 0.0f) {
+    at::mm_out(out, a.View(), b.View());
+  } else {
+    at::addmm_out(out, out, a.View(), b.View(), beta);
+  }
+}
+
+// Row block [r0, r0 + n) of one head's causal softmax(mask + q k^T) into s (n x (r0 + n), rows
+// r0 + n apart): qh (T x dk) and kg (T x dk) row-major, mask (T x T). `s_view`: s as a tensor,
+// for ATen's vectorised softmax.
+void CausalProbsBlock(SgemmFn sgemm, float* s, torch::Tensor& s_view, const float* mask, int64_t T,
+                      const float* qh, const float* kg, int64_t dk, int64_t r0, int64_t n) {
+  const int64_t r1 = r0 + n;
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy(mask + (r0 + i) * T, mask + (r0 + i) * T + r1, s + i * r1);
+  }
+  BlockGemm(sgemm, {qh + r0 * dk, n, dk, dk}, {kg, r1, dk, dk, /*t=*/true}, 1.0f, s, r1);  // + q k^T
+  at::_softmax_out(s_view, s_view, 1, false);
+}
+
+// One (n x r1) tensor view of a row block's scratch per block index: made once per thread.
+std::vector<torch::Tensor> BlockViews(float* scratch, int64_t T) {
+  std::vector<torch::Tensor> views;
+  for (int64_t r0 = 0; r0 < T; r0 += kCausalBlock) {
+    const int64_t n = std::min(kCausalBlock, T - r0);
+    views.push_back(torch::from_blob(scratch, {n, r0 + n}));
+  }
+  return views;
 }
 
 class CausalAttentionCpu : public torch::autograd::Function<CausalAttentionCpu> {
  public:
   static torch::autograd::tensor_list forward(torch::autograd::AutogradContext* ctx,
-                                              const torch::Tensor& q, const torch::Tensor& k,
-                                              const torch::Tensor& v, const torch::Tensor& mask,
-                                              bool with_probs) {
-    const int64_t B = q.size(0), H = q.size(1), T = q.size(2), KV = k.size(1);
-    torch::Tensor out = torch::empty({B, T, H, q.size(3)}, q.options());
+                                              const torch::Tensor& q_in, const torch::Tensor& k_in,
+                                              const torch::Tensor& v_in,
+                                              const torch::Tensor& mask_in, bool with_probs) {
+    const torch::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous(),
+                        mask = mask_in.contiguous();
+    const int64_t B = q.size(0), H = q.size(1), T = q.size(2), dk = q.size(3), KV = k.size(1);
+    torch::Tensor out = torch::empty({B, T, H, dk}, q.options());
     torch::Tensor probs = with_probs ? torch::empty({B, H, T, T}, q.options()) : torch::Tensor();
     float* const probs_data = with_probs ? probs.data_ptr<float>() : nullptr;
+    const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+    const float* mp = mask.data_ptr<float>();
+    float* const op = out.data_ptr<float>();
+    const SgemmFn sgemm = Sgemm();
     at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
-      torch::Tensor scratch = torch::empty({kCausalBlock * T}, q.options());  // one row block
+      std::vector<float> scratch(static_cast<size_t>(kCausalBlock * T));  // one row block
+      std::vector<torch::Tensor> views = BlockViews(scratch.data(), T);
+      float* const s = scratch.data();
       for (int64_t g = begin; g < end; ++g) {
         const int64_t b = g / KV, kvh = g % KV;
-        const torch::Tensor kt = k[b][kvh].t(), vg = v[b].select(1, kvh);  // (dk, T), (T, dk)
+        const float* kg = kp + (b * KV + kvh) * T * dk;  // (T, dk)
+        const float* vg = vp + (b * T * KV + kvh) * dk;  // (T, dk), rows KV * dk apart
         for (int64_t h = kvh * (H / KV); h < (kvh + 1) * (H / KV); ++h) {
-          const torch::Tensor qh = q[b][h];             // (T, dk)
-          const torch::Tensor o = out[b].select(1, h);  // (T, dk), rows H * dk apart
-          for (int64_t r0 = 0; r0 < T; r0 += kCausalBlock) {
+          const float* qh = qp + (b * H + h) * T * dk;  // (T, dk)
+          float* o = op + (b * T * H + h) * dk;         // (T, dk), rows H * dk apart
+          for (int64_t r0 = 0, block = 0; r0 < T; r0 += kCausalBlock, ++block) {
             const int64_t n = std::min(kCausalBlock, T - r0), r1 = r0 + n;
-            torch::Tensor s = scratch.narrow(0, 0, n * r1).view({n, r1});  // rows [r0, r1), keys [0, r1)
-            CausalProbsBlock(s, mask, qh, kt, r0, n);
-            torch::Tensor o_rows = o.narrow(0, r0, n);
-            at::mm_out(o_rows, s, vg.narrow(0, 0, r1));  // (n, dk)
+            CausalProbsBlock(sgemm, s, views[block], mp, T, qh, kg, dk, r0, n);
+            BlockGemm(sgemm, {s, n, r1, r1}, {vg, r1, dk, KV * dk}, 0.0f, o + r0 * H * dk, H * dk);
             if (probs_data == nullptr) continue;
-            const float* sp = s.data_ptr<float>();
             for (int64_t i = 0; i < n; ++i) {
               float* row = probs_data + ((b * H + h) * T + r0 + i) * T;
-              std::copy(sp + i * r1, sp + (i + 1) * r1, row);
+              std::copy(s + i * r1, s + (i + 1) * r1, row);
               std::fill(row + r1, row + T, 0.0f);
             }
           }
@@ -347,46 +419,56 @@ class CausalAttentionCpu : public torch::autograd::Function<CausalAttentionCpu> 
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &mask = saved[3];
     const torch::Tensor grad_out = grads[0].contiguous();  // (B, T, H, dk)
-    const int64_t B = q.size(0), H = q.size(1), T = q.size(2), KV = k.size(1);
-    torch::Tensor dq = torch::empty_like(q), dk = torch::zeros_like(k), dv = torch::zeros_like(v);
+    const int64_t B = q.size(0), H = q.size(1), T = q.size(2), dk = q.size(3), KV = k.size(1);
+    torch::Tensor dq = torch::empty_like(q), dk_all = torch::zeros_like(k),
+                  dv_all = torch::zeros_like(v);
+    const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+    const float *mp = mask.data_ptr<float>(), *gp = grad_out.data_ptr<float>();
+    float *dqp = dq.data_ptr<float>(), *dkp = dk_all.data_ptr<float>(),
+          *dvp = dv_all.data_ptr<float>();
+    const SgemmFn sgemm = Sgemm();
     at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
       // One row block's probabilities P, and dP then dS.
-      torch::Tensor p_scratch = torch::empty({kCausalBlock * T}, q.options());
-      torch::Tensor ds_scratch = torch::empty({kCausalBlock * T}, q.options());
+      std::vector<float> p_scratch(static_cast<size_t>(kCausalBlock * T)), ds(p_scratch.size());
+      std::vector<torch::Tensor> views = BlockViews(p_scratch.data(), T);
+      float* const p = p_scratch.data();
       for (int64_t g = begin; g < end; ++g) {
         const int64_t b = g / KV, kvh = g % KV;
-        const torch::Tensor kg = k[b][kvh], kt = kg.t(), vg = v[b].select(1, kvh);  // (T, dk)
-        const torch::Tensor dkg = dk[b][kvh], dvg = dv[b].select(1, kvh);
+        const float* kg = kp + (b * KV + kvh) * T * dk;  // (T, dk)
+        const float* vg = vp + (b * T * KV + kvh) * dk;  // (T, dk), rows KV * dk apart
+        float* dkg = dkp + (b * KV + kvh) * T * dk;
+        float* dvg = dvp + (b * T * KV + kvh) * dk;
         for (int64_t h = kvh * (H / KV); h < (kvh + 1) * (H / KV); ++h) {
-          const torch::Tensor go = grad_out[b].select(1, h), qh = q[b][h], dqh = dq[b][h];
-          for (int64_t r0 = 0; r0 < T; r0 += kCausalBlock) {
+          const float* qh = qp + (b * H + h) * T * dk;
+          const float* go = gp + (b * T * H + h) * dk;  // (T, dk), rows H * dk apart
+          float* dqh = dqp + (b * H + h) * T * dk;
+          for (int64_t r0 = 0, block = 0; r0 < T; r0 += kCausalBlock, ++block) {
             const int64_t n = std::min(kCausalBlock, T - r0), r1 = r0 + n;
-            torch::Tensor p = p_scratch.narrow(0, 0, n * r1).view({n, r1});
-            CausalProbsBlock(p, mask, qh, kt, r0, n);
-            const torch::Tensor gob = go.narrow(0, r0, n);  // (n, dk)
-            torch::Tensor dv_seen = dvg.narrow(0, 0, r1), dk_seen = dkg.narrow(0, 0, r1);
-            at::addmm_out(dv_seen, dv_seen, p.t(), gob);  // dV += P^T dO
-            torch::Tensor ds = ds_scratch.narrow(0, 0, n * r1).view({n, r1});
-            at::mm_out(ds, gob, vg.narrow(0, 0, r1).t());  // dP = dO V^T
-            float* dsp = ds.data_ptr<float>();
-            const float* pp = p.data_ptr<float>();
+            CausalProbsBlock(sgemm, p, views[block], mp, T, qh, kg, dk, r0, n);
+            const Mat gob{go + r0 * H * dk, n, dk, H * dk};  // (n, dk)
+            BlockGemm(sgemm, {p, n, r1, r1, /*t=*/true}, gob, 1.0f, dvg, KV * dk);  // dV += P^T dO
+            BlockGemm(sgemm, gob, {vg, r1, dk, KV * dk, /*t=*/true}, 0.0f, ds.data(), r1);  // dP = dO V^T
+            float* dsp = ds.data();
             for (int64_t i = 0; i < n * r1; i += r1) {  // dS = P (dP - rowsum(dP P))
               float dot = 0;
-              for (int64_t j = i; j < i + r1; ++j) dot += dsp[j] * pp[j];
-              for (int64_t j = i; j < i + r1; ++j) dsp[j] = pp[j] * (dsp[j] - dot);
+              for (int64_t j = i; j < i + r1; ++j) dot += dsp[j] * p[j];
+              for (int64_t j = i; j < i + r1; ++j) dsp[j] = p[j] * (dsp[j] - dot);
             }
-            torch::Tensor dq_rows = dqh.narrow(0, r0, n);
-            at::mm_out(dq_rows, ds, kg.narrow(0, 0, r1));                  // dQ = dS K
-            at::addmm_out(dk_seen, dk_seen, ds.t(), qh.narrow(0, r0, n));  // dK += dS^T Q
+            const Mat dsm{dsp, n, r1, r1};
+            BlockGemm(sgemm, dsm, {kg, r1, dk, dk}, 0.0f, dqh + r0 * dk, dk);  // dQ = dS K
+            BlockGemm(sgemm, {dsp, n, r1, r1, /*t=*/true}, {qh + r0 * dk, n, dk, dk}, 1.0f, dkg,
+                      dk);  // dK += dS^T Q
           }
         }
       }
     });
-    return {dq, dk, dv, torch::Tensor(), torch::Tensor()};
+    return {dq, dk_all, dv_all, torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
+
+void UseAtenProductsForTesting(bool on) { aten_products_for_testing.store(on); }
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   if (!Fusable(x) || !Fusable(weight)) return reference::RmsNorm(x, weight, eps);

@@ -37,13 +37,18 @@ torch::Tensor SigmoidGate(const torch::Tensor& y, const torch::Tensor& logits);
 // and -inf above the diagonal (the fused kernel skips the products there).
 // Returns {out (B, T, H, dk), the layout W_O reads; probs (B, H, T, T), for the probes, not
 // differentiable, undefined unless `with_probs`}. On fp32 CPU tensors one autograd function walks
-// the (batch, KV head) tiles in parallel, each with single-threaded BLAS and an in-cache softmax,
-// and skips the products above the diagonal; without `with_probs` it keeps no (B, H, T, T) tensor.
+// the (batch, KV head) tiles in parallel, each with single-threaded sgemm calls and an in-cache
+// softmax, and skips the products above the diagonal; without `with_probs` it keeps no
+// (B, H, T, T) tensor.
 std::pair<torch::Tensor, torch::Tensor> CausalAttention(const torch::Tensor& q,
                                                         const torch::Tensor& k,
                                                         const torch::Tensor& v,
                                                         const torch::Tensor& mask,
                                                         bool with_probs = true);
+
+// The fused attention's products go to BLAS's sgemm directly where LibTorch's BLAS exports one,
+// through ATen otherwise; tests make it take ATen's path (true) to check both.
+void UseAtenProductsForTesting(bool on);
 
 // The eager LibTorch versions: the fallback, and what the tests compare against.
 namespace reference {

@@ -80,7 +80,18 @@ TEST(FusedOpsTest, SigmoidGateMatchesEagerElementwiseAndHeadwise) {
 
 // The attention kernel (fp32, causal row blocks) against the eager reference run in fp64: lengths
 // below, at and across the kernel's 64-row blocks, with and without grouped-query heads.
-TEST(FusedOpsTest, CausalAttentionMatchesEagerInFp64) {
+// Both ways of doing its products: BLAS's sgemm on raw pointers and ATen's (where LibTorch's BLAS
+// exports no sgemm).
+class CausalAttentionTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { UseAtenProductsForTesting(GetParam()); }
+  void TearDown() override { UseAtenProductsForTesting(false); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Products, CausalAttentionTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Aten" : "Sgemm"; });
+
+TEST_P(CausalAttentionTest, MatchesEagerInFp64) {
   torch::manual_seed(5);
   for (const int64_t T : {1, 7, 64, 65, 150}) {
     for (const int64_t KV : {4, 2}) {
@@ -119,7 +130,9 @@ TEST(FusedOpsTest, CausalAttentionMatchesEagerInFp64) {
               << ": " << (got[i] - want[i]).abs().max().item<double>();
         }
         // The probabilities above the diagonal are exact zeros (the probes read them).
-        if (with_probs) EXPECT_EQ(got[1].triu(1).abs().max().item<double>(), 0.0);
+        if (with_probs) {
+          EXPECT_EQ(got[1].triu(1).abs().max().item<double>(), 0.0);
+        }
       }
     }
   }
