@@ -297,9 +297,10 @@ class SigmoidGateCpu : public torch::autograd::Function<SigmoidGateCpu> {
 // (not differentiable; its upper triangle written as zeros).
 constexpr int64_t kCausalBlock = 64;
 
-// Fortran BLAS's sgemm: the library LibTorch's own CPU products call (Debian's LibTorch: the
-// system BLAS, OpenBLAS), looked up at run time. Null where this LibTorch exports none (a build
-// with MKL linked in statically), or for tests; BlockGemm then goes through ATen.
+// Fortran BLAS's sgemm (32-bit integers), looked up at run time: the first `sgemm_` the process
+// exports, which with a LibTorch that links its BLAS dynamically (Debian's: the system BLAS,
+// OpenBLAS) is the one its own CPU products call. Null where none is exported (a build with MKL
+// linked in statically), or for tests; BlockGemm then goes through ATen.
 using SgemmFn = void (*)(const char* transa, const char* transb, const int* m, const int* n,
                          const int* k, const float* alpha, const float* a, const int* lda,
                          const float* b, const int* ldb, const float* beta, float* c,
@@ -308,6 +309,11 @@ std::atomic<bool> aten_products_for_testing{false};
 SgemmFn Sgemm() {
   static const SgemmFn found = reinterpret_cast<SgemmFn>(dlsym(RTLD_DEFAULT, "sgemm_"));
   return aten_products_for_testing.load(std::memory_order_relaxed) ? nullptr : found;
+}
+
+bool SgemmFound() {
+  static const bool found = dlsym(RTLD_DEFAULT, "sgemm_") != nullptr;
+  return found;
 }
 
 // A row-major matrix: `rows` x `cols`, rows `ld` floats apart; `t`: use its transpose.
@@ -322,7 +328,8 @@ struct Mat {
 };
 
 // c (m x n, rows ldc apart) = a b + beta c, a and b as given (m x k, k x n once transposed).
-// Single-threaded inside a parallel region (OpenBLAS checks omp_in_parallel, ATen likewise).
+// Single-threaded inside a parallel region with OpenBLAS's OpenMP build (it checks
+// omp_in_parallel; so does ATen), the one Debian's LibTorch uses here.
 void BlockGemm(SgemmFn sgemm, const Mat& a, const Mat& b, float beta, float* c, int64_t ldc) {
   const int64_t m = a.t ? a.cols : a.rows, k = a.t ? a.rows : a.cols, n = b.t ? b.rows : b.cols;
   if (sgemm != nullptr) {
@@ -375,6 +382,19 @@ class CausalAttentionCpu : public torch::autograd::Function<CausalAttentionCpu> 
     const torch::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous(),
                         mask = mask_in.contiguous();
     const int64_t B = q.size(0), H = q.size(1), T = q.size(2), dk = q.size(3), KV = k.size(1);
+    // The raw-pointer walk below reads out of bounds on any other shape.
+    TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && mask.dim() == 2,
+                "CausalAttention: q, k, v must be 4-d and mask 2-d");
+    TORCH_CHECK(KV > 0 && H % KV == 0, "CausalAttention: ", H, " query heads for ", KV,
+                " KV heads");
+    TORCH_CHECK(k.sizes() == torch::IntArrayRef({B, KV, T, dk}) &&
+                    v.sizes() == torch::IntArrayRef({B, T, KV, dk}) &&
+                    mask.sizes() == torch::IntArrayRef({T, T}),
+                "CausalAttention: k ", k.sizes(), ", v ", v.sizes(), ", mask ", mask.sizes(),
+                " do not fit q ", q.sizes());
+    TORCH_CHECK(k.scalar_type() == torch::kFloat32 && v.scalar_type() == torch::kFloat32 &&
+                    mask.scalar_type() == torch::kFloat32,
+                "CausalAttention: the fused CPU kernel takes fp32 q, k, v and mask");
     torch::Tensor out = torch::empty({B, T, H, dk}, q.options());
     torch::Tensor probs = with_probs ? torch::empty({B, H, T, T}, q.options()) : torch::Tensor();
     float* const probs_data = with_probs ? probs.data_ptr<float>() : nullptr;
@@ -469,6 +489,8 @@ class CausalAttentionCpu : public torch::autograd::Function<CausalAttentionCpu> 
 }  // namespace
 
 void UseAtenProductsForTesting(bool on) { aten_products_for_testing.store(on); }
+
+bool AttentionHasSgemm() { return SgemmFound(); }
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   if (!Fusable(x) || !Fusable(weight)) return reference::RmsNorm(x, weight, eps);

@@ -49,6 +49,8 @@ std::pair<torch::Tensor, torch::Tensor> CausalAttention(const torch::Tensor& q,
 // The fused attention's products go to BLAS's sgemm directly where LibTorch's BLAS exports one,
 // through ATen otherwise; tests make it take ATen's path (true) to check both.
 void UseAtenProductsForTesting(bool on);
+// Whether this process exports a BLAS sgemm for them.
+bool AttentionHasSgemm();
 
 // The eager LibTorch versions: the fallback, and what the tests compare against.
 namespace reference {

@@ -84,12 +84,29 @@ TEST(FusedOpsTest, SigmoidGateMatchesEagerElementwiseAndHeadwise) {
 // exports no sgemm).
 class CausalAttentionTest : public ::testing::TestWithParam<bool> {
  protected:
-  void SetUp() override { UseAtenProductsForTesting(GetParam()); }
+  void SetUp() override {
+    if (!GetParam() && !AttentionHasSgemm()) {
+      GTEST_SKIP() << "this process exports no BLAS sgemm_: the kernel takes ATen's products";
+    }
+    UseAtenProductsForTesting(GetParam());
+  }
   void TearDown() override { UseAtenProductsForTesting(false); }
 };
 
 INSTANTIATE_TEST_SUITE_P(Products, CausalAttentionTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Aten" : "Sgemm"; });
+
+TEST_P(CausalAttentionTest, RefusesShapesThatDoNotFit) {
+  const torch::Tensor q = torch::randn({2, 4, 8, 16}), k = torch::randn({2, 2, 8, 16});
+  const torch::Tensor v = torch::randn({2, 8, 2, 16});
+  const torch::Tensor mask = torch::full({8, 8}, -std::numeric_limits<float>::infinity()).triu(1);
+  EXPECT_NO_THROW(CausalAttention(q, k, v, mask, false));
+  EXPECT_THROW(CausalAttention(q, k, v, mask.narrow(0, 0, 7), false), c10::Error);  // mask (7, 8)
+  EXPECT_THROW(CausalAttention(q, k.narrow(2, 0, 7), v, mask, false), c10::Error);  // 7 keys
+  EXPECT_THROW(CausalAttention(q, torch::randn({2, 3, 8, 16}), torch::randn({2, 8, 3, 16}), mask,
+                               false),
+               c10::Error);  // 4 query heads for 3 KV heads
+}
 
 TEST_P(CausalAttentionTest, MatchesEagerInFp64) {
   torch::manual_seed(5);
