@@ -290,7 +290,8 @@ class SigmoidGateCpu : public torch::autograd::Function<SigmoidGateCpu> {
 //
 // The products go to BLAS's sgemm on raw pointers (BlockGemm), not through ATen: a row block is
 // small (64 x T x dk), and the ~40 ATen calls a block took (views, narrows, addmm_out's checks)
-// cost more than its arithmetic below T = 512; attention was 40% of a d_model 128, T 128 step.
+// cost more than its arithmetic at short sequences: 8.5% less CPU a step at d_model 128, T 128
+// (docs/model.md, "Speed").
 //
 // q (pre-scaled), k: (B, H, T, dk) and (B, KV, T, dk); v: (B, T, KV, dk); all contiguous fp32.
 // Returns {out (B, T, H, dk)}, and with `with_probs` {out, probs (B, H, T, T)} for the probes
@@ -305,15 +306,13 @@ using SgemmFn = void (*)(const char* transa, const char* transb, const int* m, c
                          const int* k, const float* alpha, const float* a, const int* lda,
                          const float* b, const int* ldb, const float* beta, float* c,
                          const int* ldc);
+SgemmFn FoundSgemm() {
+  static const SgemmFn found = reinterpret_cast<SgemmFn>(dlsym(RTLD_DEFAULT, "sgemm_"));
+  return found;
+}
 std::atomic<bool> aten_products_for_testing{false};
 SgemmFn Sgemm() {
-  static const SgemmFn found = reinterpret_cast<SgemmFn>(dlsym(RTLD_DEFAULT, "sgemm_"));
-  return aten_products_for_testing.load(std::memory_order_relaxed) ? nullptr : found;
-}
-
-bool SgemmFound() {
-  static const bool found = dlsym(RTLD_DEFAULT, "sgemm_") != nullptr;
-  return found;
+  return aten_products_for_testing.load(std::memory_order_relaxed) ? nullptr : FoundSgemm();
 }
 
 // A row-major matrix: `rows` x `cols`, rows `ld` floats apart; `t`: use its transpose.
@@ -490,7 +489,7 @@ class CausalAttentionCpu : public torch::autograd::Function<CausalAttentionCpu> 
 
 void UseAtenProductsForTesting(bool on) { aten_products_for_testing.store(on); }
 
-bool AttentionHasSgemm() { return SgemmFound(); }
+bool AttentionHasSgemm() { return FoundSgemm() != nullptr; }
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   if (!Fusable(x) || !Fusable(weight)) return reference::RmsNorm(x, weight, eps);
