@@ -12,6 +12,7 @@
 #include "config/token_flag.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/job_process.h"
+#include "worker/train/trainer.h"
 #include "worker/standalone.h"
 
 namespace {
@@ -114,6 +115,7 @@ int RunWorker(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ablate::KeepFreedMemoryInHeap();  // first: the in-process job trains on a thread of its own
   ablate::InitBinary();
   ablate::QuietGrpcLog();
   // Errors are reported as statuses; an exception that escapes (a bug) is one line, not an abort.

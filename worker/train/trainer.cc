@@ -47,15 +47,12 @@ class AutocastGuard {
   bool enabled_;
 };
 
-// glibc serves tensors over 128 KiB with fresh mmaps and unmaps them on free, so every training
-// step page-faults its activations back in and the kernel zeroes every page (measured: 10-20%
-// of a CPU step at d_model 128; at 32k tokens a step, where activations are 33-90 MB, over a
-// quarter of the CPU time in the kernel). Keep freed blocks in the heap instead: no mmap for any
-// size (M_MMAP_THRESHOLD alone stops at 32 MB), never trim. The process keeps its peak memory
-// until it ends. Process-wide and idempotent; trainers own their process.
+}  // namespace
+
 void KeepFreedMemoryInHeap() {
 #ifdef M_MMAP_THRESHOLD
   static const bool done = [] {
+    mallopt(M_ARENA_MAX, 1);
     mallopt(M_MMAP_MAX, 0);
     mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
     mallopt(M_TOP_PAD, 64 << 20);
@@ -64,8 +61,6 @@ void KeepFreedMemoryInHeap() {
   (void)done;
 #endif
 }
-
-}  // namespace
 
 struct Trainer::State {
   RunConfig config;

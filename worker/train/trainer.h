@@ -71,6 +71,23 @@ struct TrainerOptions {
   std::chrono::milliseconds collective_timeout{std::chrono::minutes(10)};
 };
 
+// glibc serves blocks over 128 KiB with fresh mmaps and unmaps them on free, so every training
+// step would page-fault its activations back in while the kernel zeroes every page (measured:
+// 10-20% of a CPU step at d_model 128; at 32k tokens a step, where activations are 33-90 MB,
+// over a quarter of the CPU time in the kernel). This keeps freed blocks in the heap instead: no
+// mmap for any size (M_MMAP_THRESHOLD alone stops at 32 MB), never trim; the process keeps its
+// peak memory until it ends.
+//
+// It also keeps every thread on the main arena. glibc gives other threads arenas of their own,
+// grown in heaps of at most 64 MiB, and serves any larger block there with a fresh mmap whatever
+// M_MMAP_MAX says: a trainer on a thread other than main (the agent's in-process job) mapped and
+// zeroed each activation over 64 MiB again every step (steps 1.4x slower at d_model 256, T 256;
+// docs/benchmarks.md). A thread keeps the arena it first allocated from, so a process that may
+// train on another thread calls this at the top of main(), before any thread starts;
+// Trainer::Create calls it too (too late for threads already running, harmless otherwise).
+// Process-wide and idempotent.
+void KeepFreedMemoryInHeap();
+
 class Trainer {
  public:
   // Validates the config and loads the data; errors name what is wrong.

@@ -3,10 +3,15 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <malloc.h>
+
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <vector>
 
 #include "config/model_config.h"
@@ -91,6 +96,35 @@ class TrainerTest : public ::testing::Test {
 
   fs::path dir_;
 };
+
+// A block over 64 MiB allocated on a thread other than main stays in the heap: no mmap, so a
+// trainer on the agent's job thread does not map and zero its large activations again every
+// step. Checked in a process of its own (a death test's), where no other thread has taken an
+// arena of its own before KeepFreedMemoryInHeap runs, as in main().
+void* volatile sink = nullptr;
+
+TEST(KeepFreedMemoryInHeapTest, LargeBlocksOfOtherThreadsStayInTheHeap) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        KeepFreedMemoryInHeap();
+        const size_t before = mallinfo2().hblks;  // what the libraries mapped as they loaded
+        size_t mapped = 0;
+        std::thread other([&] {
+          for (int i = 0; i < 3; ++i) {
+            void* block = std::malloc(size_t{96} << 20);  // over glibc's 64 MiB arena heaps
+            std::memset(block, 1, 4096);
+            sink = block;
+            mapped += mallinfo2().hblks - before;
+            std::free(sink);
+          }
+        });
+        other.join();
+        if (mapped != 0) std::fprintf(stderr, "%zu blocks were mmapped\n", mapped);
+        std::_Exit(mapped == 0 ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
 
 TEST(LearningRateTest, WarmupThenCosineToMin) {
   OptimizerConfig o = DefaultTrainConfig().optimizer();
