@@ -1,19 +1,31 @@
 // One measurement for bench/train_throughput.py: the real Trainer on the default corpus, timed
-// from the end of warm-up step W to the last step; or the machine's fp32 matmul FLOP/s.
-// Prints one JSON line.
+// from the end of warm-up step W to the last step; or the machine's fp32 matmul FLOP/s; or two
+// variants in one process, step for step (--pair). Prints one JSON line.
 //
 //   build/bench_train --d-model 128 --steps 20 [--variant g1_elementwise --match-ffn]
+//   build/bench_train --d-model 128 --steps 8 --pair g1_elementwise --match-ffn
 //   build/bench_train --matmul
+//
+// --pair V trains `--variant` (the baseline by default) and V side by side, each on a thread of
+// its own that runs only while the other waits: A's step 1, B's step 1, A's step 2, ... Each
+// step is timed from the moment its trainer gets the turn to its OnStep, and its ratio is taken
+// against the other's step next to it, so the VM's drift (+-15% between runs minutes apart)
+// cancels: the median of those per-step ratios is the figure, with its quartiles.
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -67,13 +79,94 @@ double MatmulFlops(int n, int reps) {
   return 2.0 * n * n * n / best;
 }
 
+// The turn of two trainers that take their steps one after the other (--pair).
+class Turns {
+ public:
+  // Blocks until it is `who`'s turn, or the other has finished.
+  void Await(int who) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return turn_ == who || done_[1 - who]; });
+  }
+  void Pass(int from) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      turn_ = 1 - from;
+    }
+    cv_.notify_all();
+  }
+  void Finished(int who) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_[who] = true;
+      turn_ = 1 - who;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int turn_ = 0;
+  bool done_[2] = {false, false};
+};
+
+// One side of a pair: times each of its steps from the moment it got the turn, then hands the
+// turn over. After its last step it keeps the turn until its Run returns (the end of a run
+// evaluates), so the two never overlap.
+class PairClock : public ablate::TrainerObserver {
+ public:
+  PairClock(int who, Turns* turns, int warmup, int last_step)
+      : who_(who), turns_(turns), warmup_(warmup), last_step_(last_step) {}
+  void Begin() {
+    turns_->Await(who_);
+    Resume();
+  }
+  Directive OnStep(const ablate::StepMetrics& m) override {
+    if (m.step() > warmup_) {
+      wall_.push_back(std::chrono::duration<double>(Clock::now() - resumed_).count());
+      cpu_.push_back(ProcessCpuSeconds() - cpu_resumed_);
+    }
+    if (m.step() < last_step_) {
+      turns_->Pass(who_);
+      turns_->Await(who_);
+      Resume();
+    }
+    return Directive::kContinue;
+  }
+  const std::vector<double>& wall() const { return wall_; }
+  const std::vector<double>& cpu() const { return cpu_; }
+
+ private:
+  void Resume() {
+    resumed_ = Clock::now();
+    cpu_resumed_ = ProcessCpuSeconds();
+  }
+  int who_;
+  Turns* turns_;
+  int warmup_, last_step_;
+  Clock::time_point resumed_;
+  double cpu_resumed_ = 0;
+  std::vector<double> wall_, cpu_;
+};
+
+// The q-quantile of `v` (linear between neighbours).
+double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(pos);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  ablate::KeepFreedMemoryInHeap();  // first: --pair trains on two threads of its own
   CLI::App app{"ablate training throughput, one measurement"};
   int d_model = 128, layers = 4, heads = 0, head_dim = 32, ffn = 0, batch = 16, seq = 256;
-  int steps = 20, warmup = 3, threads = static_cast<int>(std::thread::hardware_concurrency());
-  std::string variant = "baseline", device = "cpu", profile;
+  int steps = 20, warmup = 3, pair_ffn = 0, threads = static_cast<int>(std::thread::hardware_concurrency());
+  std::string variant = "baseline", pair, device = "cpu", profile;
   bool match_ffn = false, matmul = false;
   app.add_option("--d-model", d_model);
   app.add_option("--layers", layers);
@@ -82,12 +175,16 @@ int main(int argc, char** argv) {
   app.add_option("--ffn", ffn, "default 4 x d_model");
   app.add_option("--batch", batch);
   app.add_option("--seq", seq);
-  app.add_option("--steps", steps, "timed steps");
+  app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed steps first (the clock starts as the last ends)")
       ->check(CLI::PositiveNumber);
   app.add_option("--threads", threads);
   app.add_option("--variant", variant, "a preset name");
   app.add_option("--device", device);
+  app.add_option("--pair", pair,
+                 "also train this preset, step for step with --variant in one process, and print "
+                 "the median of its per-step time ratios to --variant's");
+  app.add_option("--pair-ffn", pair_ffn, "the --pair model's FFN width, whatever --match-ffn says");
   app.add_flag("--match-ffn", match_ffn, "narrow the FFN until params match the baseline's");
   app.add_flag("--matmul", matmul, "measure fp32 matmul FLOP/s instead");
   app.add_option("--profile", profile, "write a chrome://tracing profile of the run to this file");
@@ -98,57 +195,130 @@ int main(int argc, char** argv) {
     std::printf("{\"impl\":\"matmul\",\"flops\":%.6g,\"threads\":%d}\n", MatmulFlops(1024, 10), threads);
     return 0;
   }
-  ablate::RunConfig run = ablate::DefaultRunConfig();
-  ablate::ModelConfig& m = *run.mutable_model();
-  m.set_d_model(d_model);
-  m.set_num_layers(layers);
-  m.set_head_dim(head_dim);
-  m.set_num_heads(heads > 0 ? heads : d_model / head_dim);
-  m.set_num_kv_heads(m.num_heads());
-  m.set_ffn_dim(ffn > 0 ? ffn : 4 * d_model);
-  m.set_max_seq_len(seq);
-  const int64_t baseline_params = ablate::CountParams(m).total();
-  const ablate::VariantPreset* preset = ablate::FindVariantPreset(variant);
-  if (preset == nullptr || !preset->apply(&m).ok()) {
-    std::fprintf(stderr, "bench_train: unknown or inapplicable variant %s\n", variant.c_str());
-    return 1;
-  }
-  if (match_ffn) {  // SwiGLU has three d_model x width matrices per layer
-    const int64_t extra = ablate::CountParams(m).total() - baseline_params;
-    m.set_ffn_dim(m.ffn_dim() - static_cast<int>((extra / layers + 3 * d_model / 2) / (3 * d_model)));
-  }
-  ablate::TrainConfig& t = *run.mutable_train();
-  t.set_steps(warmup + steps);
-  t.set_batch_size(batch);
-  t.set_seq_len(seq);
-  t.set_eval_every(1 << 30);
-  t.set_eval_batches(1);
-  t.set_checkpoint_every(0);
-  t.set_log_every(1 << 30);
-  t.set_threads(threads);
-  t.set_device(device);
-  t.mutable_optimizer()->set_warmup_steps(2);
+  // The run of one variant at these shapes, its FFN narrowed (--match-ffn) until its parameters
+  // match the baseline's; nullopt (and why, on stderr) when the variant does not apply.
+  const auto make_run = [&](const std::string& name,
+                            int ffn_dim) -> std::optional<ablate::RunConfig> {
+    ablate::RunConfig run = ablate::DefaultRunConfig();
+    ablate::ModelConfig& m = *run.mutable_model();
+    m.set_d_model(d_model);
+    m.set_num_layers(layers);
+    m.set_head_dim(head_dim);
+    m.set_num_heads(heads > 0 ? heads : d_model / head_dim);
+    m.set_num_kv_heads(m.num_heads());
+    m.set_ffn_dim(ffn > 0 ? ffn : 4 * d_model);
+    m.set_max_seq_len(seq);
+    const int64_t baseline_params = ablate::CountParams(m).total();
+    const ablate::VariantPreset* preset = ablate::FindVariantPreset(name);
+    if (preset == nullptr || !preset->apply(&m).ok()) {
+      std::fprintf(stderr, "bench_train: unknown or inapplicable variant %s\n", name.c_str());
+      return std::nullopt;
+    }
+    if (match_ffn) {  // SwiGLU has three d_model x width matrices per layer
+      const int64_t extra = ablate::CountParams(m).total() - baseline_params;
+      m.set_ffn_dim(m.ffn_dim() - static_cast<int>((extra / layers + 3 * d_model / 2) / (3 * d_model)));
+    }
+    if (ffn_dim > 0) m.set_ffn_dim(ffn_dim);
+    ablate::TrainConfig& t = *run.mutable_train();
+    t.set_steps(warmup + steps);
+    t.set_batch_size(batch);
+    t.set_seq_len(seq);
+    t.set_eval_every(1 << 30);
+    t.set_eval_batches(1);
+    t.set_checkpoint_every(0);
+    t.set_log_every(1 << 30);
+    t.set_threads(threads);
+    t.set_device(device);
+    t.mutable_optimizer()->set_warmup_steps(2);
+    return run;
+  };
+  const auto make_trainer = [&](const ablate::RunConfig& run, const std::string& dir)
+      -> std::unique_ptr<ablate::Trainer> {
+    ablate::TrainerOptions options;
+    options.checkpoint_dir = dir;
+    auto trainer = ablate::Trainer::Create(run, options);
+    if (!trainer.ok()) {
+      std::fprintf(stderr, "bench_train: %s\n", std::string(trainer.status().message()).c_str());
+      return nullptr;
+    }
+    return *std::move(trainer);
+  };
+  const std::string scratch = (std::filesystem::temp_directory_path() /
+                               ("ablate_bench_train_" + std::to_string(::getpid()))).string();
+  const double tokens_per_step = static_cast<double>(batch) * seq;
 
-  ablate::TrainerOptions options;
-  options.checkpoint_dir = (std::filesystem::temp_directory_path() /
-                            ("ablate_bench_train_" + std::to_string(::getpid()))).string();
-  auto trainer = ablate::Trainer::Create(run, options);
-  if (!trainer.ok()) {
-    std::fprintf(stderr, "bench_train: %s\n", std::string(trainer.status().message()).c_str());
-    return 1;
+  if (!pair.empty()) {
+    const std::optional<ablate::RunConfig> runs[2] = {make_run(variant, 0),
+                                                       make_run(pair, pair_ffn)};
+    if (!runs[0] || !runs[1]) return 1;
+    std::unique_ptr<ablate::Trainer> trainers[2] = {make_trainer(*runs[0], scratch + "_a"),
+                                                    make_trainer(*runs[1], scratch + "_b")};
+    if (!trainers[0] || !trainers[1]) return 1;
+    Turns turns;
+    std::vector<std::unique_ptr<PairClock>> clocks;
+    absl::Status failed[2];
+    std::vector<std::thread> sides;
+    for (int who = 0; who < 2; ++who) {
+      clocks.push_back(std::make_unique<PairClock>(who, &turns, warmup, warmup + steps));
+    }
+    for (int who = 0; who < 2; ++who) {
+      sides.emplace_back([&, who] {
+        torch::set_num_threads(threads);  // a per-thread setting under OpenMP
+        clocks[who]->Begin();
+        auto summary = trainers[who]->Run(clocks[who].get());
+        if (!summary.ok()) failed[who] = summary.status();
+        turns.Finished(who);
+      });
+    }
+    for (std::thread& side : sides) side.join();
+    std::filesystem::remove_all(scratch + "_a");
+    std::filesystem::remove_all(scratch + "_b");
+    for (const absl::Status& status : failed) {
+      if (!status.ok()) {
+        std::fprintf(stderr, "bench_train: %s\n", std::string(status.message()).c_str());
+        return 1;
+      }
+    }
+    const std::vector<double>&a = clocks[0]->wall(), &b = clocks[1]->wall();
+    const std::vector<double>&ca = clocks[0]->cpu(), &cb = clocks[1]->cpu();
+    std::vector<double> ratio, cpu_ratio;
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+      ratio.push_back(b[i] / a[i]);
+      cpu_ratio.push_back(cb[i] / ca[i]);
+    }
+    std::printf(
+        "{\"impl\":\"pair\",\"variant\":\"%s\",\"pair\":\"%s\",\"d_model\":%d,"
+        "\"ffn\":%d,\"pair_ffn\":%d,\"params\":%lld,\"pair_params\":%lld,\"steps\":%zu,"
+        "\"step_ms\":%.6g,\"pair_step_ms\":%.6g,\"tokens_per_s\":%.6g,"
+        "\"pair_tokens_per_s\":%.6g,\"ratio\":%.6g,\"ratio_q1\":%.6g,\"ratio_q3\":%.6g,"
+        "\"cpu_ms\":%.6g,\"pair_cpu_ms\":%.6g,\"cpu_ratio\":%.6g,\"threads\":%d}\n",
+        variant.c_str(), pair.c_str(), d_model, runs[0]->model().ffn_dim(),
+        runs[1]->model().ffn_dim(),
+        static_cast<long long>(ablate::CountParams(runs[0]->model()).total()),
+        static_cast<long long>(ablate::CountParams(runs[1]->model()).total()), ratio.size(),
+        1e3 * Quantile(a, 0.5), 1e3 * Quantile(b, 0.5), tokens_per_step / Quantile(a, 0.5),
+        tokens_per_step / Quantile(b, 0.5), Quantile(ratio, 0.5), Quantile(ratio, 0.25),
+        Quantile(ratio, 0.75), 1e3 * Quantile(ca, 0.5), 1e3 * Quantile(cb, 0.5),
+        Quantile(cpu_ratio, 0.5), threads);
+    return 0;
   }
+
+  const std::optional<ablate::RunConfig> run = make_run(variant, 0);
+  if (!run) return 1;
+  const ablate::ModelConfig& m = run->model();
+  std::unique_ptr<ablate::Trainer> trainer = make_trainer(*run, scratch);
+  if (!trainer) return 1;
   StepClock clock(warmup);
   std::unique_ptr<torch::autograd::profiler::RecordProfile> recording;
   if (!profile.empty()) recording = std::make_unique<torch::autograd::profiler::RecordProfile>(profile);
-  auto summary = (*trainer)->Run(&clock);
+  auto summary = trainer->Run(&clock);
   recording.reset();
-  std::filesystem::remove_all(options.checkpoint_dir);
+  std::filesystem::remove_all(scratch);
   if (!summary.ok()) {
     std::fprintf(stderr, "bench_train: %s\n", std::string(summary.status().message()).c_str());
     return 1;
   }
-  const double tokens = static_cast<double>(steps) * batch * seq;
-  const double tps = tokens / clock.seconds();
+  const double tps = tokens_per_step * steps / clock.seconds();
   std::printf("{\"impl\":\"ablate\",\"variant\":\"%s\",\"d_model\":%d,\"ffn\":%d,\"params\":%lld,"
               "\"tokens_per_s\":%.6g,\"step_ms\":%.6g,\"cpu_ms\":%.6g,\"flops_per_token\":%.6g,"
               "\"threads\":%d}\n",

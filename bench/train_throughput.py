@@ -15,15 +15,18 @@ At every grid point (d_model x seq_len, 4 layers, batch = tokens_per_step / seq_
   fused attention) in Debian's torch 1.13, on the same corpus and threads;
 - the same-architecture reference: bench/reference_train.py, ablate's own model and loop in
   eager PyTorch (refused unless its parameter count equals ablate's);
-- G1: `bench_train --variant g1_elementwise --match-ffn`, the gate with the FFN narrowed until the
-  parameters match; its step time over the baseline's;
+- G1: `bench_train --pair g1_elementwise --match-ffn`, the gate with the FFN narrowed until the
+  parameters match, trained step for step beside the baseline in one process (each step timed
+  against its neighbour of the other model, so the VM's drift cancels); the median of those
+  per-step time ratios over every round;
 - MFU of ablate and of the peer: training FLOPs per token (config/param_count.cc) x tokens/s over
   the fp32 1024^3 matmul FLOP/s measured in every round of the same point.
 
 The last two columns compare process CPU time per step instead of wall time (bench_train and
-both Python programs report it): with --omp-wait-policy PASSIVE, a thread waiting for a
-descheduled peer sleeps instead of spinning, so CPU time is close to the work done whatever else
-runs on the machine; it says nothing about how well the work spreads over the threads.
+both Python programs report it; for G1, pair by pair): with --omp-wait-policy PASSIVE, a thread
+waiting for a descheduled peer sleeps instead of spinning, so CPU time is close to the work done
+whatever else runs on the machine; it says nothing about how well the work spreads over the
+threads.
 
 Points are measured one after the other, each in its own alternating rounds, and each row is
 printed as soon as its point is done.
@@ -73,9 +76,11 @@ def main():
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--quick", action="store_true", help="1 round of 2 timed steps")
     p.add_argument("--no-reference", action="store_true", help="skip the same-architecture column")
+    p.add_argument("--pair-steps", type=int, default=4,
+                   help="G1: timed steps of each model per round, paired step by step")
     p.add_argument("--only-g1", action="store_true",
-                   help="measure only the baseline and G1 (the G1 target), alternating; the other "
-                   "columns print nan")
+                   help="measure only G1 against the baseline (the G1 target); the other columns "
+                   "print nan")
     p.add_argument("--omp-wait-policy", default="inherit", choices=["inherit", "PASSIVE", "ACTIVE"],
                    help="OMP_WAIT_POLICY of every measured process (both sides share libgomp). "
                    "With other processes busy on the cores, the default spin-waiting lets one "
@@ -98,8 +103,8 @@ def main():
               f"ablate MFU | peer MFU | matmul GFLOP/s | G1 step/base | "
               f"ablate/peer by CPU time | G1/base by CPU time |")
     print(f"train_throughput: {a.layers} layers, {a.tokens_per_step} tokens per step, "
-          f"{a.threads} threads, {a.rounds} rounds x ({a.warmup} + {a.steps}) steps per point, "
-          f"medians; OMP_WAIT_POLICY {env.get('OMP_WAIT_POLICY', 'unset')}", flush=True)
+          f"{a.threads} threads, {a.rounds} rounds x ({a.warmup} + {a.steps}) steps per point "
+          f"(G1: {a.warmup} + {a.pair_steps} pairs), medians; OMP_WAIT_POLICY {env.get('OMP_WAIT_POLICY', 'unset')}", flush=True)
     print(header)
     print("|" + "---:|" * (header.count("|") - 1), flush=True)
     began = time.time()
@@ -120,10 +125,14 @@ def main():
         if not a.no_reference:
             jobs["reference"] = [py, os.path.join(HERE, "reference_train.py"), "--d-model", str(d),
                                  "--seq-len", str(t), "--ffn", str(w)] + common
-        jobs["g1"] = ablate + ["--variant", "g1_elementwise", "--match-ffn"]
+        jobs["g1"] = [ours, "--d-model", str(d), "--seq", str(t), "--ffn", str(w), "--pair",
+                      "g1_elementwise", "--match-ffn", "--steps", str(a.pair_steps), "--warmup",
+                      str(a.warmup), "--threads", str(a.threads), "--batch", str(batch),
+                      "--layers", str(a.layers)]
         if a.only_g1:
-            jobs = {k: jobs[k] for k in ("ablate", "g1")}
+            jobs = {"g1": jobs["g1"]}
         results = {k: [] for k in jobs}
+        pair_ratios, pair_cpu_ratios = [], []  # G1 over the baseline, step by step
         cpu_ms = {}  # CPU time per step, where the program reports it
         last = {}
         for r in range(a.rounds):
@@ -132,6 +141,11 @@ def main():
                 if out is None:
                     continue
                 last[k] = out
+                if k == "g1":
+                    pair_ratios.append(out["ratio"])
+                    pair_cpu_ratios.append(out["cpu_ratio"])
+                    results[k].append(out["pair_tokens_per_s"])
+                    continue
                 results[k].append(out["flops"] if k == "matmul" else out["tokens_per_s"])
                 if "cpu_ms" in out:
                     cpu_ms.setdefault(k, []).append(out["cpu_ms"])
@@ -149,10 +163,11 @@ def main():
         row = {"d_model": d, "seq": t, "batch": batch, "ablate": med["ablate"], "peer": med["peer"],
                "g1": med["g1"], "matmul_flops": peak, "mfu": med["ablate"] * fpt("ablate") / peak,
                "peer_mfu": med["peer"] * fpt("peer") / peak,
-               "g1_step_ratio": med["ablate"] / med["g1"]}
+               "g1_step_ratio": statistics.median(pair_ratios) if pair_ratios else float("nan")}
         cpu = {k: statistics.median(v) for k, v in cpu_ms.items()}
         row["cpu_ratio"] = cpu["peer"] / cpu["ablate"] if "peer" in cpu and "ablate" in cpu else float("nan")
-        row["g1_cpu_ratio"] = cpu["g1"] / cpu["ablate"] if "g1" in cpu and "ablate" in cpu else float("nan")
+        row["g1_cpu_ratio"] = (statistics.median(pair_cpu_ratios) if pair_cpu_ratios
+                               else float("nan"))
         ref = ""
         if not a.no_reference:
             row["reference"] = med["reference"]
@@ -163,7 +178,7 @@ def main():
               f"{row['cpu_ratio']:.2f} | {row['g1_cpu_ratio']:.3f} |",
               flush=True)
         summary.append(row)
-        raw[f"{d}x{t}"] = results
+        raw[f"{d}x{t}"] = dict(results, g1_ratio=pair_ratios, g1_cpu_ratio=pair_cpu_ratios)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump({"args": vars(a), "load": load, "points": summary, "raw": raw}, f, indent=1)
