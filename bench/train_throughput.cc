@@ -10,7 +10,10 @@
 // its own that runs only while the other waits: A's step 1, B's step 1, A's step 2, ... Each
 // step is timed from the moment its trainer gets the turn to its OnStep, and its ratio is taken
 // against the other's step next to it, so the VM's drift (+-15% between runs minutes apart)
-// cancels: the median of those per-step ratios is the figure, with its quartiles.
+// cancels: the median of those per-step ratios is the figure, with its quartiles. Each thread
+// has an OpenMP pool of its own, idle while the other steps: the ratio is fair, but a pair's
+// absolute step times are not those of a run alone (an idle pool that spins, under
+// OMP_WAIT_POLICY=ACTIVE, takes the cores from the other). --profile is for single runs.
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
@@ -29,6 +32,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "config/model_config.h"
 #include "config/param_count.h"
 #include "config/presets.h"
@@ -189,6 +193,10 @@ int main(int argc, char** argv) {
   app.add_flag("--matmul", matmul, "measure fp32 matmul FLOP/s instead");
   app.add_option("--profile", profile, "write a chrome://tracing profile of the run to this file");
   CLI11_PARSE(app, argc, argv);
+  if (!pair.empty() && !profile.empty()) {
+    std::fprintf(stderr, "bench_train: --profile records one run; it does not go with --pair\n");
+    return 1;
+  }
   torch::set_num_threads(threads);
 
   if (matmul) {
@@ -266,7 +274,13 @@ int main(int argc, char** argv) {
         torch::set_num_threads(threads);  // a per-thread setting under OpenMP
         clocks[who]->Begin();
         auto summary = trainers[who]->Run(clocks[who].get());
-        if (!summary.ok()) failed[who] = summary.status();
+        if (!summary.ok()) {
+          failed[who] = summary.status();
+        } else if (summary->state() != ablate::SUCCEEDED) {  // diverged: fewer steps timed
+          failed[who] = absl::AbortedError(
+              absl::StrCat(who ? pair : variant, " ended ", ablate::RunState_Name(summary->state()),
+                           " at step ", summary->steps_done(), ": ", summary->reason()));
+        }
         turns.Finished(who);
       });
     }
@@ -280,6 +294,11 @@ int main(int argc, char** argv) {
       }
     }
     const std::vector<double>&a = clocks[0]->wall(), &b = clocks[1]->wall();
+    if (a.size() != static_cast<size_t>(steps) || b.size() != static_cast<size_t>(steps)) {
+      std::fprintf(stderr, "bench_train: timed %zu and %zu steps, not %d each\n", a.size(),
+                   b.size(), steps);
+      return 1;
+    }
     const std::vector<double>&ca = clocks[0]->cpu(), &cb = clocks[1]->cpu();
     std::vector<double> ratio, cpu_ratio;
     for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {

@@ -17,8 +17,9 @@ At every grid point (d_model x seq_len, 4 layers, batch = tokens_per_step / seq_
   eager PyTorch (refused unless its parameter count equals ablate's);
 - G1: `bench_train --pair g1_elementwise --match-ffn`, the gate with the FFN narrowed until the
   parameters match, trained step for step beside the baseline in one process (each step timed
-  against its neighbour of the other model, so the VM's drift cancels); the median of those
-  per-step time ratios over every round;
+  against its neighbour of the other model, so the VM's drift cancels); the median over rounds
+  of each round's median per-step time ratio (the pair's tokens/s, kept in --json, are not a
+  run alone's);
 - MFU of ablate and of the peer: training FLOPs per token (config/param_count.cc) x tokens/s over
   the fp32 1024^3 matmul FLOP/s measured in every round of the same point.
 

@@ -1,6 +1,7 @@
 #include "worker/agent/agent.h"
 
 #include <grpcpp/grpcpp.h>
+#include <malloc.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -821,6 +822,12 @@ absl::Status Agent::Impl::RunJob(const Job& job, std::optional<Job>* next) {
   }
   ranks.Finish(&summary);
   process.reset();
+  if (trainer != nullptr) {
+    // A job trained here kept its freed memory in the heap (KeepFreedMemoryInHeap): give it back
+    // now that the job is done, not when the agent exits.
+    trainer.reset();
+    malloc_trim(0);
+  }
   if (local <= slots()) FreeSlots(taken);
 
   if (absl::Status flushed = reporter.Flush(); !flushed.ok()) {

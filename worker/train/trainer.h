@@ -85,7 +85,10 @@ struct TrainerOptions {
 // docs/benchmarks.md). A thread keeps the arena it first allocated from, so a process that may
 // train on another thread calls this at the top of main(), before any thread starts;
 // Trainer::Create calls it too (too late for threads already running, harmless otherwise).
-// Process-wide and idempotent.
+// A thread that allocated earlier keeps its arena, and so may a later thread that glibc hands
+// an arena left by an exited one: GLIBC_TUNABLES=glibc.malloc.arena_max=1 in the environment
+// does the same from the process's start. Process-wide and idempotent. The agent hands the
+// memory back (malloc_trim) after each job it trains itself.
 void KeepFreedMemoryInHeap();
 
 class Trainer {

@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -108,19 +110,19 @@ TEST(KeepFreedMemoryInHeapTest, LargeBlocksOfOtherThreadsStayInTheHeap) {
   EXPECT_EXIT(
       {
         KeepFreedMemoryInHeap();
-        const size_t before = mallinfo2().hblks;  // what the libraries mapped as they loaded
-        size_t mapped = 0;
+        const int64_t before = mallinfo2().hblks;  // what the libraries mapped as they loaded
+        int64_t mapped = 0;
         std::thread other([&] {
           for (int i = 0; i < 3; ++i) {
             void* block = std::malloc(size_t{96} << 20);  // over glibc's 64 MiB arena heaps
             std::memset(block, 1, 4096);
             sink = block;
-            mapped += mallinfo2().hblks - before;
+            mapped += static_cast<int64_t>(mallinfo2().hblks) - before;
             std::free(sink);
           }
         });
         other.join();
-        if (mapped != 0) std::fprintf(stderr, "%zu blocks were mmapped\n", mapped);
+        if (mapped != 0) std::fprintf(stderr, "%lld blocks were mmapped\n", static_cast<long long>(mapped));
         std::_Exit(mapped == 0 ? 0 : 1);
       },
       ::testing::ExitedWithCode(0), "");
