@@ -263,17 +263,14 @@ int main(int argc, char** argv) {
                                                     make_trainer(*runs[1], scratch + "_b")};
     if (!trainers[0] || !trainers[1]) return 1;
     Turns turns;
-    std::vector<std::unique_ptr<PairClock>> clocks;
+    PairClock clocks[2] = {{0, &turns, warmup, warmup + steps}, {1, &turns, warmup, warmup + steps}};
     absl::Status failed[2];
     std::vector<std::thread> sides;
     for (int who = 0; who < 2; ++who) {
-      clocks.push_back(std::make_unique<PairClock>(who, &turns, warmup, warmup + steps));
-    }
-    for (int who = 0; who < 2; ++who) {
       sides.emplace_back([&, who] {
         torch::set_num_threads(threads);  // a per-thread setting under OpenMP
-        clocks[who]->Begin();
-        auto summary = trainers[who]->Run(clocks[who].get());
+        clocks[who].Begin();
+        auto summary = trainers[who]->Run(&clocks[who]);
         if (!summary.ok()) {
           failed[who] = summary.status();
         } else if (summary->state() != ablate::SUCCEEDED) {  // diverged: fewer steps timed
@@ -293,15 +290,15 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
-    const std::vector<double>&a = clocks[0]->wall(), &b = clocks[1]->wall();
+    const std::vector<double>&a = clocks[0].wall(), &b = clocks[1].wall();
     if (a.size() != static_cast<size_t>(steps) || b.size() != static_cast<size_t>(steps)) {
       std::fprintf(stderr, "bench_train: timed %zu and %zu steps, not %d each\n", a.size(),
                    b.size(), steps);
       return 1;
     }
-    const std::vector<double>&ca = clocks[0]->cpu(), &cb = clocks[1]->cpu();
+    const std::vector<double>&ca = clocks[0].cpu(), &cb = clocks[1].cpu();
     std::vector<double> ratio, cpu_ratio;
-    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    for (size_t i = 0; i < a.size(); ++i) {
       ratio.push_back(b[i] / a[i]);
       cpu_ratio.push_back(cb[i] / ca[i]);
     }
