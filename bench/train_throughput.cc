@@ -36,6 +36,7 @@
 #include "config/model_config.h"
 #include "config/param_count.h"
 #include "config/presets.h"
+#include "worker/model/fused_ops.h"
 #include "worker/train/trainer.h"
 
 namespace {
@@ -337,10 +338,10 @@ int main(int argc, char** argv) {
   const double tps = tokens_per_step * steps / clock.seconds();
   std::printf("{\"impl\":\"ablate\",\"variant\":\"%s\",\"d_model\":%d,\"ffn\":%d,\"params\":%lld,"
               "\"tokens_per_s\":%.6g,\"step_ms\":%.6g,\"cpu_ms\":%.6g,\"flops_per_token\":%.6g,"
-              "\"threads\":%d}\n",
+              "\"threads\":%d,\"kernel_threads\":%d}\n",
               variant.c_str(), d_model, m.ffn_dim(),
               static_cast<long long>(ablate::CountParams(m).total()), tps,
               1e3 * clock.seconds() / steps, 1e3 * clock.cpu_seconds() / steps,
-              ablate::TrainingFlopsPerToken(m, seq), threads);
+              ablate::TrainingFlopsPerToken(m, seq), threads, ablate::KernelThreads());
   return 0;
 }

@@ -147,6 +147,10 @@ def main():
                     pair_cpu_ratios.append(out["cpu_ratio"])
                     results[k].append(out["pair_tokens_per_s"])
                     continue
+                if out.get("kernel_threads", a.threads) < a.threads:
+                    print(f"train_throughput: ablate's fused kernels ran on "
+                          f"{out['kernel_threads']} of {a.threads} threads: built without "
+                          f"OpenMP? (worker/model/CMakeLists.txt)", file=sys.stderr, flush=True)
                 results[k].append(out["flops"] if k == "matmul" else out["tokens_per_s"])
                 if "cpu_ms" in out:
                     cpu_ms.setdefault(k, []).append(out["cpu_ms"])

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <mutex>
+#include <set>
 #include <vector>
 
 namespace ablate {
@@ -486,6 +488,17 @@ class CausalAttentionCpu : public torch::autograd::Function<CausalAttentionCpu> 
 };
 
 }  // namespace
+
+int KernelThreads() {
+  std::mutex mu;
+  std::set<int> seen;
+  // One item per thread, grain 1: each thread of the team runs one.
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen.insert(at::get_thread_num());
+  });
+  return static_cast<int>(seen.size());
+}
 
 void UseAtenProductsForTesting(bool on) { aten_products_for_testing.store(on); }
 

@@ -46,6 +46,11 @@ std::pair<torch::Tensor, torch::Tensor> CausalAttention(const torch::Tensor& q,
                                                         const torch::Tensor& mask,
                                                         bool with_probs = true);
 
+// How many threads the kernels here split their work between now: torch::get_num_threads() when
+// this file was compiled with OpenMP (at::parallel_for is inline and runs serially without it),
+// 1 otherwise. For tests and benchmarks, which check that the build threads them.
+int KernelThreads();
+
 // The fused attention's products go to BLAS's sgemm directly where LibTorch's BLAS exports one,
 // through ATen otherwise; tests make it take ATen's path (true) to check both.
 void UseAtenProductsForTesting(bool on);

@@ -78,6 +78,77 @@ TEST(FusedOpsTest, SigmoidGateMatchesEagerElementwiseAndHeadwise) {
   }
 }
 
+// Sets LibTorch's intra-op threads for a scope.
+class IntraOpThreads {
+ public:
+  explicit IntraOpThreads(int n) : before_(torch::get_num_threads()) { torch::set_num_threads(n); }
+  ~IntraOpThreads() { torch::set_num_threads(before_); }
+
+ private:
+  int before_;
+};
+
+// at::parallel_for is inline and runs serially unless the kernels' file is compiled with OpenMP:
+// built without it, every kernel ran on one thread whatever --threads said.
+TEST(FusedOpsTest, KernelsUseTheIntraOpThreads) {
+  {
+    IntraOpThreads three(3);
+    EXPECT_EQ(KernelThreads(), 3) << "the fused kernels were built without OpenMP";
+  }
+  IntraOpThreads one(1);
+  EXPECT_EQ(KernelThreads(), 1);
+}
+
+// Each kernel with inputs large enough to be split between 3 threads (its grain is 16,384 floats
+// of work): the same values and gradients as eager, and the same bits run twice (each thread
+// sums its own rows, in a fixed order).
+TEST(FusedOpsTest, MatchEagerSplitBetweenThreads) {
+  IntraOpThreads three(3);
+  torch::manual_seed(6);
+  auto twice_the_same = [](const std::vector<torch::Tensor>& inputs, const auto& f) {
+    std::vector<torch::Tensor> runs[2];
+    for (std::vector<torch::Tensor>& run : runs) {
+      std::vector<torch::Tensor> xs;
+      for (const torch::Tensor& x : inputs) xs.push_back(x.detach().clone().requires_grad_(true));
+      const torch::Tensor out = f(xs);
+      torch::manual_seed(7);
+      (out * torch::randn_like(out)).sum().backward();
+      run.push_back(out.detach());
+      for (const torch::Tensor& x : xs) run.push_back(x.grad());
+    }
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      EXPECT_TRUE(torch::equal(runs[0][i], runs[1][i])) << "tensor " << i << " differs";
+    }
+  };
+  const std::vector<torch::Tensor> norm = {torch::randn({4, 300, 32}) * 3,
+                                           torch::rand({32}) + 0.5};
+  auto rms = [](const auto& x) { return RmsNorm(x[0], x[1], 1e-6); };
+  ExpectSameWithGrads(norm, rms, [](const auto& x) { return reference::RmsNorm(x[0], x[1], 1e-6); });
+  twice_the_same(norm, rms);
+
+  const int64_t T = 130, d = 8;
+  torch::Tensor inv = torch::pow(10000.0, -torch::arange(0, d, 2, torch::kFloat64) / d);
+  torch::Tensor ang = torch::outer(torch::arange(T, torch::kFloat64), inv);
+  ang = torch::cat({ang, ang}, -1);
+  const torch::Tensor cos = ang.cos().to(torch::kFloat32), sin = ang.sin().to(torch::kFloat32);
+  ExpectSameWithGrads({torch::randn({3, T, 4, d})},
+                      [&](const auto& x) { return RopeToHeads(x[0], cos, sin, 0.5); },
+                      [&](const auto& x) { return reference::RopeToHeads(x[0], cos, sin, 0.5); });
+
+  const std::vector<torch::Tensor> silu = {torch::randn({4, 100, 129}) * 4,
+                                           torch::randn({4, 100, 129})};
+  ExpectSameWithGrads(silu, [](const auto& x) { return SiluMul(x[0], x[1]); },
+                      [](const auto& x) { return reference::SiluMul(x[0], x[1]); });
+  for (int64_t p : {64, 1}) {
+    const std::vector<torch::Tensor> gate = {torch::randn({4, 200, 4, 64}),
+                                             torch::randn({4, 200, 4, p}) * 3};
+    auto fused = [](const auto& x) { return SigmoidGate(x[0], x[1]); };
+    ExpectSameWithGrads(gate, fused,
+                        [](const auto& x) { return reference::SigmoidGate(x[0], x[1]); });
+    twice_the_same(gate, fused);
+  }
+}
+
 // The attention kernel (fp32, causal row blocks) against the eager reference run in fp64: lengths
 // below, at and across the kernel's 64-row blocks, with and without grouped-query heads.
 // Both ways of doing its products: BLAS's sgemm on raw pointers and ATen's (where LibTorch's BLAS
@@ -110,45 +181,52 @@ TEST_P(CausalAttentionTest, RefusesShapesThatDoNotFit) {
 
 TEST_P(CausalAttentionTest, MatchesEagerInFp64) {
   torch::manual_seed(5);
-  for (const int64_t T : {1, 7, 64, 65, 150}) {
-    for (const int64_t KV : {4, 2}) {
-      const int64_t B = 2, H = 4, dk = 16;
-      const torch::Tensor mask =
-          torch::full({T, T}, -std::numeric_limits<double>::infinity(), torch::kFloat64).triu(1);
-      const torch::Tensor q = torch::randn({B, H, T, dk}, torch::kFloat64) * 0.5;
-      const torch::Tensor k = torch::randn({B, KV, T, dk}, torch::kFloat64);
-      const torch::Tensor v = torch::randn({B, T, KV, dk}, torch::kFloat64);
-      const torch::Tensor up = torch::randn({B, T, H, dk}, torch::kFloat64);
-      // {out, probs (undefined without with_probs), dq, dk, dv} in fp64.
-      auto run = [&](torch::ScalarType type, bool fused, bool with_probs) {
-        std::vector<torch::Tensor> in;
-        for (const torch::Tensor& x : {q, k, v}) in.push_back(x.to(type).clone().requires_grad_(true));
-        auto [out, probs] =
-            fused ? CausalAttention(in[0], in[1], in[2], mask.to(type), with_probs)
-                  : reference::CausalAttention(in[0], in[1], in[2], mask.to(type));
-        (out * up.to(type)).sum().backward();
-        std::vector<torch::Tensor> r = {out, probs};
-        for (const torch::Tensor& x : in) r.push_back(x.grad());
-        for (torch::Tensor& x : r) x = x.defined() ? x.detach().to(torch::kFloat64) : x;
-        return r;
-      };
-      const std::vector<torch::Tensor> want = run(torch::kFloat64, false, true);
-      for (const bool with_probs : {true, false}) {
-        const std::vector<torch::Tensor> got = run(torch::kFloat32, true, with_probs);
-        const char* names[] = {"out", "probs", "dq", "dk", "dv"};
-        for (size_t i = 0; i < got.size(); ++i) {
-          if (i == 1 && !with_probs) {
-            EXPECT_FALSE(got[i].defined()) << "probs without with_probs";
-            continue;
+  // One thread, and three: the (batch, KV head) tiles split unevenly between them.
+  for (const int threads : {1, 3}) {
+    IntraOpThreads intra_op(threads);
+    for (const int64_t T : {1, 7, 64, 65, 150}) {
+      for (const int64_t KV : {4, 2}) {
+        const int64_t B = 2, H = 4, dk = 16;
+        const torch::Tensor mask =
+            torch::full({T, T}, -std::numeric_limits<double>::infinity(), torch::kFloat64).triu(1);
+        const torch::Tensor q = torch::randn({B, H, T, dk}, torch::kFloat64) * 0.5;
+        const torch::Tensor k = torch::randn({B, KV, T, dk}, torch::kFloat64);
+        const torch::Tensor v = torch::randn({B, T, KV, dk}, torch::kFloat64);
+        const torch::Tensor up = torch::randn({B, T, H, dk}, torch::kFloat64);
+        // {out, probs (undefined without with_probs), dq, dk, dv} in fp64.
+        auto run = [&](torch::ScalarType type, bool fused, bool with_probs) {
+          std::vector<torch::Tensor> in;
+          for (const torch::Tensor& x : {q, k, v}) {
+            in.push_back(x.to(type).clone().requires_grad_(true));
           }
-          ASSERT_EQ(got[i].sizes(), want[i].sizes()) << names[i];
-          EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-4, 1e-5))
-              << names[i] << " at T " << T << ", KV " << KV << ", with_probs " << with_probs
-              << ": " << (got[i] - want[i]).abs().max().item<double>();
-        }
-        // The probabilities above the diagonal are exact zeros (the probes read them).
-        if (with_probs) {
-          EXPECT_EQ(got[1].triu(1).abs().max().item<double>(), 0.0);
+          auto [out, probs] =
+              fused ? CausalAttention(in[0], in[1], in[2], mask.to(type), with_probs)
+                    : reference::CausalAttention(in[0], in[1], in[2], mask.to(type));
+          (out * up.to(type)).sum().backward();
+          std::vector<torch::Tensor> r = {out, probs};
+          for (const torch::Tensor& x : in) r.push_back(x.grad());
+          for (torch::Tensor& x : r) x = x.defined() ? x.detach().to(torch::kFloat64) : x;
+          return r;
+        };
+        const std::vector<torch::Tensor> want = run(torch::kFloat64, false, true);
+        for (const bool with_probs : {true, false}) {
+          const std::vector<torch::Tensor> got = run(torch::kFloat32, true, with_probs);
+          const char* names[] = {"out", "probs", "dq", "dk", "dv"};
+          for (size_t i = 0; i < got.size(); ++i) {
+            if (i == 1 && !with_probs) {
+              EXPECT_FALSE(got[i].defined()) << "probs without with_probs";
+              continue;
+            }
+            ASSERT_EQ(got[i].sizes(), want[i].sizes()) << names[i];
+            EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-4, 1e-5))
+                << names[i] << " at T " << T << ", KV " << KV << ", with_probs " << with_probs
+                << ", " << threads << " threads"
+                << ": " << (got[i] - want[i]).abs().max().item<double>();
+          }
+          // The probabilities above the diagonal are exact zeros (the probes read them).
+          if (with_probs) {
+            EXPECT_EQ(got[1].triu(1).abs().max().item<double>(), 0.0);
+          }
         }
       }
     }
