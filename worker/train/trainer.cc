@@ -54,7 +54,7 @@ void KeepFreedMemoryInHeap() {
   static const bool done = [] {
     mallopt(M_ARENA_MAX, 1);
     mallopt(M_MMAP_MAX, 0);
-    mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+    mallopt(M_TRIM_THRESHOLD, -1);  // never (mallopt(3)); INT_MAX still trims a top over 2 GiB
     mallopt(M_TOP_PAD, 64 << 20);
     return true;
   }();
