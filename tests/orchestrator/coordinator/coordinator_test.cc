@@ -1052,7 +1052,9 @@ TEST_F(GangTest, ARunWiderThanEveryWorkerIsLeasedToAGangOfThem) {
                         "); rendezvous 10.0.0.7:"));
   const GetSweepResponse sweep = GetSweep("gang");
   for (const RunStatus& run : sweep.runs()) {
-    if (run.run_id() == primary.run_id()) EXPECT_EQ(run.worker(), "b+a");
+    if (run.run_id() == primary.run_id()) {
+      EXPECT_EQ(run.worker(), "b+a");
+    }
   }
 
   // A member renews its part with heartbeats; metrics are rank 0's worker's to send.
