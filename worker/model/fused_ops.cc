@@ -95,33 +95,38 @@ class RmsNormCpu : public torch::autograd::Function<RmsNormCpu> {
     const torch::Tensor dy = grads[0].contiguous();
     const int64_t d = x.size(-1), rows = x.numel() / d;
     torch::Tensor dx = torch::empty_like(x);
-    // dw = sum over rows of dy * x * rstd: one partial row per thread, summed at the end.
-    const int threads = at::get_num_threads();
-    std::vector<float> partial(static_cast<size_t>(threads) * d, 0.0f);
+    // dw = sum over rows of dy * x * rstd: one partial row per chunk of rows, summed in chunk
+    // order at the end. The chunks depend on the shape alone, not on which thread or how many
+    // threads run them, so dw has the same bits at any thread count, and no index comes from a
+    // thread number (which OpenMP's team, not LibTorch's count, bounds).
+    const int64_t chunks = std::clamp<int64_t>(rows / Grain(d), 1, 64);
+    std::vector<float> partial(static_cast<size_t>(chunks * d), 0.0f);
     const float *xp = x.data_ptr<float>(), *dyp = dy.data_ptr<float>(), *rp = rstd.data_ptr<float>();
     const torch::Tensor wc = weight.contiguous();
     const float* wp = wc.data_ptr<float>();
     float* dxp = dx.data_ptr<float>();
-    at::parallel_for(0, rows, Grain(d), [&](int64_t begin, int64_t end) {
-      float* dw = partial.data() + static_cast<size_t>(at::get_thread_num()) * d;
-      for (int64_t r = begin; r < end; ++r) {
-        const float* xr = xp + r * d;
-        const float* g = dyp + r * d;
-        float* out = dxp + r * d;
-        const float s = rp[r];
-        float dot = 0;  // sum(dy * w * x)
-        for (int64_t i = 0; i < d; ++i) {
-          dot += g[i] * wp[i] * xr[i];
-          dw[i] += g[i] * xr[i] * s;
+    at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
+      for (int64_t chunk = first; chunk < last; ++chunk) {
+        float* dw = partial.data() + chunk * d;
+        for (int64_t r = rows * chunk / chunks; r < rows * (chunk + 1) / chunks; ++r) {
+          const float* xr = xp + r * d;
+          const float* g = dyp + r * d;
+          float* out = dxp + r * d;
+          const float s = rp[r];
+          float dot = 0;  // sum(dy * w * x)
+          for (int64_t i = 0; i < d; ++i) {
+            dot += g[i] * wp[i] * xr[i];
+            dw[i] += g[i] * xr[i] * s;
+          }
+          const float c = dot * s * s * s / static_cast<float>(d);
+          for (int64_t i = 0; i < d; ++i) out[i] = g[i] * wp[i] * s - xr[i] * c;
         }
-        const float c = dot * s * s * s / static_cast<float>(d);
-        for (int64_t i = 0; i < d; ++i) out[i] = g[i] * wp[i] * s - xr[i] * c;
       }
     });
     torch::Tensor dw = torch::zeros({d}, x.options());
     float* dwp = dw.data_ptr<float>();
-    for (int t = 0; t < threads; ++t) {
-      for (int64_t i = 0; i < d; ++i) dwp[i] += partial[static_cast<size_t>(t) * d + i];
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      for (int64_t i = 0; i < d; ++i) dwp[i] += partial[static_cast<size_t>(chunk * d + i)];
     }
     return {dx, dw.view(weight.sizes()), torch::Tensor()};
   }
@@ -329,8 +334,10 @@ struct Mat {
 };
 
 // c (m x n, rows ldc apart) = a b + beta c, a and b as given (m x k, k x n once transposed).
-// Single-threaded inside a parallel region with OpenBLAS's OpenMP build (it checks
-// omp_in_parallel; so does ATen), the one Debian's LibTorch uses here.
+// Called from every thread of the kernel's parallel region at once. Single-threaded there with
+// OpenBLAS's OpenMP build (it checks omp_in_parallel; so does ATen), the one Debian's LibTorch
+// uses here; a pthreads OpenBLAS or MKL may start threads of its own per call and oversubscribe
+// the cores (OPENBLAS_NUM_THREADS=1 / MKL_NUM_THREADS=1 keep it to one).
 void BlockGemm(SgemmFn sgemm, const Mat& a, const Mat& b, float beta, float* c, int64_t ldc) {
   const int64_t m = a.t ? a.cols : a.rows, k = a.t ? a.rows : a.cols, n = b.t ? b.rows : b.cols;
   if (sgemm != nullptr) {
