@@ -6,8 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <mutex>
-#include <set>
 #include <vector>
 
 namespace ablate {
@@ -108,7 +106,8 @@ class RmsNormCpu : public torch::autograd::Function<RmsNormCpu> {
     at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
       for (int64_t chunk = first; chunk < last; ++chunk) {
         float* dw = partial.data() + chunk * d;
-        for (int64_t r = rows * chunk / chunks; r < rows * (chunk + 1) / chunks; ++r) {
+        const int64_t end = rows * (chunk + 1) / chunks;
+        for (int64_t r = rows * chunk / chunks; r < end; ++r) {
           const float* xr = xp + r * d;
           const float* g = dyp + r * d;
           float* out = dxp + r * d;
@@ -497,14 +496,10 @@ class CausalAttentionCpu : public torch::autograd::Function<CausalAttentionCpu> 
 }  // namespace
 
 int KernelThreads() {
-  std::mutex mu;
-  std::set<int> seen;
-  // One item per thread, grain 1: each thread of the team runs one.
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    std::lock_guard<std::mutex> lock(mu);
-    seen.insert(at::get_thread_num());
-  });
-  return static_cast<int>(seen.size());
+  // One item per thread, grain 1: each thread that takes part runs its chunk once.
+  std::atomic<int> ran{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) { ++ran; });
+  return ran.load();
 }
 
 void UseAtenProductsForTesting(bool on) { aten_products_for_testing.store(on); }

@@ -9,27 +9,30 @@
 namespace ablate {
 namespace {
 
+using Op = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
+
+// f's output, then each input's gradient under the same upstream gradient (seed 99).
+std::vector<torch::Tensor> OutputAndGrads(const std::vector<torch::Tensor>& inputs, const Op& f) {
+  std::vector<torch::Tensor> xs;
+  for (const torch::Tensor& x : inputs) xs.push_back(x.detach().clone().requires_grad_(true));
+  const torch::Tensor out = f(xs);
+  torch::manual_seed(99);
+  (out * torch::randn_like(out)).sum().backward();
+  std::vector<torch::Tensor> r = {out.detach()};
+  for (const torch::Tensor& x : xs) r.push_back(x.grad());
+  return r;
+}
+
 // Runs f and g on the same inputs with the same upstream gradient; compares outputs and grads.
-void ExpectSameWithGrads(const std::vector<torch::Tensor>& inputs,
-                         const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& fused,
-                         const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& ref) {
-  auto run = [&](const auto& f, torch::Tensor* out, std::vector<torch::Tensor>* grads) {
-    std::vector<torch::Tensor> xs;
-    for (const torch::Tensor& x : inputs) xs.push_back(x.detach().clone().requires_grad_(true));
-    *out = f(xs);
-    torch::manual_seed(99);
-    (*out * torch::randn_like(*out)).sum().backward();
-    for (const torch::Tensor& x : xs) grads->push_back(x.grad());
-  };
-  torch::Tensor a, b;
-  std::vector<torch::Tensor> ga, gb;
-  run(fused, &a, &ga);
-  run(ref, &b, &gb);
+void ExpectSameWithGrads(const std::vector<torch::Tensor>& inputs, const Op& fused, const Op& ref) {
+  const std::vector<torch::Tensor> got = OutputAndGrads(inputs, fused);
+  const std::vector<torch::Tensor> want = OutputAndGrads(inputs, ref);
+  const torch::Tensor &a = got[0], &b = want[0];
   ASSERT_EQ(a.sizes(), b.sizes());
   EXPECT_TRUE(torch::allclose(a, b, 1e-5, 1e-5)) << (a - b).abs().max();
-  for (size_t i = 0; i < ga.size(); ++i) {
-    EXPECT_TRUE(torch::allclose(ga[i], gb[i], 1e-4, 1e-5)) << "input " << i << ": "
-                                                           << (ga[i] - gb[i]).abs().max();
+  for (size_t i = 1; i < got.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-4, 1e-5))
+        << "input " << i - 1 << ": " << (got[i] - want[i]).abs().max();
   }
 }
 
@@ -105,35 +108,23 @@ TEST(FusedOpsTest, KernelsUseTheIntraOpThreads) {
 TEST(FusedOpsTest, MatchEagerSplitBetweenThreads) {
   IntraOpThreads three(3);
   torch::manual_seed(6);
-  auto twice_the_same = [](const std::vector<torch::Tensor>& inputs, const auto& f) {
-    std::vector<torch::Tensor> runs[2];
-    for (std::vector<torch::Tensor>& run : runs) {
-      std::vector<torch::Tensor> xs;
-      for (const torch::Tensor& x : inputs) xs.push_back(x.detach().clone().requires_grad_(true));
-      const torch::Tensor out = f(xs);
-      torch::manual_seed(7);
-      (out * torch::randn_like(out)).sum().backward();
-      run.push_back(out.detach());
-      for (const torch::Tensor& x : xs) run.push_back(x.grad());
-    }
-    for (size_t i = 0; i < runs[0].size(); ++i) {
-      EXPECT_TRUE(torch::equal(runs[0][i], runs[1][i])) << "tensor " << i << " differs";
+  auto twice_the_same = [](const std::vector<torch::Tensor>& inputs, const Op& f) {
+    const std::vector<torch::Tensor> first = OutputAndGrads(inputs, f);
+    const std::vector<torch::Tensor> second = OutputAndGrads(inputs, f);
+    for (size_t i = 0; i < first.size(); ++i) {
+      EXPECT_TRUE(torch::equal(first[i], second[i])) << "tensor " << i << " differs";
     }
   };
   const std::vector<torch::Tensor> norm = {torch::randn({4, 400, 32}) * 3,
                                            torch::rand({32}) + 0.5};
-  auto rms = [](const auto& x) { return RmsNorm(x[0], x[1], 1e-6); };
+  const Op rms = [](const auto& x) { return RmsNorm(x[0], x[1], 1e-6); };
   ExpectSameWithGrads(norm, rms, [](const auto& x) { return reference::RmsNorm(x[0], x[1], 1e-6); });
   twice_the_same(norm, rms);
   // RMSNorm's weight gradient sums its rows in chunks fixed by the shape: the same bits on one
   // thread as on three.
   auto weight_grad = [&](int threads) {
     IntraOpThreads n(threads);
-    const torch::Tensor w = norm[1].clone().requires_grad_(true);
-    const torch::Tensor out = RmsNorm(norm[0], w, 1e-6);
-    torch::manual_seed(8);
-    (out * torch::randn_like(out)).sum().backward();
-    return w.grad();
+    return OutputAndGrads(norm, rms)[2];
   };
   EXPECT_TRUE(torch::equal(weight_grad(1), weight_grad(3)));
 
@@ -153,7 +144,7 @@ TEST(FusedOpsTest, MatchEagerSplitBetweenThreads) {
   for (int64_t p : {64, 1}) {
     const std::vector<torch::Tensor> gate = {torch::randn({4, 200, 4, 64}),
                                              torch::randn({4, 200, 4, p}) * 3};
-    auto fused = [](const auto& x) { return SigmoidGate(x[0], x[1]); };
+    const Op fused = [](const auto& x) { return SigmoidGate(x[0], x[1]); };
     ExpectSameWithGrads(gate, fused,
                         [](const auto& x) { return reference::SigmoidGate(x[0], x[1]); });
     twice_the_same(gate, fused);
