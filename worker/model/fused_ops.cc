@@ -220,7 +220,8 @@ class SiluMulCpu : public torch::autograd::Function<SiluMulCpu> {
 };
 
 // Rows of y (length P) each gated by P sigmoid scores, or by one when headwise. The scores come
-// from ATen's vectorised sigmoid; the product and the backward are one pass each.
+// from ATen's vectorised sigmoid; the product and the backward are one pass each. The backward
+// reads the output, not y: d logits = g * y * s (1 - s) = g * out * (1 - s).
 class SigmoidGateCpu : public torch::autograd::Function<SigmoidGateCpu> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& y_in,
@@ -239,36 +240,36 @@ class SigmoidGateCpu : public torch::autograd::Function<SigmoidGateCpu> {
         for (int64_t i = 0; i < P; ++i) o[i] = yr[i] * sr[i * stride];
       }
     });
-    ctx->save_for_backward({y, sig});
+    ctx->save_for_backward({out, sig});
     return out;
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const torch::Tensor &y = saved[0], &sig = saved[1];
+    const torch::Tensor &out = saved[0], &sig = saved[1];
     const torch::Tensor g = grads[0].contiguous();
-    const int64_t P = y.size(-1), rows = y.numel() / P;
+    const int64_t P = out.size(-1), rows = out.numel() / P;
     const bool headwise = sig.size(-1) == 1 && P != 1;
-    torch::Tensor dy = torch::empty_like(y), dl = torch::empty_like(sig);
-    const float *yp = y.data_ptr<float>(), *sp = sig.data_ptr<float>(), *gp = g.data_ptr<float>();
+    torch::Tensor dy = torch::empty_like(out), dl = torch::empty_like(sig);
+    const float *op = out.data_ptr<float>(), *sp = sig.data_ptr<float>(), *gp = g.data_ptr<float>();
     float *dyp = dy.data_ptr<float>(), *dlp = dl.data_ptr<float>();
     at::parallel_for(0, rows, Grain(P), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        const float *yr = yp + r * P, *gr = gp + r * P;
+        const float *orow = op + r * P, *gr = gp + r * P;
         float* dyr = dyp + r * P;
         if (headwise) {
           const float s = sp[r];
           float dot = 0;
           for (int64_t i = 0; i < P; ++i) {
             dyr[i] = gr[i] * s;
-            dot += gr[i] * yr[i];
+            dot += gr[i] * orow[i];
           }
-          dlp[r] = dot * s * (1.0f - s);
+          dlp[r] = dot * (1.0f - s);
         } else {
           const float* sr = sp + r * P;
           float* dlr = dlp + r * P;
           for (int64_t i = 0; i < P; ++i) {
             dyr[i] = gr[i] * sr[i];
-            dlr[i] = gr[i] * yr[i] * sr[i] * (1.0f - sr[i]);
+            dlr[i] = gr[i] * orow[i] * (1.0f - sr[i]);
           }
         }
       }
