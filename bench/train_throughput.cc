@@ -33,6 +33,7 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "config/model_config.h"
 #include "config/param_count.h"
 #include "config/presets.h"
@@ -162,6 +163,15 @@ double Quantile(std::vector<double> v, double q) {
   const size_t lo = static_cast<size_t>(pos);
   const size_t hi = std::min(lo + 1, v.size() - 1);
   return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
+}
+
+// [v0,v1,...] for the JSON line: the per-step ratios, which a driver pools over rounds.
+std::string JsonArray(const std::vector<double>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    absl::StrAppend(&out, i ? "," : "", absl::StrFormat("%.6g", v[i]));
+  }
+  return out + "]";
 }
 
 }  // namespace
@@ -308,7 +318,8 @@ int main(int argc, char** argv) {
         "\"ffn\":%d,\"pair_ffn\":%d,\"params\":%lld,\"pair_params\":%lld,\"steps\":%zu,"
         "\"step_ms\":%.6g,\"pair_step_ms\":%.6g,\"tokens_per_s\":%.6g,"
         "\"pair_tokens_per_s\":%.6g,\"ratio\":%.6g,\"ratio_q1\":%.6g,\"ratio_q3\":%.6g,"
-        "\"cpu_ms\":%.6g,\"pair_cpu_ms\":%.6g,\"cpu_ratio\":%.6g,\"threads\":%d}\n",
+        "\"cpu_ms\":%.6g,\"pair_cpu_ms\":%.6g,\"cpu_ratio\":%.6g,\"threads\":%d,"
+        "\"ratios\":%s,\"cpu_ratios\":%s}\n",
         variant.c_str(), pair.c_str(), d_model, runs[0]->model().ffn_dim(),
         runs[1]->model().ffn_dim(),
         static_cast<long long>(ablate::CountParams(runs[0]->model()).total()),
@@ -316,7 +327,7 @@ int main(int argc, char** argv) {
         1e3 * Quantile(a, 0.5), 1e3 * Quantile(b, 0.5), tokens_per_step / Quantile(a, 0.5),
         tokens_per_step / Quantile(b, 0.5), Quantile(ratio, 0.5), Quantile(ratio, 0.25),
         Quantile(ratio, 0.75), 1e3 * Quantile(ca, 0.5), 1e3 * Quantile(cb, 0.5),
-        Quantile(cpu_ratio, 0.5), threads);
+        Quantile(cpu_ratio, 0.5), threads, JsonArray(ratio).c_str(), JsonArray(cpu_ratio).c_str());
     return 0;
   }
 

@@ -17,9 +17,10 @@ At every grid point (d_model x seq_len, 4 layers, batch = tokens_per_step / seq_
   eager PyTorch (refused unless its parameter count equals ablate's);
 - G1: `bench_train --pair g1_elementwise --match-ffn`, the gate with the FFN narrowed until the
   parameters match, trained step for step beside the baseline in one process (each step timed
-  against its neighbour of the other model, so the VM's drift cancels); the median over rounds
-  of each round's median per-step time ratio (the pair's tokens/s, kept in --json, are not a
-  run alone's);
+  against its neighbour of the other model, so the VM's drift cancels); the median of the
+  per-step time ratios of every round pooled, with its 95% confidence interval (distribution-
+  free, from the binomial order statistics; it takes 6 pairs or more, and it treats the pairs as
+  independent) (the pair's tokens/s, kept in --json, are not a run alone's);
 - MFU of ablate and of the peer: training FLOPs per token (config/param_count.cc) x tokens/s over
   the fp32 1024^3 matmul FLOP/s measured in every round of the same point.
 
@@ -37,6 +38,7 @@ step <= 1.03x the baseline's at every point.
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -55,6 +57,22 @@ def run(cmd, env):
               file=sys.stderr)
         return None
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def median_ci(xs, level=0.95):
+    """A distribution-free confidence interval for the median of xs: the order statistics
+    x_(k), x_(n-k+1) with k the largest count where P(Binomial(n, 1/2) <= k - 1) <= (1 - level) / 2.
+    (nan, nan) with fewer than 6 values, where no such k exists at 95%."""
+    xs, n, alpha = sorted(xs), len(xs), (1 - level) / 2
+    k, cdf = 0, 0.0
+    while k <= n:
+        p = math.comb(n, k) / 2 ** n
+        if cdf + p > alpha:
+            break
+        cdf, k = cdf + p, k + 1
+    if k == 0:
+        return float("nan"), float("nan")
+    return xs[k - 1], xs[n - k]
 
 
 def swiglu_width(d):
@@ -101,7 +119,7 @@ def main():
     points = [(d, t) for d in a.d_model for t in a.seq]
     header = (f"| d_model | seq | batch | ablate tok/s | peer tok/s | ablate/peer | "
               f"{'' if a.no_reference else 'same-arch tok/s | ablate/same-arch | '}"
-              f"ablate MFU | peer MFU | matmul GFLOP/s | G1 step/base | "
+              f"ablate MFU | peer MFU | matmul GFLOP/s | G1 step/base | G1 95% CI | "
               f"ablate/peer by CPU time | G1/base by CPU time |")
     print(f"train_throughput: {a.layers} layers, {a.tokens_per_step} tokens per step, "
           f"{a.threads} threads, {a.rounds} rounds x ({a.warmup} + {a.steps}) steps per point "
@@ -143,8 +161,8 @@ def main():
                     continue
                 last[k] = out
                 if k == "g1":
-                    pair_ratios.append(out["ratio"])
-                    pair_cpu_ratios.append(out["cpu_ratio"])
+                    pair_ratios += out["ratios"]
+                    pair_cpu_ratios += out["cpu_ratios"]
                     results[k].append(out["pair_tokens_per_s"])
                     continue
                 if out.get("kernel_threads", a.threads) < a.threads:
@@ -168,7 +186,8 @@ def main():
         row = {"d_model": d, "seq": t, "batch": batch, "ablate": med["ablate"], "peer": med["peer"],
                "g1": med["g1"], "matmul_flops": peak, "mfu": med["ablate"] * fpt("ablate") / peak,
                "peer_mfu": med["peer"] * fpt("peer") / peak,
-               "g1_step_ratio": statistics.median(pair_ratios) if pair_ratios else float("nan")}
+               "g1_step_ratio": statistics.median(pair_ratios) if pair_ratios else float("nan"),
+               "g1_ci": median_ci(pair_ratios), "g1_pairs": len(pair_ratios)}
         cpu = {k: statistics.median(v) for k, v in cpu_ms.items()}
         row["cpu_ratio"] = cpu["peer"] / cpu["ablate"] if "peer" in cpu and "ablate" in cpu else float("nan")
         row["g1_cpu_ratio"] = (statistics.median(pair_cpu_ratios) if pair_cpu_ratios
@@ -180,6 +199,7 @@ def main():
         print(f"| {d} | {t} | {batch} | {row['ablate']:.0f} | {row['peer']:.0f} | "
               f"{row['ablate'] / row['peer']:.2f} | {ref}{100 * row['mfu']:.1f}% | "
               f"{100 * row['peer_mfu']:.1f}% | {peak / 1e9:.1f} | {row['g1_step_ratio']:.3f} | "
+              f"{row['g1_ci'][0]:.3f}–{row['g1_ci'][1]:.3f} ({row['g1_pairs']} pairs) | "
               f"{row['cpu_ratio']:.2f} | {row['g1_cpu_ratio']:.3f} |",
               flush=True)
         summary.append(row)
