@@ -192,6 +192,7 @@ demo: build-bin data
 BENCH_TRAIN_ARGS ?= --quick
 bench: deps-bench build data
 	$(BUILD)/bench_model_step
+	$(BUILD)/bench_gate_pass
 	/usr/bin/python3 bench/train_throughput.py --build $(BUILD) $(BENCH_TRAIN_ARGS)
 	$(BUILD)/bench_store
 	$(BUILD)/bench_scheduler

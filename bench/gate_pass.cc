@@ -1,10 +1,15 @@
 // What the paper's G1 gate (elementwise sigmoid) costs at one layer's shape, forward and
 // backward: the fused attention alone against the attention then SigmoidGate, as the model runs
-// them, in alternating order in one process. Prints the medians (ms) and the gate's cost as a
-// share of the attention's, taken round by round. The gate's logits are a strided slice of a wider
-// projection, as the model's fused q/k/v/gate GEMM hands them over. Times 4 layers, over
-// bench_train's step time at the same shape, it is the share of a training step the gate's own
-// passes take (docs/benchmarks.md).
+// them, in alternating order in one process. The gate's logits are a strided slice of a wider
+// projection, as the model's fused q/k/v/gate GEMM hands them over. Prints, for the forward, the
+// backward and both (`step`): the medians of each (`attention_*_ms`, `gated_*_ms`), and the
+// medians of the round-by-round difference (`gate_*_ms`) and ratio to the attention alone
+// (`gate_*_cost`), in which the VM's drift between rounds cancels.
+// These are the gate's own passes (its sigmoid, product and backward), not its columns of the
+// fused q/k/v/gate GEMM, which the FFN-matched G1 pays for with a narrower FFN, nor its share of
+// the concatenation of the projection's gradients. Times the layers, over bench_train's step
+// time at the same shape, they are the share of a training step those passes take
+// (docs/benchmarks.md).
 //
 //   build/bench_gate_pass [--d-model 256] [--seq 256] [--batch 128] [--head-dim 64] [--rounds 9]
 #include <torch/torch.h>
@@ -85,7 +90,7 @@ int main(int argc, char** argv) {
   // [0 forward, 1 backward, 2 both]: the attention's seconds, the gated one's, and the gate's
   // cost over the attention in the same round (the order alternates), so the VM's drift between
   // rounds cancels.
-  std::vector<double> alone[3], gated[3], cost[3];
+  std::vector<double> alone[3], gated[3], diff[3], cost[3];
   for (int r = 0; r < rounds; ++r) {
     std::pair<double, double> a, g;
     if (r % 2 == 0) {
@@ -100,6 +105,7 @@ int main(int argc, char** argv) {
     for (int part = 0; part < 3; ++part) {
       alone[part].push_back(as[part]);
       gated[part].push_back(gs[part]);
+      diff[part].push_back(gs[part] - as[part]);
       cost[part].push_back((gs[part] - as[part]) / as[part]);
     }
   }
@@ -111,7 +117,7 @@ int main(int argc, char** argv) {
     std::printf(",\"attention_%s_ms\":%.4g,\"gated_%s_ms\":%.4g,\"gate_%s_ms\":%.4g,"
                 "\"gate_%s_cost\":%.4f",
                 parts[part], 1e3 * Median(alone[part]), parts[part], 1e3 * Median(gated[part]),
-                parts[part], 1e3 * (Median(gated[part]) - Median(alone[part])), parts[part],
+                parts[part], 1e3 * Median(diff[part]), parts[part],
                 Median(cost[part]));
   }
   std::printf("}\n");

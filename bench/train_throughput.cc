@@ -4,6 +4,7 @@
 //
 //   build/bench_train --d-model 128 --steps 20 [--variant g1_elementwise --match-ffn]
 //   build/bench_train --d-model 128 --steps 8 --pair g1_elementwise --match-ffn
+//   build/bench_train --d-model 128 --steps 40 --pair g1_elementwise --match-ffn --pair-blocks
 //   build/bench_train --matmul
 //
 // --pair V trains `--variant` (the baseline by default) and V side by side, each on a thread of
@@ -14,6 +15,14 @@
 // has an OpenMP pool of its own, idle while the other steps: the ratio is fair, but a pair's
 // absolute step times are not those of a run alone (an idle pool that spins, under
 // OMP_WAIT_POLICY=ACTIVE, takes the cores from the other). --profile is for single runs.
+//
+// --pair-blocks times one transformer block (layer 0) of each model instead of whole training
+// steps: forward and backward on the same random input, on the main thread, the two in turn
+// (the order swapped every pair), --steps pairs after --warmup. A block is what two FFN-matched
+// variants differ in: the embedding, final norm, head, loss and data are the same, and so is
+// the optimizer's work (the same parameter count; G1 has one more tensor per layer). So a
+// step's ratio lies between 1 and the blocks' ratio, and a block takes a quarter of a 4-layer
+// step or less: four times the pairs in the same minutes, for a noise that is per pair.
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
@@ -38,6 +47,7 @@
 #include "config/param_count.h"
 #include "config/presets.h"
 #include "worker/model/fused_ops.h"
+#include "worker/model/transformer.h"
 #include "worker/train/trainer.h"
 
 namespace {
@@ -174,6 +184,52 @@ std::string JsonArray(const std::vector<double>& v) {
   return out + "]";
 }
 
+// --pair-blocks: layer 0 of each model, forward and backward on one random input, in turn; prints
+// the JSON line (the ratio is b's time over a's, pair by pair).
+int PairBlocks(const ablate::ModelConfig& a, const ablate::ModelConfig& b, const std::string& a_name,
+               const std::string& b_name, int batch, int seq, int warmup, int pairs, int threads) {
+  torch::manual_seed(0);
+  ablate::Block blocks[2] = {ablate::Block(a, 0), ablate::Block(b, 0)};
+  const torch::Tensor x0 = torch::randn({batch, seq, a.d_model()});
+  const torch::Tensor up = torch::randn({batch, seq, a.d_model()});
+  std::vector<double> wall[2], cpu[2];
+  auto time_block = [&](int who, bool keep) {
+    const torch::Tensor x = x0.clone().requires_grad_(true);
+    blocks[who]->zero_grad();
+    const auto t0 = Clock::now();
+    const double c0 = ProcessCpuSeconds();
+    torch::Tensor aux;
+    blocks[who]->forward(x, &aux, nullptr).backward(up);
+    if (keep) {
+      wall[who].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      cpu[who].push_back(ProcessCpuSeconds() - c0);
+    }
+  };
+  for (int i = 0; i < warmup + pairs; ++i) {
+    const int first = i % 2;
+    time_block(first, i >= warmup);
+    time_block(1 - first, i >= warmup);
+  }
+  std::vector<double> ratio, cpu_ratio;
+  for (int i = 0; i < pairs; ++i) {
+    ratio.push_back(wall[1][i] / wall[0][i]);
+    cpu_ratio.push_back(cpu[1][i] / cpu[0][i]);
+  }
+  std::printf(
+      "{\"impl\":\"pair_blocks\",\"variant\":\"%s\",\"pair\":\"%s\",\"d_model\":%d,"
+      "\"ffn\":%d,\"pair_ffn\":%d,\"block_params\":%lld,\"pair_block_params\":%lld,"
+      "\"steps\":%d,\"block_ms\":%.6g,\"pair_block_ms\":%.6g,\"ratio\":%.6g,"
+      "\"ratio_q1\":%.6g,\"ratio_q3\":%.6g,\"cpu_ratio\":%.6g,\"threads\":%d,"
+      "\"ratios\":%s,\"cpu_ratios\":%s}\n",
+      a_name.c_str(), b_name.c_str(), a.d_model(), a.ffn_dim(), b.ffn_dim(),
+      static_cast<long long>(ablate::CountAllocatedParams(*blocks[0])),
+      static_cast<long long>(ablate::CountAllocatedParams(*blocks[1])), pairs,
+      1e3 * Quantile(wall[0], 0.5), 1e3 * Quantile(wall[1], 0.5), Quantile(ratio, 0.5),
+      Quantile(ratio, 0.25), Quantile(ratio, 0.75), Quantile(cpu_ratio, 0.5), threads,
+      JsonArray(ratio).c_str(), JsonArray(cpu_ratio).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -182,7 +238,7 @@ int main(int argc, char** argv) {
   int d_model = 128, layers = 4, heads = 0, head_dim = 32, ffn = 0, batch = 16, seq = 256;
   int steps = 20, warmup = 3, pair_ffn = 0, threads = static_cast<int>(std::thread::hardware_concurrency());
   std::string variant = "baseline", pair, device = "cpu", profile;
-  bool match_ffn = false, matmul = false;
+  bool match_ffn = false, matmul = false, pair_blocks = false;
   app.add_option("--d-model", d_model);
   app.add_option("--layers", layers);
   app.add_option("--heads", heads, "default d_model / head_dim");
@@ -201,9 +257,16 @@ int main(int argc, char** argv) {
                  "the median of its per-step time ratios to --variant's");
   app.add_option("--pair-ffn", pair_ffn, "the --pair model's FFN width, whatever --match-ffn says");
   app.add_flag("--match-ffn", match_ffn, "narrow the FFN until params match the baseline's");
+  app.add_flag("--pair-blocks", pair_blocks,
+               "with --pair: time one block of each model, forward and backward, --steps pairs, "
+               "instead of training steps");
   app.add_flag("--matmul", matmul, "measure fp32 matmul FLOP/s instead");
   app.add_option("--profile", profile, "write a chrome://tracing profile of the run to this file");
   CLI11_PARSE(app, argc, argv);
+  if (pair_blocks && pair.empty()) {
+    std::fprintf(stderr, "bench_train: --pair-blocks times the blocks of a --pair\n");
+    return 1;
+  }
   if (!pair.empty() && !profile.empty()) {
     std::fprintf(stderr, "bench_train: --profile records one run; it does not go with --pair\n");
     return 1;
@@ -270,6 +333,10 @@ int main(int argc, char** argv) {
     const std::optional<ablate::RunConfig> runs[2] = {make_run(variant, 0),
                                                        make_run(pair, pair_ffn)};
     if (!runs[0] || !runs[1]) return 1;
+    if (pair_blocks) {
+      return PairBlocks(runs[0]->model(), runs[1]->model(), variant, pair, batch, seq, warmup,
+                        steps, threads);
+    }
     std::unique_ptr<ablate::Trainer> trainers[2] = {make_trainer(*runs[0], scratch + "_a"),
                                                     make_trainer(*runs[1], scratch + "_b")};
     if (!trainers[0] || !trainers[1]) return 1;

@@ -6,7 +6,8 @@ medians over rounds are compared.
     /usr/bin/python3 bench/train_throughput.py [--build build] [--rounds 3] [--steps 2]
     /usr/bin/python3 bench/train_throughput.py --quick            # 1 round, 2 timed steps
     /usr/bin/python3 bench/train_throughput.py --d-model 128 --seq 256 --rounds 5
-    /usr/bin/python3 bench/train_throughput.py --only-g1          # baseline and G1 alone
+    /usr/bin/python3 bench/train_throughput.py --only-g1          # only G1 against the baseline
+    /usr/bin/python3 bench/train_throughput.py --only-g1 --g1-unit block --pair-steps 20
 
 At every grid point (d_model x seq_len, 4 layers, batch = tokens_per_step / seq_len):
 - ablate: `bench_train`, the baseline with SwiGLU width round(8 d / 3), whose three matrices
@@ -21,6 +22,10 @@ At every grid point (d_model x seq_len, 4 layers, batch = tokens_per_step / seq_
   per-step time ratios of every round pooled, with its 95% confidence interval (distribution-
   free, from the binomial order statistics; it takes 6 pairs or more, and it treats the pairs as
   independent) (the pair's tokens/s, kept in --json, are not a run alone's);
+- G1 by blocks (--g1-unit block): one transformer block of each, forward and backward on the
+  same input, in turn (`bench_train --pair-blocks`); everything else in a step is the same for
+  two FFN-matched models, so the step's ratio lies between 1 and the blocks', and a block pair
+  takes a quarter of a step pair: more pairs in the same minutes for a tighter interval;
 - MFU of ablate and of the peer: training FLOPs per token (config/param_count.cc) x tokens/s over
   the fp32 1024^3 matmul FLOP/s measured in every round of the same point.
 
@@ -95,8 +100,12 @@ def main():
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--quick", action="store_true", help="1 round of 2 timed steps")
     p.add_argument("--no-reference", action="store_true", help="skip the same-architecture column")
-    p.add_argument("--pair-steps", type=int, default=4,
-                   help="G1: timed steps of each model per round, paired step by step")
+    p.add_argument("--pair-steps", type=int, default=6,
+                   help="G1: timed steps of each model per round, paired step by step (6 or "
+                   "more give a 95%% interval from one round)")
+    p.add_argument("--g1-unit", default="step", choices=["step", "block"],
+                   help="G1: pair whole training steps, or one block's forward and backward "
+                   "(bench_train --pair-blocks; give it more --pair-steps)")
     p.add_argument("--only-g1", action="store_true",
                    help="measure only G1 against the baseline (the G1 target); the other columns "
                    "print nan")
@@ -119,11 +128,11 @@ def main():
     points = [(d, t) for d in a.d_model for t in a.seq]
     header = (f"| d_model | seq | batch | ablate tok/s | peer tok/s | ablate/peer | "
               f"{'' if a.no_reference else 'same-arch tok/s | ablate/same-arch | '}"
-              f"ablate MFU | peer MFU | matmul GFLOP/s | G1 step/base | G1 95% CI | "
+              f"ablate MFU | peer MFU | matmul GFLOP/s | G1 {a.g1_unit}/base | G1 95% CI | "
               f"ablate/peer by CPU time | G1/base by CPU time |")
     print(f"train_throughput: {a.layers} layers, {a.tokens_per_step} tokens per step, "
           f"{a.threads} threads, {a.rounds} rounds x ({a.warmup} + {a.steps}) steps per point "
-          f"(G1: {a.warmup} + {a.pair_steps} pairs), medians; OMP_WAIT_POLICY {env.get('OMP_WAIT_POLICY', 'unset')}", flush=True)
+          f"(G1: {a.warmup} + {a.pair_steps} pairs of {a.g1_unit}s), medians; OMP_WAIT_POLICY {env.get('OMP_WAIT_POLICY', 'unset')}", flush=True)
     print(header)
     print("|" + "---:|" * (header.count("|") - 1), flush=True)
     began = time.time()
@@ -147,7 +156,7 @@ def main():
         jobs["g1"] = [ours, "--d-model", str(d), "--seq", str(t), "--ffn", str(w), "--pair",
                       "g1_elementwise", "--match-ffn", "--steps", str(a.pair_steps), "--warmup",
                       str(a.warmup), "--threads", str(a.threads), "--batch", str(batch),
-                      "--layers", str(a.layers)]
+                      "--layers", str(a.layers)] + (["--pair-blocks"] if a.g1_unit == "block" else [])
         if a.only_g1:
             jobs = {"g1": jobs["g1"]}
         results = {k: [] for k in jobs}
@@ -163,7 +172,8 @@ def main():
                 if k == "g1":
                     pair_ratios += out["ratios"]
                     pair_cpu_ratios += out["cpu_ratios"]
-                    results[k].append(out["pair_tokens_per_s"])
+                    if "pair_tokens_per_s" in out:  # not for blocks
+                        results[k].append(out["pair_tokens_per_s"])
                     continue
                 if out.get("kernel_threads", a.threads) < a.threads:
                     print(f"train_throughput: ablate's fused kernels ran on "
@@ -199,11 +209,11 @@ def main():
         print(f"| {d} | {t} | {batch} | {row['ablate']:.0f} | {row['peer']:.0f} | "
               f"{row['ablate'] / row['peer']:.2f} | {ref}{100 * row['mfu']:.1f}% | "
               f"{100 * row['peer_mfu']:.1f}% | {peak / 1e9:.1f} | {row['g1_step_ratio']:.3f} | "
-              f"{row['g1_ci'][0]:.3f}–{row['g1_ci'][1]:.3f} ({row['g1_pairs']} pairs) | "
+              f"{row['g1_ci'][0]:.3f}-{row['g1_ci'][1]:.3f} ({row['g1_pairs']} pairs) | "
               f"{row['cpu_ratio']:.2f} | {row['g1_cpu_ratio']:.3f} |",
               flush=True)
         summary.append(row)
-        raw[f"{d}x{t}"] = dict(results, g1_ratio=pair_ratios, g1_cpu_ratio=pair_cpu_ratios)
+        raw[f"{d}x{t}"] = dict(results, g1_ratios=pair_ratios, g1_cpu_ratios=pair_cpu_ratios)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump({"args": vars(a), "load": load, "points": summary, "raw": raw}, f, indent=1)

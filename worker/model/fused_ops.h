@@ -30,8 +30,9 @@ torch::Tensor SiluMul(const torch::Tensor& a, const torch::Tensor& b);
 
 // y * sigmoid(logits), the paper's default gate: y (..., P) with logits (..., P) (elementwise)
 // or (..., 1) (headwise), leading dimensions equal. On the CPU it keeps its output and the scores
-// for the backward, not y: the output is what the next op keeps anyway (W_O's input for G1, the
-// attention's v for G2), so y is freed as soon as it is gated.
+// for the backward, not y: at G1 and G2 the output is what the next op keeps anyway (W_O's
+// input, the attention's v), so y is freed as soon as it is gated; at G3 and G4 (RoPE keeps
+// nothing) it is one tensor kept either way.
 torch::Tensor SigmoidGate(const torch::Tensor& y, const torch::Tensor& logits);
 
 // Causal softmax attention with grouped-query heads (each KV head serves H / KV consecutive query
