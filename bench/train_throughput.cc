@@ -20,7 +20,8 @@
 // steps: forward and backward on the same random input, on the main thread, the two in turn
 // (the order swapped every pair), --steps pairs after --warmup. A block is what two FFN-matched
 // variants differ in: the embedding, final norm, head, loss and data are the same, and so is
-// the optimizer's work (the same parameter count; G1 has one more tensor per layer). So a
+// the optimizer's work (parameter counts within 1.5 d_model a layer; G1 has one more tensor per
+// layer). So a
 // step's ratio lies between 1 and the blocks' ratio, and a block takes a quarter of a 4-layer
 // step or less: four times the pairs in the same minutes, for a noise that is per pair.
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -192,14 +193,20 @@ int PairBlocks(const ablate::ModelConfig& a, const ablate::ModelConfig& b, const
   ablate::Block blocks[2] = {ablate::Block(a, 0), ablate::Block(b, 0)};
   const torch::Tensor x0 = torch::randn({batch, seq, a.d_model()});
   const torch::Tensor up = torch::randn({batch, seq, a.d_model()});
+  torch::Tensor aux = torch::zeros({});  // an MoE block adds its load-balancing loss here
   std::vector<double> wall[2], cpu[2];
   auto time_block = [&](int who, bool keep) {
     const torch::Tensor x = x0.clone().requires_grad_(true);
     blocks[who]->zero_grad();
     const auto t0 = Clock::now();
     const double c0 = ProcessCpuSeconds();
-    torch::Tensor aux;
-    blocks[who]->forward(x, &aux, nullptr).backward(up);
+    const torch::Tensor out = blocks[who]->forward(x, &aux, nullptr);
+    if (aux.requires_grad()) {  // an MoE block's load-balancing loss backpropagates too
+      torch::autograd::backward({out, aux}, {up, torch::ones({})});
+    } else {
+      out.backward(up);
+    }
+    aux = torch::zeros({});
     if (keep) {
       wall[who].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
       cpu[who].push_back(ProcessCpuSeconds() - c0);
@@ -263,8 +270,8 @@ int main(int argc, char** argv) {
   app.add_flag("--matmul", matmul, "measure fp32 matmul FLOP/s instead");
   app.add_option("--profile", profile, "write a chrome://tracing profile of the run to this file");
   CLI11_PARSE(app, argc, argv);
-  if (pair_blocks && pair.empty()) {
-    std::fprintf(stderr, "bench_train: --pair-blocks times the blocks of a --pair\n");
+  if (pair_blocks && (pair.empty() || device != "cpu")) {
+    std::fprintf(stderr, "bench_train: --pair-blocks times the blocks of a --pair, on the CPU\n");
     return 1;
   }
   if (!pair.empty() && !profile.empty()) {

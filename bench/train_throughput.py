@@ -197,7 +197,8 @@ def main():
                "g1": med["g1"], "matmul_flops": peak, "mfu": med["ablate"] * fpt("ablate") / peak,
                "peer_mfu": med["peer"] * fpt("peer") / peak,
                "g1_step_ratio": statistics.median(pair_ratios) if pair_ratios else float("nan"),
-               "g1_ci": median_ci(pair_ratios), "g1_pairs": len(pair_ratios)}
+               "g1_ci": median_ci(pair_ratios), "g1_pairs": len(pair_ratios),
+               "g1_unit": a.g1_unit}
         cpu = {k: statistics.median(v) for k, v in cpu_ms.items()}
         row["cpu_ratio"] = cpu["peer"] / cpu["ablate"] if "peer" in cpu and "ablate" in cpu else float("nan")
         row["g1_cpu_ratio"] = (statistics.median(pair_cpu_ratios) if pair_cpu_ratios
