@@ -238,12 +238,27 @@ TEST_F(WorkerCliTest, TwoRanksTakeTheStepsOfOneProcess) {
 }
 
 // The equivalence holds across a checkpoint: an interrupted 2-rank run resumed with 2 ranks
-// takes the straight single process's steps. A rank that dies stops the others at once (not
-// after the collective timeout), and --resume finishes the run with every step once.
+// takes the straight 2-rank run's steps bit for bit, and those are the single process's within
+// float reassociation over the first 100 steps, where both interruptions fall. Over 300 steps
+// the two sums' rounding differences grow as training amplifies them (1.3e-5 relative at step
+// 208 once), so later steps are not compared with the single process: a change of rounding in
+// any kernel would move that. A rank that dies stops the others at once (not after the
+// collective timeout), and --resume finishes the run with every step once.
 TEST_F(WorkerCliTest, DataParallelRunsResumeAndARankThatDiesStopsTheRun) {
   const std::string config = Config("c.yaml", 300).string();
-  const fs::path straight = dir_ / "straight", run = dir_ / "run", killed = dir_ / "killed";
-  ASSERT_EQ(Run({"train", "--config", config, "--out", straight.string()}).exit_code, 0);
+  const fs::path one = dir_ / "one", straight = dir_ / "straight", run = dir_ / "run",
+                 killed = dir_ / "killed";
+  ASSERT_EQ(Run({"train", "--config", config, "--out", one.string()}).exit_code, 0);
+  ASSERT_EQ(Run({"train", "--config", config, "--out", straight.string(), "--world-size", "2"})
+                .exit_code,
+            0);
+  const std::vector<double> one_loss = StepValues(one, "loss");
+  const std::vector<double> straight_loss = StepValues(straight, "loss");
+  ASSERT_EQ(one_loss.size(), 300u);
+  ASSERT_EQ(straight_loss.size(), 300u);
+  ExpectClose(std::vector<double>(one_loss.begin(), one_loss.begin() + 100),
+              std::vector<double>(straight_loss.begin(), straight_loss.begin() + 100), 1e-5,
+              "2 ranks against one process");
 
   Result first = Run({"train", "--config", config, "--out", run.string(), "--world-size", "2"},
                      [&](pid_t launcher) {
@@ -257,7 +272,7 @@ TEST_F(WorkerCliTest, DataParallelRunsResumeAndARankThatDiesStopsTheRun) {
   EXPECT_LT(Steps(run).size(), 300u);
   Result resumed = Run({"train", "--resume", run.string(), "--world-size", "2"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
-  ExpectClose(StepValues(straight, "loss"), StepValues(run, "loss"), 1e-5, "resumed loss");
+  ExpectClose(straight_loss, StepValues(run, "loss"), 0, "resumed loss");
 
   double stopped_after_s = 0;
   Result broken = Run(
@@ -286,7 +301,7 @@ TEST_F(WorkerCliTest, DataParallelRunsResumeAndARankThatDiesStopsTheRun) {
   std::vector<int> steps = Steps(killed);
   ASSERT_EQ(steps.size(), 300u);
   for (int i = 0; i < 300; ++i) ASSERT_EQ(steps[i], i + 1);
-  ExpectClose(StepValues(straight, "loss"), StepValues(killed, "loss"), 1e-5, "after the kill");
+  ExpectClose(straight_loss, StepValues(killed, "loss"), 0, "after the kill");
 }
 
 }  // namespace
