@@ -16,24 +16,21 @@
 
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
-#include <functional>
 #include <limits>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "bench/stats.h"
 #include "worker/model/fused_ops.h"
 #include "worker/train/trainer.h"
 
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+double Median(const std::vector<double>& v) { return ablate::bench::Quantile(v, 0.5); }
 
 }  // namespace
 

@@ -21,9 +21,8 @@
 // (the order swapped every pair), --steps pairs after --warmup. A block is what two FFN-matched
 // variants differ in: the embedding, final norm, head, loss and data are the same, and so is
 // the optimizer's work (parameter counts within 1.5 d_model a layer; G1 has one more tensor per
-// layer). So a
-// step's ratio lies between 1 and the blocks' ratio, and a block takes a quarter of a 4-layer
-// step or less: four times the pairs in the same minutes, for a noise that is per pair.
+// layer). So a step's ratio lies between 1 and the blocks' ratio, and a block takes a quarter of
+// a 4-layer step or less: four times the pairs in the same minutes, for a noise that is per pair.
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
@@ -44,6 +43,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/stats.h"
 #include "config/model_config.h"
 #include "config/param_count.h"
 #include "config/presets.h"
@@ -167,14 +167,7 @@ class PairClock : public ablate::TrainerObserver {
 };
 
 // The q-quantile of `v` (linear between neighbours).
-double Quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double pos = q * static_cast<double>(v.size() - 1);
-  const size_t lo = static_cast<size_t>(pos);
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
-}
+using ablate::bench::Quantile;
 
 // [v0,v1,...] for the JSON line: the per-step ratios, which a driver pools over rounds.
 std::string JsonArray(const std::vector<double>& v) {
@@ -193,20 +186,19 @@ int PairBlocks(const ablate::ModelConfig& a, const ablate::ModelConfig& b, const
   ablate::Block blocks[2] = {ablate::Block(a, 0), ablate::Block(b, 0)};
   const torch::Tensor x0 = torch::randn({batch, seq, a.d_model()});
   const torch::Tensor up = torch::randn({batch, seq, a.d_model()});
-  torch::Tensor aux = torch::zeros({});  // an MoE block adds its load-balancing loss here
   std::vector<double> wall[2], cpu[2];
   auto time_block = [&](int who, bool keep) {
     const torch::Tensor x = x0.clone().requires_grad_(true);
     blocks[who]->zero_grad();
     const auto t0 = Clock::now();
     const double c0 = ProcessCpuSeconds();
+    torch::Tensor aux = torch::zeros({});  // an MoE block adds its load-balancing loss here
     const torch::Tensor out = blocks[who]->forward(x, &aux, nullptr);
     if (aux.requires_grad()) {  // an MoE block's load-balancing loss backpropagates too
       torch::autograd::backward({out, aux}, {up, torch::ones({})});
     } else {
       out.backward(up);
     }
-    aux = torch::zeros({});
     if (keep) {
       wall[who].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
       cpu[who].push_back(ProcessCpuSeconds() - c0);
