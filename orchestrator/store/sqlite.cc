@@ -164,7 +164,7 @@ std::string Stmt::ColumnBlob(int i) const {
                      static_cast<size_t>(sqlite3_column_bytes(stmt_, i)));
 }
 
-absl::StatusOr<Stmt*> StmtCache::Get(const std::string& sql) {
+absl::StatusOr<Stmt*> StmtCache::Get(absl::string_view sql) {
   auto it = cache_.find(sql);
   if (it != cache_.end()) {
     it->second->Reset();
@@ -174,7 +174,7 @@ absl::StatusOr<Stmt*> StmtCache::Get(const std::string& sql) {
   if (!stmt.ok()) return stmt.status();
   auto owned = std::make_unique<Stmt>(std::move(*stmt));
   Stmt* raw = owned.get();
-  cache_.emplace(sql, std::move(owned));
+  cache_.emplace(std::string(sql), std::move(owned));
   return raw;
 }
 
