@@ -743,6 +743,49 @@ TEST_F(StoreTest, FinishAttemptWritesBatchEndAndNextStartInOneTransaction) {
   EXPECT_EQ(IntegrityCheck(), "ok");
 }
 
+TEST_F(StoreTest, EventsOfOneTransactionKeepTheOrderOfItsWrites) {
+  // The writer inserts a transaction's events together, before its COMMIT: their ids still
+  // follow the writes, and a write refused alone leaves no event.
+  SweepIds ids = Submit("s", {"baseline", "g1"}, 2);  // 4 runs
+  const int64_t a = ids.run_ids[0], b = ids.run_ids[1], c = ids.run_ids[2], d = ids.run_ids[3];
+  ASSERT_EQ(Start(a), 1);
+  ASSERT_EQ(Start(b), 1);
+  auto write_of = [](int64_t ended, int64_t next) {
+    FinishWrite write;
+    write.end.run_id = ended;
+    write.end.from = {RUNNING};
+    write.end.to = SUCCEEDED;
+    write.end.expected_attempt = 1;
+    write.start = RunTransition();
+    write.start->run_id = next;
+    write.start->from = {PENDING};
+    write.start->to = RUNNING;
+    return write;
+  };
+  // The second write's end is wrong (a is not on attempt 2): it is refused alone.
+  FinishWrite wrong = write_of(a, d);
+  wrong.end.expected_attempt = 2;
+  const std::vector<absl::StatusOr<FinishWriteResult>> results =
+      store_->FinishAttempts({write_of(a, c), wrong, write_of(b, d)});
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_TRUE(results[0].ok()) << results[0].status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(results[1].status())) << results[1].status();
+  EXPECT_TRUE(results[2].ok()) << results[2].status();
+  absl::StatusOr<QueryResult> order = store_->reader().ReadOnlyQuery(
+      "SELECT group_concat(message, ' | ') FROM (SELECT message FROM events "
+      "WHERE kind = 'run_state' ORDER BY id)");
+  ASSERT_TRUE(order.ok()) << order.status();
+  EXPECT_EQ(std::get<std::string>(order->rows[0][0]),
+            absl::StrCat("run ", a, ": PENDING -> RUNNING (attempt 1) | run ", b,
+                         ": PENDING -> RUNNING (attempt 1) | run ", a,
+                         ": RUNNING -> SUCCEEDED (attempt 1) | run ", c,
+                         ": PENDING -> RUNNING (attempt 1) | run ", b,
+                         ": RUNNING -> SUCCEEDED (attempt 1) | run ", d,
+                         ": PENDING -> RUNNING (attempt 1)"));
+  EXPECT_EQ(Count("SELECT count(*) FROM events WHERE time IS NULL OR sweep_id IS NULL"), 0);
+  EXPECT_EQ(IntegrityCheck(), "ok");
+}
+
 TEST_F(StoreTest, AWriteThatFailsInsideABatchIsUndoneAloneAndTheOthersCommit) {
   // Writes are applied without savepoints first; one that fails alone makes the transaction
   // roll back and the batch apply again, each write under its own savepoint.
