@@ -82,6 +82,13 @@ class SimWorker {
   // only waits. Dozens of threads each blocked in a synchronous call cost the benchmark's machine
   // about twice the CPU per call, which the coordinator under measurement then lacked.
   void Run(const std::atomic<bool>& stop, int wait_s = 1, int64_t max_jobs = 0) {
+    Begin(stop, wait_s, max_jobs);
+    Wait();
+  }
+
+  // Run() in two halves, for a caller that drives many workers from one thread: Begin() issues
+  // the first call and returns; Wait() blocks until the run is over.
+  void Begin(const std::atomic<bool>& stop, int wait_s = 1, int64_t max_jobs = 0) {
     stop_ = &stop;
     wait_s_ = wait_s;
     max_jobs_ = max_jobs;
@@ -90,6 +97,8 @@ class SimWorker {
       running_ = true;
     }
     Next(std::nullopt);
+  }
+  void Wait() {
     std::unique_lock<std::mutex> lock(mu_);
     done_cv_.wait(lock, [this] { return !running_; });
   }
@@ -123,7 +132,9 @@ class SimWorker {
     acquire_.Clear();
     acquire_.set_worker_id(worker_id_);
     acquire_.set_wait_s(wait_s_);
-    acquire_.set_max_jobs(slots_);
+    // Only as many jobs as this worker will still run.
+    acquire_.set_max_jobs(static_cast<int32_t>(std::clamp<int64_t>(
+        max_jobs_ == 0 ? slots_ : max_jobs_ - static_cast<int64_t>(jobs_.size()), 1, slots_)));
     offered_.Clear();
     NewContext(std::chrono::seconds(wait_s_ + 30));
     stub_->async()->AcquireJob(ctx_.get(), &acquire_, &offered_, [this](grpc::Status s) {
