@@ -1414,6 +1414,7 @@ TEST_F(StoreTest, AFullDiskFailsClearlyKeepsQueuedWritesAndRecovers) {
   ASSERT_TRUE(absl::IsResourceExhausted(full)) << full;
   EXPECT_NE(full.message().find("full"), std::string::npos) << full;
   // More writes are still accepted into the queue meanwhile.
+  ASSERT_TRUE(store_->EnqueueEvent(ids.sweep_id, run, "note", "queued while the disk was full").ok());
   ASSERT_TRUE(store_->EnqueueMetrics(Batch(run, attempt, seq++, step, 1000)).ok());
   step += 1000;
   EXPECT_TRUE(absl::IsResourceExhausted(store_->Flush()));
@@ -1437,8 +1438,12 @@ TEST_F(StoreTest, AFullDiskFailsClearlyKeepsQueuedWritesAndRecovers) {
   EXPECT_EQ(Count("SELECT max(step) FROM step_metrics"), step - 1);
   EXPECT_EQ(Count("SELECT report_seq FROM attempts"), seq - 1);
   EXPECT_EQ(Count("SELECT count(*) FROM runs WHERE state = 'RUNNING'"), 1);
+  // The queued event went in once; the refused transition left none.
+  EXPECT_EQ(Count("SELECT count(*) FROM events WHERE kind = 'note'"), 1);
+  EXPECT_EQ(Count("SELECT count(*) FROM events WHERE message LIKE '%RUNNING -> SUCCEEDED%'"), 0);
   EXPECT_EQ(IntegrityCheck(), "ok");
   ASSERT_TRUE(store_->TransitionRun(t).ok());
+  EXPECT_EQ(Count("SELECT count(*) FROM events WHERE message LIKE '%RUNNING -> SUCCEEDED%'"), 1);
 }
 
 TEST_F(StoreTest, ReadersAreNotBlockedByALongWriteTransaction) {
