@@ -318,7 +318,10 @@ class SlurmTest : public ::testing::Test {
 };
 
 TEST_F(SlurmTest, PilotsTrainASweepAndACancelledPilotsRunResumesOnTheOther) {
-  constexpr int kSteps = 1000;
+  // Long enough that both pilots are seen mid-run, checkpointed (reports come every second), and
+  // one can be cancelled before its run ends: a run of 1,000 steps took ~2 s here once training
+  // got faster, and the window where both had reported a checkpoint was often missed.
+  constexpr int kSteps = 6000;
   ASSERT_NO_FATAL_FAILURE(StartCoordinator(/*tls=*/false));
   const Output submitted = Ablate({"submit", Spec("pilots", kSteps).string()});
   ASSERT_EQ(submitted.code, 0) << submitted.text;
