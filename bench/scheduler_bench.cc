@@ -261,6 +261,30 @@ double SteadyRate(const std::vector<ablate::testing::SimWorker*>& sims,
   return seconds > 0 ? static_cast<double>(high - low) / seconds : 0;
 }
 
+// One burst: each of `sims` runs `shares[i]` more jobs (none for a share of 0), all started from
+// this thread (SimWorker::Begin) and waited for. Its wall time, and its rate by SteadyRate.
+struct BurstTime {
+  double seconds = 0, steady_jobs_per_s = 0;
+};
+BurstTime DriveBurst(const std::vector<ablate::testing::SimWorker*>& sims,
+                     const std::vector<int>& shares) {
+  std::atomic<bool> no_stop{false};
+  std::vector<ablate::testing::SimWorker*> running;
+  std::vector<size_t> from;
+  const auto start = Clock::now();
+  for (size_t i = 0; i < sims.size(); ++i) {
+    if (shares[i] == 0) continue;
+    from.push_back(sims[i]->jobs().size());
+    sims[i]->Begin(no_stop, /*wait_s=*/10, static_cast<int64_t>(from.back()) + shares[i]);
+    running.push_back(sims[i]);
+  }
+  for (ablate::testing::SimWorker* sim : running) sim->Wait();
+  BurstTime time;
+  time.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  time.steady_jobs_per_s = SteadyRate(running, from);
+  return time;
+}
+
 // The workers' protocol against the echo server, replaying `job` as every job: a server process
 // and `args.Workers()` registered workers, driven in bursts.
 class EchoFloor {
@@ -302,20 +326,13 @@ class EchoFloor {
     if (!started_) return floor;
     const int per_worker = std::max(1, jobs / args_.Workers());
     const int64_t finished_before = finished_.load();
-    std::atomic<bool> stop{false};
-    const auto start = Clock::now();
     const double server_start = CpuSeconds(guard_.pid), self_start = CpuSeconds(getpid());
-    std::vector<ablate::testing::SimWorker*> running;
-    std::vector<size_t> from;
-    for (auto& sim : sims_) {
-      from.push_back(sim->jobs().size());
-      sim->Begin(stop, /*wait_s=*/10, static_cast<int64_t>(sim->jobs().size()) + per_worker);
-      running.push_back(sim.get());
-    }
-    for (auto& sim : sims_) sim->Wait();
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    std::vector<ablate::testing::SimWorker*> sims;
+    for (auto& sim : sims_) sims.push_back(sim.get());
+    const BurstTime time = DriveBurst(sims, std::vector<int>(sims.size(), per_worker));
+    const double seconds = time.seconds;
     const int64_t done = int64_t{per_worker} * args_.Workers();
-    floor.steady_jobs_per_s = SteadyRate(running, from);
+    floor.steady_jobs_per_s = time.steady_jobs_per_s;
     size_t errors = 0;
     for (const auto& sim : sims_) errors += sim->errors().size();
     floor.jobs_per_s = static_cast<double>(done) / seconds;
@@ -420,34 +437,29 @@ Outcome Scenario(const Args& args) {
   for (auto& sim : sims) sim->CountFinishesIn(&finished);
   double drain_s = 0, drain_cpu = 0, writer_cpu = 0, workers_cpu = 0;
   bool drained = true;
+  std::vector<ablate::testing::SimWorker*> workers;
+  for (auto& sim : sims) workers.push_back(sim.get());
   auto dispatch_burst = [&](int jobs) {
-    std::atomic<bool> no_stop{false};
     const int64_t before = finished.load();
-    const auto start = Clock::now();
     const double cpu_start = CpuSeconds(serve), self_cpu_start = CpuSeconds(getpid());
     const double writer_cpu_start = CpuSeconds(serve, kStoreWriterThread);
-    std::vector<ablate::testing::SimWorker*> running;
-    std::vector<size_t> from;
-    for (size_t i = 0; i < sims.size(); ++i) {
-      const int share = jobs / static_cast<int>(sims.size()) +
-                        (static_cast<int>(i) < jobs % static_cast<int>(sims.size()) ? 1 : 0);
-      if (share == 0) continue;
-      from.push_back(sims[i]->jobs().size());
-      sims[i]->Begin(no_stop, /*wait_s=*/10, static_cast<int64_t>(sims[i]->jobs().size()) + share);
-      running.push_back(sims[i].get());
+    std::vector<int> shares;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      const int n = static_cast<int>(workers.size());
+      shares.push_back(jobs / n + (static_cast<int>(i) < jobs % n ? 1 : 0));
     }
-    for (ablate::testing::SimWorker* sim : running) sim->Wait();
-    const double steady = SteadyRate(running, from);
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    drain_s += seconds;
+    const BurstTime time = DriveBurst(workers, shares);
+    drain_s += time.seconds;
     drain_cpu += CpuSeconds(serve) - cpu_start;
     writer_cpu += CpuSeconds(serve, kStoreWriterThread) - writer_cpu_start;
     workers_cpu += CpuSeconds(getpid()) - self_cpu_start;
     drained = drained && finished.load() - before == jobs;
-    return steady;
+    return time.steady_jobs_per_s;
   };
-  const int pairs = args.SlotProtocol() ? std::min(args.pairs, args.jobs / (8 * args.Workers()))
-                                        : 1;
+  // Each slot worker's share of a burst is at least its slots (its first AcquireJob asks for that
+  // many), so that every burst drains exactly its jobs.
+  const int pairs =
+      args.SlotProtocol() ? std::clamp(args.jobs / (8 * args.Workers()), 1, args.pairs) : 1;
   std::vector<double> dispatch_bursts, floor_bursts, pair_ratios;
   Args one_call = args;  // the 1-call floor: `--workers` workers, one call per job
   one_call.protocol = ablate::testing::SimProtocol::kFinishCarries;
