@@ -3,8 +3,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "orchestrator/store/sqlite.h"
 
 namespace ablate {
@@ -439,11 +441,8 @@ ALTER TABLE runs ADD COLUMN devices INTEGER NOT NULL DEFAULT 1;
 // writer's instructions per dispatched job (callgrind, bench_store --phases dispatch).
 //
 // A CHECK cannot be altered, and rebuilding the tables would copy every run. The constraints are
-// equivalent and the stored rows do not change, so this uses SQLite's procedure for changing
-// constraints in place (https://www.sqlite.org/lang_altertable.html#otheralter): each table's
-// CREATE text is rewritten in sqlite_schema, the schema version bumped so that every connection
-// reloads it, and this connection's schema reloaded (writable_schema = RESET). The migration's
-// transaction rolls all of it back if any step fails.
+// equivalent and the stored rows do not change, so each table's CREATE text is rewritten in
+// place (RewriteTables).
 constexpr const char* kStateTables[] = {"sweeps", "workers", "runs", "attempts"};
 
 // `create` with its one "CHECK (state IN ('A', 'B'))" as "CHECK (state = 'A' OR state = 'B')".
@@ -477,11 +476,11 @@ absl::StatusOr<std::string> StateCheckAsEqualities(const std::string& table,
                       create.substr(end + 1));
 }
 
-// The writable_schema steps of RewriteStateChecks: each table's new CREATE text, the schema
-// version past `version`, and this connection's schema reloaded.
-absl::Status RewriteStateCheckTexts(
-    sqlite3* db, const std::vector<std::pair<std::string, std::string>>& rewritten,
-    int64_t version) {
+// The writable_schema steps of RewriteTables: each table's new CREATE text, the schema version
+// past `version`, and this connection's schema reloaded.
+absl::Status WriteTableTexts(sqlite3* db,
+                             const std::vector<std::pair<std::string, std::string>>& rewritten,
+                             int64_t version) {
   if (absl::Status s = Exec(db, "PRAGMA writable_schema = ON"); !s.ok()) return s;
   for (const auto& [table, sql] : rewritten) {
     absl::StatusOr<Stmt> write = Stmt::Prepare(
@@ -498,23 +497,28 @@ absl::Status RewriteStateCheckTexts(
   return s;
 }
 
-absl::Status RewriteStateChecks(sqlite3* db) {
-  std::vector<std::pair<std::string, std::string>> rewritten;  // table, CREATE text
-  for (const char* table : kStateTables) {
-    absl::StatusOr<Stmt> read =
-        Stmt::Prepare(db, "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?1");
-    if (!read.ok()) return read.status();
-    read->Bind(1, table);
-    absl::StatusOr<bool> row = read->Step();
-    if (!row.ok()) return row.status();
-    if (!*row) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("store: migration 7: the database has no table ", table));
-    }
-    absl::StatusOr<std::string> sql = StateCheckAsEqualities(table, read->ColumnText(0));
-    if (!sql.ok()) return sql.status();
-    rewritten.emplace_back(table, *std::move(sql));
+// The CREATE text of `table`; FailedPrecondition naming `migration` when there is no such table.
+absl::StatusOr<std::string> TableText(sqlite3* db, const char* table, const char* migration) {
+  absl::StatusOr<Stmt> read =
+      Stmt::Prepare(db, "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?1");
+  if (!read.ok()) return read.status();
+  read->Bind(1, table);
+  absl::StatusOr<bool> row = read->Step();
+  if (!row.ok()) return row.status();
+  if (!*row) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("store: ", migration, ": the database has no table ", table));
   }
+  return read->ColumnText(0);
+}
+
+// Replaces tables' CREATE texts (table, text) with SQLite's procedure for changing constraints in
+// place (https://www.sqlite.org/lang_altertable.html#otheralter): the texts are rewritten in
+// sqlite_schema, the schema version bumped so that every connection reloads it, and this
+// connection's schema reloaded (writable_schema = RESET). The migration's transaction rolls all
+// of it back if any step fails, a text SQLite cannot parse included.
+absl::Status RewriteTables(sqlite3* db,
+                           const std::vector<std::pair<std::string, std::string>>& rewritten) {
   absl::StatusOr<int64_t> version = QueryInt(db, "PRAGMA schema_version");
   if (!version.ok()) return version.status();
   // A library built defensive by default would refuse the rewrite: off for this connection,
@@ -522,12 +526,11 @@ absl::Status RewriteStateChecks(sqlite3* db) {
   int defensive = 0;
   sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, -1, &defensive);
   sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, 0, nullptr);
-  const absl::Status s = RewriteStateCheckTexts(db, rewritten, *version);
+  const absl::Status s = WriteTableTexts(db, rewritten, *version);
   sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, defensive, nullptr);
   if (!s.ok()) return s;
-  // The reloaded schema parses and the tables read: a rewrite SQLite could not parse fails here
-  // and the transaction rolls back.
-  for (const char* table : kStateTables) {
+  // The reloaded schema parses and the tables read.
+  for (const auto& [table, sql] : rewritten) {
     absl::StatusOr<Stmt> probe =
         Stmt::Prepare(db, absl::StrCat("SELECT * FROM ", table, " LIMIT 0"));
     if (!probe.ok()) return probe.status();
@@ -535,12 +538,56 @@ absl::Status RewriteStateChecks(sqlite3* db) {
   return absl::OkStatus();
 }
 
+absl::Status RewriteStateChecks(sqlite3* db) {
+  std::vector<std::pair<std::string, std::string>> rewritten;  // table, CREATE text
+  for (const char* table : kStateTables) {
+    absl::StatusOr<std::string> create = TableText(db, table, "migration 7");
+    if (!create.ok()) return create.status();
+    absl::StatusOr<std::string> sql = StateCheckAsEqualities(table, *create);
+    if (!sql.ok()) return sql.status();
+    rewritten.emplace_back(table, *std::move(sql));
+  }
+  return RewriteTables(db, rewritten);
+}
+
+// Version 8: runs.worker_id without its REFERENCES workers(id). A run's start sets it in the
+// UPDATE that marks the run RUNNING, and SQLite checks a foreign key that an UPDATE changes by
+// giving the statement a statement journal: every page the UPDATE touched was copied (in memory)
+// first, and the parent row looked up. That was 8% of the store writer's instructions per
+// dispatched job (callgrind, bench_store --phases dispatch). Nothing is lost: the same start
+// inserts the attempt with the same worker_id first, and attempts.worker_id keeps its foreign
+// key, so a run still names only a worker that exists (workers are never deleted). Rewritten in
+// place as version 7 was: rebuilding runs would copy every run.
+constexpr char kRunsWorkerReference[] = " REFERENCES workers(id)";
+
+// Whether `text` ends with `word` once trailing spaces are dropped; `text` loses both.
+bool ConsumeTrailingWord(absl::string_view& text, absl::string_view word) {
+  text = absl::StripTrailingAsciiWhitespace(text);
+  return absl::ConsumeSuffix(&text, word);
+}
+
+absl::Status DropRunsWorkerReference(sqlite3* db) {
+  absl::StatusOr<std::string> create = TableText(db, "runs", "migration 8");
+  if (!create.ok()) return create.status();
+  const size_t at = create->find(kRunsWorkerReference);
+  absl::string_view before = absl::string_view(*create).substr(0, at);
+  if (at == std::string::npos || create->find(kRunsWorkerReference, at + 1) != std::string::npos ||
+      !ConsumeTrailingWord(before, "INTEGER") || !ConsumeTrailingWord(before, "worker_id")) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "store: migration 8: table runs has no single \"worker_id INTEGER", kRunsWorkerReference,
+        "\" column"));
+  }
+  std::string sql = *create;
+  sql.erase(at, sizeof(kRunsWorkerReference) - 1);
+  return RewriteTables(db, {{"runs", sql}});
+}
+
 }  // namespace
 
 const std::vector<Migration>& StoreMigrations() {
   static const std::vector<Migration>* migrations = new std::vector<Migration>{
       {kSchemaV1}, {kSchemaV2}, {kSchemaV3}, {kSchemaV4}, {kSchemaV5}, {kSchemaV6},
-      {"", RewriteStateChecks}};
+      {"", RewriteStateChecks}, {"", DropRunsWorkerReference}};
   return *migrations;
 }
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -310,6 +311,62 @@ TEST_F(StoreTest, MigratingToVersionSevenKeepsEveryStateCheckWithoutTemporaryTab
       [](sqlite3* db) { return Exec(db, "UPDATE runs SET state = 'DONE' WHERE id = 1"); });
   EXPECT_THAT(s.message(), ::testing::HasSubstr("CHECK constraint failed"));
   EXPECT_EQ(IntegrityCheck(), "ok");
+}
+
+// Version 8: runs.worker_id has no foreign key (its UPDATE gave every start a statement
+// journal); attempts.worker_id keeps its own, and a start writes both, so a run still names only
+// a worker that exists.
+TEST_F(StoreTest, MigratingToVersionEightKeepsTheWorkerCheckOnTheAttempt) {
+  ASSERT_NO_FATAL_FAILURE(OpenOldFile(VersionSixFile(
+      "INSERT INTO runs (id, sweep_id, variant_id, run_index, run_key, seed, created_at) "
+      "VALUES (2, 1, 1, 1, 'k1', 1, 1);")));
+  EXPECT_EQ(Count("PRAGMA user_version"), StoreSchemaVersion());
+  EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE name = 'runs' AND sql LIKE "
+                  "'%REFERENCES workers%'"), 0);
+  EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE name = 'runs' AND sql LIKE "
+                  "'%worker_id         INTEGER,%'"), 1);
+  EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE name = 'attempts' AND sql LIKE "
+                  "'%worker_id        INTEGER REFERENCES workers(id)%'"), 1);
+  // A start on a worker that does not exist is refused whole: no attempt, the run still queued.
+  RunTransition start;
+  start.run_id = 2;
+  start.from = {PENDING};
+  start.to = RUNNING;
+  start.worker_id = 99;
+  absl::StatusOr<TransitionResult> refused = store_->TransitionRun(start);
+  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("FOREIGN KEY constraint failed"));
+  EXPECT_EQ(Count("SELECT count(*) FROM runs WHERE id = 2 AND state = 'PENDING' AND "
+                  "worker_id IS NULL"), 1);
+  EXPECT_EQ(Count("SELECT count(*) FROM attempts WHERE run_id = 2"), 0);
+  start.worker_id = 1;
+  ASSERT_TRUE(store_->TransitionRun(start).ok());
+  EXPECT_EQ(Count("SELECT count(*) FROM runs WHERE id = 2 AND state = 'RUNNING' AND "
+                  "worker_id = 1"), 1);
+  Reopen();
+  EXPECT_EQ(IntegrityCheck(), "ok");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  EXPECT_EQ(*QueryInt(db, "SELECT count(*) FROM pragma_foreign_key_check"), 0);
+  sqlite3_close(db);
+}
+
+TEST_F(StoreTest, AVersionSevenFileWhoseRunsNameNoWorkerReferenceIsRefusedAtVersionSeven) {
+  // A runs table someone edited by hand: migration 8 cannot find the column it rewrites.
+  const std::string sql = VersionSixFile(
+      "PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = replace(sql, "
+      "' REFERENCES workers(id)', '') WHERE name = 'runs'; PRAGMA writable_schema = OFF;");
+  ASSERT_NO_FATAL_FAILURE(WriteOldFile(sql));
+  StoreOptions options;
+  options.path = path_;
+  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
+  ASSERT_FALSE(store.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
+  EXPECT_THAT(store.status().message(), ::testing::HasSubstr("migration 8: table runs"));
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  EXPECT_EQ(*QueryInt(db, "PRAGMA user_version"), 7);
+  EXPECT_EQ(*QueryInt(db, "SELECT count(*) FROM runs WHERE state = 'RUNNING'"), 1);
+  sqlite3_close(db);
 }
 
 TEST_F(StoreTest, TheWritersStatementsBuildNoTemporaryTables) {
@@ -631,6 +688,37 @@ TEST_F(StoreTest, ALostAttemptCannotReportAndItsResumeReplacesSteps) {
   EXPECT_TRUE(absl::IsFailedPrecondition(store_->TransitionRun(finish).status()));
   finish.expected_attempt = 2;
   EXPECT_TRUE(store_->TransitionRun(finish).ok());
+}
+
+// Step rows go in OR FAIL, and again OR REPLACE only when a step was there: whatever the first
+// try put in before it failed is rewritten, and the batch's values win as one OR REPLACE would.
+TEST_F(StoreTest, RepeatedStepsReplaceTheirRowsWhereverTheyFallInABatch) {
+  SweepIds ids = Submit("s", {"baseline"}, 1);
+  const int64_t run = ids.run_ids[0];
+  ASSERT_EQ(Start(run), 1);
+  ASSERT_TRUE(store_->ReportMetrics(Batch(run, 1, 1, 1, 10)).ok());
+  // A rollback after a spike: steps 8-15 again, 8-10 repeated at the batch's start.
+  ASSERT_TRUE(store_->ReportMetrics(Batch(run, 1, 2, 8, 8, 1.0)).ok());
+  // New steps first, then a repeated one: the first try stored 20 and 21 before it failed.
+  MetricBatch mixed = Batch(run, 1, 3, 20, 2, 2.0);
+  mixed.steps.push_back(Batch(run, 1, 3, 5, 1, 2.0).steps[0]);
+  // A step twice in one batch: the later row wins.
+  mixed.steps.push_back(Batch(run, 1, 3, 30, 1, 2.0).steps[0]);
+  mixed.steps.push_back(Batch(run, 1, 3, 30, 1, 3.0).steps[0]);
+  ASSERT_TRUE(store_->ReportMetrics(mixed).ok());
+  absl::StatusOr<std::vector<StepMetrics>> series = store_->reader().MetricSeries(run);
+  ASSERT_TRUE(series.ok()) << series.status();
+  std::map<int64_t, double> loss;
+  for (const StepMetrics& m : *series) loss[m.step()] = m.loss();
+  EXPECT_EQ(loss.size(), 18u);  // 1-15, 20, 21, 30
+  EXPECT_DOUBLE_EQ(loss[7], 5.0 - 0.007);
+  EXPECT_DOUBLE_EQ(loss[8], 6.0 - 0.008);
+  EXPECT_DOUBLE_EQ(loss[15], 6.0 - 0.015);
+  EXPECT_DOUBLE_EQ(loss[5], 7.0 - 0.005);
+  EXPECT_DOUBLE_EQ(loss[20], 7.0 - 0.020);
+  EXPECT_DOUBLE_EQ(loss[21], 7.0 - 0.021);
+  EXPECT_DOUBLE_EQ(loss[30], 8.0 - 0.030);
+  EXPECT_EQ(Count("SELECT max(steps_done) FROM runs"), 30);
 }
 
 // ---- Run state machine ---------------------------------------------------------------------------
