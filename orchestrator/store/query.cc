@@ -144,7 +144,7 @@ int Authorize(void* context, int action, const char* arg1, const char* arg2, con
 
 int Progress(void* context) {
   auto* connection = static_cast<QueryGuard*>(context);
-  if (sqlite3_memory_used() > connection->memory_ceiling) {
+  if (SqliteMemoryUsed() > connection->memory_ceiling) {
     connection->out_of_memory = true;
     return 1;
   }
@@ -239,7 +239,7 @@ absl::StatusOr<QueryResult> RunGuardedQuery(sqlite3* db, QueryGuard* guard, cons
   c.timed_out = false;
   c.out_of_memory = false;
   c.deadline = absl::Now() + limits.timeout;
-  c.memory_ceiling = std::min<int64_t>(sqlite3_memory_used() + limits.max_memory,
+  c.memory_ceiling = std::min<int64_t>(SqliteMemoryUsed() + limits.max_memory,
                                        kSqliteHeapLimit - kSqliteHeapHeadroom);
   auto unguard = [&c] {
     c.deadline = absl::InfiniteFuture();

@@ -31,7 +31,7 @@ namespace ablate {
 // where the time limit cannot interrupt it. Beyond it a query fails "string or blob too big".
 // Found with tests/fuzz/query_fuzz.
 inline constexpr int kMaxQueryValueBytes = 32 << 20;
-// sqlite3_hard_heap_limit64 of any process that opens a StoreReader (when none is set): beyond it
+// SqliteHardHeapLimit of any process that opens a StoreReader (when none is set): beyond it
 // SQLite's allocations fail (SQLITE_NOMEM: a query fails, a writer's flush is retried). About five
 // times what a coordinator's caches and statements use.
 inline constexpr int64_t kSqliteHeapLimit = int64_t{1} << 30;
@@ -69,7 +69,7 @@ struct QueryGuard {
   // Checked by the progress handler while a statement runs.
   absl::Time deadline = absl::InfiniteFuture();
   bool timed_out = false;
-  int64_t memory_ceiling = std::numeric_limits<int64_t>::max();  // of sqlite3_memory_used()
+  int64_t memory_ceiling = std::numeric_limits<int64_t>::max();  // of SqliteMemoryUsed()
   bool out_of_memory = false;
 
   void Reset();  // as new: nothing refused, no deadline, no budget

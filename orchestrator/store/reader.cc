@@ -98,7 +98,7 @@ StoreReader::StoreReader(const ReaderOptions& options) : options_(options) {
   }
   static std::once_flag heap_limit;
   std::call_once(heap_limit, [] {
-    if (sqlite3_hard_heap_limit64(-1) == 0) sqlite3_hard_heap_limit64(kSqliteHeapLimit);
+    if (SqliteHardHeapLimit(-1) == 0) SqliteHardHeapLimit(kSqliteHeapLimit);
   });
 }
 

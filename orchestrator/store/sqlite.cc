@@ -1,10 +1,94 @@
 #include "orchestrator/store/sqlite.h"
 
+#include <malloc.h>
+
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 
 namespace ablate {
+namespace {
+
+// The counted allocator (SqliteMemoryUsed): glibc's malloc, each block counted at its usable size,
+// as SQLite's own statistics count sqlite3_msize.
+std::atomic<int64_t> sqlite_used{0}, sqlite_highwater{0}, sqlite_limit{0};
+
+void CountAdded(int64_t bytes) {
+  const int64_t now = sqlite_used.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  int64_t high = sqlite_highwater.load(std::memory_order_relaxed);
+  while (now > high &&
+         !sqlite_highwater.compare_exchange_weak(high, now, std::memory_order_relaxed)) {
+  }
+}
+
+// Whether `more` bytes stay within the hard limit.
+bool WithinLimit(int64_t more) {
+  const int64_t limit = sqlite_limit.load(std::memory_order_relaxed);
+  return limit <= 0 || sqlite_used.load(std::memory_order_relaxed) + more <= limit;
+}
+
+void* CountedMalloc(int bytes) {
+  if (!WithinLimit(bytes)) return nullptr;
+  void* p = std::malloc(static_cast<size_t>(bytes));
+  if (p != nullptr) CountAdded(static_cast<int64_t>(malloc_usable_size(p)));
+  return p;
+}
+
+void CountedFree(void* p) {
+  if (p == nullptr) return;
+  sqlite_used.fetch_sub(static_cast<int64_t>(malloc_usable_size(p)), std::memory_order_relaxed);
+  std::free(p);
+}
+
+// SQLite reallocates only blocks it allocated, to a new size above zero.
+void* CountedRealloc(void* p, int bytes) {
+  const int64_t before = static_cast<int64_t>(malloc_usable_size(p));
+  if (bytes > before && !WithinLimit(bytes - before)) return nullptr;
+  void* moved = std::realloc(p, static_cast<size_t>(bytes));
+  if (moved == nullptr) return nullptr;
+  CountAdded(static_cast<int64_t>(malloc_usable_size(moved)) - before);
+  return moved;
+}
+
+int CountedSize(void* p) { return p == nullptr ? 0 : static_cast<int>(malloc_usable_size(p)); }
+int RoundUp(int bytes) { return (bytes + 7) & ~7; }
+int NoInit(void*) { return SQLITE_OK; }
+void NoShutdown(void*) {}
+
+bool InstallCountedAllocator() {
+  static const sqlite3_mem_methods methods = {CountedMalloc, CountedFree, CountedRealloc,
+                                              CountedSize,   RoundUp,     NoInit,
+                                              NoShutdown,    nullptr};
+  // Both or neither: SQLITE_MISUSE for the first means SQLite was already initialized.
+  if (sqlite3_config(SQLITE_CONFIG_MALLOC, &methods) != SQLITE_OK) return false;
+  return sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0) == SQLITE_OK;
+}
+
+// Before main: SQLite takes its allocator once, at its first use.
+const bool counted_allocator = InstallCountedAllocator();
+
+}  // namespace
+
+int64_t SqliteMemoryUsed() {
+  return counted_allocator ? sqlite_used.load(std::memory_order_relaxed) : sqlite3_memory_used();
+}
+
+int64_t SqliteMemoryHighwater(bool reset) {
+  if (!counted_allocator) return sqlite3_memory_highwater(reset ? 1 : 0);
+  const int64_t high = sqlite_highwater.load(std::memory_order_relaxed);
+  if (reset) sqlite_highwater.store(sqlite_used.load(std::memory_order_relaxed));
+  return high;
+}
+
+int64_t SqliteHardHeapLimit(int64_t limit) {
+  if (!counted_allocator) return sqlite3_hard_heap_limit64(limit);
+  if (limit < 0) return sqlite_limit.load(std::memory_order_relaxed);
+  return sqlite_limit.exchange(limit, std::memory_order_relaxed);
+}
+
+bool SqliteCountedAllocator() { return counted_allocator; }
 
 absl::Status SqliteStatus(int code, sqlite3* db, absl::string_view context) {
   std::string message = absl::StrCat(

@@ -36,6 +36,24 @@ absl::Status SqliteStatus(int code, sqlite3* db, absl::string_view context);
 // (disk or database full).
 bool IsTransient(const absl::Status& status);
 
+// SQLite's heap, counted by ablate. sqlite.cc gives SQLite an allocator of its own before SQLite's
+// first use (a static initializer), with SQLite's memory statistics off: they took one
+// process-wide mutex around every allocation and free, and Debian's SQLite, built without
+// lookaside, allocates about 100 times per dispatched job on the store's writer alone (11% of
+// its instructions, callgrind). The allocator counts in atomics what the statistics counted (each
+// block's usable size) and enforces the hard limit as sqlite3_hard_heap_limit64 would. Where
+// SQLite was initialized before the allocator could be given (a program that used SQLite before
+// main), these read and set SQLite's own statistics and limit instead.
+int64_t SqliteMemoryUsed();
+// The most SqliteMemoryUsed() was since the last reset; `reset` starts it over at the current use.
+int64_t SqliteMemoryHighwater(bool reset);
+// Sets the hard limit on SQLite's heap to `limit` bytes (0: none; negative: leaves it), as
+// sqlite3_hard_heap_limit64: past it SQLite's allocations fail (SQLITE_NOMEM). Returns the limit
+// before the call.
+int64_t SqliteHardHeapLimit(int64_t limit);
+// Whether SQLite allocates through ablate's allocator (false only in the case above).
+bool SqliteCountedAllocator();
+
 // Runs one or more statements without results (sqlite3_exec).
 absl::Status Exec(sqlite3* db, absl::string_view sql);
 

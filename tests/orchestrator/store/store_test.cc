@@ -21,6 +21,7 @@
 #include "orchestrator/store/format.h"
 #include "orchestrator/store/reader.h"
 #include "orchestrator/store/schema.h"
+#include "orchestrator/store/sqlite.h"
 #include "tests/orchestrator/store/test_sweeps.h"
 #include "tests/process_util.h"
 
@@ -1036,6 +1037,34 @@ TEST_F(StoreTest, ARunawayQueryHitsTheTimeLimitAndRowsAreCapped) {
   EXPECT_TRUE(capped->truncated);
 }
 
+// SQLite allocates through ablate's counted allocator (SqliteMemoryUsed), with SQLite's own
+// statistics off: every block is counted while it lives, and the hard limit refuses a block
+// that would pass it, leaving what was allocated as it was.
+TEST_F(StoreTest, SqlitesHeapIsCountedAndItsHardLimitHolds) {
+  EXPECT_TRUE(SqliteCountedAllocator());
+  const int64_t before = SqliteMemoryUsed();
+  EXPECT_GT(before, 0);  // the store's connections and statements
+  void* block = sqlite3_malloc(1 << 20);
+  ASSERT_NE(block, nullptr);
+  EXPECT_GE(SqliteMemoryUsed(), before + (1 << 20));
+  block = sqlite3_realloc(block, 2 << 20);
+  ASSERT_NE(block, nullptr);
+  EXPECT_GE(SqliteMemoryUsed(), before + (2 << 20));
+  EXPECT_GE(SqliteMemoryHighwater(false), SqliteMemoryUsed());
+  const int64_t old_limit = SqliteHardHeapLimit(SqliteMemoryUsed() + (1 << 20));
+  EXPECT_EQ(sqlite3_malloc(4 << 20), nullptr);
+  EXPECT_EQ(sqlite3_realloc(block, 8 << 20), nullptr);  // refused: the block stays as it was
+  EXPECT_GE(sqlite3_msize(block), 2u << 20);
+  // A query past the limit fails "out of memory" and the store goes on once it is lifted.
+  absl::StatusOr<QueryResult> big =
+      store_->reader().ReadOnlyQuery("SELECT length(randomblob(8000000))");
+  EXPECT_FALSE(big.ok());
+  SqliteHardHeapLimit(old_limit);
+  sqlite3_free(block);
+  EXPECT_LT(SqliteMemoryUsed(), before + (1 << 20));
+  EXPECT_EQ(Count("SELECT length(randomblob(8000000))"), 8000000);
+}
+
 // Once docs/fuzzing.md's "known open" case: no value is over 32 MiB, but a statement holds every
 // column's intermediate value until it ends, 200 of them about 6 GB. Between two memory checks
 // it outgrows its 256 MiB budget; the process's SQLite heap limit stops it at 1 GiB, and the
@@ -1046,13 +1075,13 @@ TEST_F(StoreTest, AStatementHoldingGigabytesOfValuesIsStoppedAtItsMemoryBudget) 
     absl::StrAppend(&sql, i ? ", " : "", "length(hex(zeroblob(16000000 + ", i, ")))");
   }
   QueryLimits limits;
-  sqlite3_memory_highwater(/*resetFlag=*/1);
+  SqliteMemoryHighwater(/*reset=*/true);
   const absl::Time start = absl::Now();
   absl::StatusOr<QueryResult> r = store_->reader().ReadOnlyQuery(sql, limits);
   const absl::Duration took = absl::Now() - start;
   EXPECT_TRUE(absl::IsResourceExhausted(r.status())) << r.status();
   EXPECT_NE(r.status().message().find("out of memory"), std::string::npos) << r.status();
-  EXPECT_LE(sqlite3_memory_highwater(0), kSqliteHeapLimit);
+  EXPECT_LE(SqliteMemoryHighwater(false), kSqliteHeapLimit);
   EXPECT_LT(took, absl::Seconds(10));
   EXPECT_EQ(Count("SELECT 42"), 42);
   // The budget alone, where values pile up a few per check: a 48 MB value per row.
