@@ -163,6 +163,7 @@ Stmt& Stmt::operator=(Stmt&& other) noexcept {
     sqlite3_finalize(stmt_);
     db_ = other.db_;
     stmt_ = other.stmt_;
+    dirty_ = other.dirty_;
     other.stmt_ = nullptr;
   }
   return *this;
@@ -180,11 +181,13 @@ absl::StatusOr<Stmt> Stmt::Prepare(sqlite3* db, absl::string_view sql) {
 }
 
 Stmt& Stmt::Bind(int index, int64_t value) {
+  dirty_ = true;
   sqlite3_bind_int64(stmt_, index, value);
   return *this;
 }
 
 Stmt& Stmt::Bind(int index, double value) {
+  dirty_ = true;
   if (std::isfinite(value)) {
     sqlite3_bind_double(stmt_, index, value);
   } else {
@@ -194,21 +197,25 @@ Stmt& Stmt::Bind(int index, double value) {
 }
 
 Stmt& Stmt::Bind(int index, absl::string_view value) {
+  dirty_ = true;
   sqlite3_bind_text(stmt_, index, value.data(), static_cast<int>(value.size()), SQLITE_TRANSIENT);
   return *this;
 }
 
 Stmt& Stmt::BindBlob(int index, absl::string_view bytes) {
+  dirty_ = true;
   sqlite3_bind_blob(stmt_, index, bytes.data(), static_cast<int>(bytes.size()), SQLITE_TRANSIENT);
   return *this;
 }
 
 Stmt& Stmt::BindNull(int index) {
+  dirty_ = true;
   sqlite3_bind_null(stmt_, index);
   return *this;
 }
 
 absl::StatusOr<bool> Stmt::Step() {
+  dirty_ = true;
   int rc = sqlite3_step(stmt_);
   if (rc == SQLITE_ROW) return true;
   if (rc == SQLITE_DONE) return false;
@@ -225,8 +232,10 @@ absl::Status Stmt::Run() {
 }
 
 void Stmt::Reset() {
+  if (!dirty_) return;
   sqlite3_reset(stmt_);
   sqlite3_clear_bindings(stmt_);
+  dirty_ = false;
 }
 
 double Stmt::ColumnDouble(int i) const {
