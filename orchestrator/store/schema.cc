@@ -550,6 +550,21 @@ absl::Status RewriteStateChecks(sqlite3* db) {
   return RewriteTables(db, rewritten);
 }
 
+// Version 8, for the store writer's work per dispatched job (callgrind, bench_store --phases
+// dispatch):
+// - runs_by_sweep_state holds the unfinished runs only (PENDING, RUNNING, INTERRUPTED: what the
+//   sweep-done probe and a sweep's cancel look for). A run's end moved its entry within the
+//   index; now it only removes it. Finished runs of a sweep are read through the UNIQUE
+//   (sweep_id, run_index) index, as every other read by sweep already was. The state test is a
+//   chain of equalities, as the CHECKs of version 7 are (an IN list builds a temporary table per
+//   row written);
+// - runs.worker_id loses its REFERENCES workers(id) (DropRunsWorkerReference).
+constexpr char kSchemaV8[] = R"sql(
+DROP INDEX runs_by_sweep_state;
+CREATE INDEX runs_by_sweep_state ON runs (sweep_id, state)
+  WHERE state = 'PENDING' OR state = 'RUNNING' OR state = 'INTERRUPTED';
+)sql";
+
 // Version 8: runs.worker_id without its REFERENCES workers(id). A run's start sets it in the
 // UPDATE that marks the run RUNNING, and SQLite checks a foreign key that an UPDATE changes by
 // giving the statement a statement journal: every page the UPDATE touched was copied (in memory)
@@ -587,7 +602,7 @@ absl::Status DropRunsWorkerReference(sqlite3* db) {
 const std::vector<Migration>& StoreMigrations() {
   static const std::vector<Migration>* migrations = new std::vector<Migration>{
       {kSchemaV1}, {kSchemaV2}, {kSchemaV3}, {kSchemaV4}, {kSchemaV5}, {kSchemaV6},
-      {"", RewriteStateChecks}, {"", DropRunsWorkerReference}};
+      {"", RewriteStateChecks}, {kSchemaV8, DropRunsWorkerReference}};
   return *migrations;
 }
 
