@@ -83,6 +83,25 @@ class StoreTest : public ::testing::Test {
   }
 
   // Replaces the store by a file made with `sql` (as an older build left it), then opens it.
+  // The status of opening a store on a file made with `sql` (a test that expects it to fail).
+  absl::Status OpenStatusOfOldFile(const std::string& sql) {
+    WriteOldFile(sql);
+    StoreOptions options;
+    options.path = path_;
+    return Store::Open(options).status();
+  }
+  // The integer `sql` reads from the file, opened read-only on a connection of its own.
+  int64_t ReadFile(const std::string& sql) {
+    sqlite3* db = nullptr;
+    int64_t value = -1;
+    if (sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+      absl::StatusOr<int64_t> read = QueryInt(db, sql);
+      EXPECT_TRUE(read.ok()) << sql << ": " << read.status();
+      if (read.ok()) value = *read;
+    }
+    sqlite3_close(db);
+    return value;
+  }
   void OpenOldFile(const std::string& sql) {
     ASSERT_NO_FATAL_FAILURE(WriteOldFile(sql));
     Reopen();
@@ -345,10 +364,7 @@ TEST_F(StoreTest, MigratingToVersionEightKeepsTheWorkerCheckOnTheAttempt) {
                   "worker_id = 1"), 1);
   Reopen();
   EXPECT_EQ(IntegrityCheck(), "ok");
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
-  EXPECT_EQ(*QueryInt(db, "SELECT count(*) FROM pragma_foreign_key_check"), 0);
-  sqlite3_close(db);
+  EXPECT_EQ(ReadFile("SELECT count(*) FROM pragma_foreign_key_check"), 0);
 }
 
 TEST_F(StoreTest, AVersionSevenFileWhoseRunsNameNoWorkerReferenceIsRefusedAtVersionSeven) {
@@ -356,18 +372,11 @@ TEST_F(StoreTest, AVersionSevenFileWhoseRunsNameNoWorkerReferenceIsRefusedAtVers
   const std::string sql = VersionSixFile(
       "PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = replace(sql, "
       "' REFERENCES workers(id)', '') WHERE name = 'runs'; PRAGMA writable_schema = OFF;");
-  ASSERT_NO_FATAL_FAILURE(WriteOldFile(sql));
-  StoreOptions options;
-  options.path = path_;
-  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
-  ASSERT_FALSE(store.ok());
-  EXPECT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
-  EXPECT_THAT(store.status().message(), ::testing::HasSubstr("migration 8: table runs"));
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
-  EXPECT_EQ(*QueryInt(db, "PRAGMA user_version"), 7);
-  EXPECT_EQ(*QueryInt(db, "SELECT count(*) FROM runs WHERE state = 'RUNNING'"), 1);
-  sqlite3_close(db);
+  const absl::Status open = OpenStatusOfOldFile(sql);
+  EXPECT_TRUE(absl::IsFailedPrecondition(open)) << open;
+  EXPECT_THAT(open.message(), ::testing::HasSubstr("migration 8: table runs"));
+  EXPECT_EQ(ReadFile("PRAGMA user_version"), 7);
+  EXPECT_EQ(ReadFile("SELECT count(*) FROM runs WHERE state = 'RUNNING'"), 1);
 }
 
 // The details of `sql`'s query plan on the writer connection (EXPLAIN QUERY PLAN), joined.
@@ -441,21 +450,13 @@ TEST_F(StoreTest, AVersionSixFileWithoutAStateCheckIsRefusedAndLeftAsItWas) {
       "DROP TABLE workers; CREATE TABLE workers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
       "resources_json TEXT NOT NULL DEFAULT '{}', registered_at REAL NOT NULL, "
       "last_seen REAL NOT NULL, state TEXT NOT NULL DEFAULT 'IDLE');");
-  ASSERT_NO_FATAL_FAILURE(WriteOldFile(sql));
-  StoreOptions options;
-  options.path = path_;
-  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
-  ASSERT_FALSE(store.ok());
-  EXPECT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
-  EXPECT_THAT(store.status().message(), ::testing::HasSubstr("table workers"));
+  const absl::Status open = OpenStatusOfOldFile(sql);
+  EXPECT_TRUE(absl::IsFailedPrecondition(open)) << open;
+  EXPECT_THAT(open.message(), ::testing::HasSubstr("table workers"));
   // Nothing changed: still version 6, the other tables' constraints as they were.
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
-  EXPECT_EQ(*QueryInt(db, "PRAGMA user_version"), 6);
-  EXPECT_EQ(*QueryInt(db, "SELECT count(*) FROM sqlite_schema WHERE sql LIKE "
-                          "'%CHECK (state IN%'"), 3);
-  EXPECT_EQ(*QueryInt(db, "SELECT count(*) FROM runs WHERE state = 'RUNNING'"), 1);
-  sqlite3_close(db);
+  EXPECT_EQ(ReadFile("PRAGMA user_version"), 6);
+  EXPECT_EQ(ReadFile("SELECT count(*) FROM sqlite_schema WHERE sql LIKE '%CHECK (state IN%'"), 3);
+  EXPECT_EQ(ReadFile("SELECT count(*) FROM runs WHERE state = 'RUNNING'"), 1);
 }
 
 TEST_F(StoreTest, CreateSweepStoresVariantsAndRunsAndRefusesADuplicateName) {
