@@ -230,12 +230,11 @@ class MultiRowInsert {
 // spike). Nearly every batch repeats none, so a batch goes in with OR FAIL first and, only when
 // a step was there, again with OR REPLACE, which rewrites whatever the first try put in.
 const MultiRowInsert& StepRowsInsert(bool replace) {
-  static const auto* fail = new MultiRowInsert(
-      "INSERT OR FAIL INTO step_metrics (run_id, step, attempt, loss, grad_norm, lr, "
-      "tokens_per_s, aux_loss, skipped)", 9);
-  static const auto* replacing = new MultiRowInsert(
-      "INSERT OR REPLACE INTO step_metrics (run_id, step, attempt, loss, grad_norm, lr, "
-      "tokens_per_s, aux_loss, skipped)", 9);
+  static constexpr char kInto[] =
+      " INTO step_metrics (run_id, step, attempt, loss, grad_norm, lr, tokens_per_s, aux_loss, "
+      "skipped)";
+  static const auto* fail = new MultiRowInsert(absl::StrCat("INSERT OR FAIL", kInto), 9);
+  static const auto* replacing = new MultiRowInsert(absl::StrCat("INSERT OR REPLACE", kInto), 9);
   return replace ? *replacing : *fail;
 }
 
