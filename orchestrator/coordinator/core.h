@@ -1,7 +1,9 @@
 // CoordinatorCore: the client API (submit, list, get, cancel, rerun, watch, query, table) and the
 // worker API (register, acquire, report, finish) over the Store and the Scheduler, without gRPC
-// (coordinator_server.h wraps it in the gRPC services of proto/ablate.proto). Every method
-// returns an absl::Status whose code is the gRPC status code the service answers with.
+// (server.h wraps it in the gRPC services of proto/ablate.proto). Every method returns an
+// absl::Status whose code is the gRPC status code the service answers with. core.cc builds it
+// (and rebuilds the scheduler from the store), client_api.cc is the client API, worker_api.cc the
+// worker API, finish.cc the ending of attempts; core_internal.h is what those files share.
 //
 // Runs. The Store holds the truth (run states, attempts, metrics, checkpoints); the Scheduler
 // holds the queue of PENDING runs and the leases of RUNNING ones. Every state change is a
@@ -53,6 +55,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -201,11 +204,37 @@ class CoordinatorCore {
   // The store write that ends a SUCCEEDED, DIVERGED, CANCELLED or INTERRUPTED attempt (moves
   // the batch out of `p`).
   static FinishWrite FinishWriteOf(PreparedFinish& p);
+  // The attempts of a worker's Finish listed in its `more`, checked (PrepareFinish): each one
+  // accepted is appended to `items`; a refused one's error is (*errors)[i + 1].
+  void PrepareMoreFinishes(const FinishRequest& request, int64_t worker_id,
+                           std::vector<PreparedFinish>* items, std::vector<absl::Status>* errors);
+  // Up to max_jobs next jobs for worker_id (none when max_jobs is 0), by an AcquireJob that does
+  // not wait, into the response's next_job and more_next_jobs.
+  void AcquireNextJobs(int64_t worker_id, int max_jobs, FinishResponse* response);
+  // Ends the SUCCEEDED, DIVERGED, CANCELLED and INTERRUPTED attempts of one Finish of worker_id in
+  // one store transaction, which also starts up to max_next next runs on the slots they hold
+  // (`freeing`) and the worker's free ones; mirrors it in the scheduler and hands the started
+  // jobs to `response`. An attempt's error goes to (*errors)[its index].
+  void EndAttemptsTogether(int64_t worker_id, const std::vector<PreparedFinish*>& ending,
+                           int freeing, int max_next, std::vector<absl::Status>* errors,
+                           FinishResponse* response);
+  // EndAttemptsTogether's store results in the scheduler: the ended attempts' leases released
+  // (an INTERRUPTED one queued again), and the next runs queued again when the first write,
+  // which carried their starts, failed.
+  void MirrorEndedAttempts(const std::vector<PreparedFinish*>& ending,
+                           const std::vector<FinishWrite>& writes,
+                           const std::vector<absl::StatusOr<FinishWriteResult>>& results,
+                           const std::vector<QueuedRun>& next, std::vector<absl::Status>* errors);
+  // The jobs of the next runs whose starts rode on the first write (`r`), into `response`.
+  void StartNextJobs(int64_t worker_id, const std::vector<QueuedRun>& next,
+                     const FinishWriteResult& r, FinishResponse* response);
   RunStatus ToRunStatus(const RunInfo& run);
   // Records in the store that a worker was seen IDLE or BUSY: at once when its state changed,
   // else at most every kWorkerSeenInterval (a report or long poll per job need not each write
   // the workers table).
   void NoteWorker(int64_t worker_id, const char* state);
+  // NoteWorker: BUSY while worker_id holds slots (a job, a gang's part, a reservation), else IDLE.
+  void NoteWorkerBySlots(int64_t worker_id);
   static constexpr absl::Duration kWorkerSeenInterval = absl::Seconds(5);
   void LeaseCheckerLoop();
 

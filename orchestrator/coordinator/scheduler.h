@@ -118,7 +118,7 @@ bool Fits(const RunNeeds& needs, const WorkerOffer& offer);
 // run's devices may exceed its slots: a gang).
 bool FitsRanks(const RunNeeds& needs, const WorkerOffer& offer);
 
-// What the coordinator makes a run's job from (coordinator.cc). The scheduler only carries it,
+// What the coordinator makes a run's job from (core_internal.h). The scheduler only carries it,
 // from queue to lease and back, and drops it with the run.
 struct JobTemplate;
 

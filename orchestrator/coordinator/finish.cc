@@ -1,0 +1,394 @@
+// CoordinatorCore's ending of attempts. The Finish RPC of a worker ends one attempt or several
+// (`more`): PrepareFinish checks each, a FAILED one takes FinishFailed (retry with backoff, or
+// not), the rest end in one store transaction with the starts of the worker's next runs
+// (EndAttemptsTogether). A gang member's Finish (FinishMember) ends its part alone. A lost or
+// failed attempt's retry, cancellation or failure is EndAttemptAndRetry, also used by the
+// worker API (CheckLeases, a gang part that could not be made).
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "orchestrator/coordinator/core.h"
+#include "orchestrator/coordinator/core_internal.h"
+#include "orchestrator/coordinator/door.h"
+#include "orchestrator/store/reader.h"
+
+namespace ablate {
+
+using core_internal::StartOn;
+using core_internal::ToQueued;
+
+namespace {
+
+// The worker's next jobs in the order they started: next_job first, then more_next_jobs.
+void AddNextJob(Job job, FinishResponse* response) {
+  if (!response->has_next_job()) {
+    *response->mutable_next_job() = std::move(job);
+  } else {
+    *response->add_more_next_jobs() = std::move(job);
+  }
+}
+
+}  // namespace
+
+absl::Status CoordinatorCore::EndAttemptAndRetry(int64_t run_id, int64_t sweep_id, int32_t attempt,
+                                             const std::string& attempt_end,
+                                             const std::string& reason, bool retry) {
+  RetryDecision decision;
+  bool cancelled = false;
+  std::optional<QueuedRun> queued;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled = scheduler_.IsCancelled(sweep_id);
+    auto base = attempt_base_.find(run_id);
+    const int before_rerun = base == attempt_base_.end() ? 0 : base->second;
+    if (retry) decision = scheduler_.RetryAfterLoss(attempt - before_rerun);
+    queued = scheduler_.LeasedRun(run_id);
+  }
+  RunTransition t;
+  t.run_id = run_id;
+  t.from = {RUNNING};
+  t.expected_attempt = attempt;
+  t.attempt_end = attempt_end;
+  t.to = cancelled ? CANCELLED : decision.retry ? PENDING : FAILED;
+  t.reason = reason;
+  if (t.to == FAILED) {
+    absl::StrAppend(&t.reason, retry ? absl::StrCat(" (gave up after ", attempt, " attempts)")
+                                     : " (not retried: it would fail again on any worker)");
+  }
+  absl::StatusOr<TransitionResult> r = store_->TransitionRun(t);
+  if (!r.ok()) return r.status();
+  if (t.to == PENDING && !queued.has_value()) {
+    absl::StatusOr<RunInfo> run = store_->reader().GetRun(run_id);
+    if (!run.ok()) return run.status();
+    queued = ToQueued(*run, absl::InfinitePast());
+  }
+  absl::MutexLock lock(&mu_);
+  scheduler_.Release(run_id);
+  if (t.to == PENDING) {
+    queued->not_before = decision.not_before;
+    scheduler_.Enqueue(*queued);
+    work_cv_.SignalAll();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CoordinatorCore::PreparedFinish> CoordinatorCore::PrepareFinish(
+    const FinishRequest& request, int64_t worker_id) {
+  PreparedFinish p;
+  p.request = &request;
+  const RunState state = request.summary().state();
+  if (state != SUCCEEDED && state != DIVERGED && state != FAILED && state != CANCELLED &&
+      state != INTERRUPTED) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "finish: state must be SUCCEEDED, DIVERGED, FAILED, CANCELLED or INTERRUPTED, got ",
+        RunStateName(state)));
+  }
+  if (absl::Status s = CheckLeaseSecret("finish", request.lease_secret(), request.run_id(),
+                                        request.attempt(), worker_id);
+      !s.ok()) {
+    return s;
+  }
+  if (request.has_final_report()) {
+    const ReportRequest& r = request.final_report();
+    if ((r.worker_id() != 0 && r.worker_id() != worker_id) ||
+        (r.run_id() != 0 && r.run_id() != request.run_id()) ||
+        (r.attempt() != 0 && r.attempt() != request.attempt())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "finish: final_report is of worker ", r.worker_id(), " run ", r.run_id(), " attempt ",
+          r.attempt(), ", not of the finished worker ", worker_id, " run ",
+          request.run_id(), " attempt ", request.attempt()));
+    }
+    if (r.seq() < 1) {
+      return absl::InvalidArgumentError(
+          "finish: final_report.seq must be >= 1 (the batch after the last acknowledged one)");
+    }
+    absl::StatusOr<MetricBatch> converted =
+        BatchOf(r, request.run_id(), request.attempt(), "finish: final_report has",
+                "send the rest with Report first");
+    if (!converted.ok()) return converted.status();
+    p.batch = *std::move(converted);
+  }
+  std::optional<Lease> lease;
+  {
+    absl::MutexLock lock(&mu_);
+    lease = scheduler_.GetLease(request.run_id());
+  }
+  if (!lease.has_value() || lease->attempt != request.attempt() ||
+      lease->worker_id != worker_id) {
+    // A retried Finish whose first try was applied is acknowledged again (without a next job:
+    // one leased by the first try comes back when its lease expires).
+    absl::StatusOr<RunInfo> run = store_->reader().GetRun(request.run_id());
+    if (!run.ok()) return run.status();
+    if (run->attempts == request.attempt() && run->state == state) {
+      p.applied_before = true;
+      return p;
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("finish: run ", request.run_id(), " attempt ", request.attempt(),
+                     " is not leased to worker ", worker_id, " (it is ",
+                     RunStateName(run->state), ", attempt ", run->attempts, ")"));
+  }
+  p.lease = *lease;
+  if (request.has_final_report()) {
+    if (absl::Status s = CheckReportAtDoor(request.final_report(), lease->total_steps,
+                                           "finish: final_report");
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (state != FAILED && state != INTERRUPTED) {
+    if (absl::Status s = CheckSummaryAtDoor(request.summary(), lease->total_steps); !s.ok()) {
+      return s;
+    }
+  }
+  if (p.batch.has_value() && request.final_report().checkpoint_step() > 0) {
+    // Queued before the finish: committed with it or earlier.
+    if (absl::Status s = store_->EnqueueCheckpoint(request.run_id(), request.attempt(),
+                                                   request.final_report().checkpoint_path(),
+                                                   request.final_report().checkpoint_step());
+        !s.ok()) {
+      return s;
+    }
+  }
+  p.reason =
+      BoundedText(!request.error().empty() ? request.error() : request.summary().reason());
+  return p;
+}
+
+absl::Status CoordinatorCore::FinishFailed(PreparedFinish& p) {
+  // Retries and backoff have their own path; the batch takes its own transaction (a failed
+  // attempt is not the hot path).
+  const FinishRequest& request = *p.request;
+  if (p.batch.has_value()) {
+    if (absl::StatusOr<ReportResult> r = store_->ReportMetrics(*p.batch); !r.ok()) return r.status();
+  }
+  return EndAttemptAndRetry(request.run_id(), p.lease.sweep_id, request.attempt(), "FAILED",
+                            p.reason, !request.permanent());
+}
+
+FinishWrite CoordinatorCore::FinishWriteOf(PreparedFinish& p) {
+  const FinishRequest& request = *p.request;
+  FinishWrite write;
+  write.batch = std::move(p.batch);
+  RunTransition& t = write.end;
+  t.run_id = request.run_id();
+  t.from = {RUNNING};
+  t.expected_attempt = request.attempt();
+  t.reason = p.reason;
+  if (request.summary().state() == INTERRUPTED) {
+    // Resumable: queued again at once (or cancelled with its sweep).
+    t.attempt_end = "INTERRUPTED";
+    t.to = p.lease.stop ? CANCELLED : PENDING;
+  } else {
+    t.to = request.summary().state();
+    t.has_summary = true;
+    t.summary = request.summary();
+    t.summary.set_reason(BoundedText(t.summary.reason()));
+  }
+  return write;
+}
+
+absl::StatusOr<FinishResponse> CoordinatorCore::FinishMember(const FinishRequest& request) {
+  const int64_t worker_id = request.worker_id();
+  if (absl::Status s = CheckLeaseSecret("finish", request.lease_secret(), request.run_id(),
+                                        request.attempt(), worker_id);
+      !s.ok()) {
+    return s;
+  }
+  if (request.more_size() > 0 || request.has_final_report()) {
+    return absl::InvalidArgumentError(
+        "finish: a member's finish ends its part alone: no `more`, no final_report (rank 0's "
+        "worker reports the metrics)");
+  }
+  std::optional<Lease> lease;
+  {
+    absl::MutexLock lock(&mu_);
+    lease = scheduler_.GetLease(request.run_id());
+  }
+  const bool holds = lease.has_value() && lease->attempt == request.attempt() &&
+                     lease->worker_id != worker_id && lease->MemberOf(worker_id) != nullptr;
+  if (holds && request.summary().state() == FAILED) {
+    std::string worker = absl::StrCat("#", worker_id);
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto it = worker_names_.find(worker_id); it != worker_names_.end()) worker = it->second;
+    }
+    const std::string reason = BoundedText(absl::StrCat(
+        "ranks from ", lease->MemberOf(worker_id)->rank_offset, " on worker ", worker, ": ",
+        !request.error().empty() ? request.error() : request.summary().reason()));
+    if (absl::Status s = EndAttemptAndRetry(request.run_id(), lease->sweep_id, request.attempt(),
+                                            "FAILED", reason, !request.permanent());
+        !s.ok() && !absl::IsFailedPrecondition(s)) {
+      return s;
+    }
+  } else if (holds) {
+    absl::MutexLock lock(&mu_);
+    scheduler_.ReleaseMember(request.run_id(), request.attempt(), worker_id);
+  }
+  // Not held (the attempt is over, rank 0's worker finished it first): acknowledged.
+  FinishResponse response;
+  AcquireNextJobs(worker_id, request.acquire_next() ? std::max(1, request.acquire_max()) : 0,
+                  &response);
+  NoteWorkerBySlots(worker_id);
+  return response;
+}
+
+absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& request) {
+  if (request.member()) return FinishMember(request);
+  const int64_t worker_id = request.worker_id();
+  absl::StatusOr<PreparedFinish> first = PrepareFinish(request, worker_id);
+  // This request refused: none of `more` is applied either (the worker resends them all).
+  if (!first.ok()) return first.status();
+  // Every attempt this call ends, this request's first; errors of those in `more` are theirs.
+  std::vector<PreparedFinish> items = {*std::move(first)};
+  std::vector<absl::Status> errors(request.more_size() + 1);
+  PrepareMoreFinishes(request, worker_id, &items, &errors);
+  // Failed attempts first, on their own path; the rest end in one store transaction with the
+  // starts of the next jobs.
+  std::vector<PreparedFinish*> ending;
+  int freeing = 0;  // slots the ending attempts hold
+  for (PreparedFinish& p : items) {
+    if (p.applied_before) continue;
+    if (p.request->summary().state() == FAILED) {
+      errors[p.index] = FinishFailed(p);
+      continue;
+    }
+    ending.push_back(&p);
+    freeing += p.lease.slots;
+  }
+  if (!errors[0].ok()) return errors[0];
+  const int max_next = request.acquire_next() ? std::max(1, request.acquire_max()) : 0;
+  FinishResponse response;
+  if (ending.empty()) {
+    AcquireNextJobs(worker_id, max_next, &response);
+  } else {
+    EndAttemptsTogether(worker_id, ending, freeing, max_next, &errors, &response);
+    if (!errors[0].ok()) return errors[0];
+  }
+  // BUSY while it holds a job (a next one, or another slot's), else IDLE: written when it
+  // changed (a job handed over was noted BUSY as it started: one write, not two, per job).
+  NoteWorkerBySlots(worker_id);
+  for (size_t i = 1; i < errors.size(); ++i) {
+    const absl::Status& e = errors[i];
+    response.add_more_errors(
+        e.ok() ? "" : absl::StrCat(absl::StatusCodeToString(e.code()), ": ", e.message()));
+  }
+  return response;
+}
+
+void CoordinatorCore::PrepareMoreFinishes(const FinishRequest& request, int64_t worker_id,
+                                          std::vector<PreparedFinish>* items,
+                                          std::vector<absl::Status>* errors) {
+  for (int i = 0; i < request.more_size(); ++i) {
+    const FinishRequest& more = request.more(i);
+    if (more.worker_id() != 0 && more.worker_id() != worker_id) {
+      (*errors)[i + 1] = absl::InvalidArgumentError(
+          absl::StrCat("finish: more[", i, "] is of worker ", more.worker_id(), ", not ",
+                       worker_id));
+      continue;
+    }
+    if (more.more_size() > 0) {
+      (*errors)[i + 1] = absl::InvalidArgumentError(
+          absl::StrCat("finish: more[", i, "] has more of its own; list every attempt in the "
+                       "outer request's more"));
+      continue;
+    }
+    absl::StatusOr<PreparedFinish> p = PrepareFinish(more, worker_id);
+    if (!p.ok()) {
+      (*errors)[i + 1] = p.status();
+      continue;
+    }
+    p->index = i + 1;
+    items->push_back(*std::move(p));
+  }
+}
+
+void CoordinatorCore::AcquireNextJobs(int64_t worker_id, int max_jobs, FinishResponse* response) {
+  if (max_jobs <= 0) return;
+  AcquireJobRequest acquire;
+  acquire.set_worker_id(worker_id);
+  acquire.set_max_jobs(max_jobs);
+  absl::StatusOr<AcquireJobResponse> next = AcquireJob(acquire);
+  if (!next.ok() || !next->has_job()) return;
+  AddNextJob(next->job(), response);
+  for (const Job& job : next->more_jobs()) AddNextJob(job, response);
+}
+
+void CoordinatorCore::EndAttemptsTogether(int64_t worker_id,
+                                          const std::vector<PreparedFinish*>& ending,
+                                          int freeing, int max_next,
+                                          std::vector<absl::Status>* errors,
+                                          FinishResponse* response) {
+  std::vector<FinishWrite> writes;
+  for (PreparedFinish* p : ending) writes.push_back(FinishWriteOf(*p));
+  // The next runs are picked now and started in the transaction of the first write.
+  std::vector<QueuedRun> next;
+  if (max_next > 0) {
+    absl::StatusOr<WorkerOffer> offer = OfferOf(worker_id);
+    absl::MutexLock lock(&mu_);
+    if (offer.ok() && !shutdown_) {
+      next = scheduler_.AcquireUpTo(worker_id, *offer, max_next, freeing);
+    }
+  }
+  for (size_t i = 0; i < next.size(); ++i) {
+    RunTransition start = StartOn(next[i].run_id, worker_id);
+    if (i == 0) {
+      writes[0].start = std::move(start);
+    } else {
+      writes[0].more_starts.push_back(std::move(start));
+    }
+  }
+  std::vector<absl::StatusOr<FinishWriteResult>> results = store_->FinishAttempts(writes);
+  MirrorEndedAttempts(ending, writes, results, next, errors);
+  if (results[0].ok()) StartNextJobs(worker_id, next, *results[0], response);
+}
+
+void CoordinatorCore::MirrorEndedAttempts(
+    const std::vector<PreparedFinish*>& ending, const std::vector<FinishWrite>& writes,
+    const std::vector<absl::StatusOr<FinishWriteResult>>& results,
+    const std::vector<QueuedRun>& next, std::vector<absl::Status>* errors) {
+  absl::MutexLock lock(&mu_);
+  if (!results[0].ok()) {
+    // The starts rode on the first write: back to the queue.
+    for (const QueuedRun& run : next) {
+      scheduler_.Release(run.run_id);
+      scheduler_.Enqueue(run);
+    }
+    if (!next.empty()) work_cv_.SignalAll();
+  }
+  for (size_t i = 0; i < ending.size(); ++i) {
+    if (!results[i].ok()) {
+      (*errors)[ending[i]->index] = results[i].status();
+      continue;
+    }
+    const int64_t run_id = ending[i]->request->run_id();
+    std::optional<QueuedRun> queued = scheduler_.LeasedRun(run_id);
+    scheduler_.Release(run_id);
+    if (writes[i].end.to == PENDING && queued.has_value()) {
+      queued->not_before = absl::InfinitePast();
+      scheduler_.Enqueue(*queued);
+      work_cv_.SignalAll();
+    }
+  }
+}
+
+void CoordinatorCore::StartNextJobs(int64_t worker_id, const std::vector<QueuedRun>& next,
+                                    const FinishWriteResult& r, FinishResponse* response) {
+  // A next job that cannot be made is not this Finish's failure: the worker asks again.
+  for (size_t i = 0; i < next.size(); ++i) {
+    const absl::Status& status = i == 0 ? r.start_status : r.more_start_status[i - 1];
+    const TransitionResult& started = i == 0 ? r.start : r.more_starts[i - 1];
+    absl::StatusOr<std::optional<Job>> job =
+        LeaseStarted(worker_id, next[i],
+                     status.ok() ? absl::StatusOr<TransitionResult>(started)
+                                 : absl::StatusOr<TransitionResult>(status));
+    if (job.ok() && job->has_value()) AddNextJob(**std::move(job), response);
+  }
+}
+
+}  // namespace ablate
