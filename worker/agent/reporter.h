@@ -23,8 +23,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/ablate.grpc.pb.h"
-#include "worker/agent/agent.h"
 #include "worker/agent/calls.h"
+#include "worker/agent/options.h"
 #include "worker/train/trainer.h"
 
 namespace ablate {
