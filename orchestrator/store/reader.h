@@ -1,7 +1,7 @@
 // Read side of the results store: read-only SQLite connections for `ablate query`, `ablate table`,
 // `ablate export`, the dashboard API and the coordinator's lookups. One read path: every typed
 // read the coordinator, its Watch stream and the dashboard make is a method here, so a schema
-// change touches this file and schema.cc.
+// change touches these reads (reader*.cc, by topic: see reader_internal.h) and schema.cc.
 //
 // Every connection is opened SQLITE_OPEN_READONLY and guarded by the users' SQL sandbox
 // (query.h), so no SQL handed to ReadOnlyQuery can change the database or reach another file, or
@@ -347,9 +347,17 @@ class StoreReader {
                                 absl::Time deadline = absl::InfiniteFuture()) const;
   void Release(Pool* pool, std::unique_ptr<Connection> connection) const;
   // Runs the cached statement `sql` on a pooled connection: `bind(Stmt&)` binds its parameters,
-  // `read(const Stmt&)` is called on each row (defined in reader.cc, its only user).
+  // `read(const Stmt&)` is called on each row. These three are defined in reader_internal.h, for
+  // the reader's files only.
   template <typename Bind, typename Read>
   absl::Status ForEachRow(const std::string& sql, Bind bind, Read read) const;
+  // Every row of `sql` as a T, `map(const Stmt&)` making one from a row, in the statement's order.
+  template <typename T, typename Bind, typename Map>
+  absl::StatusOr<std::vector<T>> ReadRows(const std::string& sql, Bind bind, Map map) const;
+  // The first row of `sql` as a T (the rest are not read); NotFound(`not_found`) when it has none.
+  template <typename T, typename Bind, typename Map>
+  absl::StatusOr<T> ReadFirstRow(const std::string& sql, Bind bind, Map map,
+                                 const std::string& not_found) const;
 
   // Constant after construction.
   const ReaderOptions options_;

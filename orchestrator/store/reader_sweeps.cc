@@ -1,0 +1,248 @@
+// StoreReader's reads of sweeps and runs: sweeps with their progress (the sweep_progress view),
+// a sweep's variants and source, runs by filter, id or run key, a run's attempts and the
+// checkpoint a resumed attempt starts from, and a sweep's comparison table (the variant_table
+// and length_table views).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "orchestrator/store/reader.h"
+#include "orchestrator/store/reader_internal.h"
+#include "orchestrator/store/sqlite.h"
+
+namespace ablate {
+
+using reader_internal::NoParameters;
+using reader_internal::ReadColumns;
+
+namespace {
+
+constexpr char kSweepColumns[] =
+    "sweep_id, sweep, state, priority, created_at, runs, pending, running, succeeded, failed, "
+    "diverged, cancelled, interrupted, steps_done, steps_total, "
+    "(SELECT description FROM sweeps WHERE id = sweep_id)";
+
+SweepInfo ReadSweep(const Stmt& s) {
+  SweepInfo info;
+  ReadColumns(s, 0, &info.id, &info.name, &info.state, &info.priority, &info.created_at,
+              &info.runs, &info.pending, &info.running, &info.succeeded, &info.failed,
+              &info.diverged, &info.cancelled, &info.interrupted, &info.steps_done,
+              &info.steps_total, &info.description);
+  return info;
+}
+
+constexpr char kRunColumns[] =
+    "r.id, r.sweep_id, s.name, v.name, r.run_index, r.run_key, r.seed, r.axes, c.config_json, "
+    "r.state, r.attempts, r.worker_id, r.priority, r.device, r.memory_gb, r.threads, "
+    "r.params_total, r.params_activated, r.params_added, r.created_at, r.started_at, "
+    "r.finished_at, r.steps_total, r.steps_done, r.final_train_loss, r.val_loss, r.val_ppl, "
+    "r.gate_score, r.m_act, r.f_attn, r.spike_score, r.spike_steps, r.tokens_per_s, r.wall_s, "
+    "r.reason, r.reused_from, r.attempt_base, r.devices "
+    "FROM runs r JOIN sweeps s ON s.id = r.sweep_id JOIN variants v ON v.id = r.variant_id "
+    "JOIN run_configs c ON c.run_id = r.id";
+
+double ZeroIfNull(const Stmt& s, int i) { return s.ColumnIsNull(i) ? 0.0 : s.ColumnDouble(i); }
+
+RunInfo ReadRun(const Stmt& s) {
+  RunInfo r;
+  ReadColumns(s, 0, &r.id, &r.sweep_id, &r.sweep, &r.variant, &r.run_index, &r.run_key);
+  r.seed = static_cast<uint64_t>(s.ColumnInt(6));
+  ReadColumns(s, 7, &r.axes, &r.config_json);
+  r.state = ParseRunState(s.ColumnText(9));
+  ReadColumns(s, 10, &r.attempts, &r.worker_id, &r.priority, &r.device, &r.memory_gb, &r.threads,
+              &r.params_total, &r.params_activated, &r.params_added);
+  // Times not yet reached are NULL; RunInfo says 0 for them.
+  r.created_at = ZeroIfNull(s, 19);
+  r.started_at = ZeroIfNull(s, 20);
+  r.finished_at = ZeroIfNull(s, 21);
+  // Metrics stay NaN when unset (NULL); reused_from reads 0 when it is NULL.
+  ReadColumns(s, 22, &r.steps_total, &r.steps_done, &r.final_train_loss, &r.val_loss, &r.val_ppl,
+              &r.gate_score, &r.m_act, &r.f_attn, &r.spike_score, &r.spike_steps,
+              &r.tokens_per_s, &r.wall_s, &r.reason, &r.reused_from, &r.attempt_base);
+  r.devices = std::max(1, static_cast<int>(s.ColumnInt(37)));
+  return r;
+}
+
+constexpr char kAttemptColumns[] =
+    "run_id, attempt, worker_id, state, started_at, ended_at, checkpoint_path, checkpoint_step, "
+    "report_seq, reason FROM attempts";
+
+AttemptInfo ReadAttempt(const Stmt& s) {
+  AttemptInfo a;
+  ReadColumns(s, 0, &a.run_id, &a.attempt, &a.worker_id, &a.state);
+  a.started_at = ZeroIfNull(s, 4);
+  a.ended_at = ZeroIfNull(s, 5);
+  ReadColumns(s, 6, &a.checkpoint_path, &a.checkpoint_step, &a.report_seq, &a.reason);
+  return a;
+}
+
+VariantInfo ReadVariant(const Stmt& s) {
+  VariantInfo v;
+  ReadColumns(s, 0, &v.name, &v.description, &v.diff, &v.budget, &v.params_total,
+              &v.params_activated, &v.params_added);
+  v.flops_per_token = ZeroIfNull(s, 7);
+  return v;
+}
+
+// A variant_table row (its columns in GetComparisonTable's order); lengths are read apart.
+ComparisonRow ReadComparisonRow(const Stmt& s) {
+  ComparisonRow r;
+  ReadColumns(s, 0, &r.variant, &r.description, &r.axes, &r.runs, &r.n, &r.diverged, &r.failed,
+              &r.unfinished);
+  MeanStd* metrics[] = {&r.val_loss, &r.val_ppl,     &r.gate_score, &r.m_act,
+                        &r.f_attn,   &r.spike_score, &r.train_loss};
+  for (int i = 0; i < 7; ++i) {
+    metrics[i]->mean = s.ColumnDouble(8 + 2 * i);
+    metrics[i]->std = s.ColumnDouble(9 + 2 * i);
+  }
+  r.params_total = ZeroIfNull(s, 22);
+  r.params_activated = ZeroIfNull(s, 23);
+  r.params_added = ZeroIfNull(s, 24);
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<SweepInfo>> StoreReader::ListSweeps() const {
+  return ReadRows<SweepInfo>(
+      absl::StrCat("SELECT ", kSweepColumns, " FROM sweep_progress ORDER BY sweep_id DESC"),
+      NoParameters, ReadSweep);
+}
+
+absl::StatusOr<SweepInfo> StoreReader::GetSweep(const std::string& name_or_id) const {
+  int64_t id = 0;
+  if (!absl::SimpleAtoi(name_or_id, &id)) id = -1;
+  // The name first (a name wins over an id that looks the same), then the view by its GROUP
+  // BY column, which SQLite pushes into the aggregate: filtering the view by name would
+  // aggregate every run of every sweep before it could filter.
+  absl::StatusOr<int64_t> found = ReadFirstRow<int64_t>(
+      "SELECT id FROM sweeps WHERE name = ?2 OR id = ?1 ORDER BY name = ?2 DESC LIMIT 1",
+      [&](Stmt& q) { q.Bind(1, id).Bind(2, name_or_id); },
+      [](const Stmt& s) { return s.ColumnInt(0); },
+      absl::StrCat("store: no sweep named ", name_or_id));
+  if (!found.ok()) return found.status();
+  return GetSweepById(*found);
+}
+
+absl::StatusOr<SweepInfo> StoreReader::GetSweepById(int64_t sweep_id) const {
+  return ReadFirstRow<SweepInfo>(
+      absl::StrCat("SELECT ", kSweepColumns, " FROM sweep_progress WHERE sweep_id = ?1"),
+      [&](Stmt& q) { q.Bind(1, sweep_id); }, ReadSweep,
+      absl::StrCat("store: no sweep ", sweep_id));
+}
+
+absl::StatusOr<std::vector<RunInfo>> StoreReader::ListRuns(const RunFilter& filter) const {
+  std::vector<std::string> where;
+  if (filter.sweep_id != 0) where.push_back("r.sweep_id = ?1");
+  if (!filter.states.empty()) {
+    std::vector<std::string> names;
+    for (RunState s : filter.states) names.push_back(absl::StrCat("'", RunStateName(s), "'"));
+    where.push_back(absl::StrCat("r.state IN (", absl::StrJoin(names, ", "), ")"));
+  }
+  std::string sql = absl::StrCat("SELECT ", kRunColumns,
+                                 where.empty() ? "" : " WHERE ", absl::StrJoin(where, " AND "),
+                                 " ORDER BY r.sweep_id, r.run_index LIMIT ?2");
+  return ReadRows<RunInfo>(
+      sql,
+      [&](Stmt& q) {
+        if (filter.sweep_id != 0) q.Bind(1, filter.sweep_id);
+        q.Bind(2, filter.limit > 0 ? filter.limit : int64_t{-1});
+      },
+      ReadRun);
+}
+
+absl::StatusOr<RunInfo> StoreReader::GetRun(int64_t run_id) const {
+  return ReadFirstRow<RunInfo>(absl::StrCat("SELECT ", kRunColumns, " WHERE r.id = ?1"),
+                               [&](Stmt& q) { q.Bind(1, run_id); }, ReadRun,
+                               absl::StrCat("store: no run ", run_id));
+}
+
+absl::StatusOr<std::vector<RunInfo>> StoreReader::RunsWithKey(const std::string& run_key) const {
+  return ReadRows<RunInfo>(
+      absl::StrCat("SELECT ", kRunColumns, " WHERE r.run_key = ?1 ORDER BY r.id"),
+      [&](Stmt& q) { q.Bind(1, run_key); }, ReadRun);
+}
+
+absl::StatusOr<std::vector<AttemptInfo>> StoreReader::Attempts(int64_t run_id) const {
+  return ReadRows<AttemptInfo>(
+      absl::StrCat("SELECT ", kAttemptColumns, " WHERE run_id = ?1 ORDER BY attempt"),
+      [&](Stmt& q) { q.Bind(1, run_id); }, ReadAttempt);
+}
+
+absl::StatusOr<AttemptInfo> StoreReader::LatestCheckpoint(int64_t run_id) const {
+  absl::StatusOr<std::vector<AttemptInfo>> attempts = Attempts(run_id);
+  if (!attempts.ok()) return attempts.status();
+  AttemptInfo best;
+  best.run_id = run_id;
+  for (const AttemptInfo& a : *attempts) {
+    if (!a.checkpoint_path.empty() && a.checkpoint_step >= best.checkpoint_step) best = a;
+  }
+  return best;
+}
+
+absl::StatusOr<std::vector<VariantInfo>> StoreReader::ListVariants(int64_t sweep_id) const {
+  return ReadRows<VariantInfo>(
+      "SELECT name, description, diff, budget, params_total, params_activated, params_added, "
+      "flops_per_token FROM variants WHERE sweep_id = ?1 ORDER BY position",
+      [&](Stmt& q) { q.Bind(1, sweep_id); }, ReadVariant);
+}
+
+absl::StatusOr<SweepSource> StoreReader::GetSweepSource(int64_t sweep_id) const {
+  return ReadFirstRow<SweepSource>(
+      "SELECT spec_file, spec_yaml, reference, code_version, created_at, finished_at FROM sweeps "
+      "WHERE id = ?1",
+      [&](Stmt& q) { q.Bind(1, sweep_id); },
+      [&](const Stmt& r) {
+        SweepSource s;
+        s.sweep_id = sweep_id;
+        ReadColumns(r, 0, &s.spec_file, &s.spec_yaml, &s.reference, &s.code_version);
+        s.created_at = ZeroIfNull(r, 4);
+        s.finished_at = ZeroIfNull(r, 5);
+        return s;
+      },
+      absl::StrCat("store: no sweep ", sweep_id));
+}
+
+absl::StatusOr<ComparisonTable> StoreReader::GetComparisonTable(const std::string& sweep) const {
+  absl::StatusOr<SweepInfo> info = GetSweep(sweep);
+  if (!info.ok()) return info.status();
+  ComparisonTable table;
+  table.sweep = info->name;
+  absl::StatusOr<std::vector<ComparisonRow>> rows = ReadRows<ComparisonRow>(
+      "SELECT variant, description, axes, runs, n, diverged, failed, unfinished, "
+      "val_loss_mean, val_loss_std, val_ppl_mean, val_ppl_std, gate_score_mean, "
+      "gate_score_std, "
+      "m_act_mean, m_act_std, f_attn_mean, f_attn_std, spike_score_mean, spike_score_std, "
+      "train_loss_mean, train_loss_std, params_total, params_activated, params_added "
+      "FROM variant_table WHERE sweep_id = ?1 ORDER BY first_index",
+      [&](Stmt& q) { q.Bind(1, info->id); }, ReadComparisonRow);
+  if (!rows.ok()) return rows.status();
+  table.rows = *std::move(rows);
+  if (absl::Status read = ForEachRow(
+          "SELECT variant, axes, seq_len, yarn, n, val_loss_mean, val_loss_std, val_ppl_mean, "
+          "val_ppl_std FROM length_table WHERE sweep_id = ?1 ORDER BY seq_len",
+          [&](Stmt& q) { q.Bind(1, info->id); },
+          [&](const Stmt& s) {
+            for (ComparisonRow& r : table.rows) {
+              if (r.variant != s.ColumnText(0) || r.axes != s.ColumnText(1)) continue;
+              LengthStat& l = r.lengths.emplace_back();
+              l.seq_len = s.ColumnInt(2);
+              l.yarn = s.ColumnInt(3) != 0;
+              l.n = s.ColumnInt(4);
+              l.val_loss = {s.ColumnDouble(5), s.ColumnDouble(6)};
+              l.val_ppl = {s.ColumnDouble(7), s.ColumnDouble(8)};
+              break;
+            }
+          });
+      !read.ok()) {
+    return read;
+  }
+  return table;
+}
+
+}  // namespace ablate
