@@ -54,6 +54,28 @@ void AddClientFlags(CLI::App* cmd, ClientFlags* flags) {
       ->capture_default_str();
 }
 
+// Adds the client flags to `cmd` (after its own, where --help lists them) and has choosing `cmd`
+// set *action to `run`, called with a client for those flags.
+template <typename Run>
+void SetClientAction(CLI::App* cmd, std::function<absl::Status()>* action, Run run,
+                     std::shared_ptr<ClientFlags> flags = std::make_shared<ClientFlags>()) {
+  AddClientFlags(cmd, flags.get());
+  cmd->callback([=] {
+    *action = [=]() -> absl::Status {
+      CoordinatorClient client(flags->Options());
+      return run(client);
+    };
+  });
+}
+
+// The positional SWEEP (a name or an id) of the commands about one sweep.
+std::shared_ptr<std::string> AddSweepArgument(CLI::App* cmd, bool required = true) {
+  auto sweep = std::make_shared<std::string>();
+  CLI::Option* option = cmd->add_option("sweep", *sweep, "sweep name or id");
+  if (required) option->required();
+  return sweep;
+}
+
 // `watch`'s own flags, which `submit --watch` takes too.
 struct WatchFlags {
   bool plain = false;
@@ -184,13 +206,39 @@ absl::Status RunWatch(CoordinatorClient& client, const std::string& sweep, bool 
 
 namespace {
 
+// What `submit` queued, and what the runs it queued will cost (reused runs do not train).
+absl::Status PrintSubmitted(CoordinatorClient& client, const SubmitResponse& r,
+                            const CostFlags& cost, std::ostream& out) {
+  if (r.already_exists()) {
+    out << fmt::format("sweep {} (id {}) already exists with these {} runs: nothing new "
+                       "was queued (ablate status {})\n",
+                       r.sweep(), r.sweep_id(), r.runs(), r.sweep());
+    return absl::OkStatus();
+  }
+  out << fmt::format("sweep {} (id {}): {} runs, {} queued, {} reused\n", r.sweep(),
+                     r.sweep_id(), r.runs(), r.queued(), r.reused());
+  std::set<std::string> reused_keys;
+  if (r.reused() > 0) {
+    absl::StatusOr<GetSweepResponse> stored = client.GetSweep(absl::StrCat(r.sweep_id()));
+    if (!stored.ok()) return stored.status();
+    for (const RunStatus& run : stored->runs()) {
+      if (run.reused_from() != 0) reused_keys.insert(run.run_key());
+    }
+  }
+  const SweepCost c = EstimateSweepCost(r.expanded(), reused_keys);
+  out << FormatCostLine(c, cost,
+                        r.reused() > 0 ? fmt::format("{} of {} runs to train ({} reused)", c.runs,
+                                                     r.runs(), r.runs() - c.runs)
+                                       : fmt::format("{} runs", c.runs));
+  return absl::OkStatus();
+}
+
 // `ablate submit SPEC [--watch] [--force]`.
 void AddSubmitCommand(CLI::App* app, std::ostream* out, std::ostream* err,
                       std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
       "submit", "Queue a sweep on the coordinator. Runs identical to one that already "
                 "succeeded (same run key) reuse its result unless --force.");
-  auto flags = std::make_shared<ClientFlags>();
   auto spec = std::make_shared<std::string>();
   auto watch = std::make_shared<bool>(false);
   auto watch_flags = std::make_shared<WatchFlags>();
@@ -202,46 +250,24 @@ void AddSubmitCommand(CLI::App* app, std::ostream* out, std::ostream* err,
   AddWatchFlags(cmd, watch_flags.get(), watch_option);
   cmd->add_flag("--force", *force, "train runs again even when an identical one succeeded");
   AddCostFlags(cmd, cost.get());
-  AddClientFlags(cmd, flags.get());
-  cmd->callback([=] {
-    *action = [=]() -> absl::Status {
-      SubmitRequest request;
-      if (absl::Status s = ReadFile(*spec, request.mutable_spec_yaml()); !s.ok()) return s;
-      request.set_spec_file(*spec);
-      request.set_force(*force);
-      CoordinatorClient client(flags->Options());
-      absl::StatusOr<SubmitResponse> r = client.Submit(request);
-      if (!r.ok()) return r.status();
-      if (r->already_exists()) {
-        *out << fmt::format("sweep {} (id {}) already exists with these {} runs: nothing new "
-                            "was queued (ablate status {})\n",
-                            r->sweep(), r->sweep_id(), r->runs(), r->sweep());
-      } else {
-        *out << fmt::format("sweep {} (id {}): {} runs, {} queued, {} reused\n", r->sweep(),
-                            r->sweep_id(), r->runs(), r->queued(), r->reused());
-        // What the queued runs will cost: reused runs do not train.
-        std::set<std::string> reused_keys;
-        if (r->reused() > 0) {
-          absl::StatusOr<GetSweepResponse> stored =
-              client.GetSweep(absl::StrCat(r->sweep_id()));
-          if (!stored.ok()) return stored.status();
-          for (const RunStatus& run : stored->runs()) {
-            if (run.reused_from() != 0) reused_keys.insert(run.run_key());
-          }
-        }
-        const SweepCost c = EstimateSweepCost(r->expanded(), reused_keys);
-        *out << FormatCostLine(
-            c, *cost,
-            r->reused() > 0 ? fmt::format("{} of {} runs to train ({} reused)", c.runs,
-                                          r->runs(), r->runs() - c.runs)
-                            : fmt::format("{} runs", c.runs));
-      }
-      if (!*watch) return absl::OkStatus();
-      return RunWatch(client, r->sweep(), !watch_flags->plain && IsTerminal(*out),
-                      absl::Hours(24 * 30), *out);
-    };
+  SetClientAction(cmd, action, [=](CoordinatorClient& client) -> absl::Status {
+    SubmitRequest request;
+    if (absl::Status s = ReadFile(*spec, request.mutable_spec_yaml()); !s.ok()) return s;
+    request.set_spec_file(*spec);
+    request.set_force(*force);
+    absl::StatusOr<SubmitResponse> r = client.Submit(request);
+    if (!r.ok()) return r.status();
+    if (absl::Status s = PrintSubmitted(client, *r, *cost, *out); !s.ok()) return s;
+    if (!*watch) return absl::OkStatus();
+    return RunWatch(client, r->sweep(), !watch_flags->plain && IsTerminal(*out),
+                    absl::Hours(24 * 30), *out);
   });
 }
+
+// A table's row format, for its header and every row alike.
+constexpr char kWorkerRow[] = "{:>4}  {:<24} {:<5} {:<8} {:>5}  {}\n";
+constexpr char kSweepRow[] = "{:>4}  {:<24} {:<9} {:>5}  {}\n";
+constexpr char kRunRow[] = "{:>5}  {:<18} {:>5} {:<11} {:>3} {:>13} {:>9} {:>9}  {}\n";
 
 // The workers section of `ablate status`: one line per worker not GONE, with its slots in use.
 void PrintWorkers(const ListSweepsResponse& r, std::ostream& out) {
@@ -249,13 +275,50 @@ void PrintWorkers(const ListSweepsResponse& r, std::ostream& out) {
     out << "\nno workers (ablate-worker --coordinator ADDRESS, or ablate up)\n";
     return;
   }
-  out << fmt::format("\n{:>4}  {:<24} {:<5} {:<8} {:>5}  {}\n", "ID", "WORKER", "STATE", "DEVICE",
-                     "SLOTS", "RUNS");
+  out << "\n" << fmt::format(kWorkerRow, "ID", "WORKER", "STATE", "DEVICE", "SLOTS", "RUNS");
   for (const WorkerStatus& w : r.workers()) {
-    out << fmt::format("{:>4}  {:<24} {:<5} {:<8} {:>5}  {}\n", w.worker_id(), w.name(),
-                       w.state(), w.device(), absl::StrCat(w.slots_in_use(), "/", w.slots()),
-                       w.running());
+    out << fmt::format(kWorkerRow, w.worker_id(), w.name(), w.state(), w.device(),
+                       absl::StrCat(w.slots_in_use(), "/", w.slots()), w.running());
   }
+}
+
+// `ablate status`: every sweep with its run counts, then the workers.
+absl::Status PrintSweeps(CoordinatorClient& client, std::ostream& out) {
+  absl::StatusOr<ListSweepsResponse> r = client.ListSweeps();
+  if (!r.ok()) return r.status();
+  if (r->sweeps().empty()) {
+    out << "no sweeps (ablate submit SPEC)\n";
+  } else {
+    out << fmt::format(kSweepRow, "ID", "SWEEP", "STATE", "RUNS", "BY STATE");
+    for (const SweepStatus& s : r->sweeps()) {
+      out << fmt::format(kSweepRow, s.sweep_id(), s.name(), s.state(), s.total_runs(), Counts(s));
+    }
+  }
+  PrintWorkers(*r, out);
+  return absl::OkStatus();
+}
+
+// `ablate status SWEEP`: the sweep, then every run of it.
+absl::Status PrintSweepRuns(CoordinatorClient& client, const std::string& sweep,
+                            std::ostream& out) {
+  absl::StatusOr<GetSweepResponse> r = client.GetSweep(sweep);
+  if (!r.ok()) return r.status();
+  out << fmt::format("sweep {} (id {}): {}, {}\n", r->sweep().name(), r->sweep().sweep_id(),
+                     r->sweep().state(), Counts(r->sweep()));
+  out << fmt::format(kRunRow, "RUN", "VARIANT", "SEED", "STATE", "TRY", "STEP", "LOSS",
+                     "VAL LOSS", "WORKER / REASON");
+  for (const RunStatus& run : r->runs()) {
+    const std::string where =
+        run.state() == RUNNING
+            ? absl::StrCat(run.worker(),
+                           run.devices() > 1 ? absl::StrCat(" (", run.devices(), " ranks)") : "")
+            : run.reason();
+    out << fmt::format(kRunRow, run.run_id(), run.variant(), run.seed(),
+                       RunStateName(run.state()), run.attempts(),
+                       absl::StrCat(run.step(), "/", run.total_steps()), Loss(run.last_loss()),
+                       Loss(run.val_loss()), where);
+  }
+  return absl::OkStatus();
 }
 
 // `ablate status [SWEEP]`.
@@ -264,52 +327,9 @@ void AddStatusCommand(CLI::App* app, std::ostream* out, std::ostream* err,
   CLI::App* cmd = app->add_subcommand(
       "status", "Sweeps and their run counts, and the workers with their slots in use; with "
                 "SWEEP, every run of it.");
-  auto flags = std::make_shared<ClientFlags>();
-  auto sweep = std::make_shared<std::string>();
-  cmd->add_option("sweep", *sweep, "sweep name or id");
-  AddClientFlags(cmd, flags.get());
-  cmd->callback([=] {
-    *action = [=]() -> absl::Status {
-      CoordinatorClient client(flags->Options());
-      if (sweep->empty()) {
-        absl::StatusOr<ListSweepsResponse> r = client.ListSweeps();
-        if (!r.ok()) return r.status();
-        if (r->sweeps().empty()) {
-          *out << "no sweeps (ablate submit SPEC)\n";
-          PrintWorkers(*r, *out);
-          return absl::OkStatus();
-        }
-        *out << fmt::format("{:>4}  {:<24} {:<9} {:>5}  {}\n", "ID", "SWEEP", "STATE", "RUNS",
-                            "BY STATE");
-        for (const SweepStatus& s : r->sweeps()) {
-          *out << fmt::format("{:>4}  {:<24} {:<9} {:>5}  {}\n", s.sweep_id(), s.name(),
-                              s.state(), s.total_runs(), Counts(s));
-        }
-        PrintWorkers(*r, *out);
-        return absl::OkStatus();
-      }
-      absl::StatusOr<GetSweepResponse> r = client.GetSweep(*sweep);
-      if (!r.ok()) return r.status();
-      *out << fmt::format("sweep {} (id {}): {}, {}\n", r->sweep().name(),
-                          r->sweep().sweep_id(), r->sweep().state(), Counts(r->sweep()));
-      *out << fmt::format("{:>5}  {:<18} {:>5} {:<11} {:>3} {:>13} {:>9} {:>9}  {}\n", "RUN",
-                          "VARIANT", "SEED", "STATE", "TRY", "STEP", "LOSS", "VAL LOSS",
-                          "WORKER / REASON");
-      for (const RunStatus& run : r->runs()) {
-        *out << fmt::format("{:>5}  {:<18} {:>5} {:<11} {:>3} {:>13} {:>9} {:>9}  {}\n",
-                            run.run_id(), run.variant(), run.seed(),
-                            RunStateName(run.state()), run.attempts(),
-                            absl::StrCat(run.step(), "/", run.total_steps()),
-                            Loss(run.last_loss()), Loss(run.val_loss()),
-                            run.state() == RUNNING
-                                ? absl::StrCat(run.worker(), run.devices() > 1
-                                                                 ? absl::StrCat(" (", run.devices(),
-                                                                                " ranks)")
-                                                                 : "")
-                                : run.reason());
-      }
-      return absl::OkStatus();
-    };
+  std::shared_ptr<std::string> sweep = AddSweepArgument(cmd, /*required=*/false);
+  SetClientAction(cmd, action, [=](CoordinatorClient& client) {
+    return sweep->empty() ? PrintSweeps(client, *out) : PrintSweepRuns(client, *sweep, *out);
   });
 }
 
@@ -320,19 +340,17 @@ void AddWatchCommand(CLI::App* app, std::ostream* out, std::ostream* err,
       "watch", "Live progress of every run of a sweep, spikes and divergences as they "
                "happen; exits when the sweep ends.");
   auto flags = std::make_shared<ClientFlags>();
-  auto sweep = std::make_shared<std::string>();
   auto watch_flags = std::make_shared<WatchFlags>();
-  cmd->add_option("sweep", *sweep, "sweep name or id")->required();
+  std::shared_ptr<std::string> sweep = AddSweepArgument(cmd);
   AddWatchFlags(cmd, watch_flags.get());
-  AddClientFlags(cmd, flags.get());
+  SetClientAction(
+      cmd, action,
+      [=](CoordinatorClient& client) {
+        return RunWatch(client, *sweep, !watch_flags->plain && IsTerminal(*out),
+                        absl::Seconds(flags->timeout_s), *out);
+      },
+      flags);
   flags->timeout_s = 30 * 24 * 3600;  // the stream's deadline: a sweep may take weeks
-  cmd->callback([=] {
-    *action = [=]() -> absl::Status {
-      CoordinatorClient client(flags->Options());
-      return RunWatch(client, *sweep, !watch_flags->plain && IsTerminal(*out),
-                      absl::Seconds(flags->timeout_s), *out);
-    };
-  });
 }
 
 // `ablate cancel SWEEP`.
@@ -340,18 +358,12 @@ void AddCancelCommand(CLI::App* app, std::ostream* out, std::ostream* err,
                       std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
       "cancel", "Cancel a sweep: queued runs become CANCELLED, running ones are stopped.");
-  auto flags = std::make_shared<ClientFlags>();
-  auto sweep = std::make_shared<std::string>();
-  cmd->add_option("sweep", *sweep, "sweep name or id")->required();
-  AddClientFlags(cmd, flags.get());
-  cmd->callback([=] {
-    *action = [=]() -> absl::Status {
-      CoordinatorClient client(flags->Options());
-      absl::StatusOr<CancelResponse> r = client.Cancel(*sweep);
-      if (!r.ok()) return r.status();
-      *out << fmt::format("sweep {}: {} runs cancelled\n", *sweep, r->cancelled());
-      return absl::OkStatus();
-    };
+  std::shared_ptr<std::string> sweep = AddSweepArgument(cmd);
+  SetClientAction(cmd, action, [=](CoordinatorClient& client) -> absl::Status {
+    absl::StatusOr<CancelResponse> r = client.Cancel(*sweep);
+    if (!r.ok()) return r.status();
+    *out << fmt::format("sweep {}: {} runs cancelled\n", *sweep, r->cancelled());
+    return absl::OkStatus();
   });
 }
 
@@ -361,20 +373,14 @@ void AddRerunCommand(CLI::App* app, std::ostream* out, std::ostream* err,
   CLI::App* cmd = app->add_subcommand(
       "rerun", "Queue a sweep's FAILED and CANCELLED runs again, resuming from their last "
                "checkpoints. DIVERGED runs are results and are not rerun.");
-  auto flags = std::make_shared<ClientFlags>();
-  auto sweep = std::make_shared<std::string>();
   auto failed = std::make_shared<bool>(false);
-  cmd->add_option("sweep", *sweep, "sweep name or id")->required();
+  std::shared_ptr<std::string> sweep = AddSweepArgument(cmd);
   cmd->add_flag("--failed", *failed, "the failed and cancelled runs (required)")->required();
-  AddClientFlags(cmd, flags.get());
-  cmd->callback([=] {
-    *action = [=]() -> absl::Status {
-      CoordinatorClient client(flags->Options());
-      absl::StatusOr<RerunResponse> r = client.Rerun(*sweep, *failed);
-      if (!r.ok()) return r.status();
-      *out << fmt::format("sweep {}: {} runs queued again\n", *sweep, r->queued());
-      return absl::OkStatus();
-    };
+  SetClientAction(cmd, action, [=](CoordinatorClient& client) -> absl::Status {
+    absl::StatusOr<RerunResponse> r = client.Rerun(*sweep, *failed);
+    if (!r.ok()) return r.status();
+    *out << fmt::format("sweep {}: {} runs queued again\n", *sweep, r->queued());
+    return absl::OkStatus();
   });
 }
 
@@ -384,7 +390,6 @@ void AddQueryCommand(CLI::App* app, std::ostream* out, std::ostream* err,
                      std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
       "query", "Run one read-only SQL statement on the results database (docs/schema.md).");
-  auto flags = std::make_shared<ClientFlags>();
   auto sql = std::make_shared<std::string>();
   auto format = std::make_shared<std::string>("table");
   auto max_rows = std::make_shared<int>(0);
@@ -395,26 +400,22 @@ void AddQueryCommand(CLI::App* app, std::ostream* out, std::ostream* err,
   cmd->add_option("--max-rows", *max_rows,
                   "rows to return, at most 1000000 (0: the server's default, 10000)")
       ->check(CLI::Range(0, 1000000));
-  AddClientFlags(cmd, flags.get());
-  cmd->callback([=] {
-    *action = [=]() -> absl::Status {
-      CoordinatorClient client(flags->Options());
-      QueryRequest request;
-      request.set_sql(*sql);
-      request.set_format(*format);
-      request.set_max_rows(*max_rows);
-      absl::StatusOr<QueryResponse> r = client.Query(request);
-      if (!r.ok()) return r.status();
-      *out << r->formatted();
-      if (r->truncated()) {
-        *out << std::flush;  // the rows, then the note, when both go to one terminal or file
-        *err << fmt::format(
-            "ablate query: the result stops at {} row{} and more exist: raise the cap with "
-            "--max-rows (up to 1000000), or page with LIMIT and OFFSET\n",
-            r->rows(), r->rows() == 1 ? "" : "s");
-      }
-      return absl::OkStatus();
-    };
+  SetClientAction(cmd, action, [=](CoordinatorClient& client) -> absl::Status {
+    QueryRequest request;
+    request.set_sql(*sql);
+    request.set_format(*format);
+    request.set_max_rows(*max_rows);
+    absl::StatusOr<QueryResponse> r = client.Query(request);
+    if (!r.ok()) return r.status();
+    *out << r->formatted();
+    if (r->truncated()) {
+      *out << std::flush;  // the rows, then the note, when both go to one terminal or file
+      *err << fmt::format(
+          "ablate query: the result stops at {} row{} and more exist: raise the cap with "
+          "--max-rows (up to 1000000), or page with LIMIT and OFFSET\n",
+          r->rows(), r->rows() == 1 ? "" : "s");
+    }
+    return absl::OkStatus();
   });
 }
 
@@ -424,23 +425,32 @@ void AddTableCommand(CLI::App* app, std::ostream* out, std::ostream* err,
   CLI::App* cmd = app->add_subcommand(
       "table", "The paper-style comparison of a sweep: one row per variant, mean ± std over "
                "seeds of val loss/PPL, gate score, M-Act, F-Attn, spike score, and params.");
-  auto flags = std::make_shared<ClientFlags>();
-  auto sweep = std::make_shared<std::string>();
   auto format = std::make_shared<std::string>("markdown");
-  cmd->add_option("sweep", *sweep, "sweep name or id")->required();
+  std::shared_ptr<std::string> sweep = AddSweepArgument(cmd);
   cmd->add_option("--format,-f", *format, "output format")
       ->check(CLI::IsMember({"markdown", "csv", "json"}))
       ->capture_default_str();
-  AddClientFlags(cmd, flags.get());
-  cmd->callback([=] {
-    *action = [=]() -> absl::Status {
-      CoordinatorClient client(flags->Options());
-      absl::StatusOr<TableResponse> r = client.Table(*sweep, *format);
-      if (!r.ok()) return r.status();
-      *out << r->formatted();
-      return absl::OkStatus();
-    };
+  SetClientAction(cmd, action, [=](CoordinatorClient& client) -> absl::Status {
+    absl::StatusOr<TableResponse> r = client.Table(*sweep, *format);
+    if (!r.ok()) return r.status();
+    *out << r->formatted();
+    return absl::OkStatus();
   });
+}
+
+// The SQL of `export`: the runs of sweep `id` with their final metrics, or with `steps` every
+// step they reported.
+std::string ExportSql(int64_t id, bool steps) {
+  if (steps) {
+    return absl::StrCat(
+        // A reused run's steps are its source's, marked with reused_from.
+        "SELECT r.run_id, r.variant, r.seed, r.axes, m.step, m.attempt, m.loss, "
+        "m.grad_norm, m.lr, m.tokens_per_s, m.aux_loss, m.skipped, r.reused_from "
+        "FROM run_summary r JOIN step_metrics m ON m.run_id = "
+        "coalesce(r.reused_from, r.run_id) WHERE r.sweep_id = ", id,
+        " ORDER BY r.run_index, m.step");
+  }
+  return absl::StrCat("SELECT * FROM run_summary WHERE sweep_id = ", id, " ORDER BY run_index");
 }
 
 // `ablate export SWEEP [--format csv|json] [--steps]`.
@@ -449,46 +459,28 @@ void AddExportCommand(CLI::App* app, std::ostream* out, std::ostream* err,
   CLI::App* cmd = app->add_subcommand(
       "export", "Every run of a sweep with its final metrics (the run_summary view), or with "
                 "--steps every reported step, as CSV or JSON.");
-  auto flags = std::make_shared<ClientFlags>();
-  auto sweep = std::make_shared<std::string>();
   auto format = std::make_shared<std::string>("csv");
   auto steps = std::make_shared<bool>(false);
-  cmd->add_option("sweep", *sweep, "sweep name or id")->required();
+  std::shared_ptr<std::string> sweep = AddSweepArgument(cmd);
   cmd->add_option("--format,-f", *format, "output format")
       ->check(CLI::IsMember({"csv", "json"}))
       ->capture_default_str();
   cmd->add_flag("--steps", *steps, "step metrics (loss, grad norm, lr...) instead of runs");
-  AddClientFlags(cmd, flags.get());
-  cmd->callback([=] {
-    *action = [=]() -> absl::Status {
-      CoordinatorClient client(flags->Options());
-      absl::StatusOr<GetSweepResponse> found = client.GetSweep(*sweep);
-      if (!found.ok()) return found.status();
-      const int64_t id = found->sweep().sweep_id();
-      QueryRequest request;
-      request.set_format(*format);
-      request.set_max_rows(1000000);
-      if (*steps) {
-        request.set_sql(absl::StrCat(
-            // A reused run's steps are its source's, marked with reused_from.
-            "SELECT r.run_id, r.variant, r.seed, r.axes, m.step, m.attempt, m.loss, "
-            "m.grad_norm, m.lr, m.tokens_per_s, m.aux_loss, m.skipped, r.reused_from "
-            "FROM run_summary r JOIN step_metrics m ON m.run_id = "
-            "coalesce(r.reused_from, r.run_id) WHERE r.sweep_id = ", id,
-            " ORDER BY r.run_index, m.step"));
-      } else {
-        request.set_sql(absl::StrCat("SELECT * FROM run_summary WHERE sweep_id = ", id,
-                                     " ORDER BY run_index"));
-      }
-      absl::StatusOr<QueryResponse> r = client.Query(request);
-      if (!r.ok()) return r.status();
-      if (r->truncated()) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "export: more than ", r->rows(), " rows; use `ablate query` with LIMIT/OFFSET"));
-      }
-      *out << r->formatted();
-      return absl::OkStatus();
-    };
+  SetClientAction(cmd, action, [=](CoordinatorClient& client) -> absl::Status {
+    absl::StatusOr<GetSweepResponse> found = client.GetSweep(*sweep);
+    if (!found.ok()) return found.status();
+    QueryRequest request;
+    request.set_format(*format);
+    request.set_max_rows(1000000);
+    request.set_sql(ExportSql(found->sweep().sweep_id(), *steps));
+    absl::StatusOr<QueryResponse> r = client.Query(request);
+    if (!r.ok()) return r.status();
+    if (r->truncated()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "export: more than ", r->rows(), " rows; use `ablate query` with LIMIT/OFFSET"));
+    }
+    *out << r->formatted();
+    return absl::OkStatus();
   });
 }
 

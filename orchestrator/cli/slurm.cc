@@ -158,11 +158,12 @@ std::pair<int64_t, int64_t> PilotOrder(const PilotState& p) {
   return {job, task};
 }
 
-// Every line of `out` split at '|' into exactly `fields` fields.
-absl::StatusOr<std::vector<std::vector<std::string>>> SplitRows(absl::string_view out,
-                                                                size_t fields,
-                                                                const char* program) {
-  std::vector<std::vector<std::string>> rows;
+// Every line of `out` split at '|' into exactly `fields` fields, each line a pilot that `fill`
+// makes of its fields.
+absl::StatusOr<std::vector<PilotState>> ParsePilotRows(
+    absl::string_view out, size_t fields, const char* program,
+    void (*fill)(std::vector<std::string>& f, PilotState* p)) {
+  std::vector<PilotState> pilots;
   for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipWhitespace())) {
     line = absl::StripTrailingAsciiWhitespace(line);
     std::vector<std::string> row = absl::StrSplit(line, '|');
@@ -170,9 +171,11 @@ absl::StatusOr<std::vector<std::vector<std::string>>> SplitRows(absl::string_vie
       return absl::InternalError(absl::StrCat(program, ": unexpected line \"", line, "\" (",
                                               row.size(), " fields, expected ", fields, ")"));
     }
-    rows.push_back(std::move(row));
+    PilotState p;
+    fill(row, &p);
+    pilots.push_back(std::move(p));
   }
-  return rows;
+  return pilots;
 }
 
 // The pilots of `jobs` in squeue (pending, running and recently ended ones).
@@ -256,42 +259,30 @@ absl::StatusOr<std::string> ParseSbatchJobId(absl::string_view out) {
 }
 
 absl::StatusOr<std::vector<PilotState>> ParseSqueue(absl::string_view out) {
-  absl::StatusOr<std::vector<std::vector<std::string>>> rows = SplitRows(out, 8, "squeue");
-  if (!rows.ok()) return rows.status();
-  std::vector<PilotState> pilots;
-  for (std::vector<std::string>& f : *rows) {
-    PilotState p;
-    p.job = std::move(f[0]);
-    p.array_job = std::move(f[1]);
-    p.name = std::move(f[2]);
-    p.state = std::move(f[3]);
-    p.time = std::move(f[4]);
-    p.time_limit = std::move(f[5]);
-    p.nodes = std::move(f[6]);
+  return ParsePilotRows(out, 8, "squeue", [](std::vector<std::string>& f, PilotState* p) {
+    p->job = std::move(f[0]);
+    p->array_job = std::move(f[1]);
+    p->name = std::move(f[2]);
+    p->state = std::move(f[3]);
+    p->time = std::move(f[4]);
+    p->time_limit = std::move(f[5]);
+    p->nodes = std::move(f[6]);
     // squeue keeps the last pending reason of a job that runs now: only a pending one has one.
-    p.reason = f[7] == "None" || p.state != "PENDING" ? "" : std::move(f[7]);
-    pilots.push_back(std::move(p));
-  }
-  return pilots;
+    p->reason = f[7] == "None" || p->state != "PENDING" ? "" : std::move(f[7]);
+  });
 }
 
 absl::StatusOr<std::vector<PilotState>> ParseSacct(absl::string_view out) {
-  absl::StatusOr<std::vector<std::vector<std::string>>> rows = SplitRows(out, 6, "sacct");
-  if (!rows.ok()) return rows.status();
-  std::vector<PilotState> pilots;
-  for (std::vector<std::string>& f : *rows) {
-    PilotState p;
-    p.job = std::move(f[0]);
-    p.array_job = p.job.substr(0, p.job.find('_'));
-    p.name = std::move(f[1]);
+  return ParsePilotRows(out, 6, "sacct", [](std::vector<std::string>& f, PilotState* p) {
+    p->job = std::move(f[0]);
+    p->array_job = p->job.substr(0, p->job.find('_'));
+    p->name = std::move(f[1]);
     // "CANCELLED by 0": the state, without who.
-    p.state = f[2].substr(0, f[2].find(' '));
-    p.time = std::move(f[3]);
-    p.time_limit = std::move(f[4]);
-    p.nodes = f[5] == "None assigned" ? "" : std::move(f[5]);
-    pilots.push_back(std::move(p));
-  }
-  return pilots;
+    p->state = f[2].substr(0, f[2].find(' '));
+    p->time = std::move(f[3]);
+    p->time_limit = std::move(f[4]);
+    p->nodes = f[5] == "None assigned" ? "" : std::move(f[5]);
+  });
 }
 
 bool PilotActive(const PilotState& pilot) {
@@ -314,25 +305,26 @@ std::vector<std::string> ReadPilotJobs(const std::string& state_dir) {
   return jobs;
 }
 
-absl::Status RunWorkersLaunch(const WorkersOptions& options, std::ostream& out) {
-  if (!options.slurm) {
-    return absl::InvalidArgumentError(
-        "workers launch: name the back end with --slurm (the only one so far; for Kubernetes "
-        "see the Indexed Job in docs/cluster.md)");
-  }
-  PilotScriptOptions pilot = options.pilot;
-  const fs::path state = fs::absolute(options.state_dir);
-  // Where the pilots dial and the token they present (see WorkersOptions).
-  pilot.coordinator = options.coordinator;
-  if (pilot.coordinator.empty()) pilot.coordinator = EnvOrEmpty("ABLATE_COORDINATOR");
-  if (pilot.coordinator.empty()) pilot.coordinator = ReadFirstLine(state / "address");
-  if (pilot.coordinator.empty()) {
+namespace {
+
+// Where the pilots dial (see WorkersOptions): --coordinator, else $ABLATE_COORDINATOR, else the
+// address file of the state dir `state`.
+absl::StatusOr<std::string> PilotCoordinator(const WorkersOptions& options, const fs::path& state) {
+  std::string coordinator = options.coordinator;
+  if (coordinator.empty()) coordinator = EnvOrEmpty("ABLATE_COORDINATOR");
+  if (coordinator.empty()) coordinator = ReadFirstLine(state / "address");
+  if (coordinator.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "workers launch: no coordinator address: pass --coordinator HOST:PORT, or start `ablate "
         "serve --host 0.0.0.0` with this state dir (it writes ",
         (state / "address").string(), ")"));
   }
-  // The worker credential: a pilot cannot submit, cancel or read results with it.
+  return coordinator;
+}
+
+// The token the pilots present: the worker credential, with which a pilot cannot submit, cancel
+// or read results. --token-file, else $ABLATE_TOKEN, else the state dir's worker-token file.
+absl::StatusOr<std::string> PilotToken(const WorkersOptions& options, const fs::path& state) {
   std::string token;
   if (!options.token_file.empty()) {
     absl::StatusOr<std::string> read = ReadTokenFile(options.token_file);
@@ -347,52 +339,61 @@ absl::Status RunWorkersLaunch(const WorkersOptions& options, std::ostream& out) 
         "--state-dir at the coordinator's state dir (",
         (state / kWorkerTokenFile).string(), ")"));
   }
+  return token;
+}
+
+// Fills in what the compute nodes run and read: the worker binary, and the log dir, checkpoint
+// root and TLS CA as absolute paths (log dir default `dir`); a GPU pilot's device.
+absl::Status ResolvePilotFiles(const WorkersOptions& options, const fs::path& state,
+                               const fs::path& dir, PilotScriptOptions* pilot) {
   absl::StatusOr<std::string> worker = FindWorkerBinary(options.worker_bin);
   if (!worker.ok()) {
     return absl::Status(worker.status().code(),
                         absl::StrCat("workers launch: ", worker.status().message(),
                                      " (a path the compute nodes see)"));
   }
-  pilot.worker_bin = *worker;
-  const fs::path dir = SlurmDir(options.state_dir);
-  pilot.log_dir = pilot.log_dir.empty() ? dir.string() : fs::absolute(pilot.log_dir).string();
-  if (pilot.device.empty() && absl::StrContains(absl::AsciiStrToLower(pilot.gres), "gpu")) {
-    pilot.device = "cuda";  // SLURM sets CUDA_VISIBLE_DEVICES: the allocated GPU is cuda:0
+  pilot->worker_bin = *worker;
+  pilot->log_dir = pilot->log_dir.empty() ? dir.string() : fs::absolute(pilot->log_dir).string();
+  if (pilot->device.empty() && absl::StrContains(absl::AsciiStrToLower(pilot->gres), "gpu")) {
+    pilot->device = "cuda";  // SLURM sets CUDA_VISIBLE_DEVICES: the allocated GPU is cuda:0
   }
-  if (!pilot.checkpoint_root.empty()) {
-    pilot.checkpoint_root = fs::absolute(pilot.checkpoint_root).string();
+  if (!pilot->checkpoint_root.empty()) {
+    pilot->checkpoint_root = fs::absolute(pilot->checkpoint_root).string();
   }
-  pilot.tls_ca = ResolveTlsCa(options.tls_ca, state.string());
-  if (!pilot.tls_ca.empty()) {
-    if (::access(pilot.tls_ca.c_str(), R_OK) != 0) {
+  pilot->tls_ca = ResolveTlsCa(options.tls_ca, state.string());
+  if (!pilot->tls_ca.empty()) {
+    if (::access(pilot->tls_ca.c_str(), R_OK) != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "workers launch: cannot read the TLS CA file ", pilot.tls_ca, " (--tls-ca)"));
+          "workers launch: cannot read the TLS CA file ", pilot->tls_ca, " (--tls-ca)"));
     }
-    pilot.tls_ca = fs::absolute(pilot.tls_ca).string();
+    pilot->tls_ca = fs::absolute(pilot->tls_ca).string();
   }
-  absl::StatusOr<std::vector<std::string>> directives = PilotDirectives(pilot);
-  if (!directives.ok()) return directives.status();
-  absl::StatusOr<std::string> script = PilotScript(pilot);
-  if (!script.ok()) return script.status();
+  return absl::OkStatus();
+}
 
+// Writes `script` to a file of this process's own in `dir` (created, with `log_dir`), to be
+// renamed after the job it becomes; returns its path.
+absl::StatusOr<fs::path> WritePendingScript(const fs::path& dir, const std::string& log_dir,
+                                            const std::string& script) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (!ec) fs::create_directories(pilot.log_dir, ec);
+  if (!ec) fs::create_directories(log_dir, ec);
   if (ec) {
     return absl::FailedPreconditionError(
         absl::StrCat("workers launch: cannot create ", dir.string(), ": ", ec.message()));
   }
   const fs::path pending = dir / absl::StrCat("pilots-submitting-", ::getpid(), ".sbatch");
-  {
-    std::ofstream file(pending);
-    file << *script;
-    if (!file.flush()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("workers launch: cannot write ", pending.string()));
-    }
+  std::ofstream file(pending);
+  file << script;
+  if (!file.flush()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("workers launch: cannot write ", pending.string()));
   }
+  return pending;
+}
 
-  // sbatch's environment: ours, with the pilots' token and without what would override it.
+// sbatch's environment: ours, with the pilots' token and without what would override it.
+std::vector<std::string> SbatchEnvironment(const std::string& token) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     if (absl::StartsWith(*e, "ABLATE_TOKEN=") || absl::StartsWith(*e, "ABLATE_COORDINATOR=")) {
@@ -401,38 +402,52 @@ absl::Status RunWorkersLaunch(const WorkersOptions& options, std::ostream& out) 
     env.emplace_back(*e);
   }
   env.push_back("ABLATE_TOKEN=" + token);
+  return env;
+}
+
+// Submits the script at `script` with `directives` and then the --extra arguments (theirs win);
+// returns the array job's id. A script sbatch refused is removed.
+absl::StatusOr<std::string> SubmitPilots(const std::vector<std::string>& directives,
+                                         const std::string& extra, const fs::path& script,
+                                         const std::string& token) {
   std::vector<std::string> args = {"sbatch", "--parsable"};
-  args.insert(args.end(), directives->begin(), directives->end());
-  for (absl::string_view extra :
-       absl::StrSplit(options.extra, absl::ByAnyChar(" \t\n"), absl::SkipEmpty())) {
-    args.emplace_back(extra);
+  args.insert(args.end(), directives.begin(), directives.end());
+  for (absl::string_view arg :
+       absl::StrSplit(extra, absl::ByAnyChar(" \t\n"), absl::SkipEmpty())) {
+    args.emplace_back(arg);
   }
-  args.push_back(pending.string());
-  absl::StatusOr<ProgramResult> r = RunSlurm(args, env);
+  args.push_back(script.string());
+  absl::StatusOr<ProgramResult> r = RunSlurm(args, SbatchEnvironment(token));
   if (!r.ok() || r->exit_code != 0) {
-    fs::remove(pending, ec);
+    std::error_code ec;
+    fs::remove(script, ec);
     return r.ok() ? CommandFailed("sbatch", *r) : r.status();
   }
-  absl::StatusOr<std::string> job = ParseSbatchJobId(r->out);
-  if (!job.ok()) return job.status();
-  const fs::path kept = dir / absl::StrCat("pilots-", *job, ".sbatch");
-  fs::rename(pending, kept, ec);
-  {
-    // Appended before anything else can fail, so status and stop always know the job.
-    std::ofstream jobs(dir / "jobs", std::ios::app);
-    jobs << *job << "\t" << pilot.count << "\t" << static_cast<int64_t>(std::time(nullptr)) << "\n";
-    if (!jobs.flush()) {
-      return absl::DataLossError(absl::StrCat("workers launch: submitted SLURM job ", *job,
-                                              " but cannot record it in ", (dir / "jobs").string(),
-                                              ": `scancel ", *job, "` to stop it"));
-    }
+  return ParseSbatchJobId(r->out);
+}
+
+// Appends `job` to `dir`/jobs, so that status and stop know it.
+absl::Status RecordPilotJob(const fs::path& dir, const std::string& job, int count) {
+  std::ofstream jobs(dir / "jobs", std::ios::app);
+  jobs << job << "\t" << count << "\t" << static_cast<int64_t>(std::time(nullptr)) << "\n";
+  if (!jobs.flush()) {
+    return absl::DataLossError(absl::StrCat("workers launch: submitted SLURM job ", job,
+                                            " but cannot record it in ", (dir / "jobs").string(),
+                                            ": `scancel ", job, "` to stop it"));
   }
+  return absl::OkStatus();
+}
+
+// What launch submitted: the job, its script and logs, and a note when the pilots are told to
+// dial an address only this machine reaches.
+void PrintLaunched(const PilotScriptOptions& pilot, const std::string& job,
+                   const fs::path& script, std::ostream& out) {
   out << fmt::format(
-             "ablate workers: submitted SLURM job {}: {} pilot{} (array 0-{}) dialling {}\n", *job,
+             "ablate workers: submitted SLURM job {}: {} pilot{} (array 0-{}) dialling {}\n", job,
              pilot.count, pilot.count == 1 ? "" : "s", pilot.count - 1, pilot.coordinator)
       << fmt::format(
-             "  script {}\n  logs   {}\n", (ec ? pending : kept).string(),
-             (fs::path(pilot.log_dir) / absl::StrCat("pilot-", *job, "_<task>.log")).string());
+             "  script {}\n  logs   {}\n", script.string(),
+             (fs::path(pilot.log_dir) / absl::StrCat("pilot-", job, "_<task>.log")).string());
   const std::string host = pilot.coordinator.substr(0, pilot.coordinator.rfind(':'));
   if (absl::StartsWith(host, "127.") || host == "localhost" || host == "[::1]") {
     out << fmt::format(
@@ -440,6 +455,40 @@ absl::Status RunWorkersLaunch(const WorkersOptions& options, std::ostream& out) 
         "run `ablate serve --host 0.0.0.0` and pass --coordinator HOST:PORT\n",
         host);
   }
+}
+
+}  // namespace
+
+absl::Status RunWorkersLaunch(const WorkersOptions& options, std::ostream& out) {
+  if (!options.slurm) {
+    return absl::InvalidArgumentError(
+        "workers launch: name the back end with --slurm (the only one so far; for Kubernetes "
+        "see the Indexed Job in docs/cluster.md)");
+  }
+  PilotScriptOptions pilot = options.pilot;
+  const fs::path state = fs::absolute(options.state_dir);
+  absl::StatusOr<std::string> coordinator = PilotCoordinator(options, state);
+  if (!coordinator.ok()) return coordinator.status();
+  pilot.coordinator = *coordinator;
+  absl::StatusOr<std::string> token = PilotToken(options, state);
+  if (!token.ok()) return token.status();
+  const fs::path dir = SlurmDir(options.state_dir);
+  if (absl::Status st = ResolvePilotFiles(options, state, dir, &pilot); !st.ok()) return st;
+  absl::StatusOr<std::vector<std::string>> directives = PilotDirectives(pilot);
+  if (!directives.ok()) return directives.status();
+  absl::StatusOr<std::string> script = PilotScript(pilot);
+  if (!script.ok()) return script.status();
+
+  absl::StatusOr<fs::path> pending = WritePendingScript(dir, pilot.log_dir, *script);
+  if (!pending.ok()) return pending.status();
+  absl::StatusOr<std::string> job = SubmitPilots(*directives, options.extra, *pending, *token);
+  if (!job.ok()) return job.status();
+  const fs::path kept = dir / absl::StrCat("pilots-", *job, ".sbatch");
+  std::error_code ec;
+  fs::rename(*pending, kept, ec);
+  // Recorded before anything else can fail, so status and stop always know the job.
+  if (absl::Status st = RecordPilotJob(dir, *job, pilot.count); !st.ok()) return st;
+  PrintLaunched(pilot, *job, ec ? *pending : kept, out);
   return absl::OkStatus();
 }
 

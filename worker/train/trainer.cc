@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -437,6 +438,93 @@ struct Trainer::State {
     return absl::OkStatus();
   }
 
+  // The learning rate of every parameter group, for the step about to be taken.
+  void SetLearningRate(double lr) {
+    for (auto& group : optimizer->param_groups()) {
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    }
+  }
+
+  // One step's losses, each the mean over its micro-batches (and over the ranks).
+  struct StepLoss {
+    double loss = 0;
+    double aux = 0;
+  };
+
+  // Forward and backward over the grad_accum micro-batches of 1-based `step`, leaving the
+  // step's gradients (averaged over the ranks) on the parameters.
+  StepLoss ForwardBackward(int64_t step) {
+    const TrainConfig& t = config.train();
+    optimizer->zero_grad();
+    model->BeginStep();  // the global-batch balance loss counts this step's micro-batches
+    double loss_sum = 0, aux_sum = 0;
+    for (int micro = 0; micro < t.grad_accum(); ++micro) {
+      auto [x, y] = GetTrainBatch((step - 1) * t.grad_accum() + micro + data_offset);
+      torch::Tensor loss, aux;
+      {
+        AutocastGuard autocast_guard(autocast);
+        TransformerImpl::Output out = model->forward(x);
+        loss = Loss(out.logits, y);
+        aux = out.aux_loss.to(torch::kFloat32);
+      }
+      ((loss + aux) / t.grad_accum()).backward();
+      loss_sum += loss.item<double>();
+      aux_sum += aux.item<double>();
+    }
+    if (dist != nullptr) {  // the mean over ranks: what one process would compute
+      dist->AverageGradients(params);
+      torch::Tensor sums = torch::tensor({loss_sum, aux_sum}, torch::kFloat64);
+      dist->AllReduceSum(sums);
+      loss_sum = sums[0].item<double>() / dist->world_size();
+      aux_sum = sums[1].item<double>() / dist->world_size();
+    }
+    return {loss_sum / t.grad_accum(), aux_sum / t.grad_accum()};
+  }
+
+  // Clips the gradients to optimizer.grad_clip (0: no clipping); returns their norm before.
+  double ClipGradients() {
+    const double clip = config.train().optimizer().grad_clip();
+    const double max_norm = clip > 0 ? clip : std::numeric_limits<double>::infinity();
+    return torch::nn::utils::clip_grad_norm_(params, max_norm);
+  }
+
+  // A step taken (its update applied or skipped): progress and the detectors' history.
+  void RecordStep(int64_t taken, double loss, double grad_norm) {
+    step = taken;
+    loss_history.push_back(loss);
+    grad_history.push_back(grad_norm);
+  }
+
+  // Whether the run ends after this step, the same on every rank: a stop (rank 0's observer)
+  // or an interrupt (any rank's signal) is every rank's.
+  struct StepEnd {
+    bool stop = false;
+    bool interrupted = false;
+  };
+  StepEnd AgreeOnEnd(bool stop) {
+    StepEnd end{stop, options.interrupt != nullptr && options.interrupt->load()};
+    if (dist != nullptr) {
+      torch::Tensor flags = torch::tensor({end.stop ? 1.0f : 0.0f, end.interrupted ? 1.0f : 0.0f});
+      dist->AllReduceMax(flags);
+      end.stop = flags[0].item<float>() > 0;
+      end.interrupted = flags[1].item<float>() > 0;
+    }
+    return end;
+  }
+
+  // The mean of the finite training losses among the last 50 steps (NaN when none is).
+  double FinalTrainLoss() const {
+    const size_t n = std::min<size_t>(50, loss_history.size());
+    double sum = 0;
+    int finite = 0;
+    for (size_t i = loss_history.size() - n; i < loss_history.size(); ++i) {
+      if (std::isfinite(loss_history[i])) sum += loss_history[i], ++finite;
+    }
+    return finite ? sum / finite : std::numeric_limits<double>::quiet_NaN();
+  }
+
+  struct Session;
+
   // PaLM's remedy for a spike at `spike_step` (SPIKE_ROLLBACK): back to the last checkpoint, past
   // the batches between it and the spike and the configured extra, keeping the run's spike and
   // rollback counts. Marks the verdict's rolled-back events with the step returned to. An
@@ -455,6 +543,75 @@ struct Trainer::State {
       if (e.action() == SPIKE_ACTION_ROLLED_BACK) e.set_rollback_to_step(step);
     }
     return absl::OkStatus();
+  }
+};
+
+// One call of Run: the observer it reports to, and the clock and step its summary's throughput
+// counts from.
+struct Trainer::State::Session {
+  State& s;
+  TrainerObserver* obs;
+  const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  const int64_t first_step = s.step;
+
+  static constexpr const char* kStopped = "stopped by directive";
+
+  // The summary of a run that ends here as `state`.
+  RunSummary Finish(RunState state, std::string reason) const {
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    RunSummary summary;
+    *summary.mutable_params() = CountParams(s.config.model());
+    summary.set_state(state);
+    summary.set_reason(std::move(reason));
+    summary.set_steps_done(s.step);
+    summary.set_final_train_loss(s.FinalTrainLoss());
+    if (s.last_eval.step() > 0 || s.last_eval.has_probes()) {
+      *summary.mutable_final_eval() = s.last_eval;
+    }
+    summary.set_spike_steps(s.spike_steps);
+    summary.set_spike_score(s.step > 0 ? static_cast<double>(s.spike_steps) / s.step : 0.0);
+    summary.set_wall_s(wall);
+    summary.set_tokens_per_s(wall > 0 ? (s.step - first_step) * s.TokensPerStep() / wall : 0.0);
+    return summary;
+  }
+
+  // Writes a checkpoint unless the observer stops the run first. Rank 0 asks and writes; every
+  // rank learns whether the run stops here. Returns the run's end when it stops or the write
+  // fails; nullopt when training goes on.
+  std::optional<absl::StatusOr<RunSummary>> Checkpoint() {
+    const bool stop = s.AnyRank(s.Writer() && obs->BeforeCheckpoint(s.step) ==
+                                                  TrainerObserver::Directive::kStop);
+    if (stop) return Finish(CANCELLED, kStopped);
+    if (!s.Writer()) return std::nullopt;
+    if (absl::Status st = s.SaveCheckpoint(); !st.ok()) return st;
+    obs->OnCheckpoint(s.step, s.CheckpointPath());
+    return std::nullopt;
+  }
+
+  // Back to the last checkpoint after a spike at `step`, reporting what the rollback found and
+  // the spike's events.
+  absl::Status RollBack(int64_t step, SpikeMonitor::Verdict* verdict) {
+    std::vector<std::string> notices;
+    if (absl::Status st = s.RollBack(step, verdict, &notices); !st.ok()) return st;
+    Notify(&notices);
+    for (const SpikeEvent& e : verdict->events) obs->OnSpike(e);
+    return absl::OkStatus();
+  }
+
+  // Reports each of *lines as a notice, and clears them.
+  void Notify(std::vector<std::string>* lines) {
+    for (const std::string& line : *lines) obs->OnNotice(line);
+    lines->clear();
+  }
+
+  // Speed over the step that just ended: the tokens of one step over the time since
+  // *window_start, which becomes now.
+  double TokensPerSecond(std::chrono::steady_clock::time_point* window_start) const {
+    const auto now = std::chrono::steady_clock::now();
+    const double dt = std::chrono::duration<double>(now - *window_start).count();
+    *window_start = now;
+    return dt > 0 ? s.TokensPerStep() / dt : 0.0;
   }
 };
 
@@ -554,145 +711,60 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
   const TrainConfig& t = s.config.train();
   const SpikePolicy policy = t.spike().policy();
   TrainerObserver null_observer;
-  TrainerObserver* obs = observer != nullptr ? observer : &null_observer;
-  RunSummary summary;
-  *summary.mutable_params() = CountParams(s.config.model());
-  const auto started = std::chrono::steady_clock::now();
-  const int64_t first_step = s.step;
-  auto finish = [&](RunState state, std::string reason) -> absl::StatusOr<RunSummary> {
-    summary.set_state(state);
-    summary.set_reason(std::move(reason));
-    summary.set_steps_done(s.step);
-    const size_t n = std::min<size_t>(50, s.loss_history.size());
-    double sum = 0;
-    int finite = 0;
-    for (size_t i = s.loss_history.size() - n; i < s.loss_history.size(); ++i) {
-      if (std::isfinite(s.loss_history[i])) sum += s.loss_history[i], ++finite;
-    }
-    summary.set_final_train_loss(finite ? sum / finite : std::numeric_limits<double>::quiet_NaN());
-    if (s.last_eval.step() > 0 || s.last_eval.has_probes()) *summary.mutable_final_eval() = s.last_eval;
-    summary.set_spike_steps(s.spike_steps);
-    summary.set_spike_score(s.step > 0 ? static_cast<double>(s.spike_steps) / s.step : 0.0);
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    summary.set_wall_s(wall);
-    summary.set_tokens_per_s(wall > 0 ? (s.step - first_step) * s.TokensPerStep() / wall : 0.0);
-    return summary;
-  };
-  // Writes a checkpoint unless the observer stops the run first: false then.
-  // Rank 0 asks and writes; every rank learns whether the run stops here.
-  auto checkpoint = [&]() -> absl::StatusOr<bool> {
-    const bool stop = s.AnyRank(s.Writer() && obs->BeforeCheckpoint(s.step) ==
-                                                  TrainerObserver::Directive::kStop);
-    if (stop) return false;
-    if (!s.Writer()) return true;
-    if (absl::Status st = s.SaveCheckpoint(); !st.ok()) return st;
-    obs->OnCheckpoint(s.step, s.CheckpointPath());
-    return true;
-  };
-  const char* const kStopped = "stopped by directive";
-  for (const std::string& line : s.notices) obs->OnNotice(line);
-  s.notices.clear();
+  State::Session session{s, observer != nullptr ? observer : &null_observer};
+  session.Notify(&s.notices);
 
   try {
     if (policy == SPIKE_ROLLBACK && s.AnyRank(s.Writer() && !fs::exists(s.CheckpointPath()))) {
-      absl::StatusOr<bool> written = checkpoint();  // something to roll back to
-      if (!written.ok()) return written.status();
-      if (!*written) return finish(CANCELLED, kStopped);
+      if (auto end = session.Checkpoint()) return *std::move(end);  // something to roll back to
     }
     s.model->train();
     auto window_start = std::chrono::steady_clock::now();
     while (s.step < t.steps()) {
       const int64_t step = s.step + 1;
       const double lr = LearningRate(t.optimizer(), step, t.steps());
-      for (auto& group : s.optimizer->param_groups()) {
-        static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-      }
-
-      // Forward and backward over grad_accum micro-batches.
-      s.optimizer->zero_grad();
-      s.model->BeginStep();  // the global-batch balance loss counts this step's micro-batches
-      double loss_sum = 0, aux_sum = 0;
-      for (int micro = 0; micro < t.grad_accum(); ++micro) {
-        auto [x, y] = s.GetTrainBatch((step - 1) * t.grad_accum() + micro + s.data_offset);
-        torch::Tensor loss, aux;
-        {
-          AutocastGuard autocast_guard(s.autocast);
-          TransformerImpl::Output out = s.model->forward(x);
-          loss = s.Loss(out.logits, y);
-          aux = out.aux_loss.to(torch::kFloat32);
-        }
-        ((loss + aux) / t.grad_accum()).backward();
-        loss_sum += loss.item<double>();
-        aux_sum += aux.item<double>();
-      }
-      if (s.dist != nullptr) {  // the mean over ranks: what one process would compute
-        s.dist->AverageGradients(s.params);
-        torch::Tensor sums = torch::tensor({loss_sum, aux_sum}, torch::kFloat64);
-        s.dist->AllReduceSum(sums);
-        loss_sum = sums[0].item<double>() / s.dist->world_size();
-        aux_sum = sums[1].item<double>() / s.dist->world_size();
-      }
-      const double loss = loss_sum / t.grad_accum();
-      const double max_norm = t.optimizer().grad_clip() > 0 ? t.optimizer().grad_clip()
-                                                            : std::numeric_limits<double>::infinity();
-      const double grad_norm = torch::nn::utils::clip_grad_norm_(s.params, max_norm);
+      s.SetLearningRate(lr);
+      const State::StepLoss loss = s.ForwardBackward(step);
+      const double grad_norm = s.ClipGradients();
 
       // Spike and divergence detection happens before the update, so a policy can still skip it.
-      SpikeMonitor::Verdict verdict = s.monitor->Observe(step, loss, grad_norm);
+      SpikeMonitor::Verdict verdict = s.monitor->Observe(step, loss.loss, grad_norm);
       const SpikeDecision decision = ApplySpikePolicy(policy, s.rollbacks, &verdict);
-      const bool skip = decision.skip;
       if (verdict.spike || verdict.nonfinite) ++s.spike_steps;
       if (decision.roll_back) {
-        std::vector<std::string> notices;
-        if (absl::Status st = s.RollBack(step, &verdict, &notices); !st.ok()) return st;
-        for (const std::string& line : notices) obs->OnNotice(line);
-        for (const SpikeEvent& e : verdict.events) obs->OnSpike(e);
+        if (absl::Status st = session.RollBack(step, &verdict); !st.ok()) return st;
         continue;
       }
-      if (!skip && !verdict.diverged) s.optimizer->step();
-      s.step = step;
-      s.loss_history.push_back(loss);
-      s.grad_history.push_back(grad_norm);
-      for (const SpikeEvent& e : verdict.events) obs->OnSpike(e);
+      const bool skipped = decision.skip || verdict.diverged;
+      if (!skipped) s.optimizer->step();
+      s.RecordStep(step, loss.loss, grad_norm);
+      for (const SpikeEvent& e : verdict.events) session.obs->OnSpike(e);
 
       StepMetrics m;
       m.set_step(step);
-      m.set_loss(loss);
+      m.set_loss(loss.loss);
       m.set_grad_norm(grad_norm);
       m.set_lr(lr);
-      m.set_aux_loss(aux_sum / t.grad_accum());
-      m.set_skipped(skip || verdict.diverged);
-      const auto now = std::chrono::steady_clock::now();
-      const double dt = std::chrono::duration<double>(now - window_start).count();
-      window_start = now;
-      m.set_tokens_per_s(dt > 0 ? s.TokensPerStep() / dt : 0.0);
-      // A stop (rank 0's observer) or an interrupt (any rank's signal) is every rank's.
-      bool stop = obs->OnStep(m) == TrainerObserver::Directive::kStop;
-      bool interrupted = s.options.interrupt != nullptr && s.options.interrupt->load();
-      if (s.dist != nullptr) {
-        torch::Tensor flags = torch::tensor({stop ? 1.0f : 0.0f, interrupted ? 1.0f : 0.0f});
-        s.dist->AllReduceMax(flags);
-        stop = flags[0].item<float>() > 0;
-        interrupted = flags[1].item<float>() > 0;
-      }
+      m.set_aux_loss(loss.aux);
+      m.set_skipped(skipped);
+      m.set_tokens_per_s(session.TokensPerSecond(&window_start));
+      const State::StepEnd end =
+          s.AgreeOnEnd(session.obs->OnStep(m) == TrainerObserver::Directive::kStop);
 
-      if (verdict.diverged) return finish(DIVERGED, verdict.reason);
-      if (stop) return finish(CANCELLED, kStopped);
+      if (verdict.diverged) return session.Finish(DIVERGED, verdict.reason);
+      if (end.stop) return session.Finish(CANCELLED, State::Session::kStopped);
       const bool last = step == t.steps();
       if ((step % t.eval_every() == 0 || last) && s.Writer()) {  // the other ranks wait
         s.last_eval = s.Evaluate();
-        obs->OnEval(s.last_eval);
+        session.obs->OnEval(s.last_eval);
       }
       if ((t.checkpoint_every() > 0 && step % t.checkpoint_every() == 0) || last) {
-        absl::StatusOr<bool> written = checkpoint();
-        if (!written.ok()) return written.status();
-        if (!*written) return finish(CANCELLED, kStopped);
+        if (auto stopped = session.Checkpoint()) return *std::move(stopped);
       }
-      if (interrupted && !last) {
-        absl::StatusOr<bool> written = checkpoint();
-        if (!written.ok()) return written.status();
-        if (!*written) return finish(CANCELLED, kStopped);
-        return finish(INTERRUPTED, absl::StrCat("interrupted at step ", step, "; checkpoint written"));
+      if (end.interrupted && !last) {
+        if (auto stopped = session.Checkpoint()) return *std::move(stopped);
+        return session.Finish(INTERRUPTED,
+                              absl::StrCat("interrupted at step ", step, "; checkpoint written"));
       }
     }
   } catch (const c10::Error& e) {
@@ -700,7 +772,7 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
   } catch (const std::exception& e) {  // a collective's peer lost (Gloo throws its own errors)
     return absl::InternalError(absl::StrCat("training step ", s.step + 1, ": ", e.what()));
   }
-  return finish(SUCCEEDED, "");
+  return session.Finish(SUCCEEDED, "");
 }
 
 }  // namespace ablate

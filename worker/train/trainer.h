@@ -1,6 +1,7 @@
 // The training loop of one run: AdamW with warmup + cosine, gradient clipping and accumulation,
 // evaluation with probes, atomic checkpoints with bitwise-exact resume on the CPU, the
-// spike/divergence policies of DESIGN.md, and data parallelism over c10d (TrainerOptions).
+// spike/divergence policies (worker/train/spike.h), and data parallelism over c10d
+// (TrainerOptions).
 //
 // Checkpoints. `checkpoint.pt` is replaced durably (config/durable_file.h: a temporary file of its
 // own per write, fsynced, renamed, the directory fsynced), and the one it replaces is kept as
@@ -72,17 +73,16 @@ struct TrainerOptions {
 };
 
 // glibc serves blocks over 128 KiB with fresh mmaps and unmaps them on free, so every training
-// step would page-fault its activations back in while the kernel zeroes every page (measured:
-// 10-20% of a CPU step at d_model 128; at 32k tokens a step, where activations are 33-90 MB,
-// over a quarter of the CPU time in the kernel). This keeps freed blocks in the heap instead: no
-// mmap for any size (M_MMAP_THRESHOLD alone stops at 32 MB), never trim; the process keeps its
-// peak memory until it ends.
+// step would page-fault its activations back in while the kernel zeroes every page: the larger
+// the step, the more of its CPU time goes to the kernel rather than to training. This keeps
+// freed blocks in the heap instead: no mmap for any size (M_MMAP_THRESHOLD alone stops at
+// 32 MB), never trim; the process keeps its peak memory until it ends.
 //
 // It also keeps every thread on the main arena. glibc gives other threads arenas of their own,
 // grown in heaps of at most 64 MiB, and serves any larger block there with a fresh mmap whatever
-// M_MMAP_MAX says: a trainer on a thread other than main (the agent's in-process job) mapped and
-// zeroed each activation over 64 MiB again every step (steps 1.4x slower at d_model 256, T 256;
-// docs/benchmarks.md). A thread keeps the arena it first allocated from, so a process that may
+// M_MMAP_MAX says: a trainer on a thread other than main (the agent's in-process job) would map
+// and zero each activation over 64 MiB again every step (docs/benchmarks.md has the
+// measurements). A thread keeps the arena it first allocated from, so a process that may
 // train on another thread calls this at the top of main(), before any thread starts;
 // Trainer::Create calls it too (too late for threads already running, harmless otherwise).
 // A thread that allocated earlier keeps its arena, and so may a later thread that glibc hands
