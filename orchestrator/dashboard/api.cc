@@ -185,16 +185,13 @@ Response DashboardServer::Impl::Sweeps() {
 }
 
 Response DashboardServer::Impl::Sweep(const std::string& name) {
-  absl::StatusOr<SweepInfo> sweep = reader->GetSweep(name);
-  if (!sweep.ok()) return FromStatus(sweep.status());
-  RunFilter filter;
-  filter.sweep_id = sweep->id;
-  absl::StatusOr<std::vector<RunInfo>> runs = reader->ListRuns(filter);
-  if (!runs.ok()) return FromStatus(runs.status());
+  absl::StatusOr<SweepRuns> read = ReadSweepRuns(*reader, name);
+  if (!read.ok()) return FromStatus(read.status());
+  const SweepInfo& sweep = read->sweep;
   // The variants (budget solutions) and each run's latest loss, in two indexed reads.
-  absl::StatusOr<std::vector<VariantInfo>> variants = reader->ListVariants(sweep->id);
+  absl::StatusOr<std::vector<VariantInfo>> variants = reader->ListVariants(sweep.id);
   if (!variants.ok()) return FromStatus(variants.status());
-  absl::StatusOr<std::map<int64_t, LatestStep>> last = reader->LatestSteps(sweep->id);
+  absl::StatusOr<std::map<int64_t, LatestStep>> last = reader->LatestSteps(sweep.id);
   if (!last.ok()) return FromStatus(last.status());
   std::map<std::string, std::string> budget_of;
   json variant_list = json::array();
@@ -203,7 +200,7 @@ Response DashboardServer::Impl::Sweep(const std::string& name) {
     variant_list.push_back(VariantJson(v));
   }
   json run_list = json::array();
-  for (const RunInfo& run : *runs) {
+  for (const RunInfo& run : read->runs) {
     json j = RunJson(run);
     j["budget"] = budget_of[run.variant];
     auto it = last->find(run.id);
@@ -211,7 +208,7 @@ Response DashboardServer::Impl::Sweep(const std::string& name) {
     j["last_loss"] = it == last->end() ? kNaN : it->second.loss;
     run_list.push_back(std::move(j));
   }
-  return JsonResponse(200, json{{"sweep", SweepJson(*sweep, NowSeconds())},
+  return JsonResponse(200, json{{"sweep", SweepJson(sweep, NowSeconds())},
                                 {"variants", variant_list},
                                 {"runs", run_list}});
 }
@@ -233,13 +230,11 @@ Response DashboardServer::Impl::SweepCurves(const std::string& name, const Reque
   } else {
     return Error(400, "parameter 'metric' must be loss, grad_norm or lr");
   }
-  absl::StatusOr<SweepInfo> sweep = reader->GetSweep(name);
-  if (!sweep.ok()) return FromStatus(sweep.status());
-  RunFilter filter;
-  filter.sweep_id = sweep->id;
-  absl::StatusOr<std::vector<RunInfo>> runs = reader->ListRuns(filter);
-  if (!runs.ok()) return FromStatus(runs.status());
-  absl::StatusOr<std::vector<SweepSpike>> spikes = reader->SweepSpikes(sweep->id);
+  absl::StatusOr<SweepRuns> read = ReadSweepRuns(*reader, name);
+  if (!read.ok()) return FromStatus(read.status());
+  const SweepInfo& sweep = read->sweep;
+  const std::vector<RunInfo>& runs = read->runs;
+  absl::StatusOr<std::vector<SweepSpike>> spikes = reader->SweepSpikes(sweep.id);
   if (!spikes.ok()) return FromStatus(spikes.status());
   std::map<int64_t, json> spikes_of;
   for (const SweepSpike& s : *spikes) {
@@ -253,15 +248,15 @@ Response DashboardServer::Impl::SweepCurves(const std::string& name, const Reque
   // them cheaply), and the store seeks those steps instead of scanning every run's rows.
   const int max_points = static_cast<int>(std::min<int64_t>(*points, kMaxCurvePoints));
   int64_t longest = 0;
-  for (const RunInfo& run : *runs) longest = std::max(longest, run.steps_done);
+  for (const RunInfo& run : runs) longest = std::max(longest, run.steps_done);
   // ceil(longest / max_points) without overflow, whatever a store holds: the grid has at most
   // max_points + 1 steps.
   const int64_t k = std::max<int64_t>(1, longest / max_points + (longest % max_points != 0));
   absl::StatusOr<std::map<int64_t, std::vector<std::pair<int64_t, double>>>> curves =
-      reader->SweepCurves(sweep->id, curve_metric, k);
+      reader->SweepCurves(sweep.id, curve_metric, k);
   if (!curves.ok()) return FromStatus(curves.status());
   json out = json::array();
-  for (const RunInfo& run : *runs) {
+  for (const RunInfo& run : runs) {
     json steps = json::array(), values = json::array();
     if (auto it = curves->find(run.id); it != curves->end()) {
       for (const auto& [step, value] : it->second) {
@@ -279,7 +274,7 @@ Response DashboardServer::Impl::SweepCurves(const std::string& name, const Reque
                        {"value", std::move(values)},
                        {"spikes", sp.is_null() ? json::array() : sp}});
   }
-  return JsonResponse(200, json{{"sweep", sweep->name}, {"metric", metric},
+  return JsonResponse(200, json{{"sweep", sweep.name}, {"metric", metric},
                                 {"points", max_points}, {"stride", k}, {"runs", out}});
 }
 

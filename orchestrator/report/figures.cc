@@ -1,3 +1,5 @@
+// The numbers behind a sweep's figures (figures.h): the reads they come from, the loss bands on
+// one step grid, the groups' evaluations and spike markers, and their JSON.
 #include "orchestrator/report/figures.h"
 
 #include <algorithm>
@@ -87,6 +89,149 @@ json Number(double v) { return std::isfinite(v) ? json(Significant7(v)) : json(n
 
 json MeanStd7(const MeanStd& m) { return json{{"mean", Number(m.mean)}, {"std", Number(m.std)}}; }
 
+using Curve = std::vector<std::pair<int64_t, double>>;  // (step, loss), by step
+
+// What the figures of one sweep are computed from, each read once.
+struct SweepReads {
+  std::vector<RunInfo> runs;
+  std::map<int64_t, EvalResult> evals;  // the latest of each run, with its layers
+  std::vector<SweepSpike> spikes;
+  std::map<int64_t, Curve> curves;  // by run id, on the grid
+
+  const Curve& CurveOf(int64_t run_id) const {
+    static const Curve* const kNone = new Curve();
+    auto it = curves.find(run_id);
+    return it == curves.end() ? *kNone : it->second;
+  }
+};
+
+// Reads the sweep named in the table, its runs, their latest evaluations, spikes and loss
+// curves; sets out->sweep and the grid's out->stride, ceil(longest run / curve points) without
+// overflow.
+absl::StatusOr<SweepReads> ReadSweep(const StoreReader& reader, const std::string& name,
+                                     const FigureOptions& options, SweepFigures* out) {
+  absl::StatusOr<SweepRuns> sweep_runs = ReadSweepRuns(reader, name);
+  if (!sweep_runs.ok()) return sweep_runs.status();
+  out->sweep = sweep_runs->sweep;
+  const int64_t sweep_id = out->sweep.id;
+  SweepReads reads;
+  reads.runs = std::move(sweep_runs->runs);
+  absl::StatusOr<std::map<int64_t, EvalResult>> evals =
+      reader.LatestEvals(sweep_id, /*with_layers=*/true);
+  if (!evals.ok()) return evals.status();
+  reads.evals = std::move(*evals);
+  absl::StatusOr<std::vector<SweepSpike>> spikes = reader.SweepSpikes(sweep_id);
+  if (!spikes.ok()) return spikes.status();
+  reads.spikes = std::move(*spikes);
+  int64_t longest = 0;
+  for (const RunInfo& r : reads.runs) longest = std::max(longest, r.steps_done);
+  const int64_t points = options.curve_points;
+  out->stride = std::max<int64_t>(1, longest / points + (longest % points != 0));
+  absl::StatusOr<std::map<int64_t, Curve>> curves =
+      reader.SweepCurves(sweep_id, CurveMetric::kLoss, out->stride);
+  if (!curves.ok()) return curves.status();
+  reads.curves = std::move(*curves);
+  return reads;
+}
+
+// A band's steps: the grid's, and the last step of runs that did every step (spike steps and
+// the last step of a run cut short would each put one run's value alone into the mean).
+bool OnBand(const RunInfo& r, int64_t step, int64_t stride) {
+  return step % stride == 0 || (step == r.steps_done && r.steps_done >= r.steps_total);
+}
+
+// Every band step of the runs that count in a band, ascending.
+std::vector<int64_t> BandSteps(const SweepReads& reads, int64_t stride) {
+  std::set<int64_t> steps;
+  for (const RunInfo& r : reads.runs) {
+    if (!InBand(r.state)) continue;
+    for (const auto& [step, loss] : reads.CurveOf(r.id)) {
+      if (OnBand(r, step, stride)) steps.insert(step);
+    }
+  }
+  return std::vector<int64_t>(steps.begin(), steps.end());
+}
+
+// The comparison table's columns of the row's group.
+void CopyRow(const ComparisonRow& row, GroupFigures* g) {
+  g->variant = row.variant;
+  g->axes = row.axes;
+  g->description = row.description;
+  g->label = GroupLabel(row.variant, row.axes);
+  g->runs = row.runs;
+  g->n = row.n;
+  g->diverged = row.diverged;
+  g->failed = row.failed;
+  g->unfinished = row.unfinished;
+}
+
+// The runs of one group, in run order.
+struct GroupRuns {
+  std::vector<const RunInfo*> members, succeeded, unfinished;
+};
+
+GroupRuns RunsOf(const ComparisonRow& row, const std::vector<RunInfo>& runs) {
+  GroupRuns out;
+  for (const RunInfo& r : runs) {
+    if (r.variant != row.variant || r.axes != row.axes) continue;
+    out.members.push_back(&r);
+    if (r.state == SUCCEEDED) out.succeeded.push_back(&r);
+    if (Unfinished(r.state)) out.unfinished.push_back(&r);
+  }
+  return out;
+}
+
+// The group's loss band (each step's values in run order) and its diverged runs' curves.
+void FoldLossBand(const std::vector<const RunInfo*>& members, const SweepReads& reads,
+                  int64_t stride, const std::map<int64_t, size_t>& index_of, GroupFigures* g) {
+  std::vector<std::vector<double>> at(index_of.size());
+  for (const RunInfo* r : members) {
+    const Curve& curve = reads.CurveOf(r->id);
+    if (r->state == DIVERGED) {
+      RunCurve& c = g->diverged_curves.emplace_back();
+      c.run_id = r->id;
+      c.seed = r->seed;
+      for (const auto& [step, loss] : curve) {
+        c.steps.push_back(step);
+        c.loss.push_back(loss);
+      }
+      continue;
+    }
+    if (!InBand(r->state)) continue;
+    ++g->band_runs;
+    for (const auto& [step, loss] : curve) {
+      if (!OnBand(*r, step, stride) || !std::isfinite(loss)) continue;
+      at[index_of.at(step)].push_back(loss);
+    }
+  }
+  for (const std::vector<double>& values : at) {
+    const MeanStd m = MeanAndStd(values);
+    g->loss_n.push_back(static_cast<int64_t>(values.size()));
+    g->loss_mean.push_back(m.mean);
+    g->loss_std.push_back(m.std);
+  }
+}
+
+// The spike events of the group's runs, each with the run's loss at its step when stored.
+void MarkSpikes(const std::vector<const RunInfo*>& members, const SweepReads& reads,
+                GroupFigures* g) {
+  for (const SweepSpike& s : reads.spikes) {
+    auto member = std::find_if(members.begin(), members.end(),
+                               [&](const RunInfo* r) { return r->id == s.run_id; });
+    if (member == members.end()) continue;
+    SpikeMark& mark = g->spikes.emplace_back();
+    mark.run_id = s.run_id;
+    mark.seed = (*member)->seed;
+    mark.step = s.event.step();
+    mark.signal = s.event.signal();
+    mark.kind = SpikeKind_Name(s.event.kind());
+    const Curve& curve = reads.CurveOf(s.run_id);
+    auto point = std::lower_bound(curve.begin(), curve.end(), std::make_pair(mark.step, -HUGE_VAL),
+                                  [](const auto& a, const auto& b) { return a.first < b.first; });
+    if (point != curve.end() && point->first == mark.step) mark.loss = point->second;
+  }
+}
+
 }  // namespace
 
 double Significant7(double v) {
@@ -115,6 +260,19 @@ MeanStd MeanAndStd(const std::vector<double>& values) {
   return out;
 }
 
+absl::StatusOr<SweepRuns> ReadSweepRuns(const StoreReader& reader, const std::string& sweep) {
+  SweepRuns out;
+  absl::StatusOr<SweepInfo> info = reader.GetSweep(sweep);
+  if (!info.ok()) return info.status();
+  out.sweep = std::move(*info);
+  RunFilter filter;
+  filter.sweep_id = out.sweep.id;
+  absl::StatusOr<std::vector<RunInfo>> runs = reader.ListRuns(filter);
+  if (!runs.ok()) return runs.status();
+  out.runs = std::move(*runs);
+  return out;
+}
+
 absl::StatusOr<SweepFigures> ComputeSweepFigures(const StoreReader& reader,
                                                  const std::string& sweep,
                                                  const FigureOptions& options) {
@@ -131,122 +289,28 @@ absl::StatusOr<SweepFigures> ComputeSweepFigures(const StoreReader& reader,
         absl::StrCat("figures: curve points must be 2..5000, got ", options.curve_points));
   }
   SweepFigures out;
-  absl::StatusOr<SweepInfo> sweep = reader.GetSweep(table.sweep);
-  if (!sweep.ok()) return sweep.status();
-  out.sweep = *sweep;
-  RunFilter filter;
-  filter.sweep_id = sweep->id;
-  absl::StatusOr<std::vector<RunInfo>> runs = reader.ListRuns(filter);
-  if (!runs.ok()) return runs.status();
-  absl::StatusOr<std::map<int64_t, EvalResult>> evals =
-      reader.LatestEvals(sweep->id, /*with_layers=*/true);
-  if (!evals.ok()) return evals.status();
-  absl::StatusOr<std::vector<SweepSpike>> spikes = reader.SweepSpikes(sweep->id);
-  if (!spikes.ok()) return spikes.status();
-
-  // The grid: ceil(longest / points) without overflow.
-  int64_t longest = 0;
-  for (const RunInfo& r : *runs) longest = std::max(longest, r.steps_done);
-  const int64_t points = options.curve_points;
-  out.stride = std::max<int64_t>(1, longest / points + (longest % points != 0));
-  absl::StatusOr<std::map<int64_t, std::vector<std::pair<int64_t, double>>>> curves =
-      reader.SweepCurves(sweep->id, CurveMetric::kLoss, out.stride);
-  if (!curves.ok()) return curves.status();
-  const std::vector<std::pair<int64_t, double>> no_curve;
-  auto curve_of = [&](int64_t run_id) -> const std::vector<std::pair<int64_t, double>>& {
-    auto it = curves->find(run_id);
-    return it == curves->end() ? no_curve : it->second;
-  };
-  // A band's steps: the grid's, and the last step of runs that did every step (spike steps and
-  // the last step of a run cut short would each put one run's value alone into the mean).
-  auto on_band = [&](const RunInfo& r, int64_t step) {
-    return step % out.stride == 0 || (step == r.steps_done && r.steps_done >= r.steps_total);
-  };
-  std::set<int64_t> steps;
-  for (const RunInfo& r : *runs) {
-    if (!InBand(r.state)) continue;
-    for (const auto& [step, loss] : curve_of(r.id)) {
-      if (on_band(r, step)) steps.insert(step);
-    }
-  }
-  out.steps.assign(steps.begin(), steps.end());
+  absl::StatusOr<SweepReads> reads = ReadSweep(reader, table.sweep, options, &out);
+  if (!reads.ok()) return reads.status();
+  out.steps = BandSteps(*reads, out.stride);
   std::map<int64_t, size_t> index_of;
   for (size_t i = 0; i < out.steps.size(); ++i) index_of[out.steps[i]] = i;
-
   for (const ComparisonRow& row : table.rows) {
     GroupFigures& g = out.groups.emplace_back();
-    g.variant = row.variant;
-    g.axes = row.axes;
-    g.description = row.description;
-    g.label = GroupLabel(row.variant, row.axes);
-    g.runs = row.runs;
-    g.n = row.n;
-    g.diverged = row.diverged;
-    g.failed = row.failed;
-    g.unfinished = row.unfinished;
-
-    std::vector<const RunInfo*> members, succeeded, unfinished;
-    for (const RunInfo& r : *runs) {
-      if (r.variant != row.variant || r.axes != row.axes) continue;
-      members.push_back(&r);
-      if (r.state == SUCCEEDED) succeeded.push_back(&r);
-      if (Unfinished(r.state)) unfinished.push_back(&r);
-    }
-    if (!succeeded.empty()) {
+    CopyRow(row, &g);
+    const GroupRuns runs = RunsOf(row, reads->runs);
+    if (!runs.succeeded.empty()) {
       g.val_loss = row.val_loss;
       g.val_ppl = row.val_ppl;
       g.gate_score = row.gate_score;
       g.m_act = row.m_act;
       g.f_attn = row.f_attn;
-      FoldEvaluations(succeeded, *evals, /*keep_summary=*/true, &g);
+      FoldEvaluations(runs.succeeded, reads->evals, /*keep_summary=*/true, &g);
     } else {
-      FoldEvaluations(unfinished, *evals, /*keep_summary=*/false, &g);
+      FoldEvaluations(runs.unfinished, reads->evals, /*keep_summary=*/false, &g);
       g.interim = g.eval_runs > 0;
     }
-
-    // The loss band, each step's values in run order.
-    std::vector<std::vector<double>> at(out.steps.size());
-    for (const RunInfo* r : members) {
-      const auto& curve = curve_of(r->id);
-      if (r->state == DIVERGED) {
-        RunCurve& c = g.diverged_curves.emplace_back();
-        c.run_id = r->id;
-        c.seed = r->seed;
-        for (const auto& [step, loss] : curve) {
-          c.steps.push_back(step);
-          c.loss.push_back(loss);
-        }
-        continue;
-      }
-      if (!InBand(r->state)) continue;
-      ++g.band_runs;
-      for (const auto& [step, loss] : curve) {
-        if (!on_band(*r, step) || !std::isfinite(loss)) continue;
-        at[index_of.at(step)].push_back(loss);
-      }
-    }
-    for (const std::vector<double>& values : at) {
-      const MeanStd m = MeanAndStd(values);
-      g.loss_n.push_back(static_cast<int64_t>(values.size()));
-      g.loss_mean.push_back(m.mean);
-      g.loss_std.push_back(m.std);
-    }
-    for (const SweepSpike& s : *spikes) {
-      auto member = std::find_if(members.begin(), members.end(),
-                                 [&](const RunInfo* r) { return r->id == s.run_id; });
-      if (member == members.end()) continue;
-      SpikeMark& mark = g.spikes.emplace_back();
-      mark.run_id = s.run_id;
-      mark.seed = (*member)->seed;
-      mark.step = s.event.step();
-      mark.signal = s.event.signal();
-      mark.kind = SpikeKind_Name(s.event.kind());
-      const auto& curve = curve_of(s.run_id);
-      auto point =
-          std::lower_bound(curve.begin(), curve.end(), std::make_pair(mark.step, -HUGE_VAL),
-                           [](const auto& a, const auto& b) { return a.first < b.first; });
-      if (point != curve.end() && point->first == mark.step) mark.loss = point->second;
-    }
+    FoldLossBand(runs.members, *reads, out.stride, index_of, &g);
+    MarkSpikes(runs.members, *reads, &g);
   }
   return out;
 }

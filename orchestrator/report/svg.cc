@@ -1,3 +1,5 @@
+// The SVG plotting module (svg.h): each axis's range and ticks, a chart's frame (the plot area
+// and its margins), and the drawing of a frame's pieces (Chart::Painter), all deterministic.
 #include "orchestrator/report/svg.h"
 
 #include <algorithm>
@@ -344,210 +346,297 @@ Chart::Frame Chart::Resolve() const {
 
 int Chart::height() const { return Resolve().total_height; }
 
-std::string Chart::RenderAt(double left, double top, const std::string& id) const {
-  const Frame f = Resolve();
-  std::string out = absl::StrCat("<g transform=\"translate(", Px(left), ",", Px(top), ")\">\n");
-  const std::string pl = Px(f.left), pt = Px(f.top), pw = Px(f.plot_w), ph = Px(f.plot_h);
-  if (!title_.empty()) {
-    absl::StrAppend(&out, "<text x=\"", pl,
+namespace {
+
+// A series' stroke attributes: colour, width, opacity below 1, dashes.
+std::string StrokeAttributes(const Style& s) {
+  return absl::StrCat(
+      " stroke=\"", s.color, "\" stroke-width=\"", Px(s.width), "\"",
+      s.opacity < 1 ? absl::StrCat(" stroke-opacity=\"", fmt::format("{:.2f}", s.opacity), "\"")
+                    : "",
+      s.dashed ? " stroke-dasharray=\"5 3\"" : "");
+}
+
+std::string Opacity(double v) { return fmt::format("{:.2f}", v); }
+
+}  // namespace
+
+// Draws a chart over its resolved frame, piece by piece, appending to one string: the title,
+// the axes, the data (clipped to the plot area), the legend and the captions, in that order.
+class Chart::Painter {
+ public:
+  Painter(const Chart& chart, const Frame& frame, std::string* out)
+      : chart_(chart), f_(frame), out_(*out) {}
+
+  void Title() {
+    if (chart_.title_.empty()) return;
+    absl::StrAppend(&out_, "<text x=\"", Px(f_.left),
                     "\" y=\"20\" font-size=\"14\" font-weight=\"600\" fill=\"", kInk, "\">",
-                    Escape(title_), "</text>\n");
-  }
-  // Grid lines and tick labels.
-  absl::StrAppend(&out, "<g stroke=\"", kGridLine, "\" stroke-width=\"1\">");
-  for (double v : f.yt.at) {
-    absl::StrAppend(&out, "<line x1=\"", pl, "\" x2=\"", Px(f.left + f.plot_w), "\" y1=\"",
-                    Px(f.Y(v)), "\" y2=\"", Px(f.Y(v)), "\"/>");
-  }
-  for (double v : f.xt.at) {
-    absl::StrAppend(&out, "<line x1=\"", Px(f.X(v)), "\" x2=\"", Px(f.X(v)), "\" y1=\"", pt,
-                    "\" y2=\"", Px(f.top + f.plot_h), "\"/>");
-  }
-  absl::StrAppend(&out, "</g>\n<g font-size=\"11\" fill=\"", kMuted, "\">");
-  for (size_t i = 0; i < f.yt.at.size(); ++i) {
-    absl::StrAppend(&out, "<text x=\"", Px(f.left - 6), "\" y=\"", Px(f.Y(f.yt.at[i]) + 4),
-                    "\" text-anchor=\"end\">", Escape(f.yt.labels[i]), "</text>");
-  }
-  for (size_t i = 0; i < f.xt.at.size(); ++i) {
-    const std::string x = Px(f.X(f.xt.at[i])), y = Px(f.top + f.plot_h + 15);
-    const std::string label = Escape(Clip(f.xt.labels[i], 28));
-    if (x_.slanted_labels) {
-      absl::StrAppend(&out, "<text x=\"", x, "\" y=\"", y,
-                      "\" text-anchor=\"end\" transform=\"rotate(-35 ", x, " ", y, ")\">", label,
-                      "</text>");
-    } else {
-      absl::StrAppend(&out, "<text x=\"", x, "\" y=\"", y, "\" text-anchor=\"middle\">", label,
-                      "</text>");
-    }
-  }
-  absl::StrAppend(&out, "</g>\n");
-  // The frame and the axis labels.
-  absl::StrAppend(&out, "<rect x=\"", pl, "\" y=\"", pt, "\" width=\"", pw, "\" height=\"", ph,
-                  "\" fill=\"none\" stroke=\"#9aa1ad\" stroke-width=\"1\"/>\n");
-  if (!x_.label.empty()) {
-    absl::StrAppend(&out, "<text x=\"", Px(f.left + f.plot_w / 2), "\" y=\"", Px(f.x_label_y),
-                    "\" text-anchor=\"middle\" fill=\"", kInk, "\">", Escape(x_.label),
-                    "</text>\n");
-  }
-  if (!y_.label.empty()) {
-    const std::string cy = Px(f.top + f.plot_h / 2);
-    absl::StrAppend(&out, "<text x=\"14\" y=\"", cy,
-                    "\" text-anchor=\"middle\" transform=\"rotate(-90 14 ", cy, ")\" fill=\"", kInk,
-                    "\">", Escape(y_.label), "</text>\n");
+                    Escape(chart_.title_), "</text>\n");
   }
 
-  // The data, clipped to the plot area (markers are drawn after, unclipped, on the top edge).
-  absl::StrAppend(&out, "<clipPath id=\"", id, "\"><rect x=\"", pl, "\" y=\"", pt, "\" width=\"",
-                  pw, "\" height=\"", ph, "\"/></clipPath>\n<g clip-path=\"url(#", id, ")\">\n");
-  const double bottom = f.top + f.plot_h;
-  auto stroke = [](const Style& s) {
-    return absl::StrCat(
-        " stroke=\"", s.color, "\" stroke-width=\"", Px(s.width), "\"",
-        s.opacity < 1 ? absl::StrCat(" stroke-opacity=\"", fmt::format("{:.2f}", s.opacity), "\"")
-                      : "",
-        s.dashed ? " stroke-dasharray=\"5 3\"" : "");
-  };
-  std::string markers;
-  for (const Element& e : elements_) {
-    const size_t n = std::min(e.x.size(), e.y.size());
-    switch (e.kind) {
-      case Kind::kLine: {
-        std::string d;
-        bool pen_down = false;
-        for (size_t i = 0; i < n; ++i) {
-          if (!Plottable(f.xs, e.x[i]) || !Plottable(f.ys, e.y[i])) {
-            pen_down = false;
-            continue;
-          }
-          absl::StrAppend(&d, pen_down ? "L" : "M", Px(f.X(e.x[i])), " ", Px(f.Y(e.y[i])));
-          pen_down = true;
-        }
-        if (!d.empty()) {
-          absl::StrAppend(&out, "<path d=\"", d, "\" fill=\"none\"", stroke(e.style),
-                          " stroke-linejoin=\"round\"/>\n");
-        }
-        break;
-      }
-      case Kind::kBand: {
-        // One polygon per run of points where lo and hi are both plottable.
-        size_t i = 0;
-        while (i < n) {
-          auto ok = [&](size_t k) {
-            return k < e.z.size() && Plottable(f.xs, e.x[k]) && Plottable(f.ys, e.y[k]) &&
-                   Plottable(f.ys, e.z[k]);
-          };
-          while (i < n && !ok(i)) ++i;
-          size_t j = i;
-          while (j < n && ok(j)) ++j;
-          if (j - i >= 2) {
-            std::string d;
-            for (size_t k = i; k < j; ++k) {
-              absl::StrAppend(&d, k == i ? "M" : "L", Px(f.X(e.x[k])), " ", Px(f.Y(e.z[k])));
-            }
-            for (size_t k = j; k-- > i;)
-              absl::StrAppend(&d, "L", Px(f.X(e.x[k])), " ", Px(f.Y(e.y[k])));
-            absl::StrAppend(&out, "<path d=\"", d, "Z\" fill=\"", e.style.color,
-                            "\" fill-opacity=\"", fmt::format("{:.2f}", e.style.opacity),
-                            "\" stroke=\"none\"/>\n");
-          }
-          i = j;
-        }
-        break;
-      }
-      case Kind::kBars: {
-        const double base = Plottable(f.ys, 0) && f.yt.lo <= 0 && f.yt.hi >= 0 ? f.Y(0) : bottom;
-        for (size_t i = 0; i < n; ++i) {
-          if (!Plottable(f.ys, e.y[i]) || !Plottable(f.xs, e.x[i])) continue;
-          const double x0 = f.X(e.x[i] - e.bar_width / 2), x1 = f.X(e.x[i] + e.bar_width / 2);
-          const double y = std::clamp(f.Y(e.y[i]), f.top, bottom);
-          absl::StrAppend(
-              &out, "<rect x=\"", Px(x0), "\" y=\"", Px(std::min(y, base)), "\" width=\"",
-              Px(x1 - x0), "\" height=\"", Px(std::fabs(base - y)), "\" fill=\"", e.style.color,
-              "\" fill-opacity=\"", fmt::format("{:.2f}", e.style.opacity), "\"",
-              e.style.dashed
-                  ? absl::StrCat(" stroke=\"", e.style.color, "\" stroke-dasharray=\"4 2\"")
-                  : "",
-              "/>\n");
-        }
-        break;
-      }
-      case Kind::kErrorBars: {
-        std::string d;
-        for (size_t i = 0; i < n && i < e.z.size(); ++i) {
-          if (!Plottable(f.xs, e.x[i]) || !std::isfinite(e.y[i]) || !std::isfinite(e.z[i]) ||
-              !(e.z[i] > 0)) {
-            continue;
-          }
-          const double lo_v = e.y[i] - e.z[i], hi_v = e.y[i] + e.z[i];
-          const double x = f.X(e.x[i]);
-          const double lo = Plottable(f.ys, lo_v) ? std::min(bottom, f.Y(lo_v)) : bottom;
-          const double hi = std::max(f.top, f.Y(hi_v));
-          absl::StrAppend(&d, "M", Px(x), " ", Px(lo), "L", Px(x), " ", Px(hi), "M", Px(x - 4), " ",
-                          Px(lo), "L", Px(x + 4), " ", Px(lo), "M", Px(x - 4), " ", Px(hi), "L",
-                          Px(x + 4), " ", Px(hi));
-        }
-        if (!d.empty())
-          absl::StrAppend(&out, "<path d=\"", d, "\" fill=\"none\"", stroke(e.style), "/>\n");
-        break;
-      }
-      case Kind::kPoints:
-        for (size_t i = 0; i < n; ++i) {
-          if (!Plottable(f.xs, e.x[i]) || !Plottable(f.ys, e.y[i])) continue;
-          absl::StrAppend(&out, "<circle cx=\"", Px(f.X(e.x[i])), "\" cy=\"", Px(f.Y(e.y[i])),
-                          "\" r=\"3.2\" fill=\"", e.style.color, "\"/>\n");
-        }
-        break;
-      case Kind::kMarkers:
-        for (size_t i = 0; i < n; ++i) {
-          if (!f.InX(e.x[i])) continue;
-          const double y = Plottable(f.ys, e.y[i]) ? std::clamp(f.Y(e.y[i]), f.top, bottom) : f.top;
-          const double x = f.X(e.x[i]);
-          absl::StrAppend(&markers, "<path d=\"M", Px(x), " ", Px(y - 5), "L", Px(x - 5), " ",
-                          Px(y + 4), "L", Px(x + 5), " ", Px(y + 4), "Z\" fill=\"", e.style.color,
-                          "\" stroke=\"#fff\" stroke-width=\"1\"/>\n");
-        }
-        break;
+  // Grid lines, tick labels, the plot's frame and the axis labels.
+  void Axes() {
+    GridLines();
+    TickLabels();
+    const std::string pl = Px(f_.left), pt = Px(f_.top), pw = Px(f_.plot_w), ph = Px(f_.plot_h);
+    absl::StrAppend(&out_, "<rect x=\"", pl, "\" y=\"", pt, "\" width=\"", pw, "\" height=\"", ph,
+                    "\" fill=\"none\" stroke=\"#9aa1ad\" stroke-width=\"1\"/>\n");
+    if (!chart_.x_.label.empty()) {
+      absl::StrAppend(&out_, "<text x=\"", Px(f_.left + f_.plot_w / 2), "\" y=\"",
+                      Px(f_.x_label_y), "\" text-anchor=\"middle\" fill=\"", kInk, "\">",
+                      Escape(chart_.x_.label), "</text>\n");
+    }
+    if (!chart_.y_.label.empty()) {
+      const std::string cy = Px(f_.top + f_.plot_h / 2);
+      absl::StrAppend(&out_, "<text x=\"14\" y=\"", cy,
+                      "\" text-anchor=\"middle\" transform=\"rotate(-90 14 ", cy, ")\" fill=\"",
+                      kInk, "\">", Escape(chart_.y_.label), "</text>\n");
     }
   }
-  absl::StrAppend(&out, "</g>\n", markers);
 
-  // The legend, right of the plot: a swatch per entry in the order added.
-  double ly = f.top + 6;
-  for (const Element& e : elements_) {
-    if (e.legend.empty()) continue;
-    const std::string x = Px(f.legend_left), y = Px(ly + 5);
+  // The elements in the order added, clipped to the plot area `id` names; markers after them,
+  // unclipped, so that one without a value shows on the top edge.
+  void Data(const std::string& id) {
+    const std::string pl = Px(f_.left), pt = Px(f_.top), pw = Px(f_.plot_w), ph = Px(f_.plot_h);
+    absl::StrAppend(&out_, "<clipPath id=\"", id, "\"><rect x=\"", pl, "\" y=\"", pt,
+                    "\" width=\"", pw, "\" height=\"", ph,
+                    "\"/></clipPath>\n<g clip-path=\"url(#", id, ")\">\n");
+    std::string markers;
+    for (const Element& e : chart_.elements_) {
+      switch (e.kind) {
+        case Kind::kLine:
+          Line(e);
+          break;
+        case Kind::kBand:
+          Band(e);
+          break;
+        case Kind::kBars:
+          Bars(e);
+          break;
+        case Kind::kErrorBars:
+          ErrorBars(e);
+          break;
+        case Kind::kPoints:
+          Points(e);
+          break;
+        case Kind::kMarkers:
+          Markers(e, &markers);
+          break;
+      }
+    }
+    absl::StrAppend(&out_, "</g>\n", markers);
+  }
+
+  // Right of the plot: a swatch and the text of each entry, in the order added.
+  void Legend() {
+    double ly = f_.top + 6;
+    for (const Element& e : chart_.elements_) {
+      if (e.legend.empty()) continue;
+      Swatch(e, ly);
+      absl::StrAppend(&out_, "<text x=\"", Px(f_.legend_left + 20), "\" y=\"", Px(ly + 9),
+                      "\" font-size=\"11\" fill=\"", kInk, "\">", Escape(Clip(e.legend, 34)),
+                      "</text>\n");
+      ly += kLegendLine;
+    }
+  }
+
+  // Under everything, each wrapped to the chart's width.
+  void Captions() {
+    double cy = f_.caption_top;
+    for (const std::string& c : chart_.captions_) {
+      for (const std::string& line :
+           Wrap(c, static_cast<size_t>(chart_.width_ / kCharWidth))) {
+        absl::StrAppend(&out_, "<text x=\"", Px(f_.left), "\" y=\"", Px(cy),
+                        "\" font-size=\"11\" fill=\"", kMuted, "\">", Escape(line), "</text>\n");
+        cy += kCaptionLine;
+      }
+    }
+  }
+
+ private:
+  static size_t Count(const Element& e) { return std::min(e.x.size(), e.y.size()); }
+  double Bottom() const { return f_.top + f_.plot_h; }
+
+  void GridLines() {
+    absl::StrAppend(&out_, "<g stroke=\"", kGridLine, "\" stroke-width=\"1\">");
+    for (double v : f_.yt.at) {
+      absl::StrAppend(&out_, "<line x1=\"", Px(f_.left), "\" x2=\"", Px(f_.left + f_.plot_w),
+                      "\" y1=\"", Px(f_.Y(v)), "\" y2=\"", Px(f_.Y(v)), "\"/>");
+    }
+    for (double v : f_.xt.at) {
+      absl::StrAppend(&out_, "<line x1=\"", Px(f_.X(v)), "\" x2=\"", Px(f_.X(v)), "\" y1=\"",
+                      Px(f_.top), "\" y2=\"", Px(Bottom()), "\"/>");
+    }
+    absl::StrAppend(&out_, "</g>\n");
+  }
+
+  void TickLabels() {
+    absl::StrAppend(&out_, "<g font-size=\"11\" fill=\"", kMuted, "\">");
+    for (size_t i = 0; i < f_.yt.at.size(); ++i) {
+      absl::StrAppend(&out_, "<text x=\"", Px(f_.left - 6), "\" y=\"", Px(f_.Y(f_.yt.at[i]) + 4),
+                      "\" text-anchor=\"end\">", Escape(f_.yt.labels[i]), "</text>");
+    }
+    for (size_t i = 0; i < f_.xt.at.size(); ++i) {
+      const std::string x = Px(f_.X(f_.xt.at[i])), y = Px(Bottom() + 15);
+      const std::string label = Escape(Clip(f_.xt.labels[i], 28));
+      if (chart_.x_.slanted_labels) {
+        absl::StrAppend(&out_, "<text x=\"", x, "\" y=\"", y,
+                        "\" text-anchor=\"end\" transform=\"rotate(-35 ", x, " ", y, ")\">",
+                        label, "</text>");
+      } else {
+        absl::StrAppend(&out_, "<text x=\"", x, "\" y=\"", y, "\" text-anchor=\"middle\">",
+                        label, "</text>");
+      }
+    }
+    absl::StrAppend(&out_, "</g>\n");
+  }
+
+  void Line(const Element& e) {
+    std::string d;
+    bool pen_down = false;
+    for (size_t i = 0; i < Count(e); ++i) {
+      if (!Plottable(f_.xs, e.x[i]) || !Plottable(f_.ys, e.y[i])) {
+        pen_down = false;
+        continue;
+      }
+      absl::StrAppend(&d, pen_down ? "L" : "M", Px(f_.X(e.x[i])), " ", Px(f_.Y(e.y[i])));
+      pen_down = true;
+    }
+    if (!d.empty()) {
+      absl::StrAppend(&out_, "<path d=\"", d, "\" fill=\"none\"", StrokeAttributes(e.style),
+                      " stroke-linejoin=\"round\"/>\n");
+    }
+  }
+
+  // One polygon per run of points where lo and hi are both plottable.
+  void Band(const Element& e) {
+    const size_t n = Count(e);
+    auto ok = [&](size_t k) {
+      return k < e.z.size() && Plottable(f_.xs, e.x[k]) && Plottable(f_.ys, e.y[k]) &&
+             Plottable(f_.ys, e.z[k]);
+    };
+    size_t i = 0;
+    while (i < n) {
+      while (i < n && !ok(i)) ++i;
+      size_t j = i;
+      while (j < n && ok(j)) ++j;
+      if (j - i >= 2) {
+        std::string d;
+        for (size_t k = i; k < j; ++k) {
+          absl::StrAppend(&d, k == i ? "M" : "L", Px(f_.X(e.x[k])), " ", Px(f_.Y(e.z[k])));
+        }
+        for (size_t k = j; k-- > i;) {
+          absl::StrAppend(&d, "L", Px(f_.X(e.x[k])), " ", Px(f_.Y(e.y[k])));
+        }
+        absl::StrAppend(&out_, "<path d=\"", d, "Z\" fill=\"", e.style.color,
+                        "\" fill-opacity=\"", Opacity(e.style.opacity), "\" stroke=\"none\"/>\n");
+      }
+      i = j;
+    }
+  }
+
+  // From 0 when 0 is in range, else from the bottom of the plot.
+  void Bars(const Element& e) {
+    const double bottom = Bottom();
+    const double base =
+        Plottable(f_.ys, 0) && f_.yt.lo <= 0 && f_.yt.hi >= 0 ? f_.Y(0) : bottom;
+    for (size_t i = 0; i < Count(e); ++i) {
+      if (!Plottable(f_.ys, e.y[i]) || !Plottable(f_.xs, e.x[i])) continue;
+      const double x0 = f_.X(e.x[i] - e.bar_width / 2), x1 = f_.X(e.x[i] + e.bar_width / 2);
+      const double y = std::clamp(f_.Y(e.y[i]), f_.top, bottom);
+      absl::StrAppend(
+          &out_, "<rect x=\"", Px(x0), "\" y=\"", Px(std::min(y, base)), "\" width=\"",
+          Px(x1 - x0), "\" height=\"", Px(std::fabs(base - y)), "\" fill=\"", e.style.color,
+          "\" fill-opacity=\"", Opacity(e.style.opacity), "\"",
+          e.style.dashed ? absl::StrCat(" stroke=\"", e.style.color, "\" stroke-dasharray=\"4 2\"")
+                         : "",
+          "/>\n");
+    }
+  }
+
+  // One path: a vertical stroke and two caps per point, clamped to the plot area.
+  void ErrorBars(const Element& e) {
+    const double bottom = Bottom();
+    std::string d;
+    for (size_t i = 0; i < Count(e) && i < e.z.size(); ++i) {
+      if (!Plottable(f_.xs, e.x[i]) || !std::isfinite(e.y[i]) || !std::isfinite(e.z[i]) ||
+          !(e.z[i] > 0)) {
+        continue;
+      }
+      const double lo_v = e.y[i] - e.z[i], hi_v = e.y[i] + e.z[i];
+      const double x = f_.X(e.x[i]);
+      const double lo = Plottable(f_.ys, lo_v) ? std::min(bottom, f_.Y(lo_v)) : bottom;
+      const double hi = std::max(f_.top, f_.Y(hi_v));
+      absl::StrAppend(&d, "M", Px(x), " ", Px(lo), "L", Px(x), " ", Px(hi), "M", Px(x - 4), " ",
+                      Px(lo), "L", Px(x + 4), " ", Px(lo), "M", Px(x - 4), " ", Px(hi), "L",
+                      Px(x + 4), " ", Px(hi));
+    }
+    if (!d.empty()) {
+      absl::StrAppend(&out_, "<path d=\"", d, "\" fill=\"none\"", StrokeAttributes(e.style),
+                      "/>\n");
+    }
+  }
+
+  void Points(const Element& e) {
+    for (size_t i = 0; i < Count(e); ++i) {
+      if (!Plottable(f_.xs, e.x[i]) || !Plottable(f_.ys, e.y[i])) continue;
+      absl::StrAppend(&out_, "<circle cx=\"", Px(f_.X(e.x[i])), "\" cy=\"", Px(f_.Y(e.y[i])),
+                      "\" r=\"3.2\" fill=\"", e.style.color, "\"/>\n");
+    }
+  }
+
+  // Into `markers`, drawn after the clipped data.
+  void Markers(const Element& e, std::string* markers) {
+    for (size_t i = 0; i < Count(e); ++i) {
+      if (!f_.InX(e.x[i])) continue;
+      const double y =
+          Plottable(f_.ys, e.y[i]) ? std::clamp(f_.Y(e.y[i]), f_.top, Bottom()) : f_.top;
+      const double x = f_.X(e.x[i]);
+      absl::StrAppend(markers, "<path d=\"M", Px(x), " ", Px(y - 5), "L", Px(x - 5), " ",
+                      Px(y + 4), "L", Px(x + 5), " ", Px(y + 4), "Z\" fill=\"", e.style.color,
+                      "\" stroke=\"#fff\" stroke-width=\"1\"/>\n");
+    }
+  }
+
+  // A legend entry's swatch at height `ly`: a filled box for areas, a triangle for markers, a
+  // stroke for the rest.
+  void Swatch(const Element& e, double ly) {
+    const double left = f_.legend_left;
+    const std::string x = Px(left), y = Px(ly + 5);
     switch (e.kind) {
       case Kind::kBars:
       case Kind::kBand:
-        absl::StrAppend(&out, "<rect x=\"", x, "\" y=\"", Px(ly),
+        absl::StrAppend(&out_, "<rect x=\"", x, "\" y=\"", Px(ly),
                         "\" width=\"14\" height=\"10\" fill=\"", e.style.color,
-                        "\" fill-opacity=\"",
-                        fmt::format("{:.2f}", std::max(0.35, e.style.opacity)), "\"/>");
+                        "\" fill-opacity=\"", Opacity(std::max(0.35, e.style.opacity)), "\"/>");
         break;
       case Kind::kMarkers:
-        absl::StrAppend(&out, "<path d=\"M", Px(f.legend_left + 7), " ", Px(ly), "L",
-                        Px(f.legend_left + 2), " ", Px(ly + 9), "L", Px(f.legend_left + 12), " ",
-                        Px(ly + 9), "Z\" fill=\"", e.style.color, "\"/>");
+        absl::StrAppend(&out_, "<path d=\"M", Px(left + 7), " ", Px(ly), "L", Px(left + 2), " ",
+                        Px(ly + 9), "L", Px(left + 12), " ", Px(ly + 9), "Z\" fill=\"",
+                        e.style.color, "\"/>");
         break;
       default:
-        absl::StrAppend(&out, "<line x1=\"", x, "\" x2=\"", Px(f.legend_left + 14), "\" y1=\"", y,
-                        "\" y2=\"", y, "\"", stroke(e.style), "/>");
+        absl::StrAppend(&out_, "<line x1=\"", x, "\" x2=\"", Px(left + 14), "\" y1=\"", y,
+                        "\" y2=\"", y, "\"", StrokeAttributes(e.style), "/>");
         break;
     }
-    absl::StrAppend(&out, "<text x=\"", Px(f.legend_left + 20), "\" y=\"", Px(ly + 9),
-                    "\" font-size=\"11\" fill=\"", kInk, "\">", Escape(Clip(e.legend, 34)),
-                    "</text>\n");
-    ly += kLegendLine;
   }
-  // Captions under everything.
-  double cy = f.caption_top;
-  for (const std::string& c : captions_) {
-    for (const std::string& line : Wrap(c, static_cast<size_t>(width_ / kCharWidth))) {
-      absl::StrAppend(&out, "<text x=\"", pl, "\" y=\"", Px(cy), "\" font-size=\"11\" fill=\"",
-                      kMuted, "\">", Escape(line), "</text>\n");
-      cy += kCaptionLine;
-    }
-  }
+
+  const Chart& chart_;
+  const Frame& f_;
+  std::string& out_;
+};
+
+std::string Chart::RenderAt(double left, double top, const std::string& id) const {
+  const Frame f = Resolve();
+  std::string out = absl::StrCat("<g transform=\"translate(", Px(left), ",", Px(top), ")\">\n");
+  Painter painter(*this, f, &out);
+  painter.Title();
+  painter.Axes();
+  painter.Data(id);
+  painter.Legend();
+  painter.Captions();
   absl::StrAppend(&out, "</g>\n");
   return out;
 }

@@ -90,7 +90,8 @@ class Chart {
     Style style;
     std::string legend;
   };
-  struct Frame;  // the resolved ranges and the plot area (svg.cc)
+  struct Frame;   // the resolved ranges and the plot area (svg.cc)
+  class Painter;  // draws the pieces of RenderAt over a Frame (svg.cc)
 
   Frame Resolve() const;
   void Add(Element e);

@@ -184,6 +184,15 @@ class Expander {
     const std::string p = YamlProblem(spec_.file, line, path, what);
     if (seen_.insert(p).second) problems_.push_back(p);
   }
+  // Records each line of a failed status as a problem (they already name file and line); true
+  // when `s` is OK.
+  bool Absorb(const absl::Status& s) {
+    if (s.ok()) return true;
+    for (absl::string_view line : absl::StrSplit(s.message(), '\n')) {
+      if (seen_.insert(std::string(line)).second) problems_.emplace_back(line);
+    }
+    return false;
+  }
 
   static std::string PointText(const AxisPoint& point) {
     std::vector<std::string> items;
@@ -237,61 +246,55 @@ class Expander {
     return &rule;
   }
 
+  // Variant `v` at `point` before budget matching: base -> axis values -> preset -> overrides,
+  // validated; not ok (with the problems reported) when any step fails.
+  Prepared PrepareVariant(const VariantSpec& v, const AxisPoint& point,
+                          const std::string& context) {
+    RunConfig c = spec_.base;
+    bool ok = true;
+    for (const AxisAssignment& a : point) {
+      const absl::Status s = OverlayYamlAtPath(a.value, spec_.file, a.line, a.path, &c);
+      if (!s.ok()) {  // checked at parse time; kept for safety
+        Problem(a.line, a.path, std::string(s.message()));
+        ok = false;
+      }
+    }
+    if (!v.preset.empty()) {
+      const VariantPreset* preset = FindVariantPreset(v.preset);
+      const absl::Status s = preset == nullptr ? absl::InvalidArgumentError("no such preset")
+                                               : preset->apply(c.mutable_model());
+      if (!s.ok()) {
+        Problem(v.line, absl::StrCat("variants[", v.name, "].preset"),
+                absl::StrCat(v.preset, " does not fit the base: ", s.message(), context));
+        ok = false;
+      }
+    }
+    const std::string path = absl::StrCat("variants[", v.name, "]");
+    if (v.model) {
+      ok = Absorb(OverlayYaml(v.model, spec_.file, path + ".model", c.mutable_model())) && ok;
+    }
+    if (v.train) {
+      ok = Absorb(OverlayYaml(v.train, spec_.file, path + ".train", c.mutable_train())) && ok;
+    }
+    if (ok) {
+      const absl::Status s = ValidateRunConfig(c);
+      if (!s.ok()) {
+        ReportInvalid(s, v, point);
+        ok = false;
+      }
+    }
+    Prepared p;
+    p.ok = ok;
+    p.pre = std::move(c);
+    return p;
+  }
+
   std::vector<Prepared> PreparePoint(const AxisPoint& point) {
     const std::string context = point.empty() ? "" : absl::StrCat(" (at ", PointText(point), ")");
     std::vector<Prepared> out(spec_.variants.size());
     // 1. Every variant before budget matching.
     for (size_t i = 0; i < spec_.variants.size(); ++i) {
-      const VariantSpec& v = spec_.variants[i];
-      Prepared& p = out[i];
-      RunConfig c = spec_.base;
-      bool ok = true;
-      for (const AxisAssignment& a : point) {
-        const absl::Status s = OverlayYamlAtPath(a.value, spec_.file, a.line, a.path, &c);
-        if (!s.ok()) {  // checked at parse time; kept for safety
-          Problem(a.line, a.path, std::string(s.message()));
-          ok = false;
-        }
-      }
-      if (!v.preset.empty()) {
-        const VariantPreset* preset = FindVariantPreset(v.preset);
-        const absl::Status s = preset == nullptr
-                                   ? absl::InvalidArgumentError("no such preset")
-                                   : preset->apply(c.mutable_model());
-        if (!s.ok()) {
-          Problem(v.line, absl::StrCat("variants[", v.name, "].preset"),
-                  absl::StrCat(v.preset, " does not fit the base: ", s.message(), context));
-          ok = false;
-        }
-      }
-      const std::string path = absl::StrCat("variants[", v.name, "]");
-      if (v.model) {
-        const absl::Status s = OverlayYaml(v.model, spec_.file, path + ".model", c.mutable_model());
-        if (!s.ok()) {
-          for (absl::string_view line : absl::StrSplit(s.message(), '\n')) {
-            if (seen_.insert(std::string(line)).second) problems_.emplace_back(line);
-          }
-          ok = false;
-        }
-      }
-      if (v.train) {
-        const absl::Status s = OverlayYaml(v.train, spec_.file, path + ".train", c.mutable_train());
-        if (!s.ok()) {
-          for (absl::string_view line : absl::StrSplit(s.message(), '\n')) {
-            if (seen_.insert(std::string(line)).second) problems_.emplace_back(line);
-          }
-          ok = false;
-        }
-      }
-      if (ok) {
-        const absl::Status s = ValidateRunConfig(c);
-        if (!s.ok()) {
-          ReportInvalid(s, v, point);
-          ok = false;
-        }
-      }
-      p.ok = ok;
-      p.pre = std::move(c);
+      out[i] = PrepareVariant(spec_.variants[i], point, context);
     }
     // 2. Budget matching against the anchors' unmatched configs.
     for (size_t i = 0; i < spec_.variants.size(); ++i) {

@@ -1,6 +1,7 @@
 #include "orchestrator/spec/spec.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -522,6 +523,23 @@ class Parser {
     return a;
   }
 
+  // A list entry that must be a mapping of one key (an axis mode, a filter kind) to its body.
+  struct KeyedEntry {
+    std::string key;
+    YAML::Node body;
+  };
+
+  // `entry`'s one key and its body; nullopt, with the problem `expected` at `path`, when it is
+  // not a mapping of exactly one key.
+  std::optional<KeyedEntry> OneKeyEntry(const YAML::Node& entry, const std::string& path,
+                                        const std::string& expected) {
+    if (!entry.IsMap() || entry.size() != 1) {
+      Problem(YamlLine(entry), path, expected);
+      return std::nullopt;
+    }
+    return KeyedEntry{entry.begin()->first.Scalar(), entry.begin()->second};
+  }
+
   void ParseAxes(const YAML::Node& axes) {
     if (!axes.IsSequence()) {
       Problem(YamlLine(axes), "axes",
@@ -531,117 +549,146 @@ class Parser {
     for (size_t i = 0; i < axes.size(); ++i) {
       const YAML::Node entry = axes[i];
       const std::string path = absl::StrCat("axes[", i, "]");
-      if (!entry.IsMap() || entry.size() != 1) {
-        Problem(YamlLine(entry), path, "expected exactly one of product:, zip: or list:");
-        continue;
-      }
-      const std::string mode = entry.begin()->first.Scalar();
-      const YAML::Node body = entry.begin()->second;
+      const std::optional<KeyedEntry> keyed =
+          OneKeyEntry(entry, path, "expected exactly one of product:, zip: or list:");
+      if (!keyed) continue;
+      const std::string& mode = keyed->key;
       AxisSpec axis;
       axis.line = YamlLine(entry);
+      bool ok = false;
       if (mode == "product" || mode == "zip") {
-        axis.mode = mode == "product" ? AxisSpec::Mode::kProduct : AxisSpec::Mode::kZip;
-        if (!body.IsMap() || body.size() == 0) {
-          Problem(LineOf(body, entry), path + "." + mode,
-                  "expected a mapping of field paths to lists of values");
-          continue;
-        }
-        std::vector<std::vector<AxisAssignment>> columns;
-        bool ok = true;
-        for (auto it = body.begin(); it != body.end(); ++it) {
-          const std::string key = it->first.Scalar();
-          const YAML::Node values = it->second;
-          if (!values.IsSequence() || values.size() == 0) {
-            Problem(LineOf(values, it->first), absl::StrCat(path, ".", mode, ".", key),
-                    "expected a non-empty list of values");
-            ok = false;
-            continue;
-          }
-          std::vector<AxisAssignment> column;
-          for (size_t j = 0; j < values.size(); ++j) {
-            column.push_back(Assignment(it->first, values[j]));
-            ok = CheckAssignment(column.back()) && ok;
-          }
-          columns.push_back(std::move(column));
-        }
-        if (!ok) continue;
-        if (axis.mode == AxisSpec::Mode::kZip) {
-          for (const auto& column : columns) {
-            if (column.size() != columns.front().size()) {
-              Problem(column.front().line, absl::StrCat(path, ".zip.", column.front().path),
-                      absl::StrCat("has ", column.size(), " values but ", columns.front().front().path,
-                                   " has ", columns.front().size(),
-                                   "; zipped lists must have equal lengths"));
-              ok = false;
-            }
-          }
-          if (!ok) continue;
-          for (size_t j = 0; j < columns.front().size(); ++j) {
-            AxisPoint point;
-            for (const auto& column : columns) point.push_back(column[j]);
-            axis.points.push_back(std::move(point));
-          }
-        } else {
-          // Refused before it is built: the product grows exponentially with the spec's size.
-          int64_t size = 1;
-          std::vector<std::string> sizes;
-          for (const auto& column : columns) {
-            size = TimesCapped(size, column.size());
-            sizes.push_back(absl::StrCat(column.size()));
-          }
-          if (size > kMaxSpecRuns) {
-            Problem(axis.line, path + ".product",
-                    absl::StrCat(absl::StrJoin(sizes, " x "), " is more than ", kMaxSpecRuns,
-                                 " points (the most runs a sweep may have)"));
-            continue;
-          }
-          axis.points = {AxisPoint{}};
-          for (const auto& column : columns) {
-            std::vector<AxisPoint> next;
-            for (const AxisPoint& point : axis.points) {
-              for (const AxisAssignment& a : column) {
-                AxisPoint p = point;
-                p.push_back(a);
-                next.push_back(std::move(p));
-              }
-            }
-            axis.points = std::move(next);
-          }
-        }
+        ok = ParseColumnAxis(entry, mode, keyed->body, path, &axis);
       } else if (mode == "list") {
-        axis.mode = AxisSpec::Mode::kList;
-        if (!body.IsSequence() || body.size() == 0) {
-          Problem(LineOf(body, entry), path + ".list",
-                  "expected a non-empty list of mappings (field path: value)");
-          continue;
-        }
-        bool ok = true;
-        for (size_t j = 0; j < body.size(); ++j) {
-          const YAML::Node point_node = body[j];
-          if (!point_node.IsMap() || point_node.size() == 0) {
-            Problem(LineOf(point_node, body), absl::StrCat(path, ".list[", j, "]"),
-                    "expected a mapping of field paths to values");
-            ok = false;
-            continue;
-          }
-          AxisPoint point;
-          for (auto it = point_node.begin(); it != point_node.end(); ++it) {
-            point.push_back(Assignment(it->first, it->second));
-            ok = CheckAssignment(point.back()) && ok;
-          }
-          axis.points.push_back(std::move(point));
-        }
-        if (!ok) continue;
+        ok = ParseListAxis(entry, keyed->body, path, &axis);
       } else {
         const std::string best = ClosestName(mode, {"product", "zip", "list"});
         Problem(YamlLine(entry.begin()->first), path,
                 absl::StrCat("unknown axis mode \"", mode, "\"",
                              best.empty() ? "; use product, zip or list"
                                           : absl::StrCat(" (did you mean \"", best, "\"?)")));
+      }
+      if (ok) spec_.axes.push_back(std::move(axis));
+    }
+  }
+
+  // A product: or zip: axis (`mode`) from its mapping of field paths to lists of values.
+  bool ParseColumnAxis(const YAML::Node& entry, const std::string& mode, const YAML::Node& body,
+                       const std::string& path, AxisSpec* axis) {
+    axis->mode = mode == "product" ? AxisSpec::Mode::kProduct : AxisSpec::Mode::kZip;
+    if (!body.IsMap() || body.size() == 0) {
+      Problem(LineOf(body, entry), path + "." + mode,
+              "expected a mapping of field paths to lists of values");
+      return false;
+    }
+    std::vector<std::vector<AxisAssignment>> columns;
+    if (!ParseColumns(body, absl::StrCat(path, ".", mode), &columns)) return false;
+    return axis->mode == AxisSpec::Mode::kZip ? ZipColumns(columns, path, axis)
+                                              : MultiplyColumns(columns, path, axis);
+  }
+
+  // One column of assignments per field path of `body`, each value checked; false when any
+  // column or value is wrong (every problem reported).
+  bool ParseColumns(const YAML::Node& body, const std::string& path,
+                    std::vector<std::vector<AxisAssignment>>* columns) {
+    bool ok = true;
+    for (auto it = body.begin(); it != body.end(); ++it) {
+      const std::string key = it->first.Scalar();
+      const YAML::Node values = it->second;
+      if (!values.IsSequence() || values.size() == 0) {
+        Problem(LineOf(values, it->first), absl::StrCat(path, ".", key),
+                "expected a non-empty list of values");
+        ok = false;
         continue;
       }
-      spec_.axes.push_back(std::move(axis));
+      std::vector<AxisAssignment> column;
+      for (size_t j = 0; j < values.size(); ++j) {
+        column.push_back(Assignment(it->first, values[j]));
+        ok = CheckAssignment(column.back()) && ok;
+      }
+      columns->push_back(std::move(column));
     }
+    return ok;
+  }
+
+  // The j-th point takes the j-th value of every column, which must all be as long.
+  bool ZipColumns(const std::vector<std::vector<AxisAssignment>>& columns,
+                  const std::string& path, AxisSpec* axis) {
+    bool ok = true;
+    for (const auto& column : columns) {
+      if (column.size() != columns.front().size()) {
+        Problem(column.front().line, absl::StrCat(path, ".zip.", column.front().path),
+                absl::StrCat("has ", column.size(), " values but ", columns.front().front().path,
+                             " has ", columns.front().size(),
+                             "; zipped lists must have equal lengths"));
+        ok = false;
+      }
+    }
+    if (!ok) return false;
+    for (size_t j = 0; j < columns.front().size(); ++j) {
+      AxisPoint point;
+      for (const auto& column : columns) point.push_back(column[j]);
+      axis->points.push_back(std::move(point));
+    }
+    return true;
+  }
+
+  // Every combination of one value per column, the last column varying fastest.
+  bool MultiplyColumns(const std::vector<std::vector<AxisAssignment>>& columns,
+                       const std::string& path, AxisSpec* axis) {
+    // Refused before it is built: the product grows exponentially with the spec's size.
+    int64_t size = 1;
+    std::vector<std::string> sizes;
+    for (const auto& column : columns) {
+      size = TimesCapped(size, column.size());
+      sizes.push_back(absl::StrCat(column.size()));
+    }
+    if (size > kMaxSpecRuns) {
+      Problem(axis->line, path + ".product",
+              absl::StrCat(absl::StrJoin(sizes, " x "), " is more than ", kMaxSpecRuns,
+                           " points (the most runs a sweep may have)"));
+      return false;
+    }
+    axis->points = {AxisPoint{}};
+    for (const auto& column : columns) {
+      std::vector<AxisPoint> next;
+      for (const AxisPoint& point : axis->points) {
+        for (const AxisAssignment& a : column) {
+          AxisPoint p = point;
+          p.push_back(a);
+          next.push_back(std::move(p));
+        }
+      }
+      axis->points = std::move(next);
+    }
+    return true;
+  }
+
+  // A list: axis: each entry of `body` one point, a mapping of field paths to values.
+  bool ParseListAxis(const YAML::Node& entry, const YAML::Node& body, const std::string& path,
+                     AxisSpec* axis) {
+    axis->mode = AxisSpec::Mode::kList;
+    if (!body.IsSequence() || body.size() == 0) {
+      Problem(LineOf(body, entry), path + ".list",
+              "expected a non-empty list of mappings (field path: value)");
+      return false;
+    }
+    bool ok = true;
+    for (size_t j = 0; j < body.size(); ++j) {
+      const YAML::Node point_node = body[j];
+      if (!point_node.IsMap() || point_node.size() == 0) {
+        Problem(LineOf(point_node, body), absl::StrCat(path, ".list[", j, "]"),
+                "expected a mapping of field paths to values");
+        ok = false;
+        continue;
+      }
+      AxisPoint point;
+      for (auto it = point_node.begin(); it != point_node.end(); ++it) {
+        point.push_back(Assignment(it->first, it->second));
+        ok = CheckAssignment(point.back()) && ok;
+      }
+      axis->points.push_back(std::move(point));
+    }
+    return ok;
   }
 
   void ParseFilters(const YAML::Node& filters) {
@@ -652,12 +699,11 @@ class Parser {
     for (size_t i = 0; i < filters.size(); ++i) {
       const YAML::Node entry = filters[i];
       const std::string path = absl::StrCat("filters[", i, "]");
-      if (!entry.IsMap() || entry.size() != 1) {
-        Problem(YamlLine(entry), path, "expected exactly one of exclude: or only:");
-        continue;
-      }
-      const std::string kind = entry.begin()->first.Scalar();
-      const YAML::Node body = entry.begin()->second;
+      const std::optional<KeyedEntry> keyed =
+          OneKeyEntry(entry, path, "expected exactly one of exclude: or only:");
+      if (!keyed) continue;
+      const std::string& kind = keyed->key;
+      const YAML::Node& body = keyed->body;
       FilterSpec filter;
       filter.line = YamlLine(entry);
       if (kind != "exclude" && kind != "only") {

@@ -1,3 +1,5 @@
+// Text renderings of store results (format.h): a query's rows as a table, CSV or JSON, and the
+// comparison table as markdown, CSV or JSON.
 #include "orchestrator/store/format.h"
 
 #include <algorithm>
@@ -38,7 +40,6 @@ nlohmann::json NumberJson(double d) {
 
 std::string CsvNumber(double d) { return std::isfinite(d) ? fmt::format("{}", d) : ""; }
 
-
 // Significant digits that keep a std readable: 3 decimals for values near 1, fewer above.
 std::string MeanStdText(const MeanStd& m, int decimals) {
   if (!std::isfinite(m.mean)) return "—";
@@ -76,8 +77,143 @@ const std::vector<MetricColumn>& MetricColumns() {
   return *columns;
 }
 
-}  // namespace
+// The union of every row's evaluation lengths (TrainConfig.eval_seq_lens), and whether any row
+// measured each with YaRN.
+std::map<int64_t, bool> EvaluationLengths(const ComparisonTable& table) {
+  std::map<int64_t, bool> lengths;
+  for (const ComparisonRow& r : table.rows) {
+    for (const LengthStat& l : r.lengths) lengths[l.seq_len] = lengths[l.seq_len] || l.yarn;
+  }
+  return lengths;
+}
 
+const LengthStat* LengthOf(const ComparisonRow& r, int64_t seq_len) {
+  for (const LengthStat& l : r.lengths) {
+    if (l.seq_len == seq_len) return &l;
+  }
+  return nullptr;
+}
+
+std::string MarkdownComparison(const ComparisonTable& table,
+                               const std::map<int64_t, bool>& lengths) {
+  const bool has_axes = std::any_of(table.rows.begin(), table.rows.end(),
+                                    [](const ComparisonRow& r) { return !r.axes.empty(); });
+  std::vector<std::string> header = {"variant"};
+  if (has_axes) header.push_back("axes");
+  header.push_back("n");
+  for (const MetricColumn& c : MetricColumns()) {
+    if (c.field != &ComparisonRow::train_loss) header.push_back(c.heading);
+  }
+  for (const auto& [len, yarn] : lengths) {
+    header.push_back(absl::StrCat("PPL@", len, yarn ? " (YaRN)" : ""));
+  }
+  for (const char* h : {"params", "added", "diverged", "failed"}) header.push_back(h);
+  std::vector<int> decimals;
+  for (const MetricColumn& c : MetricColumns()) {
+    decimals.push_back(DecimalsFor(table.rows, c.field));
+  }
+  std::string out = absl::StrCat("| ", absl::StrJoin(header, " | "), " |\n|");
+  for (size_t i = 0; i < header.size(); ++i) {
+    out += i == 0 || (has_axes && i == 1) ? "---|" : "---:|";
+  }
+  out += "\n";
+  for (const ComparisonRow& r : table.rows) {
+    std::vector<std::string> cells = {r.variant};
+    if (has_axes) cells.push_back(r.axes);
+    cells.push_back(r.unfinished > 0 ? absl::StrCat(r.n, " (", r.unfinished, " unfinished)")
+                                     : absl::StrCat(r.n));
+    for (size_t i = 0; i < MetricColumns().size(); ++i) {
+      const MetricColumn& c = MetricColumns()[i];
+      if (c.field == &ComparisonRow::train_loss) continue;
+      cells.push_back(MeanStdText(r.*(c.field), decimals[i]));
+    }
+    for (const auto& [len, yarn] : lengths) {
+      const LengthStat* l = LengthOf(r, len);
+      cells.push_back(l == nullptr ? "—" : MeanStdText(l->val_ppl, 3));
+    }
+    cells.push_back(HumanCount(r.params_total));
+    cells.push_back(r.params_added == 0 ? "0" : HumanCount(r.params_added, /*sign=*/true));
+    cells.push_back(absl::StrCat(r.diverged));
+    cells.push_back(absl::StrCat(r.failed));
+    absl::StrAppend(&out, "| ", absl::StrJoin(cells, " | "), " |\n");
+  }
+  return out;
+}
+
+std::string CsvComparison(const ComparisonTable& table, const std::map<int64_t, bool>& lengths) {
+  std::vector<std::string> header = {"sweep", "variant", "axes", "runs", "n", "diverged",
+                                     "failed", "unfinished"};
+  for (const MetricColumn& c : MetricColumns()) {
+    header.push_back(absl::StrCat(c.name, "_mean"));
+    header.push_back(absl::StrCat(c.name, "_std"));
+  }
+  for (const char* h : {"params_total", "params_activated", "params_added"}) header.push_back(h);
+  for (const auto& [len, yarn] : lengths) {
+    header.push_back(absl::StrCat("val_ppl_at_", len, "_mean"));
+    header.push_back(absl::StrCat("val_ppl_at_", len, "_std"));
+  }
+  std::string out = absl::StrJoin(header, ",") + "\n";
+  for (const ComparisonRow& r : table.rows) {
+    std::vector<std::string> cells = {CsvField(table.sweep), CsvField(r.variant),
+                                      CsvField(r.axes),      absl::StrCat(r.runs),
+                                      absl::StrCat(r.n),     absl::StrCat(r.diverged),
+                                      absl::StrCat(r.failed), absl::StrCat(r.unfinished)};
+    for (const MetricColumn& c : MetricColumns()) {
+      cells.push_back(CsvNumber((r.*(c.field)).mean));
+      cells.push_back(CsvNumber((r.*(c.field)).std));
+    }
+    cells.push_back(CsvNumber(r.params_total));
+    cells.push_back(CsvNumber(r.params_activated));
+    cells.push_back(CsvNumber(r.params_added));
+    for (const auto& [len, yarn] : lengths) {
+      const LengthStat* l = LengthOf(r, len);
+      cells.push_back(CsvNumber(l == nullptr ? kNaN : l->val_ppl.mean));
+      cells.push_back(CsvNumber(l == nullptr ? kNaN : l->val_ppl.std));
+    }
+    absl::StrAppend(&out, absl::StrJoin(cells, ","), "\n");
+  }
+  return out;
+}
+
+// {"mean", "std"}, non-finite as null.
+nlohmann::json MeanStdObject(const MeanStd& m) {
+  return {{"mean", NumberJson(m.mean)}, {"std", NumberJson(m.std)}};
+}
+
+std::string JsonComparison(const ComparisonTable& table) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const ComparisonRow& r : table.rows) {
+    nlohmann::json o;
+    o["variant"] = r.variant;
+    o["description"] = r.description;
+    o["axes"] = r.axes;
+    o["runs"] = r.runs;
+    o["n"] = r.n;
+    o["diverged"] = r.diverged;
+    o["failed"] = r.failed;
+    o["unfinished"] = r.unfinished;
+    for (const MetricColumn& c : MetricColumns()) o[c.name] = MeanStdObject(r.*(c.field));
+    o["params_total"] = NumberJson(r.params_total);
+    o["params_activated"] = NumberJson(r.params_activated);
+    o["params_added"] = NumberJson(r.params_added);
+    nlohmann::json list = nlohmann::json::array();
+    for (const LengthStat& l : r.lengths) {
+      list.push_back({{"seq_len", l.seq_len},
+                      {"yarn", l.yarn},
+                      {"n", l.n},
+                      {"val_loss", MeanStdObject(l.val_loss)},
+                      {"val_ppl", MeanStdObject(l.val_ppl)}});
+    }
+    o["lengths"] = std::move(list);
+    rows.push_back(std::move(o));
+  }
+  nlohmann::json out;
+  out["sweep"] = table.sweep;
+  out["rows"] = std::move(rows);
+  return out.dump(2) + "\n";
+}
+
+}  // namespace
 
 absl::StatusOr<std::string> FormatQueryResult(const QueryResult& result,
                                               const std::string& format) {
@@ -158,127 +294,10 @@ absl::StatusOr<std::string> FormatQueryResult(const QueryResult& result,
 
 absl::StatusOr<std::string> FormatComparisonTable(const ComparisonTable& table,
                                                   const std::string& format) {
-  const bool has_axes = std::any_of(table.rows.begin(), table.rows.end(),
-                                    [](const ComparisonRow& r) { return !r.axes.empty(); });
-  // The union of every row's evaluation lengths (TrainConfig.eval_seq_lens), and whether any row
-  // measured each with YaRN.
-  std::map<int64_t, bool> lengths;
-  for (const ComparisonRow& r : table.rows) {
-    for (const LengthStat& l : r.lengths) lengths[l.seq_len] = lengths[l.seq_len] || l.yarn;
-  }
-  auto length_of = [](const ComparisonRow& r, int64_t seq_len) -> const LengthStat* {
-    for (const LengthStat& l : r.lengths) {
-      if (l.seq_len == seq_len) return &l;
-    }
-    return nullptr;
-  };
-  if (format == "markdown") {
-    std::vector<std::string> header = {"variant"};
-    if (has_axes) header.push_back("axes");
-    header.push_back("n");
-    for (const MetricColumn& c : MetricColumns()) {
-      if (c.field != &ComparisonRow::train_loss) header.push_back(c.heading);
-    }
-    for (const auto& [len, yarn] : lengths) {
-      header.push_back(absl::StrCat("PPL@", len, yarn ? " (YaRN)" : ""));
-    }
-    for (const char* h : {"params", "added", "diverged", "failed"}) header.push_back(h);
-    std::vector<int> decimals;
-    for (const MetricColumn& c : MetricColumns()) decimals.push_back(DecimalsFor(table.rows, c.field));
-    std::string out = absl::StrCat("| ", absl::StrJoin(header, " | "), " |\n|");
-    for (size_t i = 0; i < header.size(); ++i) out += i == 0 || (has_axes && i == 1) ? "---|" : "---:|";
-    out += "\n";
-    for (const ComparisonRow& r : table.rows) {
-      std::vector<std::string> cells = {r.variant};
-      if (has_axes) cells.push_back(r.axes);
-      cells.push_back(r.unfinished > 0 ? absl::StrCat(r.n, " (", r.unfinished, " unfinished)")
-                                       : absl::StrCat(r.n));
-      for (size_t i = 0; i < MetricColumns().size(); ++i) {
-        const MetricColumn& c = MetricColumns()[i];
-        if (c.field == &ComparisonRow::train_loss) continue;
-        cells.push_back(MeanStdText(r.*(c.field), decimals[i]));
-      }
-      for (const auto& [len, yarn] : lengths) {
-        const LengthStat* l = length_of(r, len);
-        cells.push_back(l == nullptr ? "—" : MeanStdText(l->val_ppl, 3));
-      }
-      cells.push_back(HumanCount(r.params_total));
-      cells.push_back(r.params_added == 0 ? "0" : HumanCount(r.params_added, /*sign=*/true));
-      cells.push_back(absl::StrCat(r.diverged));
-      cells.push_back(absl::StrCat(r.failed));
-      absl::StrAppend(&out, "| ", absl::StrJoin(cells, " | "), " |\n");
-    }
-    return out;
-  }
-  if (format == "csv") {
-    std::vector<std::string> header = {"sweep", "variant", "axes", "runs", "n", "diverged",
-                                       "failed", "unfinished"};
-    for (const MetricColumn& c : MetricColumns()) {
-      header.push_back(absl::StrCat(c.name, "_mean"));
-      header.push_back(absl::StrCat(c.name, "_std"));
-    }
-    for (const char* h : {"params_total", "params_activated", "params_added"}) header.push_back(h);
-    for (const auto& [len, yarn] : lengths) {
-      header.push_back(absl::StrCat("val_ppl_at_", len, "_mean"));
-      header.push_back(absl::StrCat("val_ppl_at_", len, "_std"));
-    }
-    std::string out = absl::StrJoin(header, ",") + "\n";
-    for (const ComparisonRow& r : table.rows) {
-      std::vector<std::string> cells = {CsvField(table.sweep), CsvField(r.variant),
-                                        CsvField(r.axes),      absl::StrCat(r.runs),
-                                        absl::StrCat(r.n),     absl::StrCat(r.diverged),
-                                        absl::StrCat(r.failed), absl::StrCat(r.unfinished)};
-      for (const MetricColumn& c : MetricColumns()) {
-        cells.push_back(CsvNumber((r.*(c.field)).mean));
-        cells.push_back(CsvNumber((r.*(c.field)).std));
-      }
-      cells.push_back(CsvNumber(r.params_total));
-      cells.push_back(CsvNumber(r.params_activated));
-      cells.push_back(CsvNumber(r.params_added));
-      for (const auto& [len, yarn] : lengths) {
-        const LengthStat* l = length_of(r, len);
-        cells.push_back(CsvNumber(l == nullptr ? kNaN : l->val_ppl.mean));
-        cells.push_back(CsvNumber(l == nullptr ? kNaN : l->val_ppl.std));
-      }
-      absl::StrAppend(&out, absl::StrJoin(cells, ","), "\n");
-    }
-    return out;
-  }
-  if (format == "json") {
-    nlohmann::json rows = nlohmann::json::array();
-    for (const ComparisonRow& r : table.rows) {
-      nlohmann::json o;
-      o["variant"] = r.variant;
-      o["description"] = r.description;
-      o["axes"] = r.axes;
-      o["runs"] = r.runs;
-      o["n"] = r.n;
-      o["diverged"] = r.diverged;
-      o["failed"] = r.failed;
-      o["unfinished"] = r.unfinished;
-      for (const MetricColumn& c : MetricColumns()) {
-        o[c.name] = {{"mean", NumberJson((r.*(c.field)).mean)},
-                     {"std", NumberJson((r.*(c.field)).std)}};
-      }
-      o["params_total"] = NumberJson(r.params_total);
-      o["params_activated"] = NumberJson(r.params_activated);
-      o["params_added"] = NumberJson(r.params_added);
-      nlohmann::json list = nlohmann::json::array();
-      for (const LengthStat& l : r.lengths) {
-        list.push_back({{"seq_len", l.seq_len}, {"yarn", l.yarn}, {"n", l.n},
-                        {"val_loss", {{"mean", NumberJson(l.val_loss.mean)},
-                                      {"std", NumberJson(l.val_loss.std)}}},
-                        {"val_ppl", {{"mean", NumberJson(l.val_ppl.mean)},
-                                     {"std", NumberJson(l.val_ppl.std)}}}});
-      }
-      o["lengths"] = std::move(list);
-      rows.push_back(std::move(o));
-    }
-    nlohmann::json out;
-    out["sweep"] = table.sweep;
-    out["rows"] = std::move(rows);
-    return out.dump(2) + "\n";
-  }
+  const std::map<int64_t, bool> lengths = EvaluationLengths(table);
+  if (format == "markdown") return MarkdownComparison(table, lengths);
+  if (format == "csv") return CsvComparison(table, lengths);
+  if (format == "json") return JsonComparison(table);
   return absl::InvalidArgumentError(
       absl::StrCat("unknown format \"", format, "\" (expected markdown, csv or json)"));
 }
