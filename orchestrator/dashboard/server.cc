@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "orchestrator/dashboard/assets.h"
+#include "orchestrator/assets/assets.h"
 #include "orchestrator/dashboard/internal.h"
 
 namespace ablate {
@@ -231,13 +231,6 @@ std::string MimeType(absl::string_view path) {
   if (absl::EndsWith(path, ".css")) return "text/css; charset=utf-8";
   if (absl::EndsWith(path, ".svg")) return "image/svg+xml";
   return "application/octet-stream";
-}
-
-const EmbeddedAsset* FindAsset(absl::string_view path) {
-  for (const EmbeddedAsset* a = kDashboardAssets; a->path != nullptr; ++a) {
-    if (path == a->path) return a;
-  }
-  return nullptr;
 }
 
 }  // namespace
@@ -537,7 +530,7 @@ Response DashboardServer::Impl::Handle(const Request& r) {
   if (asset == nullptr) return Error(404, absl::StrCat("no such page: ", r.path.substr(0, 200)));
   Response res;
   res.content_type = MimeType(path);
-  res.body.assign(reinterpret_cast<const char*>(asset->data), asset->size);
+  res.body.assign(asset->text());
   res.cacheable = true;
   return res;
 }

@@ -20,7 +20,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "fmt/format.h"
-#include "orchestrator/dashboard/assets.h"
+#include "orchestrator/assets/assets.h"
 #include "orchestrator/report/svg.h"
 #include "orchestrator/spec/version.h"
 #include "orchestrator/store/format.h"
@@ -625,9 +625,7 @@ std::string Markdown(const ReportData& d, const std::vector<Figure>& figures,
 // ---- index.html ---------------------------------------------------------------------------------
 
 absl::StatusOr<std::string> Asset(const std::string& path) {
-  for (const EmbeddedAsset* a = kDashboardAssets; a->path != nullptr; ++a) {
-    if (path == a->path) return std::string(reinterpret_cast<const char*>(a->data), a->size);
-  }
+  if (const EmbeddedAsset* a = FindAsset(path)) return std::string(a->text());
   return absl::InternalError(
       absl::StrCat("report: the asset ", path, " is not compiled into this binary"));
 }

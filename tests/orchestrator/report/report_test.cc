@@ -20,7 +20,7 @@
 #include "absl/time/clock.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
-#include "orchestrator/dashboard/assets.h"
+#include "orchestrator/assets/assets.h"
 #include "orchestrator/report/figures.h"
 #include "orchestrator/report/report.h"
 #include "orchestrator/report/svg.h"
@@ -35,6 +35,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using dashboard_test::AddLengths;
+using dashboard_test::EndWithSummary;
 using dashboard_test::Eval;
 using dashboard_test::LossAt;
 using dashboard_test::StartRun;
@@ -93,18 +94,8 @@ EvalResult FinalEval(int64_t step, bool gated, double val_loss) {
 
 absl::Status Finish(Store* store, int64_t run_id, RunState to, int64_t steps,
                     const EvalResult* final_eval, const std::string& reason) {
-  RunTransition t;
-  t.run_id = run_id;
-  t.from = {RUNNING};
-  t.to = to;
-  t.reason = reason;
-  t.has_summary = true;
-  RunSummary& s = t.summary;
-  s.set_state(to);
-  s.set_reason(reason);
-  s.set_steps_done(steps);
-  s.set_final_train_loss(LossAt(steps, run_id));
-  if (final_eval != nullptr) *s.mutable_final_eval() = *final_eval;
+  RunTransition t = EndWithSummary(run_id, to, steps, reason);
+  if (final_eval != nullptr) *t.summary.mutable_final_eval() = *final_eval;
   return store->TransitionRun(t).status();
 }
 
