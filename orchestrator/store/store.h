@@ -200,7 +200,7 @@ struct StoreStats {
 };
 
 class StoreReader;  // reader.h
-class StoreWriter;  // the writer connection (store.cc)
+class StoreWriter;  // the writer connection (store_internal.h)
 
 // The name of the writer thread (at most 15 characters, the kernel's limit).
 inline constexpr char kWriterThreadName[] = "ablate-store";
