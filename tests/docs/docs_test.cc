@@ -40,13 +40,11 @@
 
 extern char** environ;
 
+// Inside ablate::testing, beside the process helpers it is made of (tests/process_util.h).
+namespace ablate::testing {
 namespace {
 
 namespace fs = std::filesystem;
-using ablate::testing::SignalProcessesWithEnv;
-using ablate::testing::Slurp;
-using ablate::testing::WaitExit;
-using ablate::testing::WaitFor;
 
 const fs::path kSource = ABLATE_SOURCE_DIR;
 const fs::path kBinDir = fs::path(ABLATE_BIN).parent_path();
@@ -335,3 +333,4 @@ TEST(DocsHarnessTest, NumbersKeysAndAlignmentMayDifferButWordsMayNot) {
 }
 
 }  // namespace
+}  // namespace ablate::testing

@@ -16,13 +16,11 @@
 //   - a result that cannot be formatted (only a table too large to pad may be refused).
 // Refusals and SQL errors are the expected outcome of most inputs.
 #include <sqlite3.h>
-#include <stdlib.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
-#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -31,10 +29,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "orchestrator/spec/expand.h"
-#include "orchestrator/spec/spec.h"
-#include "orchestrator/store/store.h"
 #include "orchestrator/store/format.h"
+#include "orchestrator/store/store.h"
+#include "tests/fuzz/fuzz_util.h"
 
 namespace ablate {
 namespace {
@@ -60,13 +57,12 @@ budget: {match: ffn, reference: baseline, tolerance: 0.05}
 seeds: [0, 1]
 )";
 
-[[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "query_fuzz: %s\n", what.c_str());
-  std::abort();
-}
+constexpr char kTarget[] = "query_fuzz";
+
+[[noreturn]] void Fail(const std::string& what) { fuzz::Fail(kTarget, what); }
 
 void Check(const absl::Status& status, const char* what) {
-  if (!status.ok()) Fail(absl::StrCat("setup: ", what, ": ", status.ToString()));
+  fuzz::CheckSetup(kTarget, status, what);
 }
 
 // What must not change: read through a connection of its own.
@@ -82,9 +78,7 @@ struct Fingerprint {
   }
 };
 
-struct Fixture {
-  std::string dir;
-  std::unique_ptr<Store> store;
+struct Fixture : fuzz::TempStore {
   sqlite3* checker = nullptr;
   std::vector<std::string> tables;
   Fingerprint before;
@@ -139,26 +133,13 @@ bool Exists(const std::string& name) {
 }
 
 void Populate(Store& store) {
-  absl::StatusOr<SweepSpec> spec = ParseSweepSpecText(kSpec, "fuzz.yaml");
-  Check(spec.status(), "spec");
-  absl::StatusOr<ExpandedSweep> expanded = ExpandSweep(*spec);
-  Check(expanded.status(), "expand");
-  SweepRecord record;
-  record.expanded = *expanded;
-  record.spec_yaml = kSpec;
-  absl::StatusOr<SweepIds> ids = store.CreateSweep(record);
-  Check(ids.status(), "create sweep");
+  const SweepIds ids = fuzz::CreateSweepFromSpec(kTarget, store, kSpec);
   absl::StatusOr<int64_t> worker = store.RegisterWorker("fuzz-worker", R"({"device":"cpu"})");
   Check(worker.status(), "register");
   // Runs 0 and 1 train: 0 finishes, 1 diverges; 2 and 3 stay PENDING.
   for (int r = 0; r < 2; ++r) {
-    const int64_t run_id = ids->run_ids[r];
-    RunTransition start;
-    start.run_id = run_id;
-    start.from = {PENDING};
-    start.to = RUNNING;
-    start.worker_id = *worker;
-    Check(store.TransitionRun(start).status(), "start");
+    const int64_t run_id = ids.run_ids[r];
+    fuzz::StartRun(kTarget, store, run_id, *worker);
     MetricBatch batch;
     batch.run_id = run_id;
     batch.attempt = 1;
@@ -206,16 +187,14 @@ void Populate(Store& store) {
     finish.summary.set_spike_score(0.02);
     Check(store.TransitionRun(finish).status(), "finish");
   }
-  Check(store.EnqueueEvent(ids->sweep_id, 0, "note", "populated for fuzzing"), "event");
+  Check(store.EnqueueEvent(ids.sweep_id, 0, "note", "populated for fuzzing"), "event");
   Check(store.Flush(), "flush");
 }
 
 void Cleanup() {
   if (fixture == nullptr) return;
-  fixture->store.reset();
   sqlite3_close_v2(fixture->checker);
-  std::error_code ignored;
-  std::filesystem::remove_all(fixture->dir, ignored);
+  fuzz::RemoveTempStore(fixture);
 }
 
 }  // namespace
@@ -224,18 +203,9 @@ void Cleanup() {
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   using namespace ablate;
   fixture = new Fixture;  // lives until exit
-  const char* tmp = getenv("TMPDIR");
-  std::string templ = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
-                                   "/ablate_query_fuzz.XXXXXX");
-  if (mkdtemp(templ.data()) == nullptr) Fail("mkdtemp failed");
-  fixture->dir = templ;
-  StoreOptions options;
-  options.path = fixture->dir + "/ablate.db";
-  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
-  Check(store.status(), "open");
-  fixture->store = std::move(*store);
+  fuzz::OpenTempStore(kTarget, StoreOptions(), fixture);
   Populate(*fixture->store);
-  if (sqlite3_open_v2(options.path.c_str(), &fixture->checker, SQLITE_OPEN_READONLY, nullptr) !=
+  if (sqlite3_open_v2(fixture->path.c_str(), &fixture->checker, SQLITE_OPEN_READONLY, nullptr) !=
       SQLITE_OK) {
     Fail("checker: cannot open the database");
   }

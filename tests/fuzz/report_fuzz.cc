@@ -13,24 +13,20 @@
 //     dashboard's grid, a run's series, the comparison table.
 // Refusals at the door are the expected outcome of most inputs. Inputs accumulate in the store,
 // as reports do in a coordinator.
-#include <stdlib.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <filesystem>
-#include <memory>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/stubs/logging.h"
 #include "orchestrator/coordinator/door.h"
-#include "orchestrator/spec/expand.h"
-#include "orchestrator/spec/spec.h"
 #include "orchestrator/store/reader.h"
 #include "orchestrator/store/store.h"
+#include "tests/fuzz/fuzz_util.h"
 
 namespace ablate {
 namespace {
@@ -48,18 +44,15 @@ variants: [baseline, g1_elementwise]
 seeds: [0]
 )";
 
-[[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "report_fuzz: %s\n", what.c_str());
-  std::abort();
-}
+constexpr char kTarget[] = "report_fuzz";
+
+[[noreturn]] void Fail(const std::string& what) { fuzz::Fail(kTarget, what); }
 
 void Check(const absl::Status& status, const std::string& what) {
   if (!status.ok()) Fail(absl::StrCat(what, ": ", status.ToString()));
 }
 
-struct Fixture {
-  std::string dir;
-  std::unique_ptr<Store> store;
+struct Fixture : fuzz::TempStore {
   int64_t sweep_id = 0;
   int64_t run_id = 0;  // RUNNING, attempt 1: the reports' run
   int64_t seq = 0;     // the last batch number stored
@@ -69,9 +62,7 @@ Fixture* fixture = nullptr;
 
 void Cleanup() {
   if (fixture == nullptr) return;
-  fixture->store.reset();
-  std::error_code ignored;
-  std::filesystem::remove_all(fixture->dir, ignored);
+  fuzz::RemoveTempStore(fixture);
 }
 
 }  // namespace
@@ -83,33 +74,13 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   // millions of lines in a search.
   google::protobuf::SetLogHandler(nullptr);
   fixture = new Fixture;  // lives until exit
-  const char* tmp = getenv("TMPDIR");
-  std::string templ = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
-                                   "/ablate_report_fuzz.XXXXXX");
-  if (mkdtemp(templ.data()) == nullptr) Fail("mkdtemp failed");
-  fixture->dir = templ;
   StoreOptions options;
-  options.path = fixture->dir + "/ablate.db";
   options.synchronous_full = false;
-  absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
-  Check(store.status(), "setup: open");
-  fixture->store = std::move(*store);
-  absl::StatusOr<SweepSpec> spec = ParseSweepSpecText(kSpec, "fuzz.yaml");
-  Check(spec.status(), "setup: spec");
-  absl::StatusOr<ExpandedSweep> expanded = ExpandSweep(*spec);
-  Check(expanded.status(), "setup: expand");
-  SweepRecord record;
-  record.expanded = *expanded;
-  record.spec_yaml = kSpec;
-  absl::StatusOr<SweepIds> ids = fixture->store->CreateSweep(record);
-  Check(ids.status(), "setup: create sweep");
-  fixture->sweep_id = ids->sweep_id;
-  fixture->run_id = ids->run_ids[0];
-  RunTransition start;
-  start.run_id = fixture->run_id;
-  start.from = {PENDING};
-  start.to = RUNNING;
-  Check(fixture->store->TransitionRun(start).status(), "setup: start");
+  fuzz::OpenTempStore(kTarget, options, fixture);
+  const SweepIds ids = fuzz::CreateSweepFromSpec(kTarget, *fixture->store, kSpec);
+  fixture->sweep_id = ids.sweep_id;
+  fixture->run_id = ids.run_ids[0];
+  fuzz::StartRun(kTarget, *fixture->store, fixture->run_id);
   std::atexit(Cleanup);
   return 0;
 }

@@ -20,50 +20,29 @@
 #include <thread>
 #include <vector>
 
+#include "tests/integration/tiny_sweep.h"
 #include "tests/process_util.h"
 #include "tests/test_dir.h"
 
+// Inside ablate::testing, beside the process helpers it is made of (tests/process_util.h).
+namespace ablate::testing {
 namespace {
 
 namespace fs = std::filesystem;
-using ablate::testing::FreePort;
-using ablate::testing::QueryInt;
-using ablate::testing::Slurp;
-using ablate::testing::Spawn;
-using ablate::testing::WaitExit;
-using ablate::testing::WaitFor;
 
 class EndToEndTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ablate::testing::FreshTestDir("ablate_e2e");
+    dir_ = FreshTestDir("ablate_e2e");
     state_ = dir_ / "state";
-    std::ofstream corpus(dir_ / "corpus.txt");
-    for (int i = 0; i < 300; ++i) corpus << "And God said, Let there be light: and there was light " << i << ".\n";
+    WriteTinyCorpus(dir_ / "corpus.txt");
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // Two variants x `seeds` seeds of a 2-layer, d_model 32 model, each run on `devices` ranks.
+  // The tiny sweep with `seeds` seeds, each run on `devices` ranks, evaluating every 15 steps and
+  // checkpointing every 10.
   fs::path Spec(const std::string& name, int steps, int devices = 1, int seeds = 2) {
-    const fs::path p = dir_ / (name + ".yaml");
-    std::ofstream(p) << "sweep: " << name << "\n"
-                     << "base:\n"
-                     << "  model: {d_model: 32, num_layers: 2, num_heads: 2, num_kv_heads: 2, "
-                        "head_dim: 16, ffn_dim: 64, max_seq_len: 32}\n"
-                     << "  train: {steps: " << steps << ", batch_size: 4, seq_len: 32, threads: 1, "
-                     << "eval_every: 15, eval_batches: 1, checkpoint_every: 10, "
-                     << "data: {path: " << (dir_ / "corpus.txt").string() << "}}\n"
-                     << "variants: [baseline, g1_elementwise]\n"
-                     << "seeds: [" << SeedList(seeds) << "]\n"
-                     << "resources: {device: cpu, threads: 1"
-                     << (devices > 1 ? ", devices: " + std::to_string(devices) : "") << "}\n";
-    return p;
-  }
-
-  static std::string SeedList(int seeds) {
-    std::string list;
-    for (int i = 0; i < seeds; ++i) list += (i ? ", " : "") + std::to_string(i);
-    return list;
+    return WriteTinySweepSpec(dir_, name, dir_ / "corpus.txt", steps, 15, 10, devices, seeds);
   }
 
   // `ablate ARGS --state-dir STATE`, waited for.
@@ -262,7 +241,7 @@ TEST_F(EndToEndTest, TwoOneSlotWorkersTrainAWiderRunAsAGangAndSurviveALostMember
                                      ") AND a.attempt = 1");
   // The member's machine is lost: the agent and its rank process die at once, no checkpoint.
   const pid_t member = primary ? w4 : w3;
-  const std::vector<pid_t> ranks = ablate::testing::ChildrenWith(member, "--rank 1");
+  const std::vector<pid_t> ranks = ChildrenWith(member, "--rank 1");
   ASSERT_EQ(ranks.size(), 1u) << Slurp(dir_ / "w3.log") << Slurp(dir_ / "w4.log");
   kill(member, SIGKILL);
   kill(ranks[0], SIGKILL);
@@ -637,7 +616,7 @@ TEST_F(EndToEndTest, KilledCoordinatorRestartsAndTheSweepFinishesWithEveryStepOn
 // TLS end to end: `ablate up` serving with a self-signed certificate; its workers and the local
 // CLI find the certificate in the state dir and train a sweep to completion.
 TEST_F(EndToEndTest, UpWithTlsTrainsASweepOverEncryptedConnections) {
-  ASSERT_TRUE(ablate::testing::MakeSelfSignedCertificate(dir_.string(), "server"));
+  ASSERT_TRUE(MakeSelfSignedCertificate(dir_.string(), "server"));
   const fs::path log = dir_ / "up.log";
   const pid_t up = Spawn(ABLATE_BIN,
                          {"up", "--workers", "1", "--port", "0", "--dashboard-port", "0",
@@ -666,3 +645,4 @@ TEST_F(EndToEndTest, UpWithTlsTrainsASweepOverEncryptedConnections) {
 }
 
 }  // namespace
+}  // namespace ablate::testing

@@ -28,18 +28,14 @@
 #include <thread>
 #include <vector>
 
+#include "tests/integration/tiny_sweep.h"
 #include "tests/process_util.h"
 
+// Inside ablate::testing, beside the process helpers it is made of (tests/process_util.h).
+namespace ablate::testing {
 namespace {
 
 namespace fs = std::filesystem;
-using ablate::testing::QueryInt;
-using ablate::testing::SignalProcessesWithEnv;
-using ablate::testing::Slurp;
-using ablate::testing::Spawn;
-using ablate::testing::FreePort;
-using ablate::testing::WaitExit;
-using ablate::testing::WaitFor;
 using std::chrono::seconds;
 
 constexpr char kNode[] = "ablatenode";
@@ -175,7 +171,7 @@ class SlurmTest : public ::testing::Test {
                                      "--dashboard-port",
                                      "0"};
     if (tls) {
-      ASSERT_TRUE(ablate::testing::MakeSelfSignedCertificate(dir_.string(), "server"))
+      ASSERT_TRUE(MakeSelfSignedCertificate(dir_.string(), "server"))
           << "openssl failed";
       args.insert(args.end(), {"--tls-cert", (dir_ / "server.pem").string(), "--tls-key",
                                (dir_ / "server.key").string()});
@@ -290,23 +286,8 @@ class SlurmTest : public ::testing::Test {
   // steps (1000 steps take ~7 s here).
   fs::path Spec(const std::string& name, int steps) {
     const fs::path corpus = dir_ / "corpus.txt";
-    if (!fs::exists(corpus)) {
-      std::ofstream text(corpus);
-      for (int i = 0; i < 300; ++i)
-        text << "And God said, Let there be light: and there was light " << i << ".\n";
-    }
-    const fs::path p = dir_ / (name + ".yaml");
-    std::ofstream(p) << "sweep: " << name << "\n"
-                     << "base:\n"
-                     << "  model: {d_model: 32, num_layers: 2, num_heads: 2, num_kv_heads: 2, "
-                        "head_dim: 16, ffn_dim: 64, max_seq_len: 32}\n"
-                     << "  train: {steps: " << steps << ", batch_size: 4, seq_len: 32, threads: 1, "
-                     << "eval_every: " << steps << ", eval_batches: 1, checkpoint_every: 50, "
-                     << "data: {path: " << corpus.string() << "}}\n"
-                     << "variants: [baseline, g1_elementwise]\n"
-                     << "seeds: [0, 1]\n"
-                     << "resources: {device: cpu, threads: 1}\n";
-    return p;
+    if (!fs::exists(corpus)) WriteTinyCorpus(corpus);
+    return WriteTinySweepSpec(dir_, name, corpus, steps, steps, 50);
   }
 
   fs::path Db() const { return state_ / "ablate.db"; }
@@ -528,3 +509,4 @@ TEST_F(SlurmTest, StatusAndStopAgreeWithSqueue) {
 }
 
 }  // namespace
+}  // namespace ablate::testing

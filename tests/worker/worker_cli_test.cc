@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "tests/process_util.h"
-#include "tests/test_dir.h"
+#include "tests/worker/corpus_fixture.h"
 
 namespace {
 
@@ -30,14 +30,11 @@ struct Result {
 
 using ablate::testing::Slurp;
 
-class WorkerCliTest : public ::testing::Test {
+class WorkerCliTest : public ablate::testing::CorpusTest {
  protected:
-  void SetUp() override {
-    dir_ = ablate::testing::FreshTestDir("ablate_worker_cli");
-    std::ofstream corpus(dir_ / "corpus.txt");
-    for (int i = 0; i < 300; ++i) corpus << "And it was so; and the evening and the morning were day " << i << ".\n";
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  WorkerCliTest()
+      : CorpusTest("ablate_worker_cli",
+                   "And it was so; and the evening and the morning were day ", 300) {}
 
   fs::path Config(const std::string& name, int steps, const std::string& extra_train = "") {
     fs::path p = dir_ / name;
@@ -47,7 +44,7 @@ class WorkerCliTest : public ::testing::Test {
                      << "  gate: {position: G1}\n"
                      << "train:\n  steps: " << steps << "\n  batch_size: 4\n  seq_len: 32\n"
                      << "  eval_every: 10\n  eval_batches: 1\n  checkpoint_every: 5\n  log_every: 5\n"
-                     << "  threads: 1\n  data: {path: " << (dir_ / "corpus.txt").string() << "}\n"
+                     << "  threads: 1\n  data: {path: " << corpus_path().string() << "}\n"
                      << extra_train;
     return p;
   }
@@ -112,8 +109,6 @@ class WorkerCliTest : public ::testing::Test {
           << what << " at step " << i + 1;
     }
   }
-
-  fs::path dir_;
 };
 
 TEST_F(WorkerCliTest, TrainsAndWritesEveryOutput) {
@@ -212,7 +207,7 @@ TEST_F(WorkerCliTest, TwoRanksTakeTheStepsOfOneProcess) {
   std::ofstream(dir_ / "moe.yaml")
       << moe << "train:\n  steps: 30\n  batch_size: 4\n  grad_accum: 2\n  seq_len: 32\n"
       << "  eval_every: 10\n  eval_batches: 1\n  checkpoint_every: 10\n  log_every: 10\n"
-      << "  threads: 1\n  data: {path: " << (dir_ / "corpus.txt").string() << "}\n";
+      << "  threads: 1\n  data: {path: " << corpus_path().string() << "}\n";
   for (const Case& c : cases) {
     const fs::path one = dir_ / (c.name.substr(0, 3) + "-one"), two = dir_ / (c.name.substr(0, 3) + "-two");
     Result single = Run({"train", "--config", c.config.string(), "--out", one.string()});

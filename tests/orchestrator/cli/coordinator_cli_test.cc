@@ -48,13 +48,7 @@ class CoordinatorCliTest : public CoordinatorFixture {
       if (!r.has_job()) break;
       ReportRequest report = MakeReport(worker, r.job(), 1, {1, 2, 3});
       if (i == 1) {
-        SpikeEvent* spike = report.add_spikes();
-        spike->set_step(3);
-        spike->set_signal("loss");
-        spike->set_value(55);
-        spike->set_baseline(4);
-        spike->set_kind(SPIKE_DIVERGENCE);
-        spike->set_action(SPIKE_ACTION_STOPPED);
+        AddLossSpike(&report, 3, 55, 4, SPIKE_DIVERGENCE)->set_action(SPIKE_ACTION_STOPPED);
       }
       ReportResponse reply;
       ASSERT_TRUE(CallReport(report, &reply).ok());
@@ -475,9 +469,7 @@ TEST(ServeDashboardTest, TheDashboardStaysOnLoopbackWhenGrpcListensEverywhere) {
 class TlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/ablate_tls_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
+    root_ = ablate::testing::FreshTestDir("ablate_tls").string();
     ASSERT_TRUE(ablate::testing::MakeSelfSignedCertificate(root_, "server")) << "openssl failed";
     ASSERT_TRUE(ablate::testing::MakeSelfSignedCertificate(root_, "other"));
     ASSERT_TRUE(ablate::testing::MakeSelfSignedCertificate(root_, "misnamed", "DNS:example.org"));

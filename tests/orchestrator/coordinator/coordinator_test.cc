@@ -239,11 +239,8 @@ TEST_F(CoordinatorTest, CancelMidRunStopsTheWorker) {
   SubmitResponse submitted = SubmitQuick();
   const int64_t worker = RegisterWorker("w1");
   Job job = Acquire(worker);
-  CancelRequest cancel;
-  cancel.set_sweep("quick");
   CancelResponse cancelled;
-  auto ctx = Context();
-  ASSERT_TRUE(client_->Cancel(ctx.get(), cancel, &cancelled).ok());
+  ASSERT_TRUE(CallCancel("quick", &cancelled).ok());
   EXPECT_EQ(cancelled.cancelled(), 4);  // 3 pending + the running one (stopping)
   ReportResponse reply;
   ASSERT_TRUE(CallReport(MakeReport(worker, job, 1, {1}), &reply).ok());
@@ -275,19 +272,12 @@ TEST_F(CoordinatorTest, RerunFailedRequeuesFailedAndCancelledNeverDiverged) {
   }
   EXPECT_EQ(StateOf(failing.run_id()), FAILED);
   EXPECT_EQ(StateOf(diverged.run_id()), DIVERGED);
-  auto ctx = Context();
-  CancelRequest cancel;
-  cancel.set_sweep("quick");
   CancelResponse cancelled;
-  ASSERT_TRUE(client_->Cancel(ctx.get(), cancel, &cancelled).ok());
+  ASSERT_TRUE(CallCancel("quick", &cancelled).ok());
   EXPECT_EQ(cancelled.cancelled(), 2);
 
-  RerunRequest rerun;
-  rerun.set_sweep("quick");
-  rerun.set_failed_only(true);
   RerunResponse rerun_reply;
-  ctx = Context();
-  ASSERT_TRUE(client_->Rerun(ctx.get(), rerun, &rerun_reply).ok());
+  ASSERT_TRUE(CallRerunFailed("quick", &rerun_reply).ok());
   EXPECT_EQ(rerun_reply.queued(), 3);  // FAILED + 2 CANCELLED
   EXPECT_EQ(StateOf(diverged.run_id()), DIVERGED);
   EXPECT_EQ(StateOf(failing.run_id()), PENDING);
@@ -351,29 +341,20 @@ TEST_F(CoordinatorTest, BadInputIsAClearErrorAndChangesNothing) {
   SubmitQuick();
   const std::string before = DatabaseDigest();
 
-  SubmitRequest bad;
-  bad.set_spec_file("bad.yaml");
-  bad.set_spec_yaml("sweep: bad\nbase:\n  model: {d_model: 64, num_heads: 5}\nvariants:\n"
-                    "  - baseline\n  - no_such_preset\n");
   SubmitResponse reply;
-  auto ctx = Context();
-  grpc::Status s = client_->Submit(ctx.get(), bad, &reply);
+  grpc::Status s = TrySubmit("sweep: bad\nbase:\n  model: {d_model: 64, num_heads: 5}\nvariants:\n"
+                             "  - baseline\n  - no_such_preset\n",
+                             "bad.yaml", &reply);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), HasSubstr("bad.yaml:6"));
 
-  bad.set_spec_yaml(std::string(2 << 20, '#'));
-  ctx = Context();
-  s = client_->Submit(ctx.get(), bad, &reply);
+  s = TrySubmit(std::string(2 << 20, '#'), "bad.yaml", &reply);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
 
   // Another spec under an existing sweep's name.
-  ctx = Context();
-  SubmitRequest clash;
-  clash.set_spec_file("clash.yaml");
   std::string text = QuickSpec("quick");
   text.replace(text.find("seeds: [0]"), 10, "seeds: [7]");
-  clash.set_spec_yaml(text);
-  s = client_->Submit(ctx.get(), clash, &reply);
+  s = TrySubmit(text, "clash.yaml", &reply);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS);
 
   for (const char* method : {"get", "cancel", "rerun", "table", "watch"}) {
@@ -387,7 +368,7 @@ TEST_F(CoordinatorTest, BadInputIsAClearErrorAndChangesNothing) {
     QueryRequest q;
     q.set_sql(sql);
     QueryResponse out;
-    ctx = Context();
+    auto ctx = Context();
     s = client_->Query(ctx.get(), q, &out);
     EXPECT_FALSE(s.ok()) << sql;
     EXPECT_FALSE(s.error_message().empty()) << sql;
@@ -395,7 +376,7 @@ TEST_F(CoordinatorTest, BadInputIsAClearErrorAndChangesNothing) {
   QueryRequest q;
   q.set_sql("DELETE FROM runs");
   QueryResponse out;
-  ctx = Context();
+  auto ctx = Context();
   s = client_->Query(ctx.get(), q, &out);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_THAT(s.error_message(), HasSubstr("not allowed"));
@@ -505,14 +486,7 @@ TEST_F(CoordinatorTest, WatchStreamsProgressSpikesAndEndsWithTheSweep) {
   for (int i = 0; i < 4; ++i) {
     Job job = Acquire(worker);
     ReportRequest report = MakeReport(worker, job, 1, {1, 2});
-    if (i == 1) {
-      SpikeEvent* spike = report.add_spikes();
-      spike->set_step(2);
-      spike->set_signal("loss");
-      spike->set_value(40);
-      spike->set_baseline(3);
-      spike->set_kind(SPIKE_CATASTROPHIC);
-    }
+    if (i == 1) AddLossSpike(&report, 2, 40, 3, SPIKE_CATASTROPHIC);
     ReportResponse reply;
     ASSERT_TRUE(CallReport(report, &reply).ok());
     std::this_thread::sleep_for(std::chrono::milliseconds(250));  // let the watch see it
@@ -797,12 +771,8 @@ TEST_F(CoordinatorTest, InitFromResolvesASucceededRunsCheckpointAtSubmit) {
   const std::string marker = "threads: 1}";
   continued.replace(continued.find(marker), marker.size(),
                     "threads: 1, init_from: {sweep: quick, variant: baseline, seed: 0}}");
-  SubmitRequest request;
-  request.set_spec_yaml(continued);
-  request.set_spec_file("continued.yaml");
   SubmitResponse response;
-  auto ctx = Context();
-  grpc::Status early = client_->Submit(ctx.get(), request, &response);
+  grpc::Status early = TrySubmit(continued, "continued.yaml", &response);
   EXPECT_EQ(early.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(early.error_message(), HasSubstr("is PENDING; continued training starts from"));
 
@@ -816,8 +786,7 @@ TEST_F(CoordinatorTest, InitFromResolvesASucceededRunsCheckpointAtSubmit) {
   ASSERT_TRUE(CallReport(report, &reply).ok());
   ASSERT_TRUE(CallFinish(worker, baseline, SUCCEEDED).ok());
 
-  ctx = Context();
-  ASSERT_TRUE(client_->Submit(ctx.get(), request, &response).ok());
+  ASSERT_TRUE(TrySubmit(continued, "continued.yaml", &response).ok());
   EXPECT_EQ(response.expanded().runs(0).config().train().init_from().checkpoint(),
             "/shared/ckpt/run-1/checkpoint.pt");
   // The stored config carries it too: a job made from the store after a restart.
@@ -836,9 +805,7 @@ TEST_F(CoordinatorTest, InitFromResolvesASucceededRunsCheckpointAtSubmit) {
 
   std::string unknown = continued;
   unknown.replace(unknown.find("variant: baseline"), 17, "variant: nonesuch");
-  request.set_spec_yaml(unknown);
-  ctx = Context();
-  grpc::Status missing = client_->Submit(ctx.get(), request, &response);
+  grpc::Status missing = TrySubmit(unknown, "continued.yaml", &response);
   EXPECT_EQ(missing.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(missing.error_message(),
               HasSubstr("train.init_from: sweep quick has no run of variant \"nonesuch\""));
@@ -872,12 +839,8 @@ TEST_F(CoordinatorTest, InitFromASweepAloneContinuesEachRunsOwnVariantAndSeed) {
   }
   std::string seed_only = longer;
   seed_only.replace(seed_only.find("{sweep: quick}"), 14, "{sweep: quick, seed: 3}");
-  SubmitRequest request;
-  request.set_spec_yaml(seed_only);
-  request.set_spec_file("seed_only.yaml");
   SubmitResponse refused;
-  auto ctx = Context();
-  grpc::Status s = client_->Submit(ctx.get(), request, &refused);
+  grpc::Status s = TrySubmit(seed_only, "seed_only.yaml", &refused);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), HasSubstr("train.init_from: a seed without a variant"));
 }
@@ -909,12 +872,8 @@ TEST_F(CoordinatorTest, ARunOfTwoDevicesGoesToAWorkerWithTwoSlots) {
   std::string odd = QuickSpec("triples");
   odd.replace(odd.find("resources: {device: cpu, threads: 1}"), 37,
               "resources: {device: cpu, threads: 1, devices: 3}");
-  SubmitRequest request;
-  request.set_spec_yaml(odd);
-  request.set_spec_file("triples.yaml");
   SubmitResponse refused;
-  auto ctx = Context();
-  grpc::Status s = client_->Submit(ctx.get(), request, &refused);
+  grpc::Status s = TrySubmit(odd, "triples.yaml", &refused);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(),
               HasSubstr("8 windows cannot be split evenly over 3 ranks (resources.devices)"));

@@ -19,6 +19,7 @@
 #include "orchestrator/coordinator/scheduler.h"
 #include "orchestrator/store/reader.h"
 #include "proto/ablate.grpc.pb.h"
+#include "tests/test_dir.h"
 
 namespace ablate {
 
@@ -61,9 +62,7 @@ resources: {device: cpu, threads: 1}
 class CoordinatorFixture : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/ablate_coord_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
+    root_ = testing::FreshTestDir("ablate_coord").string();
     state_dir_ = root_ + "/state";
     StartServer();
   }
@@ -120,14 +119,19 @@ class CoordinatorFixture : public ::testing::Test {
     return ctx;
   }
 
-  SubmitResponse Submit(const std::string& spec, const std::string& file, bool force) {
+  // Submit of `spec` as the file `file`, its status (a test that expects a refusal).
+  grpc::Status TrySubmit(const std::string& spec, const std::string& file,
+                         SubmitResponse* response, bool force = false) {
     SubmitRequest request;
     request.set_spec_yaml(spec);
     request.set_spec_file(file);
     request.set_force(force);
-    SubmitResponse response;
     auto ctx = Context();
-    grpc::Status s = client_->Submit(ctx.get(), request, &response);
+    return client_->Submit(ctx.get(), request, response);
+  }
+  SubmitResponse Submit(const std::string& spec, const std::string& file, bool force) {
+    SubmitResponse response;
+    grpc::Status s = TrySubmit(spec, file, &response, force);
     EXPECT_TRUE(s.ok()) << s.error_message();
     return response;
   }
@@ -174,13 +178,29 @@ class CoordinatorFixture : public ::testing::Test {
     return response.job();
   }
 
+  // Sets what names `job`'s attempt on `worker_id` in a worker's request (a Report, a Finish).
+  template <typename Request>
+  static void NameTheAttempt(int64_t worker_id, const Job& job, Request* request) {
+    request->set_worker_id(worker_id);
+    request->set_run_id(job.run_id());
+    request->set_attempt(job.attempt());
+    request->set_lease_secret(job.lease_secret());
+  }
+  // Adds to `report` a spike of the loss at `step`: `value` against `baseline`, of `kind`.
+  static SpikeEvent* AddLossSpike(ReportRequest* report, int64_t step, double value,
+                                  double baseline, SpikeKind kind) {
+    SpikeEvent* spike = report->add_spikes();
+    spike->set_step(step);
+    spike->set_signal("loss");
+    spike->set_value(value);
+    spike->set_baseline(baseline);
+    spike->set_kind(kind);
+    return spike;
+  }
   ReportRequest MakeReport(int64_t worker_id, const Job& job, int64_t seq,
                            const std::vector<int64_t>& steps) {
     ReportRequest r;
-    r.set_worker_id(worker_id);
-    r.set_run_id(job.run_id());
-    r.set_attempt(job.attempt());
-    r.set_lease_secret(job.lease_secret());
+    NameTheAttempt(worker_id, job, &r);
     r.set_seq(seq);
     for (int64_t step : steps) {
       StepMetrics* m = r.add_steps();
@@ -207,10 +227,7 @@ class CoordinatorFixture : public ::testing::Test {
   FinishRequest MakeFinish(int64_t worker_id, const Job& job, RunState state,
                            const std::string& error = "") {
     FinishRequest request;
-    request.set_worker_id(worker_id);
-    request.set_run_id(job.run_id());
-    request.set_attempt(job.attempt());
-    request.set_lease_secret(job.lease_secret());
+    NameTheAttempt(worker_id, job, &request);
     request.set_error(error);
     RunSummary* s = request.mutable_summary();
     s->set_state(state);
@@ -222,27 +239,37 @@ class CoordinatorFixture : public ::testing::Test {
     return request;
   }
 
+  grpc::Status CallCancel(const std::string& sweep, CancelResponse* response) {
+    CancelRequest request;
+    request.set_sweep(sweep);
+    auto ctx = Context();
+    return client_->Cancel(ctx.get(), request, response);
+  }
+  // Rerun of the sweep's failed and cancelled runs (failed_only).
+  grpc::Status CallRerunFailed(const std::string& sweep, RerunResponse* response) {
+    RerunRequest request;
+    request.set_sweep(sweep);
+    request.set_failed_only(true);
+    auto ctx = Context();
+    return client_->Rerun(ctx.get(), request, response);
+  }
+
   // A client-API call naming a sweep, by method name.
   grpc::Status CallWithSweep(const std::string& method, const std::string& sweep) {
+    if (method == "cancel") {
+      CancelResponse o;
+      return CallCancel(sweep, &o);
+    }
+    if (method == "rerun") {
+      RerunResponse o;
+      return CallRerunFailed(sweep, &o);
+    }
     auto ctx = Context();
     if (method == "get") {
       GetSweepRequest r;
       r.set_sweep(sweep);
       GetSweepResponse o;
       return client_->GetSweep(ctx.get(), r, &o);
-    }
-    if (method == "cancel") {
-      CancelRequest r;
-      r.set_sweep(sweep);
-      CancelResponse o;
-      return client_->Cancel(ctx.get(), r, &o);
-    }
-    if (method == "rerun") {
-      RerunRequest r;
-      r.set_sweep(sweep);
-      r.set_failed_only(true);
-      RerunResponse o;
-      return client_->Rerun(ctx.get(), r, &o);
     }
     if (method == "table") {
       TableRequest r;

@@ -246,11 +246,8 @@ TEST_F(HardeningTest, CancelIsOneTransactionAndRestartRepairsAnOlderOne) {
   SubmitQuick();
   const int64_t worker = RegisterWorker("w1");
   const Job running = Acquire(worker);
-  auto ctx = Context();
-  CancelRequest cancel;
-  cancel.set_sweep("quick");
   CancelResponse cancelled;
-  ASSERT_TRUE(client_->Cancel(ctx.get(), cancel, &cancelled).ok());
+  ASSERT_TRUE(CallCancel("quick", &cancelled).ok());
   EXPECT_EQ(cancelled.cancelled(), 4);
   EXPECT_EQ(CountRows("runs WHERE state = 'CANCELLED'"), 3);
   EXPECT_EQ(StateOf(running.run_id()), RUNNING);  // stopped at its next report
@@ -281,12 +278,8 @@ TEST_F(HardeningTest, ARerunsAttemptBaseSurvivesARestart) {
     }
   }
   ASSERT_EQ(StateOf(run_id), FAILED);
-  auto ctx = Context();
-  RerunRequest rerun;
-  rerun.set_sweep("quick");
-  rerun.set_failed_only(true);
   RerunResponse rerun_reply;
-  ASSERT_TRUE(client_->Rerun(ctx.get(), rerun, &rerun_reply).ok());
+  ASSERT_TRUE(CallRerunFailed("quick", &rerun_reply).ok());
   Restart();
   const int64_t again = RegisterWorker("w2");
   Job retried = Acquire(again);
@@ -304,12 +297,9 @@ TEST_F(HardeningTest, ARerunsAttemptBaseSurvivesARestart) {
 TEST_F(HardeningTest, ASweepNamedLikeAnIdIsNotConfusedWithIt) {
   Submit(QuickSpec("2"), "two.yaml", false);       // id 1, named "2"
   Submit(QuickSpec("quick"), "quick.yaml", false);  // id 2
-  auto ctx = Context();
-  CancelRequest cancel;
-  cancel.set_sweep("quick");
   CancelResponse cancelled;
-  ASSERT_TRUE(client_->Cancel(ctx.get(), cancel, &cancelled).ok());
-  ctx = Context();
+  ASSERT_TRUE(CallCancel("quick", &cancelled).ok());
+  auto ctx = Context();
   WatchRequest request;
   request.set_sweep("quick");
   auto reader = client_->Watch(ctx.get(), request);
@@ -337,11 +327,8 @@ TEST_F(HardeningTest, EachMethodBoundsWhatItTakes) {
   s = client_->Query(ctx.get(), q, &answer);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), HasSubstr("query: the statement is"));
-  SubmitRequest submit;
-  submit.set_spec_yaml(std::string(17 << 20, '#'));
   SubmitResponse submitted;
-  ctx = Context();
-  EXPECT_EQ(client_->Submit(ctx.get(), submit, &submitted).error_code(),
+  EXPECT_EQ(TrySubmit(std::string(17 << 20, '#'), "", &submitted).error_code(),
             grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(CountRows("workers"), 0);
 }

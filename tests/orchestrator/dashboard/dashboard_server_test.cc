@@ -28,6 +28,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/orchestrator/dashboard/dashboard_test_util.h"
 #include "tests/process_util.h"
+#include "tests/test_dir.h"
 
 namespace ablate {
 namespace {
@@ -48,25 +49,33 @@ struct HttpResult {
   json Json() const { return json::parse(body, nullptr, false); }
 };
 
+// One request over a connected `stream` (a socket, or a TLS stream after its handshake), with
+// `bearer` as its token ("" for none), and its response. Throws what Beast throws.
+template <typename Stream>
+HttpResult Exchange(Stream& stream, http::verb method, const std::string& target,
+                    const std::string& bearer) {
+  http::request<http::string_body> req(method, target, 11);
+  req.set(http::field::host, "127.0.0.1");
+  if (!bearer.empty()) req.set(http::field::authorization, "Bearer " + bearer);
+  http::write(stream, req);
+  boost::beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(64 << 20);
+  http::read(stream, buffer, parser);
+  HttpResult r;
+  r.status = static_cast<int>(parser.get().result_int());
+  r.content_type = std::string(parser.get()[http::field::content_type]);
+  r.body = parser.get().body();
+  return r;
+}
+
 // One GET (or `method`) on a fresh connection.
 HttpResult Get(int port, const std::string& target, const std::string& bearer = kToken,
                http::verb method = http::verb::get) {
   asio::io_context io;
   tcp::socket socket(io);
   socket.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
-  http::request<http::string_body> req(method, target, 11);
-  req.set(http::field::host, "127.0.0.1");
-  if (!bearer.empty()) req.set(http::field::authorization, "Bearer " + bearer);
-  http::write(socket, req);
-  boost::beast::flat_buffer buffer;
-  http::response_parser<http::string_body> parser;
-  parser.body_limit(64 << 20);
-  http::read(socket, buffer, parser);
-  HttpResult r;
-  r.status = static_cast<int>(parser.get().result_int());
-  r.content_type = std::string(parser.get()[http::field::content_type]);
-  r.body = parser.get().body();
-  return r;
+  return Exchange(socket, method, target, bearer);
 }
 
 // Raw bytes in, raw response out (for requests Beast's client would not send).
@@ -168,17 +177,7 @@ HttpResult GetTls(int port, const std::string& target, const std::string& ca_fil
     stream.next_layer().connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
     Watchdog watchdog(stream.next_layer().native_handle(), std::chrono::seconds(10));
     stream.handshake(asio::ssl::stream_base::client);
-    http::request<http::string_body> req(http::verb::get, target, 11);
-    req.set(http::field::host, "127.0.0.1");
-    if (!bearer.empty()) req.set(http::field::authorization, "Bearer " + bearer);
-    http::write(stream, req);
-    boost::beast::flat_buffer buffer;
-    http::response_parser<http::string_body> parser;
-    parser.body_limit(64 << 20);
-    http::read(stream, buffer, parser);
-    r.status = static_cast<int>(parser.get().result_int());
-    r.content_type = std::string(parser.get()[http::field::content_type]);
-    r.body = parser.get().body();
+    r = Exchange(stream, http::verb::get, target, bearer);
   } catch (const std::exception& e) {
     *error = e.what();
   }
@@ -223,10 +222,7 @@ class StreamReader {
 class DashboardServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* base = getenv("TEST_TMPDIR");
-    std::string templ = absl::StrCat(base != nullptr ? base : "/tmp", "/dashboard_test.XXXXXX");
-    ASSERT_NE(mkdtemp(templ.data()), nullptr);
-    dir_ = templ;
+    dir_ = testing::FreshTestDir("dashboard_test").string();
     StoreOptions so;
     so.path = dir_ + "/ablate.db";
     so.synchronous_full = false;
@@ -971,6 +967,16 @@ class DashboardLimitsTest : public DashboardServerTest {
     EXPECT_TRUE(server.ok()) << server.status();
     return server.ok() ? *std::move(server) : nullptr;
   }
+  // StartWith(o), kept as the test's second server until the test ends: its port, 0 when it did
+  // not start.
+  int Serve(DashboardOptions o) {
+    limited_ = StartWith(std::move(o));
+    return limited_ != nullptr ? limited_->port() : 0;
+  }
+  void TearDown() override {
+    limited_.reset();  // before the fixture's store, which it reads
+    DashboardServerTest::TearDown();
+  }
   static std::unique_ptr<tcp::socket> Connect(asio::io_context& io, int port,
                                               const char* from = "127.0.0.1") {
     auto socket = std::make_unique<tcp::socket>(io);
@@ -979,6 +985,8 @@ class DashboardLimitsTest : public DashboardServerTest {
     socket->connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
     return socket;
   }
+
+  std::unique_ptr<DashboardServer> limited_;
 };
 
 // Served by a coordinator, /api/workers takes each worker's slots in use from it: a gang member
@@ -990,9 +998,9 @@ TEST_F(DashboardLimitsTest, WorkersShowTheCoordinatorsLiveSlotCounts) {
     asked.push_back(worker_id);
     return 2;
   };
-  std::unique_ptr<DashboardServer> server = StartWith(o);
-  ASSERT_NE(server, nullptr);
-  json workers = Get(server->port(), "/api/workers").Json()["workers"];
+  const int port = Serve(o);
+  ASSERT_NE(port, 0);
+  json workers = Get(port, "/api/workers").Json()["workers"];
   ASSERT_EQ(workers.size(), 1u);
   EXPECT_EQ(workers[0]["slots_in_use"], 2);  // the store alone says 1 (TableEventsWorkers)
   EXPECT_EQ(workers[0]["running"], 1);
@@ -1007,9 +1015,8 @@ TEST_F(DashboardLimitsTest, SlowClientsAreDroppedAtTheRequestDeadline) {
   o.max_connections = 8;
   o.max_connections_per_client = 8;
   o.request_timeout = absl::Seconds(1);
-  std::unique_ptr<DashboardServer> server = StartWith(o);
-  ASSERT_NE(server, nullptr);
-  const int port = server->port();
+  const int port = Serve(o);
+  ASSERT_NE(port, 0);
   asio::io_context io;
   std::vector<std::unique_ptr<tcp::socket>> flood;
   const auto t0 = std::chrono::steady_clock::now();
@@ -1068,9 +1075,8 @@ TEST_F(DashboardLimitsTest, AClientThatStopsReadingIsDroppedAtTheWriteDeadline) 
   DashboardOptions o;
   o.max_connections = 1;
   o.write_timeout = absl::Seconds(1);
-  std::unique_ptr<DashboardServer> server = StartWith(o);
-  ASSERT_NE(server, nullptr);
-  const int port = server->port();
+  const int port = Serve(o);
+  ASSERT_NE(port, 0);
   asio::io_context io;
   tcp::socket stuck(io);
   stuck.open(tcp::v4());
@@ -1096,9 +1102,8 @@ TEST_F(DashboardLimitsTest, AClientThatStopsReadingIsDroppedAtTheWriteDeadline) 
 TEST_F(DashboardLimitsTest, ConnectionsPerClientAddressAreCapped) {
   DashboardOptions o;
   o.max_connections_per_client = 2;
-  std::unique_ptr<DashboardServer> server = StartWith(o);
-  ASSERT_NE(server, nullptr);
-  const int port = server->port();
+  const int port = Serve(o);
+  ASSERT_NE(port, 0);
   asio::io_context io;
   std::unique_ptr<tcp::socket> a = Connect(io, port), b = Connect(io, port);  // idle, held
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -1132,9 +1137,8 @@ TEST_F(DashboardLimitsTest, ConnectionsPerClientAddressAreCapped) {
 TEST_F(DashboardLimitsTest, EventStreamsBeyondTheCapGet503) {
   DashboardOptions o;
   o.max_streams = 2;
-  std::unique_ptr<DashboardServer> server = StartWith(o);
-  ASSERT_NE(server, nullptr);
-  const int port = server->port();
+  const int port = Serve(o);
+  ASSERT_NE(port, 0);
   const std::string target = absl::StrCat("/api/stream?sweep=gates&token=", kToken);
   auto first = std::make_unique<StreamReader>(port, target);
   StreamReader second(port, target);

@@ -122,31 +122,35 @@ inline void AddAttentionMaps(EvalResult* e, int layers, int heads, int size) {
 
 inline absl::StatusOr<TransitionResult> StartRun(Store* store, int64_t run_id,
                                                   int64_t worker_id = 0) {
-  RunTransition t;
-  t.run_id = run_id;
-  t.from = {PENDING};
-  t.to = RUNNING;
+  RunTransition t = testing::MakeTransition(run_id, {PENDING}, RUNNING);
   t.worker_id = worker_id;
   return store->TransitionRun(t);
 }
 
-// RUNNING -> `to` with a final summary.
-inline absl::StatusOr<TransitionResult> FinishRun(Store* store, int64_t run_id, RunState to,
-                                                  int64_t steps_done, const std::string& reason,
-                                                  int64_t spike_steps = 0) {
-  RunTransition t;
-  t.run_id = run_id;
-  t.from = {RUNNING};
-  t.to = to;
+// RUNNING -> `to` with a final summary of its state, `reason`, `steps_done` and the training
+// loss there (LossAt); what else the summary holds is the caller's.
+inline RunTransition EndWithSummary(int64_t run_id, RunState to, int64_t steps_done,
+                                    const std::string& reason) {
+  RunTransition t = testing::MakeTransition(run_id, {RUNNING}, to);
   t.reason = reason;
   t.has_summary = true;
   RunSummary& s = t.summary;
   s.set_state(to);
   s.set_reason(reason);
   s.set_steps_done(steps_done);
+  s.set_final_train_loss(LossAt(steps_done, run_id));
+  return t;
+}
+
+// RUNNING -> `to` with a final summary: EndWithSummary's, the spike steps and, for a SUCCEEDED
+// run, a final evaluation.
+inline absl::StatusOr<TransitionResult> FinishRun(Store* store, int64_t run_id, RunState to,
+                                                  int64_t steps_done, const std::string& reason,
+                                                  int64_t spike_steps = 0) {
+  RunTransition t = EndWithSummary(run_id, to, steps_done, reason);
+  RunSummary& s = t.summary;
   s.set_spike_steps(spike_steps);
   s.set_spike_score(static_cast<double>(spike_steps) / static_cast<double>(steps_done));
-  s.set_final_train_loss(LossAt(steps_done, run_id));
   if (to == SUCCEEDED) {
     *s.mutable_final_eval() = Eval(steps_done, 2, true);
     s.mutable_final_eval()->set_val_loss(2.5 + 0.01 * static_cast<double>(run_id % 5));

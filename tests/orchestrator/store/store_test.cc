@@ -24,6 +24,7 @@
 #include "orchestrator/store/sqlite.h"
 #include "tests/orchestrator/store/test_sweeps.h"
 #include "tests/process_util.h"
+#include "tests/test_dir.h"
 
 namespace ablate {
 namespace {
@@ -31,10 +32,7 @@ namespace {
 class StoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* base = getenv("TEST_TMPDIR");
-    std::string templ = absl::StrCat(base != nullptr ? base : "/tmp", "/store_test.XXXXXX");
-    ASSERT_NE(mkdtemp(templ.data()), nullptr);
-    dir_ = templ;
+    dir_ = testing::FreshTestDir("store_test").string();
     path_ = dir_ + "/ablate.db";
     Reopen();
   }
@@ -64,10 +62,7 @@ class StoreTest : public ::testing::Test {
   }
 
   int32_t Start(int64_t run_id, int64_t worker_id = 0) {
-    RunTransition t;
-    t.run_id = run_id;
-    t.from = {PENDING};
-    t.to = RUNNING;
+    RunTransition t = testing::MakeTransition(run_id, {PENDING}, RUNNING);
     t.worker_id = worker_id;
     absl::StatusOr<TransitionResult> r = store_->TransitionRun(t);
     EXPECT_TRUE(r.ok()) << r.status();
@@ -82,13 +77,22 @@ class StoreTest : public ::testing::Test {
     ASSERT_EQ(Submit("s", {"baseline"}, 1).run_ids, std::vector<int64_t>{1});
   }
 
-  // Replaces the store by a file made with `sql` (as an older build left it), then opens it.
   // The status of opening a store on a file made with `sql` (a test that expects it to fail).
   absl::Status OpenStatusOfOldFile(const std::string& sql) {
     WriteOldFile(sql);
     StoreOptions options;
     options.path = path_;
     return Store::Open(options).status();
+  }
+  // Opening a file made with `sql` (VersionSixFile's, one run RUNNING) fails FailedPrecondition
+  // naming `problem`, and leaves the file at user_version `version` with its run as it was.
+  void ExpectOldFileRefusedAtVersion(const std::string& sql, const std::string& problem,
+                                     int version) {
+    const absl::Status open = OpenStatusOfOldFile(sql);
+    EXPECT_TRUE(absl::IsFailedPrecondition(open)) << open;
+    EXPECT_THAT(open.message(), ::testing::HasSubstr(problem));
+    EXPECT_EQ(ReadFile("PRAGMA user_version"), version);
+    EXPECT_EQ(ReadFile("SELECT count(*) FROM runs WHERE state = 'RUNNING'"), 1);
   }
   // The integer `sql` reads from the file, opened read-only on a connection of its own.
   int64_t ReadFile(const std::string& sql) {
@@ -102,9 +106,12 @@ class StoreTest : public ::testing::Test {
     sqlite3_close(db);
     return value;
   }
-  void OpenOldFile(const std::string& sql) {
+  // Replaces the store by a file made with `sql` (as an older build left it), then opens it:
+  // migrated to this build's schema version.
+  void OpenMigratedFile(const std::string& sql) {
     ASSERT_NO_FATAL_FAILURE(WriteOldFile(sql));
-    Reopen();
+    ASSERT_NO_FATAL_FAILURE(Reopen());
+    EXPECT_EQ(Count("PRAGMA user_version"), StoreSchemaVersion());
   }
   // Closes the store and replaces its file by one made with `sql`.
   void WriteOldFile(const std::string& sql) {
@@ -120,10 +127,7 @@ class StoreTest : public ::testing::Test {
 
   absl::Status Finish(int64_t run_id, RunState to, double val_loss, double gate, double m_act,
                       double f_attn, double spike_score) {
-    RunTransition t;
-    t.run_id = run_id;
-    t.from = {RUNNING};
-    t.to = to;
+    RunTransition t = testing::MakeTransition(run_id, {RUNNING}, to);
     t.has_summary = true;
     t.summary.set_state(to);
     t.summary.set_steps_done(1000);
@@ -135,6 +139,15 @@ class StoreTest : public ::testing::Test {
     t.summary.mutable_final_eval()->mutable_probes()->set_f_attn(f_attn);
     t.summary.set_spike_score(spike_score);
     return store_->TransitionRun(t).status();
+  }
+
+  // A FinishAttempt write without a batch: attempt 1 of `ended` ends SUCCEEDED, `next` starts.
+  static FinishWrite SucceedAndStart(int64_t ended, int64_t next) {
+    FinishWrite write;
+    write.end = testing::MakeTransition(ended, {RUNNING}, SUCCEEDED);
+    write.end.expected_attempt = 1;
+    write.start = testing::MakeTransition(next, {PENDING}, RUNNING);
+    return write;
   }
 
   static MetricBatch Batch(int64_t run_id, int32_t attempt, int64_t seq, int64_t first_step,
@@ -171,6 +184,12 @@ class StoreTest : public ::testing::Test {
   std::string path_;
   std::unique_ptr<Store> store_;
 };
+
+// `select` over c(x), the integers 1 to `rows`: the rows the query tests generate.
+std::string OverIntegers(int64_t rows, const std::string& select) {
+  return absl::StrCat("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT ", rows,
+                      ") ", select);
+}
 
 // ---- Schema -------------------------------------------------------------------------------------
 
@@ -225,8 +244,7 @@ TEST_F(StoreTest, MigratesAVersionOneDatabaseKeepingEachRunsConfig) {
       "created_at, state) VALUES (1, 1, 1, 0, 'k0', 0, '{\"train\":{\"steps\":7}}', 1, "
       "'SUCCEEDED'), (2, 1, 1, 1, 'k1', 1, '{\"train\":{\"steps\":8}}', 1, 'PENDING');"
       "PRAGMA user_version = 1; COMMIT;");
-  ASSERT_NO_FATAL_FAILURE(OpenOldFile(v1));
-  EXPECT_EQ(Count("PRAGMA user_version"), StoreSchemaVersion());
+  ASSERT_NO_FATAL_FAILURE(OpenMigratedFile(v1));
   EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE name = 'runs' AND "
                   "sql LIKE '%config_json%'"), 0);
   absl::StatusOr<RunInfo> run = store_->reader().GetRun(2);
@@ -255,8 +273,7 @@ TEST_F(StoreTest, MigratingToVersionThreeFindsReusedRunsInTheirReasons) {
       "INSERT INTO run_configs (run_id, config_json) VALUES (1, '{}'), (2, '{}');"
       "INSERT INTO step_metrics (run_id, step, attempt, loss) VALUES (1, 1, 1, 4.5);"
       "PRAGMA user_version = 2; COMMIT;");
-  ASSERT_NO_FATAL_FAILURE(OpenOldFile(v2));
-  EXPECT_EQ(Count("PRAGMA user_version"), StoreSchemaVersion());
+  ASSERT_NO_FATAL_FAILURE(OpenMigratedFile(v2));
   EXPECT_EQ(Count("SELECT reused_from FROM run_summary WHERE run_id = 2"), 1);
   EXPECT_EQ(Count("SELECT count(*) FROM runs WHERE reused_from IS NULL"), 1);
   // Its curve is its source's.
@@ -285,28 +302,34 @@ std::string VersionSixFile(const std::string& extra) {
   return sql;
 }
 
-// The opcodes of `sql`'s program on the writer connection.
-std::vector<std::string> Opcodes(Store& store, const std::string& sql) {
-  std::vector<std::string> ops;
+// Column `column` of every row `explain` (EXPLAIN or EXPLAIN QUERY PLAN) gives for `sql` on the
+// writer connection.
+std::vector<std::string> Explain(Store& store, const std::string& explain, const std::string& sql,
+                                 int column) {
+  std::vector<std::string> values;
   EXPECT_TRUE(store.RunOnWriterForTesting([&](sqlite3* db) {
     sqlite3_stmt* stmt = nullptr;
-    if (sqlite3_prepare_v2(db, ("EXPLAIN " + sql).c_str(), -1, &stmt, nullptr) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(db, (explain + " " + sql).c_str(), -1, &stmt, nullptr) != SQLITE_OK) {
       return absl::InternalError(sqlite3_errmsg(db));
     }
     while (sqlite3_step(stmt) == SQLITE_ROW) {
-      ops.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(stmt, 1)));
+      values.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(stmt, column)));
     }
     sqlite3_finalize(stmt);
     return absl::OkStatus();
   }).ok()) << sql;
-  return ops;
+  return values;
+}
+
+// The opcodes of `sql`'s program on the writer connection.
+std::vector<std::string> Opcodes(Store& store, const std::string& sql) {
+  return Explain(store, "EXPLAIN", sql, 1);
 }
 
 // Version 7: each state CHECK is a chain of equalities. SQLite built a temporary b-tree of an
 // IN list on every row a start or an end wrote; the constraints themselves are unchanged.
 TEST_F(StoreTest, MigratingToVersionSevenKeepsEveryStateCheckWithoutTemporaryTables) {
-  ASSERT_NO_FATAL_FAILURE(OpenOldFile(VersionSixFile("")));
-  EXPECT_EQ(Count("PRAGMA user_version"), StoreSchemaVersion());
+  ASSERT_NO_FATAL_FAILURE(OpenMigratedFile(VersionSixFile("")));
   EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE sql LIKE '%CHECK (state IN%'"), 0);
   EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE name = 'runs' AND sql LIKE "
                   "'%CHECK (state = ''PENDING'' OR state = ''RUNNING'' OR state = ''SUCCEEDED'' "
@@ -337,10 +360,9 @@ TEST_F(StoreTest, MigratingToVersionSevenKeepsEveryStateCheckWithoutTemporaryTab
 // journal); attempts.worker_id keeps its own, and a start writes both, so a run still names only
 // a worker that exists.
 TEST_F(StoreTest, MigratingToVersionEightKeepsTheWorkerCheckOnTheAttempt) {
-  ASSERT_NO_FATAL_FAILURE(OpenOldFile(VersionSixFile(
+  ASSERT_NO_FATAL_FAILURE(OpenMigratedFile(VersionSixFile(
       "INSERT INTO runs (id, sweep_id, variant_id, run_index, run_key, seed, created_at) "
       "VALUES (2, 1, 1, 1, 'k1', 1, 1);")));
-  EXPECT_EQ(Count("PRAGMA user_version"), StoreSchemaVersion());
   EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE name = 'runs' AND sql LIKE "
                   "'%REFERENCES workers%'"), 0);
   EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE name = 'runs' AND sql LIKE "
@@ -348,10 +370,7 @@ TEST_F(StoreTest, MigratingToVersionEightKeepsTheWorkerCheckOnTheAttempt) {
   EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE name = 'attempts' AND sql LIKE "
                   "'%worker_id        INTEGER REFERENCES workers(id)%'"), 1);
   // A start on a worker that does not exist is refused whole: no attempt, the run still queued.
-  RunTransition start;
-  start.run_id = 2;
-  start.from = {PENDING};
-  start.to = RUNNING;
+  RunTransition start = testing::MakeTransition(2, {PENDING}, RUNNING);
   start.worker_id = 99;
   absl::StatusOr<TransitionResult> refused = store_->TransitionRun(start);
   EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("FOREIGN KEY constraint failed"));
@@ -372,28 +391,15 @@ TEST_F(StoreTest, AVersionSevenFileWhoseRunsNameNoWorkerReferenceIsRefusedAtVers
   const std::string sql = VersionSixFile(
       "PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = replace(sql, "
       "' REFERENCES workers(id)', '') WHERE name = 'runs'; PRAGMA writable_schema = OFF;");
-  const absl::Status open = OpenStatusOfOldFile(sql);
-  EXPECT_TRUE(absl::IsFailedPrecondition(open)) << open;
-  EXPECT_THAT(open.message(), ::testing::HasSubstr("migration 8: table runs"));
-  EXPECT_EQ(ReadFile("PRAGMA user_version"), 7);
-  EXPECT_EQ(ReadFile("SELECT count(*) FROM runs WHERE state = 'RUNNING'"), 1);
+  ExpectOldFileRefusedAtVersion(sql, "migration 8: table runs", 7);
 }
 
 // The details of `sql`'s query plan on the writer connection (EXPLAIN QUERY PLAN), joined.
 std::string QueryPlan(Store& store, const std::string& sql) {
   std::string plan;
-  EXPECT_TRUE(store.RunOnWriterForTesting([&](sqlite3* db) {
-    sqlite3_stmt* stmt = nullptr;
-    if (sqlite3_prepare_v2(db, ("EXPLAIN QUERY PLAN " + sql).c_str(), -1, &stmt, nullptr) !=
-        SQLITE_OK) {
-      return absl::InternalError(sqlite3_errmsg(db));
-    }
-    while (sqlite3_step(stmt) == SQLITE_ROW) {
-      absl::StrAppend(&plan, reinterpret_cast<const char*>(sqlite3_column_text(stmt, 3)), "; ");
-    }
-    sqlite3_finalize(stmt);
-    return absl::OkStatus();
-  }).ok()) << sql;
+  for (const std::string& detail : Explain(store, "EXPLAIN QUERY PLAN", sql, 3)) {
+    absl::StrAppend(&plan, detail, "; ");
+  }
   return plan;
 }
 
@@ -450,13 +456,9 @@ TEST_F(StoreTest, AVersionSixFileWithoutAStateCheckIsRefusedAndLeftAsItWas) {
       "DROP TABLE workers; CREATE TABLE workers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
       "resources_json TEXT NOT NULL DEFAULT '{}', registered_at REAL NOT NULL, "
       "last_seen REAL NOT NULL, state TEXT NOT NULL DEFAULT 'IDLE');");
-  const absl::Status open = OpenStatusOfOldFile(sql);
-  EXPECT_TRUE(absl::IsFailedPrecondition(open)) << open;
-  EXPECT_THAT(open.message(), ::testing::HasSubstr("table workers"));
   // Nothing changed: still version 6, the other tables' constraints as they were.
-  EXPECT_EQ(ReadFile("PRAGMA user_version"), 6);
+  ExpectOldFileRefusedAtVersion(sql, "table workers", 6);
   EXPECT_EQ(ReadFile("SELECT count(*) FROM sqlite_schema WHERE sql LIKE '%CHECK (state IN%'"), 3);
-  EXPECT_EQ(ReadFile("SELECT count(*) FROM runs WHERE state = 'RUNNING'"), 1);
 }
 
 TEST_F(StoreTest, CreateSweepStoresVariantsAndRunsAndRefusesADuplicateName) {
@@ -708,10 +710,7 @@ TEST_F(StoreTest, ALostAttemptCannotReportAndItsResumeReplacesSteps) {
   ASSERT_TRUE(store_->ReportMetrics(Batch(run, 1, 1, 1, 100)).ok());
   ASSERT_TRUE(store_->EnqueueCheckpoint(run, 1, "/ckpt/run1/step50", 50).ok());
   // The lease expires: attempt 1 is LOST, the run is queued again and resumes on attempt 2.
-  RunTransition lost;
-  lost.run_id = run;
-  lost.from = {RUNNING};
-  lost.to = PENDING;
+  RunTransition lost = testing::MakeTransition(run, {RUNNING}, PENDING);
   lost.attempt_end = "LOST";
   lost.reason = "lease expired";
   ASSERT_TRUE(store_->TransitionRun(lost).ok());
@@ -732,10 +731,7 @@ TEST_F(StoreTest, ALostAttemptCannotReportAndItsResumeReplacesSteps) {
   EXPECT_EQ(Count("SELECT count(*) FROM step_metrics WHERE attempt = 2"), 100);
   EXPECT_EQ(Count("SELECT count(*) FROM attempts WHERE state = 'LOST'"), 1);
   // The zombie's attempt cannot finish the run either.
-  RunTransition finish;
-  finish.run_id = run;
-  finish.from = {RUNNING};
-  finish.to = SUCCEEDED;
+  RunTransition finish = testing::MakeTransition(run, {RUNNING}, SUCCEEDED);
   finish.expected_attempt = 1;
   EXPECT_TRUE(absl::IsFailedPrecondition(store_->TransitionRun(finish).status()));
   finish.expected_attempt = 2;
@@ -799,19 +795,13 @@ TEST_F(StoreTest, ARunCompletesExactlyOnceUnderConcurrentFinishes) {
   EXPECT_EQ(Count("SELECT count(*) FROM sweeps WHERE state = 'DONE'"), 1);
 
   // Edges that do not exist are refused, whatever `from` says.
-  RunTransition bad;
-  bad.run_id = run;
-  bad.from = {SUCCEEDED, FAILED};
-  bad.to = RUNNING;
+  RunTransition bad = testing::MakeTransition(run, {SUCCEEDED, FAILED}, RUNNING);
   absl::StatusOr<TransitionResult> r = store_->TransitionRun(bad);
   EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
   bad.run_id = 12345;
   EXPECT_TRUE(absl::IsNotFound(store_->TransitionRun(bad).status()));
   // A rerun queues it again and reactivates the sweep.
-  RunTransition rerun;
-  rerun.run_id = run;
-  rerun.from = {SUCCEEDED, FAILED};
-  rerun.to = PENDING;
+  RunTransition rerun = testing::MakeTransition(run, {SUCCEEDED, FAILED}, PENDING);
   ASSERT_TRUE(store_->TransitionRun(rerun).ok());
   EXPECT_EQ(Count("SELECT count(*) FROM sweeps WHERE state = 'ACTIVE'"), 1);
 }
@@ -821,23 +811,14 @@ TEST_F(StoreTest, FinishAttemptWritesBatchEndAndNextStartInOneTransaction) {
   const int64_t a = ids.run_ids[0], b = ids.run_ids[1], c = ids.run_ids[2];
   ASSERT_EQ(Start(a, 0), 1);
   auto end_of = [](int64_t run) {
-    RunTransition t;
-    t.run_id = run;
-    t.from = {RUNNING};
-    t.to = SUCCEEDED;
+    RunTransition t = testing::MakeTransition(run, {RUNNING}, SUCCEEDED);
     t.expected_attempt = 1;
     t.has_summary = true;
     t.summary.set_state(SUCCEEDED);
     t.summary.set_steps_done(3);
     return t;
   };
-  auto start_of = [](int64_t run) {
-    RunTransition t;
-    t.run_id = run;
-    t.from = {PENDING};
-    t.to = RUNNING;
-    return t;
-  };
+  auto start_of = [](int64_t run) { return testing::MakeTransition(run, {PENDING}, RUNNING); };
   FinishWrite write;
   write.batch = Batch(a, 1, 1, 1, 3);
   write.end = end_of(a);
@@ -853,10 +834,7 @@ TEST_F(StoreTest, FinishAttemptWritesBatchEndAndNextStartInOneTransaction) {
                                " AND state = 'RUNNING' AND attempts = 1")), 1);
 
   // The next run was cancelled meanwhile: its start is undone alone; the end commits.
-  RunTransition cancel;
-  cancel.run_id = c;
-  cancel.from = {PENDING};
-  cancel.to = CANCELLED;
+  RunTransition cancel = testing::MakeTransition(c, {PENDING}, CANCELLED);
   ASSERT_TRUE(store_->TransitionRun(cancel).ok());
   write.batch = Batch(b, 1, 1, 1, 2);
   write.end = end_of(b);
@@ -890,23 +868,11 @@ TEST_F(StoreTest, EventsOfOneTransactionKeepTheOrderOfItsWrites) {
   const int64_t a = ids.run_ids[0], b = ids.run_ids[1], c = ids.run_ids[2], d = ids.run_ids[3];
   ASSERT_EQ(Start(a), 1);
   ASSERT_EQ(Start(b), 1);
-  auto write_of = [](int64_t ended, int64_t next) {
-    FinishWrite write;
-    write.end.run_id = ended;
-    write.end.from = {RUNNING};
-    write.end.to = SUCCEEDED;
-    write.end.expected_attempt = 1;
-    write.start = RunTransition();
-    write.start->run_id = next;
-    write.start->from = {PENDING};
-    write.start->to = RUNNING;
-    return write;
-  };
   // The second write's end is wrong (a is not on attempt 2): it is refused alone.
-  FinishWrite wrong = write_of(a, d);
+  FinishWrite wrong = SucceedAndStart(a, d);
   wrong.end.expected_attempt = 2;
   const std::vector<absl::StatusOr<FinishWriteResult>> results =
-      store_->FinishAttempts({write_of(a, c), wrong, write_of(b, d)});
+      store_->FinishAttempts({SucceedAndStart(a, c), wrong, SucceedAndStart(b, d)});
   ASSERT_EQ(results.size(), 3u);
   EXPECT_TRUE(results[0].ok()) << results[0].status();
   EXPECT_TRUE(absl::IsFailedPrecondition(results[1].status())) << results[1].status();
@@ -936,10 +902,7 @@ TEST_F(StoreTest, AWriteThatFailsInsideABatchIsUndoneAloneAndTheOthersCommit) {
   const int64_t a = ids.run_ids[0], b = ids.run_ids[1], c = ids.run_ids[2];
   ASSERT_EQ(Start(a), 1);
   ASSERT_EQ(Start(b), 1);
-  RunTransition cancel;
-  cancel.run_id = c;
-  cancel.from = {PENDING};
-  cancel.to = CANCELLED;
+  RunTransition cancel = testing::MakeTransition(c, {PENDING}, CANCELLED);
   ASSERT_TRUE(store_->TransitionRun(cancel).ok());
   const StoreStats before = store_->Stats();
   EXPECT_EQ(before.reapplied_flushes, 0);
@@ -947,16 +910,8 @@ TEST_F(StoreTest, AWriteThatFailsInsideABatchIsUndoneAloneAndTheOthersCommit) {
   // Two queued report batches, then a finish whose next run (c) was cancelled: one batch.
   ASSERT_TRUE(store_->EnqueueMetrics(Batch(a, 1, 1, 1, 5), nullptr).ok());
   ASSERT_TRUE(store_->EnqueueMetrics(Batch(a, 1, 2, 6, 5), nullptr).ok());
-  FinishWrite write;
+  FinishWrite write = SucceedAndStart(b, c);
   write.batch = Batch(b, 1, 1, 1, 3);
-  write.end.run_id = b;
-  write.end.from = {RUNNING};
-  write.end.to = SUCCEEDED;
-  write.end.expected_attempt = 1;
-  write.start = RunTransition();
-  write.start->run_id = c;
-  write.start->from = {PENDING};
-  write.start->to = RUNNING;
   absl::StatusOr<FinishWriteResult> r = store_->FinishAttempt(write);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(absl::IsFailedPrecondition(r->start_status)) << r->start_status;
@@ -975,10 +930,7 @@ TEST_F(StoreTest, AWriteThatFailsInsideABatchIsUndoneAloneAndTheOthersCommit) {
 
   // A queued batch and a transition that cannot happen: the transition is refused alone.
   ASSERT_TRUE(store_->EnqueueMetrics(Batch(a, 1, 3, 11, 5), nullptr).ok());
-  RunTransition wrong;
-  wrong.run_id = a;
-  wrong.from = {PENDING};
-  wrong.to = RUNNING;
+  RunTransition wrong = testing::MakeTransition(a, {PENDING}, RUNNING);
   absl::StatusOr<TransitionResult> refused = store_->TransitionRun(wrong);
   EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
   after = store_->Stats();
@@ -1138,17 +1090,14 @@ TEST_F(StoreTest, AStatementHoldingGigabytesOfValuesIsStoppedAtItsMemoryBudget) 
   // The budget alone, where values pile up a few per check: a 48 MB value per row.
   limits.max_memory = int64_t{64} << 20;
   absl::StatusOr<QueryResult> piled = store_->reader().ReadOnlyQuery(
-      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 40) "
-      "SELECT max(length(hex(zeroblob(16000000 + x))) + x) FROM (SELECT x FROM c ORDER BY "
-      "hex(zeroblob(16000000 + x)))",
+      OverIntegers(40, "SELECT max(length(hex(zeroblob(16000000 + x))) + x) FROM (SELECT x "
+                       "FROM c ORDER BY hex(zeroblob(16000000 + x)))"),
       limits);
   EXPECT_TRUE(absl::IsResourceExhausted(piled.status())) << piled.status();
   EXPECT_EQ(Count("SELECT 42"), 42);
   // A budget (still 64 MiB) does not get in the way of ordinary large results.
   absl::StatusOr<QueryResult> small = store_->reader().ReadOnlyQuery(
-      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 100000) "
-      "SELECT x, hex(x) FROM c",
-      limits);
+      OverIntegers(100000, "SELECT x, hex(x) FROM c"), limits);
   ASSERT_TRUE(small.ok()) << small.status();
   EXPECT_EQ(small->rows.size(), 100000u);
 }
@@ -1174,9 +1123,7 @@ TEST_F(StoreTest, NoQueryOutrunsItsLimitsInOneCall) {
   // Rows beyond max_bytes are dropped like rows beyond max_rows.
   limits.max_bytes = 3 << 20;
   absl::StatusOr<QueryResult> big = store_->reader().ReadOnlyQuery(
-      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 10) "
-      "SELECT x, zeroblob(1000000) FROM c",
-      limits);
+      OverIntegers(10, "SELECT x, zeroblob(1000000) FROM c"), limits);
   ASSERT_TRUE(big.ok()) << big.status();
   EXPECT_EQ(big->rows.size(), 3u);
   EXPECT_TRUE(big->truncated);
@@ -1185,8 +1132,7 @@ TEST_F(StoreTest, NoQueryOutrunsItsLimitsInOneCall) {
   // writes bytes that are not UTF-8 as U+FFFD instead of throwing.
   limits.max_bytes = QueryLimits().max_bytes;
   absl::StatusOr<QueryResult> wide = store_->reader().ReadOnlyQuery(
-      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 100) "
-      "SELECT CASE WHEN x = 1 THEN hex(zeroblob(1000000)) ELSE x'ff' END FROM c",
+      OverIntegers(100, "SELECT CASE WHEN x = 1 THEN hex(zeroblob(1000000)) ELSE x'ff' END FROM c"),
       limits);
   ASSERT_TRUE(wide.ok()) << wide.status();
   EXPECT_TRUE(absl::IsResourceExhausted(FormatQueryResult(*wide, "table").status()));
@@ -1251,8 +1197,7 @@ TEST_F(StoreTest, QueryOutputInEveryFormatIsCapped) {
   EXPECT_EQ(*FormatQueryResult(*none, "json"), "[]\n");
 
   absl::StatusOr<QueryResult> big = store_->reader().ReadOnlyQuery(
-      "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 20) "
-      "SELECT x, hex(zeroblob(500000)) AS h FROM c");
+      OverIntegers(20, "SELECT x, hex(zeroblob(500000)) AS h FROM c"));
   ASSERT_TRUE(big.ok()) << big.status();
   for (const char* format : {"csv", "json"}) {
     absl::StatusOr<std::string> out = FormatQueryResult(*big, format);
@@ -1432,10 +1377,7 @@ TEST_F(StoreTest, LengthTableAveragesEachRunsLastEvaluationPerLength) {
     m->set_size(2);
     m->set_probs(std::string("\xff\x00\x80\x7f", 4));
     ASSERT_TRUE(store_->ReportMetrics(early).ok());
-    RunTransition t;
-    t.run_id = run_id;
-    t.from = {RUNNING};
-    t.to = to;
+    RunTransition t = testing::MakeTransition(run_id, {RUNNING}, to);
     t.has_summary = true;
     t.summary.set_state(to);
     t.summary.set_steps_done(1000);
@@ -1587,10 +1529,7 @@ TEST_F(StoreTest, AFullDiskFailsClearlyKeepsQueuedWritesAndRecovers) {
   step += 1000;
   EXPECT_TRUE(absl::IsResourceExhausted(store_->Flush()));
   // A synchronous transition fails clearly and is not applied later behind the caller's back.
-  RunTransition t;
-  t.run_id = run;
-  t.from = {RUNNING};
-  t.to = SUCCEEDED;
+  RunTransition t = testing::MakeTransition(run, {RUNNING}, SUCCEEDED);
   EXPECT_TRUE(absl::IsResourceExhausted(store_->TransitionRun(t).status()));
 
   // Space frees up.

@@ -1,10 +1,12 @@
-// Sweep records written straight through the Store API (no spec, no expansion), for the tests
-// and tools that need a sweep in a store: the store's tests, the dashboard's, its simulator.
+// Sweep records and run transitions written straight through the Store API (no spec, no
+// expansion, no coordinator), for the tests and tools that need a sweep in a store: the store's
+// tests, the dashboard's and the report's, the dashboard simulator.
 #ifndef ABLATE_TESTS_ORCHESTRATOR_STORE_TEST_SWEEPS_H_
 #define ABLATE_TESTS_ORCHESTRATOR_STORE_TEST_SWEEPS_H_
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +50,16 @@ inline SweepRecord MakeSweep(const std::string& name, const std::vector<std::str
   }
   record.spec_yaml = "name: " + name + "\n";
   return record;
+}
+
+// The transition of run `run_id` from any state of `from` to `to`; the rest as RunTransition's
+// defaults (no attempt check, no worker, no summary), for a test to add what it is about.
+inline RunTransition MakeTransition(int64_t run_id, std::vector<RunState> from, RunState to) {
+  RunTransition t;
+  t.run_id = run_id;
+  t.from = std::move(from);
+  t.to = to;
+  return t;
 }
 
 }  // namespace testing

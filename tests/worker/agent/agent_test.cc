@@ -39,7 +39,8 @@
 #include "proto/ablate.grpc.pb.h"
 #include "tests/test_configs.h"
 #include "tests/process_util.h"
-#include "tests/test_dir.h"
+#include "tests/worker/corpus_fixture.h"
+#include "tests/worker/tiny_run_config.h"
 #include "worker/agent/agent.h"
 #include "worker/train/trainer.h"
 
@@ -390,36 +391,30 @@ class CuttableProxy {
   std::vector<std::thread> pumps_;  // the acceptor's; joined by the destructor
 };
 
-class AgentTest : public ::testing::Test {
+FakeCoordinator::Key K(int64_t run, int32_t attempt) { return {run, attempt}; }
+
+std::vector<int64_t> Range(int64_t first, int64_t last) {
+  std::vector<int64_t> v;
+  for (int64_t i = first; i <= last; ++i) v.push_back(i);
+  return v;
+}
+
+class AgentTest : public testing::CorpusTest {
  protected:
-  void SetUp() override {
-    dir_ = ablate::testing::FreshTestDir("ablate_agent_test");
-    std::ofstream out(dir_ / "corpus.txt");
-    for (int i = 0; i < 400; ++i) out << "In the beginning was the word, and the word was " << i << ".\n";
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  AgentTest() : CorpusTest("ablate_agent_test") {}
 
   RunConfig Config(int steps) {
-    RunConfig r;
-    *r.mutable_model() = TinyDense();
-    EXPECT_TRUE(FindVariantPreset("g1_elementwise")->apply(r.mutable_model()).ok());
-    r.mutable_model()->set_vocab_size(256);
-    r.mutable_model()->set_max_seq_len(32);
-    *r.mutable_train() = DefaultTrainConfig();
+    RunConfig r = testing::TinyRunConfig(corpus_path(), steps);
     TrainConfig* t = r.mutable_train();
-    t->mutable_data()->set_path((dir_ / "corpus.txt").string());
-    t->set_steps(steps);
-    t->set_batch_size(4);
-    t->set_seq_len(32);
-    t->set_eval_every(20);
-    t->set_eval_batches(2);
-    t->set_checkpoint_every(10);
-    t->set_threads(1);
-    t->mutable_optimizer()->set_lr(1e-2);
-    t->mutable_optimizer()->set_warmup_steps(5);
     // A statistical detector with a 2-value window and a tiny sigma records spikes often.
     t->mutable_spike()->set_stat_window(2);
     t->mutable_spike()->set_stat_sigmas(1e-6);
+    return r;
+  }
+  RunConfig Config(int steps, int eval_every, int checkpoint_every) {
+    RunConfig r = Config(steps);
+    r.mutable_train()->set_eval_every(eval_every);
+    r.mutable_train()->set_checkpoint_every(checkpoint_every);
     return r;
   }
 
@@ -463,23 +458,46 @@ class AgentTest : public ::testing::Test {
     return future.get();
   }
 
-  // Runs a 400-step job of `run_id` on an agent of `slots` slots (job processes of the worker
-  // binary when more than one) while `c` cancels it at step 5 (the stop directive).
-  void RunJobCancelledAtStep5(FakeCoordinator& c, int64_t run_id, int slots) {
-    c.stop_at_step = 5;
+  // Runs `job` to its end on an agent served by `c`.
+  void RunOneJob(FakeCoordinator& c, const Job& job) {
     TestServer server(&c);
-    RunConfig config = Config(400);
-    config.mutable_train()->set_eval_every(200);
-    config.mutable_train()->set_checkpoint_every(100);
-    c.AddJob(MakeJob(run_id, 1, config));
+    c.AddJob(job);
+    auto result = RunAgent(Options(server));
+    ASSERT_TRUE(result.ok()) << result.status();
+  }
+
+  // Runs a 400-step job of `run_id`, reported every millisecond, on an agent of `slots` slots
+  // (job processes of the worker binary when more than one) served by `c`.
+  absl::StatusOr<AgentResult> RunLongJob(FakeCoordinator& c, int64_t run_id, int slots) {
+    TestServer server(&c);
+    c.AddJob(MakeJob(run_id, 1, Config(400, 200, 100)));
     AgentOptions o = Options(server);
     o.report_interval = absl::Milliseconds(1);
     if (slots > 1) {
       o.slots = slots;
       o.rank_binary = ABLATE_WORKER_BIN;
     }
-    auto result = RunAgent(o);
+    return RunAgent(o);
+  }
+
+  // RunLongJob while `c` cancels it at step 5 (the stop directive).
+  void RunJobCancelledAtStep5(FakeCoordinator& c, int64_t run_id, int slots) {
+    c.stop_at_step = 5;
+    auto result = RunLongJob(c, run_id, slots);
     ASSERT_TRUE(result.ok()) << result.status();
+  }
+
+  // After RunJobCancelledAtStep5: the run finished CANCELLED at most `slack` steps after the
+  // stop was sent, every step it took reported.
+  void ExpectCancelledAfterTheStop(FakeCoordinator& c, int64_t run_id, int slack) {
+    absl::MutexLock lock(&c.mu_);
+    ASSERT_EQ(c.finishes.size(), 1u);
+    const RunSummary& s = c.finishes[0].summary();
+    EXPECT_EQ(s.state(), CANCELLED);
+    ASSERT_GT(c.stop_sent_at_step, 0);
+    EXPECT_LE(s.steps_done(), c.stop_sent_at_step + slack)
+        << "stop sent after step " << c.stop_sent_at_step;
+    EXPECT_EQ(c.steps[K(run_id, 1)], Range(1, s.steps_done()));
   }
 
   int LogLines(const std::string& needle) {
@@ -495,19 +513,10 @@ class AgentTest : public ::testing::Test {
     return all;
   }
 
-  fs::path dir_;
   std::atomic<bool> interrupt_{false}, abort_{false};
   absl::Mutex log_mu_;
   std::vector<std::string> log_ ABSL_GUARDED_BY(log_mu_);
 };
-
-FakeCoordinator::Key K(int64_t run, int32_t attempt) { return {run, attempt}; }
-
-std::vector<int64_t> Range(int64_t first, int64_t last) {
-  std::vector<int64_t> v;
-  for (int64_t i = first; i <= last; ++i) v.push_back(i);
-  return v;
-}
 
 TEST_F(AgentTest, RegistersTrainsReportsEveryStepOnceAndFinishes) {
   FakeCoordinator c;
@@ -971,30 +980,17 @@ TEST_F(AgentTest, ReconnectsWhenTheCoordinatorRestartsMidRun) {
 TEST_F(AgentTest, StopDirectiveCancelsWithinAStepOrTwo) {
   FakeCoordinator c;
   ASSERT_NO_FATAL_FAILURE(RunJobCancelledAtStep5(c, 11, 1));
-
-  absl::MutexLock lock(&c.mu_);
-  ASSERT_EQ(c.finishes.size(), 1u);
-  const RunSummary& s = c.finishes[0].summary();
-  EXPECT_EQ(s.state(), CANCELLED);
-  ASSERT_GT(c.stop_sent_at_step, 0);
-  // The trainer runs on while the reply travels: a few steps of a ~ms model at most.
-  EXPECT_LE(s.steps_done(), c.stop_sent_at_step + 5) << "stop sent after step " << c.stop_sent_at_step;
-  EXPECT_EQ(c.steps[K(11, 1)], Range(1, s.steps_done()));  // the last steps were reported too
+  // The trainer runs on while the reply travels: a few steps of a ~ms model at most. The last
+  // steps were reported too.
+  ASSERT_NO_FATAL_FAILURE(ExpectCancelledAfterTheStop(c, 11, 5));
   EXPECT_EQ(LogLines("says stop"), 1);
 }
 
 TEST_F(AgentTest, LostLeaseAbandonsTheJobWithoutFinishing) {
   FakeCoordinator c;
   c.lease_lost_at_step = 5;
-  TestServer server(&c);
-  RunConfig config = Config(400);
-  config.mutable_train()->set_eval_every(200);
-  config.mutable_train()->set_checkpoint_every(100);
-  c.AddJob(MakeJob(12, 1, config));
-  AgentOptions o = Options(server);
-  o.report_interval = absl::Milliseconds(1);
   const absl::Time start = absl::Now();
-  auto result = RunAgent(o);
+  auto result = RunLongJob(c, 12, 1);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->jobs, 1);
   EXPECT_EQ(result->jobs_abandoned, 1);
@@ -1022,11 +1018,8 @@ TEST_F(AgentTest, ACutOffWorkerStopsTrainingWithinALeasePeriod) {
     c.lease_timeout_s = 3;
     TestServer server(&c);
     CuttableProxy proxy(server.port());
-    RunConfig config = Config(1000000);  // never ends by itself
-    config.mutable_train()->set_eval_every(1000000);
-    config.mutable_train()->set_checkpoint_every(10);
     const int64_t run_id = hang ? 32 : 31;
-    c.AddJob(MakeJob(run_id, 1, config));
+    c.AddJob(MakeJob(run_id, 1, Config(1000000, 1000000, 10)));  // never ends by itself
     const fs::path ckpt = dir_ / "ckpt" / ("run-" + std::to_string(run_id));
     AgentOptions o = Options(server);
     o.coordinator = proxy.address();
@@ -1107,27 +1100,28 @@ class InterruptAt : public TrainerObserver {
   std::atomic<bool>* flag_;
 };
 
+// Trains `config` in `job`'s checkpoint directory, as an earlier attempt of the job would, until
+// an interrupt at `step` ends it INTERRUPTED with a checkpoint of that step.
+void TrainUntilInterrupted(const RunConfig& config, const Job& job, int64_t step) {
+  std::atomic<bool> stop{false};
+  TrainerOptions t;
+  t.checkpoint_dir = job.checkpoint_dir();
+  t.interrupt = &stop;
+  auto trainer = Trainer::Create(config, t);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  InterruptAt observer(step, &stop);
+  auto summary = (*trainer)->Run(&observer);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  ASSERT_EQ(summary->state(), INTERRUPTED);
+}
+
 TEST_F(AgentTest, ResumesFromTheCheckpointInTheJobsDirectory) {
   const RunConfig config = Config(40);
   Job job = MakeJob(9, 2, config);
-  {
-    std::atomic<bool> stop{false};
-    TrainerOptions t;
-    t.checkpoint_dir = job.checkpoint_dir();
-    t.interrupt = &stop;
-    auto trainer = Trainer::Create(config, t);
-    ASSERT_TRUE(trainer.ok()) << trainer.status();
-    InterruptAt observer(15, &stop);
-    auto summary = (*trainer)->Run(&observer);
-    ASSERT_TRUE(summary.ok()) << summary.status();
-    ASSERT_EQ(summary->state(), INTERRUPTED);
-  }
+  ASSERT_NO_FATAL_FAILURE(TrainUntilInterrupted(config, job, 15));
   job.set_resume_from_step(15);
   FakeCoordinator c;
-  TestServer server(&c);
-  c.AddJob(job);
-  auto result = RunAgent(Options(server));
-  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_NO_FATAL_FAILURE(RunOneJob(c, job));
 
   absl::MutexLock lock(&c.mu_);
   EXPECT_EQ(c.steps[K(9, 2)], Range(16, 40));
@@ -1144,26 +1138,13 @@ TEST_F(AgentTest, ResumesFromTheCheckpointInTheJobsDirectory) {
 TEST_F(AgentTest, ATornCheckpointIsMovedAsideAndTheRunResumesFromThePreviousOne) {
   const RunConfig config = Config(40);
   Job job = MakeJob(19, 2, config);
-  {
-    std::atomic<bool> stop{false};
-    TrainerOptions t;
-    t.checkpoint_dir = job.checkpoint_dir();
-    t.interrupt = &stop;
-    auto trainer = Trainer::Create(config, t);
-    ASSERT_TRUE(trainer.ok()) << trainer.status();
-    InterruptAt observer(25, &stop);  // checkpoints of steps 10, 20 and 25
-    auto summary = (*trainer)->Run(&observer);
-    ASSERT_TRUE(summary.ok()) << summary.status();
-    ASSERT_EQ(summary->state(), INTERRUPTED);
-  }
+  // Checkpoints of steps 10, 20 and 25.
+  ASSERT_NO_FATAL_FAILURE(TrainUntilInterrupted(config, job, 25));
   const fs::path checkpoint = fs::path(job.checkpoint_dir()) / "checkpoint.pt";
   fs::resize_file(checkpoint, fs::file_size(checkpoint) / 2);
   job.set_resume_from_step(25);
   FakeCoordinator c;
-  TestServer server(&c);
-  c.AddJob(job);
-  auto result = RunAgent(Options(server));
-  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_NO_FATAL_FAILURE(RunOneJob(c, job));
 
   absl::MutexLock lock(&c.mu_);
   EXPECT_TRUE(c.errors.empty()) << c.errors.front();
@@ -1305,9 +1286,7 @@ int WaitExit(pid_t pid) {
 TEST_F(AgentTest, SigtermFinishesInterruptedWithACheckpointAndExitsZero) {
   FakeCoordinator c;
   TestServer server(&c);
-  RunConfig config = Config(5000);
-  config.mutable_train()->set_eval_every(5000);
-  config.mutable_train()->set_checkpoint_every(0);  // only the interrupt writes one
+  const RunConfig config = Config(5000, 5000, 0);  // only the interrupt writes a checkpoint
   c.AddJob(MakeJob(31, 1, config));
   const pid_t pid = Spawn({"--coordinator", server.address(), "--max-jobs", "1", "--report-interval",
                            "0.05", "--checkpoint-root", (dir_ / "root").string(), "--name", "w1"},
@@ -1341,20 +1320,12 @@ TEST_F(AgentTest, JobProcessesStopOnTheDirectiveAndCheckpointOnSigterm) {
   {
     FakeCoordinator c;
     ASSERT_NO_FATAL_FAILURE(RunJobCancelledAtStep5(c, 12, 2));
-    absl::MutexLock lock(&c.mu_);
-    ASSERT_EQ(c.finishes.size(), 1u);
-    const RunSummary& s = c.finishes[0].summary();
-    EXPECT_EQ(s.state(), CANCELLED);
-    ASSERT_GT(c.stop_sent_at_step, 0);
     // The process learns it a pipe later than a trainer in the agent would.
-    EXPECT_LE(s.steps_done(), c.stop_sent_at_step + 20) << "stop sent after step " << c.stop_sent_at_step;
-    EXPECT_EQ(c.steps[K(12, 1)], Range(1, s.steps_done()));
+    ASSERT_NO_FATAL_FAILURE(ExpectCancelledAfterTheStop(c, 12, 20));
   }
   FakeCoordinator c;
   TestServer server(&c);
-  RunConfig config = Config(5000);
-  config.mutable_train()->set_eval_every(5000);
-  config.mutable_train()->set_checkpoint_every(0);  // only the interrupt writes one
+  const RunConfig config = Config(5000, 5000, 0);  // only the interrupt writes a checkpoint
   c.AddJob(MakeJob(32, 1, config));
   c.AddJob(MakeJob(33, 1, config));
   const pid_t pid = Spawn({"--coordinator", server.address(), "--max-jobs", "2", "--slots", "2",

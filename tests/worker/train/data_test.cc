@@ -25,6 +25,12 @@ class DataTest : public ::testing::Test {
     std::ofstream(p, std::ios::binary) << bytes;
     return p;
   }
+  // t.txt: 2000 letters, a to z over and over, so that each token's successor is known.
+  fs::path WriteAlphabet() {
+    std::string text;
+    for (int i = 0; i < 2000; ++i) text += static_cast<char>('a' + i % 26);
+    return Write("t.txt", text);
+  }
   DataConfig Config(const fs::path& p) {
     DataConfig c = DefaultTrainConfig().data();
     c.set_path(p.string());
@@ -34,9 +40,7 @@ class DataTest : public ::testing::Test {
 };
 
 TEST_F(DataTest, BatchesArePureFunctionsOfSeedAndIndex) {
-  std::string text;
-  for (int i = 0; i < 2000; ++i) text += static_cast<char>('a' + i % 26);
-  auto data = TokenData::Load(Config(Write("t.txt", text)), 256, 16);
+  auto data = TokenData::Load(Config(WriteAlphabet()), 256, 16);
   ASSERT_TRUE(data.ok()) << data.status();
   std::vector<int64_t> x1(4 * 16), y1(4 * 16), x2(4 * 16), y2(4 * 16);
   data->Batch(TokenData::Split::kTrain, 7, 4, x1.data(), y1.data());
@@ -55,9 +59,7 @@ TEST_F(DataTest, BatchesArePureFunctionsOfSeedAndIndex) {
 // A fixed first token: every window, training and validation, starts with it; the rest is the
 // same corpus window shifted, so the first target is the window's first corpus token.
 TEST_F(DataTest, ABosTokenStartsEveryWindow) {
-  std::string text;
-  for (int i = 0; i < 2000; ++i) text += static_cast<char>('a' + i % 26);
-  DataConfig c = Config(Write("t.txt", text));
+  DataConfig c = Config(WriteAlphabet());
   c.set_bos_token(2);
   auto data = TokenData::Load(c, 256, 16);
   ASSERT_TRUE(data.ok()) << data.status();
@@ -84,9 +86,7 @@ TEST_F(DataTest, ABosTokenStartsEveryWindow) {
 // The windows of an evaluation length are the validation split's first tokens back to back, so
 // every length reads the same text: 3 windows of 8 and 6 of 4 cover the same 24 tokens.
 TEST_F(DataTest, ConsecutiveWindowsCoverTheSameTextAtEveryLength) {
-  std::string text;
-  for (int i = 0; i < 2000; ++i) text += static_cast<char>('a' + i % 26);
-  auto data = TokenData::Load(Config(Write("t.txt", text)), 256, 8);
+  auto data = TokenData::Load(Config(WriteAlphabet()), 256, 8);
   ASSERT_TRUE(data.ok()) << data.status();
   std::vector<int64_t> x8(3 * 8), y8(3 * 8), x4(6 * 4), y4(6 * 4);
   data->Consecutive(TokenData::Split::kVal, 3, 8, x8.data(), y8.data());

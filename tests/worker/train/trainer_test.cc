@@ -20,7 +20,8 @@
 #include "config/param_count.h"
 #include "config/presets.h"
 #include "tests/test_configs.h"
-#include "tests/test_dir.h"
+#include "tests/worker/corpus_fixture.h"
+#include "tests/worker/tiny_run_config.h"
 #include "worker/train/trainer.h"
 
 namespace ablate {
@@ -54,35 +55,11 @@ class Recorder : public TrainerObserver {
   std::atomic<bool>* interrupt = nullptr;
 };
 
-class TrainerTest : public ::testing::Test {
+class TrainerTest : public testing::CorpusTest {
  protected:
-  void SetUp() override {
-    dir_ = ablate::testing::FreshTestDir("ablate_trainer_test");
-    std::ofstream out(dir_ / "corpus.txt");
-    for (int i = 0; i < 400; ++i) out << "In the beginning was the word, and the word was " << i << ".\n";
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  TrainerTest() : CorpusTest("ablate_trainer_test") {}
 
-  RunConfig Config() {
-    RunConfig r;
-    *r.mutable_model() = TinyDense();
-    EXPECT_TRUE(FindVariantPreset("g1_elementwise")->apply(r.mutable_model()).ok());
-    r.mutable_model()->set_vocab_size(256);
-    r.mutable_model()->set_max_seq_len(32);
-    *r.mutable_train() = DefaultTrainConfig();
-    TrainConfig* t = r.mutable_train();
-    t->mutable_data()->set_path((dir_ / "corpus.txt").string());
-    t->set_steps(40);
-    t->set_batch_size(4);
-    t->set_seq_len(32);
-    t->set_eval_every(20);
-    t->set_eval_batches(2);
-    t->set_checkpoint_every(10);
-    t->set_threads(1);
-    t->mutable_optimizer()->set_lr(1e-2);
-    t->mutable_optimizer()->set_warmup_steps(5);
-    return r;
-  }
+  RunConfig Config() { return testing::TinyRunConfig(corpus_path(), 40); }
 
   absl::StatusOr<RunSummary> Train(const RunConfig& config, const std::string& sub,
                                    Recorder* rec, bool resume = false,
@@ -95,8 +72,6 @@ class TrainerTest : public ::testing::Test {
     if (!trainer.ok()) return trainer.status();
     return (*trainer)->Run(rec);
   }
-
-  fs::path dir_;
 };
 
 // A block over 64 MiB allocated on a thread other than main stays in the heap: no mmap, so a
