@@ -1,4 +1,5 @@
-// Parameter-budget matching (PAPER.md §4) with exact integer arithmetic (no LibTorch).
+// Parameter-budget matching (docs/spec.md, "Budget matching") with exact integer arithmetic (no
+// LibTorch).
 //
 // Each rule solves for one integer dimension of a variant so that the variant's total parameter
 // count equals an anchor's:

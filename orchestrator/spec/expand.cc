@@ -1,11 +1,14 @@
 #include "orchestrator/spec/expand.h"
 
+#include <openssl/sha.h>
+
 #include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
@@ -18,18 +21,18 @@
 #include "config/param_count.h"
 #include "config/presets.h"
 #include "config/proto_yaml.h"
-#include "orchestrator/spec/sha256.h"
 #include "orchestrator/spec/version.h"
 
 namespace ablate {
 
 namespace pb = google::protobuf;
 
-namespace {
 std::string RunKeyOfJson(const std::string& config_json, const std::string& code_version) {
-  return Sha256Hex(absl::StrCat(code_version, "\n", config_json)).substr(0, 16);
+  const std::string text = absl::StrCat(code_version, "\n", config_json);
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(text.data()), text.size(), digest);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), 8));
 }
-}  // namespace
 
 std::string RunKey(const RunConfig& config, const std::string& code_version) {
   return RunKeyOfJson(CanonicalJson(config), code_version);

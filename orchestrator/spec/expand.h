@@ -44,6 +44,8 @@ absl::StatusOr<ExpandedSweep> ExpandSweepFile(const std::string& path,
 // The run key of a complete config: the first 16 hex digits of
 // SHA-256(code_version + "\n" + CanonicalJson(config)).
 std::string RunKey(const RunConfig& config, const std::string& code_version);
+// The same from the config's CanonicalJson, as ExpandSweep prints it.
+std::string RunKeyOfJson(const std::string& config_json, const std::string& code_version);
 
 }  // namespace ablate
 

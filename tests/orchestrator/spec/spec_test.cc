@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "config/text_format.h"
 #include "orchestrator/spec/budget.h"
 #include "orchestrator/cli/cli.h"
@@ -19,7 +20,6 @@
 #include "config/param_count.h"
 #include "config/presets.h"
 #include "config/proto_yaml.h"
-#include "orchestrator/spec/sha256.h"
 #include "orchestrator/spec/spec.h"
 #include "tests/test_configs.h"
 
@@ -36,13 +36,22 @@ absl::StatusOr<ExpandedSweep> Expand(const std::string& text) {
   return ExpandSweep(*spec, {"test"});
 }
 
-TEST(Sha256Test, KnownVectors) {
-  EXPECT_EQ(Sha256Hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  EXPECT_EQ(Sha256Hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
-            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-  EXPECT_EQ(Sha256Hex(std::string(1000000, 'a')),
-            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+// Run keys pinned across a change of SHA-256 implementation: a key that changed would make every
+// stored run look new, and the values come from coreutils' sha256sum, not from our code
+// (`printf '%s\n%s' VERSION JSON | sha256sum | cut -c1-16`).
+TEST(ExpandTest, RunKeysArePinned) {
+  EXPECT_EQ(RunKeyOfJson("{}", "0.3.0"), "dc106f5a01524a7c");
+  EXPECT_EQ(RunKeyOfJson("{\"model\":{\"d_model\":64,\"n_layers\":4,\"gate\":{"
+                         "\"position\":\"GATE_POSITION_SDPA\","
+                         "\"granularity\":\"GATE_GRANULARITY_ELEMENTWISE\"}},"
+                         "\"train\":{\"seed\":1}}",
+                         "0.3.0+bf7c9b7"),
+            "be251fedd0ea87ea");
+  // Over 2 KB: many SHA-256 blocks, as a real config's JSON is.
+  std::vector<std::string> fields;
+  for (int i = 0; i < 200; ++i) fields.push_back(absl::StrCat("\"f", i, "\":", i * i));
+  EXPECT_EQ(RunKeyOfJson(absl::StrCat("{", absl::StrJoin(fields, ","), "}"), "0.3.0+dirty"),
+            "fbc44532e27220ad");
 }
 
 // ---- budget matching, against hand-computed values ---------------------------------------------
@@ -211,7 +220,7 @@ TEST(ExpandTest, EveryGroupExpandsToItsPresets) {
     ASSERT_EQ(s->runs_size(), static_cast<int>(group.variants.size())) << group.name;
     for (int i = 0; i < s->runs_size(); ++i) EXPECT_EQ(s->runs(i).variant(), group.variants[i]);
   }
-  // PAPER.md §3's MoE table: baseline, 3 expansions, 11 gates, 3 controls, 2 sparsity controls,
+  // The paper's MoE table: baseline, 3 expansions, 11 gates, 3 controls, 2 sparsity controls,
   // 5 SwitchHeads.
   EXPECT_EQ(FindPresetGroup("paper_moe_table")->variants.size(), 25u);
 }
@@ -470,7 +479,7 @@ TEST(ShippedSpecsTest, PaperMoeSweepListsEveryPaperVariant) {
     }
   }
   EXPECT_EQ(pinned, 7);
-  // Solved fairness: 32 -> 48 query heads match G1 elementwise exactly (PAPER.md §3's 48).
+  // Solved fairness: 32 -> 48 query heads match G1 elementwise exactly (the paper's 48).
   for (const RunSpec& r : s->runs()) {
     if (r.variant() == "baseline_q_heads_matched") {
       EXPECT_EQ(r.config().model().num_heads(), 48);
