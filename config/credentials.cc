@@ -78,10 +78,6 @@ bool DigestEquals(const CredentialDigest& a, const CredentialDigest& b) {
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  return DigestEquals(DigestOf(a), DigestOf(b));
-}
-
 Credentials Credentials::Derive(absl::string_view secret) {
   Credentials c;
   c.admin = std::string(secret);

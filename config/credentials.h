@@ -82,8 +82,6 @@ bool LeaseSecretEquals(absl::string_view presented, absl::string_view expected);
 using CredentialDigest = std::array<unsigned char, 32>;
 CredentialDigest DigestOf(absl::string_view credential);
 bool DigestEquals(const CredentialDigest& a, const CredentialDigest& b);
-// DigestEquals(DigestOf(a), DigestOf(b)).
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
 // Credentials::RoleOf with the three credentials' digests computed once: what a server checks
 // on every call hashes only the credential presented.

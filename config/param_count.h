@@ -1,6 +1,6 @@
 // Exact, analytic parameter counts of a ModelConfig (no LibTorch).
 //
-// The count mirrors worker/model/transformer.cc module by module; tests/model_test.cc proves
+// The count mirrors worker/model/transformer.cc module by module; tests/worker/model/model_test.cc proves
 // that CountParams(c).total() equals the number of elements the LibTorch model allocates, for
 // every variant. Pure function, thread-safe. The config must be valid (ValidateModelConfig).
 #ifndef ABLATE_CONFIG_PARAM_COUNT_H_

@@ -159,13 +159,13 @@ const std::vector<PresetGroup>& AllPresetGroups() {
       return names;
     };
     g->push_back({"paper_moe_table",
-                  "every MoE variant of PAPER.md §3: baseline, expansions, gates, controls, "
+                  "every MoE variant of the paper: baseline, expansions, gates, controls, "
                   "SwitchHead (Tables 1, 3, 4, A.1)",
                   of_group({"baseline", "expansion", "gate", "nonlinearity", "sparsity",
                             "switchhead"})});
     g->push_back({"expansion", "parameter-expansion baselines: more KV heads, query heads, experts",
                   of_group({"expansion"})});
-    g->push_back({"gates", "the eleven gate variants of PAPER.md §3.3", of_group({"gate"})});
+    g->push_back({"gates", "the paper's eleven gate variants", of_group({"gate"})});
     std::vector<std::string> nonlinearity = {"baseline", "g1_elementwise"};
     for (const std::string& n : of_group({"nonlinearity"})) nonlinearity.push_back(n);
     g->push_back({"nonlinearity_controls",

@@ -1,4 +1,4 @@
-// The paper's variants (PAPER.md §3) as named edits of a base ModelConfig.
+// The paper's variants (docs/model.md, "Variant presets") as named edits of a base ModelConfig.
 //
 // A preset changes only what defines the variant (a gate, a control, more heads...), so the same
 // name means the same thing on a CPU-scale base and on a paper-scale base. Sweep specs refer to
@@ -16,7 +16,7 @@ namespace ablate {
 
 struct VariantPreset {
   std::string name;         // stable identifier used in specs: "g1_elementwise"
-  std::string group;        // PAPER.md §3 group: "baseline", "expansion", "gate", ...
+  std::string group;        // variant group (docs/model.md): "baseline", "expansion", "gate", ...
   std::string description;  // one line for `ablate expand`
   // Applies the variant to *config. FailedPrecondition when the base cannot take it (e.g. more
   // experts on a dense base); the caller reports the variant name.
@@ -37,7 +37,7 @@ struct PresetGroup {
   std::vector<std::string> variants;  // preset names, in the paper's order
 };
 
-// Every group: paper_moe_table (every MoE variant of PAPER.md §3, SwitchHead included),
+// Every group: paper_moe_table (every MoE variant of the paper, SwitchHead included),
 // expansion, gates, nonlinearity_controls, sparsity_controls, switchhead, dense_stability, clamp.
 const std::vector<PresetGroup>& AllPresetGroups();
 

@@ -17,7 +17,7 @@ TEST(DefaultsTest, DefaultRunConfigIsValid) {
 }
 
 TEST(DefaultsTest, DefaultModelIsThePaperCpuScaleModel) {
-  // PAPER.md §7: 4 layers, d_model 128, 4 heads, byte-level; about 1.1M parameters.
+  // docs/results.md (CPU scale): 4 layers, d_model 128, 4 heads, byte-level; about 1.1M parameters.
   const ParamCount c = CountParams(DefaultModelConfig());
   EXPECT_EQ(c.total(), c.activated());
   EXPECT_GT(c.total(), 900000);
@@ -31,7 +31,7 @@ TEST(PresetsTest, NamesAreUniqueAndFindable) {
     EXPECT_EQ(FindVariantPreset(p.name), &p);
   }
   EXPECT_EQ(FindVariantPreset("no_such_variant"), nullptr);
-  // PAPER.md §3: baseline, 3 expansions, 11 gates, 3 controls, 2 sparsity controls,
+  // The paper's variant matrix: baseline, 3 expansions, 11 gates, 3 controls, 2 sparsity controls,
   // 5 SwitchHeads, sandwich norm, 2 clamps.
   EXPECT_EQ(names.size(), 28u);
 }

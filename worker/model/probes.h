@@ -1,5 +1,5 @@
-// Probes of PAPER.md §5, recorded from the forward pass that trains (the model calls these
-// hooks when handed a recorder; there is no second implementation of attention).
+// The probes of docs/model.md ("Probes"), recorded from the forward pass that trains (the model
+// calls these hooks when handed a recorder; there is no second implementation of attention).
 //
 // Usage: build a recorder, run forward(tokens, &recorder) on one or more evaluation batches under
 // NoGradGuard, then Finish(). Values accumulate across batches: means are over every token

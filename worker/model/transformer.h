@@ -1,4 +1,4 @@
-// The gated decoder-only transformer of PAPER.md §1-§3, one class per concept.
+// The gated decoder-only transformer of the paper (docs/model.md), one class per concept.
 //
 // Every variant is a ModelConfig: the gate (position, granularity, sharing, mode, activation,
 // input dependence), the non-gate controls, SwitchHead, MoE, sandwich norm and output clamp are
@@ -38,7 +38,7 @@ class SkipInitGuard {
   bool previous_;
 };
 
-// y = x W^T with W (out, in) ~ N(0, init_std): no biases anywhere (PAPER.md §1).
+// y = x W^T with W (out, in) ~ N(0, init_std): no biases anywhere (the paper, docs/model.md).
 class LinearImpl : public torch::nn::Module {
  public:
   LinearImpl(int64_t in, int64_t out, double init_std);
@@ -61,7 +61,7 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
-// act() of a gate, elementwise (PAPER.md §2).
+// act() of a gate, elementwise (docs/model.md, "The gate").
 torch::Tensor GateActivate(const torch::Tensor& logits, GateActivation activation);
 
 // Y' = Y * scores (multiplicative) or Y + scores (additive); scores broadcast against Y.

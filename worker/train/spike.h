@@ -1,4 +1,5 @@
-// Loss-spike and divergence detection (DESIGN.md), one small unit per rule, run every step.
+// Loss-spike and divergence detection (docs/training.md, "Spikes and divergence"), one small unit
+// per rule, run every step.
 //
 // Each detector sees one signal's values in step order and says whether the newest value is an
 // event. SpikeMonitor runs the four rules over loss and gradient norm and returns the events of a

@@ -170,9 +170,9 @@ ModelConfig GateConfigFor(GatePosition pos, int heads, int head_dim) {
 }
 
 TEST(GateTest, PaperWorkedExample) {
-  // PAPER.md §2: SDPA outputs [2, -1] and [1, 3], gate scores [0.1, 0.9] and [0.8, 0.05] give
-  // [0.2, -0.9] and [0.8, 0.15], concatenated and fed to W_O. The scores come out of the gate
-  // module: identity projection, X = logit(score).
+  // docs/model.md, "The gate": SDPA outputs [2, -1] and [1, 3], gate scores [0.1, 0.9] and [0.8,
+  // 0.05] give [0.2, -0.9] and [0.8, 0.15], concatenated and fed to W_O. The scores come out of the
+  // gate module: identity projection, X = logit(score).
   ModelConfig c = GateConfigFor(GATE_G1, /*heads=*/2, /*head_dim=*/2);
   Gate gate(c);
   {

@@ -1,6 +1,6 @@
 // The analytic counter against the LibTorch model at paper scale: both dense 1.7B configs of
-// PAPER.md §1 (about 7 GB each in fp32, built one at a time), baseline and the gated variants of
-// Table 2.
+// the paper (docs/model.md; about 7 GB each in fp32, built one at a time), baseline and the gated
+// variants of Table 2.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
