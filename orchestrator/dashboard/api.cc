@@ -422,24 +422,31 @@ std::optional<Response> DashboardServer::Impl::FindEvaluation(int64_t id, const 
   return Error(404, absl::StrCat("run ", id, " has no evaluation at step ", *asked));
 }
 
+namespace {
+
+// The answer to a read of what run `id` stored at evaluation `step`:
+// `{"run", "step", list_key: [to_json(item), ...]}`, or the error the read gave.
+template <typename Item, typename ToJson>
+Response StepList(int64_t id, int64_t step, const char* list_key,
+                  const absl::StatusOr<std::vector<Item>>& items, ToJson to_json) {
+  if (!items.ok()) return FromStatus(items.status());
+  json list = json::array();
+  for (const Item& item : *items) list.push_back(to_json(item));
+  return JsonResponse(200, json{{"run", id}, {"step", step}, {list_key, list}});
+}
+
+}  // namespace
+
 Response DashboardServer::Impl::RunProbes(int64_t id, const Request& r) {
   int64_t step = 0;
   if (std::optional<Response> instead = FindEvaluation(id, r, "layers", &step)) return *instead;
-  absl::StatusOr<std::vector<LayerProbes>> layers = reader->LayerProbesAt(id, step);
-  if (!layers.ok()) return FromStatus(layers.status());
-  json list = json::array();
-  for (const LayerProbes& p : *layers) list.push_back(LayerJson(p));
-  return JsonResponse(200, json{{"run", id}, {"step", step}, {"layers", list}});
+  return StepList(id, step, "layers", reader->LayerProbesAt(id, step), LayerJson);
 }
 
 Response DashboardServer::Impl::RunAttention(int64_t id, const Request& r) {
   int64_t step = 0;
   if (std::optional<Response> instead = FindEvaluation(id, r, "maps", &step)) return *instead;
-  absl::StatusOr<std::vector<AttentionMap>> maps = reader->AttentionMapsAt(id, step);
-  if (!maps.ok()) return FromStatus(maps.status());
-  json list = json::array();
-  for (const AttentionMap& m : *maps) list.push_back(AttentionMapJson(m));
-  return JsonResponse(200, json{{"run", id}, {"step", step}, {"maps", list}});
+  return StepList(id, step, "maps", reader->AttentionMapsAt(id, step), AttentionMapJson);
 }
 
 Response DashboardServer::Impl::RunSpikes(int64_t id) {

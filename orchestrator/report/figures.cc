@@ -317,36 +317,52 @@ absl::StatusOr<SweepFigures> ComputeSweepFigures(const StoreReader& reader,
 
 json MeanStdJson(const MeanStd& m) { return json{{"mean", m.mean}, {"std", m.std}}; }
 
+namespace {
+
+// The fields a comparison row and a group's figures share: the group, its runs by outcome and
+// the summary metrics, each through `stat`. A json object keeps its keys sorted, so the fields a
+// caller adds to this one land where they would in a single literal; these are written in that
+// (the printed) order.
+template <typename Group, typename StatJson>
+json GroupSummaryJson(const Group& g, StatJson stat) {
+  return json{{"axes", g.axes},
+              {"description", g.description},
+              {"diverged", g.diverged},
+              {"f_attn", stat(g.f_attn)},
+              {"failed", g.failed},
+              {"gate_score", stat(g.gate_score)},
+              {"m_act", stat(g.m_act)},
+              {"n", g.n},
+              {"runs", g.runs},
+              {"unfinished", g.unfinished},
+              {"val_loss", stat(g.val_loss)},
+              {"val_ppl", stat(g.val_ppl)},
+              {"variant", g.variant}};
+}
+
+json LengthStatJson(const LengthStat& l) {
+  return json{{"seq_len", l.seq_len},
+              {"yarn", l.yarn},
+              {"n", l.n},
+              {"val_loss", MeanStdJson(l.val_loss)},
+              {"val_ppl", MeanStdJson(l.val_ppl)}};
+}
+
+}  // namespace
+
 json ComparisonTableJson(const ComparisonTable& t) {
   json rows = json::array();
   for (const ComparisonRow& r : t.rows) {
     json lengths = json::array();
-    for (const LengthStat& l : r.lengths) {
-      lengths.push_back(json{{"seq_len", l.seq_len},
-                             {"yarn", l.yarn},
-                             {"n", l.n},
-                             {"val_loss", MeanStdJson(l.val_loss)},
-                             {"val_ppl", MeanStdJson(l.val_ppl)}});
-    }
-    rows.push_back(json{{"variant", r.variant},
-                        {"description", r.description},
-                        {"axes", r.axes},
-                        {"runs", r.runs},
-                        {"n", r.n},
-                        {"diverged", r.diverged},
-                        {"failed", r.failed},
-                        {"unfinished", r.unfinished},
-                        {"val_loss", MeanStdJson(r.val_loss)},
-                        {"val_ppl", MeanStdJson(r.val_ppl)},
-                        {"gate_score", MeanStdJson(r.gate_score)},
-                        {"m_act", MeanStdJson(r.m_act)},
-                        {"f_attn", MeanStdJson(r.f_attn)},
-                        {"spike_score", MeanStdJson(r.spike_score)},
-                        {"train_loss", MeanStdJson(r.train_loss)},
-                        {"params_total", r.params_total},
-                        {"params_activated", r.params_activated},
-                        {"params_added", r.params_added},
-                        {"lengths", std::move(lengths)}});
+    for (const LengthStat& l : r.lengths) lengths.push_back(LengthStatJson(l));
+    json row = GroupSummaryJson(r, MeanStdJson);
+    row.update(json{{"spike_score", MeanStdJson(r.spike_score)},
+                    {"train_loss", MeanStdJson(r.train_loss)},
+                    {"params_total", r.params_total},
+                    {"params_activated", r.params_activated},
+                    {"params_added", r.params_added},
+                    {"lengths", std::move(lengths)}});
+    rows.push_back(std::move(row));
   }
   return json{{"sweep", t.sweep}, {"rows", rows}};
 }
@@ -397,31 +413,20 @@ json SweepFiguresJson(const SweepFigures& f) {
     if (!g.gate_counts.empty()) {
       histogram = json{{"lo", g.gate_lo}, {"hi", g.gate_hi}, {"counts", g.gate_counts}};
     }
-    groups.push_back(
-        json{{"variant", g.variant},
-             {"axes", g.axes},
-             {"label", g.label},
-             {"description", g.description},
-             {"runs", g.runs},
-             {"n", g.n},
-             {"diverged", g.diverged},
-             {"failed", g.failed},
-             {"unfinished", g.unfinished},
+    json group = GroupSummaryJson(g, MeanStd7);
+    group.update(
+        json{{"label", g.label},
              {"interim", g.interim},
              {"eval_runs", g.eval_runs},
              {"eval_step_min", g.eval_step_min},
              {"eval_step_max", g.eval_step_max},
-             {"val_loss", MeanStd7(g.val_loss)},
-             {"val_ppl", MeanStd7(g.val_ppl)},
-             {"gate_score", MeanStd7(g.gate_score)},
-             {"m_act", MeanStd7(g.m_act)},
-             {"f_attn", MeanStd7(g.f_attn)},
              {"layers", std::move(layers)},
              {"gate_histogram", std::move(histogram)},
              {"band_runs", g.band_runs},
              {"loss", json{{"n", g.loss_n}, {"mean", std::move(mean)}, {"std", std::move(stdev)}}},
              {"diverged_curves", std::move(diverged)},
              {"spikes", std::move(spikes)}});
+    groups.push_back(std::move(group));
   }
   return json{{"sweep", f.sweep.name},
               {"state", f.sweep.state},

@@ -404,25 +404,14 @@ class Chart::Painter {
                     "\"/></clipPath>\n<g clip-path=\"url(#", id, ")\">\n");
     std::string markers;
     for (const Element& e : chart_.elements_) {
+      // A case a line: this switch is a dispatch table, one painter a kind.
       switch (e.kind) {
-        case Kind::kLine:
-          Line(e);
-          break;
-        case Kind::kBand:
-          Band(e);
-          break;
-        case Kind::kBars:
-          Bars(e);
-          break;
-        case Kind::kErrorBars:
-          ErrorBars(e);
-          break;
-        case Kind::kPoints:
-          Points(e);
-          break;
-        case Kind::kMarkers:
-          Markers(e, &markers);
-          break;
+        case Kind::kLine: Line(e); break;
+        case Kind::kBand: Band(e); break;
+        case Kind::kBars: Bars(e); break;
+        case Kind::kErrorBars: ErrorBars(e); break;
+        case Kind::kPoints: Points(e); break;
+        case Kind::kMarkers: Markers(e, &markers); break;
       }
     }
     absl::StrAppend(&out_, "</g>\n", markers);

@@ -53,6 +53,30 @@ class EndToEndTest : public ::testing::Test {
 
   fs::path Db() const { return state_ / "ablate.db"; }
 
+  // `ablate submit SPEC`, which must succeed: a failure, shown with its log (dir_/LOG), is fatal
+  // (callers check with ASSERT_NO_FATAL_FAILURE).
+  void SubmitSpec(const fs::path& spec, const std::string& log) {
+    ASSERT_EQ(Ablate({"submit", spec.string()}, dir_ / log), 0) << Slurp(dir_ / log);
+  }
+
+  // `bin ARGS`, run to its end (30 s at most), fails with exit code 1, its log (dir_/LOG) saying
+  // `says`.
+  void ExpectFailsSaying(const std::string& bin, const std::vector<std::string>& args,
+                         const std::string& log, const std::string& says) {
+    EXPECT_EQ(WaitExit(Spawn(bin, args, dir_ / log), std::chrono::seconds(30)), 1);
+    EXPECT_NE(Slurp(dir_ / log).find(says), std::string::npos) << Slurp(dir_ / log);
+  }
+
+  // How many runs have each step from 1 on stored once: through step `last`, or (0) through
+  // wherever the run stopped.
+  int64_t RunsWithEveryStep(int64_t last = 0) const {
+    const std::string n = std::to_string(last);
+    const std::string through =
+        last > 0 ? "count(*) = " + n + " AND max(step) = " + n : "count(*) = max(step)";
+    return QueryInt(Db(), "SELECT count(*) FROM (SELECT run_id FROM step_metrics GROUP BY run_id "
+                          "HAVING min(step) = 1 AND " + through + ")");
+  }
+
   // `ablate serve` on a free port: its pid once it wrote its address (in *address), else -1.
   pid_t StartServe(std::string* address) {
     const pid_t serve = Spawn(ABLATE_BIN, {"serve", "--port", "0", "--state-dir", state_.string()},
@@ -75,19 +99,14 @@ TEST_F(EndToEndTest, ServeAndTwoWorkersTrainASweepToCompletion) {
   std::string address;
   const pid_t serve = StartServe(&address);
   ASSERT_GT(serve, 0) << Slurp(dir_ / "serve.log");
-  ASSERT_EQ(Ablate({"submit", Spec("e2e", 30).string()}, dir_ / "submit.log"), 0)
-      << Slurp(dir_ / "submit.log");
+  ASSERT_NO_FATAL_FAILURE(SubmitSpec(Spec("e2e", 30), "submit.log"));
 
   // Each credential does its own part only: the read-only one cannot register a worker, the
   // worker one cannot submit.
-  EXPECT_EQ(WaitExit(Spawn(ABLATE_WORKER_BIN,
-                           {"--coordinator", address, "--token-file",
-                            (state_ / "read-token").string(), "--name", "reader"},
-                           dir_ / "reader.log"),
-                     std::chrono::seconds(30)),
-            1);
-  EXPECT_NE(Slurp(dir_ / "reader.log").find("PERMISSION_DENIED"), std::string::npos)
-      << Slurp(dir_ / "reader.log");
+  ExpectFailsSaying(ABLATE_WORKER_BIN,
+                    {"--coordinator", address, "--token-file", (state_ / "read-token").string(),
+                     "--name", "reader"},
+                    "reader.log", "PERMISSION_DENIED");
   EXPECT_EQ(Ablate({"submit", Spec("rogue", 30).string(), "--token-file",
                     (state_ / "worker-token").string()},
                    dir_ / "rogue.log"),
@@ -130,9 +149,7 @@ TEST_F(EndToEndTest, ServeAndTwoWorkersTrainASweepToCompletion) {
   EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM runs WHERE steps_done = 30 AND val_loss > 0"), 4);
   // Every step of every run, once.
   EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM step_metrics"), 4 * 30);
-  EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM (SELECT run_id FROM step_metrics GROUP BY run_id "
-                         "HAVING min(step) = 1 AND max(step) = 30 AND count(*) = 30)"),
-            4);
+  EXPECT_EQ(RunsWithEveryStep(30), 4);
   EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM eval_metrics"), 4 * 2);  // steps 15 and 30
   EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM attempts WHERE state = 'SUCCEEDED'"), 4);
   EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM attempts WHERE checkpoint_step = 30"), 4);
@@ -148,10 +165,8 @@ TEST_F(EndToEndTest, AWorkerOfTwoSlotsPacksNarrowRunsAndGivesWideOnesBothSlots) 
   std::string address;
   const pid_t serve = StartServe(&address);
   ASSERT_GT(serve, 0) << Slurp(dir_ / "serve.log");
-  ASSERT_EQ(Ablate({"submit", Spec("narrow", 60, 1, 4).string()}, dir_ / "narrow.log"), 0)
-      << Slurp(dir_ / "narrow.log");
-  ASSERT_EQ(Ablate({"submit", Spec("wide", 30, 2).string()}, dir_ / "wide.log"), 0)
-      << Slurp(dir_ / "wide.log");
+  ASSERT_NO_FATAL_FAILURE(SubmitSpec(Spec("narrow", 60, 1, 4), "narrow.log"));
+  ASSERT_NO_FATAL_FAILURE(SubmitSpec(Spec("wide", 30, 2), "wide.log"));
   const pid_t worker = Spawn(ABLATE_WORKER_BIN,
                              {"--coordinator", address, "--token-file",
                               (state_ / "worker-token").string(), "--name", "pair", "--slots",
@@ -172,9 +187,7 @@ TEST_F(EndToEndTest, AWorkerOfTwoSlotsPacksNarrowRunsAndGivesWideOnesBothSlots) 
   EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM runs WHERE state = 'SUCCEEDED' AND attempts = 1"), 12)
       << Slurp(dir_ / "pair.log");
   EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM runs WHERE devices = 2"), 4);
-  EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM (SELECT run_id FROM step_metrics GROUP BY run_id "
-                         "HAVING min(step) = 1 AND count(*) = max(step))"),
-            12);
+  EXPECT_EQ(RunsWithEveryStep(), 12);
   // Attempts that trained at the same time: narrow ones did; a wide one never shared the worker.
   const std::string overlapping =
       "SELECT count(*) FROM attempts a JOIN attempts b ON a.run_id < b.run_id "
@@ -194,8 +207,7 @@ TEST_F(EndToEndTest, TwoOneSlotWorkersTrainAWiderRunAsAGangAndSurviveALostMember
   std::string address;
   const pid_t serve = StartServe(&address);
   ASSERT_GT(serve, 0) << Slurp(dir_ / "serve.log");
-  ASSERT_EQ(Ablate({"submit", Spec("gang", 30, 2, 1).string()}, dir_ / "gang.log"), 0)
-      << Slurp(dir_ / "gang.log");
+  ASSERT_NO_FATAL_FAILURE(SubmitSpec(Spec("gang", 30, 2, 1), "gang.log"));
   const auto worker = [&](const std::string& name, const std::string& idle_exit) {
     return Spawn(ABLATE_WORKER_BIN,
                  {"--coordinator", address, "--token-file", (state_ / "worker-token").string(),
@@ -213,9 +225,7 @@ TEST_F(EndToEndTest, TwoOneSlotWorkersTrainAWiderRunAsAGangAndSurviveALostMember
                            "AND devices = 2 AND steps_done = 30"),
             2)
       << logs;
-  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM (SELECT run_id FROM step_metrics GROUP BY run_id "
-                           "HAVING min(step) = 1 AND count(*) = 30 AND max(step) = 30)"),
-            2);
+  EXPECT_EQ(RunsWithEveryStep(30), 2);
   // Each run had one rank on each worker: one log names rank 1 here, at a port in range.
   const std::regex part("x 2 ranks \\(ranks 1-1 here, rendezvous 127\\.0\\.0\\.1:(\\d+)\\)");
   std::smatch match;
@@ -225,8 +235,7 @@ TEST_F(EndToEndTest, TwoOneSlotWorkersTrainAWiderRunAsAGangAndSurviveALostMember
 
   // Long runs (a few seconds each); the member (not rank 0's worker) of the first is killed
   // after its checkpoint of step 10, long before the run could end.
-  ASSERT_EQ(Ablate({"submit", Spec("long", 400, 2, 1).string()}, dir_ / "long.log"), 0)
-      << Slurp(dir_ / "long.log");
+  ASSERT_NO_FATAL_FAILURE(SubmitSpec(Spec("long", 400, 2, 1), "long.log"));
   const pid_t w3 = worker("w3", "10"), w4 = worker("w4", "10");
   ASSERT_GT(w3, 0);
   ASSERT_GT(w4, 0);
@@ -266,9 +275,7 @@ TEST_F(EndToEndTest, TwoOneSlotWorkersTrainAWiderRunAsAGangAndSurviveALostMember
             1)
       << all;
   EXPECT_NE(all.find("resuming from the checkpoint of step"), std::string::npos) << all;
-  EXPECT_EQ(QueryInt(Db(), "SELECT count(*) FROM (SELECT run_id FROM step_metrics GROUP BY run_id "
-                           "HAVING min(step) = 1 AND count(*) = max(step))"),
-            4);
+  EXPECT_EQ(RunsWithEveryStep(), 4);
 }
 
 TEST_F(EndToEndTest, UpRunsCoordinatorAndWorkersAndCtrlCStopsAll) {
@@ -279,16 +286,14 @@ TEST_F(EndToEndTest, UpRunsCoordinatorAndWorkersAndCtrlCStopsAll) {
   ASSERT_GT(up, 0);
   ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)))
       << Slurp(log);
-  ASSERT_EQ(Ablate({"submit", Spec("quick", 30).string()}, dir_ / "submit.log"), 0)
-      << Slurp(dir_ / "submit.log");
+  ASSERT_NO_FATAL_FAILURE(SubmitSpec(Spec("quick", 30), "submit.log"));
   EXPECT_TRUE(WaitFor([&] { return QueryInt(Db(), "SELECT count(*) FROM runs WHERE state = "
                                                   "'SUCCEEDED'") == 4; },
                       std::chrono::seconds(180)))
       << Slurp(log);
 
   // A long sweep: Ctrl-C while both workers train.
-  ASSERT_EQ(Ablate({"submit", Spec("long", 100000).string()}, dir_ / "submit.log"), 0)
-      << Slurp(dir_ / "submit.log");
+  ASSERT_NO_FATAL_FAILURE(SubmitSpec(Spec("long", 100000), "submit.log"));
   EXPECT_TRUE(WaitFor([&] { return QueryInt(Db(), "SELECT count(*) FROM runs r JOIN sweeps s ON "
                                                   "s.id = r.sweep_id WHERE s.name = 'long' AND "
                                                   "r.steps_done >= 10") == 2; },
@@ -568,8 +573,7 @@ TEST_F(EndToEndTest, KilledCoordinatorRestartsAndTheSweepFinishesWithEveryStepOn
   std::string address = Slurp(state_ / "address");
   address.erase(address.find_last_not_of(" \n") + 1);
   const std::string port = address.substr(address.rfind(':') + 1);
-  ASSERT_EQ(Ablate({"submit", Spec("restarts", kSteps).string()}, dir_ / "submit.log"), 0)
-      << Slurp(dir_ / "submit.log");
+  ASSERT_NO_FATAL_FAILURE(SubmitSpec(Spec("restarts", kSteps), "submit.log"));
   std::vector<pid_t> workers;
   for (const char* name : {"w1", "w2"}) {
     workers.push_back(Spawn(ABLATE_WORKER_BIN,
@@ -632,14 +636,10 @@ TEST_F(EndToEndTest, UpWithTlsTrainsASweepOverEncryptedConnections) {
   // A client without the certificate gets nowhere.
   std::string address = Slurp(state_ / "address");
   address.erase(address.find_last_not_of(" \n") + 1);
-  EXPECT_EQ(WaitExit(Spawn(ABLATE_BIN,
-                           {"status", "--coordinator", address, "--state-dir",
-                            (dir_ / "elsewhere").string(), "--timeout", "3"},
-                           dir_ / "plain.log"),
-                     std::chrono::seconds(30)),
-            1);
-  EXPECT_NE(Slurp(dir_ / "plain.log").find("cannot reach the coordinator"), std::string::npos)
-      << Slurp(dir_ / "plain.log");
+  ExpectFailsSaying(ABLATE_BIN,
+                    {"status", "--coordinator", address, "--state-dir",
+                     (dir_ / "elsewhere").string(), "--timeout", "3"},
+                    "plain.log", "cannot reach the coordinator");
   kill(up, SIGINT);
   EXPECT_EQ(WaitExit(up, std::chrono::seconds(60)), 0) << Slurp(log);
 }

@@ -60,6 +60,17 @@ bool Fusable(const torch::Tensor& t) { return t.is_cpu() && t.scalar_type() == t
 // Rows per parallel task: enough work to amortise scheduling.
 int64_t Grain(int64_t row_len) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, row_len)); }
 
+// What every backward here starts from: the tensors its forward saved, and the gradient of its
+// first output made contiguous, since the kernels walk raw pointers.
+struct BackwardInputs {
+  tensor_list saved;
+  torch::Tensor grad;
+};
+
+BackwardInputs ReadBackwardInputs(AutogradContext* ctx, const tensor_list& grads) {
+  return {ctx->get_saved_variables(), grads[0].contiguous()};
+}
+
 class RmsNormCpu : public torch::autograd::Function<RmsNormCpu> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input,
@@ -88,9 +99,8 @@ class RmsNormCpu : public torch::autograd::Function<RmsNormCpu> {
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const auto saved = ctx->get_saved_variables();
+    const auto [saved, dy] = ReadBackwardInputs(ctx, grads);
     const torch::Tensor &x = saved[0], &weight = saved[1], &rstd = saved[2];
-    const torch::Tensor dy = grads[0].contiguous();
     const int64_t d = x.size(-1), rows = x.numel() / d;
     torch::Tensor dx = torch::empty_like(x);
     // dw = sum over rows of dy * x * rstd: one partial row per chunk of rows, summed in chunk
@@ -173,8 +183,7 @@ class RopeCpu : public torch::autograd::Function<RopeCpu> {
     return y;
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const torch::Tensor dy = grads[0].contiguous();  // (B, H, T, d)
+    const auto [saved, dy] = ReadBackwardInputs(ctx, grads);  // dy: (B, H, T, d)
     const int64_t B = dy.size(0), H = dy.size(1), T = dy.size(2), d = dy.size(3);
     torch::Tensor dx = torch::empty({B, T, H, d}, dy.options());
     RopeKernel(dy, saved[0], saved[1], dx, -1.0f,
@@ -201,9 +210,8 @@ class SiluMulCpu : public torch::autograd::Function<SiluMulCpu> {
     return y;
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const auto saved = ctx->get_saved_variables();
+    const auto [saved, g] = ReadBackwardInputs(ctx, grads);
     const torch::Tensor &a = saved[0], &b = saved[1], &sig = saved[2];
-    const torch::Tensor g = grads[0].contiguous();
     torch::Tensor da = torch::empty_like(a), db = torch::empty_like(b);
     const float *ap = a.data_ptr<float>(), *bp = b.data_ptr<float>(), *gp = g.data_ptr<float>();
     const float* sp = sig.data_ptr<float>();
@@ -244,9 +252,8 @@ class SigmoidGateCpu : public torch::autograd::Function<SigmoidGateCpu> {
     return out;
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const auto saved = ctx->get_saved_variables();
+    const auto [saved, g] = ReadBackwardInputs(ctx, grads);
     const torch::Tensor &out = saved[0], &sig = saved[1];
-    const torch::Tensor g = grads[0].contiguous();
     const int64_t P = out.size(-1), rows = out.numel() / P;
     const bool headwise = sig.size(-1) == 1 && P != 1;
     torch::Tensor dy = torch::empty_like(out), dl = torch::empty_like(sig);
@@ -297,8 +304,7 @@ class SigmoidGateCpu : public torch::autograd::Function<SigmoidGateCpu> {
 //
 // The products go to BLAS's sgemm on raw pointers (BlockGemm), not through ATen: a row block is
 // small (64 x T x dk), and the ~40 ATen calls a block took (views, narrows, addmm_out's checks)
-// cost more than its arithmetic at short sequences: 8.5% less CPU a step at d_model 128, T 128
-// (docs/model.md, "Speed").
+// cost more than its arithmetic at short sequences (docs/model.md, "Speed", has the figure).
 //
 // q (pre-scaled), k: (B, H, T, dk) and (B, KV, T, dk); v: (B, T, KV, dk); all contiguous fp32.
 // Returns {out (B, T, H, dk)}, and with `with_probs` {out, probs (B, H, T, T)} for the probes
@@ -381,6 +387,18 @@ std::vector<torch::Tensor> BlockViews(float* scratch, int64_t T) {
   return views;
 }
 
+// Group `g` of the B * KV the attention kernels split over: its batch, its KV head, and where its
+// K (T, dk) starts in k (B, KV, T, dk) and its V (T, dk, rows KV * dk apart) in v (B, T, KV, dk).
+// dK and dV have k's and v's layout, so the backward writes them at the same offsets.
+struct KvGroup {
+  int64_t b, kvh, k_at, v_at;
+};
+
+KvGroup KvGroupAt(int64_t g, int64_t KV, int64_t T, int64_t dk) {
+  const int64_t b = g / KV, kvh = g % KV;
+  return {b, kvh, (b * KV + kvh) * T * dk, (b * T * KV + kvh) * dk};
+}
+
 class CausalAttentionCpu : public torch::autograd::Function<CausalAttentionCpu> {
  public:
   static torch::autograd::tensor_list forward(torch::autograd::AutogradContext* ctx,
@@ -415,9 +433,8 @@ class CausalAttentionCpu : public torch::autograd::Function<CausalAttentionCpu> 
       std::vector<torch::Tensor> views = BlockViews(scratch.data(), T);
       float* const s = scratch.data();
       for (int64_t g = begin; g < end; ++g) {
-        const int64_t b = g / KV, kvh = g % KV;
-        const float* kg = kp + (b * KV + kvh) * T * dk;  // (T, dk)
-        const float* vg = vp + (b * T * KV + kvh) * dk;  // (T, dk), rows KV * dk apart
+        const auto [b, kvh, k_at, v_at] = KvGroupAt(g, KV, T, dk);
+        const float *kg = kp + k_at, *vg = vp + v_at;
         for (int64_t h = kvh * (H / KV); h < (kvh + 1) * (H / KV); ++h) {
           const float* qh = qp + (b * H + h) * T * dk;  // (T, dk)
           float* o = op + (b * T * H + h) * dk;         // (T, dk), rows H * dk apart
@@ -444,9 +461,8 @@ class CausalAttentionCpu : public torch::autograd::Function<CausalAttentionCpu> 
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
-    const auto saved = ctx->get_saved_variables();
+    const auto [saved, grad_out] = ReadBackwardInputs(ctx, grads);  // grad_out: (B, T, H, dk)
     const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &mask = saved[3];
-    const torch::Tensor grad_out = grads[0].contiguous();  // (B, T, H, dk)
     const int64_t B = q.size(0), H = q.size(1), T = q.size(2), dk = q.size(3), KV = k.size(1);
     torch::Tensor dq = torch::empty_like(q), dk_all = torch::zeros_like(k),
                   dv_all = torch::zeros_like(v);
@@ -461,11 +477,9 @@ class CausalAttentionCpu : public torch::autograd::Function<CausalAttentionCpu> 
       std::vector<torch::Tensor> views = BlockViews(p_scratch.data(), T);
       float* const p = p_scratch.data();
       for (int64_t g = begin; g < end; ++g) {
-        const int64_t b = g / KV, kvh = g % KV;
-        const float* kg = kp + (b * KV + kvh) * T * dk;  // (T, dk)
-        const float* vg = vp + (b * T * KV + kvh) * dk;  // (T, dk), rows KV * dk apart
-        float* dkg = dkp + (b * KV + kvh) * T * dk;
-        float* dvg = dvp + (b * T * KV + kvh) * dk;
+        const auto [b, kvh, k_at, v_at] = KvGroupAt(g, KV, T, dk);
+        const float *kg = kp + k_at, *vg = vp + v_at;
+        float *dkg = dkp + k_at, *dvg = dvp + v_at;
         for (int64_t h = kvh * (H / KV); h < (kvh + 1) * (H / KV); ++h) {
           const float* qh = qp + (b * H + h) * T * dk;
           const float* go = gp + (b * T * H + h) * dk;  // (T, dk), rows H * dk apart

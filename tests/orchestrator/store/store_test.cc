@@ -69,6 +69,22 @@ class StoreTest : public ::testing::Test {
     return r.ok() ? r->attempt : 0;
   }
 
+  // Reopens the store with `options` and failed writes retried within 20 to 50 ms (so that a test
+  // of failing writes sees the writer retry promptly), then submits a one-run sweep and starts it.
+  struct StartedRun {
+    int64_t sweep_id;
+    int64_t run;
+    int32_t attempt;
+  };
+  StartedRun ReopenRetryingAndStartARun(StoreOptions options = {}) {
+    options.retry_min = absl::Milliseconds(20);
+    options.retry_max = absl::Milliseconds(50);
+    Reopen(options);
+    SweepIds ids = Submit("s", {"baseline"}, 1);
+    const int64_t run = ids.run_ids[0];
+    return {ids.sweep_id, run, Start(run)};
+  }
+
   // Reopens the store with a WAL checkpoint limit of `pages` and one sweep of one run (id 1).
   void ReopenWithCheckpointLimit(int pages) {
     StoreOptions options;
@@ -1211,18 +1227,18 @@ TEST_F(StoreTest, QueryResultsFormatAsTableCsvAndJson) {
   absl::StatusOr<QueryResult> r = store_->reader().ReadOnlyQuery(
       "SELECT 1 AS a, 2.5 AS b, 'x,\"y\"' AS c, NULL AS d");
   ASSERT_TRUE(r.ok()) << r.status();
-  absl::StatusOr<std::string> csv = FormatQueryResult(*r, "csv");
-  ASSERT_TRUE(csv.ok());
-  EXPECT_EQ(*csv, "a,b,c,d\n1,2.5,\"x,\"\"y\"\"\",\n");
-  absl::StatusOr<std::string> json = FormatQueryResult(*r, "json");
-  ASSERT_TRUE(json.ok());
-  nlohmann::json j = nlohmann::json::parse(*json);
+  std::map<std::string, std::string> formatted;
+  for (const char* format : {"csv", "json", "table"}) {
+    absl::StatusOr<std::string> out = FormatQueryResult(*r, format);
+    ASSERT_TRUE(out.ok()) << format;
+    formatted[format] = *std::move(out);
+  }
+  EXPECT_EQ(formatted["csv"], "a,b,c,d\n1,2.5,\"x,\"\"y\"\"\",\n");
+  nlohmann::json j = nlohmann::json::parse(formatted["json"]);
   EXPECT_EQ(j[0]["a"], 1);
   EXPECT_EQ(j[0]["b"], 2.5);
   EXPECT_TRUE(j[0]["d"].is_null());
-  absl::StatusOr<std::string> table = FormatQueryResult(*r, "table");
-  ASSERT_TRUE(table.ok());
-  EXPECT_NE(table->find("(1 row)"), std::string::npos);
+  EXPECT_NE(formatted["table"].find("(1 row)"), std::string::npos);
   EXPECT_TRUE(absl::IsInvalidArgument(FormatQueryResult(*r, "xml").status()));
 }
 
@@ -1281,6 +1297,15 @@ TEST_F(StoreTest, DownsamplingKeepsTheLastPointAndSpikes) {
 
 // ---- Comparison table -----------------------------------------------------------------------------
 
+// Expects `row` to be `variant`'s, over `runs` runs: `n` of them averaged, `diverged` diverged.
+void ExpectRowCounts(const ComparisonRow& row, const std::string& variant, int runs, int n,
+                     int diverged) {
+  EXPECT_EQ(row.variant, variant);
+  EXPECT_EQ(row.runs, runs);
+  EXPECT_EQ(row.n, n);
+  EXPECT_EQ(row.diverged, diverged);
+}
+
 TEST_F(StoreTest, ComparisonTableMatchesHandComputedMeanAndStd) {
   SweepIds ids = Submit("table", {"baseline", "g1"}, 3);  // runs: b0 g0 b1 g1 b2 g2
   const double base_loss[] = {3.0, 3.1, 3.2};            // mean 3.1, std 0.1
@@ -1305,10 +1330,7 @@ TEST_F(StoreTest, ComparisonTableMatchesHandComputedMeanAndStd) {
   ASSERT_TRUE(table.ok()) << table.status();
   ASSERT_EQ(table->rows.size(), 2u);
   const ComparisonRow& base = table->rows[0];
-  EXPECT_EQ(base.variant, "baseline");
-  EXPECT_EQ(base.runs, 3);
-  EXPECT_EQ(base.n, 3);
-  EXPECT_EQ(base.diverged, 0);
+  ExpectRowCounts(base, "baseline", 3, 3, 0);
   EXPECT_NEAR(base.val_loss.mean, 3.1, 1e-12);
   EXPECT_NEAR(base.val_loss.std, 0.1, 1e-12);
   EXPECT_NEAR(base.val_ppl.mean, (std::exp(3.0) + std::exp(3.1) + std::exp(3.2)) / 3, 1e-9);
@@ -1323,10 +1345,7 @@ TEST_F(StoreTest, ComparisonTableMatchesHandComputedMeanAndStd) {
   EXPECT_EQ(base.params_total, 1000000);
   EXPECT_EQ(base.params_added, 0);
   const ComparisonRow& g1 = table->rows[1];
-  EXPECT_EQ(g1.variant, "g1");
-  EXPECT_EQ(g1.runs, 3);
-  EXPECT_EQ(g1.n, 2);
-  EXPECT_EQ(g1.diverged, 1);
+  ExpectRowCounts(g1, "g1", 3, 2, 1);
   EXPECT_NEAR(g1.val_loss.mean, 2.95, 1e-12);
   EXPECT_NEAR(g1.val_loss.std, std::sqrt(0.005), 1e-12);
   EXPECT_NEAR(g1.gate_score.mean, 0.25, 1e-12);
@@ -1457,12 +1476,9 @@ TEST_F(StoreTest, LengthTableAveragesEachRunsLastEvaluationPerLength) {
 TEST_F(StoreTest, ALockedDatabaseFailsClearlyAndRecoversWithoutLoss) {
   StoreOptions options;
   options.busy_timeout = absl::Milliseconds(50);
-  options.retry_min = absl::Milliseconds(20);
-  options.retry_max = absl::Milliseconds(50);
-  Reopen(options);
-  SweepIds ids = Submit("s", {"baseline"}, 1);
-  const int64_t run = ids.run_ids[0];
-  const int32_t attempt = Start(run);
+  const StartedRun started = ReopenRetryingAndStartARun(options);
+  const int64_t run = started.run;
+  const int32_t attempt = started.attempt;
 
   // Another process-like connection holds the write lock.
   sqlite3* other = nullptr;
@@ -1499,13 +1515,9 @@ TEST_F(StoreTest, ALockedDatabaseFailsClearlyAndRecoversWithoutLoss) {
 }
 
 TEST_F(StoreTest, AFullDiskFailsClearlyKeepsQueuedWritesAndRecovers) {
-  StoreOptions options;
-  options.retry_min = absl::Milliseconds(20);
-  options.retry_max = absl::Milliseconds(50);
-  Reopen(options);
-  SweepIds ids = Submit("s", {"baseline"}, 1);
-  const int64_t run = ids.run_ids[0];
-  const int32_t attempt = Start(run);
+  const StartedRun started = ReopenRetryingAndStartARun();
+  const int64_t run = started.run;
+  const int32_t attempt = started.attempt;
   ASSERT_TRUE(store_->ReportMetrics(Batch(run, attempt, 1, 1, 100)).ok());
 
   // The disk is "full": the database may not grow past its current size.
@@ -1524,7 +1536,8 @@ TEST_F(StoreTest, AFullDiskFailsClearlyKeepsQueuedWritesAndRecovers) {
   ASSERT_TRUE(absl::IsResourceExhausted(full)) << full;
   EXPECT_NE(full.message().find("full"), std::string::npos) << full;
   // More writes are still accepted into the queue meanwhile.
-  ASSERT_TRUE(store_->EnqueueEvent(ids.sweep_id, run, "note", "queued while the disk was full").ok());
+  ASSERT_TRUE(store_->EnqueueEvent(started.sweep_id, run, "note",
+                                   "queued while the disk was full").ok());
   ASSERT_TRUE(store_->EnqueueMetrics(Batch(run, attempt, seq++, step, 1000)).ok());
   step += 1000;
   EXPECT_TRUE(absl::IsResourceExhausted(store_->Flush()));

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <utility>
 #include <vector>
 
 #include "config/model_config.h"
@@ -35,6 +36,14 @@ class DataTest : public ::testing::Test {
     DataConfig c = DefaultTrainConfig().data();
     c.set_path(p.string());
     return c;
+  }
+  // The first `count` windows of `len` tokens of the validation split, back to back: inputs, then
+  // targets.
+  static std::pair<std::vector<int64_t>, std::vector<int64_t>> ConsecutiveWindows(
+      const TokenData& data, int64_t count, int64_t len) {
+    std::vector<int64_t> x(count * len), y(count * len);
+    data.Consecutive(TokenData::Split::kVal, count, len, x.data(), y.data());
+    return {x, y};
   }
   fs::path dir_;
 };
@@ -88,9 +97,8 @@ TEST_F(DataTest, ABosTokenStartsEveryWindow) {
 TEST_F(DataTest, ConsecutiveWindowsCoverTheSameTextAtEveryLength) {
   auto data = TokenData::Load(Config(WriteAlphabet()), 256, 8);
   ASSERT_TRUE(data.ok()) << data.status();
-  std::vector<int64_t> x8(3 * 8), y8(3 * 8), x4(6 * 4), y4(6 * 4);
-  data->Consecutive(TokenData::Split::kVal, 3, 8, x8.data(), y8.data());
-  data->Consecutive(TokenData::Split::kVal, 6, 4, x4.data(), y4.data());
+  const auto [x8, y8] = ConsecutiveWindows(*data, 3, 8);
+  const auto [x4, y4] = ConsecutiveWindows(*data, 6, 4);
   EXPECT_EQ(x8, x4);
   EXPECT_EQ(y8, y4);
   for (int t = 0; t < 24; ++t) EXPECT_EQ((y8[t] - 'a') % 26, (x8[t] - 'a' + 1) % 26) << t;

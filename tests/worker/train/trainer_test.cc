@@ -72,6 +72,16 @@ class TrainerTest : public testing::CorpusTest {
     if (!trainer.ok()) return trainer.status();
     return (*trainer)->Run(rec);
   }
+
+  // Trains `config` in `sub` into `rec`, a run that must end `state`; its summary in *summary. A
+  // trainer error is fatal (callers check with ASSERT_NO_FATAL_FAILURE).
+  void TrainTo(RunState state, const RunConfig& config, const std::string& sub, Recorder* rec,
+               RunSummary* summary) {
+    absl::StatusOr<RunSummary> trained = Train(config, sub, rec);
+    ASSERT_TRUE(trained.ok()) << trained.status();
+    EXPECT_EQ(trained->state(), state);
+    *summary = *std::move(trained);
+  }
 };
 
 // A block over 64 MiB allocated on a thread other than main stays in the heap: no mmap, so a
@@ -403,35 +413,33 @@ RunConfig Jumpy(RunConfig c, SpikePolicy policy) {
 
 TEST_F(TrainerTest, SkipPolicySkipsTheUpdateOfSpikingSteps) {
   Recorder rec;
-  auto summary = Train(Jumpy(Config(), SPIKE_SKIP), "run", &rec);
-  ASSERT_TRUE(summary.ok()) << summary.status();
-  EXPECT_EQ(summary->state(), SUCCEEDED);
+  RunSummary summary;
+  ASSERT_NO_FATAL_FAILURE(TrainTo(SUCCEEDED, Jumpy(Config(), SPIKE_SKIP), "run", &rec, &summary));
   ASSERT_FALSE(rec.spikes.empty());
   int skipped = 0;
   for (const StepMetrics& m : rec.steps) skipped += m.skipped();
   EXPECT_GT(skipped, 0);
   EXPECT_EQ(rec.spikes.front().action(), SPIKE_ACTION_SKIPPED);
   EXPECT_EQ(rec.spikes.front().kind(), SPIKE_STATISTICAL);
-  EXPECT_GT(summary->spike_score(), 0.0);
-  EXPECT_EQ(summary->spike_steps(), skipped);
+  EXPECT_GT(summary.spike_score(), 0.0);
+  EXPECT_EQ(summary.spike_steps(), skipped);
 }
 
 TEST_F(TrainerTest, StopPolicyEndsDivergedAtTheFirstSpike) {
   Recorder rec;
-  auto summary = Train(Jumpy(Config(), SPIKE_STOP), "run", &rec);
-  ASSERT_TRUE(summary.ok()) << summary.status();
-  EXPECT_EQ(summary->state(), DIVERGED);
+  RunSummary summary;
+  ASSERT_NO_FATAL_FAILURE(TrainTo(DIVERGED, Jumpy(Config(), SPIKE_STOP), "run", &rec, &summary));
   ASSERT_FALSE(rec.spikes.empty());
-  EXPECT_EQ(rec.spikes.front().step(), summary->steps_done());
+  EXPECT_EQ(rec.spikes.front().step(), summary.steps_done());
   EXPECT_EQ(rec.spikes.front().action(), SPIKE_ACTION_STOPPED);
 }
 
 TEST_F(TrainerTest, RollbackPolicyRestoresTheCheckpointAndSkipsAhead) {
   Recorder rec;
-  auto summary = Train(Jumpy(Config(), SPIKE_ROLLBACK), "run", &rec);
-  ASSERT_TRUE(summary.ok()) << summary.status();
-  EXPECT_EQ(summary->state(), SUCCEEDED);
-  EXPECT_EQ(summary->steps_done(), 40);
+  RunSummary summary;
+  ASSERT_NO_FATAL_FAILURE(
+      TrainTo(SUCCEEDED, Jumpy(Config(), SPIKE_ROLLBACK), "run", &rec, &summary));
+  EXPECT_EQ(summary.steps_done(), 40);
   int rolled = 0;
   for (const SpikeEvent& e : rec.spikes) {
     if (e.action() != SPIKE_ACTION_ROLLED_BACK) continue;
@@ -448,18 +456,16 @@ TEST_F(TrainerTest, RollbackPolicyRestoresTheCheckpointAndSkipsAhead) {
 TEST_F(TrainerTest, StopDirectiveCancels) {
   Recorder rec;
   rec.stop_at = 5;
-  auto summary = Train(Config(), "run", &rec);
-  ASSERT_TRUE(summary.ok());
-  EXPECT_EQ(summary->state(), CANCELLED);
-  EXPECT_EQ(summary->steps_done(), 5);
+  RunSummary summary;
+  ASSERT_NO_FATAL_FAILURE(TrainTo(CANCELLED, Config(), "run", &rec, &summary));
+  EXPECT_EQ(summary.steps_done(), 5);
 
   // Asked before a checkpoint (an agent whose lease may be gone): stopped, nothing written.
   Recorder before;
   before.stop_before_checkpoint_at = 20;
-  auto stopped = Train(Config(), "before", &before);
-  ASSERT_TRUE(stopped.ok());
-  EXPECT_EQ(stopped->state(), CANCELLED);
-  EXPECT_EQ(stopped->steps_done(), 20);
+  RunSummary stopped;
+  ASSERT_NO_FATAL_FAILURE(TrainTo(CANCELLED, Config(), "before", &before, &stopped));
+  EXPECT_EQ(stopped.steps_done(), 20);
   EXPECT_EQ(before.checkpoints, std::vector<int64_t>{10});
   EXPECT_FALSE(fs::exists(dir_ / "before" / "checkpoint.prev.pt"));
 }
