@@ -201,7 +201,7 @@ class Agent::Impl::OtherRanks {
   RunSummary RunMember(agent::JobReporter* reporter);
   // After rank 0 trained (or failed): waits for the others (stopping them when rank 0 failed)
   // and names a rank that failed in a failed *summary.
-  void Finish(absl::StatusOr<RunSummary>* summary);
+  void WaitForOthers(absl::StatusOr<RunSummary>* summary);
 
  private:
   // Starts the thread that ends the rendezvous when one of the ranks fails.

@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "config/durable_file.h"
+#include "common/durable_file.h"
 #include "config/proto_yaml.h"
 #include "proto/grpc_status.h"
 #include "worker/agent/agent_internal.h"
@@ -113,7 +113,7 @@ absl::Status Agent::Impl::RunJob(const Job& job, std::optional<Job>* next) {
   OtherRanks ranks(this, a.run);
   Training t;
   Train(a, &reporter, &ranks, &t);
-  ranks.Finish(&t.summary);
+  ranks.WaitForOthers(&t.summary);
   t.process.reset();
   if (t.trainer != nullptr) {
     // A job trained here kept its freed memory in the heap (KeepFreedMemoryInHeap): give it back

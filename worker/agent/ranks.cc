@@ -116,7 +116,7 @@ void Agent::Impl::OtherRanks::StopWatching() {
   if (watcher_.joinable()) watcher_.join();
 }
 
-void Agent::Impl::OtherRanks::Finish(absl::StatusOr<RunSummary>* summary) {
+void Agent::Impl::OtherRanks::WaitForOthers(absl::StatusOr<RunSummary>* summary) {
   if (!processes_) return;
   StopWatching();
   if (!summary->ok()) processes_->Signal(SIGTERM);  // rank 0 failed: the others cannot go on

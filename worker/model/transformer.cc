@@ -402,7 +402,7 @@ BlockImpl::BlockImpl(const ModelConfig& c, int layer) : config_(c), layer_(layer
   }
 }
 
-torch::Tensor BlockImpl::Finish(torch::Tensor h, RMSNorm& post_norm) {
+torch::Tensor BlockImpl::ToResidual(torch::Tensor h, RMSNorm& post_norm) {
   if (post_norm) h = post_norm(h);
   if (config_.output_clamp() > 0) h = h.clamp(-config_.output_clamp(), config_.output_clamp());
   return h;
@@ -410,10 +410,10 @@ torch::Tensor BlockImpl::Finish(torch::Tensor h, RMSNorm& post_norm) {
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, torch::Tensor* aux_loss,
                                  ProbeRecorder* probes) {
-  torch::Tensor a = Finish(attn_(attn_norm_(x), probes), attn_post_norm_);  // (B, T, d)
+  torch::Tensor a = ToResidual(attn_(attn_norm_(x), probes), attn_post_norm_);  // (B, T, d)
   torch::Tensor h = x + a;
   torch::Tensor normed = ffn_norm_(h);
-  torch::Tensor f = Finish(moe_ ? moe_(normed, aux_loss) : ffn_(normed), ffn_post_norm_);
+  torch::Tensor f = ToResidual(moe_ ? moe_(normed, aux_loss) : ffn_(normed), ffn_post_norm_);
   torch::Tensor out = h + f;
   if (probes) probes->Residuals(layer_, a, h, f, out);
   return out;

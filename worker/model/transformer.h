@@ -216,7 +216,7 @@ class BlockImpl : public torch::nn::Module {
 
  private:
   // Sandwich norm and clamp of a sublayer output, before the residual add.
-  torch::Tensor Finish(torch::Tensor h, RMSNorm& post_norm);
+  torch::Tensor ToResidual(torch::Tensor h, RMSNorm& post_norm);
 
   ModelConfig config_;
   int layer_;
