@@ -23,7 +23,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "config/binary_init.h"
+#include "common/binary_init.h"
 #include "orchestrator/coordinator/server.h"
 
 namespace ablate {

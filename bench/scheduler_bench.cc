@@ -70,7 +70,7 @@
 #include "absl/strings/str_join.h"
 #include "grpcpp/grpcpp.h"
 #include "bench/stats.h"
-#include "config/binary_init.h"
+#include "common/binary_init.h"
 #include "proto/ablate.grpc.pb.h"
 #include "tests/process_util.h"
 #include "tests/sim_worker.h"

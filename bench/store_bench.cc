@@ -32,7 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "config/binary_init.h"
+#include "common/binary_init.h"
 #include "config/model_config.h"
 #include "orchestrator/store/store.h"
 #include "orchestrator/store/format.h"

@@ -6,10 +6,10 @@
 #include <exception>
 
 #include "absl/time/time.h"
-#include "config/binary_init.h"
+#include "common/binary_init.h"
 #include "proto/grpc_status.h"
-#include "config/state_dir.h"
-#include "config/token_flag.h"
+#include "common/state_dir.h"
+#include "common/token_flag.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/job_process.h"
 #include "worker/train/trainer.h"

@@ -1,7 +1,7 @@
 // `ablate`: the researcher's command line. Logic lives in orchestrator/cli/cli.cc.
 #include <iostream>
 
-#include "config/binary_init.h"
+#include "common/binary_init.h"
 #include "orchestrator/cli/cli.h"
 #include "proto/grpc_status.h"
 

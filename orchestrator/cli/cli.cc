@@ -12,7 +12,7 @@
 #include "orchestrator/cli/report_command.h"
 #include "orchestrator/cli/serve_command.h"
 #include "orchestrator/cli/up_command.h"
-#include "orchestrator/spec/version.h"
+#include "orchestrator/sweep/version.h"
 #include "orchestrator/cli/workers_command.h"
 
 namespace ablate {

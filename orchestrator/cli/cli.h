@@ -1,4 +1,7 @@
-// The `ablate` command line: one CLI11 app, one subcommand per file (expand_command.h, ...).
+// The `ablate` command line: one CLI11 app. Each command that runs something here has its file
+// (expand_command.h, serve_command.h, up_command.h, workers_command.h, dashboard_command.h,
+// report_command.h); the eight that are calls to a running coordinator (submit, status, watch,
+// cancel, rerun, query, table, export) share client_commands.h.
 //
 // main() only forwards to RunAblateCli, so tests drive the real command line in-process.
 // Every subcommand has --help; success exits 0; a failure prints its message (each line a

@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "config/state_dir.h"
+#include "common/state_dir.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ablate.grpc.pb.h"
 

@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "fmt/format.h"
-#include "config/token_flag.h"
+#include "common/token_flag.h"
 #include "orchestrator/cli/cost.h"
 #include "orchestrator/store/reader.h"
 
@@ -234,8 +234,7 @@ absl::Status PrintSubmitted(CoordinatorClient& client, const SubmitResponse& r,
 }
 
 // `ablate submit SPEC [--watch] [--force]`.
-void AddSubmitCommand(CLI::App* app, std::ostream* out, std::ostream* err,
-                      std::function<absl::Status()>* action) {
+void AddSubmitCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
       "submit", "Queue a sweep on the coordinator. Runs identical to one that already "
                 "succeeded (same run key) reuse its result unless --force.");
@@ -322,8 +321,7 @@ absl::Status PrintSweepRuns(CoordinatorClient& client, const std::string& sweep,
 }
 
 // `ablate status [SWEEP]`.
-void AddStatusCommand(CLI::App* app, std::ostream* out, std::ostream* err,
-                      std::function<absl::Status()>* action) {
+void AddStatusCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
       "status", "Sweeps and their run counts, and the workers with their slots in use; with "
                 "SWEEP, every run of it.");
@@ -334,15 +332,14 @@ void AddStatusCommand(CLI::App* app, std::ostream* out, std::ostream* err,
 }
 
 // `ablate watch SWEEP [--plain]`.
-void AddWatchCommand(CLI::App* app, std::ostream* out, std::ostream* err,
-                     std::function<absl::Status()>* action) {
+void AddWatchCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
       "watch", "Live progress of every run of a sweep, spikes and divergences as they "
                "happen; exits when the sweep ends.");
-  auto flags = std::make_shared<ClientFlags>();
-  auto watch_flags = std::make_shared<WatchFlags>();
   std::shared_ptr<std::string> sweep = AddSweepArgument(cmd);
+  auto watch_flags = std::make_shared<WatchFlags>();
   AddWatchFlags(cmd, watch_flags.get());
+  auto flags = std::make_shared<ClientFlags>();
   SetClientAction(
       cmd, action,
       [=](CoordinatorClient& client) {
@@ -354,8 +351,7 @@ void AddWatchCommand(CLI::App* app, std::ostream* out, std::ostream* err,
 }
 
 // `ablate cancel SWEEP`.
-void AddCancelCommand(CLI::App* app, std::ostream* out, std::ostream* err,
-                      std::function<absl::Status()>* action) {
+void AddCancelCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
       "cancel", "Cancel a sweep: queued runs become CANCELLED, running ones are stopped.");
   std::shared_ptr<std::string> sweep = AddSweepArgument(cmd);
@@ -368,8 +364,7 @@ void AddCancelCommand(CLI::App* app, std::ostream* out, std::ostream* err,
 }
 
 // `ablate rerun SWEEP --failed`.
-void AddRerunCommand(CLI::App* app, std::ostream* out, std::ostream* err,
-                     std::function<absl::Status()>* action) {
+void AddRerunCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
       "rerun", "Queue a sweep's FAILED and CANCELLED runs again, resuming from their last "
                "checkpoints. DIVERGED runs are results and are not rerun.");
@@ -420,8 +415,7 @@ void AddQueryCommand(CLI::App* app, std::ostream* out, std::ostream* err,
 }
 
 // `ablate table SWEEP [--format markdown|csv|json]`.
-void AddTableCommand(CLI::App* app, std::ostream* out, std::ostream* err,
-                     std::function<absl::Status()>* action) {
+void AddTableCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
       "table", "The paper-style comparison of a sweep: one row per variant, mean ± std over "
                "seeds of val loss/PPL, gate score, M-Act, F-Attn, spike score, and params.");
@@ -454,8 +448,7 @@ std::string ExportSql(int64_t id, bool steps) {
 }
 
 // `ablate export SWEEP [--format csv|json] [--steps]`.
-void AddExportCommand(CLI::App* app, std::ostream* out, std::ostream* err,
-                      std::function<absl::Status()>* action) {
+void AddExportCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
       "export", "Every run of a sweep with its final metrics (the run_summary view), or with "
                 "--steps every reported step, as CSV or JSON.");
@@ -488,14 +481,14 @@ void AddExportCommand(CLI::App* app, std::ostream* out, std::ostream* err,
 
 void AddClientCommands(CLI::App* app, std::ostream* out, std::ostream* err,
                        std::function<absl::Status()>* action) {
-  AddSubmitCommand(app, out, err, action);
-  AddStatusCommand(app, out, err, action);
-  AddWatchCommand(app, out, err, action);
-  AddCancelCommand(app, out, err, action);
-  AddRerunCommand(app, out, err, action);
+  AddSubmitCommand(app, out, action);
+  AddStatusCommand(app, out, action);
+  AddWatchCommand(app, out, action);
+  AddCancelCommand(app, out, action);
+  AddRerunCommand(app, out, action);
   AddQueryCommand(app, out, err, action);
-  AddTableCommand(app, out, err, action);
-  AddExportCommand(app, out, err, action);
+  AddTableCommand(app, out, action);
+  AddExportCommand(app, out, action);
 }
 
 }  // namespace ablate

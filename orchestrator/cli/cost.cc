@@ -12,7 +12,7 @@
 #include "config/model_config.h"
 #include "fmt/format.h"
 #include "config/param_count.h"
-#include "config/text_format.h"
+#include "common/text_format.h"
 
 namespace ablate {
 

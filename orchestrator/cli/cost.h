@@ -66,9 +66,9 @@ struct DevicePeak {
 // "h100-bf16" (case-insensitive) or a positive finite number. An error names the choices.
 absl::StatusOr<DevicePeak> ParseDevicePeak(absl::string_view text);
 
-// The default --mfu: the model FLOP utilisation last measured by bench/train_throughput.py,
-// 55-58% at d_model 256 (docs/benchmarks.md), its lower end. That figure is relative to the
-// fp32 matmul rate measured on the same CPU in the same run, not to a datasheet peak.
+// The default --mfu: the lower end of the model FLOP utilisation bench/train_throughput.py
+// measures at d_model 256 (docs/benchmarks.md). That figure is relative to the fp32 matmul rate
+// measured on the same CPU in the same run, not to a datasheet peak.
 inline constexpr double kDefaultMfu = 0.55;
 
 // --device-peak and --mfu, as `expand` and `submit` both take them.

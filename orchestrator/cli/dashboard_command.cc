@@ -10,8 +10,8 @@
 #include "absl/time/time.h"
 #include "fmt/format.h"
 #include "orchestrator/cli/process.h"
-#include "config/credentials.h"
-#include "config/state_dir.h"
+#include "common/credentials.h"
+#include "common/state_dir.h"
 #include "orchestrator/dashboard/server.h"
 
 namespace ablate {

@@ -9,9 +9,9 @@
 #include "absl/strings/str_join.h"
 #include "fmt/format.h"
 #include "google/protobuf/util/json_util.h"
-#include "config/text_format.h"
-#include "orchestrator/spec/budget.h"
-#include "orchestrator/spec/expand.h"
+#include "common/text_format.h"
+#include "orchestrator/sweep/budget.h"
+#include "orchestrator/sweep/expand.h"
 
 namespace ablate {
 

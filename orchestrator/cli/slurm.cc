@@ -27,7 +27,7 @@
 #include "fmt/format.h"
 #include "orchestrator/cli/client.h"
 #include "proto/tls.h"
-#include "config/credentials.h"
+#include "common/credentials.h"
 #include "orchestrator/cli/process.h"
 
 extern char** environ;

@@ -1,4 +1,4 @@
-#include "config/token_flag.h"
+#include "common/token_flag.h"
 #include "orchestrator/cli/workers_command.h"
 
 #include <memory>

@@ -17,8 +17,8 @@
 #include "orchestrator/coordinator/core.h"
 #include "orchestrator/coordinator/core_internal.h"
 #include "orchestrator/coordinator/door.h"
-#include "orchestrator/spec/expand.h"
-#include "orchestrator/spec/spec.h"
+#include "orchestrator/sweep/expand.h"
+#include "orchestrator/sweep/spec.h"
 #include "orchestrator/store/format.h"
 #include "orchestrator/store/reader.h"
 

@@ -63,7 +63,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "config/credentials.h"
+#include "common/credentials.h"
 #include "orchestrator/coordinator/scheduler.h"
 #include "orchestrator/store/store.h"
 #include "proto/ablate.pb.h"
@@ -84,7 +84,7 @@ struct CoordinatorOptions {
   int64_t max_spec_bytes = 1 << 20;     // SubmitRequest.spec_yaml
   int max_runs_per_sweep = 10000;       // runs after expansion
   int64_t max_batch_rows = 200000;      // MetricBatch::Rows() of one report
-  // The coordinator's secret: every Job's lease secret is derived from it (config/credentials.h),
+  // The coordinator's secret: every Job's lease secret is derived from it (common/credentials.h),
   // so a restarted coordinator with the same secret accepts the leases it handed out before.
   std::string lease_key;
   // Query limits: default and maximum rows, time per statement.

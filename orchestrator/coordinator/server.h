@@ -4,7 +4,7 @@
 //
 // State dir (default ./.ablate): ablate.db (the results store, mode 0600), token (the secret and
 // admin credential, 64 hex digits, mode 0600, generated on first start), worker-token and
-// read-token (the credentials derived from it: config/credentials.h), address (host:port clients
+// read-token (the credentials derived from it: common/credentials.h), address (host:port clients
 // dial, written once the server listens), checkpoints/ (the default checkpoint root),
 // coordinator.lock.
 //
@@ -39,8 +39,8 @@
 #include "absl/time/time.h"
 #include "orchestrator/coordinator/core.h"
 #include "orchestrator/store/store.h"
-#include "config/credentials.h"
-#include "config/state_dir.h"
+#include "common/credentials.h"
+#include "common/state_dir.h"
 
 namespace grpc {
 class Server;

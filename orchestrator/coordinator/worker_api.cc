@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "config/credentials.h"
+#include "common/credentials.h"
 #include "google/protobuf/util/json_util.h"
 #include "orchestrator/coordinator/core.h"
 #include "orchestrator/coordinator/core_internal.h"

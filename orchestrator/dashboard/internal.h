@@ -29,7 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "config/credentials.h"
+#include "common/credentials.h"
 #include "nlohmann/json.hpp"
 #include "orchestrator/dashboard/server.h"
 #include "orchestrator/report/figures.h"

@@ -22,7 +22,7 @@
 #include "fmt/format.h"
 #include "orchestrator/assets/assets.h"
 #include "orchestrator/report/svg.h"
-#include "orchestrator/spec/version.h"
+#include "orchestrator/sweep/version.h"
 #include "orchestrator/store/format.h"
 
 namespace ablate {

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "config/text_format.h"
+#include "common/text_format.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 

@@ -202,7 +202,8 @@ absl::Status GuardConnection(sqlite3* db, QueryGuard* guard) {
   sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, 1, nullptr);
   sqlite3_db_config(db, SQLITE_DBCONFIG_ENABLE_LOAD_EXTENSION, 0, nullptr);
   sqlite3_set_authorizer(db, Authorize, guard);
-  // Every 100 VM steps (checking every 10 cost about 15% of a compute-bound query). A step can
+  // Every 100 VM steps: a check every few steps costs a compute-bound query a share of its time,
+  // and a limit counted in seconds needs no finer grain. A step can
   // make a value of up to kMaxQueryValueBytes, so a statement can still outgrow its budget
   // between two checks; the process's hard heap limit (kSqliteHeapLimit) bounds that.
   sqlite3_progress_handler(db, 100, Progress, guard);

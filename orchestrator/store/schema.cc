@@ -284,8 +284,7 @@ JOIN sweeps s ON s.id = r.sweep_id
 JOIN variants v ON v.id = r.variant_id;
 )sql";
 
-// Version 2, for the writer's cost per dispatched job (bench_store: 10% less CPU with the
-// configs moved, 7% more with the indexes):
+// Version 2, for the writer's cost per dispatched job (docs/benchmarks.md):
 // - each run's config moves out of its runs row into run_configs. The config (about 1.5 KB of
 //   JSON) made a runs row wide, and SQLite rewrites the whole row on every UPDATE: each run's
 //   start and end copied it and dirtied a page per run, where narrow rows share pages;
@@ -437,8 +436,8 @@ ALTER TABLE runs ADD COLUMN devices INTEGER NOT NULL DEFAULT 1;
 // Version 7: the state CHECKs of sweeps, workers, runs and attempts as chains of equalities,
 // the same constraints. SQLite evaluates a CHECK `state IN ('A', 'B', 'C')` (three names or more)
 // by building a temporary b-tree of the names on every row it writes (OpenEphemeral, a 4 KB page
-// allocated and zeroed). Every start and end of a run wrote two such rows: 34% of the store
-// writer's instructions per dispatched job (callgrind, bench_store --phases dispatch).
+// allocated and zeroed). Every start and end of a run wrote two such rows, so this was a large
+// part of the store writer's work per dispatched job (docs/benchmarks.md).
 //
 // A CHECK cannot be altered, and rebuilding the tables would copy every run. The constraints are
 // equivalent and the stored rows do not change, so each table's CREATE text is rewritten in
@@ -550,8 +549,7 @@ absl::Status RewriteStateChecks(sqlite3* db) {
   return RewriteTables(db, rewritten);
 }
 
-// Version 8, for the store writer's work per dispatched job (callgrind, bench_store --phases
-// dispatch):
+// Version 8, for the store writer's work per dispatched job (docs/benchmarks.md):
 // - runs_by_sweep_state holds the unfinished runs only (PENDING, RUNNING, INTERRUPTED: what the
 //   sweep-done probe and a sweep's cancel look for). A run's end moved its entry within the
 //   index; now it only removes it. Finished runs of a sweep are read through the UNIQUE
@@ -568,8 +566,7 @@ CREATE INDEX runs_by_sweep_state ON runs (sweep_id, state)
 // Version 8: runs.worker_id without its REFERENCES workers(id). A run's start sets it in the
 // UPDATE that marks the run RUNNING, and SQLite checks a foreign key that an UPDATE changes by
 // giving the statement a statement journal: every page the UPDATE touched was copied (in memory)
-// first, and the parent row looked up. That was 8% of the store writer's instructions per
-// dispatched job (callgrind, bench_store --phases dispatch). Nothing is lost: the same start
+// first, and the parent row looked up, on the path of every dispatched job. Nothing is lost: the same start
 // inserts the attempt with the same worker_id first, and attempts.worker_id keeps its foreign
 // key, so a run still names only a worker that exists (workers are never deleted). Rewritten in
 // place as version 7 was: rebuilding runs would copy every run.

@@ -41,8 +41,7 @@ bool IsTransient(const absl::Status& status);
 // process-wide mutex around every allocation and free, and Debian's SQLite, built without
 // lookaside, allocates about 100 times per dispatched job on the store's writer alone. The
 // allocator counts in atomics what the statistics counted (each block's usable size) and
-// enforces the hard limit as sqlite3_hard_heap_limit64 would: 5% fewer writer instructions per
-// job (callgrind; the statistics off and nothing counted would be 11%). Where
+// enforces the hard limit as sqlite3_hard_heap_limit64 would, without the mutex. Where
 // SQLite was initialized before the allocator could be given (a program that used SQLite before
 // main), these read and set SQLite's own statistics and limit instead.
 int64_t SqliteMemoryUsed();
@@ -102,8 +101,8 @@ class Stmt {
   absl::Status Run();
   // Rewinds the statement and unbinds its parameters; nothing to do (and nothing done) when
   // neither a Bind nor a Step came since the last Reset. StmtCache::Get resets every statement it
-  // hands out, and most were reset by their Run: clearing their bindings again was 1% of the
-  // store writer's instructions per dispatched job.
+  // hands out, and most were reset by their Run: clearing their bindings a second time is work
+  // on the path of every dispatched job.
   void Reset();
 
   int64_t ColumnInt(int i) const { return sqlite3_column_int64(stmt_, i); }
@@ -123,8 +122,8 @@ class Stmt {
 
 // Prepared statements kept for the life of a connection, keyed by their SQL text.
 // Returned pointers stay valid until the cache is destroyed; statements come back reset.
-// Looked up by a string_view: the writer's dozen statements per dispatched job were a dozen
-// std::string copies of SQL literals (callgrind, bench_store).
+// Looked up by a string_view, so that the writer's statements per dispatched job copy no SQL
+// literal into a std::string.
 class StmtCache {
  public:
   explicit StmtCache(sqlite3* db) : db_(db) {}

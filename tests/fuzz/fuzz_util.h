@@ -5,7 +5,7 @@
 // records as a crash with the input that caused it. The setup helpers report their own failures
 // the same way, as "setup: ..." findings: a target that cannot build its fixture has nothing to
 // fuzz. Header-only, so that each target stays one source file (tests/fuzz/CMakeLists.txt); the
-// store helpers need ablate_store and ablate_spec, which those targets link.
+// store helpers need ablate_store and ablate_sweep, which those targets link.
 #ifndef ABLATE_TESTS_FUZZ_FUZZ_UTIL_H_
 #define ABLATE_TESTS_FUZZ_FUZZ_UTIL_H_
 
@@ -20,8 +20,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "orchestrator/spec/expand.h"
-#include "orchestrator/spec/spec.h"
+#include "orchestrator/sweep/expand.h"
+#include "orchestrator/sweep/spec.h"
 #include "orchestrator/store/store.h"
 
 namespace ablate::fuzz {

@@ -18,9 +18,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
-#include "orchestrator/spec/expand.h"
+#include "orchestrator/sweep/expand.h"
 #include "config/model_config.h"
-#include "orchestrator/spec/spec.h"
+#include "orchestrator/sweep/spec.h"
 
 namespace {
 

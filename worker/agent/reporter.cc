@@ -7,7 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "config/durable_file.h"
+#include "common/durable_file.h"
 #include "proto/grpc_status.h"
 
 namespace ablate {

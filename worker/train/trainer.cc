@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "config/durable_file.h"
+#include "common/durable_file.h"
 #include "config/model_config.h"
 #include "config/param_count.h"
 #include "worker/train/collective.h"

@@ -3,7 +3,7 @@
 // spike/divergence policies (worker/train/spike.h), and data parallelism over c10d
 // (TrainerOptions).
 //
-// Checkpoints. `checkpoint.pt` is replaced durably (config/durable_file.h: a temporary file of its
+// Checkpoints. `checkpoint.pt` is replaced durably (common/durable_file.h: a temporary file of its
 // own per write, fsynced, renamed, the directory fsynced), and the one it replaces is kept as
 // `checkpoint.prev.pt`. A checkpoint that cannot be loaded (torn, truncated) is moved aside to
 // `<name>.corrupt-<UTC time>` and the trainer falls back to the previous one, else to step 0; each

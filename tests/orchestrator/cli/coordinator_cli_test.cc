@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -13,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "orchestrator/cli/cost.h"
 #include "orchestrator/cli/serving.h"
-#include "orchestrator/spec/expand.h"
+#include "orchestrator/sweep/expand.h"
 #include "tests/cli_util.h"
 #include "tests/orchestrator/coordinator/coordinator_test_util.h"
 #include "tests/process_util.h"
@@ -55,6 +56,17 @@ class CoordinatorCliTest : public CoordinatorFixture {
       std::this_thread::sleep_for(std::chrono::milliseconds(150));
       ASSERT_TRUE(CallFinish(worker, r.job(), i == 1 ? DIVERGED : SUCCEEDED).ok());
     }
+  }
+  // `ablate ARGS` on a thread of its own while TrainAll() trains the sweep, which it starts once
+  // `ready` returns (what the command must have done first): what the command printed.
+  CliResult CliWhileTraining(const std::vector<std::string>& args,
+                             const std::function<void()>& ready) {
+    CliResult result;
+    std::thread cli([&] { result = Cli(args); });
+    ready();
+    TrainAll();
+    cli.join();
+    return result;
   }
   std::string spec_path_;
 };
@@ -139,11 +151,9 @@ TEST_F(CoordinatorCliTest, StatusShowsTheLatestReportedLossWhileARunTrains) {
 
 TEST_F(CoordinatorCliTest, WatchPrintsSpikesDivergenceAndExitsWithTheSweep) {
   ASSERT_EQ(Cli({"submit", spec_path_}).code, 0);
-  CliResult watched;
-  std::thread watcher([&] { watched = Cli({"watch", "quick", "--plain"}); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  TrainAll();
-  watcher.join();
+  const CliResult watched = CliWhileTraining({"watch", "quick", "--plain"}, [] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // lets watch connect first
+  });
   ASSERT_EQ(watched.code, 0) << watched.err;
   EXPECT_THAT(watched.out, HasSubstr("spike: run 2 g1_elementwise step 3: loss 55"));
   EXPECT_THAT(watched.out, HasSubstr("run 2 g1_elementwise: DIVERGED"));
@@ -158,15 +168,16 @@ TEST_F(CoordinatorCliTest, SubmitWatchTakesWatchsFlags) {
   EXPECT_THAT(r.err, HasSubstr("--plain requires --watch"));
   EXPECT_EQ(CountRows("sweeps"), 0);  // refused before anything was sent
 
-  CliResult watched;
-  std::thread submitter([&] { watched = Cli({"submit", spec_path_, "--watch", "--plain"}); });
   // TrainAll finds nothing until the submit lands; wait for it rather than race it.
-  for (int i = 0; i < 200 && CountRows("runs") < 4; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  ASSERT_EQ(CountRows("runs"), 4);
-  TrainAll();
-  submitter.join();
+  const auto submitted = [&] {
+    for (int i = 0; i < 200 && CountRows("runs") < 4; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    ASSERT_EQ(CountRows("runs"), 4);
+  };
+  CliResult watched;
+  ASSERT_NO_FATAL_FAILURE(
+      watched = CliWhileTraining({"submit", spec_path_, "--watch", "--plain"}, submitted));
   ASSERT_EQ(watched.code, 0) << watched.err;
   EXPECT_THAT(watched.out, HasSubstr("sweep quick (id 1): 4 runs, 4 queued, 0 reused"));
   EXPECT_THAT(watched.out, HasSubstr("run 2 g1_elementwise: DIVERGED"));

@@ -7,7 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "orchestrator/cli/cost.h"
-#include "orchestrator/spec/expand.h"
+#include "orchestrator/sweep/expand.h"
 #include "tests/cli_util.h"
 #include "tests/test_dir.h"
 

@@ -9,7 +9,7 @@
 #include <atomic>
 #include <thread>
 
-#include "config/credentials.h"
+#include "common/credentials.h"
 #include "orchestrator/coordinator/door.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

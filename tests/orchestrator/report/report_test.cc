@@ -24,7 +24,7 @@
 #include "orchestrator/report/figures.h"
 #include "orchestrator/report/report.h"
 #include "orchestrator/report/svg.h"
-#include "orchestrator/spec/version.h"
+#include "orchestrator/sweep/version.h"
 #include "orchestrator/store/format.h"
 #include "tests/cli_util.h"
 #include "tests/orchestrator/dashboard/dashboard_test_util.h"

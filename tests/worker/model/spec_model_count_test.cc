@@ -7,7 +7,7 @@
 #include <set>
 #include <string>
 
-#include "orchestrator/spec/expand.h"
+#include "orchestrator/sweep/expand.h"
 #include "config/param_count.h"
 #include "config/proto_yaml.h"
 #include "tests/worker/model/count_check.h"

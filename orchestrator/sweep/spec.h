@@ -2,12 +2,12 @@
 //
 // Parsing checks everything that can be checked without expanding: keys, types, enum values,
 // preset and group names, duplicate variant names, axis shapes, filter and budget references.
-// Expansion (orchestrator/spec/expand.h) then checks each run's config and budget. Every problem is
+// Expansion (orchestrator/sweep/expand.h) then checks each run's config and budget. Every problem is
 // reported as "FILE:LINE: field.path: what is wrong", one per line, in one InvalidArgument.
 // Pure functions; thread-safe. A SweepSpec keeps YAML nodes (for error lines and late overlays)
 // and is not meant to be shared across threads while in use.
-#ifndef ABLATE_ORCHESTRATOR_SPEC_SPEC_H_
-#define ABLATE_ORCHESTRATOR_SPEC_SPEC_H_
+#ifndef ABLATE_ORCHESTRATOR_SWEEP_SPEC_H_
+#define ABLATE_ORCHESTRATOR_SWEEP_SPEC_H_
 
 #include <cstdint>
 #include <optional>
@@ -94,4 +94,4 @@ absl::StatusOr<SweepSpec> LoadSweepSpecFile(const std::string& path);
 
 }  // namespace ablate
 
-#endif  // ABLATE_ORCHESTRATOR_SPEC_SPEC_H_
+#endif  // ABLATE_ORCHESTRATOR_SWEEP_SPEC_H_

@@ -12,15 +12,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "config/text_format.h"
-#include "orchestrator/spec/budget.h"
+#include "common/text_format.h"
+#include "orchestrator/sweep/budget.h"
 #include "orchestrator/cli/cli.h"
-#include "orchestrator/spec/expand.h"
+#include "orchestrator/sweep/expand.h"
 #include "orchestrator/cli/expand_command.h"
 #include "config/param_count.h"
 #include "config/presets.h"
 #include "config/proto_yaml.h"
-#include "orchestrator/spec/spec.h"
+#include "orchestrator/sweep/spec.h"
 #include "tests/test_configs.h"
 
 namespace ablate {
@@ -386,7 +386,7 @@ TEST(ExpandTest, HandsOutEachRunsCanonicalJsonOnlyWhenItExpands) {
   }
   // A spec that parses but does not expand (no FFN width meets the budget) hands out nothing.
   absl::StatusOr<SweepSpec> bad =
-      LoadSweepSpecFile(kSource + "/tests/orchestrator/spec/bad_specs/impossible_budget.yaml");
+      LoadSweepSpecFile(kSource + "/tests/orchestrator/sweep/bad_specs/impossible_budget.yaml");
   ASSERT_TRUE(bad.ok()) << bad.status();
   absl::StatusOr<ExpandedSweep> none = ExpandSweep(*bad, {"v1"}, &json);
   EXPECT_FALSE(none.ok());
@@ -526,7 +526,7 @@ TEST(ShippedSpecsTest, DenseStabilityIsTable2RowForRowAndMatchesTheBaselineTotal
 TEST(BadSpecsTest, EachFailsWithFileLineAndField) {
   int checked = 0;
   for (const auto& e :
-       std::filesystem::directory_iterator(kSource + "/tests/orchestrator/spec/bad_specs")) {
+       std::filesystem::directory_iterator(kSource + "/tests/orchestrator/sweep/bad_specs")) {
     const std::string path = e.path().string();
     std::ifstream in(path);
     std::string first;

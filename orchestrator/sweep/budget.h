@@ -15,8 +15,8 @@
 // the head divisibility rules) are compared and the one with the smallest |residual| wins,
 // ties going to the smaller model. The result must be within tolerance x anchor_total.
 // Pure functions; thread-safe.
-#ifndef ABLATE_ORCHESTRATOR_SPEC_BUDGET_H_
-#define ABLATE_ORCHESTRATOR_SPEC_BUDGET_H_
+#ifndef ABLATE_ORCHESTRATOR_SWEEP_BUDGET_H_
+#define ABLATE_ORCHESTRATOR_SWEEP_BUDGET_H_
 
 #include <string>
 
@@ -39,4 +39,4 @@ absl::StatusOr<BudgetSolution> SolveBudget(const BudgetRule& rule, const ModelCo
 
 }  // namespace ablate
 
-#endif  // ABLATE_ORCHESTRATOR_SPEC_BUDGET_H_
+#endif  // ABLATE_ORCHESTRATOR_SWEEP_BUDGET_H_

@@ -1,4 +1,4 @@
-#include "config/text_format.h"
+#include "common/text_format.h"
 
 #include <algorithm>
 #include <cmath>

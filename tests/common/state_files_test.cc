@@ -8,9 +8,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "config/credentials.h"
-#include "config/durable_file.h"
-#include "config/state_dir.h"
+#include "common/credentials.h"
+#include "common/durable_file.h"
+#include "common/state_dir.h"
 #include "gtest/gtest.h"
 #include "tests/test_dir.h"
 

@@ -1,4 +1,4 @@
-#include "config/durable_file.h"
+#include "common/durable_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "config/state_dir.h"
+#include "common/state_dir.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

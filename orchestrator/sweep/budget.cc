@@ -1,4 +1,4 @@
-#include "orchestrator/spec/budget.h"
+#include "orchestrator/sweep/budget.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "config/model_config.h"
-#include "config/text_format.h"
+#include "common/text_format.h"
 #include "config/param_count.h"
 
 namespace ablate {

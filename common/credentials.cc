@@ -1,4 +1,4 @@
-#include "config/credentials.h"
+#include "common/credentials.h"
 
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
@@ -11,7 +11,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "config/state_dir.h"
+#include "common/state_dir.h"
 
 namespace ablate {
 namespace {

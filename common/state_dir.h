@@ -1,14 +1,14 @@
 // The files of a coordinator's state dir (`.ablate` by default; docs/operations.md), as every side
 // reads them: the coordinator (the lock, the token it creates), the CLI (the address and token it
 // dials with), `ablate dashboard`, and workers given `--token-file`. No gRPC, no LibTorch.
-#ifndef ABLATE_CONFIG_STATE_DIR_H_
-#define ABLATE_CONFIG_STATE_DIR_H_
+#ifndef ABLATE_COMMON_STATE_DIR_H_
+#define ABLATE_COMMON_STATE_DIR_H_
 
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "config/durable_file.h"  // WriteFileAtomically, for the state dir's files
+#include "common/durable_file.h"  // WriteFileAtomically, for the state dir's files
 
 namespace ablate {
 
@@ -35,4 +35,4 @@ std::string EnvOrEmpty(const char* name);
 
 }  // namespace ablate
 
-#endif  // ABLATE_CONFIG_STATE_DIR_H_
+#endif  // ABLATE_COMMON_STATE_DIR_H_

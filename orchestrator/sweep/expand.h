@@ -14,16 +14,15 @@
 // Errors (a preset that does not fit the base, an invalid config, an impossible budget) are
 // InvalidArgument, one "FILE:LINE: variants[NAME].field: what" per line, at the line of the
 // variant entry (or the line that sets the offending field). Pure function; thread-safe.
-// Costs a canonical JSON encoding per run, most of its time: about 0.17 ms each on the project's
-// VM, 1.7 s for 10,000 runs.
-#ifndef ABLATE_ORCHESTRATOR_SPEC_EXPAND_H_
-#define ABLATE_ORCHESTRATOR_SPEC_EXPAND_H_
+// Costs a canonical JSON encoding per run, most of its time (docs/benchmarks.md has the figure).
+#ifndef ABLATE_ORCHESTRATOR_SWEEP_EXPAND_H_
+#define ABLATE_ORCHESTRATOR_SWEEP_EXPAND_H_
 
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "orchestrator/spec/spec.h"
+#include "orchestrator/sweep/spec.h"
 #include "proto/ablate.pb.h"
 
 namespace ablate {
@@ -49,4 +48,4 @@ std::string RunKeyOfJson(const std::string& config_json, const std::string& code
 
 }  // namespace ablate
 
-#endif  // ABLATE_ORCHESTRATOR_SPEC_EXPAND_H_
+#endif  // ABLATE_ORCHESTRATOR_SWEEP_EXPAND_H_

@@ -1,7 +1,7 @@
 // Text every output of ablate shares (`ablate expand`, `table`, `query`, `export`, the dashboard's
 // CSV): numbers as papers print them, CSV fields, aligned columns. Pure functions; thread-safe.
-#ifndef ABLATE_CONFIG_TEXT_FORMAT_H_
-#define ABLATE_CONFIG_TEXT_FORMAT_H_
+#ifndef ABLATE_COMMON_TEXT_FORMAT_H_
+#define ABLATE_COMMON_TEXT_FORMAT_H_
 
 #include <cstdint>
 #include <string>
@@ -32,4 +32,4 @@ std::string AlignedTable(const std::vector<std::string>& header,
 
 }  // namespace ablate
 
-#endif  // ABLATE_CONFIG_TEXT_FORMAT_H_
+#endif  // ABLATE_COMMON_TEXT_FORMAT_H_

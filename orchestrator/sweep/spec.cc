@@ -1,4 +1,4 @@
-#include "orchestrator/spec/spec.h"
+#include "orchestrator/sweep/spec.h"
 
 #include <algorithm>
 #include <optional>
@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "orchestrator/spec/budget.h"
+#include "orchestrator/sweep/budget.h"
 #include "config/model_config.h"
 #include "config/presets.h"
 #include "config/proto_yaml.h"

@@ -1,4 +1,4 @@
-#include "orchestrator/spec/expand.h"
+#include "orchestrator/sweep/expand.h"
 
 #include <openssl/sha.h>
 
@@ -16,12 +16,12 @@
 #include "absl/strings/strip.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "orchestrator/spec/budget.h"
+#include "orchestrator/sweep/budget.h"
 #include "config/model_config.h"
 #include "config/param_count.h"
 #include "config/presets.h"
 #include "config/proto_yaml.h"
-#include "orchestrator/spec/version.h"
+#include "orchestrator/sweep/version.h"
 
 namespace ablate {
 

@@ -10,8 +10,8 @@
 // process killed mid-write leaves its temporary file behind (never read; safe to delete).
 //
 // Thread-safe: concurrent calls use distinct temporary files.
-#ifndef ABLATE_CONFIG_DURABLE_FILE_H_
-#define ABLATE_CONFIG_DURABLE_FILE_H_
+#ifndef ABLATE_COMMON_DURABLE_FILE_H_
+#define ABLATE_COMMON_DURABLE_FILE_H_
 
 #include <functional>
 #include <string>
@@ -36,4 +36,4 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
 
 }  // namespace ablate
 
-#endif  // ABLATE_CONFIG_DURABLE_FILE_H_
+#endif  // ABLATE_COMMON_DURABLE_FILE_H_

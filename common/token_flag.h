@@ -1,13 +1,13 @@
 // `--token VALUE`, refused: a secret on a command line is visible to every user of the machine in
 // `ps`. Commands take --token-file FILE or $ABLATE_TOKEN instead. Header-only: for the CLI11 mains
 // (`ablate`, `ablate-worker`).
-#ifndef ABLATE_CONFIG_TOKEN_FLAG_H_
-#define ABLATE_CONFIG_TOKEN_FLAG_H_
+#ifndef ABLATE_COMMON_TOKEN_FLAG_H_
+#define ABLATE_COMMON_TOKEN_FLAG_H_
 
 #include <CLI/CLI.hpp>
 #include <string>
 
-#include "config/credentials.h"
+#include "common/credentials.h"
 
 namespace ablate {
 
@@ -20,4 +20,4 @@ inline void RefuseTokenOnCommandLine(CLI::App* cmd) {
 
 }  // namespace ablate
 
-#endif  // ABLATE_CONFIG_TOKEN_FLAG_H_
+#endif  // ABLATE_COMMON_TOKEN_FLAG_H_

@@ -1,4 +1,4 @@
-#include "orchestrator/spec/version.h"
+#include "orchestrator/sweep/version.h"
 
 #ifndef ABLATE_CODE_VERSION
 #error "ABLATE_CODE_VERSION is defined by CMakeLists.txt"
