@@ -57,15 +57,6 @@ absl::StatusOr<SweepInfo> NamedSweep(const StoreReader& reader, absl::string_vie
   return reader.GetSweep(name);
 }
 
-// The runs of sweep `sweep_id`; of those `states` only, unless empty.
-absl::StatusOr<std::vector<RunInfo>> RunsOfSweep(const StoreReader& reader, int64_t sweep_id,
-                                                 std::vector<RunState> states = {}) {
-  RunFilter filter;
-  filter.sweep_id = sweep_id;
-  filter.states = std::move(states);
-  return reader.ListRuns(filter);
-}
-
 }  // namespace
 
 absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& request) {
@@ -101,7 +92,7 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
   const StoreReader& reader = store_->reader();
   // A resubmission of the same spec is deduplicated: the sweep exists with the same runs.
   if (absl::StatusOr<SweepInfo> existing = reader.GetSweep(expanded->name()); existing.ok()) {
-    absl::StatusOr<std::vector<RunInfo>> runs = RunsOfSweep(reader, existing->id);
+    absl::StatusOr<std::vector<RunInfo>> runs = reader.RunsOfSweep(existing->id);
     if (!runs.ok()) return runs.status();
     std::vector<std::string> have, want;
     for (const RunInfo& r : *runs) have.push_back(r.run_key);
@@ -129,7 +120,7 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
   absl::StatusOr<SweepIds> ids = store_->CreateSweep(record);
   if (!ids.ok()) return ids.status();
   response.set_sweep_id(ids->sweep_id);
-  absl::StatusOr<std::vector<RunInfo>> stored = RunsOfSweep(reader, ids->sweep_id, {PENDING});
+  absl::StatusOr<std::vector<RunInfo>> stored = reader.RunsOfSweep(ids->sweep_id, {PENDING});
   if (!stored.ok()) return stored.status();
   std::map<int64_t, const RunInfo*> stored_by_id;
   for (const RunInfo& r : *stored) stored_by_id[r.id] = &r;
@@ -188,7 +179,7 @@ absl::Status CoordinatorCore::ResolveInitFrom(const std::string& file, ExpandedS
           absl::StrCat(where, ": no sweep named \"", from->sweep(), "\""));
     }
     if (!source.ok()) return source.status();
-    absl::StatusOr<std::vector<RunInfo>> runs = RunsOfSweep(reader, source->id);
+    absl::StatusOr<std::vector<RunInfo>> runs = reader.RunsOfSweep(source->id);
     if (!runs.ok()) return runs.status();
     auto found = std::find_if(runs->begin(), runs->end(), [&](const RunInfo& r) {
       return r.variant == variant && r.seed == seed;
@@ -279,7 +270,7 @@ RunStatus CoordinatorCore::ToRunStatus(const RunInfo& run) {
 absl::StatusOr<GetSweepResponse> CoordinatorCore::GetSweep(const GetSweepRequest& request) {
   absl::StatusOr<SweepInfo> sweep = NamedSweep(store_->reader(), "get", request.sweep());
   if (!sweep.ok()) return sweep.status();
-  absl::StatusOr<std::vector<RunInfo>> runs = RunsOfSweep(store_->reader(), sweep->id);
+  absl::StatusOr<std::vector<RunInfo>> runs = store_->reader().RunsOfSweep(sweep->id);
   if (!runs.ok()) return runs.status();
   // The LOSS a user sees is the latest reported one, while a run trains and after.
   absl::StatusOr<std::map<int64_t, LatestStep>> latest = store_->reader().LatestSteps(sweep->id);
@@ -320,7 +311,7 @@ absl::StatusOr<RerunResponse> CoordinatorCore::Rerun(const RerunRequest& request
   // DIVERGED is a result, not a failure: only a full rerun repeats it.
   std::vector<RunState> states = {FAILED, CANCELLED};
   if (!request.failed_only()) states = {FAILED, CANCELLED, SUCCEEDED, DIVERGED};
-  absl::StatusOr<std::vector<RunInfo>> runs = RunsOfSweep(store_->reader(), sweep->id, states);
+  absl::StatusOr<std::vector<RunInfo>> runs = store_->reader().RunsOfSweep(sweep->id, states);
   if (!runs.ok()) return runs.status();
   RerunResponse response;
   if (runs->empty()) return response;

@@ -185,7 +185,7 @@ Response DashboardServer::Impl::Sweeps() {
 }
 
 Response DashboardServer::Impl::Sweep(const std::string& name) {
-  absl::StatusOr<SweepRuns> read = ReadSweepRuns(*reader, name);
+  absl::StatusOr<SweepWithRuns> read = reader->GetSweepWithRuns(name);
   if (!read.ok()) return FromStatus(read.status());
   const SweepInfo& sweep = read->sweep;
   // The variants (budget solutions) and each run's latest loss, in two indexed reads.
@@ -230,7 +230,7 @@ Response DashboardServer::Impl::SweepCurves(const std::string& name, const Reque
   } else {
     return Error(400, "parameter 'metric' must be loss, grad_norm or lr");
   }
-  absl::StatusOr<SweepRuns> read = ReadSweepRuns(*reader, name);
+  absl::StatusOr<SweepWithRuns> read = reader->GetSweepWithRuns(name);
   if (!read.ok()) return FromStatus(read.status());
   const SweepInfo& sweep = read->sweep;
   const std::vector<RunInfo>& runs = read->runs;

@@ -110,7 +110,7 @@ struct SweepReads {
 // overflow.
 absl::StatusOr<SweepReads> ReadSweep(const StoreReader& reader, const std::string& name,
                                      const FigureOptions& options, SweepFigures* out) {
-  absl::StatusOr<SweepRuns> sweep_runs = ReadSweepRuns(reader, name);
+  absl::StatusOr<SweepWithRuns> sweep_runs = reader.GetSweepWithRuns(name);
   if (!sweep_runs.ok()) return sweep_runs.status();
   out->sweep = sweep_runs->sweep;
   const int64_t sweep_id = out->sweep.id;
@@ -257,19 +257,6 @@ MeanStd MeanAndStd(const std::vector<double>& values) {
     if (std::isfinite(v)) squares += (v - out.mean) * (v - out.mean);
   }
   out.std = std::sqrt(squares / static_cast<double>(n - 1));
-  return out;
-}
-
-absl::StatusOr<SweepRuns> ReadSweepRuns(const StoreReader& reader, const std::string& sweep) {
-  SweepRuns out;
-  absl::StatusOr<SweepInfo> info = reader.GetSweep(sweep);
-  if (!info.ok()) return info.status();
-  out.sweep = std::move(*info);
-  RunFilter filter;
-  filter.sweep_id = out.sweep.id;
-  absl::StatusOr<std::vector<RunInfo>> runs = reader.ListRuns(filter);
-  if (!runs.ok()) return runs.status();
-  out.runs = std::move(*runs);
   return out;
 }
 

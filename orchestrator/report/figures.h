@@ -91,15 +91,6 @@ struct SweepFigures {
   std::vector<GroupFigures> groups;  // in the comparison table's order
 };
 
-// A sweep and its runs (every state, as ListRuns gives them): what the figures and the
-// dashboard's per-sweep answers start from.
-struct SweepRuns {
-  SweepInfo sweep;
-  std::vector<RunInfo> runs;
-};
-// NotFound for an unknown sweep (by name or id).
-absl::StatusOr<SweepRuns> ReadSweepRuns(const StoreReader& reader, const std::string& sweep);
-
 // The figures of a sweep (by name or id). NotFound for an unknown sweep; InvalidArgument for
 // curve_points outside 2..5000.
 absl::StatusOr<SweepFigures> ComputeSweepFigures(const StoreReader& reader,

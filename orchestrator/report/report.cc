@@ -69,9 +69,7 @@ absl::StatusOr<ReportData> ReadReportData(const StoreReader& reader, const Repor
   absl::StatusOr<std::vector<VariantInfo>> variants = reader.ListVariants(id);
   if (!variants.ok()) return variants.status();
   d.variants = *std::move(variants);
-  RunFilter filter;
-  filter.sweep_id = id;
-  absl::StatusOr<std::vector<RunInfo>> runs = reader.ListRuns(filter);
+  absl::StatusOr<std::vector<RunInfo>> runs = reader.RunsOfSweep(id);
   if (!runs.ok()) return runs.status();
   d.runs = *std::move(runs);
   d.has_lengths = std::any_of(d.table.rows.begin(), d.table.rows.end(),

@@ -120,6 +120,13 @@ struct RunFilter {
   int64_t limit = 0;               // 0 = no limit
 };
 
+// A sweep and its runs in every state, in run order: what the figures and the dashboard's
+// per-sweep answers start from.
+struct SweepWithRuns {
+  SweepInfo sweep;
+  std::vector<RunInfo> runs;
+};
+
 // One attempt of a run.
 struct AttemptInfo {
   int64_t run_id = 0;
@@ -263,6 +270,11 @@ class StoreReader {
   absl::StatusOr<SweepInfo> GetSweepById(int64_t sweep_id) const;
 
   absl::StatusOr<std::vector<RunInfo>> ListRuns(const RunFilter& filter) const;
+  // ListRuns of one sweep: its runs in `states` (every state when empty).
+  absl::StatusOr<std::vector<RunInfo>> RunsOfSweep(int64_t sweep_id,
+                                                   std::vector<RunState> states = {}) const;
+  // GetSweep(name_or_id) and RunsOfSweep of it.
+  absl::StatusOr<SweepWithRuns> GetSweepWithRuns(const std::string& name_or_id) const;
   absl::StatusOr<RunInfo> GetRun(int64_t run_id) const;
   // Runs with this run key (identical config, seed and code version), any sweep.
   absl::StatusOr<std::vector<RunInfo>> RunsWithKey(const std::string& run_key) const;

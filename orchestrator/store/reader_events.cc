@@ -70,10 +70,7 @@ absl::StatusOr<SweepChanges> StoreReader::ChangesSince(
   if (!spikes.ok()) return spikes.status();
   changes.spikes = *std::move(spikes);
   if (!changes.spikes.empty()) changes.next.spike_id = changes.spikes.back().id;
-  RunFilter filter;
-  filter.sweep_id = sweep_id;
-  filter.states = run_states;
-  absl::StatusOr<std::vector<RunInfo>> runs = ListRuns(filter);
+  absl::StatusOr<std::vector<RunInfo>> runs = RunsOfSweep(sweep_id, run_states);
   if (!runs.ok()) return runs.status();
   changes.runs = *std::move(runs);
   return changes;

@@ -136,6 +136,22 @@ absl::StatusOr<SweepInfo> StoreReader::GetSweepById(int64_t sweep_id) const {
       absl::StrCat("store: no sweep ", sweep_id));
 }
 
+absl::StatusOr<std::vector<RunInfo>> StoreReader::RunsOfSweep(
+    int64_t sweep_id, std::vector<RunState> states) const {
+  RunFilter filter;
+  filter.sweep_id = sweep_id;
+  filter.states = std::move(states);
+  return ListRuns(filter);
+}
+
+absl::StatusOr<SweepWithRuns> StoreReader::GetSweepWithRuns(const std::string& name_or_id) const {
+  absl::StatusOr<SweepInfo> sweep = GetSweep(name_or_id);
+  if (!sweep.ok()) return sweep.status();
+  absl::StatusOr<std::vector<RunInfo>> runs = RunsOfSweep(sweep->id);
+  if (!runs.ok()) return runs.status();
+  return SweepWithRuns{*std::move(sweep), *std::move(runs)};
+}
+
 absl::StatusOr<std::vector<RunInfo>> StoreReader::ListRuns(const RunFilter& filter) const {
   std::vector<std::string> where;
   if (filter.sweep_id != 0) where.push_back("r.sweep_id = ?1");
