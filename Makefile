@@ -23,9 +23,10 @@ PACKAGES := cmake ninja-build g++ pkg-config \
 # - clang and libclang-rt-14-dev (libFuzzer, the sanitizers): the fuzz targets' replay;
 # - sqlite3 and openssl: the docs' examples and the TLS tests' certificates;
 # - python3-pandas, python3-grpcio, python3-protobuf: docs/python.md's examples
-#   (tests/python/docs_python_test.py; the gRPC stubs come from protobuf-compiler-grpc above).
+#   (tests/python/docs_python_test.py; the gRPC stubs come from protobuf-compiler-grpc above);
+# - python3-scipy: the check of `ablate compare`'s statistics (tests/python/stats_scipy_test.py).
 TEST_PACKAGES := chromium slurmctld slurmd slurm-client munge clang libclang-rt-14-dev \
-  sqlite3 openssl python3-pandas python3-grpcio python3-protobuf
+  sqlite3 openssl python3-pandas python3-grpcio python3-protobuf python3-scipy
 # Only for `make bench`: Debian's PyTorch (same kernels as our LibTorch) as the reference.
 BENCH_PACKAGES := python3-torch
 

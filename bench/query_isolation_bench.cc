@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/binary_init.h"
+#include "common/version.h"
 #include "orchestrator/coordinator/server.h"
 
 namespace ablate {
@@ -117,6 +118,7 @@ int Main(int argc, char** argv) {
   core = (*server)->core();
   RegisterRequest reg;
   reg.set_name("bench");
+  reg.mutable_resources()->set_code_version(ablate::CodeVersion());
   const int64_t worker = core->Register(reg)->worker_id();
   AcquireJobRequest acquire;
   acquire.set_worker_id(worker);

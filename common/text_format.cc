@@ -48,6 +48,8 @@ std::string CsvField(absl::string_view s) {
   return out + "\"";
 }
 
+std::string CsvNumber(double v) { return std::isfinite(v) ? fmt::format("{}", v) : ""; }
+
 std::string AlignedTable(const std::vector<std::string>& header,
                          const std::vector<std::vector<std::string>>& rows,
                          const std::vector<bool>& right, bool rule) {

@@ -22,6 +22,9 @@ std::string Engineering(double v);
 // One CSV field (RFC 4180): quoted, with quotes doubled, when it holds a comma, a quote, or a line
 // break (\n or \r).
 std::string CsvField(absl::string_view s);
+// A number as CSV carries it: exact (the shortest text that reads back the same), "" when it is
+// not finite (no value).
+std::string CsvNumber(double v);
 
 // Columns separated by two spaces, each as wide as its widest cell counted in UTF-8 code points
 // ("±", "—" are one); column i right-aligned when right[i]. The last column is not padded, so no

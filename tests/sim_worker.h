@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "common/version.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ablate.grpc.pb.h"
 
@@ -67,6 +68,8 @@ class SimWorker {
     request.mutable_resources()->set_cores(1);
     request.mutable_resources()->set_memory_gb(4);
     request.mutable_resources()->set_slots(slots_);
+    // The coordinator's build is this one (the same build tree): it leases us its runs.
+    request.mutable_resources()->set_code_version(CodeVersion());
     RegisterResponse response;
     grpc::ClientContext ctx;
     Prepare(&ctx, std::chrono::seconds(30));

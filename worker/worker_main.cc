@@ -7,6 +7,7 @@
 
 #include "absl/time/time.h"
 #include "common/binary_init.h"
+#include "common/version.h"
 #include "proto/grpc_status.h"
 #include "common/state_dir.h"
 #include "common/token_flag.h"
@@ -22,6 +23,8 @@ int RunWorker(int argc, char** argv) {
                "  ablate-worker --coordinator HOST:PORT   pull and train jobs from a coordinator\n"
                "  ablate-worker train --config FILE       train one run, no coordinator"};
   app.require_subcommand(0, 1);
+  // Which runs this worker may train: the coordinator leases it only runs of its code version.
+  app.set_version_flag("--version", ablate::VersionText());
 
   ablate::AgentOptions agent;
   std::string token_file;
@@ -88,14 +91,20 @@ int RunWorker(int argc, char** argv) {
   job_cmd->add_option("--rendezvous", job.rendezvous);
   job_cmd->add_option("--collective-timeout", job.collective_timeout_s);
   job_cmd->callback([&] { code = ablate::RunJobProcess(job); });
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; a bad command line exits 2, as getopt and argparse tools do
+    // (CLI11's own codes are 105 and the like), as `ablate` does.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   if (cmd->parsed() || job_cmd->parsed()) return code;
 
   agent.collective_timeout = absl::Seconds(agent_collective_timeout_s);
   if (agent.coordinator.empty()) {
     std::fprintf(stderr, "ablate-worker: --coordinator HOST:PORT (or ABLATE_COORDINATOR) is "
                          "required, or run one config with `ablate-worker train`\n");
-    return 1;
+    return 2;  // a missing argument: a bad command line
   }
   if (!token_file.empty()) {
     absl::StatusOr<std::string> read = ablate::ReadTokenFile(token_file);

@@ -1,4 +1,4 @@
-// The dashboard: a hash-routed single page. #/ sweeps, #/sweep/NAME, #/run/ID, #/compare/NAME.
+// The dashboard: a hash-routed single page. #/ sweeps, #/sweep/NAME, #/run/ID, #/compare/NAME[/MORE...].
 import { adoptTokenFromUrl, Unauthorized } from './api.js';
 import { el } from './format.js';
 import * as sweeps from './pages/sweeps.js';
@@ -75,7 +75,7 @@ async function route() {
   try {
     if (parts[0] === 'sweep' && parts[1]) await sweep.render(view, ctx, parts[1]);
     else if (parts[0] === 'run' && parts[1]) await run.render(view, ctx, parts[1]);
-    else if (parts[0] === 'compare' && parts[1]) await compare.render(view, ctx, parts[1]);
+    else if (parts[0] === 'compare' && parts[1]) await compare.render(view, ctx, parts[1], parts.slice(2).filter((p) => p));
     else await sweeps.render(view, ctx);
     document.body.dataset.ready = gen;
   } catch (err) {

@@ -227,3 +227,59 @@ export function figureSections(table, figures) {
   if (table.rows.some((r) => r.lengths.length > 0)) out.push(lengthsSection(table.rows));
   return out;
 }
+
+// The paired comparison against the reference (GET /api/compare/SWEEP..., `ablate compare --format
+// json`): a forest plot of each variant's difference with its interval around zero, and the
+// table. null when there is none (no reference among the runs).
+const SVG_NS = 'http://www.w3.org/2000/svg';
+function svgEl(tag, attrs = {}, text) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function forestPlot(cmp) {
+  const rows = cmp.rows.filter((r) => r.ci_low !== null && r.ci_high !== null);
+  if (rows.length === 0) return el('p', { class: 'muted' }, 'No variant has an interval yet (two seeds per side are needed).');
+  const rowH = 26, left = 170, right = 30, width = 640, top = 10;
+  const height = top + rowH * rows.length + 30;
+  let lo = Math.min(0, ...rows.map((r) => r.ci_low)), hi = Math.max(0, ...rows.map((r) => r.ci_high));
+  const pad = (hi - lo) * 0.08 || 1e-3;
+  lo -= pad; hi += pad;
+  const x = (v) => left + ((v - lo) / (hi - lo)) * (width - left - right);
+  const svg = svgEl('svg', { width, height, viewBox: `0 0 ${width} ${height}`, id: 'forest', role: 'img' });
+  svg.append(svgEl('line', { x1: x(0), x2: x(0), y1: top - 4, y2: height - 26, stroke: '#6b7280', 'stroke-dasharray': '4 3' }));
+  const decided = new Set(['better', 'worse', 'lower', 'higher']);
+  rows.forEach((r, i) => {
+    const y = top + rowH * i + rowH / 2;
+    const color = decided.has(r.verdict) ? '#1d2330' : '#9aa3b2';  // the point: a verdict, or none
+    svg.append(svgEl('text', { x: left - 8, y: y + 4, 'text-anchor': 'end', 'font-size': 12 }, r.axes ? `${r.variant} ${r.axes}` : r.variant));
+    svg.append(svgEl('line', { x1: x(r.ci_low), x2: x(r.ci_high), y1: y, y2: y, stroke: '#2f6fde', 'stroke-width': 2 }));
+    svg.append(svgEl('circle', { cx: x(r.delta), cy: y, r: 4, fill: color, 'data-variant': r.variant }));
+  });
+  for (const v of [lo + pad, 0, hi - pad]) {
+    svg.append(svgEl('text', { x: x(v), y: height - 8, 'text-anchor': 'middle', 'font-size': 11 }, num(v, 4)));
+  }
+  return svg;
+}
+
+export function pairedSection(cmp) {
+  if (!cmp) return null;
+  const level = Math.round(100 * (1 - cmp.alpha));
+  const p = (v) => (v === null ? '—' : v === 0 ? '0' : v < 1e-4 ? v.toExponential(1) : Number(v.toPrecision(3)).toString());
+  const heads = ['variant', 'pairs', cmp.reference, 'mean', 'Δ', `${level}% CI`, 'p', cmp.correction === 'holm' ? 'p (Holm)' : 'p', 'verdict', 'detectable'];
+  const table = el('table', { id: 'paired' },
+    el('thead', {}, el('tr', {}, heads.map((h, i) => el('th', { class: i > 0 && i !== 8 ? 'num' : '' }, h)))),
+    el('tbody', {}, cmp.rows.map((r) => el('tr', { class: `verdict-${r.verdict.replace(/ /g, '-')}` },
+      el('td', {}, r.axes ? `${r.variant} (${r.axes})` : r.variant),
+      el('td', { class: 'num' }, r.test === 'Welch' ? `${r.n_pairs} (Welch)` : r.n_pairs),
+      el('td', { class: 'num' }, num(r.reference_mean)), el('td', { class: 'num' }, num(r.variant_mean)),
+      el('td', { class: 'num' }, num(r.delta)),
+      el('td', { class: 'num' }, r.ci_low === null ? '—' : `[${num(r.ci_low)}, ${num(r.ci_high)}]`),
+      el('td', { class: 'num' }, p(r.p_value)), el('td', { class: 'num' }, p(r.p_adjusted)),
+      el('td', { class: 'verdict', title: r.note || '' }, r.note ? `${r.verdict} (${r.note})` : r.verdict),
+      el('td', { class: 'num' }, num(r.min_detectable))))));
+  const intro = `${cmp.heading} of each variant against ${cmp.reference}, paired by seed (${cmp.lower_is_better ? 'lower is better' : 'no better direction'}). ${level}% intervals of the difference; verdicts from the ${cmp.correction === 'holm' ? 'Holm-adjusted' : 'unadjusted'} p-values at alpha ${cmp.alpha}. "detectable": the smallest difference these seeds could tell from none with 80% power.`;
+  return { section: section('paired-section', `Against ${cmp.reference}`, intro, forestPlot(cmp), table), draw: () => {} };
+}

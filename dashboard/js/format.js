@@ -48,6 +48,17 @@ export function stateBadge(state) {
   return el('span', { class: `state ${state}` }, state);
 }
 
+// `ablate tag`'s tags, each a small outlined label.
+export function tagList(tags) {
+  return (tags || []).map((t) => el('span', { class: 'tag' }, t));
+}
+
+// A note (`ablate note`): when, on what, and its text.
+export function noteItem(n) {
+  const when = new Date(n.created_at * 1000).toISOString().replace('T', ' ').slice(0, 19);
+  return el('li', {}, el('span', { class: 'muted' }, `${when} UTC, ${n.run_id ? `run ${n.run_id}` : 'the sweep'}: `), n.text);
+}
+
 // A stable colour per run (golden-angle hues), red reserved for diverged runs.
 export function runColor(index) {
   const hue = (index * 137.508 + 200) % 360;

@@ -2,8 +2,8 @@
 // server, no network), drawn with the dashboard's own modules, which the report inlines before this
 // one (format.js, charts.js, figures.js). Sets body[data-ready] once every chart is drawn, or
 // body[data-error] with the message.
-import { comparisonTable, figureSections } from './figures.js';
-import { el, count, num } from './format.js';
+import { comparisonTable, figureSections, pairedSection } from './figures.js';
+import { el, count, num, tagList } from './format.js';
 
 function reportHeader(data) {
   const { sweep, source } = data;
@@ -16,9 +16,13 @@ function reportHeader(data) {
       el('dt', {}, 'spec file'), el('dd', {}, source.spec_file || '—', ' (', el('a', { href: 'spec.yaml' }, 'as submitted'), ')'),
       el('dt', {}, 'reference variant'), el('dd', {}, source.reference || '—'),
       el('dt', {}, 'created'), el('dd', {}, source.created),
-      el('dt', {}, 'finished'), el('dd', {}, source.finished)),
-  ];
+      el('dt', {}, 'finished'), el('dd', {}, source.finished),
+      sweep.tags.length ? [el('dt', {}, 'tags'), el('dd', { id: 'report-tags' }, tagList(sweep.tags))] : null),
+    data.notes.length ? [el('h2', {}, 'Notes'), el('ul', { id: 'notes' }, data.notes.map((n) =>
+      el('li', {}, `${n.created}, on ${n.run_id ? `run ${n.run_id}` : 'the sweep'}: `, n.text)))] : null,
+  ].flat().filter((n) => n);
 }
+
 
 function variantsTable(variants) {
   const heads = ['variant', 'description', 'differs from the reference', 'budget', 'params', 'activated', 'added', 'FLOPs/token'];
@@ -33,13 +37,14 @@ function variantsTable(variants) {
 }
 
 function runsTable(runs) {
-  const heads = ['run', 'variant', 'seed', 'state', 'steps', 'val loss', 'spikes', 'reason'];
+  const heads = ['run', 'variant', 'seed', 'state', 'steps', 'val loss', 'spikes', 'reason', 'tags'];
   return el('table', { id: 'runs' },
     el('thead', {}, el('tr', {}, heads.map((h) => el('th', {}, h)))),
     el('tbody', {}, runs.map((r) => el('tr', { class: r.state === 'DIVERGED' ? 'diverged' : null },
       el('td', { class: 'num' }, r.id), el('td', {}, r.variant + (r.axes ? ` (${r.axes})` : '')), el('td', { class: 'num' }, r.seed),
       el('td', {}, el('span', { class: `state ${r.state}` }, r.state)), el('td', { class: 'num' }, `${r.steps_done}/${r.steps_total}`),
-      el('td', { class: 'num' }, num(r.val_loss)), el('td', { class: 'num' }, r.spike_steps), el('td', {}, r.reason)))));
+      el('td', { class: 'num' }, num(r.val_loss)), el('td', { class: 'num' }, r.spike_steps), el('td', {}, r.reason),
+      el('td', {}, tagList(r.tags))))));
 }
 
 function renderReport(data) {
@@ -51,6 +56,7 @@ function renderReport(data) {
     el('h2', {}, 'Comparison'),
     el('p', { class: 'muted' }, 'Means ± sample std over the SUCCEEDED seeds of each variant; diverged runs are counted, not averaged. Click a header to sort.'),
     compare.node,
+    pairedSection(data.compare)?.section,
     el('div', { id: 'figures' }, sections.map((s) => s.section)),
     el('h2', {}, 'Variants: budget solutions and parameters'), variantsTable(data.variants),
     el('h2', {}, 'Runs'), runsTable(data.runs),

@@ -140,16 +140,20 @@ absl::StatusOr<RerunResponse> CoordinatorClient::Rerun(const std::string& sweep,
   return Unary(&ablate::Coordinator::Stub::Rerun, request);
 }
 
+absl::StatusOr<AnnotateResponse> CoordinatorClient::Annotate(const AnnotateRequest& request) {
+  return Unary(&ablate::Coordinator::Stub::Annotate, request);
+}
+
 absl::StatusOr<QueryResponse> CoordinatorClient::Query(const QueryRequest& request) {
   return Unary(&ablate::Coordinator::Stub::Query, request);
 }
 
-absl::StatusOr<TableResponse> CoordinatorClient::Table(const std::string& sweep,
-                                                       const std::string& format) {
-  TableRequest request;
-  request.set_sweep(sweep);
-  request.set_format(format);
+absl::StatusOr<TableResponse> CoordinatorClient::Table(const TableRequest& request) {
   return Unary(&ablate::Coordinator::Stub::Table, request);
+}
+
+absl::StatusOr<CompareResponse> CoordinatorClient::Compare(const CompareRequest& request) {
+  return Unary(&ablate::Coordinator::Stub::Compare, request);
 }
 
 }  // namespace ablate

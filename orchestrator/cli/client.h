@@ -57,8 +57,10 @@ class CoordinatorClient {
   absl::StatusOr<GetSweepResponse> GetSweep(const std::string& sweep);
   absl::StatusOr<CancelResponse> Cancel(const std::string& sweep);
   absl::StatusOr<RerunResponse> Rerun(const std::string& sweep, bool failed_only);
+  absl::StatusOr<AnnotateResponse> Annotate(const AnnotateRequest& request);
   absl::StatusOr<QueryResponse> Query(const QueryRequest& request);
-  absl::StatusOr<TableResponse> Table(const std::string& sweep, const std::string& format);
+  absl::StatusOr<TableResponse> Table(const TableRequest& request);
+  absl::StatusOr<CompareResponse> Compare(const CompareRequest& request);
   // OK, or why no call can be made (an unreadable --tls-ca file): check it before using stub().
   const absl::Status& ready() const { return ready_; }
   ablate::Coordinator::Stub* stub() { return stub_.get(); }

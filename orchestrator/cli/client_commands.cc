@@ -12,10 +12,13 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "fmt/format.h"
 #include "common/token_flag.h"
+#include "common/version.h"
+#include "orchestrator/cli/cli.h"
 #include "orchestrator/cli/cost.h"
 #include "orchestrator/store/reader.h"
 
@@ -147,6 +150,28 @@ absl::Status ReadFile(const std::string& path, std::string* text) {
 
 bool IsTerminal(std::ostream& out) { return &out == &std::cout && ::isatty(STDOUT_FILENO); }
 
+// How a watched sweep ended, for scripts and CI to gate on: OK when every run SUCCEEDED;
+// kExitRunsFailed when some FAILED or was CANCELLED; else kExitDiverged when some DIVERGED.
+absl::Status SweepOutcome(const SweepStatus& done) {
+  const auto count = [&](const char* state) {
+    auto it = done.runs_by_state().find(state);
+    return it == done.runs_by_state().end() ? 0 : it->second;
+  };
+  const int failed = count("FAILED") + count("CANCELLED");
+  if (failed > 0) {
+    return WithExitCode(absl::AbortedError(fmt::format(
+                            "watch: {} of {} runs of sweep {} FAILED or were CANCELLED", failed,
+                            done.total_runs(), done.name())),
+                        kExitRunsFailed);
+  }
+  if (const int diverged = count("DIVERGED"); diverged > 0) {
+    return WithExitCode(absl::AbortedError(fmt::format("watch: {} of {} runs of sweep {} DIVERGED",
+                                                       diverged, done.total_runs(), done.name())),
+                        kExitDiverged);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RunWatch(CoordinatorClient& client, const std::string& sweep, bool live,
@@ -161,6 +186,7 @@ absl::Status RunWatch(CoordinatorClient& client, const std::string& sweep, bool 
   std::map<int64_t, int64_t> decile;
   size_t drawn = 0;
   bool done = false;
+  SweepStatus finished;
   WatchEvent event;
   while (reader->Read(&event)) {
     std::vector<std::string> messages;
@@ -180,6 +206,7 @@ absl::Status RunWatch(CoordinatorClient& client, const std::string& sweep, bool 
     }
     if (event.has_sweep_done()) {
       done = true;
+      finished = event.sweep_done();
       messages.push_back(fmt::format("sweep {} {}: {}", event.sweep_done().name(),
                                      event.sweep_done().state(), Counts(event.sweep_done())));
     }
@@ -201,7 +228,7 @@ absl::Status RunWatch(CoordinatorClient& client, const std::string& sweep, bool 
   absl::Status status = FromGrpc(reader->Finish(), client.address());
   if (!status.ok()) return status;
   if (!done) return absl::UnavailableError("watch: the stream ended before the sweep did");
-  return absl::OkStatus();
+  return SweepOutcome(finished);
 }
 
 namespace {
@@ -215,8 +242,17 @@ absl::Status PrintSubmitted(CoordinatorClient& client, const SubmitResponse& r,
                        r.sweep(), r.sweep_id(), r.runs(), r.sweep());
     return absl::OkStatus();
   }
-  out << fmt::format("sweep {} (id {}): {} runs, {} queued, {} reused\n", r.sweep(),
-                     r.sweep_id(), r.runs(), r.queued(), r.reused());
+  // The coordinator expanded it: its build is the one the runs are keyed to.
+  out << fmt::format("sweep {} (id {}): {} runs, {} queued, {} reused; code {}\n", r.sweep(),
+                     r.sweep_id(), r.runs(), r.queued(), r.reused(),
+                     r.expanded().build().empty() ? r.expanded().code_version()
+                                                  : r.expanded().build());
+  // As `expand` says it, before the cost: the coordinator was built from uncommitted changes.
+  if (const std::string note = UncommittedSourcesNote(
+          {r.expanded().uncommitted().begin(), r.expanded().uncommitted().end()});
+      !note.empty()) {
+    out << note << "\n";
+  }
   std::set<std::string> reused_keys;
   if (r.reused() > 0) {
     absl::StatusOr<GetSweepResponse> stored = client.GetSweep(absl::StrCat(r.sweep_id()));
@@ -264,9 +300,17 @@ void AddSubmitCommand(CLI::App* app, std::ostream* out, std::function<absl::Stat
 }
 
 // A table's row format, for its header and every row alike.
-constexpr char kWorkerRow[] = "{:>4}  {:<24} {:<5} {:<8} {:>5}  {}\n";
+constexpr char kWorkerRow[] = "{:>4}  {:<24} {:<5} {:<8} {:>5} {:>5}  {}\n";
 constexpr char kSweepRow[] = "{:>4}  {:<24} {:<9} {:>5}  {}\n";
 constexpr char kRunRow[] = "{:>5}  {:<18} {:>5} {:<11} {:>3} {:>13} {:>9} {:>9}  {}\n";
+
+// The last column of an `ablate status` line, with the sweep's or the run's own tags after it:
+// "4 SUCCEEDED  tags: a, b".
+std::string WithTags(const std::string& text,
+                     const google::protobuf::RepeatedPtrField<std::string>& tags) {
+  if (tags.empty()) return text;
+  return absl::StrCat(text, text.empty() ? "" : "  ", "tags: ", absl::StrJoin(tags, ", "));
+}
 
 // The workers section of `ablate status`: one line per worker not GONE, with its slots in use.
 void PrintWorkers(const ListSweepsResponse& r, std::ostream& out) {
@@ -274,10 +318,18 @@ void PrintWorkers(const ListSweepsResponse& r, std::ostream& out) {
     out << "\nno workers (ablate-worker --coordinator ADDRESS, or ablate up)\n";
     return;
   }
-  out << "\n" << fmt::format(kWorkerRow, "ID", "WORKER", "STATE", "DEVICE", "SLOTS", "RUNS");
+  out << "\n"
+      << fmt::format(kWorkerRow, "ID", "WORKER", "STATE", "DEVICE", "SLOTS", "RUNS", "BUILT FROM");
   for (const WorkerStatus& w : r.workers()) {
     out << fmt::format(kWorkerRow, w.worker_id(), w.name(), w.state(), w.device(),
-                       absl::StrCat(w.slots_in_use(), "/", w.slots()), w.running());
+                       absl::StrCat(w.slots_in_use(), "/", w.slots()), w.running(), w.build());
+  }
+  // A worker the queued runs pass by because of its build: idle until rebuilt, so say why.
+  for (const WorkerStatus& w : r.workers()) {
+    if (!w.waiting().empty()) {
+      out << fmt::format("worker {} ({}) takes none of the queued runs: {}\n", w.worker_id(),
+                         w.name(), w.waiting());
+    }
   }
 }
 
@@ -290,7 +342,8 @@ absl::Status PrintSweeps(CoordinatorClient& client, std::ostream& out) {
   } else {
     out << fmt::format(kSweepRow, "ID", "SWEEP", "STATE", "RUNS", "BY STATE");
     for (const SweepStatus& s : r->sweeps()) {
-      out << fmt::format(kSweepRow, s.sweep_id(), s.name(), s.state(), s.total_runs(), Counts(s));
+      out << fmt::format(kSweepRow, s.sweep_id(), s.name(), s.state(), s.total_runs(),
+                         WithTags(Counts(s), s.tags()));
     }
   }
   PrintWorkers(*r, out);
@@ -304,6 +357,14 @@ absl::Status PrintSweepRuns(CoordinatorClient& client, const std::string& sweep,
   if (!r.ok()) return r.status();
   out << fmt::format("sweep {} (id {}): {}, {}\n", r->sweep().name(), r->sweep().sweep_id(),
                      r->sweep().state(), Counts(r->sweep()));
+  if (!r->sweep().tags().empty()) {
+    out << fmt::format("tags: {}\n", absl::StrJoin(r->sweep().tags(), ", "));
+  }
+  for (const AnnotationStatus& a : r->annotations()) {
+    if (a.kind() != "note") continue;
+    out << (a.run_id() == 0 ? "note: " : fmt::format("note on run {}: ", a.run_id())) << a.text()
+        << "\n";
+  }
   out << fmt::format(kRunRow, "RUN", "VARIANT", "SEED", "STATE", "TRY", "STEP", "LOSS",
                      "VAL LOSS", "WORKER / REASON");
   for (const RunStatus& run : r->runs()) {
@@ -315,7 +376,7 @@ absl::Status PrintSweepRuns(CoordinatorClient& client, const std::string& sweep,
     out << fmt::format(kRunRow, run.run_id(), run.variant(), run.seed(),
                        RunStateName(run.state()), run.attempts(),
                        absl::StrCat(run.step(), "/", run.total_steps()), Loss(run.last_loss()),
-                       Loss(run.val_loss()), where);
+                       Loss(run.val_loss()), WithTags(where, run.tags()));
   }
   return absl::OkStatus();
 }
@@ -379,6 +440,79 @@ void AddRerunCommand(CLI::App* app, std::ostream* out, std::function<absl::Statu
   });
 }
 
+// The SWEEP[/RUN_ID] of `tag`, `untag` and `note` into `request`: a sweep (a name or an id; a
+// name has no '/'), or one run of it by its id (the RUN column of `ablate status SWEEP`).
+absl::Status ParseAnnotationTarget(const std::string& target, AnnotateRequest* request) {
+  const size_t slash = target.rfind('/');
+  request->set_sweep(target.substr(0, slash));
+  if (slash == std::string::npos) return absl::OkStatus();
+  int64_t run_id = 0;
+  if (!absl::SimpleAtoi(target.substr(slash + 1), &run_id) || run_id <= 0 ||
+      request->sweep().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", target, "\" is not SWEEP or SWEEP/RUN_ID (a run id as `ablate status SWEEP` lists)"));
+  }
+  request->set_run_id(run_id);
+  return absl::OkStatus();
+}
+
+// `ablate tag SWEEP[/RUN_ID] TAG...` and `ablate untag SWEEP[/RUN_ID] TAG...`.
+void AddTagCommand(CLI::App* app, bool untag, std::ostream* out,
+                   std::function<absl::Status()>* action) {
+  CLI::App* cmd =
+      untag ? app->add_subcommand("untag", "Remove tags from a sweep or from one run of it.")
+            : app->add_subcommand(
+                  "tag", "Tag a sweep or one run of it (e.g. `bugged`, left out of the means "
+                         "with --exclude-tag). A tag is 1 to 64 of A-Z a-z 0-9 _ . : -.");
+  auto target = std::make_shared<std::string>();
+  auto tags = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("target", *target, "SWEEP, or SWEEP/RUN_ID for one run of it")->required();
+  cmd->add_option("tags", *tags, "the tags")->required();
+  SetClientAction(cmd, action, [=](CoordinatorClient& client) -> absl::Status {
+    AnnotateRequest request;
+    const std::string verb = untag ? "untag" : "tag";
+    if (absl::Status s = ParseAnnotationTarget(*target, &request); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(verb, ": ", s.message()));
+    }
+    request.set_action(untag ? AnnotateRequest::UNTAG : AnnotateRequest::TAG);
+    for (const std::string& tag : *tags) request.add_tags(tag);
+    absl::StatusOr<AnnotateResponse> r = client.Annotate(request);
+    if (!r.ok()) return r.status();
+    if (!r->changed().empty()) {
+      *out << fmt::format("{} {}: {}\n", untag ? "untagged" : "tagged", r->target(),
+                          absl::StrJoin(r->changed(), " "));
+    }
+    if (!r->unchanged().empty()) {
+      *out << fmt::format("{} already tagged: {}\n", r->target(),
+                          absl::StrJoin(r->unchanged(), " "));
+    }
+    return absl::OkStatus();
+  });
+}
+
+// `ablate note SWEEP[/RUN_ID] "TEXT"`.
+void AddNoteCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
+  CLI::App* cmd = app->add_subcommand(
+      "note", "Add a note to a sweep or one run of it (shown by status, export, the report and "
+              "the dashboard).");
+  auto target = std::make_shared<std::string>();
+  auto text = std::make_shared<std::string>();
+  cmd->add_option("target", *target, "SWEEP, or SWEEP/RUN_ID for one run of it")->required();
+  cmd->add_option("text", *text, "the note, up to 4096 bytes (quote it)")->required();
+  SetClientAction(cmd, action, [=](CoordinatorClient& client) -> absl::Status {
+    AnnotateRequest request;
+    if (absl::Status s = ParseAnnotationTarget(*target, &request); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("note: ", s.message()));
+    }
+    request.set_action(AnnotateRequest::NOTE);
+    request.set_note(*text);
+    absl::StatusOr<AnnotateResponse> r = client.Annotate(request);
+    if (!r.ok()) return r.status();
+    *out << fmt::format("note on {}\n", r->target());
+    return absl::OkStatus();
+  });
+}
+
 // `ablate query SQL [--format table|csv|json] [--max-rows N]`: the result on `out`, a note on
 // `err` when it was cut at the row cap.
 void AddQueryCommand(CLI::App* app, std::ostream* out, std::ostream* err,
@@ -414,18 +548,95 @@ void AddQueryCommand(CLI::App* app, std::ostream* out, std::ostream* err,
   });
 }
 
-// `ablate table SWEEP [--format markdown|csv|json]`.
+// The positional SWEEP... of `table` and `compare`: one or more sweeps of one study.
+std::shared_ptr<std::vector<std::string>> AddSweepsArgument(CLI::App* cmd) {
+  auto sweeps = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("sweeps", *sweeps,
+                  "sweep names or ids: several are matched by variant, seed and axis point, a "
+                  "later sweep's run standing over an earlier one's")
+      ->required();
+  return sweeps;
+}
+
+// `--exclude-tag TAG` (repeatable) of `table` and `compare`.
+std::shared_ptr<std::vector<std::string>> AddExcludeTagOption(CLI::App* cmd) {
+  auto tags = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("--exclude-tag", *tags,
+                  "leave out runs tagged TAG, on the run or its sweep (repeatable)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  return tags;
+}
+
+// `ablate table SWEEP... [--format markdown|csv|json] [--exclude-tag TAG]`.
 void AddTableCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
       "table", "The paper-style comparison of a sweep: one row per variant, mean ± std over "
                "seeds of val loss/PPL, gate score, M-Act, F-Attn, spike score, and params.");
   auto format = std::make_shared<std::string>("markdown");
-  std::shared_ptr<std::string> sweep = AddSweepArgument(cmd);
+  std::shared_ptr<std::vector<std::string>> sweeps = AddSweepsArgument(cmd);
   cmd->add_option("--format,-f", *format, "output format")
       ->check(CLI::IsMember({"markdown", "csv", "json"}))
       ->capture_default_str();
+  std::shared_ptr<std::vector<std::string>> exclude = AddExcludeTagOption(cmd);
   SetClientAction(cmd, action, [=](CoordinatorClient& client) -> absl::Status {
-    absl::StatusOr<TableResponse> r = client.Table(*sweep, *format);
+    TableRequest request;
+    request.set_sweep(sweeps->front());
+    for (size_t i = 1; i < sweeps->size(); ++i) request.add_more_sweeps((*sweeps)[i]);
+    for (const std::string& tag : *exclude) request.add_exclude_tags(tag);
+    request.set_format(*format);
+    absl::StatusOr<TableResponse> r = client.Table(request);
+    if (!r.ok()) return r.status();
+    *out << r->formatted();
+    return absl::OkStatus();
+  });
+}
+
+// `ablate compare SWEEP... [--metric M] [--reference NAME] [--format F] [--alpha A]
+// [--correction holm|none] [--exclude-tag TAG]`.
+void AddCompareCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
+  CLI::App* cmd = app->add_subcommand(
+      "compare", "Each variant against the reference at the same axis point, paired by seed: "
+                 "the difference with its interval, p-values adjusted over the rows, the "
+                 "smallest difference the seeds can detect, and a verdict.");
+  std::shared_ptr<std::vector<std::string>> sweeps = AddSweepsArgument(cmd);
+  auto metric = std::make_shared<std::string>("val_loss");
+  auto reference = std::make_shared<std::string>();
+  auto format = std::make_shared<std::string>("markdown");
+  auto alpha = std::make_shared<double>(0.05);
+  auto correction = std::make_shared<std::string>("holm");
+  cmd->add_option("--metric,-m", *metric,
+                  "val_loss, val_ppl, gate_score, m_act, f_attn, spike_score, train_loss, "
+                  "ppl@L or loss@L (at evaluation length L)")
+      ->capture_default_str();
+  cmd->add_option("--reference,-r", *reference,
+                  "the variant to compare against (default: the first sweep's reference)");
+  cmd->add_option("--format,-f", *format, "output format")
+      ->check(CLI::IsMember({"markdown", "csv", "json"}))
+      ->capture_default_str();
+  cmd->add_option("--alpha", *alpha, "the tests' level; intervals are 1 - alpha")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            double v = 0;
+            const bool number = absl::SimpleAtod(text, &v);
+            return number && v > 0 && v < 0.5 ? "" : "must be a number between 0 and 0.5";
+          },
+          "(0, 0.5)"))
+      ->capture_default_str();
+  cmd->add_option("--correction", *correction, "adjustment of the p-values over the rows")
+      ->check(CLI::IsMember({"holm", "none"}))
+      ->capture_default_str();
+  std::shared_ptr<std::vector<std::string>> exclude = AddExcludeTagOption(cmd);
+  SetClientAction(cmd, action, [=](CoordinatorClient& client) -> absl::Status {
+    CompareRequest request;
+    for (const std::string& s : *sweeps) request.add_sweeps(s);
+    for (const std::string& tag : *exclude) request.add_exclude_tags(tag);
+    request.set_metric(*metric);
+    request.set_reference(*reference);
+    request.set_format(*format);
+    request.set_alpha(*alpha);
+    request.set_correction(*correction);
+    absl::StatusOr<CompareResponse> r = client.Compare(request);
     if (!r.ok()) return r.status();
     *out << r->formatted();
     return absl::OkStatus();
@@ -486,8 +697,12 @@ void AddClientCommands(CLI::App* app, std::ostream* out, std::ostream* err,
   AddWatchCommand(app, out, action);
   AddCancelCommand(app, out, action);
   AddRerunCommand(app, out, action);
+  AddTagCommand(app, /*untag=*/false, out, action);
+  AddTagCommand(app, /*untag=*/true, out, action);
+  AddNoteCommand(app, out, action);
   AddQueryCommand(app, out, err, action);
   AddTableCommand(app, out, action);
+  AddCompareCommand(app, out, action);
   AddExportCommand(app, out, action);
 }
 

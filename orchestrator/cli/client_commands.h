@@ -5,9 +5,12 @@
 //                                             its cost line (cost.h); --watch as `ablate watch`
 //   ablate status [SWEEP]                     sweeps with run counts, or one sweep's runs
 //   ablate watch SWEEP [--plain]              live progress per run, spikes and divergences as
-//                                             they happen; exits when the sweep ends
+//                                             they happen; exits when the sweep ends, 0, 3 or
+//                                             4 by how its runs ended (cli.h)
 //   ablate cancel SWEEP                       cancel queued runs, stop running ones
 //   ablate rerun SWEEP --failed               queue FAILED and CANCELLED runs again (not DIVERGED)
+//   ablate tag|untag SWEEP[/RUN_ID] TAG...    add or remove tags on a sweep or one of its runs
+//   ablate note SWEEP[/RUN_ID] "TEXT"         add a note to a sweep or one of its runs
 //   ablate query "SQL" [--format table|csv|json]   read-only SQL on the results database
 //   ablate table SWEEP [--format markdown|csv|json] the paper-style comparison table
 //   ablate export SWEEP --format csv|json [--steps] runs with final metrics, or step metrics
@@ -29,7 +32,9 @@ class App;
 namespace ablate {
 
 // Streams a sweep's events to `out` until it ends. `live`: redraw progress bars in place (a
-// terminal); otherwise print a line per state change, spike and 10% of progress.
+// terminal); otherwise print a line per state change, spike and 10% of progress. OK when every
+// run SUCCEEDED; else a status naming the count, WithExitCode (cli.h) kExitRunsFailed when some
+// run FAILED or was CANCELLED, kExitDiverged when some DIVERGED and none FAILED.
 absl::Status RunWatch(CoordinatorClient& client, const std::string& sweep, bool live,
                       absl::Duration timeout, std::ostream& out);
 

@@ -10,6 +10,7 @@
 #include "fmt/format.h"
 #include "google/protobuf/util/json_util.h"
 #include "common/text_format.h"
+#include "common/version.h"
 #include "orchestrator/sweep/budget.h"
 #include "orchestrator/sweep/expand.h"
 
@@ -67,7 +68,7 @@ std::string FormatExpandTable(const ExpandedSweep& sweep) {
   for (size_t c = first_number; c < first_number + 3; ++c) right[c] = true;
   return fmt::format("sweep {}: {} runs of {} variants; reference {}; code {}\n", sweep.name(),
                      sweep.runs_size(), variants.size(), sweep.reference(),
-                     sweep.code_version()) +
+                     sweep.build().empty() ? sweep.code_version() : sweep.build()) +
          AlignedTable(header, rows, right, /*rule=*/false);
 }
 
@@ -120,14 +121,17 @@ absl::Status RunExpand(const std::string& spec_path, const std::string& format,
   if (!sweep.ok()) return sweep.status();
   const std::string cost_line = FormatCostLine(
       EstimateSweepCost(*sweep), cost, absl::StrCat(sweep->runs_size(), " runs"));
+  std::string note = UncommittedSourcesNote(
+      {sweep->uncommitted().begin(), sweep->uncommitted().end()});
+  if (!note.empty()) note += "\n";
   if (format == "json") {
     out << FormatExpandJson(*sweep) << std::flush;
-    err << cost_line;
+    err << note << cost_line;
   } else if (format == "csv") {
     out << FormatExpandCsv(*sweep) << std::flush;
-    err << cost_line;
+    err << note << cost_line;
   } else {
-    out << FormatExpandTable(*sweep) << cost_line;
+    out << FormatExpandTable(*sweep) << note << cost_line;
   }
   return absl::OkStatus();
 }

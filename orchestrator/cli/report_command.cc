@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -20,6 +21,7 @@ struct ReportCommandOptions {
   std::string state_dir = ".ablate";
   std::string db;  // "" = STATE_DIR/ablate.db
   int points = 400;
+  std::vector<std::string> exclude_tags;
 };
 
 absl::Status RunReport(const ReportCommandOptions& options, std::ostream& out) {
@@ -43,6 +45,7 @@ absl::Status RunReport(const ReportCommandOptions& options, std::ostream& out) {
   ropts.out_dir = options.out;
   ropts.force = options.force;
   ropts.figures.curve_points = options.points;
+  ropts.exclude_tags = options.exclude_tags;
   ropts.db_label = db;
   absl::StatusOr<ReportFiles> result = WriteReport(**reader, ropts);
   if (!result.ok()) return result.status();
@@ -75,6 +78,10 @@ void AddReportCommand(CLI::App* app, std::ostream* out, std::function<absl::Stat
   cmd->add_option("--points", options->points, "steps on each loss curve's grid")
       ->check(CLI::Range(2, 5000))
       ->capture_default_str();
+  cmd->add_option("--exclude-tag", options->exclude_tags,
+                  "leave out runs tagged TAG, on the run or its sweep (repeatable)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->callback(
       [out, action, options] { *action = [out, options] { return RunReport(*options, *out); }; });
 }

@@ -1,6 +1,6 @@
 // CoordinatorCore's client API: Submit (with train.init_from resolved against the store),
-// ListSweeps, GetSweep, Cancel, Rerun, Watch, Query and Table. Each answers from the store; the
-// scheduler learns of queued, cancelled and rerun runs under mu_.
+// ListSweeps, GetSweep, Cancel, Rerun, Annotate, Watch, Query and Table. Each answers from the
+// store; the scheduler learns of queued, cancelled and rerun runs under mu_.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -19,11 +21,13 @@
 #include "orchestrator/coordinator/door.h"
 #include "orchestrator/sweep/expand.h"
 #include "orchestrator/sweep/spec.h"
+#include "orchestrator/store/compare.h"
 #include "orchestrator/store/format.h"
 #include "orchestrator/store/reader.h"
 
 namespace ablate {
 
+using core_internal::OfferFrom;
 using core_internal::ResourcesOf;
 using core_internal::ToQueued;
 
@@ -48,6 +52,32 @@ SweepStatus ToSweepStatus(const SweepInfo& s) {
   }
   out.set_total_runs(static_cast<int32_t>(s.runs));
   return out;
+}
+
+// The tags of a target (the sweep: run_id 0), oldest first.
+std::vector<std::string> TagsOf(const std::vector<Annotation>& annotations, int64_t run_id) {
+  std::vector<std::string> tags;
+  for (const Annotation& a : annotations) {
+    if (a.kind == "tag" && a.run_id == run_id) tags.push_back(a.text);
+  }
+  return tags;
+}
+
+// A tag is what a shell passes unquoted and a comma-joined list (run_summary.tags) or a CSV
+// cell holds unescaped: 1 to kMaxTagLength of A-Z a-z 0-9 _ . : -.
+constexpr size_t kMaxTagLength = 64;
+constexpr size_t kMaxNoteBytes = 4096;
+
+absl::Status CheckTag(absl::string_view verb, const std::string& tag) {
+  const bool ok = !tag.empty() && tag.size() <= kMaxTagLength &&
+                  std::all_of(tag.begin(), tag.end(), [](char c) {
+                    return absl::ascii_isalnum(c) || c == '_' || c == '.' || c == ':' || c == '-';
+                  });
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      verb, ": \"", absl::CHexEscape(tag.substr(0, kMaxTagLength + 1)),
+      tag.size() > kMaxTagLength + 1 ? "..." : "", "\" is not a tag (1 to ", kMaxTagLength,
+      " of A-Z a-z 0-9 _ . : -)"));
 }
 
 // The sweep a Get, Cancel or Rerun names; InvalidArgument "<verb>: no sweep given" for none.
@@ -210,7 +240,13 @@ absl::StatusOr<ListSweepsResponse> CoordinatorCore::ListSweeps() {
   absl::StatusOr<std::vector<SweepInfo>> sweeps = store_->reader().ListSweeps();
   if (!sweeps.ok()) return sweeps.status();
   ListSweepsResponse response;
-  for (const SweepInfo& s : *sweeps) *response.add_sweeps() = ToSweepStatus(s);
+  for (const SweepInfo& s : *sweeps) {
+    SweepStatus* status = response.add_sweeps();
+    *status = ToSweepStatus(s);
+    absl::StatusOr<std::vector<Annotation>> annotations = store_->reader().Annotations(s.id);
+    if (!annotations.ok()) return annotations.status();
+    for (std::string& tag : TagsOf(*annotations, 0)) status->add_tags(std::move(tag));
+  }
   absl::StatusOr<std::vector<WorkerInfo>> workers = store_->reader().ListWorkers();
   if (!workers.ok()) return workers.status();
   for (const WorkerInfo& w : *workers) {
@@ -226,6 +262,10 @@ absl::StatusOr<ListSweepsResponse> CoordinatorCore::ListSweeps() {
     out->set_slots_in_use(SlotsInUse(w.id));
     out->set_running(w.running);
     out->set_hostname(resources.hostname());
+    out->set_code_version(resources.code_version());
+    out->set_build(resources.build());
+    absl::MutexLock lock(&mu_);
+    out->set_waiting(WaitingForBuild(OfferFrom(resources)));
   }
   return response;
 }
@@ -275,11 +315,25 @@ absl::StatusOr<GetSweepResponse> CoordinatorCore::GetSweep(const GetSweepRequest
   // The LOSS a user sees is the latest reported one, while a run trains and after.
   absl::StatusOr<std::map<int64_t, LatestStep>> latest = store_->reader().LatestSteps(sweep->id);
   if (!latest.ok()) return latest.status();
+  absl::StatusOr<std::vector<Annotation>> annotations = store_->reader().Annotations(sweep->id);
+  if (!annotations.ok()) return annotations.status();
   GetSweepResponse response;
   *response.mutable_sweep() = ToSweepStatus(*sweep);
+  for (std::string& tag : TagsOf(*annotations, 0)) {
+    response.mutable_sweep()->add_tags(std::move(tag));
+  }
+  for (const Annotation& a : *annotations) {
+    AnnotationStatus* out = response.add_annotations();
+    out->set_id(a.id);
+    out->set_run_id(a.run_id);
+    out->set_kind(a.kind);
+    out->set_text(a.text);
+    out->set_created_unix_ms(static_cast<int64_t>(a.created_at * 1000));
+  }
   for (const RunInfo& r : *runs) {
     RunStatus* status = response.add_runs();
     *status = ToRunStatus(r);
+    for (std::string& tag : TagsOf(*annotations, r.id)) status->add_tags(std::move(tag));
     if (auto it = latest->find(r.id); it != latest->end() && std::isfinite(it->second.loss)) {
       status->set_last_loss(it->second.loss);
     }
@@ -338,6 +392,68 @@ absl::StatusOr<RerunResponse> CoordinatorCore::Rerun(const RerunRequest& request
   }
   absl::MutexLock lock(&mu_);
   work_cv_.SignalAll();
+  return response;
+}
+
+absl::StatusOr<AnnotateResponse> CoordinatorCore::Annotate(const AnnotateRequest& request) {
+  const char* verb = request.action() == AnnotateRequest::UNTAG  ? "untag"
+                     : request.action() == AnnotateRequest::NOTE ? "note"
+                                                                 : "tag";
+  AnnotationEdit edit;
+  switch (request.action()) {
+    case AnnotateRequest::TAG:
+    case AnnotateRequest::UNTAG:
+      edit.action = request.action() == AnnotateRequest::TAG ? AnnotationEdit::Action::kTag
+                                                             : AnnotationEdit::Action::kUntag;
+      if (request.tags().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(verb, ": no tag given"));
+      }
+      if (!request.note().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(verb, ": a note is given with `note`"));
+      }
+      for (const std::string& tag : request.tags()) {
+        if (absl::Status s = CheckTag(verb, tag); !s.ok()) return s;
+        edit.texts.push_back(tag);
+      }
+      break;
+    case AnnotateRequest::NOTE:
+      if (!request.tags().empty()) {
+        return absl::InvalidArgumentError("note: tags are given with `tag`");
+      }
+      if (absl::StripAsciiWhitespace(request.note()).empty()) {
+        return absl::InvalidArgumentError("note: the note is empty");
+      }
+      if (request.note().size() > kMaxNoteBytes) {
+        return absl::InvalidArgumentError(absl::StrCat("note: the note is ", request.note().size(),
+                                                       " bytes; the limit is ", kMaxNoteBytes));
+      }
+      edit.action = AnnotationEdit::Action::kNote;
+      edit.texts.push_back(request.note());
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("annotate: action must be TAG, UNTAG or NOTE, not ",
+                       static_cast<int>(request.action())));
+  }
+  if (request.run_id() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(verb, ": run id ", request.run_id(), " is negative"));
+  }
+  absl::StatusOr<SweepInfo> sweep = NamedSweep(store_->reader(), verb, request.sweep());
+  if (!sweep.ok()) return sweep.status();
+  edit.sweep_id = sweep->id;
+  edit.run_id = request.run_id();
+  absl::StatusOr<AnnotationResult> result = store_->Annotate(edit);
+  if (!result.ok()) return result.status();
+  AnnotateResponse response;
+  response.set_target(request.run_id() == 0
+                          ? absl::StrCat("sweep ", sweep->name)
+                          : absl::StrCat("run ", request.run_id(), " of sweep ", sweep->name));
+  if (edit.action != AnnotationEdit::Action::kNote) {
+    for (const std::string& tag : result->changed) response.add_changed(tag);
+    for (const std::string& tag : result->unchanged) response.add_unchanged(tag);
+  }
+  response.set_note_id(result->note_id);
   return response;
 }
 
@@ -449,11 +565,38 @@ absl::StatusOr<QueryResponse> CoordinatorCore::Query(const QueryRequest& request
 absl::StatusOr<TableResponse> CoordinatorCore::Table(const TableRequest& request) {
   if (request.sweep().empty()) return absl::InvalidArgumentError("table: no sweep given");
   const std::string format = request.format().empty() ? "markdown" : request.format();
-  absl::StatusOr<ComparisonTable> table = store_->reader().GetComparisonTable(request.sweep());
+  ResultSelection selection;
+  selection.sweeps.push_back(request.sweep());
+  selection.sweeps.insert(selection.sweeps.end(), request.more_sweeps().begin(),
+                          request.more_sweeps().end());
+  selection.exclude_tags.assign(request.exclude_tags().begin(), request.exclude_tags().end());
+  absl::StatusOr<ComparisonTable> table = store_->reader().GetComparisonTable(selection);
   if (!table.ok()) return table.status();
   absl::StatusOr<std::string> formatted = FormatComparisonTable(*table, format);
   if (!formatted.ok()) return formatted.status();
   TableResponse response;
+  response.set_formatted(*std::move(formatted));
+  return response;
+}
+
+absl::StatusOr<CompareResponse> CoordinatorCore::Compare(const CompareRequest& request) {
+  if (request.sweeps().empty()) return absl::InvalidArgumentError("compare: no sweep given");
+  ResultSelection selection;
+  selection.sweeps.assign(request.sweeps().begin(), request.sweeps().end());
+  selection.exclude_tags.assign(request.exclude_tags().begin(), request.exclude_tags().end());
+  absl::StatusOr<ResultSet> results = store_->reader().ReadResults(selection);
+  if (!results.ok()) return results.status();
+  CompareOptions options;
+  if (!request.metric().empty()) options.metric = request.metric();
+  options.reference = request.reference();
+  if (request.alpha() != 0) options.alpha = request.alpha();
+  if (!request.correction().empty()) options.correction = request.correction();
+  absl::StatusOr<Comparison> comparison = CompareResults(*results, options);
+  if (!comparison.ok()) return comparison.status();
+  absl::StatusOr<std::string> formatted =
+      FormatComparison(*comparison, request.format().empty() ? "markdown" : request.format());
+  if (!formatted.ok()) return formatted.status();
+  CompareResponse response;
   response.set_formatted(*std::move(formatted));
   return response;
 }

@@ -25,6 +25,17 @@ WorkerResources ResourcesOf(const WorkerInfo& w) {
   return resources;
 }
 
+WorkerOffer OfferFrom(const WorkerResources& r) {
+  WorkerOffer offer;
+  offer.device = r.device().empty() ? "cpu" : r.device();
+  offer.memory_gb = r.memory_gb();
+  offer.cores = r.cores();
+  offer.slots = std::max(1, r.slots());
+  offer.host = !r.rendezvous_host().empty() ? r.rendezvous_host() : r.hostname();
+  offer.code_version = r.code_version();
+  return offer;
+}
+
 QueuedRun ToQueued(const RunInfo& run, absl::Time not_before,
                    std::shared_ptr<const JobTemplate> job) {
   QueuedRun q;
@@ -35,6 +46,7 @@ QueuedRun ToQueued(const RunInfo& run, absl::Time not_before,
   q.needs.memory_gb = run.memory_gb;
   q.needs.threads = run.threads;
   q.needs.devices = run.devices;
+  q.needs.code_version = run.code_version;
   q.not_before = not_before;
   q.job = std::move(job);
   q.total_steps = run.steps_total;

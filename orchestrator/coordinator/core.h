@@ -1,9 +1,10 @@
-// CoordinatorCore: the client API (submit, list, get, cancel, rerun, watch, query, table) and the
-// worker API (register, acquire, report, finish) over the Store and the Scheduler, without gRPC
-// (server.h wraps it in the gRPC services of proto/ablate.proto). Every method returns an
-// absl::Status whose code is the gRPC status code the service answers with. core.cc builds it
-// (and rebuilds the scheduler from the store), client_api.cc is the client API, worker_api.cc the
-// worker API, finish.cc the ending of attempts; core_internal.h is what those files share.
+// CoordinatorCore: the client API (submit, list, get, cancel, rerun, annotate, watch, query,
+// table) and the worker API (register, acquire, report, finish) over the Store and the
+// Scheduler, without gRPC (server.h wraps it in the gRPC services of proto/ablate.proto). Every
+// method returns an absl::Status whose code is the gRPC status code the service answers with.
+// core.cc builds it (and rebuilds the scheduler from the store), client_api.cc is the client API,
+// worker_api.cc the worker API, finish.cc the ending of attempts; core_internal.h is what those
+// files share.
 //
 // Runs. The Store holds the truth (run states, attempts, metrics, checkpoints); the Scheduler
 // holds the queue of PENDING runs and the leases of RUNNING ones. Every state change is a
@@ -114,6 +115,10 @@ class CoordinatorCore {
   absl::StatusOr<GetSweepResponse> GetSweep(const GetSweepRequest& request);
   absl::StatusOr<CancelResponse> Cancel(const CancelRequest& request);
   absl::StatusOr<RerunResponse> Rerun(const RerunRequest& request);
+  // Tags (TAG, UNTAG) or a note (NOTE) on a sweep or one of its runs. InvalidArgument for a
+  // tag outside the grammar (proto/ablate.proto), an empty or oversized note, or no tags;
+  // NotFound for an unknown sweep, a run not of that sweep, or an untagged tag that is not there.
+  absl::StatusOr<AnnotateResponse> Annotate(const AnnotateRequest& request);
   // Calls `write` for every event of the sweep, in order, until the sweep is done (the last event
   // is sweep_done), `write` returns false or `cancelled` returns true (the client went away:
   // Cancelled), or Shutdown (Unavailable). NotFound for an unknown sweep.
@@ -122,6 +127,7 @@ class CoordinatorCore {
                      const std::function<bool()>& cancelled);
   absl::StatusOr<QueryResponse> Query(const QueryRequest& request);
   absl::StatusOr<TableResponse> Table(const TableRequest& request);
+  absl::StatusOr<CompareResponse> Compare(const CompareRequest& request);
 
   // ---- Worker API ----
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
@@ -150,6 +156,9 @@ class CoordinatorCore {
   CoordinatorCore(Store* store, const CoordinatorOptions& options);
   absl::Status Rebuild();
   absl::StatusOr<WorkerOffer> OfferOf(int64_t worker_id);
+  // "built from X; queued runs need Y" when every due queued run a worker offering `offer`
+  // could take needs another code version (Scheduler::OtherBuildNeeded), else "".
+  std::string WaitingForBuild(const WorkerOffer& offer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // TrainConfig.init_from {sweep, variant, seed} of each run -> the checkpoint of that
   // SUCCEEDED run, in the run's config and its `config_json` entry. InvalidArgument naming the
   // run for an unknown sweep or run; FailedPrecondition while the source has not succeeded.

@@ -33,6 +33,10 @@ namespace core_internal {
 // A worker's registered resources (unknown fields of a newer worker ignored).
 WorkerResources ResourcesOf(const WorkerInfo& w);
 
+// What a worker with resources `r` offers the scheduler. Its host is where it serves a gang's
+// rendezvous when it holds rank 0.
+WorkerOffer OfferFrom(const WorkerResources& r);
+
 // `job` null: MakeJob reads the stored config when the run is dispatched (runs queued again after
 // a restart, a rerun or a retry), so a restart does not parse every queued run's config up front.
 QueuedRun ToQueued(const RunInfo& run, absl::Time not_before,

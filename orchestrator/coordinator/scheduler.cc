@@ -17,6 +17,7 @@ std::string DeviceKind(const std::string& device) {
 }
 
 bool FitsRanks(const RunNeeds& needs, const WorkerOffer& offer) {
+  if (needs.code_version != offer.code_version) return false;
   if (DeviceKind(needs.device) != DeviceKind(offer.device)) return false;
   if (needs.memory_gb > 0 && needs.memory_gb > offer.memory_gb) return false;
   if (needs.threads > 0 && needs.threads > offer.cores) return false;
@@ -154,6 +155,25 @@ bool Scheduler::GangFor(const RunNeeds& needs) const {
     slots += std::max(1, offer.slots);
   }
   return slots >= devices;
+}
+
+std::string Scheduler::OtherBuildNeeded(const WorkerOffer& offer) const {
+  WorkerOffer rebuilt = offer;
+  std::string needed;
+  std::pair<int64_t, std::pair<int, int64_t>> first;  // (sweep, (run_index, run_id)) of `needed`
+  for (const auto& [sweep_id, sweep] : sweeps_) {
+    for (const auto& [needs, bucket] : sweep.buckets) {
+      rebuilt.code_version = needs.code_version;
+      if (!FitsRanks(needs, rebuilt)) continue;  // not for this worker whatever its build
+      if (needs.code_version == offer.code_version) return "";
+      const std::pair<int64_t, std::pair<int, int64_t>> at = {sweep_id, *bucket.begin()};
+      if (needed.empty() || at < first) {
+        needed = needs.code_version;
+        first = at;
+      }
+    }
+  }
+  return needed;
 }
 
 int Scheduler::SlotsReserved(int64_t worker_id) const {

@@ -89,15 +89,17 @@ struct SchedulerOptions {
   int max_attempts = 4;
 };
 
-// What a run needs from a worker (runs.device, memory_gb, threads).
+// What a run needs from a worker (runs.device, memory_gb, threads; its sweep's code_version).
 struct RunNeeds {
   std::string device = "cpu";  // "cpu" or "cuda" (a "cuda:N" is read as "cuda")
   double memory_gb = 0;        // 0 = any
   int threads = 0;             // 0 = any
   int devices = 1;             // ranks (data parallel): a worker with this many slots
+  // The build it is keyed to (common/version.h): only a worker of this code version takes it.
+  std::string code_version;
   bool operator<(const RunNeeds& o) const {
-    return std::tie(device, memory_gb, threads, devices) <
-           std::tie(o.device, o.memory_gb, o.threads, o.devices);
+    return std::tie(device, memory_gb, threads, devices, code_version) <
+           std::tie(o.device, o.memory_gb, o.threads, o.devices, o.code_version);
   }
 };
 
@@ -108,14 +110,15 @@ struct WorkerOffer {
   int cores = 0;               // 0 = unknown: only runs that need no threads fit
   int slots = 1;               // devices or core groups: runs needing up to this many fit
   std::string host;            // where other workers reach its rendezvous (a gang's rank 0)
+  std::string code_version;    // its build's (WorkerResources.code_version)
 };
 
 // "cuda:1" -> "cuda", "" -> "cpu".
 std::string DeviceKind(const std::string& device);
 // Whether a worker offering `offer` may take a run needing `needs`.
 bool Fits(const RunNeeds& needs, const WorkerOffer& offer);
-// Whether it may train some ranks of such a run (device kind, memory and threads fit; the
-// run's devices may exceed its slots: a gang).
+// Whether it may train some ranks of such a run (same code version; device kind, memory and
+// threads fit; the run's devices may exceed its slots: a gang).
 bool FitsRanks(const RunNeeds& needs, const WorkerOffer& offer);
 
 // What the coordinator makes a run's job from (core_internal.h). The scheduler only carries it,
@@ -218,6 +221,10 @@ class Scheduler {
   // Acquire up to `max_runs` times, while it returns runs.
   std::vector<QueuedRun> AcquireUpTo(int64_t worker_id, const WorkerOffer& offer, int max_runs,
                                      int freeing = 0);
+  // When no due queued run fits `offer` but some would with another code version: the code
+  // version of the first of those (lowest sweep id, then run order), which the worker would
+  // need to be built from. "" otherwise (some run fits it, or none would whatever its build).
+  std::string OtherBuildNeeded(const WorkerOffer& offer) const;
   // Slots of worker_id its leases hold or a forming gang reserved.
   int SlotsInUse(int64_t worker_id) const;
   // Slots of worker_id reserved by forming gangs.

@@ -87,6 +87,11 @@ class ClientService final : public ablate::Coordinator::Service {
     return Serve("Coordinator.Rerun", Role::kAdmin, c, credentials_, o,
                  [&] { return core_->Rerun(*r); });
   }
+  grpc::Status Annotate(grpc::ServerContext* c, const AnnotateRequest* r,
+                        AnnotateResponse* o) override {
+    return Serve("Coordinator.Annotate", Role::kAdmin, c, credentials_, o,
+                 [&] { return core_->Annotate(*r); });
+  }
   grpc::Status Watch(grpc::ServerContext* c, const WatchRequest* r,
                      grpc::ServerWriter<WatchEvent>* writer) override {
     if (absl::Status s = Authorize(c, credentials_, Role::kRead, "Coordinator.Watch"); !s.ok()) {
@@ -105,6 +110,11 @@ class ClientService final : public ablate::Coordinator::Service {
   grpc::Status Table(grpc::ServerContext* c, const TableRequest* r, TableResponse* o) override {
     return Serve("Coordinator.Table", Role::kRead, c, credentials_, o,
                  [&] { return core_->Table(*r); });
+  }
+  grpc::Status Compare(grpc::ServerContext* c, const CompareRequest* r,
+                       CompareResponse* o) override {
+    return Serve("Coordinator.Compare", Role::kRead, c, credentials_, o,
+                 [&] { return core_->Compare(*r); });
   }
 
  private:

@@ -15,7 +15,7 @@
 //
 // Security: every method of both services needs `authorization: Bearer <credential>` metadata:
 // UNAUTHENTICATED without a known one, PERMISSION_DENIED with one of the wrong role (admin: all;
-// worker: WorkerService; read: ListSweeps, GetSweep, Watch, Query, Table). Health and reflection
+// worker: WorkerService; read: ListSweeps, GetSweep, Watch, Query, Table, Compare). Health and reflection
 // are open: they reveal nothing of the results. Report and Finish also need the attempt's lease
 // secret (CoordinatorCore). Limits: gRPC refuses messages over max_message_bytes
 // (RESOURCE_EXHAUSTED), holds at most max_concurrent_streams calls per connection, and keeps its

@@ -21,22 +21,11 @@
 
 namespace ablate {
 
+using core_internal::OfferFrom;
 using core_internal::ResourcesOf;
 using core_internal::StartOn;
 
 namespace {
-
-// What a worker with resources `r` offers the scheduler. Its host is where it serves a gang's
-// rendezvous when it holds rank 0.
-WorkerOffer OfferFrom(const WorkerResources& r) {
-  WorkerOffer offer;
-  offer.device = r.device().empty() ? "cpu" : r.device();
-  offer.memory_gb = r.memory_gb();
-  offer.cores = r.cores();
-  offer.slots = std::max(1, r.slots());
-  offer.host = !r.rendezvous_host().empty() ? r.rendezvous_host() : r.hostname();
-  return offer;
-}
 
 // The template of a run queued without one (ToQueued), from its stored config.
 absl::StatusOr<std::shared_ptr<const JobTemplate>> TemplateOf(const RunInfo& run) {
@@ -55,12 +44,25 @@ absl::StatusOr<std::shared_ptr<const JobTemplate>> TemplateOf(const RunInfo& run
 
 }  // namespace
 
+std::string CoordinatorCore::WaitingForBuild(const WorkerOffer& offer) {
+  const std::string needed = scheduler_.OtherBuildNeeded(offer);
+  if (needed.empty()) return "";
+  return absl::StrCat("built from ", offer.code_version, "; queued runs need ", needed);
+}
+
 absl::StatusOr<RegisterResponse> CoordinatorCore::Register(const RegisterRequest& request) {
   if (request.name().empty()) return absl::InvalidArgumentError("register: no worker name");
   if (request.ByteSizeLong() > kMaxRegisterBytes) {
     return absl::InvalidArgumentError(absl::StrCat("register: the request is ",
                                                    request.ByteSizeLong(), " bytes; the limit is ",
                                                    kMaxRegisterBytes));
+  }
+  // Its runs would be trained by code nobody can name: refused rather than trusted.
+  if (request.resources().code_version().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "register: worker ", request.name(),
+        " sends no code version: it was built before ablate matched workers to the build of "
+        "their runs; rebuild it (cmake --build) from the sources of the sweeps it should train"));
   }
   std::string json;
   google::protobuf::util::JsonPrintOptions print;
@@ -224,7 +226,10 @@ absl::StatusOr<AcquireJobResponse> CoordinatorCore::AcquireJob(const AcquireJobR
       const int more = max_jobs - static_cast<int>(parts.size());
       if (more > 0) runs = scheduler_.AcquireUpTo(request.worker_id(), *offer, more);
       if (runs.empty() && parts.empty()) {
-        if (absl::Now() >= deadline) return response;
+        if (absl::Now() >= deadline) {
+          response.set_waiting(WaitingForBuild(*offer));
+          return response;
+        }
         // Wake on new work, or every second (a backoff may have ended).
         work_cv_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Seconds(1)));
         continue;

@@ -5,9 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "orchestrator/store/compare.h"
 #include "orchestrator/dashboard/internal.h"
 
 namespace ablate {
@@ -171,9 +174,34 @@ Response DashboardServer::Impl::HandleApi(const Request& r) {
       if (seg[3] == "spikes") return RunSpikes(id);
     }
   }
+  if (seg.size() >= 3 && seg[1] == "table") return Table(r);
+  if (seg.size() >= 3 && seg[1] == "compare") return Compare(r);
   if (seg.size() == 2 && seg[1] == "workers") return Workers();
   return Error(404, absl::StrCat("no such API endpoint: ", r.path.substr(0, 200)));
 }
+
+namespace {
+
+// The tags of the sweep (run_id 0) or of one run of it, oldest first.
+json TagsJson(const std::vector<Annotation>& annotations, int64_t run_id) {
+  json tags = json::array();
+  for (const Annotation& a : annotations) {
+    if (a.kind == "tag" && a.run_id == run_id) tags.push_back(a.text);
+  }
+  return tags;
+}
+
+// The notes on the sweep and its runs (every one), or on one run, oldest first.
+json NotesJson(const std::vector<Annotation>& annotations, std::optional<int64_t> run_id) {
+  json notes = json::array();
+  for (const Annotation& a : annotations) {
+    if (a.kind != "note" || (run_id && a.run_id != *run_id)) continue;
+    notes.push_back(json{{"run_id", a.run_id}, {"text", a.text}, {"created_at", a.created_at}});
+  }
+  return notes;
+}
+
+}  // namespace
 
 Response DashboardServer::Impl::Sweeps() {
   absl::StatusOr<std::vector<SweepInfo>> sweeps = reader->ListSweeps();
@@ -193,6 +221,8 @@ Response DashboardServer::Impl::Sweep(const std::string& name) {
   if (!variants.ok()) return FromStatus(variants.status());
   absl::StatusOr<std::map<int64_t, LatestStep>> last = reader->LatestSteps(sweep.id);
   if (!last.ok()) return FromStatus(last.status());
+  absl::StatusOr<std::vector<Annotation>> annotations = reader->Annotations(sweep.id);
+  if (!annotations.ok()) return FromStatus(annotations.status());
   std::map<std::string, std::string> budget_of;
   json variant_list = json::array();
   for (const VariantInfo& v : *variants) {
@@ -206,11 +236,15 @@ Response DashboardServer::Impl::Sweep(const std::string& name) {
     auto it = last->find(run.id);
     j["last_step"] = it == last->end() ? 0 : it->second.step;
     j["last_loss"] = it == last->end() ? kNaN : it->second.loss;
+    j["tags"] = TagsJson(*annotations, run.id);
     run_list.push_back(std::move(j));
   }
-  return JsonResponse(200, json{{"sweep", SweepJson(sweep, NowSeconds())},
+  json sweep_json = SweepJson(sweep, NowSeconds());
+  sweep_json["tags"] = TagsJson(*annotations, 0);
+  return JsonResponse(200, json{{"sweep", std::move(sweep_json)},
                                 {"variants", variant_list},
-                                {"runs", run_list}});
+                                {"runs", run_list},
+                                {"notes", NotesJson(*annotations, std::nullopt)}});
 }
 
 Response DashboardServer::Impl::SweepCurves(const std::string& name, const Request& r) {
@@ -290,6 +324,53 @@ Response DashboardServer::Impl::SweepFigures(const std::string& name, const Requ
   return JsonResponse(200, SweepFiguresJson(*figures));
 }
 
+namespace {
+
+// /api/table/A/B... and /api/compare/A/B...: the sweeps named by the path's segments after the
+// second, and ?exclude_tag=T1,T2.
+ResultSelection SelectionOf(const Request& r) {
+  ResultSelection selection;
+  selection.sweeps.assign(r.segments.begin() + 2, r.segments.end());
+  auto tags = r.query.find("exclude_tag");
+  if (tags != r.query.end() && !tags->second.empty()) {
+    selection.exclude_tags = absl::StrSplit(tags->second, ',', absl::SkipEmpty());
+  }
+  return selection;
+}
+
+}  // namespace
+
+Response DashboardServer::Impl::Table(const Request& r) {
+  absl::StatusOr<ComparisonTable> table = reader->GetComparisonTable(SelectionOf(r));
+  if (!table.ok()) return FromStatus(table.status());
+  return JsonResponse(200, ComparisonTableJson(*table));
+}
+
+// ?metric=&reference=&alpha=&correction=, as `ablate compare`'s flags.
+Response DashboardServer::Impl::Compare(const Request& r) {
+  absl::StatusOr<ResultSet> results = reader->ReadResults(SelectionOf(r));
+  if (!results.ok()) return FromStatus(results.status());
+  CompareOptions options;
+  const auto param = [&](const char* name, std::string* to) {
+    auto it = r.query.find(name);
+    if (it != r.query.end() && !it->second.empty()) *to = it->second;
+  };
+  param("metric", &options.metric);
+  param("reference", &options.reference);
+  param("correction", &options.correction);
+  std::string alpha;
+  param("alpha", &alpha);
+  if (!alpha.empty() && !absl::SimpleAtod(alpha, &options.alpha)) {
+    return Error(400, absl::StrCat("parameter 'alpha' must be a number, not '",
+                                   alpha.substr(0, 40), "'"));
+  }
+  absl::StatusOr<Comparison> comparison = CompareResults(*results, options);
+  if (!comparison.ok()) return FromStatus(comparison.status());
+  absl::StatusOr<std::string> text = FormatComparison(*comparison, "json");
+  if (!text.ok()) return FromStatus(text.status());
+  return JsonResponse(200, json::parse(*text));
+}
+
 Response DashboardServer::Impl::Events(const std::string& name, const Request& r) {
   std::string error;
   std::optional<int64_t> after = IntParam(r, "after", 0, &error);
@@ -311,8 +392,13 @@ Response DashboardServer::Impl::Run(int64_t id) {
   if (!run.ok()) return FromStatus(run.status());
   absl::StatusOr<std::vector<AttemptInfo>> attempts = reader->Attempts(id);
   if (!attempts.ok()) return FromStatus(attempts.status());
+  absl::StatusOr<std::vector<Annotation>> annotations = reader->Annotations(run->sweep_id);
+  if (!annotations.ok()) return FromStatus(annotations.status());
   json j = RunJson(*run);
   j["run_key"] = run->run_key;
+  j["tags"] = TagsJson(*annotations, id);       // its own
+  j["sweep_tags"] = TagsJson(*annotations, 0);  // its sweep's, which it carries too
+  j["notes"] = NotesJson(*annotations, id);
   json config = json::parse(run->config_json, nullptr, /*allow_exceptions=*/false);
   j["config"] = config.is_discarded() ? json(run->config_json) : config;
   json list = json::array();

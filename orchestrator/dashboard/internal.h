@@ -286,6 +286,8 @@ struct DashboardServer::Impl {
   Response RunAttention(int64_t id, const Request& r);
   Response RunSpikes(int64_t id);
   Response Workers();
+  Response Table(const Request& r);
+  Response Compare(const Request& r);
   Response Metrics();
   // Serves the SSE stream until the client leaves or the server stops.
   // Each write must finish within options.write_timeout.

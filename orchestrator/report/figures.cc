@@ -116,6 +116,13 @@ absl::StatusOr<SweepReads> ReadSweep(const StoreReader& reader, const std::strin
   const int64_t sweep_id = out->sweep.id;
   SweepReads reads;
   reads.runs = std::move(sweep_runs->runs);
+  if (!options.exclude_tags.empty()) {
+    absl::StatusOr<std::set<int64_t>> tagged = reader.RunsTagged(sweep_id, options.exclude_tags);
+    if (!tagged.ok()) return tagged.status();
+    reads.runs.erase(std::remove_if(reads.runs.begin(), reads.runs.end(),
+                                    [&](const RunInfo& r) { return tagged->count(r.id) > 0; }),
+                     reads.runs.end());
+  }
   absl::StatusOr<std::map<int64_t, EvalResult>> evals =
       reader.LatestEvals(sweep_id, /*with_layers=*/true);
   if (!evals.ok()) return evals.status();
@@ -240,30 +247,11 @@ double Significant7(double v) {
   return std::isfinite(scale) && scale > 0 ? std::round(v * scale) / scale : v;
 }
 
-MeanStd MeanAndStd(const std::vector<double>& values) {
-  MeanStd out;
-  double sum = 0;
-  int64_t n = 0;
-  for (double v : values) {
-    if (!std::isfinite(v)) continue;
-    sum += v;
-    ++n;
-  }
-  if (n == 0) return out;
-  out.mean = sum / static_cast<double>(n);
-  if (n < 2) return out;
-  double squares = 0;
-  for (double v : values) {
-    if (std::isfinite(v)) squares += (v - out.mean) * (v - out.mean);
-  }
-  out.std = std::sqrt(squares / static_cast<double>(n - 1));
-  return out;
-}
-
 absl::StatusOr<SweepFigures> ComputeSweepFigures(const StoreReader& reader,
                                                  const std::string& sweep,
                                                  const FigureOptions& options) {
-  absl::StatusOr<ComparisonTable> table = reader.GetComparisonTable(sweep);
+  absl::StatusOr<ComparisonTable> table =
+      reader.GetComparisonTable(ResultSelection{{sweep}, options.exclude_tags});
   if (!table.ok()) return table.status();
   return ComputeSweepFigures(reader, *table, options);
 }

@@ -29,6 +29,8 @@ struct FigureOptions {
   // Steps on the loss curves' grid: every k-th step with k = ceil(longest run / curve_points),
   // plus the last step of the runs that finished every step. 2..5000.
   int curve_points = 400;
+  // Runs tagged so (on the run or its sweep) are left out of every figure.
+  std::vector<std::string> exclude_tags;
 };
 
 // M-Act and F-Attn of one layer, mean ± std over the group's evaluations that have the layer.
@@ -113,8 +115,6 @@ nlohmann::json MeanStdJson(const MeanStd& m);
 
 // 7 significant digits: what a chart can show, and half the JSON of a double's 17.
 double Significant7(double v);
-// The sample mean and standard deviation (n - 1) of the finite values, in their order.
-MeanStd MeanAndStd(const std::vector<double>& values);
 
 }  // namespace ablate
 

@@ -19,10 +19,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/version.h"
 #include "fmt/format.h"
 #include "orchestrator/assets/assets.h"
+#include "orchestrator/report/report_figures.h"
 #include "orchestrator/report/svg.h"
-#include "orchestrator/sweep/version.h"
+#include "orchestrator/store/compare.h"
 #include "orchestrator/store/format.h"
 
 namespace ablate {
@@ -35,17 +37,21 @@ using json = nlohmann::json;
 
 struct ReportData {
   ComparisonTable table;
+  // Against the reference (val loss), when the sweep has one among its runs.
+  std::optional<Comparison> comparison;
   SweepFigures figures;
   SweepSource source;
   std::vector<VariantInfo> variants;
   std::vector<RunInfo> runs;
+  std::vector<Annotation> annotations;  // the sweep's tags and notes and its runs', oldest first
   bool has_lengths = false;
 };
 
 absl::StatusOr<ReportData> ReadReportData(const StoreReader& reader, const ReportOptions& options) {
   ReportData d;
-  absl::StatusOr<ComparisonTable> table = reader.GetComparisonTable(options.sweep);
-  if (absl::IsNotFound(table.status())) {
+  absl::StatusOr<ResultSet> results =
+      reader.ReadResults(ResultSelection{{options.sweep}, options.exclude_tags});
+  if (absl::IsNotFound(results.status())) {
     absl::StatusOr<std::vector<SweepInfo>> sweeps = reader.ListSweeps();
     std::vector<std::string> names;
     if (sweeps.ok()) {
@@ -57,9 +63,14 @@ absl::StatusOr<ReportData> ReadReportData(const StoreReader& reader, const Repor
         names.empty() ? " (it holds no sweep)"
                       : absl::StrCat(" (sweeps there: ", absl::StrJoin(names, ", "), ")")));
   }
-  if (!table.ok()) return table.status();
-  d.table = *std::move(table);
-  absl::StatusOr<SweepFigures> figures = ComputeSweepFigures(reader, d.table, options.figures);
+  if (!results.ok()) return results.status();
+  d.table = ComparisonTableOf(*results);
+  // A sweep whose reference has no runs (a spec without one) has no comparison to show.
+  absl::StatusOr<Comparison> comparison = CompareResults(*results, CompareOptions{});
+  if (comparison.ok()) d.comparison = *std::move(comparison);
+  FigureOptions figure_options = options.figures;
+  figure_options.exclude_tags = options.exclude_tags;
+  absl::StatusOr<SweepFigures> figures = ComputeSweepFigures(reader, d.table, figure_options);
   if (!figures.ok()) return figures.status();
   d.figures = *std::move(figures);
   const int64_t id = d.figures.sweep.id;
@@ -72,6 +83,9 @@ absl::StatusOr<ReportData> ReadReportData(const StoreReader& reader, const Repor
   absl::StatusOr<std::vector<RunInfo>> runs = reader.RunsOfSweep(id);
   if (!runs.ok()) return runs.status();
   d.runs = *std::move(runs);
+  absl::StatusOr<std::vector<Annotation>> annotations = reader.Annotations(id);
+  if (!annotations.ok()) return annotations.status();
+  d.annotations = *std::move(annotations);
   d.has_lengths = std::any_of(d.table.rows.begin(), d.table.rows.end(),
                               [](const ComparisonRow& r) { return !r.lengths.empty(); });
   return d;
@@ -129,302 +143,18 @@ std::string StatesText(const SweepInfo& s) {
   return parts.empty() ? "no runs" : absl::StrJoin(parts, ", ");
 }
 
-std::vector<double> Doubles(const std::vector<int64_t>& v) {
-  return std::vector<double>(v.begin(), v.end());
+// The tags of the sweep (run_id 0) or of one run of it, oldest first.
+std::vector<std::string> TagsOf(const ReportData& d, int64_t run_id) {
+  std::vector<std::string> tags;
+  for (const Annotation& a : d.annotations) {
+    if (a.kind == "tag" && a.run_id == run_id) tags.push_back(a.text);
+  }
+  return tags;
 }
 
-std::string InterimSuffix(const GroupFigures& g) { return g.interim ? " (interim)" : ""; }
-
-bool AnyInterim(const SweepFigures& f) {
-  return std::any_of(f.groups.begin(), f.groups.end(),
-                     [](const GroupFigures& g) { return g.interim; });
-}
-
-// Whether any of `values` (standard deviations) is a number: with one seed per variant none is.
-bool AnySpread(const std::vector<double>& values) {
-  return std::any_of(values.begin(), values.end(), [](double v) { return std::isfinite(v); });
-}
-
-// ---- Figures (SVG) ------------------------------------------------------------------------------
-
-struct Figure {
-  std::string file;     // figures/NAME.svg
-  std::string title;    // alt text and heading
-  std::string caption;  // under it in report.md
-  std::string svg;
-};
-
-std::optional<Figure> LossFigure(const SweepFigures& f) {
-  if (f.steps.empty()) return std::nullopt;
-  svg::Axis x, y;
-  x.label = "step";
-  y.label = "training loss (log scale)";
-  y.scale = svg::Scale::kLog10;
-  svg::Chart chart("Training loss: mean ± std over seeds", x, y, 900, 440);
-  const std::vector<double> steps = Doubles(f.steps);
-  std::vector<double> spike_x, spike_y;
-  size_t diverged = 0;
-  for (size_t i = 0; i < f.groups.size(); ++i) {
-    const GroupFigures& g = f.groups[i];
-    svg::Style style;
-    style.color = svg::SeriesColor(static_cast<int>(i));
-    std::vector<double> lo(steps.size()), hi(steps.size());
-    for (size_t k = 0; k < steps.size(); ++k) {
-      lo[k] = g.loss_mean[k] - g.loss_std[k];
-      hi[k] = g.loss_mean[k] + g.loss_std[k];
-    }
-    svg::Style band = style;
-    band.opacity = 0.18;
-    chart.Band(steps, lo, hi, band);
-    if (g.band_runs > 0) {
-      chart.Line(steps, g.loss_mean, style,
-                 absl::StrCat(g.label, " (", g.band_runs, g.band_runs == 1 ? " run)" : " runs)"));
-    }
-    for (size_t k = 0; k < g.diverged_curves.size(); ++k) {
-      const RunCurve& c = g.diverged_curves[k];
-      svg::Style dashed = style;
-      dashed.dashed = true;
-      dashed.width = 1;
-      chart.Line(
-          Doubles(c.steps), c.loss, dashed,
-          k == 0 ? absl::StrCat(g.label, ": diverged (", g.diverged_curves.size(), ")") : "");
-      ++diverged;
-    }
-    for (const SpikeMark& s : g.spikes) {
-      spike_x.push_back(static_cast<double>(s.step));
-      spike_y.push_back(s.loss);
-    }
-  }
-  if (!spike_x.empty()) {
-    svg::Style red;
-    red.color = svg::kSpikeColor;
-    chart.Markers(spike_x, spike_y, red, absl::StrCat("spike events (", spike_x.size(), ")"));
-  }
-  bool spread = false;
-  for (const GroupFigures& g : f.groups) spread = spread || AnySpread(g.loss_std);
-  const std::string caption = absl::StrCat(
-      "Lines: the mean training loss of each variant over its runs that did not diverge, fail or "
-      "get cancelled, at every ",
-      f.stride == 1 ? "step" : absl::StrCat(f.stride, "th step"),
-      spread ? "; bands: ± the sample standard deviation where two or more runs have a value"
-             : " (one run per variant: no band)",
-      diverged > 0 ? "; dashed: diverged runs" : "",
-      spike_x.empty()
-          ? "."
-          : "; red triangles: spike events at the run's loss (on the top edge when non-finite).");
-  chart.Caption(caption);
-  return Figure{"figures/loss.svg", "Training loss per variant", caption, chart.Render()};
-}
-
-std::optional<Figure> ValLossFigure(const SweepFigures& f) {
-  std::vector<const GroupFigures*> shown;
-  for (const GroupFigures& g : f.groups) {
-    if (std::isfinite(g.val_loss.mean)) shown.push_back(&g);
-  }
-  if (shown.empty()) return std::nullopt;
-  svg::Axis x, y;
-  y.label = "validation loss";
-  x.lo = -0.6;
-  x.hi = static_cast<double>(shown.size()) - 0.4;
-  x.slanted_labels = true;
-  std::vector<double> xs, final_y, interim_y, stds;
-  bool any_interim = false;
-  for (size_t i = 0; i < shown.size(); ++i) {
-    x.ticks.push_back(static_cast<double>(i));
-    x.tick_labels.push_back(shown[i]->label);
-    xs.push_back(static_cast<double>(i));
-    final_y.push_back(shown[i]->interim ? kNaN : shown[i]->val_loss.mean);
-    interim_y.push_back(shown[i]->interim ? shown[i]->val_loss.mean : kNaN);
-    stds.push_back(shown[i]->val_loss.std);
-    any_interim = any_interim || shown[i]->interim;
-  }
-  const int width = std::max(560, 120 + 52 * static_cast<int>(shown.size()));
-  svg::Chart chart("Validation loss: mean ± std over seeds", x, y, width, 420);
-  svg::Style bars;
-  bars.color = "#2f6fde";
-  bars.opacity = 0.85;
-  chart.Bars(xs, final_y, 0.7, bars, any_interim ? "final (SUCCEEDED seeds)" : "");
-  if (any_interim) {
-    svg::Style interim;
-    interim.color = "#e69a17";
-    interim.opacity = 0.55;
-    interim.dashed = true;
-    chart.Bars(xs, interim_y, 0.7, interim, "interim (runs still training)");
-  }
-  // The error bars on the bars' tops, interim or not.
-  std::vector<double> means;
-  for (const GroupFigures* g : shown) means.push_back(g->val_loss.mean);
-  svg::Style err;
-  err.color = "#1d2330";
-  err.width = 1.4;
-  chart.ErrorBars(xs, means, stds, err);
-  const std::string caption = absl::StrCat(
-      "Each variant's final validation loss, mean ± sample std (error bars) over its SUCCEEDED "
-      "seeds, as in the comparison table",
-      AnySpread(stds) ? "" : " (one seed per variant: no error bars)",
-      any_interim
-          ? "; interim bars: the latest evaluation of the runs of a variant none of whose runs "
-            "has finished yet"
-          : "",
-      ". The axis does not start at 0.");
-  chart.Caption(caption);
-  return Figure{"figures/val_loss.svg", "Validation loss per variant", caption, chart.Render()};
-}
-
-std::optional<Figure> LayerFigure(const SweepFigures& f, bool m_act) {
-  int32_t layers = 0;
-  for (const GroupFigures& g : f.groups) {
-    for (const LayerStat& l : g.layers) layers = std::max(layers, l.layer + 1);
-  }
-  if (layers == 0) return std::nullopt;
-  svg::Axis x, y;
-  x.label = "layer";
-  x.lo = -0.4;
-  x.hi = layers - 0.6;
-  if (layers <= 32) {
-    for (int32_t l = 0; l < layers; ++l) x.ticks.push_back(l);
-  }
-  y.label =
-      m_act ? "M-Act: max |hidden state| (log scale)" : "F-Attn: attention on the first token";
-  y.scale = m_act ? svg::Scale::kLog10 : svg::Scale::kLinear;
-  y.include_zero = !m_act;
-  svg::Chart chart(m_act ? "M-Act per layer" : "F-Attn per layer", x, y, 760, 400);
-  bool spread = false;
-  for (size_t i = 0; i < f.groups.size(); ++i) {
-    const GroupFigures& g = f.groups[i];
-    if (g.layers.empty()) continue;
-    std::vector<double> xs, mean, stds;
-    for (const LayerStat& l : g.layers) {
-      xs.push_back(l.layer);
-      mean.push_back(m_act ? l.m_act.mean : l.f_attn.mean);
-      stds.push_back(m_act ? l.m_act.std : l.f_attn.std);
-    }
-    svg::Style style;
-    style.color = svg::SeriesColor(static_cast<int>(i));
-    style.dashed = g.interim;
-    chart.Line(xs, mean, style, absl::StrCat(g.label, InterimSuffix(g)));
-    chart.Points(xs, mean, style);
-    svg::Style err = style;
-    err.width = 1;
-    err.dashed = false;
-    chart.ErrorBars(xs, mean, stds, err);
-    spread = spread || AnySpread(stds);
-  }
-  const std::string caption = absl::StrCat(
-      m_act ? "The largest |hidden state| each layer outputs (its residual stream after the FFN)"
-            : "The attention each layer's heads give the first token, averaged over heads and "
-              "query positions",
-      ", at each run's last evaluation: mean ± sample std (error bars) over the SUCCEEDED seeds",
-      spread ? "" : " (one seed per variant: no error bars)",
-      AnyInterim(f) ? "; dashed: interim, the latest evaluation of runs still training." : ".");
-  chart.Caption(caption);
-  return Figure{m_act ? "figures/layers_m_act.svg" : "figures/layers_f_attn.svg",
-                m_act ? "M-Act per layer" : "F-Attn per layer", caption, chart.Render()};
-}
-
-std::optional<Figure> HistogramFigure(const SweepFigures& f) {
-  double top = 0;
-  for (const GroupFigures& g : f.groups) {
-    int64_t total = 0;
-    for (int64_t c : g.gate_counts) total += c;
-    for (int64_t c : g.gate_counts) {
-      if (total > 0) {
-        top = std::max(top, 100.0 * static_cast<double>(c) / static_cast<double>(total));
-      }
-    }
-  }
-  std::vector<svg::Chart> charts;
-  for (size_t i = 0; i < f.groups.size(); ++i) {
-    const GroupFigures& g = f.groups[i];
-    if (g.gate_counts.empty()) continue;
-    int64_t total = 0;
-    for (int64_t c : g.gate_counts) total += c;
-    const double bins = static_cast<double>(g.gate_counts.size());
-    const double w = (g.gate_hi - g.gate_lo) / bins;
-    std::vector<double> xs, ys;
-    for (size_t b = 0; b < g.gate_counts.size(); ++b) {
-      xs.push_back(g.gate_lo + w * (static_cast<double>(b) + 0.5));
-      ys.push_back(total > 0
-                       ? 100.0 * static_cast<double>(g.gate_counts[b]) / static_cast<double>(total)
-                       : 0);
-    }
-    svg::Axis x, y;
-    x.label = "gate score";
-    x.lo = g.gate_lo;
-    x.hi = g.gate_hi;
-    y.label = "% of scores";
-    y.lo = 0;
-    y.hi = top > 0 ? top * 1.08 : 1;
-    svg::Chart chart(absl::StrCat(g.label, InterimSuffix(g)), x, y, 380, 230);
-    svg::Style style;
-    style.color = svg::SeriesColor(static_cast<int>(i));
-    style.opacity = g.interim ? 0.5 : 0.85;
-    chart.Bars(xs, ys, w * 0.92, style);
-    chart.Caption(absl::StrCat(g.eval_runs, g.eval_runs == 1 ? " run" : " runs", ", step ",
-                               g.eval_step_min == g.eval_step_max
-                                   ? absl::StrCat(g.eval_step_max)
-                                   : absl::StrCat(g.eval_step_min, "–", g.eval_step_max)));
-    charts.push_back(std::move(chart));
-  }
-  if (charts.empty()) return std::nullopt;
-  const std::string caption =
-      "The gate scores of every gated layer at each run's last evaluation, summed over layers and "
-      "SUCCEEDED seeds, as a percentage of all scores per variant (one y scale for all). Variants "
-      "without a gate have none.";
-  return Figure{"figures/gate_histograms.svg", "Gate-score histograms per variant", caption,
-                svg::Grid("Gate-score histograms", charts, 3)};
-}
-
-std::optional<Figure> LengthFigure(const ComparisonTable& t) {
-  std::map<int64_t, bool> lengths;  // seq_len -> measured with YaRN by some row
-  for (const ComparisonRow& r : t.rows) {
-    for (const LengthStat& l : r.lengths) lengths[l.seq_len] = lengths[l.seq_len] || l.yarn;
-  }
-  if (lengths.empty()) return std::nullopt;
-  svg::Axis x, y;
-  x.label = "evaluation length (tokens, log2 scale; * with YaRN)";
-  x.scale = svg::Scale::kLog2;
-  for (const auto& [len, yarn] : lengths) {
-    x.ticks.push_back(static_cast<double>(len));
-    x.tick_labels.push_back(absl::StrCat(len, yarn ? "*" : ""));
-  }
-  y.label = "validation PPL";
-  svg::Chart chart("Validation PPL against evaluation length", x, y, 820, 420);
-  for (size_t i = 0; i < t.rows.size(); ++i) {
-    const ComparisonRow& r = t.rows[i];
-    if (r.lengths.empty()) continue;
-    std::vector<double> xs, mean, stds;
-    for (const LengthStat& l : r.lengths) {
-      xs.push_back(static_cast<double>(l.seq_len));
-      mean.push_back(l.val_ppl.mean);
-      stds.push_back(l.val_ppl.std);
-    }
-    svg::Style style;
-    style.color = svg::SeriesColor(static_cast<int>(i));
-    style.width = 2;
-    chart.Line(xs, mean, style,
-               r.axes.empty() ? r.variant : absl::StrCat(r.variant, " (", r.axes, ")"));
-    chart.Points(xs, mean, style);
-    svg::Style err = style;
-    err.width = 1.2;
-    chart.ErrorBars(xs, mean, stds, err);
-  }
-  const std::string caption =
-      "Each variant's final validation PPL at each train.eval_seq_lens length, mean ± sample std "
-      "(error bars) over the SUCCEEDED seeds; * lengths measured with YaRN RoPE scaling.";
-  chart.Caption(caption);
-  return Figure{"figures/ppl_length.svg", "Validation PPL against evaluation length", caption,
-                chart.Render()};
-}
-
-std::vector<Figure> Figures(const ReportData& d) {
-  std::vector<Figure> out;
-  for (std::optional<Figure> f :
-       {LossFigure(d.figures), ValLossFigure(d.figures), LayerFigure(d.figures, true),
-        LayerFigure(d.figures, false), HistogramFigure(d.figures), LengthFigure(d.table)}) {
-    if (f) out.push_back(*std::move(f));
-  }
-  return out;
+// "note on run 7" / "note on the sweep".
+std::string NoteTarget(const Annotation& a) {
+  return a.run_id == 0 ? "the sweep" : absl::StrCat("run ", a.run_id);
 }
 
 // ---- Tables (CSV) -------------------------------------------------------------------------------
@@ -433,6 +163,10 @@ std::map<std::string, std::string> Tables(const ReportData& d) {
   std::map<std::string, std::string> out;
   absl::StatusOr<std::string> comparison = FormatComparisonTable(d.table, "csv");
   out["tables/comparison.csv"] = comparison.ok() ? *comparison : "";
+  if (d.comparison) {
+    absl::StatusOr<std::string> paired = FormatComparison(*d.comparison, "csv");
+    out["tables/compare.csv"] = paired.ok() ? *paired : "";
+  }
 
   std::string variants = CsvLine({"variant", "description", "diff", "budget", "params_total",
                                   "params_activated", "params_added", "flops_per_token"});
@@ -447,14 +181,15 @@ std::map<std::string, std::string> Tables(const ReportData& d) {
   std::string runs =
       CsvLine({"run_id", "variant", "seed", "axes", "state", "steps_done", "steps_total",
                "final_train_loss", "val_loss", "val_ppl", "gate_score", "m_act", "f_attn",
-               "spike_steps", "spike_score", "params_total", "reused_from", "reason"});
+               "spike_steps", "spike_score", "params_total", "reused_from", "reason", "tags"});
   for (const RunInfo& r : d.runs) {
     runs += CsvLine({absl::StrCat(r.id), CsvText(r.variant), absl::StrCat(r.seed), CsvText(r.axes),
                      RunStateName(r.state), absl::StrCat(r.steps_done), absl::StrCat(r.steps_total),
                      Num(r.final_train_loss), Num(r.val_loss), Num(r.val_ppl), Num(r.gate_score),
                      Num(r.m_act), Num(r.f_attn), absl::StrCat(r.spike_steps), Num(r.spike_score),
                      absl::StrCat(r.params_total),
-                     r.reused_from == 0 ? "" : absl::StrCat(r.reused_from), CsvText(r.reason)});
+                     r.reused_from == 0 ? "" : absl::StrCat(r.reused_from), CsvText(r.reason),
+                     CsvText(absl::StrJoin(TagsOf(d, r.id), " "))});
   }
   out["tables/runs.csv"] = runs;
 
@@ -526,7 +261,7 @@ std::map<std::string, std::string> Tables(const ReportData& d) {
 
 // ---- report.md ----------------------------------------------------------------------------------
 
-std::string Markdown(const ReportData& d, const std::vector<Figure>& figures,
+std::string Markdown(const ReportData& d, const std::vector<ReportFigure>& figures,
                      const std::map<std::string, std::string>& tables,
                      const std::string& generated) {
   const SweepInfo& s = d.figures.sweep;
@@ -543,7 +278,20 @@ std::string Markdown(const ReportData& d, const std::vector<Figure>& figures,
   absl::StrAppend(&md, "| reference variant | ",
                   MdCell(d.source.reference.empty() ? "—" : d.source.reference), " |\n");
   absl::StrAppend(&md, "| created | ", UtcTime(d.source.created_at), " |\n");
-  absl::StrAppend(&md, "| finished | ", UtcTime(d.source.finished_at), " |\n\n");
+  absl::StrAppend(&md, "| finished | ", UtcTime(d.source.finished_at), " |\n");
+  if (const std::vector<std::string> tags = TagsOf(d, 0); !tags.empty()) {
+    absl::StrAppend(&md, "| tags | ", MdCell(absl::StrJoin(tags, ", ")), " |\n");
+  }
+  absl::StrAppend(&md, "\n");
+  bool notes = false;
+  for (const Annotation& a : d.annotations) {
+    if (a.kind != "note") continue;
+    if (!notes) absl::StrAppend(&md, "## Notes\n\n");
+    notes = true;
+    absl::StrAppend(&md, "- ", UtcTime(a.created_at), ", on ", NoteTarget(a), ": ",
+                    MdCell(a.text), "\n");
+  }
+  if (notes) absl::StrAppend(&md, "\n");
 
   absl::StatusOr<std::string> table = FormatComparisonTable(d.table, "markdown");
   absl::StrAppend(
@@ -551,6 +299,12 @@ std::string Markdown(const ReportData& d, const std::vector<Figure>& figures,
       "Mean ± sample std over each variant's SUCCEEDED seeds (n); diverged runs are counted, "
       "not averaged. As `ablate table ",
       s.name, "`; every number in ", "[tables/comparison.csv](tables/comparison.csv).\n\n");
+  if (d.comparison) {
+    absl::StatusOr<std::string> paired = FormatComparison(*d.comparison, "markdown");
+    absl::StrAppend(&md, "## Against the reference\n\n", paired.ok() ? *paired : "", "\n",
+                    "As `ablate compare ", s.name, "`; every number in ",
+                    "[tables/compare.csv](tables/compare.csv).\n\n");
+  }
   if (AnyInterim(d.figures)) {
     absl::StrAppend(&md,
                     "Interim (no run of the variant has finished; the latest evaluation of its "
@@ -570,7 +324,7 @@ std::string Markdown(const ReportData& d, const std::vector<Figure>& figures,
 
   absl::StrAppend(&md, "## Figures\n\n");
   if (figures.empty()) absl::StrAppend(&md, "No run has reported a step yet: nothing to draw.\n\n");
-  for (const Figure& f : figures) {
+  for (const ReportFigure& f : figures) {
     absl::StrAppend(&md, "### ", f.title, "\n\n![", f.title, "](", f.file, ")\n\n", f.caption,
                     "\n\n");
   }
@@ -590,16 +344,18 @@ std::string Markdown(const ReportData& d, const std::vector<Figure>& figures,
   }
   absl::StrAppend(&md, "\nExact counts in [tables/variants.csv](tables/variants.csv).\n\n");
 
-  absl::StrAppend(
-      &md, "## Runs\n\n| run | variant | seed | state | steps | val loss | spikes | reason |\n",
-      "|---:|---|---:|---|---:|---:|---:|---|\n");
+  absl::StrAppend(&md,
+                  "## Runs\n\n| run | variant | seed | state | steps | val loss | spikes | reason "
+                  "| tags |\n",
+                  "|---:|---|---:|---|---:|---:|---:|---|---|\n");
   for (const RunInfo& r : d.runs) {
     absl::StrAppend(&md, "| ", r.id, " | ",
                     MdCell(r.axes.empty() ? r.variant : absl::StrCat(r.variant, " (", r.axes, ")")),
                     " | ", r.seed, " | ", RunStateName(r.state), " | ", r.steps_done, "/",
                     r.steps_total, " | ",
                     std::isfinite(r.val_loss) ? fmt::format("{:.4f}", r.val_loss) : "—", " | ",
-                    r.spike_steps, " | ", MdCell(r.reason), " |\n");
+                    r.spike_steps, " | ", MdCell(r.reason), " | ",
+                    MdCell(absl::StrJoin(TagsOf(d, r.id), ", ")), " |\n");
   }
 
   absl::StrAppend(&md, "\n## Spec\n\n`",
@@ -616,7 +372,7 @@ std::string Markdown(const ReportData& d, const std::vector<Figure>& figures,
                   "## Files\n\n- [index.html](index.html): this report with the dashboard's "
                   "interactive charts (opens from disk)\n");
   for (const auto& [path, text] : tables) absl::StrAppend(&md, "- [", path, "](", path, ")\n");
-  for (const Figure& f : figures) absl::StrAppend(&md, "- [", f.file, "](", f.file, ")\n");
+  for (const ReportFigure& f : figures) absl::StrAppend(&md, "- [", f.file, "](", f.file, ")\n");
   return md;
 }
 
@@ -640,7 +396,14 @@ absl::Status CheckInlinable(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
-json RunSummaryJson(const RunInfo& r) {
+// The paired comparison as the dashboard's compare API answers it (null without one).
+json CompareJson(const ReportData& d) {
+  if (!d.comparison) return nullptr;
+  absl::StatusOr<std::string> text = FormatComparison(*d.comparison, "json");
+  return text.ok() ? json::parse(*text) : json(nullptr);
+}
+
+json RunSummaryJson(const ReportData& d, const RunInfo& r) {
   return json{{"id", r.id},
               {"variant", r.variant},
               {"seed", r.seed},
@@ -650,10 +413,11 @@ json RunSummaryJson(const RunInfo& r) {
               {"steps_total", r.steps_total},
               {"val_loss", r.val_loss},
               {"spike_steps", r.spike_steps},
-              {"reason", r.reason}};
+              {"reason", r.reason},
+              {"tags", TagsOf(d, r.id)}};
 }
 
-std::string Html(const ReportData& d, const std::vector<Figure>& figures,
+std::string Html(const ReportData& d, const std::vector<ReportFigure>& figures,
                  const std::map<std::string, std::string>& tables, const std::string& generated,
                  const std::string& modules, const std::string& uplot_js,
                  const std::string& uplot_css, const std::string& style_css) {
@@ -661,16 +425,24 @@ std::string Html(const ReportData& d, const std::vector<Figure>& figures,
   json variants = json::array();
   for (const VariantInfo& v : d.variants) variants.push_back(VariantJson(v));
   json runs = json::array();
-  for (const RunInfo& r : d.runs) runs.push_back(RunSummaryJson(r));
+  for (const RunInfo& r : d.runs) runs.push_back(RunSummaryJson(d, r));
+  json notes = json::array();
+  for (const Annotation& a : d.annotations) {
+    if (a.kind == "note") {
+      notes.push_back({{"run_id", a.run_id}, {"text", a.text}, {"created", UtcTime(a.created_at)}});
+    }
+  }
   json files = json::array();
   for (const auto& [path, text] : tables) files.push_back(path);
-  for (const Figure& f : figures) files.push_back(f.file);
+  for (const ReportFigure& f : figures) files.push_back(f.file);
   const json data{{"sweep", json{{"id", s.id},
                                  {"name", s.name},
                                  {"description", s.description},
                                  {"state", s.state},
                                  {"states", StatesText(s)},
-                                 {"runs", s.runs}}},
+                                 {"runs", s.runs},
+                                 {"tags", TagsOf(d, 0)}}},
+                  {"notes", std::move(notes)},
                   {"source", json{{"spec_file", d.source.spec_file},
                                   {"code_version", d.source.code_version},
                                   {"reference", d.source.reference},
@@ -678,6 +450,7 @@ std::string Html(const ReportData& d, const std::vector<Figure>& figures,
                                   {"finished", UtcTime(d.source.finished_at)}}},
                   {"spec_yaml", d.source.spec_yaml},
                   {"table", ComparisonTableJson(d.table)},
+                  {"compare", CompareJson(d)},
                   {"figures", SweepFiguresJson(d.figures)},
                   {"variants", std::move(variants)},
                   {"runs", std::move(runs)},
@@ -760,12 +533,13 @@ absl::StatusOr<std::map<std::string, std::string>> RenderReport(const StoreReade
       options.generated_at.empty()
           ? absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::Now(), absl::UTCTimeZone())
           : options.generated_at;
-  const std::string generated = absl::StrCat(kGeneratedAtMarker, when, " by ablate ", CodeVersion(),
+  const std::string generated = absl::StrCat(kGeneratedAtMarker, when, " by ablate ", BuildVersion(),
                                              " from ", options.db_label, ".");
   std::map<std::string, std::string> files = Tables(*data);
   const std::map<std::string, std::string> tables = files;
-  const std::vector<Figure> figures = Figures(*data);
-  for (const Figure& f : figures) files[f.file] = f.svg;
+  const std::vector<ReportFigure> figures =
+      DrawReportFigures(data->figures, data->table, data->comparison ? &*data->comparison : nullptr);
+  for (const ReportFigure& f : figures) files[f.file] = f.svg;
   files["spec.yaml"] = data->source.spec_yaml;
   files["report.md"] = Markdown(*data, figures, tables, generated);
 

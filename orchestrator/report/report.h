@@ -38,6 +38,8 @@ struct ReportOptions {
   // an earlier report of another sweep had) are removed. Nothing else in it is touched.
   bool force = false;
   FigureOptions figures;
+  // Runs tagged so (on the run or the sweep) are left out of the tables and figures.
+  std::vector<std::string> exclude_tags;
   std::string db_label;      // how errors name the database (its path)
   std::string generated_at;  // the generated-at line's time; "" = now, UTC
 };

@@ -38,8 +38,6 @@ nlohmann::json NumberJson(double d) {
   return std::isfinite(d) ? nlohmann::json(d) : nlohmann::json(nullptr);
 }
 
-std::string CsvNumber(double d) { return std::isfinite(d) ? fmt::format("{}", d) : ""; }
-
 // Significant digits that keep a std readable: 3 decimals for values near 1, fewer above.
 std::string MeanStdText(const MeanStd& m, int decimals) {
   if (!std::isfinite(m.mean)) return "—";

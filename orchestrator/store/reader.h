@@ -18,8 +18,9 @@
 #include <cstdint>
 #include <limits>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -89,6 +90,7 @@ struct RunInfo {
   std::string reason;
   int64_t reused_from = 0;  // the run whose results this one reused (its curves too); 0 = none
   int attempt_base = 0;     // attempts when a user last queued it again: retries count from here
+  std::string code_version;  // its sweep's (sweeps.code_version): the build it is keyed to
 };
 
 struct LatestStep {
@@ -204,6 +206,9 @@ struct MeanStd {
   double std = kNaN;   // NaN when fewer than 2 values
 };
 
+// The sample mean and standard deviation (n - 1) of the finite values, in their order.
+MeanStd MeanAndStd(const std::vector<double>& values);
+
 // A variant's validation loss and PPL at one evaluation length (TrainConfig.eval_seq_lens): at the
 // last evaluation of each SUCCEEDED run, mean ± std over them (the length_table view).
 struct LengthStat {
@@ -234,6 +239,45 @@ struct ComparisonTable {
   std::vector<ComparisonRow> rows;  // in run order: by first run index of each group
 };
 
+// A run's loss and PPL at one evaluation length, at its last evaluation (the length_results view).
+struct RunLength {
+  int64_t seq_len = 0;
+  bool yarn = false;
+  double val_loss = kNaN, val_ppl = kNaN;
+};
+
+// Which runs a comparison table or a paired comparison is computed over: the runs of one or more
+// sweeps (a study split over init_from phases, or submitted again), less those tagged to leave
+// out.
+struct ResultSelection {
+  std::vector<std::string> sweeps;        // names or ids, at least one
+  std::vector<std::string> exclude_tags;  // a run tagged so (itself, or through its sweep) is left out
+};
+
+struct ResultRun {
+  RunInfo run;
+  std::vector<RunLength> lengths;  // by seq_len; empty without TrainConfig.eval_seq_lens
+};
+
+// The runs of a selection. Runs of several sweeps are matched by variant, seed and axis point:
+// each (variant, seed, axes) counts once. When two sweeps hold it, the run with a result
+// (SUCCEEDED or DIVERGED) stands over one without, and between two alike, the later sweep's (in
+// the order named) stands: a resubmission replaces what it repeats.
+struct ResultSet {
+  std::string label;                 // the sweeps' names joined by "+"
+  std::vector<SweepInfo> sweeps;     // in the order named
+  std::string reference;             // the first sweep's reference variant
+  std::vector<ResultRun> runs;       // the first sweep's runs in run order, then the others'
+  std::map<std::string, std::string> descriptions;  // by variant, from the sweep that named it first
+  int64_t excluded = 0;              // runs left out for exclude_tags
+  int64_t replaced = 0;              // runs another sweep's run stood over
+};
+
+// The comparison table of a set of runs: one row per (variant, axes) in order of first run, means
+// and sample stds over the SUCCEEDED runs (what the variant_table and length_table views compute
+// for one sweep).
+ComparisonTable ComparisonTableOf(const ResultSet& results);
+
 // Where a sweep came from: its spec as submitted and the build that expanded it (the sweeps
 // table's columns that SweepInfo leaves out).
 struct SweepSource {
@@ -243,6 +287,16 @@ struct SweepSource {
   std::string reference;     // the variant added parameters are counted against
   std::string code_version;  // "0.1.0+abc1234"
   double created_at = 0, finished_at = 0;  // 0 = not yet finished
+};
+
+// A tag or a note on a sweep (run_id 0) or on one run of it.
+struct Annotation {
+  int64_t id = 0;
+  int64_t sweep_id = 0;
+  int64_t run_id = 0;  // 0 = the whole sweep
+  std::string kind;    // "tag" or "note"
+  std::string text;
+  double created_at = 0;
 };
 
 class StoreReader {
@@ -316,6 +370,11 @@ class StoreReader {
   absl::StatusOr<std::vector<VariantInfo>> ListVariants(int64_t sweep_id) const;
   // The spec and code version of a sweep. NotFound for an unknown id.
   absl::StatusOr<SweepSource> GetSweepSource(int64_t sweep_id) const;
+  // A sweep's tags and notes, its own and its runs', oldest first.
+  absl::StatusOr<std::vector<Annotation>> Annotations(int64_t sweep_id) const;
+  // The ids of the sweep's runs that carry any of `tags`, on the run itself or on the sweep.
+  absl::StatusOr<std::set<int64_t>> RunsTagged(int64_t sweep_id,
+                                               const std::vector<std::string>& tags) const;
   // The last evaluation of every run of a sweep that has one, by run id (a reused run: its
   // source's), with its per-layer probes when `with_layers` (lengths and attention maps are left
   // out). What `ablate report` averages over seeds, and the interim values the dashboard shows for
@@ -340,6 +399,11 @@ class StoreReader {
 
   // The comparison table of a sweep (by name or id). NotFound for an unknown sweep.
   absl::StatusOr<ComparisonTable> GetComparisonTable(const std::string& sweep) const;
+  // ComparisonTableOf(ReadResults(selection)).
+  absl::StatusOr<ComparisonTable> GetComparisonTable(const ResultSelection& selection) const;
+  // The runs of a selection, each with its lengths. NotFound naming a sweep that does not exist;
+  // InvalidArgument for no sweeps, or the same sweep named twice.
+  absl::StatusOr<ResultSet> ReadResults(const ResultSelection& selection) const;
 
  private:
   struct Connection;

@@ -1,9 +1,9 @@
 // StoreReader's reads of sweeps and runs: sweeps with their progress (the sweep_progress view),
 // a sweep's variants and source, runs by filter, id or run key, a run's attempts and the
-// checkpoint a resumed attempt starts from, and a sweep's comparison table (the variant_table
-// and length_table views).
+// checkpoint a resumed attempt starts from, and a sweep's tags and notes.
 #include <algorithm>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
 #include "orchestrator/store/reader.h"
 #include "orchestrator/store/reader_internal.h"
 #include "orchestrator/store/sqlite.h"
@@ -42,7 +43,7 @@ constexpr char kRunColumns[] =
     "r.params_total, r.params_activated, r.params_added, r.created_at, r.started_at, "
     "r.finished_at, r.steps_total, r.steps_done, r.final_train_loss, r.val_loss, r.val_ppl, "
     "r.gate_score, r.m_act, r.f_attn, r.spike_score, r.spike_steps, r.tokens_per_s, r.wall_s, "
-    "r.reason, r.reused_from, r.attempt_base, r.devices "
+    "r.reason, r.reused_from, r.attempt_base, r.devices, s.code_version "
     "FROM runs r JOIN sweeps s ON s.id = r.sweep_id JOIN variants v ON v.id = r.variant_id "
     "JOIN run_configs c ON c.run_id = r.id";
 
@@ -65,6 +66,7 @@ RunInfo ReadRun(const Stmt& s) {
               &r.gate_score, &r.m_act, &r.f_attn, &r.spike_score, &r.spike_steps,
               &r.tokens_per_s, &r.wall_s, &r.reason, &r.reused_from, &r.attempt_base);
   r.devices = std::max(1, static_cast<int>(s.ColumnInt(37)));
+  r.code_version = s.ColumnText(38);
   return r;
 }
 
@@ -87,23 +89,6 @@ VariantInfo ReadVariant(const Stmt& s) {
               &v.params_activated, &v.params_added);
   v.flops_per_token = ZeroIfNull(s, 7);
   return v;
-}
-
-// A variant_table row (its columns in GetComparisonTable's order); lengths are read apart.
-ComparisonRow ReadComparisonRow(const Stmt& s) {
-  ComparisonRow r;
-  ReadColumns(s, 0, &r.variant, &r.description, &r.axes, &r.runs, &r.n, &r.diverged, &r.failed,
-              &r.unfinished);
-  MeanStd* metrics[] = {&r.val_loss, &r.val_ppl,     &r.gate_score, &r.m_act,
-                        &r.f_attn,   &r.spike_score, &r.train_loss};
-  for (int i = 0; i < 7; ++i) {
-    metrics[i]->mean = s.ColumnDouble(8 + 2 * i);
-    metrics[i]->std = s.ColumnDouble(9 + 2 * i);
-  }
-  r.params_total = ZeroIfNull(s, 22);
-  r.params_activated = ZeroIfNull(s, 23);
-  r.params_added = ZeroIfNull(s, 24);
-  return r;
 }
 
 }  // namespace
@@ -224,41 +209,36 @@ absl::StatusOr<SweepSource> StoreReader::GetSweepSource(int64_t sweep_id) const 
       absl::StrCat("store: no sweep ", sweep_id));
 }
 
+absl::StatusOr<std::vector<Annotation>> StoreReader::Annotations(int64_t sweep_id) const {
+  return ReadRows<Annotation>(
+      "SELECT id, sweep_id, coalesce(run_id, 0), kind, text, created_at FROM annotations "
+      "WHERE sweep_id = ?1 ORDER BY id",
+      [&](Stmt& q) { q.Bind(1, sweep_id); },
+      [](const Stmt& s) {
+        Annotation a;
+        ReadColumns(s, 0, &a.id, &a.sweep_id, &a.run_id, &a.kind, &a.text, &a.created_at);
+        return a;
+      });
+}
+
+absl::StatusOr<std::set<int64_t>> StoreReader::RunsTagged(
+    int64_t sweep_id, const std::vector<std::string>& tags) const {
+  std::set<int64_t> runs;
+  if (tags.empty()) return runs;
+  // The tags as one bound JSON array: one cached statement whatever their number.
+  const std::string wanted = nlohmann::json(tags).dump();
+  absl::Status read = ForEachRow(
+      "SELECT r.id FROM runs r WHERE r.sweep_id = ?1 AND EXISTS (SELECT 1 FROM annotations a "
+      "WHERE a.sweep_id = ?1 AND a.kind = 'tag' AND (a.run_id IS NULL OR a.run_id = r.id) "
+      "AND a.text IN (SELECT value FROM json_each(?2)))",
+      [&](Stmt& q) { q.Bind(1, sweep_id).Bind(2, wanted); },
+      [&](const Stmt& s) { runs.insert(s.ColumnInt(0)); });
+  if (!read.ok()) return read;
+  return runs;
+}
+
 absl::StatusOr<ComparisonTable> StoreReader::GetComparisonTable(const std::string& sweep) const {
-  absl::StatusOr<SweepInfo> info = GetSweep(sweep);
-  if (!info.ok()) return info.status();
-  ComparisonTable table;
-  table.sweep = info->name;
-  absl::StatusOr<std::vector<ComparisonRow>> rows = ReadRows<ComparisonRow>(
-      "SELECT variant, description, axes, runs, n, diverged, failed, unfinished, "
-      "val_loss_mean, val_loss_std, val_ppl_mean, val_ppl_std, gate_score_mean, "
-      "gate_score_std, "
-      "m_act_mean, m_act_std, f_attn_mean, f_attn_std, spike_score_mean, spike_score_std, "
-      "train_loss_mean, train_loss_std, params_total, params_activated, params_added "
-      "FROM variant_table WHERE sweep_id = ?1 ORDER BY first_index",
-      [&](Stmt& q) { q.Bind(1, info->id); }, ReadComparisonRow);
-  if (!rows.ok()) return rows.status();
-  table.rows = *std::move(rows);
-  if (absl::Status read = ForEachRow(
-          "SELECT variant, axes, seq_len, yarn, n, val_loss_mean, val_loss_std, val_ppl_mean, "
-          "val_ppl_std FROM length_table WHERE sweep_id = ?1 ORDER BY seq_len",
-          [&](Stmt& q) { q.Bind(1, info->id); },
-          [&](const Stmt& s) {
-            for (ComparisonRow& r : table.rows) {
-              if (r.variant != s.ColumnText(0) || r.axes != s.ColumnText(1)) continue;
-              LengthStat& l = r.lengths.emplace_back();
-              l.seq_len = s.ColumnInt(2);
-              l.yarn = s.ColumnInt(3) != 0;
-              l.n = s.ColumnInt(4);
-              l.val_loss = {s.ColumnDouble(5), s.ColumnDouble(6)};
-              l.val_ppl = {s.ColumnDouble(7), s.ColumnDouble(8)};
-              break;
-            }
-          });
-      !read.ok()) {
-    return read;
-  }
-  return table;
+  return GetComparisonTable(ResultSelection{{sweep}, {}});
 }
 
 }  // namespace ablate

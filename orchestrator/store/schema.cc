@@ -594,12 +594,47 @@ absl::Status DropRunsWorkerReference(sqlite3* db) {
   return RewriteTables(db, {{"runs", sql}});
 }
 
+// Version 9: tags and notes (`ablate tag`, `untag`, `note`) on a sweep (run_id NULL) or on one
+// run of it. A tag is stored once per target; the unique index reads a NULL run_id as 0, since
+// SQLite's UNIQUE treats every NULL as distinct. run_summary gains `tags`: the run's own tags and
+// its sweep's, sorted and comma-separated (what `ablate export` shows, and --exclude-tag reads).
+constexpr char kSchemaV9[] = R"sql(
+CREATE TABLE annotations (
+  id          INTEGER PRIMARY KEY,
+  sweep_id    INTEGER NOT NULL REFERENCES sweeps(id),
+  run_id      INTEGER REFERENCES runs(id),
+  kind        TEXT NOT NULL CHECK (kind = 'tag' OR kind = 'note'),
+  text        TEXT NOT NULL,
+  created_at  REAL NOT NULL
+);
+CREATE UNIQUE INDEX annotations_tag_once ON annotations (sweep_id, coalesce(run_id, 0), text)
+  WHERE kind = 'tag';
+CREATE INDEX annotations_by_sweep ON annotations (sweep_id, id);
+DROP VIEW run_summary;
+CREATE VIEW run_summary AS
+SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.run_index, r.seed, r.axes,
+       r.state, r.attempts, w.name AS worker, r.steps_done, r.steps_total,
+       r.final_train_loss, r.val_loss, r.val_ppl, r.gate_score, r.m_act, r.f_attn,
+       r.spike_steps, r.spike_score, r.params_total, r.params_activated, r.params_added,
+       r.tokens_per_s, r.wall_s, r.reason, r.run_key, r.created_at, r.started_at,
+       r.finished_at, r.sweep_id, r.variant_id, r.reused_from,
+       coalesce((SELECT group_concat(t.text, ',') FROM
+                   (SELECT DISTINCT a.text FROM annotations a
+                    WHERE a.sweep_id = r.sweep_id AND a.kind = 'tag'
+                      AND (a.run_id IS NULL OR a.run_id = r.id)
+                    ORDER BY a.text) t), '') AS tags
+FROM runs r
+JOIN sweeps s ON s.id = r.sweep_id
+JOIN variants v ON v.id = r.variant_id
+LEFT JOIN workers w ON w.id = r.worker_id;
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& StoreMigrations() {
   static const std::vector<Migration>* migrations = new std::vector<Migration>{
       {kSchemaV1}, {kSchemaV2}, {kSchemaV3}, {kSchemaV4}, {kSchemaV5}, {kSchemaV6},
-      {"", RewriteStateChecks}, {kSchemaV8, DropRunsWorkerReference}};
+      {"", RewriteStateChecks}, {kSchemaV8, DropRunsWorkerReference}, {kSchemaV9}};
   return *migrations;
 }
 

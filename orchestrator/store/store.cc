@@ -19,6 +19,7 @@
 
 namespace ablate {
 
+using store_internal::ApplyAnnotate;
 using store_internal::ApplyCancelSweep;
 using store_internal::ApplyCheckpoint;
 using store_internal::ApplyCreateSweep;
@@ -293,6 +294,23 @@ absl::StatusOr<int64_t> Store::RegisterWorker(const std::string& name,
       2);
   if (!s.ok()) return s;
   return *id;
+}
+
+absl::StatusOr<AnnotationResult> Store::Annotate(const AnnotationEdit& edit) {
+  if (edit.texts.empty()) return absl::InvalidArgumentError("store: annotate: no tag or note");
+  if (edit.action == AnnotationEdit::Action::kNote && edit.texts.size() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store: annotate: a note is one text, not ", edit.texts.size()));
+  }
+  auto result = std::make_shared<AnnotationResult>();
+  absl::Status s = RunSync(
+      [&edit, result](StoreWriter& w) {
+        *result = AnnotationResult();
+        return ApplyAnnotate(w, edit, result.get());
+      },
+      1 + static_cast<int64_t>(edit.texts.size()));
+  if (!s.ok()) return s;
+  return *result;
 }
 
 absl::StatusOr<ReportResult> Store::ReportMetrics(const MetricBatch& batch) {

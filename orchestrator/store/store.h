@@ -181,6 +181,23 @@ struct FinishWriteResult {
   std::vector<TransitionResult> more_starts;
 };
 
+// A change to the tags and notes of a sweep or of one run of it (`ablate tag`, `untag`, `note`).
+// The store checks only that the target exists; the coordinator checks the texts (tag grammar,
+// note length) before.
+struct AnnotationEdit {
+  enum class Action { kTag, kUntag, kNote };
+  int64_t sweep_id = 0;
+  int64_t run_id = 0;  // 0 = the sweep itself
+  Action action = Action::kTag;
+  std::vector<std::string> texts;  // the tags (kTag, kUntag), or the one note (kNote)
+};
+
+struct AnnotationResult {
+  std::vector<std::string> changed;    // tags added (kTag) or removed (kUntag); the note (kNote)
+  std::vector<std::string> unchanged;  // kTag: tags the target carried already
+  int64_t note_id = 0;                 // kNote: the annotation's id
+};
+
 struct StoreStats {
   int64_t queued_writes = 0;
   int64_t queued_rows = 0;
@@ -249,6 +266,12 @@ class Store {
 
   absl::StatusOr<int64_t> RegisterWorker(const std::string& name,
                                          const std::string& resources_json);
+
+  // An AnnotationEdit in one transaction, with an "annotation" event. A tag is stored once per
+  // target: tagging again changes nothing (AnnotationResult::unchanged). NotFound for an unknown
+  // sweep, a run that is not one of the sweep's, or (kUntag) a tag the target does not carry: then
+  // nothing is removed. InvalidArgument for no texts, or kNote with more than one.
+  absl::StatusOr<AnnotationResult> Annotate(const AnnotationEdit& edit);
 
   // Waits until every write enqueued before the call is committed. Returns the error of a failed
   // flush attempt meanwhile (the writes stay queued and are retried).

@@ -121,6 +121,8 @@ absl::Status ApplyMetrics(StoreWriter& w, const MetricBatch& b, ReportResult* re
 // Store::RegisterWorker: the new worker's id in *id.
 absl::Status ApplyRegisterWorker(StoreWriter& w, const std::string& name,
                                  const std::string& resources_json, int64_t* id);
+// Store::Annotate.
+absl::Status ApplyAnnotate(StoreWriter& w, const AnnotationEdit& edit, AnnotationResult* result);
 // Store::EnqueueHeartbeat, EnqueueWorkerGone and EnqueueCheckpoint.
 absl::Status ApplyHeartbeat(StoreWriter& w, int64_t worker_id, const std::string& state);
 absl::Status ApplyWorkerGone(StoreWriter& w, int64_t worker_id);

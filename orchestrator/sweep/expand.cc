@@ -17,11 +17,11 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "orchestrator/sweep/budget.h"
+#include "common/version.h"
 #include "config/model_config.h"
 #include "config/param_count.h"
 #include "config/presets.h"
 #include "config/proto_yaml.h"
-#include "orchestrator/sweep/version.h"
 
 namespace ablate {
 
@@ -397,11 +397,17 @@ class Expander {
 absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec, const ExpandOptions& options,
                                           std::vector<std::string>* config_json) {
   if (config_json != nullptr) config_json->clear();
+  const bool this_build = options.code_version.empty();
   absl::StatusOr<ExpandedSweep> sweep =
-      Expander(spec, options.code_version.empty() ? CodeVersion() : options.code_version,
-               config_json)
-          .Run();
-  if (!sweep.ok() && config_json != nullptr) config_json->clear();
+      Expander(spec, this_build ? CodeVersion() : options.code_version, config_json).Run();
+  if (!sweep.ok()) {
+    if (config_json != nullptr) config_json->clear();
+    return sweep;
+  }
+  if (this_build) {
+    sweep->set_build(BuildVersion());
+    for (std::string& file : UncommittedSources()) sweep->add_uncommitted(std::move(file));
+  }
   return sweep;
 }
 

@@ -28,7 +28,9 @@
 namespace ablate {
 
 struct ExpandOptions {
-  std::string code_version;  // "" = CodeVersion() of this build
+  // "" = CodeVersion() of this build, with its BuildVersion() and UncommittedSources() in the
+  // ExpandedSweep's build and uncommitted; otherwise those stay empty.
+  std::string code_version;
 };
 
 // `config_json` (optional) receives each run's CanonicalJson(config), in run order: what its run

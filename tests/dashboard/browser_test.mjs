@@ -228,6 +228,14 @@ async function livePhase() {
   await page.goto(`${base}/#/compare/${sim.sweep}`);
   await page.waitForSelector('#compare tbody tr');
   check(await page.locator('#compare tbody tr').count() === 3, 'the compare page has one row per variant');
+  await page.waitForSelector('#paired tbody tr');
+  const verdicts = await page.locator('#paired td.verdict').allTextContents();
+  check(verdicts.length === 2 && verdicts.every((v) => v !== ''),
+    `the compare page compares each variant with the baseline, paired by seed (${verdicts.join('; ')})`);
+  await page.selectOption('#paired-metric', 'm_act');
+  await page.waitForFunction(() => document.querySelector('#paired-section h2 + p')?.textContent.startsWith('M-Act'));
+  const metricIntro = await page.locator('#paired-section h2 + p').textContent();
+  check(metricIntro.startsWith('M-Act of each variant'), `the compare page recomputes the paired comparison for another metric (${metricIntro.slice(0, 40)})`);
   await page.click('#compare th[data-key="variant"]');
   const firstVariant = await page.locator('#compare tbody tr td').first().textContent();
   check(firstVariant === 'baseline', `the compare table sorts by a clicked column (${firstVariant})`);
@@ -341,6 +349,8 @@ async function reportPhase() {
   const error = await page.evaluate(() => document.body.dataset.error || '');
   check(error === '', `the report draws from its embedded data${error ? `: ${error}` : ''}`);
   check(await page.locator('#compare tbody tr').count() === 4, 'the report has the comparison table (4 variants)');
+  check(await page.locator('#paired tbody tr').count() === 3, 'the report compares the 3 other variants with the baseline');
+  check(await page.locator('#forest circle').count() >= 1, 'the report draws the forest plot of the paired comparison');
   const spikes = Number(await page.getAttribute('#loss-chart', 'data-spikes'));
   check(spikes === 2, `the report's loss chart marks the diverging run's spikes (${spikes})`);
   const charts = await chartPixels(page, '#figures .chart');
@@ -354,7 +364,7 @@ async function reportPhase() {
 
   // Every SVG figure: it loads beside the page, and drawn onto a canvas it is not blank.
   const svgs = JSON.parse(await page.evaluate(() => document.getElementById('report-data').textContent)).files.filter((f) => f.endsWith('.svg'));
-  check(svgs.length === 6, `the report wrote 6 SVG figures (${svgs.join(', ')})`);
+  check(svgs.length === 7, `the report wrote 7 SVG figures (${svgs.join(', ')})`);
   for (const file of svgs) {
     const loaded = await page.evaluate((src) => new Promise((resolve) => {
       const img = new Image();

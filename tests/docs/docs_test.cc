@@ -11,7 +11,10 @@
 //   ```console test     `$ COMMAND` lines (a trailing `\` continues one), each followed by the
 //                       output it must print (stdout and stderr). A line `...` stands for any
 //                       number of lines. Numbers, run keys and commit hashes may differ, and so
-//                       may the runs of spaces that align columns. `# exits N` after a command
+//                       may the runs of spaces that align columns. The docs show a clean
+//                       build's output: a build from uncommitted changes marks its version
+//                       (`.dirty-3f2a9c1d`) and adds a line `built from uncommitted changes
+//                       ...` (common/version.h), and both are left out of the comparison. `# exits N` after a command
 //                       says it fails with code N (else it must exit 0).
 //   ```yaml test F      (any other language) the block is written to the file F, for the blocks
 //                       after it: a spec shown whole is the spec that runs.
@@ -132,13 +135,18 @@ bool StartsInTheBackground(const std::string& script) {
   return std::regex_search(script, background);
 }
 
+// How UncommittedSourcesNote begins (common/version.h): the line a dirty build adds.
+constexpr char kUncommittedNote[] = "built from uncommitted changes to ";
+
 // What may differ between the doc and a run: numbers, run keys, commit hashes, alignment.
 std::string Normalize(std::string line) {
   // A run key: 16 hex digits standing alone (not the decimals of a number).
   static const std::regex hex16("(^|[^.\\w])[0-9a-f]{16}(?!\\w)");
   static const std::regex commit("\\+[0-9a-f]{7,12}\\b");
+  static const std::regex dirty("\\.dirty-[0-9a-f]{8}\\b");
   static const std::regex number("[0-9][0-9,]*(\\.[0-9]+)?([eE][-+]?[0-9]+)?");
   static const std::regex spaces("\\s+");
+  line = std::regex_replace(line, dirty, "");
   line = std::regex_replace(line, hex16, "$1#");
   line = std::regex_replace(line, commit, "+#");
   line = std::regex_replace(line, number, "0");
@@ -153,7 +161,7 @@ std::vector<std::string> Lines(const std::string& text) {
   std::istringstream in(text);
   std::string line;
   while (std::getline(in, line)) {
-    if (!Normalize(line).empty()) lines.push_back(line);
+    if (!Normalize(line).empty() && line.rfind(kUncommittedNote, 0) != 0) lines.push_back(line);
   }
   return lines;
 }
@@ -323,6 +331,11 @@ TEST(DocsHarnessTest, NumbersKeysAndAlignmentMayDifferButWordsMayNot) {
   EXPECT_EQ(Normalize("0  baseline   0  -   279,232  891cd08d774519d1"),
             Normalize("0 baseline 0 - 279,488 50b3bba759aeeb1f"));
   EXPECT_EQ(Normalize("code 0.1.0+ffe61f5"), Normalize("code 0.1.0+3dc3d03"));
+  EXPECT_EQ(Normalize("code 0.1.0+ffe61f5"), Normalize("code 0.1.0+3dc3d03.dirty-3f2a9c1d"));
+  EXPECT_EQ(Normalize("code 0.1.0+src-3f2a9c1d4e5f6071 (x)"),
+            Normalize("code 0.1.0+src-672c5d83c3fbd580 (x)"));
+  EXPECT_EQ(Lines("a\nbuilt from uncommitted changes to worker/x.cc: ...\nb\n"),
+            (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(Normalize("g1,2.038924038410187,"), Normalize("g1,2.0388858020305634,"));
   EXPECT_NE(Normalize("4 runs, 4 queued"), Normalize("4 runs, 4 reused"));
   const std::vector<std::string> expected = {"first", "...", "last 1"};

@@ -174,6 +174,21 @@ TEST_F(WorkerCliTest, DivergedRunExitsThree) {
   EXPECT_NE(Slurp(dir_ / "run" / "summary.json").find("DIVERGED"), std::string::npos);
 }
 
+// A bad command line exits 2, as `ablate`'s (docs/cli.md, "Exit codes"); --version exits 0.
+TEST_F(WorkerCliTest, ABadCommandLineExitsTwo) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"--no-such-flag"},
+                                             {"train", "--world-size", "0"},
+                                             {"--slots", "many"},
+                                             {"--token", "0123"}}) {
+    Result r = Run(args);
+    EXPECT_EQ(r.exit_code, 2) << args[0] << ": " << r.err;
+    EXPECT_FALSE(r.err.empty()) << args[0];
+  }
+  EXPECT_EQ(Run({"--version"}).exit_code, 0);
+  EXPECT_EQ(Run({"--help"}).exit_code, 0);
+}
+
 TEST_F(WorkerCliTest, RefusesToOverwriteARun) {
   const std::string config = Config("c.yaml", 5).string();
   const fs::path run = dir_ / "run";

@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/version.h"
 #include "proto/ablate.grpc.pb.h"
 #include "proto/grpc_status.h"
 #include "proto/tls.h"
@@ -62,6 +63,9 @@ Agent::Impl::Impl(AgentOptions options)
   resources_.set_slots(options_.slots > 0 ? options_.slots
                                           : std::max<int>(1, static_cast<int>(devices_.size())));
   resources_.set_rendezvous_host(options_.rendezvous_host);
+  // The coordinator leases this worker only runs keyed to the sources it was built from.
+  resources_.set_code_version(CodeVersion());
+  resources_.set_build(BuildVersion());
   grpc::ChannelArguments args;
   // The channel reconnects by itself; keep its backoff within ours so a coordinator that
   // comes back is seen within backoff_max.
@@ -246,13 +250,15 @@ grpc::Status Agent::Impl::TryRegister(bool* registered, Backoff* backoff) {
   }
   worker_id_ = response.worker_id();
   lease_timeout_ = absl::Seconds(response.lease_timeout_s());
-  log_(absl::StrFormat("registered with %s as worker %d (%s: %s%s, %d cores, %.1f GB%s)",
+  log_(absl::StrFormat("registered with %s as worker %d (%s: %s%s, %d cores, %.1f GB%s; built "
+                       "from %s)",
                        options_.coordinator, worker_id_.load(), options_.name, resources_.device(),
                        slots() > 1 ? absl::StrCat(" x ", slots(), " slots") : "",
                        resources_.cores(), resources_.memory_gb(),
                        resources_.slurm_job().empty()
                            ? ""
-                           : absl::StrCat(", SLURM job ", resources_.slurm_job())));
+                           : absl::StrCat(", SLURM job ", resources_.slurm_job()),
+                       resources_.build()));
   return status;
 }
 
@@ -272,6 +278,12 @@ grpc::Status Agent::Impl::TryAcquire(int want, absl::Duration idle, bool* regist
   if (!status.ok()) return status;
   connection_.Reachable();
   backoff->Reset();
+  // Said once, not at every poll: again only when the reason changes or comes back.
+  if (response.waiting() != waiting_ && !response.waiting().empty()) {
+    log_(absl::StrCat("no job for this build: ", response.waiting(),
+                      " (rebuild this worker from their sources)"));
+  }
+  waiting_ = response.waiting();
   if (!response.has_job()) return status;
   std::vector<Job> jobs = {response.job()};
   for (const Job& more : response.more_jobs()) jobs.push_back(more);

@@ -163,6 +163,8 @@ class Agent::Impl {
   // Set by Register (Run()'s thread) before any job thread starts; read by job threads.
   std::atomic<int64_t> worker_id_{0};
   absl::Duration lease_timeout_ = absl::ZeroDuration();
+  // Run()'s thread only: the coordinator's last AcquireJobResponse.waiting, logged when it changes.
+  std::string waiting_;
   // options_.interrupt, or a job thread's fatal error: every job checkpoints and finishes
   // INTERRUPTED, and the agent returns. What trainers and job processes watch.
   std::atomic<bool> interrupt_{false};

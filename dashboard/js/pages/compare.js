@@ -1,21 +1,40 @@
-// #/compare/NAME : the `ablate table` comparison, sortable, mean ± std over seeds, and the sweep's
-// figures (figures.js, the same as `ablate report` draws): training loss as mean ± std bands with
-// spike markers, validation loss bars with error bars, M-Act and F-Attn per layer, gate-score
-// histograms, PPL against evaluation length when measured. While the sweep is ACTIVE the page
-// refreshes itself, and a variant with no finished run shows the latest evaluation of its running
-// runs, marked interim, instead of dashes.
+// #/compare/NAME[/MORE...] : the `ablate table` comparison, sortable, mean ± std over seeds; the
+// paired comparison against the reference (`ablate compare`: each variant's difference with its
+// interval, a forest plot, p-values adjusted over the rows, verdicts), with a choice of metric;
+// and the first sweep's figures (figures.js, the same as `ablate report` draws): training loss as
+// mean ± std bands with spike markers, validation loss bars with error bars, M-Act and F-Attn per
+// layer, gate-score histograms, PPL against evaluation length when measured. More sweeps of one
+// study (init_from phases, resubmissions) after the first are matched by variant, seed and axis
+// point. While the first sweep is ACTIVE the page refreshes itself, and a variant with no finished
+// run shows the latest evaluation of its running runs, marked interim, instead of dashes.
 import { api } from '../api.js';
-import { comparisonTable, figureSections } from '../figures.js';
+import { comparisonTable, figureSections, pairedSection } from '../figures.js';
 import { el } from '../format.js';
 
 const REFRESH_MS = 5000;
+const METRICS = ['val_loss', 'val_ppl', 'm_act', 'f_attn', 'spike_score', 'gate_score', 'train_loss'];
 
-export async function render(view, ctx, name) {
-  ctx.crumbs([[`#/sweep/${encodeURIComponent(name)}`, name], [null, 'compare']]);
-  const path = `sweeps/${encodeURIComponent(name)}`;
-  const load = () => Promise.all([api(`${path}/table`), api(`${path}/figures`)]);
-  let [table, figures] = await load();
+export async function render(view, ctx, name, more = []) {
+  const names = [name, ...more];
+  const joined = names.map(encodeURIComponent).join('/');
+  ctx.crumbs([[`#/sweep/${encodeURIComponent(name)}`, name], [null, more.length ? `compare with ${more.join(', ')}` : 'compare']]);
+  let metric = 'val_loss';
+  const load = () => Promise.all([
+    api(`table/${joined}`), api(`sweeps/${encodeURIComponent(name)}/figures`),
+    api(`compare/${joined}`, { metric }).catch(() => null)]);
+  let [table, figures, paired] = await load();
   const compare = comparisonTable(table, figures);
+  const pairedBox = el('div', { id: 'paired-box' });
+  const drawPaired = () => {
+    const s = pairedSection(paired);
+    pairedBox.replaceChildren(...(s ? [s.section] : []));
+  };
+  const lengths = new Set(table.rows.flatMap((r) => (r.lengths || []).map((l) => l.seq_len)));
+  const choice = el('select', { id: 'paired-metric', onchange: async (e) => {
+    metric = e.target.value;
+    paired = await api(`compare/${joined}`, { metric }).catch(() => null);
+    drawPaired();
+  } }, [...METRICS, ...[...lengths].map((l) => `ppl@${l}`)].map((m) => el('option', { value: m }, m)));
   const figureBox = el('div', { id: 'figures' });
   const drawFigures = () => {
     const sections = figureSections(table, figures);
@@ -25,15 +44,19 @@ export async function render(view, ctx, name) {
     figureBox.dataset.interim = figures.groups.filter((g) => g.interim).length;
   };
   view.replaceChildren(
-    el('h1', {}, `Compare: ${name}`),
+    el('h1', {}, `Compare: ${names.join(' + ')}`),
     el('p', { class: 'muted' }, 'Means ± sample std over the SUCCEEDED seeds of each variant; diverged runs are counted, not averaged. Click a header to sort.'),
-    compare.node, figureBox);
+    compare.node,
+    el('p', {}, 'Paired comparison of ', choice),
+    pairedBox, figureBox);
+  drawPaired();
   drawFigures();
   if (figures.state !== 'ACTIVE') return;
   ctx.every(REFRESH_MS, async () => {
     if (figures.state !== 'ACTIVE') return;  // the last refresh saw it end
-    [table, figures] = await load();
+    [table, figures, paired] = await load();
     compare.update(table, figures);
+    drawPaired();
     drawFigures();
   });
 }

@@ -3,7 +3,7 @@
 // events; the config. While the run trains, everything is refreshed in place every few seconds.
 import { api } from '../api.js';
 import { attentionHeatmap, attentionLegend, barChart, lineChart } from '../charts.js';
-import { el, num, count, time, stateBadge } from '../format.js';
+import { el, num, count, time, stateBadge, tagList, noteItem } from '../format.js';
 
 const REFRESH_MS = 3000;
 
@@ -20,8 +20,12 @@ function headerNodes(run) {
       el('dt', {}, 'gate score, M-Act, F-Attn'), el('dd', {}, `${num(run.gate_score, 3)}, ${num(run.m_act, 1)}, ${num(run.f_attn, 3)}`),
       el('dt', {}, 'spike score'), el('dd', {}, `${num(run.spike_score)} (${run.spike_steps} steps)`),
       el('dt', {}, 'attempts'), el('dd', {}, `${run.attempts}${run.reason ? ` — ${run.reason}` : ''}`),
-      el('dt', {}, 'started / finished'), el('dd', {}, `${time(run.started_at)} / ${time(run.finished_at)}`)),
-  ];
+      el('dt', {}, 'started / finished'), el('dd', {}, `${time(run.started_at)} / ${time(run.finished_at)}`),
+      el('dt', {}, 'tags'), el('dd', { id: 'run-tags' }, run.tags?.length || run.sweep_tags?.length
+        ? [tagList(run.tags), run.sweep_tags?.length ? el('span', { class: 'muted' }, 'from the sweep: ', tagList(run.sweep_tags)) : null]
+        : '—')),
+    run.notes?.length ? el('ul', { id: 'run-notes' }, run.notes.map(noteItem)) : null,
+  ].filter((n) => n);
 }
 
 function spikeTable(spikes) {

@@ -2,7 +2,7 @@
 // stream, with spike markers, diverged runs in red and an alert when a run spikes or diverges.
 import { api, openStream } from '../api.js';
 import { ema, joinSeries, lineChart } from '../charts.js';
-import { el, num, count, duration, stateBadge, runColor, DIVERGED_COLOR } from '../format.js';
+import { el, num, count, duration, stateBadge, runColor, DIVERGED_COLOR, tagList, noteItem } from '../format.js';
 import { progressBar } from './sweeps.js';
 
 const CURVE_POINTS = 500;      // per run, sampled by the server on a grid shared by the runs
@@ -12,6 +12,8 @@ export async function render(view, ctx, name) {
   ctx.crumbs([[null, name], [`#/compare/${encodeURIComponent(name)}`, 'compare']]);
   const state = {
     sweep: null,
+    tags: [],           // the sweep's own (`ablate tag`), and the notes on it and its runs
+    notes: [],
     runs: new Map(),    // id -> run row (from the API, updated by `run` events)
     curves: new Map(),  // id -> {step: [], value: [], spikes: [{step, value, kind}]}
     metric: 'loss',
@@ -37,7 +39,7 @@ export async function render(view, ctx, name) {
   view.replaceChildren(header, controls, chartBox,
     el('h2', {}, 'Runs'),
     el('table', { id: 'runs' }, el('thead', {}, el('tr', {}, ['', 'run', 'variant', 'seed', 'state', 'step / total', 'last loss',
-      'spikes', 'params', 'budget', 'val loss'].map((h) => el('th', {}, h)))), tbody));
+      'spikes', 'params', 'budget', 'val loss', 'tags'].map((h) => el('th', {}, h)))), tbody));
 
   // The stream and the sweep at once; then, once the stream's `hello` marks the moment after
   // which every point comes live, the curves (points on both are merged by step).
@@ -53,6 +55,8 @@ export async function render(view, ctx, name) {
   ctx.onLeave(() => source.close());
   const detail = await api(`sweeps/${encodeURIComponent(name)}`);  // a bad token fails here
   state.sweep = detail.sweep;
+  state.tags = detail.sweep.tags || [];
+  state.notes = detail.notes || [];
   for (const r of detail.runs) state.runs.set(r.id, { ...r, ...state.runs.get(r.id) });  // live wins
   drawHeader();
   drawTable();
@@ -130,7 +134,9 @@ export async function render(view, ctx, name) {
       el('div', { class: 'controls' }, progressBar(s),
         el('span', {}, `${s.by_state.RUNNING} running, ${s.by_state.SUCCEEDED} succeeded, ${s.by_state.DIVERGED} diverged, ${s.by_state.FAILED} failed, ${s.by_state.PENDING} pending`),
         el('span', { class: 'muted' }, `ETA ${duration(s.eta_s)}`),
-        s.description ? el('span', { class: 'muted' }, s.description) : null));
+        s.description ? el('span', { class: 'muted' }, s.description) : null),
+      state.tags.length ? el('div', { id: 'sweep-tags' }, tagList(state.tags)) : null,
+      state.notes.length ? el('ul', { id: 'sweep-notes' }, state.notes.map(noteItem)) : null);
   }
 
   function colorOf(run, i) {
@@ -149,7 +155,8 @@ export async function render(view, ctx, name) {
       el('td', { class: 'num' }, r.spike_steps),
       el('td', { class: 'num' }, count(r.params_total)),
       el('td', { class: 'muted' }, r.budget || '—'),
-      el('td', { class: 'num' }, num(r.val_loss))));
+      el('td', { class: 'num' }, num(r.val_loss)),
+      el('td', {}, tagList(r.tags))));
     tbody.replaceChildren(...rows);
   }
 

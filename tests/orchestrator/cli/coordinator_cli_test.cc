@@ -154,7 +154,7 @@ TEST_F(CoordinatorCliTest, WatchPrintsSpikesDivergenceAndExitsWithTheSweep) {
   const CliResult watched = CliWhileTraining({"watch", "quick", "--plain"}, [] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // lets watch connect first
   });
-  ASSERT_EQ(watched.code, 0) << watched.err;
+  ASSERT_EQ(watched.code, kExitDiverged) << watched.err;  // run 2 DIVERGED
   EXPECT_THAT(watched.out, HasSubstr("spike: run 2 g1_elementwise step 3: loss 55"));
   EXPECT_THAT(watched.out, HasSubstr("run 2 g1_elementwise: DIVERGED"));
   EXPECT_THAT(watched.out, HasSubstr("sweep quick DONE: 3 SUCCEEDED, 1 DIVERGED"));
@@ -178,7 +178,7 @@ TEST_F(CoordinatorCliTest, SubmitWatchTakesWatchsFlags) {
   CliResult watched;
   ASSERT_NO_FATAL_FAILURE(
       watched = CliWhileTraining({"submit", spec_path_, "--watch", "--plain"}, submitted));
-  ASSERT_EQ(watched.code, 0) << watched.err;
+  ASSERT_EQ(watched.code, kExitDiverged) << watched.err;  // run 2 DIVERGED
   EXPECT_THAT(watched.out, HasSubstr("sweep quick (id 1): 4 runs, 4 queued, 0 reused"));
   EXPECT_THAT(watched.out, HasSubstr("run 2 g1_elementwise: DIVERGED"));
   EXPECT_THAT(watched.out, HasSubstr("sweep quick DONE: 3 SUCCEEDED, 1 DIVERGED"));
@@ -195,8 +195,11 @@ TEST_F(CoordinatorCliTest, SubmitPrintsTheCostOfTheRunsItQueued) {
   flags.mfu = 0.3;
   CliResult r = Cli({"submit", spec_path_, "--device-peak", "a100-bf16", "--mfu", "0.3"});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.out, "sweep quick (id 1): 4 runs, 4 queued, 0 reused\n" +
-                       FormatCostLine(EstimateSweepCost(*expanded), flags, "4 runs"));
+  // The coordinator is this build: its version, and its uncommitted sources when there are some.
+  const std::string note = UncommittedSourcesNote(UncommittedSources());
+  EXPECT_EQ(r.out, absl::StrCat("sweep quick (id 1): 4 runs, 4 queued, 0 reused; code ",
+                                BuildVersion(), "\n", note.empty() ? "" : note + "\n",
+                                FormatCostLine(EstimateSweepCost(*expanded), flags, "4 runs")));
   EXPECT_THAT(r.out, HasSubstr("at 30% MFU of a100-bf16 (312 TFLOP/s): "));
 
   // The same runs under another name: the three that SUCCEEDED are reused, the diverged one
@@ -255,7 +258,7 @@ TEST_F(CoordinatorCliTest, ErrorsAreOneClearLineAndExitNonZero) {
 
   // A token on the command line would show in `ps`: refused, saying what to do instead.
   r = RunCli({"status", "--coordinator", server_->address(), "--token", token_});
-  EXPECT_NE(r.code, 0);  // a usage error (CLI11's code)
+  EXPECT_EQ(r.code, kExitUsage);
   EXPECT_THAT(r.err, HasSubstr("--token-file FILE or the ABLATE_TOKEN environment variable"));
   r = RunCli({"status", "--token-file", root_ + "/missing-token"});
   EXPECT_EQ(r.code, 1);
@@ -365,6 +368,7 @@ TEST(ServeProcessTest, SigkillLosesNoMetricAndCompletesOnce) {
   RegisterRequest reg;
   reg.set_name("survivor");
   reg.mutable_resources()->set_cores(2);
+  reg.mutable_resources()->set_code_version(CodeVersion());
   RegisterResponse registered;
   ASSERT_TRUE(call(&WorkerService::Stub::Register, reg, &registered).ok());
   AcquireJobRequest acquire;

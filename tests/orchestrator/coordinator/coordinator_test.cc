@@ -663,11 +663,63 @@ TEST_F(CoordinatorTest, ResourcesDecideWhoGetsAJob) {
   gpu.mutable_resources()->set_device("cuda:0");
   gpu.mutable_resources()->set_cores(8);
   gpu.mutable_resources()->set_memory_gb(80);
+  gpu.mutable_resources()->set_code_version(CodeVersion());
   RegisterResponse reply;
   auto ctx = Context();
   ASSERT_TRUE(worker_->Register(ctx.get(), gpu, &reply).ok());
   EXPECT_FALSE(TryAcquire(reply.worker_id()).has_job());
   EXPECT_TRUE(TryAcquire(RegisterWorker("cpu")).has_job());
+}
+
+// A worker built from other sources would train runs keyed to this build's: it is never given
+// one, and it is told, as `ablate status` shows it, which build the queued runs need.
+TEST_F(CoordinatorTest, AWorkerOfAnotherBuildIsNeverGivenARun) {
+  SubmitQuick();
+  const std::string other_build = "0.1.0+src-0123456789abcdef";
+  const int64_t other = RegisterWorker("other-build", 1, other_build);
+  const std::string waiting =
+      absl::StrCat("built from ", other_build, "; queued runs need ", CodeVersion());
+  AcquireJobResponse none = TryAcquire(other);
+  EXPECT_FALSE(none.has_job());
+  EXPECT_EQ(none.waiting(), waiting);
+  auto status_of = [&](int64_t worker_id) {
+    ListSweepsResponse listed;
+    auto ctx = Context();
+    EXPECT_TRUE(client_->ListSweeps(ctx.get(), ListSweepsRequest(), &listed).ok());
+    for (const WorkerStatus& w : listed.workers()) {
+      if (w.worker_id() == worker_id) return w;
+    }
+    ADD_FAILURE() << "no worker " << worker_id;
+    return WorkerStatus();
+  };
+  EXPECT_EQ(status_of(other).code_version(), other_build);
+  EXPECT_EQ(status_of(other).waiting(), waiting);
+  // This build's worker takes every run, one at a time, while the other still gets none.
+  const int64_t same = RegisterWorker("same-build", 1);
+  EXPECT_EQ(status_of(same).waiting(), "");
+  for (int i = 0; i < 4; ++i) {
+    const Job job = Acquire(same);
+    EXPECT_FALSE(TryAcquire(other).has_job());
+    ASSERT_TRUE(CallFinish(same, job, SUCCEEDED).ok());
+  }
+  EXPECT_EQ(CountRows("runs WHERE state = 'SUCCEEDED'"), 4);
+  EXPECT_EQ(CountRows(absl::StrCat("attempts WHERE worker_id = ", other)), 0);
+  // Nothing queued: nothing to wait for.
+  EXPECT_EQ(TryAcquire(other).waiting(), "");
+  EXPECT_EQ(status_of(other).waiting(), "");
+}
+
+// A worker that says nothing of its build (built before builds were matched) is refused.
+TEST_F(CoordinatorTest, AWorkerWithoutACodeVersionIsRefusedAtRegister) {
+  RegisterRequest request;
+  request.set_name("old");
+  request.mutable_resources()->set_device("cpu");
+  RegisterResponse response;
+  auto ctx = Context();
+  const grpc::Status s = worker_->Register(ctx.get(), request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("worker old sends no code version"));
+  EXPECT_EQ(CountRows("workers"), 0);
 }
 
 // Two coordinators must never share a state dir (one queue, two dispatchers, two writers) or a
@@ -978,6 +1030,7 @@ class GangTest : public CoordinatorFixture {
     request.mutable_resources()->set_cores(4);
     request.mutable_resources()->set_hostname(name + ".cluster");
     request.mutable_resources()->set_rendezvous_host(host);
+    request.mutable_resources()->set_code_version(CodeVersion());
     RegisterResponse response;
     auto ctx = Context();
     EXPECT_TRUE(worker_->Register(ctx.get(), request, &response).ok());

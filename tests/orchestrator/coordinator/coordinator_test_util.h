@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/version.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "orchestrator/coordinator/server.h"
@@ -147,9 +148,12 @@ class CoordinatorFixture : public ::testing::Test {
     return response;
   }
 
-  int64_t RegisterWorker(const std::string& name, int slots = 0) {
+  // A worker of this build (whose runs the coordinator of this build keys) unless `code_version`.
+  int64_t RegisterWorker(const std::string& name, int slots = 0,
+                         const std::string& code_version = CodeVersion()) {
     RegisterRequest request;
     request.set_name(name);
+    request.mutable_resources()->set_code_version(code_version);
     request.mutable_resources()->set_device("cpu");
     request.mutable_resources()->set_slots(slots);
     request.mutable_resources()->set_cores(4);

@@ -174,6 +174,7 @@ TEST_F(HardeningTest, EachCredentialHasItsRole) {
   ListSweepsResponse sweeps;
   RegisterRequest reg;
   reg.set_name("w");
+  reg.mutable_resources()->set_code_version(CodeVersion());
   RegisterResponse registered;
   QueryRequest q;
   q.set_sql("SELECT 1");

@@ -143,6 +143,54 @@ TEST_F(SchedulerTest, ResourceFit) {
   EXPECT_EQ(DeviceKind(""), "cpu");
 }
 
+// Every configuration of builds: a run goes only to a worker of its sweep's code version, a
+// gang only forms from such workers, and a worker the queued runs pass by for its build learns
+// which build they need.
+TEST_F(SchedulerTest, ARunGoesOnlyToAWorkerOfItsCodeVersion) {
+  Scheduler s(Options(), &clock_);
+  auto built = [](const std::string& code_version, int slots = 1) {
+    WorkerOffer o = Cpu(16, slots);
+    o.code_version = code_version;
+    return o;
+  };
+  auto keyed = [](QueuedRun r, const std::string& code_version, int devices = 1) {
+    r.needs.code_version = code_version;
+    r.needs.devices = devices;
+    return r;
+  };
+  s.AddWorker(1, built("A"));
+  s.AddWorker(2, built("B"));
+  s.AddSweep(1, 1);
+  s.AddSweep(2, 1);
+  ASSERT_TRUE(s.Enqueue(keyed(MakeRun(10, 1, 0), "A", /*devices=*/2)));  // a gang of A only
+  ASSERT_TRUE(s.Enqueue(keyed(MakeRun(11, 1, 1), "A")));
+  ASSERT_TRUE(s.Enqueue(keyed(MakeRun(20, 2, 0), "C")));
+
+  EXPECT_FALSE(Fits(keyed(MakeRun(1, 1, 0), "A").needs, built("B")));
+  EXPECT_TRUE(Fits(keyed(MakeRun(1, 1, 0), "A").needs, built("A")));
+  // B fits nothing: the first queued run it would fit but for its build (sweep 1's) needs A.
+  EXPECT_EQ(s.OtherBuildNeeded(built("B")), "A");
+  EXPECT_FALSE(s.Acquire(2, built("B")).has_value());
+  EXPECT_EQ(s.SlotsReserved(2), 0);
+  // A: the 2-device run cannot gang with B's slot, so A takes the narrow run of its build.
+  EXPECT_EQ(s.OtherBuildNeeded(built("A")), "");
+  std::optional<QueuedRun> r = s.Acquire(1, built("A"));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->run_id, 11);
+  EXPECT_EQ(s.SlotsReserved(1), 0);
+  EXPECT_FALSE(s.Acquire(2, built("B")).has_value());
+  // A worker that fits no queued run whatever its build is not waiting for a build.
+  WorkerOffer gpu = built("B");
+  gpu.device = "cuda:0";
+  EXPECT_EQ(s.OtherBuildNeeded(gpu), "");
+  // C takes its own sweep's run; with only A's wide run left, B is still told it needs A.
+  r = s.Acquire(3, built("C"));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->run_id, 20);
+  EXPECT_EQ(s.OtherBuildNeeded(built("B")), "A");
+  EXPECT_EQ(s.OtherBuildNeeded(built("C")), "A");
+}
+
 TEST_F(SchedulerTest, LeaseRenewedByReportsAndLostWithout) {
   Scheduler s(Options(), &clock_);
   s.AddSweep(1, 1);

@@ -1230,5 +1230,34 @@ TEST_F(DashboardServerTest, ServesHttpsWithTheGivenCertificate) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
 }
 
+// `ablate tag` and `note` on the sweep page (the sweep's tags, every note, each run's own tags)
+// and the run page (its own tags, its sweep's, its notes).
+TEST_F(DashboardServerTest, SweepAndRunPagesCarryTagsAndNotes) {
+  using Action = AnnotationEdit::Action;
+  ASSERT_TRUE(store_->Annotate({1, 0, Action::kTag, {"phase1"}}).ok());
+  ASSERT_TRUE(store_->Annotate({1, runs_[1], Action::kTag, {"bugged", "lr:3e-4"}}).ok());
+  ASSERT_TRUE(store_->Annotate({1, runs_[1], Action::kNote, {"loader bug"}}).ok());
+  ASSERT_TRUE(store_->Annotate({1, 0, Action::kNote, {"phase 1 of 2"}}).ok());
+  json j = Get(port_, "/api/sweeps/gates").Json();
+  EXPECT_EQ(j["sweep"]["tags"], json::array({"phase1"}));
+  EXPECT_EQ(j["runs"][0]["tags"], json::array());
+  EXPECT_EQ(j["runs"][1]["tags"], json::array({"bugged", "lr:3e-4"}));
+  ASSERT_EQ(j["notes"].size(), 2u);
+  EXPECT_EQ(j["notes"][0]["run_id"], runs_[1]);
+  EXPECT_EQ(j["notes"][0]["text"], "loader bug");
+  EXPECT_GT(j["notes"][0]["created_at"].get<double>(), 0);
+  EXPECT_EQ(j["notes"][1]["run_id"], 0);
+
+  json run = Get(port_, absl::StrCat("/api/runs/", runs_[1])).Json()["run"];
+  EXPECT_EQ(run["tags"], json::array({"bugged", "lr:3e-4"}));
+  EXPECT_EQ(run["sweep_tags"], json::array({"phase1"}));
+  ASSERT_EQ(run["notes"].size(), 1u);
+  EXPECT_EQ(run["notes"][0]["text"], "loader bug");
+  json other = Get(port_, absl::StrCat("/api/runs/", runs_[0])).Json()["run"];
+  EXPECT_EQ(other["tags"], json::array());
+  EXPECT_EQ(other["sweep_tags"], json::array({"phase1"}));
+  EXPECT_EQ(other["notes"], json::array());
+}
+
 }  // namespace
 }  // namespace ablate

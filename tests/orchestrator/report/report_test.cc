@@ -18,13 +18,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/version.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "orchestrator/assets/assets.h"
 #include "orchestrator/report/figures.h"
 #include "orchestrator/report/report.h"
 #include "orchestrator/report/svg.h"
-#include "orchestrator/sweep/version.h"
+#include "orchestrator/store/compare.h"
 #include "orchestrator/store/format.h"
 #include "tests/cli_util.h"
 #include "tests/orchestrator/dashboard/dashboard_test_util.h"
@@ -416,7 +417,8 @@ TEST_F(ReportTest, WritesEveryFile) {
   absl::StatusOr<ReportFiles> r = WriteReport(*reader_, Options("study", dir_ / "out"));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->sweep, "study");
-  const std::vector<std::string> expected = {"figures/gate_histograms.svg",
+  const std::vector<std::string> expected = {"figures/compare.svg",
+                                             "figures/gate_histograms.svg",
                                              "figures/layers_f_attn.svg",
                                              "figures/layers_m_act.svg",
                                              "figures/loss.svg",
@@ -425,6 +427,7 @@ TEST_F(ReportTest, WritesEveryFile) {
                                              "index.html",
                                              "report.md",
                                              "spec.yaml",
+                                             "tables/compare.csv",
                                              "tables/comparison.csv",
                                              "tables/evaluations.csv",
                                              "tables/gate_histograms.csv",
@@ -450,6 +453,15 @@ TEST_F(ReportTest, TablesHoldTheNumbersOfTheStudy) {
   absl::StatusOr<ComparisonTable> table = reader_->GetComparisonTable("study");
   ASSERT_TRUE(table.ok());
   EXPECT_EQ(ReadText(out / "tables/comparison.csv"), *FormatComparisonTable(*table, "csv"));
+  // Against the reference, as `ablate compare --format csv` prints it.
+  absl::StatusOr<ResultSet> results = reader_->ReadResults(ResultSelection{{"study"}, {}});
+  ASSERT_TRUE(results.ok());
+  absl::StatusOr<Comparison> comparison = CompareResults(*results, {});
+  ASSERT_TRUE(comparison.ok()) << comparison.status();
+  EXPECT_EQ(ReadText(out / "tables/compare.csv"), *FormatComparison(*comparison, "csv"));
+  // g1_headwise diverged at seed 1, where the baseline trained.
+  EXPECT_THAT(ReadText(out / "tables/compare.csv"), HasSubstr("\ng1_headwise,,val_loss,1,"));
+  EXPECT_THAT(ReadText(out / "tables/compare.csv"), HasSubstr(",diverged,"));
   // The loss band of the baseline at step 100, from the curves the test wrote.
   const double a = LossAt(100, study_[0]), b = LossAt(100, study_[3]);
   EXPECT_THAT(ReadText(out / "tables/loss_curves.csv"),
@@ -489,6 +501,8 @@ TEST_F(ReportTest, MarkdownHasTheTableTheFiguresTheVariantsAndTheSpec) {
   absl::StatusOr<ComparisonTable> table = reader_->GetComparisonTable("study");
   ASSERT_TRUE(table.ok());
   EXPECT_THAT(md, HasSubstr(*FormatComparisonTable(*table, "markdown")));
+  EXPECT_THAT(md, HasSubstr("## Against the reference\n\nval loss of each variant against baseline"));
+  EXPECT_THAT(md, HasSubstr("diverged (at 1 of 2 seeds, the reference at 0; 1 pair: no interval)"));
   EXPECT_THAT(md, HasSubstr("| code version | 0.1.0+test123 |"));
   EXPECT_THAT(md, HasSubstr(absl::StrCat(kGeneratedAtMarker)));
   for (const char* figure :
@@ -611,7 +625,7 @@ TEST_F(ReportTest, CommandWritesTheSameReportTwice) {
   ASSERT_EQ(r1.code, 0) << r1.err;
   EXPECT_EQ(r1.out,
             absl::StrCat("report of sweep study: ", (dir_ / "one").string(), "/index.html, ",
-                         (dir_ / "one").string(), "/report.md, 6 figures, 9 tables\n"));
+                         (dir_ / "one").string(), "/report.md, 7 figures, 10 tables\n"));
   // By id, from the state dir, a second later.
   absl::SleepFor(absl::Seconds(1.1));
   const testing::CliResult r2 = testing::RunCli(
@@ -675,8 +689,45 @@ TEST_F(ReportTest, CommandErrorsNameWhatIsWrong) {
   EXPECT_EQ(r.err, absl::StrCat("report: --out ", file.string(), " is not a directory\n"));
 
   r = testing::RunCli({"report", "study", "--db", db_});
-  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.code, kExitUsage);
   EXPECT_THAT(r.err, HasSubstr("--out is required"));
+}
+
+// `ablate tag` and `note`: the sweep's tags and notes in the header, each run's own tags in the
+// runs table, in report.md, runs.csv and index.html's data alike.
+TEST_F(ReportTest, TagsAndNotesShowInTheHeaderAndTheRunsTable) {
+  using Action = AnnotationEdit::Action;
+  const int64_t sweep = reader_->GetSweep("study")->id;
+  ASSERT_TRUE(store_->Annotate({sweep, 0, Action::kTag, {"phase1", "lr:3e-4"}}).ok());
+  ASSERT_TRUE(store_->Annotate({sweep, study_[5], Action::kTag, {"bugged"}}).ok());
+  ASSERT_TRUE(store_->Annotate({sweep, study_[5], Action::kNote, {"loader | bug"}}).ok());
+  ASSERT_TRUE(store_->Annotate({sweep, 0, Action::kNote, {"phase 1 of 2"}}).ok());
+  ASSERT_TRUE(WriteReport(*reader_, Options("study", dir_ / "out")).ok());
+  const std::string md = ReadText(dir_ / "out/report.md");
+  EXPECT_THAT(md, HasSubstr("| finished | "));
+  EXPECT_THAT(md, HasSubstr(" |\n| tags | phase1, lr:3e-4 |\n\n## Notes\n\n- "));
+  // Oldest first, each with its target; a '|' escaped as in every markdown cell.
+  const size_t run_note = md.find(absl::StrCat(" UTC, on run ", study_[5], ": loader \\| bug\n"));
+  const size_t sweep_note = md.find(" UTC, on the sweep: phase 1 of 2\n");
+  EXPECT_NE(run_note, std::string::npos) << md;
+  EXPECT_LT(run_note, sweep_note);
+  EXPECT_THAT(md, HasSubstr("| reason | tags |\n"));
+  EXPECT_THAT(md, HasSubstr(absl::StrCat("| ", study_[5], " | g1_headwise | 1 | DIVERGED |")));
+  EXPECT_THAT(md, ::testing::ContainsRegex(absl::StrCat("\\| ", study_[5],
+                                                         " \\| g1_headwise [^\n]* \\| bugged \\|\n")));
+  const std::string runs = ReadText(dir_ / "out/tables/runs.csv");
+  EXPECT_THAT(runs, ::testing::StartsWith("run_id,"));
+  EXPECT_THAT(runs.substr(0, runs.find('\n')), ::testing::EndsWith(",reason,tags"));
+  EXPECT_THAT(runs, HasSubstr(",bugged\n"));
+  const std::string html = ReadText(dir_ / "out/index.html");
+  EXPECT_THAT(html, HasSubstr("\"tags\":[\"phase1\",\"lr:3e-4\"]"));
+  EXPECT_THAT(html, HasSubstr("\"tags\":[\"bugged\"]"));
+  EXPECT_THAT(html, HasSubstr("\"text\":\"phase 1 of 2\""));
+  // The same database, the same report (but the generated-at line).
+  ASSERT_TRUE(WriteReport(*reader_, Options("study", dir_ / "again")).ok());
+  const std::string again = ReadText(dir_ / "again/report.md");
+  EXPECT_EQ(md.substr(md.find("\n\n", md.find(kGeneratedAtMarker))),
+            again.substr(again.find("\n\n", again.find(kGeneratedAtMarker))));
 }
 
 }  // namespace

@@ -1374,6 +1374,89 @@ TEST_F(StoreTest, ComparisonTableMatchesHandComputedMeanAndStd) {
   EXPECT_TRUE(absl::IsNotFound(store_->reader().GetComparisonTable("nope").status()));
 }
 
+// Several sweeps of one study make one set of runs, matched by variant, seed and axis point: a
+// run with a result stands over one without, and between two alike the later sweep's.
+TEST_F(StoreTest, SeveralSweepsMatchRunsByVariantSeedAndAxes) {
+  SweepIds one = Submit("phase1", {"baseline", "g1"}, 2);  // b0 g0 b1 g1
+  SweepIds two = Submit("phase2", {"g1", "g2"}, 2);        // g0 h0 g1 h1
+  const auto finish = [&](int64_t run, double loss) {
+    Start(run);
+    ASSERT_TRUE(Finish(run, SUCCEEDED, loss, 0.2, 10, 0.1, 0).ok());
+  };
+  finish(one.run_ids[0], 3.0);
+  finish(one.run_ids[1], 2.9);
+  finish(one.run_ids[2], 3.1);  // phase1's g1 at seed 1 never trains
+  finish(two.run_ids[0], 2.8);
+  finish(two.run_ids[1], 3.05);
+  finish(two.run_ids[2], 2.85);  // phase2's g2 at seed 1 never trains
+
+  absl::StatusOr<ResultSet> both = store_->reader().ReadResults({{"phase1", "phase2"}, {}});
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(both->label, "phase1+phase2");
+  EXPECT_EQ(both->runs.size(), 6u);
+  EXPECT_EQ(both->replaced, 2);
+  ComparisonTable table = ComparisonTableOf(*both);
+  ASSERT_EQ(table.rows.size(), 3u);
+  EXPECT_EQ(table.sweep, "phase1+phase2");
+  EXPECT_EQ(table.rows[1].variant, "g1");
+  EXPECT_EQ(table.rows[1].n, 2);
+  EXPECT_NEAR(table.rows[1].val_loss.mean, 2.825, 1e-12);  // phase2's two runs
+  EXPECT_EQ(table.rows[2].variant, "g2");
+  EXPECT_EQ(table.rows[2].unfinished, 1);
+
+  // Named the other way round, phase1's g1 at seed 0 is the later; its PENDING one at seed 1
+  // does not stand over phase2's result.
+  absl::StatusOr<ComparisonTable> reversed =
+      store_->reader().GetComparisonTable(ResultSelection{{"phase2", "phase1"}, {}});
+  ASSERT_TRUE(reversed.ok()) << reversed.status();
+  EXPECT_EQ(reversed->rows[0].variant, "g1");
+  EXPECT_NEAR(reversed->rows[0].val_loss.mean, 2.875, 1e-12);
+
+  // The same sweep as one table: the variant_table view's numbers.
+  absl::StatusOr<ComparisonTable> alone = store_->reader().GetComparisonTable("phase1");
+  ASSERT_TRUE(alone.ok());
+  absl::StatusOr<QueryResult> view = store_->reader().ReadOnlyQuery(
+      "SELECT val_loss_mean, n, unfinished FROM variant_table WHERE sweep = 'phase1' ORDER BY "
+      "first_index");
+  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_EQ(view->rows.size(), alone->rows.size());
+  for (size_t i = 0; i < alone->rows.size(); ++i) {
+    EXPECT_NEAR(std::get<double>(view->rows[i][0]), alone->rows[i].val_loss.mean, 1e-12);
+    EXPECT_EQ(std::get<int64_t>(view->rows[i][1]), alone->rows[i].n);
+    EXPECT_EQ(std::get<int64_t>(view->rows[i][2]), alone->rows[i].unfinished);
+  }
+
+  // Runs tagged to leave out: one run of phase1, then the whole of phase2 through its sweep.
+  AnnotationEdit bugged;
+  bugged.sweep_id = one.sweep_id;
+  bugged.run_id = one.run_ids[0];  // the baseline at seed 0
+  bugged.texts = {"bugged"};
+  ASSERT_TRUE(store_->Annotate(bugged).ok());
+  absl::StatusOr<ResultSet> kept =
+      store_->reader().ReadResults({{"phase1", "phase2"}, {"bugged", "other"}});
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->excluded, 1);
+  EXPECT_EQ(kept->runs.size(), 5u);
+  table = ComparisonTableOf(*kept);
+  ASSERT_EQ(table.rows.size(), 3u);
+  EXPECT_EQ(table.rows[1].variant, "baseline");  // its first run now is seed 1's, after g1's
+  EXPECT_EQ(table.rows[1].n, 1);
+  EXPECT_NEAR(table.rows[1].val_loss.mean, 3.1, 1e-12);
+  bugged.run_id = 0;
+  bugged.sweep_id = two.sweep_id;
+  ASSERT_TRUE(store_->Annotate(bugged).ok());
+  kept = store_->reader().ReadResults({{"phase1", "phase2"}, {"bugged"}});
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->excluded, 5);
+  EXPECT_EQ(kept->runs.size(), 3u);  // phase1's but its tagged baseline
+  EXPECT_EQ(kept->replaced, 0);
+
+  EXPECT_THAT(store_->reader().ReadResults({{"phase1", "phase1"}, {}}).status().message(),
+              ::testing::HasSubstr("sweep phase1 is named twice"));
+  EXPECT_TRUE(absl::IsNotFound(store_->reader().ReadResults({{"phase1", "nope"}, {}}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->reader().ReadResults({}).status()));
+}
+
 // PPL against evaluation length (TrainConfig.eval_seq_lens): each run's last evaluation counts,
 // mean ± std over SUCCEEDED seeds per length; the table gains a PPL@L column per length, marked
 // when measured with YaRN. Attention maps come back byte for byte.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/text_format.h"
+#include "common/version.h"
 #include "orchestrator/sweep/budget.h"
 #include "orchestrator/cli/cli.h"
 #include "orchestrator/sweep/expand.h"
@@ -52,6 +53,30 @@ TEST(ExpandTest, RunKeysArePinned) {
   for (int i = 0; i < 200; ++i) fields.push_back(absl::StrCat("\"f", i, "\":", i * i));
   EXPECT_EQ(RunKeyOfJson(absl::StrCat("{", absl::StrJoin(fields, ","), "}"), "0.3.0+dirty"),
             "fbc44532e27220ad");
+}
+
+// This build's expansion keys every run to its CodeVersion() and names its build; an explicit
+// code version keys to that one instead, and names no build.
+TEST(ExpandTest, RunsAreKeyedToTheCodeVersionOfTheBuild) {
+  absl::StatusOr<ExpandedSweep> here = ExpandSweepFile(kSource + "/experiments/quick.yaml");
+  ASSERT_TRUE(here.ok()) << here.status();
+  EXPECT_EQ(here->code_version(), CodeVersion());
+  EXPECT_EQ(here->build(), BuildVersion());
+  EXPECT_EQ(std::vector<std::string>(here->uncommitted().begin(), here->uncommitted().end()),
+            UncommittedSources());
+  ExpandOptions other;
+  other.code_version = "0.1.0+src-0123456789abcdef";
+  absl::StatusOr<ExpandedSweep> there =
+      ExpandSweepFile(kSource + "/experiments/quick.yaml", other);
+  ASSERT_TRUE(there.ok()) << there.status();
+  EXPECT_EQ(there->build(), "");
+  ASSERT_EQ(here->runs_size(), there->runs_size());
+  for (int i = 0; i < here->runs_size(); ++i) {
+    EXPECT_EQ(here->runs(i).code_version(), CodeVersion());
+    EXPECT_EQ(here->runs(i).run_key(), RunKey(here->runs(i).config(), CodeVersion()));
+    EXPECT_EQ(there->runs(i).run_key(), RunKey(there->runs(i).config(), other.code_version));
+    EXPECT_NE(here->runs(i).run_key(), there->runs(i).run_key());
+  }
 }
 
 // ---- budget matching, against hand-computed values ---------------------------------------------

@@ -1,0 +1,28 @@
+#pragma once
+// The SVG figures of `ablate report`: training loss, validation loss, the forest plot against the
+// reference, M-Act and F-Attn per layer, gate-score histograms and PPL against evaluation length,
+// each drawn from the numbers figures.h and compare.h compute, in the order report.md shows them.
+
+#include <string>
+#include <vector>
+
+#include "orchestrator/report/figures.h"
+#include "orchestrator/store/compare.h"
+
+namespace ablate {
+
+struct ReportFigure {
+  std::string file;     // figures/NAME.svg
+  std::string title;    // alt text and heading
+  std::string caption;  // under it in report.md
+  std::string svg;
+};
+
+// Whether some group's figures are interim (from runs still training).
+bool AnyInterim(const SweepFigures& figures);
+
+// Every figure that has something to show; `comparison` may be null (no reference in the sweep).
+std::vector<ReportFigure> DrawReportFigures(const SweepFigures& figures, const ComparisonTable& table,
+                                            const Comparison* comparison);
+
+}  // namespace ablate

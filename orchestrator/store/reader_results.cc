@@ -1,0 +1,224 @@
+// StoreReader's reads of results: the runs of one or more sweeps matched by variant, seed and
+// axis point (ReadResults), and the comparison table computed over them (ComparisonTableOf), the
+// numbers the variant_table and length_table views give for one sweep.
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "orchestrator/store/reader.h"
+#include "orchestrator/store/reader_internal.h"
+#include "orchestrator/store/sqlite.h"
+
+namespace ablate {
+namespace {
+
+bool HasResult(RunState s) { return s == SUCCEEDED || s == DIVERGED; }
+
+// Whether a run of a later sweep takes the place of `held` at the same (variant, seed, axes).
+bool Replaces(const RunInfo& later, const RunInfo& held) {
+  return HasResult(later.state) || !HasResult(held.state);
+}
+
+// The finite values of one metric over a group's runs.
+class Moments {
+ public:
+  void Add(double v) {
+    if (std::isfinite(v)) values_.push_back(v);
+  }
+  int64_t n() const { return static_cast<int64_t>(values_.size()); }
+  MeanStd Get() const { return MeanAndStd(values_); }
+
+ private:
+  std::vector<double> values_;
+};
+
+// One (variant, axes) group of the table while its runs are read.
+struct Group {
+  ComparisonRow row;
+  Moments val_loss, val_ppl, gate_score, m_act, f_attn, spike_score, train_loss;
+  double params_total = 0, params_activated = 0, params_added = 0;
+  struct Length {
+    bool yarn = false;
+    Moments val_loss, val_ppl;
+  };
+  std::map<int64_t, Length> lengths;  // by seq_len
+};
+
+void AddRun(const ResultRun& result, Group* g) {
+  const RunInfo& r = result.run;
+  ++g->row.runs;
+  g->params_total += static_cast<double>(r.params_total);
+  g->params_activated += static_cast<double>(r.params_activated);
+  g->params_added += static_cast<double>(r.params_added);
+  if (r.state == DIVERGED) ++g->row.diverged;
+  if (r.state == FAILED) ++g->row.failed;
+  if (r.state == PENDING || r.state == RUNNING || r.state == INTERRUPTED) ++g->row.unfinished;
+  if (r.state != SUCCEEDED) return;
+  ++g->row.n;
+  g->val_loss.Add(r.val_loss);
+  g->val_ppl.Add(r.val_ppl);
+  g->gate_score.Add(r.gate_score);
+  g->m_act.Add(r.m_act);
+  g->f_attn.Add(r.f_attn);
+  g->spike_score.Add(r.spike_score);
+  g->train_loss.Add(r.final_train_loss);
+  for (const RunLength& l : result.lengths) {
+    Group::Length& length = g->lengths[l.seq_len];
+    length.yarn = length.yarn || l.yarn;
+    length.val_loss.Add(l.val_loss);
+    length.val_ppl.Add(l.val_ppl);
+  }
+}
+
+ComparisonRow RowOf(const Group& g) {
+  ComparisonRow row = g.row;
+  row.val_loss = g.val_loss.Get();
+  row.val_ppl = g.val_ppl.Get();
+  row.gate_score = g.gate_score.Get();
+  row.m_act = g.m_act.Get();
+  row.f_attn = g.f_attn.Get();
+  row.spike_score = g.spike_score.Get();
+  row.train_loss = g.train_loss.Get();
+  const double runs = static_cast<double>(row.runs);
+  row.params_total = g.params_total / runs;
+  row.params_activated = g.params_activated / runs;
+  row.params_added = g.params_added / runs;
+  for (const auto& [seq_len, l] : g.lengths) {
+    if (l.val_ppl.n() == 0 && l.val_loss.n() == 0) continue;
+    LengthStat& stat = row.lengths.emplace_back();
+    stat.seq_len = seq_len;
+    stat.yarn = l.yarn;
+    stat.n = l.val_ppl.n();
+    stat.val_loss = l.val_loss.Get();
+    stat.val_ppl = l.val_ppl.Get();
+  }
+  return row;
+}
+
+}  // namespace
+
+MeanStd MeanAndStd(const std::vector<double>& values) {
+  MeanStd out;
+  double sum = 0;
+  int64_t n = 0;
+  for (double v : values) {
+    if (!std::isfinite(v)) continue;
+    sum += v;
+    ++n;
+  }
+  if (n == 0) return out;
+  out.mean = sum / static_cast<double>(n);
+  if (n < 2) return out;
+  double squares = 0;
+  for (double v : values) {
+    if (std::isfinite(v)) squares += (v - out.mean) * (v - out.mean);
+  }
+  out.std = std::sqrt(squares / static_cast<double>(n - 1));
+  return out;
+}
+
+ComparisonTable ComparisonTableOf(const ResultSet& results) {
+  std::vector<Group> groups;
+  std::map<std::pair<std::string, std::string>, size_t> index;  // (variant, axes) -> group
+  for (const ResultRun& r : results.runs) {
+    auto [it, added] = index.try_emplace({r.run.variant, r.run.axes}, groups.size());
+    if (added) {
+      Group& g = groups.emplace_back();
+      g.row.variant = r.run.variant;
+      g.row.axes = r.run.axes;
+      auto description = results.descriptions.find(r.run.variant);
+      if (description != results.descriptions.end()) g.row.description = description->second;
+    }
+    AddRun(r, &groups[it->second]);
+  }
+  ComparisonTable table;
+  table.sweep = results.label;
+  for (const Group& g : groups) table.rows.push_back(RowOf(g));
+  return table;
+}
+
+absl::StatusOr<ComparisonTable> StoreReader::GetComparisonTable(
+    const ResultSelection& selection) const {
+  absl::StatusOr<ResultSet> results = ReadResults(selection);
+  if (!results.ok()) return results.status();
+  return ComparisonTableOf(*results);
+}
+
+absl::StatusOr<ResultSet> StoreReader::ReadResults(const ResultSelection& selection) const {
+  if (selection.sweeps.empty()) return absl::InvalidArgumentError("results: no sweep named");
+  ResultSet set;
+  std::vector<std::string> names;
+  std::set<int64_t> ids;
+  for (const std::string& name : selection.sweeps) {
+    absl::StatusOr<SweepInfo> sweep = GetSweep(name);
+    if (!sweep.ok()) return sweep.status();
+    if (!ids.insert(sweep->id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("results: sweep ", sweep->name, " is named twice"));
+    }
+    names.push_back(sweep->name);
+    set.sweeps.push_back(*std::move(sweep));
+  }
+  set.label = absl::StrJoin(names, "+");
+  absl::StatusOr<SweepSource> source = GetSweepSource(set.sweeps.front().id);
+  if (!source.ok()) return source.status();
+  set.reference = source->reference;
+
+  // (variant, seed, axes) -> index in set.runs.
+  std::map<std::tuple<std::string, uint64_t, std::string>, size_t> held;
+  for (const SweepInfo& sweep : set.sweeps) {
+    absl::StatusOr<std::vector<VariantInfo>> variants = ListVariants(sweep.id);
+    if (!variants.ok()) return variants.status();
+    for (const VariantInfo& v : *variants) set.descriptions.try_emplace(v.name, v.description);
+    absl::StatusOr<std::vector<RunInfo>> runs = RunsOfSweep(sweep.id);
+    if (!runs.ok()) return runs.status();
+    std::set<int64_t> excluded;
+    if (!selection.exclude_tags.empty()) {
+      absl::StatusOr<std::set<int64_t>> tagged = RunsTagged(sweep.id, selection.exclude_tags);
+      if (!tagged.ok()) return tagged.status();
+      excluded = *std::move(tagged);
+    }
+    std::map<int64_t, std::vector<RunLength>> lengths;
+    if (absl::Status read = ForEachRow(
+            "SELECT run_id, seq_len, yarn, val_loss, val_ppl FROM length_results "
+            "WHERE sweep_id = ?1 ORDER BY run_id, seq_len",
+            [&](Stmt& q) { q.Bind(1, sweep.id); },
+            [&](const Stmt& s) {
+              RunLength& l = lengths[s.ColumnInt(0)].emplace_back();
+              l.seq_len = s.ColumnInt(1);
+              l.yarn = s.ColumnInt(2) != 0;
+              l.val_loss = s.ColumnDouble(3);
+              l.val_ppl = s.ColumnDouble(4);
+            });
+        !read.ok()) {
+      return read;
+    }
+    for (RunInfo& run : *runs) {
+      if (excluded.count(run.id) > 0) {
+        ++set.excluded;
+        continue;
+      }
+      ResultRun result{std::move(run), {}};
+      auto l = lengths.find(result.run.id);
+      if (l != lengths.end()) result.lengths = std::move(l->second);
+      auto [it, added] = held.try_emplace(
+          {result.run.variant, result.run.seed, result.run.axes}, set.runs.size());
+      if (added) {
+        set.runs.push_back(std::move(result));
+      } else {
+        ++set.replaced;
+        if (Replaces(result.run, set.runs[it->second].run)) set.runs[it->second] = std::move(result);
+      }
+    }
+  }
+  return set;
+}
+
+}  // namespace ablate

@@ -1,0 +1,149 @@
+#include "orchestrator/store/stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace ablate {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// The continued fraction of the incomplete beta function (modified Lentz), which converges fast
+// for x < (a + 1) / (a + b + 2).
+double BetaContinuedFraction(double a, double b, double x) {
+  constexpr double kTiny = 1e-300;
+  constexpr double kEpsilon = 1e-15;
+  const auto guard = [](double v) { return std::fabs(v) < kTiny ? kTiny : v; };
+  double c = 1;
+  double d = 1 / guard(1 - (a + b) * x / (a + 1));
+  double h = d;
+  for (int m = 1; m <= 500; ++m) {
+    const double even = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m));
+    d = 1 / guard(1 + even * d);
+    c = guard(1 + even / c);
+    h *= d * c;
+    const double odd = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1));
+    d = 1 / guard(1 + odd * d);
+    c = guard(1 + odd / c);
+    const double step = d * c;
+    h *= step;
+    if (std::fabs(step - 1) < kEpsilon) break;
+  }
+  return h;
+}
+
+// The regularized incomplete beta function I_x(a, b).
+double RegularizedBeta(double a, double b, double x) {
+  if (x <= 0) return 0;
+  if (x >= 1) return 1;
+  const double front = std::exp(std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) +
+                                a * std::log(x) + b * std::log1p(-x));
+  if (x < (a + 1) / (a + b + 2)) return front * BetaContinuedFraction(a, b, x) / a;
+  return 1 - front * BetaContinuedFraction(b, a, 1 - x) / b;
+}
+
+// P(|T| >= |t|) for T ~ t(df): I_{df/(df+t²)}(df/2, 1/2), exact in the far tail where
+// 1 − StudentTCdf would round to zero.
+double TwoSidedP(double t, double df) {
+  if (std::isinf(t)) return 0;
+  return RegularizedBeta(df / 2, 0.5, df / (df + t * t));
+}
+
+double Mean(const std::vector<double>& v) {
+  return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+// The sample variance (n − 1).
+double Variance(const std::vector<double>& v, double mean) {
+  double sum = 0;
+  for (double x : v) sum += (x - mean) * (x - mean);
+  return sum / static_cast<double>(v.size() - 1);
+}
+
+// The test of `delta` with standard error `se` on `df` degrees of freedom.
+DifferenceTest TestOf(int n, double delta, double se, double df, double alpha) {
+  DifferenceTest t;
+  t.n = n;
+  t.delta = delta;
+  t.se = se;
+  t.df = df;
+  const double critical = StudentTQuantile(1 - alpha / 2, df);
+  t.ci_low = delta - critical * se;
+  t.ci_high = delta + critical * se;
+  // Every difference alike: no spread to test against. A nonzero one is as certain as the data
+  // can make it; zero is no difference at all.
+  t.p_value = se > 0 ? TwoSidedP(delta / se, df) : (delta == 0 ? 1.0 : 0.0);
+  t.min_detectable = (critical + StudentTQuantile(0.8, df)) * se;
+  return t;
+}
+
+}  // namespace
+
+double StudentTCdf(double t, double df) {
+  if (!(df > 0) || std::isnan(t)) return kNaN;
+  const double tail = TwoSidedP(t, df) / 2;
+  return t > 0 ? 1 - tail : tail;
+}
+
+double StudentTQuantile(double p, double df) {
+  if (!(p > 0 && p < 1) || !(df > 0)) return kNaN;
+  if (p < 0.5) return -StudentTQuantile(1 - p, df);
+  // The CDF is increasing: bracket the answer, then halve the bracket to machine precision.
+  double lo = 0, hi = 1;
+  while (StudentTCdf(hi, df) < p && hi < 1e300) {
+    lo = hi;
+    hi *= 2;
+  }
+  for (int i = 0; i < 200 && hi - lo > 1e-15 * std::max(1.0, hi); ++i) {
+    const double mid = (lo + hi) / 2;
+    (StudentTCdf(mid, df) < p ? lo : hi) = mid;
+  }
+  return (lo + hi) / 2;
+}
+
+DifferenceTest PairedTTest(const std::vector<double>& variant,
+                           const std::vector<double>& reference, double alpha) {
+  if (variant.size() != reference.size() || variant.size() < 2) return {};
+  std::vector<double> differences(variant.size());
+  for (size_t i = 0; i < variant.size(); ++i) differences[i] = variant[i] - reference[i];
+  const double n = static_cast<double>(differences.size());
+  const double mean = Mean(differences);
+  const double se = std::sqrt(Variance(differences, mean) / n);
+  return TestOf(static_cast<int>(differences.size()), mean, se, n - 1, alpha);
+}
+
+DifferenceTest WelchTTest(const std::vector<double>& variant, const std::vector<double>& reference,
+                          double alpha) {
+  if (variant.size() < 2 || reference.size() < 2) return {};
+  const double nv = static_cast<double>(variant.size());
+  const double nr = static_cast<double>(reference.size());
+  const double mv = Mean(variant), mr = Mean(reference);
+  const double qv = Variance(variant, mv) / nv, qr = Variance(reference, mr) / nr;
+  const double se = std::sqrt(qv + qr);
+  // Welch–Satterthwaite; with no spread on either side the smaller sample's df stands in.
+  const double df = se > 0 ? (qv + qr) * (qv + qr) / (qv * qv / (nv - 1) + qr * qr / (nr - 1))
+                           : std::min(nv, nr) - 1;
+  return TestOf(static_cast<int>(std::min(variant.size(), reference.size())), mv - mr, se, df,
+                alpha);
+}
+
+std::vector<double> HolmAdjust(const std::vector<double>& p_values) {
+  std::vector<size_t> order;
+  for (size_t i = 0; i < p_values.size(); ++i) {
+    if (!std::isnan(p_values[i])) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return p_values[a] < p_values[b]; });
+  std::vector<double> adjusted(p_values.size(), kNaN);
+  const double m = static_cast<double>(order.size());
+  double running = 0;
+  for (size_t k = 0; k < order.size(); ++k) {
+    running = std::max(running, std::min(1.0, (m - static_cast<double>(k)) * p_values[order[k]]));
+    adjusted[order[k]] = running;
+  }
+  return adjusted;
+}
+
+}  // namespace ablate

@@ -1,0 +1,265 @@
+// The statistics of `ablate compare` (stats.h) against values computed with SciPy
+// (stats_cases.json, checked against SciPy and R's published sleep examples by
+// tests/python/stats_scipy_test.py), and the comparison built on them (compare.h) on fixed runs.
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "orchestrator/store/compare.h"
+#include "orchestrator/store/stats.h"
+
+namespace ablate {
+namespace {
+
+using ::testing::HasSubstr;
+
+nlohmann::json Cases() {
+  std::ifstream in(std::string(ABLATE_SOURCE_DIR) + "/tests/orchestrator/store/stats_cases.json");
+  return nlohmann::json::parse(in);
+}
+
+void ExpectClose(double have, double want, const std::string& what) {
+  EXPECT_NEAR(have, want, 1e-9 * std::max(1.0, std::fabs(want))) << what;
+}
+
+TEST(StatsTest, DifferenceTestsMatchScipy) {
+  const nlohmann::json cases = Cases();
+  ASSERT_GE(cases["tests"].size(), 7u);
+  for (const nlohmann::json& c : cases["tests"]) {
+    const auto variant = c["variant"].get<std::vector<double>>();
+    const auto reference = c["reference"].get<std::vector<double>>();
+    const double alpha = c["alpha"].get<double>();
+    const DifferenceTest t = c["kind"] == "paired" ? PairedTTest(variant, reference, alpha)
+                                                   : WelchTTest(variant, reference, alpha);
+    const std::string name = c["name"].get<std::string>();
+    const nlohmann::json& e = c["expected"];
+    ASSERT_GT(t.n, 0) << name;
+    for (const char* key : {"delta", "df", "ci_low", "ci_high", "p_value", "min_detectable"}) {
+      const double have = std::string(key) == "delta"     ? t.delta
+                          : std::string(key) == "df"      ? t.df
+                          : std::string(key) == "ci_low"  ? t.ci_low
+                          : std::string(key) == "ci_high" ? t.ci_high
+                          : std::string(key) == "p_value" ? t.p_value
+                                                          : t.min_detectable;
+      ExpectClose(have, e[key].get<double>(), name + ": " + key);
+    }
+  }
+}
+
+TEST(StatsTest, HolmAndTheTDistributionMatchScipy) {
+  const nlohmann::json cases = Cases();
+  for (const nlohmann::json& c : cases["holm"]) {
+    const std::vector<double> adjusted = HolmAdjust(c["p"].get<std::vector<double>>());
+    const auto expected = c["expected"].get<std::vector<double>>();
+    ASSERT_EQ(adjusted.size(), expected.size());
+    for (size_t i = 0; i < adjusted.size(); ++i) ExpectClose(adjusted[i], expected[i], "holm");
+  }
+  for (const nlohmann::json& c : cases["t"]) {
+    const double df = c["df"].get<double>();
+    ExpectClose(StudentTCdf(c["x"].get<double>(), df), c["cdf"].get<double>(), "cdf");
+    ExpectClose(StudentTQuantile(c["p"].get<double>(), df), c["quantile"].get<double>(),
+                "quantile");
+  }
+}
+
+TEST(StatsTest, EdgeCases) {
+  // Holm leaves NaN (rows without a test) out of the family.
+  const std::vector<double> adjusted = HolmAdjust({0.01, std::nan(""), 0.04});
+  EXPECT_NEAR(adjusted[0], 0.02, 1e-15);
+  EXPECT_TRUE(std::isnan(adjusted[1]));
+  EXPECT_NEAR(adjusted[2], 0.04, 1e-15);
+  // Too few values: no test.
+  EXPECT_EQ(PairedTTest({1.0}, {2.0}, 0.05).n, 0);
+  EXPECT_EQ(WelchTTest({1.0, 2.0}, {2.0}, 0.05).n, 0);
+  EXPECT_EQ(PairedTTest({1.0, 2.0}, {2.0}, 0.05).n, 0);
+  // Every difference the same: certain, the interval one point.
+  const DifferenceTest same = PairedTTest({2.0, 3.0, 4.0}, {1.5, 2.5, 3.5}, 0.05);
+  EXPECT_EQ(same.p_value, 0.0);
+  EXPECT_NEAR(same.ci_low, 0.5, 1e-12);
+  EXPECT_NEAR(same.ci_high, 0.5, 1e-12);
+  EXPECT_EQ(PairedTTest({2.0, 3.0}, {2.0, 3.0}, 0.05).p_value, 1.0);
+  EXPECT_TRUE(std::isnan(StudentTQuantile(1.0, 3)));
+  EXPECT_TRUE(std::isnan(StudentTCdf(1.0, 0)));
+}
+
+// A run of `variant` at `seed` in `state` with val loss `loss` (and PPL at 256 of exp(loss)).
+ResultRun MakeRun(const std::string& variant, uint64_t seed, RunState state, double loss,
+              const std::string& axes = "") {
+  ResultRun r;
+  r.run.variant = variant;
+  r.run.seed = seed;
+  r.run.state = state;
+  r.run.axes = axes;
+  r.run.val_loss = state == SUCCEEDED ? loss : kNaN;
+  if (state == SUCCEEDED) r.lengths.push_back({256, false, loss, std::exp(loss)});
+  return r;
+}
+
+ResultSet Results(std::vector<ResultRun> runs) {
+  ResultSet s;
+  s.label = "study";
+  s.reference = "baseline";
+  s.runs = std::move(runs);
+  return s;
+}
+
+const CompareRow& RowOf(const Comparison& c, const std::string& variant,
+                        const std::string& axes = "") {
+  for (const CompareRow& r : c.rows) {
+    if (r.variant == variant && r.axes == axes) return r;
+  }
+  ADD_FAILURE() << "no row " << variant << " " << axes;
+  static const CompareRow none;
+  return none;
+}
+
+TEST(CompareTest, PairsBySeedAndAdjustsOverTheRows) {
+  const double base[] = {1.921, 1.944, 1.934};
+  const double g1[] = {1.872, 1.905, 1.896};   // clearly lower
+  const double g2[] = {1.925, 1.939, 1.936};   // the same, give or take
+  std::vector<ResultRun> runs;
+  for (int s = 0; s < 3; ++s) {
+    runs.push_back(MakeRun("baseline", 100 + s, SUCCEEDED, base[s]));
+    runs.push_back(MakeRun("g1", 100 + s, SUCCEEDED, g1[s]));
+    runs.push_back(MakeRun("g2", 100 + s, SUCCEEDED, g2[s]));
+  }
+  absl::StatusOr<Comparison> c = CompareResults(Results(runs), {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->rows.size(), 2u);
+  const CompareRow& a = RowOf(*c, "g1");
+  EXPECT_EQ(a.test, "paired t");
+  EXPECT_EQ(a.n_pairs, 3);
+  const DifferenceTest expected = PairedTTest({g1[0], g1[1], g1[2]}, {base[0], base[1], base[2]},
+                                              0.05);
+  EXPECT_DOUBLE_EQ(a.delta, expected.delta);
+  EXPECT_DOUBLE_EQ(a.p_value, expected.p_value);
+  EXPECT_DOUBLE_EQ(a.ci_low, expected.ci_low);
+  EXPECT_DOUBLE_EQ(a.min_detectable, expected.min_detectable);
+  const CompareRow& b = RowOf(*c, "g2");
+  const std::vector<double> holm = HolmAdjust({a.p_value, b.p_value});
+  EXPECT_DOUBLE_EQ(a.p_adjusted, holm[0]);
+  EXPECT_DOUBLE_EQ(b.p_adjusted, holm[1]);
+  EXPECT_EQ(a.verdict, kBetter);
+  EXPECT_EQ(b.verdict, kNoDifference);
+
+  // Without correction the adjusted p is the p.
+  CompareOptions none;
+  none.correction = "none";
+  absl::StatusOr<Comparison> raw = CompareResults(Results(runs), none);
+  ASSERT_TRUE(raw.ok());
+  EXPECT_DOUBLE_EQ(RowOf(*raw, "g2").p_adjusted, RowOf(*raw, "g2").p_value);
+
+  // The CSV has exactly the documented columns.
+  absl::StatusOr<std::string> csv = FormatComparison(*c, "csv");
+  ASSERT_TRUE(csv.ok());
+  EXPECT_EQ(csv->substr(0, csv->find('\n')),
+            "variant,axes,metric,n_pairs,reference_mean,variant_mean,delta,ci_low,ci_high,"
+            "p_value,p_adjusted,verdict,min_detectable");
+  EXPECT_THAT(*csv, HasSubstr("\ng1,,val_loss,3,"));
+  EXPECT_THAT(*csv, HasSubstr(",better,"));
+  absl::StatusOr<std::string> markdown = FormatComparison(*c, "markdown");
+  ASSERT_TRUE(markdown.ok());
+  EXPECT_THAT(*markdown, HasSubstr("val loss of each variant against baseline in study"));
+  EXPECT_THAT(*markdown, HasSubstr("| g1 | 3 | 1.933 | 1.891 | -0.0420 |"));
+  absl::StatusOr<std::string> json = FormatComparison(*c, "json");
+  ASSERT_TRUE(json.ok());
+  nlohmann::json j = nlohmann::json::parse(*json);
+  EXPECT_EQ(j["rows"][0]["verdict"], "better");
+  EXPECT_EQ(j["rows"][0]["test"], "paired t");
+  EXPECT_FALSE(FormatComparison(*c, "xml").ok());
+}
+
+TEST(CompareTest, DivergedOnePairWelchAndAxisPoints) {
+  std::vector<ResultRun> runs = {
+      // g1 diverged at seed 2 where the baseline trained.
+      MakeRun("baseline", 1, SUCCEEDED, 3.0), MakeRun("g1", 1, SUCCEEDED, 2.9),
+      MakeRun("baseline", 2, SUCCEEDED, 3.1), MakeRun("g1", 2, DIVERGED, 0),
+      MakeRun("baseline", 3, SUCCEEDED, 3.2), MakeRun("g1", 3, SUCCEEDED, 3.0),
+      // g2: one pair only.
+      MakeRun("g2", 1, SUCCEEDED, 3.05), MakeRun("g2", 4, FAILED, 0),
+      // g3 at other seeds: nothing pairs, Welch over every value.
+      MakeRun("g3", 7, SUCCEEDED, 2.95), MakeRun("g3", 8, SUCCEEDED, 3.0), MakeRun("g3", 9, SUCCEEDED, 2.9),
+      // An axis point where the reference never ran.
+      MakeRun("g1", 1, SUCCEEDED, 2.0, "lr=0.01"),
+  };
+  absl::StatusOr<Comparison> c = CompareResults(Results(runs), {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  const CompareRow& g1 = RowOf(*c, "g1");
+  EXPECT_EQ(g1.verdict, kDiverged);
+  EXPECT_EQ(g1.variant_diverged, 1);
+  EXPECT_EQ(g1.n_pairs, 2);
+  EXPECT_THAT(g1.note, HasSubstr("at 1 of 3 seeds, the reference at 0"));
+  const CompareRow& g2 = RowOf(*c, "g2");
+  EXPECT_EQ(g2.verdict, kTooFewSeeds);
+  EXPECT_EQ(g2.note, "1 pair: no interval");
+  EXPECT_TRUE(std::isnan(g2.ci_low));
+  EXPECT_TRUE(std::isnan(g2.p_value));
+  EXPECT_NEAR(g2.delta, 0.05, 1e-12);
+  const CompareRow& g3 = RowOf(*c, "g3");
+  EXPECT_EQ(g3.test, "Welch");
+  EXPECT_EQ(g3.n_pairs, 0);
+  const DifferenceTest welch = WelchTTest({2.95, 3.0, 2.9}, {3.0, 3.1, 3.2}, 0.05);
+  EXPECT_DOUBLE_EQ(g3.p_value, welch.p_value);
+  const CompareRow& axis = RowOf(*c, "g1", "lr=0.01");
+  EXPECT_EQ(axis.verdict, kTooFewSeeds);
+  EXPECT_EQ(axis.note, "no reference runs at this axis point");
+  // Holm's family: the rows with a p-value (g1 and g3).
+  EXPECT_DOUBLE_EQ(g3.p_adjusted, HolmAdjust({g1.p_value, g3.p_value})[1]);
+}
+
+TEST(CompareTest, MetricsReferencesAndBadInput) {
+  std::vector<ResultRun> runs;
+  for (int s = 0; s < 3; ++s) {
+    runs.push_back(MakeRun("baseline", s, SUCCEEDED, 3.0 + 0.01 * s));
+    runs.push_back(MakeRun("g1", s, SUCCEEDED, 2.8 + 0.02 * s));
+  }
+  CompareOptions ppl;
+  ppl.metric = "ppl@256";
+  absl::StatusOr<Comparison> c = CompareResults(Results(runs), ppl);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->heading, "PPL@256");
+  EXPECT_NEAR(RowOf(*c, "g1").reference_mean,
+              (std::exp(3.0) + std::exp(3.01) + std::exp(3.02)) / 3, 1e-9);
+  // Another reference: the old one becomes a row.
+  CompareOptions against_g1;
+  against_g1.reference = "g1";
+  c = CompareResults(Results(runs), against_g1);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->rows[0].variant, "baseline");
+  EXPECT_EQ(c->rows[0].verdict, kWorse);
+  // The gate score has no better direction.
+  for (ResultRun& r : runs) r.run.gate_score = r.run.variant == "g1" ? 0.1 + r.run.seed : 0.5 + r.run.seed;
+  CompareOptions gate;
+  gate.metric = "gate_score";
+  gate.correction = "none";
+  c = CompareResults(Results(runs), gate);
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->lower_is_better);
+  EXPECT_EQ(c->rows[0].verdict, kLower);
+
+  const auto error = [&](CompareOptions o) { return CompareResults(Results(runs), o).status(); };
+  CompareOptions bad;
+  bad.metric = "accuracy";
+  EXPECT_THAT(error(bad).message(), HasSubstr("unknown metric \"accuracy\""));
+  bad.metric = "ppl@abc";
+  EXPECT_THAT(error(bad).message(), HasSubstr("needs an evaluation length"));
+  bad.metric = "ppl@4096";
+  EXPECT_TRUE(absl::IsNotFound(error(bad)));
+  EXPECT_THAT(error(bad).message(), HasSubstr("lengths measured: 256"));
+  bad = {};
+  bad.reference = "nope";
+  EXPECT_THAT(error(bad).message(), HasSubstr("variants: baseline, g1"));
+  bad = {};
+  bad.alpha = 0.7;
+  EXPECT_TRUE(absl::IsInvalidArgument(error(bad)));
+  bad = {};
+  bad.correction = "bonferroni";
+  EXPECT_THAT(error(bad).message(), HasSubstr("expected holm or none"));
+}
+
+}  // namespace
+}  // namespace ablate
