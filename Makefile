@@ -182,7 +182,8 @@ demo: build-bin data
 	  echo $$! > $(DEMO_DIR)/up.pid
 	@for i in $$(seq 150); do [ -s $(DEMO_DIR)/address ] && break; sleep 0.2; done; \
 	  [ -s $(DEMO_DIR)/address ] || { cat $(DEMO_DIR)/up.log; exit 1; }
-	$(BUILD)/ablate submit experiments/quick.yaml --watch --state-dir $(DEMO_DIR)
+	@# exit 3: some run DIVERGED, a result the table shows; 4 (a run FAILED) stops the demo
+	$(BUILD)/ablate submit experiments/quick.yaml --watch --state-dir $(DEMO_DIR) || [ $$? -eq 3 ]
 	$(BUILD)/ablate table quick --state-dir $(DEMO_DIR)
 	@echo; grep -h "dashboard" $(DEMO_DIR)/up.log || true
 	@echo "the coordinator and dashboard keep running; stop them with: kill $$(cat $(DEMO_DIR)/up.pid)"
