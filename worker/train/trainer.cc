@@ -641,6 +641,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const RunConfig& config
                                                    " is outside a world of ", options.world_size));
   }
   if (absl::Status split = CheckBatchSplits(t, options.world_size); !split.ok()) return split;
+  if (options.stop_at_step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer: stop_at_step ", options.stop_at_step, " is negative"));
+  }
   absl::StatusOr<TokenData> data = TokenData::Load(t.data(), config.model().vocab_size(), t.seq_len());
   if (!data.ok()) return data.status();
   if (t.eval_seq_lens_size() > 0) {
@@ -754,12 +758,17 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
       if (verdict.diverged) return session.Finish(DIVERGED, verdict.reason);
       if (end.stop) return session.Finish(CANCELLED, State::Session::kStopped);
       const bool last = step == t.steps();
-      if ((step % t.eval_every() == 0 || last) && s.Writer()) {  // the other ranks wait
+      const bool pause = step == s.options.stop_at_step && !last;  // a rung
+      if ((step % t.eval_every() == 0 || last || pause) && s.Writer()) {  // the other ranks wait
         s.last_eval = s.Evaluate();
         session.obs->OnEval(s.last_eval);
       }
-      if ((t.checkpoint_every() > 0 && step % t.checkpoint_every() == 0) || last) {
+      if ((t.checkpoint_every() > 0 && step % t.checkpoint_every() == 0) || last || pause) {
         if (auto stopped = session.Checkpoint()) return *std::move(stopped);
+      }
+      if (pause) {
+        return session.Finish(INTERRUPTED,
+                              absl::StrCat("paused at step ", step, "; checkpoint written"));
       }
       if (end.interrupted && !last) {
         if (auto stopped = session.Checkpoint()) return *std::move(stopped);

@@ -57,6 +57,12 @@ struct TrainerOptions {
   // When it becomes true, the trainer finishes the current step, writes a checkpoint and
   // returns INTERRUPTED. May be null.
   const std::atomic<bool>* interrupt = nullptr;
+  // A rung (successive halving, docs/spec.md): when 0 < stop_at_step < train.steps, the trainer
+  // evaluates and writes a checkpoint after that step and returns INTERRUPTED, whatever
+  // train.eval_every and train.checkpoint_every say. Resuming from that checkpoint ends bit for
+  // bit as the run trained straight through: the schedule depends on train.steps, not on where
+  // a run pauses, and an evaluation changes no training state.
+  int64_t stop_at_step = 0;
 
   // Data parallel (docs/training.md): this process is rank `rank` of `world_size`, meeting the
   // others at `rendezvous` (HOST:PORT of a RendezvousServer, worker/train/collective.h).

@@ -63,11 +63,13 @@ class TrainerTest : public testing::CorpusTest {
 
   absl::StatusOr<RunSummary> Train(const RunConfig& config, const std::string& sub,
                                    Recorder* rec, bool resume = false,
-                                   std::atomic<bool>* interrupt = nullptr) {
+                                   std::atomic<bool>* interrupt = nullptr,
+                                   int64_t stop_at_step = 0) {
     TrainerOptions options;
     options.checkpoint_dir = (dir_ / sub).string();
     options.resume = resume;
     options.interrupt = interrupt;
+    options.stop_at_step = stop_at_step;
     auto trainer = Trainer::Create(config, options);
     if (!trainer.ok()) return trainer.status();
     return (*trainer)->Run(rec);
@@ -322,6 +324,53 @@ TEST_F(TrainerTest, ResumeContinuesWithBitwiseIdenticalLosses) {
     EXPECT_EQ(m.grad_norm(), straight.steps[i].grad_norm()) << "step " << i + 1;
   }
   EXPECT_EQ(part2->final_eval().val_loss(), straight.evals.back().val_loss());
+}
+
+// A rung: the run pauses after step 13 (no multiple of eval_every or checkpoint_every) with an
+// evaluation and a checkpoint of its own, and promoted from there it ends bit for bit as the run
+// trained straight through. A stop at or past the last step changes nothing.
+TEST_F(TrainerTest, PausedAtARungAndResumedEndsBitwiseAsTheStraightRun) {
+  RunConfig c = Config();
+  Recorder straight;
+  ASSERT_TRUE(Train(c, "straight", &straight).ok());
+
+  Recorder rung;
+  auto part1 = Train(c, "rung", &rung, /*resume=*/false, nullptr, /*stop_at_step=*/13);
+  ASSERT_TRUE(part1.ok()) << part1.status();
+  EXPECT_EQ(part1->state(), INTERRUPTED);
+  EXPECT_EQ(part1->steps_done(), 13);
+  EXPECT_EQ(part1->reason(), "paused at step 13; checkpoint written");
+  ASSERT_EQ(rung.evals.size(), 1u);
+  EXPECT_EQ(rung.evals[0].step(), 13);
+  EXPECT_EQ(part1->final_eval().step(), 13);
+  ASSERT_FALSE(rung.checkpoints.empty());
+  EXPECT_EQ(rung.checkpoints.back(), 13);
+
+  Recorder promoted;
+  auto part2 = Train(c, "rung", &promoted, /*resume=*/true);
+  ASSERT_TRUE(part2.ok()) << part2.status();
+  EXPECT_EQ(part2->state(), SUCCEEDED);
+  ASSERT_EQ(rung.steps.size() + promoted.steps.size(), straight.steps.size());
+  for (size_t i = 0; i < straight.steps.size(); ++i) {
+    const StepMetrics& m =
+        i < rung.steps.size() ? rung.steps[i] : promoted.steps[i - rung.steps.size()];
+    EXPECT_EQ(m.step(), straight.steps[i].step());
+    EXPECT_EQ(m.loss(), straight.steps[i].loss()) << "step " << i + 1;  // bitwise
+    EXPECT_EQ(m.grad_norm(), straight.steps[i].grad_norm()) << "step " << i + 1;
+  }
+  ASSERT_EQ(promoted.evals.size(), straight.evals.size());
+  for (size_t i = 0; i < straight.evals.size(); ++i) {
+    EXPECT_EQ(promoted.evals[i].step(), straight.evals[i].step());
+    EXPECT_EQ(promoted.evals[i].val_loss(), straight.evals[i].val_loss());
+  }
+  EXPECT_EQ(part2->final_eval().val_loss(), straight.evals.back().val_loss());
+
+  Recorder at_end;
+  auto whole = Train(c, "at_end", &at_end, /*resume=*/false, nullptr, /*stop_at_step=*/40);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->state(), SUCCEEDED);
+  EXPECT_EQ(whole->final_eval().val_loss(), straight.evals.back().val_loss());
+  EXPECT_FALSE(Train(c, "negative", &at_end, false, nullptr, -1).ok());
 }
 
 // A checkpoint torn on disk (a crash before it reached the disk, a second writer): resuming moves
