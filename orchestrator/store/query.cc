@@ -29,19 +29,21 @@ namespace {
 // PRAGMAs a query may run: they only read. Those in kPragmasWithTableArgument may name a table
 // or index (`PRAGMA table_info(runs)`); the others must have no argument (an argument would set
 // a value).
+// Not integrity_check or quick_check: each is one VM step, whose time grows with the database and
+// which the time limit cannot interrupt.
 const std::set<std::string>& ReadOnlyPragmas() {
   static const auto* pragmas = new std::set<std::string>{
       "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
       "foreign_key_list", "user_version", "schema_version", "application_id", "page_count",
       "page_size", "freelist_count", "database_list", "compile_options", "function_list",
-      "pragma_list", "collation_list", "module_list", "data_version", "encoding", "integrity_check", "quick_check"};
+      "pragma_list", "collation_list", "module_list", "data_version", "encoding", "temp_store"};
   return *pragmas;
 }
 
 const std::set<std::string>& PragmasWithTableArgument() {
   static const auto* pragmas = new std::set<std::string>{
       "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
-      "foreign_key_list", "integrity_check", "quick_check"};
+      "foreign_key_list"};
   return *pragmas;
 }
 
@@ -85,6 +87,12 @@ int Authorize(void* context, int action, const char* arg1, const char* arg2, con
       // handler cannot interrupt, and a statement can call it many times between two checks: the
       // time limit would not hold. Found with tests/fuzz/query_fuzz.
       const std::string name = absl::AsciiStrToLower(arg2 != nullptr ? arg2 : "");
+      // fts3_tokenizer(NAME) returns a tokenizer's address, and (NAME, POINTER) registers any
+      // pointer as one: no query may call it (Debian builds SQLite with it enabled).
+      if (name == "fts3_tokenizer") {
+        connection->refused = "query: fts3_tokenizer() is not allowed";
+        return SQLITE_DENY;
+      }
       if (name == "printf" || name == "format") {
         connection->refused = absl::StrCat(
             "query: ", name, "() is not allowed (it can outrun the time limit); format values "
@@ -197,10 +205,14 @@ SqlValue ColumnValue(sqlite3_stmt* stmt, int i) {
 absl::Status GuardConnection(sqlite3* db, QueryGuard* guard) {
   // Belt and braces under the read-only open and the authorizer.
   if (absl::Status s = Exec(db, "PRAGMA query_only = 1"); !s.ok()) return s;
+  // A sort or materialized subquery too big for memory spills to temporary files by default,
+  // where the heap limit does not reach: in memory, it is bounded like every other allocation.
+  if (absl::Status s = Exec(db, "PRAGMA temp_store = MEMORY"); !s.ok()) return s;
   sqlite3_limit(db, SQLITE_LIMIT_ATTACHED, 0);
   sqlite3_limit(db, SQLITE_LIMIT_LENGTH, kMaxQueryValueBytes);
   sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, 1, nullptr);
   sqlite3_db_config(db, SQLITE_DBCONFIG_ENABLE_LOAD_EXTENSION, 0, nullptr);
+  sqlite3_db_config(db, SQLITE_DBCONFIG_ENABLE_FTS3_TOKENIZER, 0, nullptr);
   sqlite3_set_authorizer(db, Authorize, guard);
   // Every 100 VM steps: a check every few steps costs a compute-bound query a share of its time,
   // and a limit counted in seconds needs no finer grain. A step can

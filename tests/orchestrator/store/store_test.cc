@@ -190,10 +190,22 @@ class StoreTest : public ::testing::Test {
     return std::get<int64_t>(r->rows[0][0]);
   }
 
+  // On a connection of the test's own: user queries may not run it.
   std::string IntegrityCheck() {
-    absl::StatusOr<QueryResult> r = store_->reader().ReadOnlyQuery("PRAGMA integrity_check");
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? std::get<std::string>(r->rows[0][0]) : "";
+    sqlite3* db = nullptr;
+    EXPECT_EQ(sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+    std::string first;
+    const int rc = sqlite3_exec(
+        db, "PRAGMA integrity_check",
+        [](void* out, int, char** values, char**) {
+          auto* s = static_cast<std::string*>(out);
+          if (s->empty() && values[0] != nullptr) *s = values[0];
+          return 0;
+        },
+        &first, nullptr);
+    EXPECT_EQ(rc, SQLITE_OK) << sqlite3_errmsg(db);
+    sqlite3_close(db);
+    return first;
   }
 
   std::string dir_;
@@ -1135,6 +1147,22 @@ TEST_F(StoreTest, NoQueryOutrunsItsLimitsInOneCall) {
       "SELECT printf('%.*c', 2000000000, 'x')", limits);
   EXPECT_TRUE(absl::IsPermissionDenied(printf_call.status())) << printf_call.status();
   EXPECT_NE(printf_call.status().message().find("printf() is not allowed"), std::string::npos);
+
+  // One step the time limit cannot interrupt, whose time grows with the database; and a function
+  // that leaks a library address (and registers any pointer with two arguments).
+  for (const auto& [sql, why] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"PRAGMA integrity_check", "PRAGMA integrity_check is not allowed"},
+           {"SELECT * FROM pragma_quick_check", "not authorized"},  // SQLite's own words here
+           {"SELECT hex(fts3_tokenizer('simple'))", "fts3_tokenizer() is not allowed"},
+           {"SELECT fts3_tokenizer('x', x'0000000000000000')", "fts3_tokenizer() is not allowed"}}) {
+    absl::StatusOr<QueryResult> r = store_->reader().ReadOnlyQuery(sql, limits);
+    EXPECT_TRUE(absl::IsPermissionDenied(r.status())) << sql << ": " << r.status();
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << sql << ": " << r.status();
+  }
+  // Sorts and subqueries too big for memory stay in memory, under the heap limit, rather than
+  // spilling to temporary files: temp_store 2 is MEMORY.
+  EXPECT_EQ(Count("PRAGMA temp_store"), 2);
 
   // Rows beyond max_bytes are dropped like rows beyond max_rows.
   limits.max_bytes = 3 << 20;
