@@ -471,6 +471,15 @@ void DashboardServer::Impl::Serve(tcp::socket* socket, absl::Time accepted) {
     out.set(http::field::content_type, res.content_type);
     out.set(http::field::cache_control, res.cacheable ? "no-cache" : "no-store");
     out.set("X-Content-Type-Options", "nosniff");
+    // Scripts, styles and data from the dashboard itself only; no other page may frame it, and
+    // no Referer tells another site its URLs (the event stream's carry the token). Styles may be
+    // inline: uPlot sizes its elements through style attributes.
+    out.set("Content-Security-Policy",
+            "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+            "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+            "form-action 'self'; frame-ancestors 'none'");
+    out.set("X-Frame-Options", "DENY");
+    out.set("Referrer-Policy", "no-referrer");
     if (res.status == 401) out.set(http::field::www_authenticate, "Bearer");
     out.keep_alive(keep_alive);
     out.body() = std::move(res.body);

@@ -46,6 +46,7 @@ struct HttpResult {
   int status = 0;
   std::string content_type;
   std::string body;
+  std::map<std::string, std::string> headers;  // by their names as sent
   json Json() const { return json::parse(body, nullptr, false); }
 };
 
@@ -66,6 +67,9 @@ HttpResult Exchange(Stream& stream, http::verb method, const std::string& target
   r.status = static_cast<int>(parser.get().result_int());
   r.content_type = std::string(parser.get()[http::field::content_type]);
   r.body = parser.get().body();
+  for (const auto& field : parser.get()) {
+    r.headers[std::string(field.name_string())] = std::string(field.value());
+  }
   return r;
 }
 
@@ -368,6 +372,21 @@ TEST_F(DashboardServerTest, ServesTheEmbeddedApp) {
   }
   EXPECT_EQ(Get(port_, "/nope.js", "").status, 404);
   EXPECT_EQ(Get(port_, "/../etc/passwd", "").status, 404);
+
+  // No other site may frame the dashboard, run scripts in it or learn its URLs (with the token
+  // in a query) from a Referer; the API answers carry the same headers.
+  for (const HttpResult& r : {index, Get(port_, "/api/sweeps")}) {
+    EXPECT_EQ(r.headers.count("Content-Security-Policy"), 1u);
+    const std::string csp = r.headers.count("Content-Security-Policy") > 0
+                                ? r.headers.at("Content-Security-Policy")
+                                : "";
+    EXPECT_TRUE(absl::StrContains(csp, "frame-ancestors 'none'")) << csp;
+    EXPECT_TRUE(absl::StrContains(csp, "script-src 'self'")) << csp;
+    EXPECT_TRUE(absl::StrContains(csp, "default-src 'self'")) << csp;
+    EXPECT_EQ(r.headers.count("X-Frame-Options") ? r.headers.at("X-Frame-Options") : "", "DENY");
+    EXPECT_EQ(r.headers.count("Referrer-Policy") ? r.headers.at("Referrer-Policy") : "",
+              "no-referrer");
+  }
 }
 
 TEST_F(DashboardServerTest, Sweeps) {
