@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,6 +21,53 @@ namespace ablate {
 
 namespace fs = std::filesystem;
 
+std::string NetworkFilesystemName(int64_t f_type) {
+  switch (static_cast<uint32_t>(f_type)) {
+    case 0x6969u: return "NFS";
+    case 0x0BD00BD0u: return "Lustre";
+    case 0x47504653u: return "GPFS";
+    case 0xFF534D42u: return "CIFS";
+    case 0xFE534D42u: return "SMB2";
+    default: return "";
+  }
+}
+
+namespace {
+
+// What LockStateDir refuses in an existing state dir (see state_dir.h).
+absl::Status CheckStateDirIsSafe(const std::string& state_dir) {
+  struct stat st;
+  if (::stat(state_dir.c_str(), &st) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot stat state dir ", state_dir, ": ", strerror(errno)));
+  }
+  if (st.st_uid != ::geteuid()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "state dir ", state_dir, " belongs to another user (uid ", st.st_uid,
+        "): its database and token must be yours; give --state-dir a directory of your own"));
+  }
+  if ((st.st_mode & 022) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "state dir %s is writable by group or others (mode %o), who could replace its database or "
+        "token: chmod 700 %s",
+        state_dir, st.st_mode & 0777, state_dir));
+  }
+  struct statfs fs_info;
+  if (::statfs(state_dir.c_str(), &fs_info) == 0) {
+    const std::string network = NetworkFilesystemName(fs_info.f_type);
+    if (!network.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "state dir ", state_dir, " is on ", network,
+          ": SQLite's write-ahead log needs a local filesystem, and file locks there may hold on "
+          "one machine only; give --state-dir a local disk (node-local scratch or /tmp on the "
+          "coordinator's machine; workers need not see it)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<int> LockStateDir(const std::string& state_dir) {
   std::error_code ec;
   if (!fs::exists(state_dir, ec)) {
@@ -30,6 +78,7 @@ absl::StatusOr<int> LockStateDir(const std::string& state_dir) {
     }
     ::chmod(state_dir.c_str(), 0700);
   }
+  if (absl::Status safe = CheckStateDirIsSafe(state_dir); !safe.ok()) return safe;
   const std::string path = (fs::path(state_dir) / kCoordinatorLockFile).string();
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {

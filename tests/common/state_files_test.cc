@@ -81,5 +81,33 @@ TEST_F(StateFilesTest, CredentialsAreDerivedAndWrittenBesideTheSecretMode0600) {
   EXPECT_NE(open.status().message().find("chmod 600"), std::string::npos) << open.status();
 }
 
+// A state dir others can write, or on a network filesystem, is refused with what to do; the
+// test's own (0755, local) is locked.
+TEST_F(StateFilesTest, AStateDirOthersCanWriteOrOnANetworkFilesystemIsRefused) {
+  const fs::path state = dir_ / "state";
+  fs::create_directories(state);
+  ::chmod(state.c_str(), 0777);
+  absl::StatusOr<int> open_to_all = LockStateDir(state.string());
+  ASSERT_FALSE(open_to_all.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(open_to_all.status())) << open_to_all.status();
+  EXPECT_NE(open_to_all.status().message().find("writable by group or others (mode 777)"),
+            std::string::npos)
+      << open_to_all.status();
+  EXPECT_NE(open_to_all.status().message().find("chmod 700"), std::string::npos);
+  EXPECT_FALSE(fs::exists(state / kCoordinatorLockFile));
+
+  ::chmod(state.c_str(), 0755);
+  absl::StatusOr<int> locked = LockStateDir(state.string());
+  ASSERT_TRUE(locked.ok()) << locked.status();
+  ::close(*locked);
+
+  EXPECT_EQ(NetworkFilesystemName(0x6969), "NFS");
+  EXPECT_EQ(NetworkFilesystemName(0x0BD00BD0), "Lustre");
+  EXPECT_EQ(NetworkFilesystemName(0x47504653), "GPFS");
+  EXPECT_EQ(NetworkFilesystemName(static_cast<int64_t>(0xFF534D42u)), "CIFS");
+  EXPECT_EQ(NetworkFilesystemName(0xEF53), "");  // ext4
+  EXPECT_EQ(NetworkFilesystemName(0x01021994), "");  // tmpfs
+}
+
 }  // namespace
 }  // namespace ablate
