@@ -145,6 +145,7 @@ int Launch(const StandaloneOptions& o, const fs::path& dir, bool resume) {
     }
     if (!o.device.empty()) a.insert(a.end(), {"--device", o.device});
     if (o.threads >= 0) a.insert(a.end(), {"--threads", std::to_string(o.threads)});
+    if (o.stop_at_step > 0) a.insert(a.end(), {"--stop-at-step", std::to_string(o.stop_at_step)});
     a.insert(a.end(), {"--world-size", std::to_string(o.world_size), "--rank",
                        std::to_string(rank), "--rendezvous", (*server)->address(),
                        "--collective-timeout", absl::StrCat(o.collective_timeout_s)});
@@ -226,6 +227,7 @@ int RunStandalone(const StandaloneOptions& o) {
   options.checkpoint_dir = dir.string();
   options.resume = resume;
   options.interrupt = &g_interrupt;
+  options.stop_at_step = o.stop_at_step;
   if (is_rank) {
     options.world_size = o.world_size;
     options.rank = o.rank;

@@ -30,6 +30,9 @@ struct StandaloneOptions {
   int rank = -1;
   std::string rendezvous;
   double collective_timeout_s = 600;  // a collective waiting longer fails the run
+  // Pause after this step (0 < S < train.steps) with an evaluation and a checkpoint, as a tuned
+  // run does at a rung; --resume goes on. 0: train to the end.
+  int64_t stop_at_step = 0;
 };
 
 // Exit code: 0 succeeded or interrupted (resumable), 3 diverged, 1 any error (printed to

@@ -76,6 +76,9 @@ int RunWorker(int argc, char** argv) {
   cmd->add_option("--collective-timeout", train.collective_timeout_s,
                   "seconds a data-parallel collective may wait for the other ranks (default 600)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--stop-at-step", train.stop_at_step,
+                  "pause after this step with an evaluation and a checkpoint (--resume goes on)")
+      ->check(CLI::NonNegativeNumber);
   // Set by the --world-size launcher for the processes it starts.
   cmd->add_option("--rank", train.rank)->group("");
   cmd->add_option("--rendezvous", train.rendezvous)->group("");
@@ -90,6 +93,7 @@ int RunWorker(int argc, char** argv) {
   job_cmd->add_option("--world-size", job.world_size);
   job_cmd->add_option("--rendezvous", job.rendezvous);
   job_cmd->add_option("--collective-timeout", job.collective_timeout_s);
+  job_cmd->add_option("--stop-at-step", job.stop_at_step);
   job_cmd->callback([&] { code = ablate::RunJobProcess(job); });
   try {
     app.parse(argc, argv);

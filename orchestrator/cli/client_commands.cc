@@ -20,6 +20,7 @@
 #include "common/version.h"
 #include "orchestrator/cli/cli.h"
 #include "orchestrator/cli/cost.h"
+#include "orchestrator/sweep/tune.h"
 #include "orchestrator/store/reader.h"
 
 namespace ablate {
@@ -96,7 +97,8 @@ std::string Loss(double v) { return v == 0 ? "-" : fmt::format("{:.4f}", v); }
 std::string Counts(const SweepStatus& s) {
   std::vector<std::string> parts;
   for (const char* state :
-       {"PENDING", "RUNNING", "SUCCEEDED", "FAILED", "DIVERGED", "CANCELLED", "INTERRUPTED"}) {
+       {"PENDING", "RUNNING", "SUCCEEDED", "FAILED", "DIVERGED", "CANCELLED", "INTERRUPTED",
+        "STOPPED"}) {
     auto it = s.runs_by_state().find(state);
     if (it != s.runs_by_state().end()) parts.push_back(absl::StrCat(it->second, " ", state));
   }
@@ -150,8 +152,9 @@ absl::Status ReadFile(const std::string& path, std::string* text) {
 
 bool IsTerminal(std::ostream& out) { return &out == &std::cout && ::isatty(STDOUT_FILENO); }
 
-// How a watched sweep ended, for scripts and CI to gate on: OK when every run SUCCEEDED;
-// kExitRunsFailed when some FAILED or was CANCELLED; else kExitDiverged when some DIVERGED.
+// How a watched sweep ended, for scripts and CI to gate on: OK when every run SUCCEEDED (or was
+// STOPPED by the tuner: a decision, not a failure); kExitRunsFailed when some FAILED or was
+// CANCELLED; else kExitDiverged when some DIVERGED.
 absl::Status SweepOutcome(const SweepStatus& done) {
   const auto count = [&](const char* state) {
     auto it = done.runs_by_state().find(state);
@@ -266,6 +269,7 @@ absl::Status PrintSubmitted(CoordinatorClient& client, const SubmitResponse& r,
                         r.reused() > 0 ? fmt::format("{} of {} runs to train ({} reused)", c.runs,
                                                      r.runs(), r.runs() - c.runs)
                                        : fmt::format("{} runs", c.runs));
+  if (r.expanded().has_tune()) out << TunePlanText(r.expanded().tune()) << "\n";
   return absl::OkStatus();
 }
 
@@ -568,7 +572,7 @@ std::shared_ptr<std::vector<std::string>> AddExcludeTagOption(CLI::App* cmd) {
   return tags;
 }
 
-// `ablate table SWEEP... [--format markdown|csv|json] [--exclude-tag TAG]`.
+// `ablate table SWEEP... [--format markdown|csv|json] [--exclude-tag TAG] [--best]`.
 void AddTableCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
       "table", "The paper-style comparison of a sweep: one row per variant, mean ± std over "
@@ -579,8 +583,13 @@ void AddTableCommand(CLI::App* app, std::ostream* out, std::function<absl::Statu
       ->check(CLI::IsMember({"markdown", "csv", "json"}))
       ->capture_default_str();
   std::shared_ptr<std::vector<std::string>> exclude = AddExcludeTagOption(cmd);
+  auto best = std::make_shared<bool>(false);
+  cmd->add_flag("--best", *best,
+                "a tuned sweep: each variant at its own best value of the tuned axis (after the "
+                "same-config table in markdown)");
   SetClientAction(cmd, action, [=](CoordinatorClient& client) -> absl::Status {
     TableRequest request;
+    request.set_best(*best);
     request.set_sweep(sweeps->front());
     for (size_t i = 1; i < sweeps->size(); ++i) request.add_more_sweeps((*sweeps)[i]);
     for (const std::string& tag : *exclude) request.add_exclude_tags(tag);
@@ -593,7 +602,7 @@ void AddTableCommand(CLI::App* app, std::ostream* out, std::function<absl::Statu
 }
 
 // `ablate compare SWEEP... [--metric M] [--reference NAME] [--format F] [--alpha A]
-// [--correction holm|none] [--exclude-tag TAG]`.
+// [--correction holm|none] [--exclude-tag TAG] [--best]`.
 void AddCompareCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
       "compare", "Each variant against the reference at the same axis point, paired by seed: "
@@ -627,8 +636,13 @@ void AddCompareCommand(CLI::App* app, std::ostream* out, std::function<absl::Sta
       ->check(CLI::IsMember({"holm", "none"}))
       ->capture_default_str();
   std::shared_ptr<std::vector<std::string>> exclude = AddExcludeTagOption(cmd);
+  auto best = std::make_shared<bool>(false);
+  cmd->add_flag("--best", *best,
+                "a tuned sweep: each variant at its own best value of the tuned axis against the "
+                "reference at its own best");
   SetClientAction(cmd, action, [=](CoordinatorClient& client) -> absl::Status {
     CompareRequest request;
+    request.set_best(*best);
     for (const std::string& s : *sweeps) request.add_sweeps(s);
     for (const std::string& tag : *exclude) request.add_exclude_tags(tag);
     request.set_metric(*metric);

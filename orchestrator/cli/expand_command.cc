@@ -13,6 +13,7 @@
 #include "common/version.h"
 #include "orchestrator/sweep/budget.h"
 #include "orchestrator/sweep/expand.h"
+#include "orchestrator/sweep/tune.h"
 
 namespace ablate {
 
@@ -119,8 +120,9 @@ absl::Status RunExpand(const std::string& spec_path, const std::string& format,
   }
   absl::StatusOr<ExpandedSweep> sweep = ExpandSweepFile(spec_path);
   if (!sweep.ok()) return sweep.status();
-  const std::string cost_line = FormatCostLine(
+  std::string cost_line = FormatCostLine(
       EstimateSweepCost(*sweep), cost, absl::StrCat(sweep->runs_size(), " runs"));
+  if (sweep->has_tune()) absl::StrAppend(&cost_line, TunePlanText(sweep->tune()), "\n");
   std::string note = UncommittedSourcesNote(
       {sweep->uncommitted().begin(), sweep->uncommitted().end()});
   if (!note.empty()) note += "\n";

@@ -24,6 +24,7 @@
 #include "orchestrator/store/compare.h"
 #include "orchestrator/store/format.h"
 #include "orchestrator/store/reader.h"
+#include "orchestrator/store/tune_results.h"
 
 namespace ablate {
 
@@ -46,7 +47,7 @@ SweepStatus ToSweepStatus(const SweepInfo& s) {
   const std::pair<RunState, int64_t> counts[] = {
       {PENDING, s.pending},     {RUNNING, s.running},     {SUCCEEDED, s.succeeded},
       {FAILED, s.failed},       {DIVERGED, s.diverged},   {CANCELLED, s.cancelled},
-      {INTERRUPTED, s.interrupted}};
+      {INTERRUPTED, s.interrupted}, {STOPPED, s.stopped}};
   for (const auto& [state, n] : counts) {
     if (n > 0) by_state[RunStateName(state)] = static_cast<int32_t>(n);
   }
@@ -78,6 +79,20 @@ absl::Status CheckTag(absl::string_view verb, const std::string& tag) {
       verb, ": \"", absl::CHexEscape(tag.substr(0, kMaxTagLength + 1)),
       tag.size() > kMaxTagLength + 1 ? "..." : "", "\" is not a tag (1 to ", kMaxTagLength,
       " of A-Z a-z 0-9 _ . : -)"));
+}
+
+// The tune of a selection's first sweep; FailedPrecondition naming `verb` when it has none.
+absl::StatusOr<TuneInfo> TuneOfResults(const StoreReader& reader, const ResultSet& results,
+                                       absl::string_view verb) {
+  if (results.sweeps.empty()) return absl::InvalidArgumentError(absl::StrCat(verb, ": no sweep"));
+  absl::StatusOr<std::optional<TuneInfo>> tune = reader.GetTune(results.sweeps.front().id);
+  if (!tune.ok()) return tune.status();
+  if (!tune->has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        verb, ": sweep ", results.sweeps.front().name,
+        " has no tune: block (docs/spec.md, \"Tuning\"); its table is the same-config one"));
+  }
+  return **tune;
 }
 
 // The sweep a Get, Cancel or Rerun names; InvalidArgument "<verb>: no sweep given" for none.
@@ -146,7 +161,8 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
   record.expanded = *expanded;
   record.spec_yaml = request.spec_yaml();
   record.config_json = std::move(config_json);
-  record.reuse = !request.force();
+  // A tuned sweep compares runs at rung steps: a reused run has no evaluation there.
+  record.reuse = !request.force() && !(expanded->has_tune() && expanded->tune().method() == "asha");
   absl::StatusOr<SweepIds> ids = store_->CreateSweep(record);
   if (!ids.ok()) return ids.status();
   response.set_sweep_id(ids->sweep_id);
@@ -167,6 +183,7 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
     if (run == stored_by_id.end()) {
       return absl::InternalError(absl::StrCat("submit: run ", ids->run_ids[i], " was not stored"));
     }
+    if (run->second->held) continue;  // waits for the first seed's decision (seeds first)
     auto job = std::make_shared<JobTemplate>();
     job->config = spec_run.config();
     job->sweep = expanded->name();
@@ -281,6 +298,8 @@ RunStatus CoordinatorCore::ToRunStatus(const RunInfo& run) {
   out.set_attempts(run.attempts);
   out.set_step(run.steps_done);
   out.set_total_steps(run.steps_total);
+  out.set_stop_at_step(run.stop_at_step);
+  out.set_held(run.held);
   if (!std::isnan(run.final_train_loss)) out.set_last_loss(run.final_train_loss);
   out.set_spike_count(run.spike_steps);
   if (run.state == RUNNING && run.worker_id != 0) {
@@ -362,7 +381,17 @@ absl::StatusOr<CancelResponse> CoordinatorCore::Cancel(const CancelRequest& requ
 absl::StatusOr<RerunResponse> CoordinatorCore::Rerun(const RerunRequest& request) {
   absl::StatusOr<SweepInfo> sweep = NamedSweep(store_->reader(), "rerun", request.sweep());
   if (!sweep.ok()) return sweep.status();
-  // DIVERGED is a result, not a failure: only a full rerun repeats it.
+  // DIVERGED is a result, not a failure: only a full rerun repeats it. STOPPED is the tuner's
+  // decision: never rerun.
+  if (!request.failed_only()) {
+    absl::StatusOr<std::optional<TuneInfo>> tune = store_->reader().GetTune(sweep->id);
+    if (!tune.ok()) return tune.status();
+    if (tune->has_value() && (*tune)->method == "asha") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rerun: sweep ", sweep->name, " is tuned (asha): its decisions are not redone; rerun "
+          "its failed runs with --failed, or submit the spec under another name"));
+    }
+  }
   std::vector<RunState> states = {FAILED, CANCELLED};
   if (!request.failed_only()) states = {FAILED, CANCELLED, SUCCEEDED, DIVERGED};
   absl::StatusOr<std::vector<RunInfo>> runs = store_->reader().RunsOfSweep(sweep->id, states);
@@ -570,11 +599,30 @@ absl::StatusOr<TableResponse> CoordinatorCore::Table(const TableRequest& request
   selection.sweeps.insert(selection.sweeps.end(), request.more_sweeps().begin(),
                           request.more_sweeps().end());
   selection.exclude_tags.assign(request.exclude_tags().begin(), request.exclude_tags().end());
-  absl::StatusOr<ComparisonTable> table = store_->reader().GetComparisonTable(selection);
-  if (!table.ok()) return table.status();
-  absl::StatusOr<std::string> formatted = FormatComparisonTable(*table, format);
-  if (!formatted.ok()) return formatted.status();
+  absl::StatusOr<ResultSet> results = store_->reader().ReadResults(selection);
+  if (!results.ok()) return results.status();
+  const ComparisonTable table = ComparisonTableOf(*results);
   TableResponse response;
+  if (request.best()) {
+    absl::StatusOr<TuneInfo> tune = TuneOfResults(store_->reader(), *results, "table --best");
+    if (!tune.ok()) return tune.status();
+    const ComparisonTable best = BestTable(BestOf(*results, *tune), *tune);
+    absl::StatusOr<std::string> formatted = FormatComparisonTable(best, format);
+    if (!formatted.ok()) return formatted.status();
+    if (format != "markdown") {  // one table per answer for machines
+      response.set_formatted(*std::move(formatted));
+      return response;
+    }
+    absl::StatusOr<std::string> same = FormatComparisonTable(table, format);
+    if (!same.ok()) return same.status();
+    response.set_formatted(absl::StrCat(
+        "Same config (every value of ", tune->axis, "):\n\n", *same, "\nEach variant at its own best ",
+        tune->axis, " (by ", tune->maximize ? "highest" : "lowest", " mean ", tune->metric,
+        " over seeds):\n\n", *formatted));
+    return response;
+  }
+  absl::StatusOr<std::string> formatted = FormatComparisonTable(table, format);
+  if (!formatted.ok()) return formatted.status();
   response.set_formatted(*std::move(formatted));
   return response;
 }
@@ -586,6 +634,15 @@ absl::StatusOr<CompareResponse> CoordinatorCore::Compare(const CompareRequest& r
   selection.exclude_tags.assign(request.exclude_tags().begin(), request.exclude_tags().end());
   absl::StatusOr<ResultSet> results = store_->reader().ReadResults(selection);
   if (!results.ok()) return results.status();
+  std::optional<BestResults> best;
+  std::optional<TuneInfo> tune;
+  if (request.best()) {
+    absl::StatusOr<TuneInfo> found = TuneOfResults(store_->reader(), *results, "compare --best");
+    if (!found.ok()) return found.status();
+    tune = *std::move(found);
+    best = BestOf(*results, *tune);
+    *results = best->results;
+  }
   CompareOptions options;
   if (!request.metric().empty()) options.metric = request.metric();
   options.reference = request.reference();
@@ -593,6 +650,7 @@ absl::StatusOr<CompareResponse> CoordinatorCore::Compare(const CompareRequest& r
   if (!request.correction().empty()) options.correction = request.correction();
   absl::StatusOr<Comparison> comparison = CompareResults(*results, options);
   if (!comparison.ok()) return comparison.status();
+  if (best.has_value()) NameBestValues(*best, *tune, &*comparison);
   absl::StatusOr<std::string> formatted =
       FormatComparison(*comparison, request.format().empty() ? "markdown" : request.format());
   if (!formatted.ok()) return formatted.status();

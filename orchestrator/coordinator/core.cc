@@ -50,6 +50,8 @@ QueuedRun ToQueued(const RunInfo& run, absl::Time not_before,
   q.not_before = not_before;
   q.job = std::move(job);
   q.total_steps = run.steps_total;
+  q.stop_at_step = run.stop_at_step;
+  q.tuned = run.tuned;
   return q;
 }
 
@@ -153,16 +155,23 @@ absl::Status CoordinatorCore::Rebuild() {
     if (run.state == RUNNING) {
       scheduler_.RestoreLease(run.id, run.sweep_id, run.worker_id, run.attempts,
                               ToQueued(run, absl::InfinitePast()));
-    } else {
+    } else if (!run.held) {  // a held run waits for the tuner, below
       scheduler_.Enqueue(ToQueued(run, absl::InfinitePast()));
     }
   }
-  absl::MutexLock lock(&mu_);
-  const absl::Time now = options_.clock->Now();
-  for (const WorkerInfo& w : *workers) {
-    worker_names_[w.id] = w.name;
-    // Each gets a lease timeout from now to call again before CheckWorkers marks it GONE.
-    if (w.state != "GONE") worker_seen_[w.id] = WorkerSeen{w.state, absl::InfinitePast(), now};
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = options_.clock->Now();
+    for (const WorkerInfo& w : *workers) {
+      worker_names_[w.id] = w.name;
+      // Each gets a lease timeout from now to call again before CheckWorkers marks it GONE.
+      if (w.state != "GONE") worker_seen_[w.id] = WorkerSeen{w.state, absl::InfinitePast(), now};
+    }
+  }
+  // Decisions a crash left unmade (a rung arrival stored, its decision not yet) are made now.
+  for (const SweepInfo& s : *sweeps) {
+    if (s.state != "ACTIVE") continue;
+    if (absl::Status t = TuneSweep(s.id); !t.ok()) return t;
   }
   return absl::OkStatus();
 }

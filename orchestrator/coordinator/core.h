@@ -71,7 +71,8 @@
 
 namespace ablate {
 
-struct RunInfo;  // orchestrator/store/reader.h
+struct RunInfo;   // orchestrator/store/reader.h
+struct TuneInfo;  // orchestrator/store/reader.h
 
 struct CoordinatorOptions {
   // Runs' checkpoints live under checkpoint_root/run-<id> (a shared filesystem on clusters).
@@ -204,6 +205,9 @@ class CoordinatorCore {
     Lease lease;
     std::optional<MetricBatch> batch;  // of final_report
     std::string reason;
+    // A tuned run paused at its rung (INTERRUPTED at lease.stop_at_step): it goes back to
+    // PENDING, held for the tuner, with its summary (the rung's evaluation) stored.
+    bool rung_pause = false;
   };
   // The checks of a Finish of `worker_id` (state, lease secret, final report, lease, summary at
   // the door); queues its checkpoint notice. The error is what the Finish answers.
@@ -238,6 +242,14 @@ class CoordinatorCore {
   void StartNextJobs(int64_t worker_id, const std::vector<QueuedRun>& next,
                      const FinishWriteResult& r, FinishResponse* response);
   RunStatus ToRunStatus(const RunInfo& run);
+  // ---- The tuner (tune.cc) ----
+  // Makes the decisions due in every group of a tuned sweep (none for an untuned one).
+  absl::Status TuneSweep(int64_t sweep_id);
+  // The same for the groups of these tuned runs, which just paused at a rung or ended.
+  void TuneAfter(const std::vector<int64_t>& run_ids);
+  // The decisions due in one group (DecideAsha), written in one store transaction, until none is
+  // left; the runs they release are queued.
+  absl::Status TuneGroup(const TuneInfo& tune, const std::string& group);
   // Records in the store that a worker was seen IDLE or BUSY: at once when its state changed,
   // else at most every kWorkerSeenInterval (a report or long poll per job need not each write
   // the workers table).
@@ -266,6 +278,9 @@ class CoordinatorCore {
   // Attempts a run had when it was last queued by a user (rerun): retries count from there.
   std::map<int64_t, int> attempt_base_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Serializes the tuner (taken before mu_): two ends in one group decide one after the other.
+  absl::Mutex tune_mu_ ABSL_ACQUIRED_BEFORE(mu_);
 
   std::thread lease_checker_;
 };

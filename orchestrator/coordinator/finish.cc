@@ -67,13 +67,17 @@ absl::Status CoordinatorCore::EndAttemptAndRetry(int64_t run_id, int64_t sweep_i
     if (!run.ok()) return run.status();
     queued = ToQueued(*run, absl::InfinitePast());
   }
-  absl::MutexLock lock(&mu_);
-  scheduler_.Release(run_id);
-  if (t.to == PENDING) {
-    queued->not_before = decision.not_before;
-    scheduler_.Enqueue(*queued);
-    work_cv_.SignalAll();
+  {
+    absl::MutexLock lock(&mu_);
+    scheduler_.Release(run_id);
+    if (t.to == PENDING) {
+      queued->not_before = decision.not_before;
+      scheduler_.Enqueue(*queued);
+      work_cv_.SignalAll();
+    }
   }
+  // A tuned run that failed for good or was cancelled drops out of its trial.
+  if (t.to != PENDING && queued.has_value() && queued->tuned) TuneAfter({run_id});
   return absl::OkStatus();
 }
 
@@ -134,6 +138,8 @@ absl::StatusOr<CoordinatorCore::PreparedFinish> CoordinatorCore::PrepareFinish(
                      RunStateName(run->state), ", attempt ", run->attempts, ")"));
   }
   p.lease = *lease;
+  p.rung_pause = state == INTERRUPTED && lease->stop_at_step > 0 && !lease->stop &&
+                 request.summary().steps_done() == lease->stop_at_step;
   if (request.has_final_report()) {
     if (absl::Status s = CheckReportAtDoor(request.final_report(), lease->total_steps,
                                            "finish: final_report");
@@ -141,7 +147,7 @@ absl::StatusOr<CoordinatorCore::PreparedFinish> CoordinatorCore::PrepareFinish(
       return s;
     }
   }
-  if (state != FAILED && state != INTERRUPTED) {
+  if (state != FAILED && (state != INTERRUPTED || p.rung_pause)) {
     if (absl::Status s = CheckSummaryAtDoor(request.summary(), lease->total_steps); !s.ok()) {
       return s;
     }
@@ -180,7 +186,15 @@ FinishWrite CoordinatorCore::FinishWriteOf(PreparedFinish& p) {
   t.from = {RUNNING};
   t.expected_attempt = request.attempt();
   t.reason = p.reason;
-  if (request.summary().state() == INTERRUPTED) {
+  if (p.rung_pause) {
+    // At its rung: PENDING with the rung's results, held until the tuner decides.
+    t.attempt_end = "INTERRUPTED";
+    t.to = PENDING;
+    t.has_summary = true;
+    t.summary = request.summary();
+    t.summary.set_reason(BoundedText(t.summary.reason()));
+    t.tune_hold = true;
+  } else if (request.summary().state() == INTERRUPTED) {
     // Resumable: queued again at once (or cancelled with its sweep).
     t.attempt_end = "INTERRUPTED";
     t.to = p.lease.stop ? CANCELLED : PENDING;
@@ -346,6 +360,12 @@ void CoordinatorCore::EndAttemptsTogether(int64_t worker_id,
   std::vector<absl::StatusOr<FinishWriteResult>> results = store_->FinishAttempts(writes);
   MirrorEndedAttempts(ending, writes, results, next, errors);
   if (results[0].ok()) StartNextJobs(worker_id, next, *results[0], response);
+  // Tuned runs at a rung or at their end: their groups' decisions are due.
+  std::vector<int64_t> tuned;
+  for (size_t i = 0; i < ending.size(); ++i) {
+    if (results[i].ok() && ending[i]->lease.tuned) tuned.push_back(ending[i]->request->run_id());
+  }
+  if (!tuned.empty()) TuneAfter(tuned);
 }
 
 void CoordinatorCore::MirrorEndedAttempts(
@@ -369,7 +389,7 @@ void CoordinatorCore::MirrorEndedAttempts(
     const int64_t run_id = ending[i]->request->run_id();
     std::optional<QueuedRun> queued = scheduler_.LeasedRun(run_id);
     scheduler_.Release(run_id);
-    if (writes[i].end.to == PENDING && queued.has_value()) {
+    if (writes[i].end.to == PENDING && queued.has_value() && !writes[i].end.tune_hold) {
       queued->not_before = absl::InfinitePast();
       scheduler_.Enqueue(*queued);
       work_cv_.SignalAll();

@@ -259,6 +259,8 @@ std::optional<QueuedRun> Scheduler::JoinGang(int64_t run_id, int64_t worker_id, 
   lease.expiry = clock_->Now() + options_.lease_timeout;
   lease.stop = IsCancelled(run.sweep_id);
   lease.total_steps = run.total_steps;
+  lease.stop_at_step = run.stop_at_step;
+  lease.tuned = run.tuned;
   int offset = 0;
   for (const auto& [worker, slots] : formed.reserved) {
     GangMember& m = lease.members.emplace_back();
@@ -369,6 +371,8 @@ std::optional<QueuedRun> Scheduler::Acquire(int64_t worker_id, const WorkerOffer
     lease.expiry = clock_->Now() + options_.lease_timeout;
     lease.stop = sweep.cancelled;
     lease.total_steps = run.total_steps;
+    lease.stop_at_step = run.stop_at_step;
+    lease.tuned = run.tuned;
     AddLease(lease, run);
     return run;
   }
@@ -441,6 +445,8 @@ void Scheduler::RestoreLease(int64_t run_id, int64_t sweep_id, int64_t worker_id
   lease.expiry = clock_->Now() + options_.lease_timeout;
   lease.stop = IsCancelled(sweep_id);
   lease.total_steps = run.total_steps;
+  lease.stop_at_step = run.stop_at_step;
+  lease.tuned = run.tuned;
   AddLease(lease, run);
 }
 

@@ -134,6 +134,10 @@ struct QueuedRun {
   absl::Time not_before = absl::InfinitePast();  // backoff: not dispatched before this
   std::shared_ptr<const JobTemplate> job;  // may be null: the coordinator reads the store
   int64_t total_steps = 0;  // train.steps: reports name steps in [0, total_steps]
+  // A tuned run (`tune:`): the rung it pauses at (Job.stop_at_step; 0 = its end), and whether it
+  // is tuned at all (its ends are the tuner's to decide on).
+  int64_t stop_at_step = 0;
+  bool tuned = false;
 };
 
 // One worker's part of a gang-scheduled run: ranks [rank_offset, rank_offset + slots).
@@ -153,6 +157,8 @@ struct Lease {
   absl::Time expiry;
   bool stop = false;  // the run was cancelled: the next report says DIRECTIVE_STOP
   int64_t total_steps = 0;  // the run's QueuedRun::total_steps
+  int64_t stop_at_step = 0;  // and its QueuedRun::stop_at_step and tuned
+  bool tuned = false;
   int slots = 1;            // of the worker's slots the run holds (its RunNeeds::devices)
   // A gang-scheduled run's members, rank 0's worker (worker_id) first; empty otherwise. The
   // lease's expiry is the earliest of its members' still running.

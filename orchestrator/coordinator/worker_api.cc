@@ -133,6 +133,7 @@ absl::StatusOr<Job> CoordinatorCore::MakeJob(const QueuedRun& run, int32_t attem
   job.set_variant(made->variant);
   job.set_lease_secret(LeaseSecret(lease_mac_, run.run_id, attempt, worker_id));
   job.set_world_size(std::max(1, run.needs.devices));
+  job.set_stop_at_step(run.stop_at_step);
   std::optional<Lease> lease;
   std::optional<std::string> host;  // rank 0's worker's, while it is known
   {

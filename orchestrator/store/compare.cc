@@ -271,8 +271,16 @@ std::string Markdown(const Comparison& c) {
       c.heading, c.reference, c.sweeps,
       c.lower_is_better ? "lower is better" : "no better direction: lower or higher", level,
       c.correction == "holm" ? "Holm-adjusted" : "unadjusted", c.alpha);
+  const bool best = !c.best_axis.empty();
+  if (best) {
+    absl::StrAppend(&out, "Each side at its own best ", c.best_axis, " (`at`, `reference at`).\n\n");
+  }
   std::vector<std::string> header = {"variant"};
   if (has_axes) header.push_back("axes");
+  if (best) {
+    header.push_back("at");
+    header.push_back("reference at");
+  }
   for (const std::string& h :
        {std::string("pairs"), c.reference, std::string("mean"), std::string("Δ"),
         absl::StrCat(level, "% CI"), std::string("p"),
@@ -289,6 +297,10 @@ std::string Markdown(const Comparison& c) {
   for (const CompareRow& r : c.rows) {
     std::vector<std::string> cells = {r.variant};
     if (has_axes) cells.push_back(r.axes);
+    if (best) {
+      cells.push_back(r.value.empty() ? "—" : r.value);
+      cells.push_back(r.reference_value.empty() ? "—" : r.reference_value);
+    }
     cells.push_back(r.test == "Welch" ? absl::StrCat(r.n_pairs, " (Welch ", r.n_variant, "/",
                                                      r.n_reference, ")")
                                       : absl::StrCat(r.n_pairs));
@@ -320,14 +332,20 @@ std::string Markdown(const Comparison& c) {
 std::string Csv(const Comparison& c) {
   std::string out =
       "variant,axes,metric,n_pairs,reference_mean,variant_mean,delta,ci_low,ci_high,p_value,"
-      "p_adjusted,verdict,min_detectable\n";
+      "p_adjusted,verdict,min_detectable";
+  const bool best = !c.best_axis.empty();
+  out += best ? ",value,reference_value\n" : "\n";
   for (const CompareRow& r : c.rows) {
-    const std::vector<std::string> cells = {
+    std::vector<std::string> cells = {
         CsvField(r.variant),         CsvField(r.axes),         CsvField(c.metric),
         absl::StrCat(r.n_pairs),     CsvNumber(r.reference_mean), CsvNumber(r.variant_mean),
         CsvNumber(r.delta),          CsvNumber(r.ci_low),      CsvNumber(r.ci_high),
         CsvNumber(r.p_value),        CsvNumber(r.p_adjusted),  CsvField(r.verdict),
         CsvNumber(r.min_detectable)};
+    if (best) {
+      cells.push_back(CsvField(r.value));
+      cells.push_back(CsvField(r.reference_value));
+    }
     absl::StrAppend(&out, absl::StrJoin(cells, ","), "\n");
   }
   return out;
@@ -355,6 +373,10 @@ std::string Json(const Comparison& c) {
                     {"min_detectable", NumberJson(r.min_detectable)},
                     {"verdict", r.verdict},
                     {"note", r.note}});
+    if (!c.best_axis.empty()) {
+      rows.back()["value"] = r.value;
+      rows.back()["reference_value"] = r.reference_value;
+    }
   }
   nlohmann::json out = {{"sweeps", c.sweeps},
                         {"metric", c.metric},
@@ -365,6 +387,7 @@ std::string Json(const Comparison& c) {
                         {"lower_is_better", c.lower_is_better},
                         {"excluded", c.excluded},
                         {"rows", std::move(rows)}};
+  if (!c.best_axis.empty()) out["best_axis"] = c.best_axis;
   return out.dump(2) + "\n";
 }
 

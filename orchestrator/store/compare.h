@@ -54,6 +54,8 @@ struct CompareRow {
   double ci_low = kNaN, ci_high = kNaN, p_value = kNaN, p_adjusted = kNaN, min_detectable = kNaN;
   std::string verdict;
   std::string note;  // why there is no interval, or the diverged counts ("" when none)
+  // `compare --best`: the tuned value each side is at ("0.004"; "" when neither trained).
+  std::string value, reference_value;
 };
 
 struct Comparison {
@@ -66,6 +68,7 @@ struct Comparison {
   bool lower_is_better = true;  // false: the metric has no better direction (gate score)
   std::vector<CompareRow> rows;  // in order of each variant's first run
   int64_t excluded = 0;          // runs left out for their tags
+  std::string best_axis;         // `compare --best`: the tuned axis; "" otherwise
 };
 
 // The comparison of `results`. InvalidArgument naming a bad metric, alpha or correction;
@@ -74,7 +77,8 @@ absl::StatusOr<Comparison> CompareResults(const ResultSet& results, const Compar
 
 // "markdown" (a sentence saying what was tested, then the table), "csv" (the columns
 // variant,axes,metric,n_pairs,reference_mean,variant_mean,delta,ci_low,ci_high,p_value,
-// p_adjusted,verdict,min_detectable; exact numbers, empty when none) or "json" (every field).
+// p_adjusted,verdict,min_detectable, and with best_axis value,reference_value; exact numbers,
+// empty when none) or "json" (every field).
 absl::StatusOr<std::string> FormatComparison(const Comparison& comparison,
                                              const std::string& format);
 

@@ -96,8 +96,13 @@ std::string MarkdownComparison(const ComparisonTable& table,
                                const std::map<int64_t, bool>& lengths) {
   const bool has_axes = std::any_of(table.rows.begin(), table.rows.end(),
                                     [](const ComparisonRow& r) { return !r.axes.empty(); });
+  const bool has_best = std::any_of(table.rows.begin(), table.rows.end(),
+                                    [](const ComparisonRow& r) { return !r.best.empty(); });
+  const bool has_stopped = std::any_of(table.rows.begin(), table.rows.end(),
+                                       [](const ComparisonRow& r) { return r.stopped > 0; });
   std::vector<std::string> header = {"variant"};
   if (has_axes) header.push_back("axes");
+  if (has_best) header.push_back("best value");
   header.push_back("n");
   for (const MetricColumn& c : MetricColumns()) {
     if (c.field != &ComparisonRow::train_loss) header.push_back(c.heading);
@@ -106,18 +111,20 @@ std::string MarkdownComparison(const ComparisonTable& table,
     header.push_back(absl::StrCat("PPL@", len, yarn ? " (YaRN)" : ""));
   }
   for (const char* h : {"params", "added", "diverged", "failed"}) header.push_back(h);
+  if (has_stopped) header.push_back("stopped");
   std::vector<int> decimals;
   for (const MetricColumn& c : MetricColumns()) {
     decimals.push_back(DecimalsFor(table.rows, c.field));
   }
   std::string out = absl::StrCat("| ", absl::StrJoin(header, " | "), " |\n|");
   for (size_t i = 0; i < header.size(); ++i) {
-    out += i == 0 || (has_axes && i == 1) ? "---|" : "---:|";
+    out += i == 0 || (has_axes && i == 1) || (has_best && i == 1 + has_axes) ? "---|" : "---:|";
   }
   out += "\n";
   for (const ComparisonRow& r : table.rows) {
     std::vector<std::string> cells = {r.variant};
     if (has_axes) cells.push_back(r.axes);
+    if (has_best) cells.push_back(r.best.empty() ? "—" : r.best);
     cells.push_back(r.unfinished > 0 ? absl::StrCat(r.n, " (", r.unfinished, " unfinished)")
                                      : absl::StrCat(r.n));
     for (size_t i = 0; i < MetricColumns().size(); ++i) {
@@ -133,6 +140,7 @@ std::string MarkdownComparison(const ComparisonTable& table,
     cells.push_back(r.params_added == 0 ? "0" : HumanCount(r.params_added, /*sign=*/true));
     cells.push_back(absl::StrCat(r.diverged));
     cells.push_back(absl::StrCat(r.failed));
+    if (has_stopped) cells.push_back(absl::StrCat(r.stopped));
     absl::StrAppend(&out, "| ", absl::StrJoin(cells, " | "), " |\n");
   }
   return out;
@@ -150,6 +158,13 @@ std::string CsvComparison(const ComparisonTable& table, const std::map<int64_t, 
     header.push_back(absl::StrCat("val_ppl_at_", len, "_mean"));
     header.push_back(absl::StrCat("val_ppl_at_", len, "_std"));
   }
+  // Columns only tuned sweeps have, last: every other table keeps its shape.
+  const bool has_stopped = std::any_of(table.rows.begin(), table.rows.end(),
+                                       [](const ComparisonRow& r) { return r.stopped > 0; });
+  const bool has_best = std::any_of(table.rows.begin(), table.rows.end(),
+                                    [](const ComparisonRow& r) { return !r.best.empty(); });
+  if (has_stopped) header.push_back("stopped");
+  if (has_best) header.push_back("best");
   std::string out = absl::StrJoin(header, ",") + "\n";
   for (const ComparisonRow& r : table.rows) {
     std::vector<std::string> cells = {CsvField(table.sweep), CsvField(r.variant),
@@ -168,6 +183,8 @@ std::string CsvComparison(const ComparisonTable& table, const std::map<int64_t, 
       cells.push_back(CsvNumber(l == nullptr ? kNaN : l->val_ppl.mean));
       cells.push_back(CsvNumber(l == nullptr ? kNaN : l->val_ppl.std));
     }
+    if (has_stopped) cells.push_back(absl::StrCat(r.stopped));
+    if (has_best) cells.push_back(CsvField(r.best));
     absl::StrAppend(&out, absl::StrJoin(cells, ","), "\n");
   }
   return out;
@@ -190,6 +207,8 @@ std::string JsonComparison(const ComparisonTable& table) {
     o["diverged"] = r.diverged;
     o["failed"] = r.failed;
     o["unfinished"] = r.unfinished;
+    o["stopped"] = r.stopped;
+    if (!r.best.empty()) o["best"] = r.best;
     for (const MetricColumn& c : MetricColumns()) o[c.name] = MeanStdObject(r.*(c.field));
     o["params_total"] = NumberJson(r.params_total);
     o["params_activated"] = NumberJson(r.params_activated);

@@ -57,7 +57,7 @@ struct SweepInfo {
   int priority = 1;
   double created_at = 0;
   int64_t runs = 0, pending = 0, running = 0, succeeded = 0, failed = 0, diverged = 0,
-          cancelled = 0, interrupted = 0;
+          cancelled = 0, interrupted = 0, stopped = 0;
   int64_t steps_done = 0, steps_total = 0;
 };
 
@@ -91,6 +91,45 @@ struct RunInfo {
   int64_t reused_from = 0;  // the run whose results this one reused (its curves too); 0 = none
   int attempt_base = 0;     // attempts when a user last queued it again: retries count from here
   std::string code_version;  // its sweep's (sweeps.code_version): the build it is keyed to
+  // Of a tuned sweep's run (tune_runs): its group, its value of the tuned axis, the step it
+  // pauses at next (0 = its end) and whether it waits for the tuner (PENDING, not queued).
+  bool tuned = false;
+  std::string tune_group;
+  double tune_value = kNaN;
+  int64_t stop_at_step = 0;
+  bool held = false;
+};
+
+// A tuned sweep's `tune:` block as stored (the tunes table).
+struct TuneInfo {
+  int64_t sweep_id = 0;
+  std::string axis;      // "train.optimizer.lr"
+  std::string method;    // "grid" or "asha"
+  std::string metric;    // an eval_metrics column: val_loss, val_ppl, gate_score, m_act, f_attn
+  bool maximize = false;
+  TunePlan plan;
+};
+
+// One run of a tuning group as the tuner reads it.
+struct TuneGroupRun {
+  int64_t run_id = 0;
+  double value = 0;
+  uint64_t seed = 0;
+  RunState state = RUN_STATE_UNSPECIFIED;
+  bool held = false;
+  int64_t steps_done = 0, steps_total = 0;
+  double final_metric = kNaN;    // runs.<metric>: its last evaluation
+  std::map<int64_t, double> at;  // eval_metrics.<metric> at each rung step evaluated
+};
+
+// A tuning decision as stored (tune_decisions).
+struct TuneDecisionInfo {
+  std::string group;
+  double value = 0;
+  int rung = 0;
+  std::string kind;
+  double metric = kNaN;
+  std::string detail;
 };
 
 struct LatestStep {
@@ -229,6 +268,10 @@ struct ComparisonRow {
   int64_t diverged = 0;
   int64_t failed = 0;
   int64_t unfinished = 0;  // PENDING, RUNNING or INTERRUPTED
+  int64_t stopped = 0;     // STOPPED by a tuner at a rung
+  // `table --best`: the value of the tuned axis this row is at, "train.optimizer.lr=0.004"
+  // ("" otherwise).
+  std::string best;
   MeanStd val_loss, val_ppl, gate_score, m_act, f_attn, spike_score, train_loss;
   double params_total = 0, params_activated = 0, params_added = 0;  // mean over the group's runs
   std::vector<LengthStat> lengths;  // by seq_len; empty without TrainConfig.eval_seq_lens
@@ -396,6 +439,19 @@ class StoreReader {
   // Events with id > after_id, oldest first, at most `limit`; sweep_id 0 = every sweep.
   absl::StatusOr<std::vector<EventInfo>> Events(int64_t sweep_id, int64_t after_id,
                                                 int limit) const;
+
+  // ---- Tuning (reader_tune.cc) ----
+  // The sweep's `tune:` block; nullopt for a sweep without one.
+  absl::StatusOr<std::optional<TuneInfo>> GetTune(int64_t sweep_id) const;
+  // The groups of a tuned sweep, sorted.
+  absl::StatusOr<std::vector<std::string>> TuneGroups(int64_t sweep_id) const;
+  // The runs of one group with `tune.metric` at each of `rungs` they were evaluated at.
+  absl::StatusOr<std::vector<TuneGroupRun>> ReadTuneGroup(const TuneInfo& tune,
+                                                          const std::string& group,
+                                                          const std::vector<int64_t>& rungs) const;
+  // The decisions stored for a sweep (`group` empty: every group), oldest first.
+  absl::StatusOr<std::vector<TuneDecisionInfo>> TuneDecisions(int64_t sweep_id,
+                                                              const std::string& group = "") const;
 
   // The comparison table of a sweep (by name or id). NotFound for an unknown sweep.
   absl::StatusOr<ComparisonTable> GetComparisonTable(const std::string& sweep) const;

@@ -79,7 +79,7 @@ absl::StatusOr<SweepChanges> StoreReader::ChangesSince(
 absl::StatusOr<StoreCounts> StoreReader::Counts() const {
   StoreCounts counts;
   for (const char* state : {"PENDING", "RUNNING", "SUCCEEDED", "FAILED", "DIVERGED", "CANCELLED",
-                            "INTERRUPTED"}) {
+                            "INTERRUPTED", "STOPPED"}) {
     counts.runs_by_state[state] = 0;
   }
   struct Table {

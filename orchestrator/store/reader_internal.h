@@ -108,6 +108,7 @@ inline void ReadColumn(const Stmt& s, int i, int64_t* out) { *out = s.ColumnInt(
 inline void ReadColumn(const Stmt& s, int i, int* out) { *out = static_cast<int>(s.ColumnInt(i)); }
 inline void ReadColumn(const Stmt& s, int i, double* out) { *out = s.ColumnDouble(i); }
 inline void ReadColumn(const Stmt& s, int i, std::string* out) { *out = s.ColumnText(i); }
+inline void ReadColumn(const Stmt& s, int i, bool* out) { *out = s.ColumnInt(i) != 0; }
 
 // Columns first, first + 1, ... of the current row into `fields`, in order: a row mapper names
 // its fields in its SELECT's column order, and a field of a type with no ReadColumn (one that

@@ -59,6 +59,7 @@ void AddRun(const ResultRun& result, Group* g) {
   g->params_added += static_cast<double>(r.params_added);
   if (r.state == DIVERGED) ++g->row.diverged;
   if (r.state == FAILED) ++g->row.failed;
+  if (r.state == STOPPED) ++g->row.stopped;
   if (r.state == PENDING || r.state == RUNNING || r.state == INTERRUPTED) ++g->row.unfinished;
   if (r.state != SUCCEEDED) return;
   ++g->row.n;

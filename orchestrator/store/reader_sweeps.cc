@@ -26,14 +26,14 @@ namespace {
 constexpr char kSweepColumns[] =
     "sweep_id, sweep, state, priority, created_at, runs, pending, running, succeeded, failed, "
     "diverged, cancelled, interrupted, steps_done, steps_total, "
-    "(SELECT description FROM sweeps WHERE id = sweep_id)";
+    "(SELECT description FROM sweeps WHERE id = sweep_id), stopped";
 
 SweepInfo ReadSweep(const Stmt& s) {
   SweepInfo info;
   ReadColumns(s, 0, &info.id, &info.name, &info.state, &info.priority, &info.created_at,
               &info.runs, &info.pending, &info.running, &info.succeeded, &info.failed,
               &info.diverged, &info.cancelled, &info.interrupted, &info.steps_done,
-              &info.steps_total, &info.description);
+              &info.steps_total, &info.description, &info.stopped);
   return info;
 }
 
@@ -43,9 +43,11 @@ constexpr char kRunColumns[] =
     "r.params_total, r.params_activated, r.params_added, r.created_at, r.started_at, "
     "r.finished_at, r.steps_total, r.steps_done, r.final_train_loss, r.val_loss, r.val_ppl, "
     "r.gate_score, r.m_act, r.f_attn, r.spike_score, r.spike_steps, r.tokens_per_s, r.wall_s, "
-    "r.reason, r.reused_from, r.attempt_base, r.devices, s.code_version "
+    "r.reason, r.reused_from, r.attempt_base, r.devices, s.code_version, "
+    "tr.run_id IS NOT NULL, coalesce(tr.grp, ''), tr.value, coalesce(tr.stop_at_step, 0), "
+    "coalesce(tr.held, 0) "
     "FROM runs r JOIN sweeps s ON s.id = r.sweep_id JOIN variants v ON v.id = r.variant_id "
-    "JOIN run_configs c ON c.run_id = r.id";
+    "JOIN run_configs c ON c.run_id = r.id LEFT JOIN tune_runs tr ON tr.run_id = r.id";
 
 double ZeroIfNull(const Stmt& s, int i) { return s.ColumnIsNull(i) ? 0.0 : s.ColumnDouble(i); }
 
@@ -67,6 +69,7 @@ RunInfo ReadRun(const Stmt& s) {
               &r.tokens_per_s, &r.wall_s, &r.reason, &r.reused_from, &r.attempt_base);
   r.devices = std::max(1, static_cast<int>(s.ColumnInt(37)));
   r.code_version = s.ColumnText(38);
+  ReadColumns(s, 39, &r.tuned, &r.tune_group, &r.tune_value, &r.stop_at_step, &r.held);
   return r;
 }
 

@@ -629,12 +629,87 @@ JOIN variants v ON v.id = r.variant_id
 LEFT JOIN workers w ON w.id = r.worker_id;
 )sql";
 
+// Version 10, tuning (docs/spec.md, "Tuning"):
+// - runs.state may be STOPPED: ended by the tuner at a rung (AddStoppedToRunsCheck, in place as
+//   in version 7);
+// - tunes: a tuned sweep's `tune:` block (the TunePlan as JSON, the axis, method, metric, mode);
+// - tune_runs: each tuned run's group, value, the step it pauses at next (0 = its end) and
+//   whether it waits for a decision (held: PENDING but not queued);
+// - tune_decisions: every decision (promote, stop, choose) once per (sweep, group, value, rung,
+//   kind): the tuner inserts with INSERT OR IGNORE, so one decided before, by this coordinator or
+//   one before a restart, is never applied twice;
+// - sweep_progress gains `stopped`.
+constexpr char kSchemaV10[] = R"sql(
+CREATE TABLE tunes (
+  sweep_id    INTEGER PRIMARY KEY REFERENCES sweeps(id),
+  axis        TEXT NOT NULL,
+  method      TEXT NOT NULL CHECK (method = 'grid' OR method = 'asha'),
+  metric      TEXT NOT NULL DEFAULT 'val_loss',
+  mode        TEXT NOT NULL DEFAULT 'min' CHECK (mode = 'min' OR mode = 'max'),
+  plan_json   TEXT NOT NULL
+);
+CREATE TABLE tune_runs (
+  run_id        INTEGER PRIMARY KEY REFERENCES runs(id),
+  sweep_id      INTEGER NOT NULL REFERENCES sweeps(id),
+  grp           TEXT NOT NULL,
+  value         REAL NOT NULL,
+  stop_at_step  INTEGER NOT NULL DEFAULT 0,
+  held          INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX tune_runs_by_group ON tune_runs (sweep_id, grp);
+CREATE TABLE tune_decisions (
+  id        INTEGER PRIMARY KEY,
+  sweep_id  INTEGER NOT NULL REFERENCES sweeps(id),
+  grp       TEXT NOT NULL,
+  value     REAL NOT NULL,
+  rung      INTEGER NOT NULL,
+  kind      TEXT NOT NULL CHECK (kind = 'promote' OR kind = 'stop' OR kind = 'choose'),
+  metric    REAL,
+  detail    TEXT NOT NULL DEFAULT '',
+  time      REAL NOT NULL,
+  UNIQUE (sweep_id, grp, value, rung, kind)
+);
+DROP VIEW sweep_progress;
+CREATE VIEW sweep_progress AS
+SELECT s.id AS sweep_id, s.name AS sweep, s.state, s.priority, s.created_at,
+       count(r.id) AS runs,
+       coalesce(sum(r.state = 'PENDING'), 0) AS pending,
+       coalesce(sum(r.state = 'RUNNING'), 0) AS running,
+       coalesce(sum(r.state = 'SUCCEEDED'), 0) AS succeeded,
+       coalesce(sum(r.state = 'FAILED'), 0) AS failed,
+       coalesce(sum(r.state = 'DIVERGED'), 0) AS diverged,
+       coalesce(sum(r.state = 'CANCELLED'), 0) AS cancelled,
+       coalesce(sum(r.state = 'INTERRUPTED'), 0) AS interrupted,
+       CAST(min(max(total(r.steps_done), 0), 9.2e18) AS INTEGER) AS steps_done,
+       CAST(min(max(total(r.steps_total), 0), 9.2e18) AS INTEGER) AS steps_total,
+       coalesce(sum(r.state = 'STOPPED'), 0) AS stopped
+FROM sweeps s LEFT JOIN runs r ON r.sweep_id = s.id
+GROUP BY s.id;
+)sql";
+
+// Version 10: STOPPED joins the runs state CHECK, the last of its chain of equalities.
+constexpr char kLastRunState[] = "state = 'INTERRUPTED')";
+
+absl::Status AddStoppedToRunsCheck(sqlite3* db) {
+  absl::StatusOr<std::string> create = TableText(db, "runs", "migration 10");
+  if (!create.ok()) return create.status();
+  const size_t at = create->find(kLastRunState);
+  if (at == std::string::npos || create->find(kLastRunState, at + 1) != std::string::npos) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "store: migration 10: table runs has no single \"", kLastRunState, "\" in its CHECK"));
+  }
+  std::string sql = *create;
+  sql.replace(at, sizeof(kLastRunState) - 1, "state = 'INTERRUPTED' OR state = 'STOPPED')");
+  return RewriteTables(db, {{"runs", sql}});
+}
+
 }  // namespace
 
 const std::vector<Migration>& StoreMigrations() {
   static const std::vector<Migration>* migrations = new std::vector<Migration>{
       {kSchemaV1}, {kSchemaV2}, {kSchemaV3}, {kSchemaV4}, {kSchemaV5}, {kSchemaV6},
-      {"", RewriteStateChecks}, {kSchemaV8, DropRunsWorkerReference}, {kSchemaV9}};
+      {"", RewriteStateChecks}, {kSchemaV8, DropRunsWorkerReference}, {kSchemaV9},
+      {kSchemaV10, AddStoppedToRunsCheck}};
   return *migrations;
 }
 

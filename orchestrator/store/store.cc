@@ -313,6 +313,22 @@ absl::StatusOr<AnnotationResult> Store::Annotate(const AnnotationEdit& edit) {
   return *result;
 }
 
+absl::StatusOr<TuneDecisionResult> Store::ApplyTuneDecisions(const TuneDecisionWrite& write) {
+  auto result = std::make_shared<TuneDecisionResult>();
+  int64_t rows = 1;
+  for (const TuneDecisionWrite::Decision& d : write.decisions) {
+    rows += 1 + static_cast<int64_t>(d.runs.size());
+  }
+  absl::Status s = RunSync(
+      [&write, result](StoreWriter& w) {
+        *result = TuneDecisionResult();
+        return store_internal::ApplyTuneDecisions(w, write, result.get());
+      },
+      rows);
+  if (!s.ok()) return s;
+  return *result;
+}
+
 absl::StatusOr<ReportResult> Store::ReportMetrics(const MetricBatch& batch) {
   if (batch.seq < 1) return absl::InvalidArgumentError("store: metric batch seq must be >= 1");
   auto result = std::make_shared<ReportResult>();

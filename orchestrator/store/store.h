@@ -131,7 +131,8 @@ struct ReportResult {
 //   -> PENDING      queues the run again (after a lost lease, or a forced rerun).
 //   terminal X      (SUCCEEDED, FAILED, DIVERGED, CANCELLED) sets finished_at; when no run of
 //                   the sweep is left PENDING/RUNNING/INTERRUPTED the sweep becomes DONE.
-// Allowed edges: PENDING -> RUNNING | CANCELLED; RUNNING -> any other state;
+//   STOPPED         (a tuner's decision, PENDING -> STOPPED) is terminal too, with no way out.
+// Allowed edges: PENDING -> RUNNING | CANCELLED | STOPPED; RUNNING -> any other state but STOPPED;
 // INTERRUPTED | FAILED | CANCELLED | SUCCEEDED | DIVERGED -> PENDING; INTERRUPTED -> CANCELLED.
 struct RunTransition {
   int64_t run_id = 0;
@@ -148,6 +149,34 @@ struct RunTransition {
   bool rebase_attempts = false;
   bool has_summary = false;
   RunSummary summary;  // final results (when has_summary and `to` is not RUNNING)
+  // A tuned run paused at a rung (-> PENDING): held for the tuner's decision (tune_runs.held),
+  // in the same transaction.
+  bool tune_hold = false;
+};
+
+// Decisions of the tuner (orchestrator/sweep/tune.h) on one group of a tuned sweep, written in
+// one transaction. Each is inserted once per (sweep, group, value, rung, kind); one stored
+// before is skipped whole (decided before, by this coordinator or an earlier one).
+struct TuneDecisionWrite {
+  int64_t sweep_id = 0;
+  std::string group;
+  struct Decision {
+    std::string kind;            // "promote", "stop", "choose"
+    double value = 0;
+    int rung = 0;                // -1: a seeds-first choice
+    double metric = 0;           // NaN: none
+    std::string detail;
+    std::vector<int64_t> runs;   // held runs it applies to
+    int64_t next_stop = 0;       // promote, choose: tune_runs.stop_at_step from now on
+  };
+  std::vector<Decision> decisions;
+};
+
+struct TuneDecisionResult {
+  // Runs released to train on (promote, choose): PENDING, no longer held, attempt_base rebased.
+  std::vector<int64_t> released;
+  std::vector<int64_t> stopped;  // PENDING -> STOPPED
+  int skipped = 0;               // decisions stored before
 };
 
 struct SweepCancellation {
@@ -272,6 +301,12 @@ class Store {
   // sweep, a run that is not one of the sweep's, or (kUntag) a tag the target does not carry: then
   // nothing is removed. InvalidArgument for no texts, or kNote with more than one.
   absl::StatusOr<AnnotationResult> Annotate(const AnnotationEdit& edit);
+
+  // A TuneDecisionWrite in one transaction, with a "tune_decision" event per decision applied.
+  // A stop moves each of its runs PENDING -> STOPPED (a run no longer PENDING is left alone);
+  // a promote or choose releases its held runs with the next stop step and attempt_base =
+  // attempts, so that rung pauses do not use up retries.
+  absl::StatusOr<TuneDecisionResult> ApplyTuneDecisions(const TuneDecisionWrite& write);
 
   // Waits until every write enqueued before the call is committed. Returns the error of a failed
   // flush attempt meanwhile (the writes stay queued and are retried).

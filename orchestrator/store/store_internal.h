@@ -123,6 +123,14 @@ absl::Status ApplyRegisterWorker(StoreWriter& w, const std::string& name,
                                  const std::string& resources_json, int64_t* id);
 // Store::Annotate.
 absl::Status ApplyAnnotate(StoreWriter& w, const AnnotationEdit& edit, AnnotationResult* result);
+
+// A tuned sweep's rows (tune_writes.cc), inserted by ApplyCreateSweep: its plan, and each run's
+// place in the tuning.
+absl::Status InsertTune(StoreWriter& w, int64_t sweep_id, const TunePlan& plan);
+absl::Status InsertTuneRun(StoreWriter& w, int64_t sweep_id, int64_t run_id, const TuneRun& run);
+// Store::ApplyTuneDecisions.
+absl::Status ApplyTuneDecisions(StoreWriter& w, const TuneDecisionWrite& write,
+                                TuneDecisionResult* result);
 // Store::EnqueueHeartbeat, EnqueueWorkerGone and EnqueueCheckpoint.
 absl::Status ApplyHeartbeat(StoreWriter& w, int64_t worker_id, const std::string& state);
 absl::Status ApplyWorkerGone(StoreWriter& w, int64_t worker_id);

@@ -22,16 +22,16 @@ namespace store_internal {
 namespace {
 
 bool IsTerminal(RunState s) {
-  return s == SUCCEEDED || s == FAILED || s == DIVERGED || s == CANCELLED;
+  return s == SUCCEEDED || s == FAILED || s == DIVERGED || s == CANCELLED || s == STOPPED;
 }
 
 bool EdgeAllowed(RunState from, RunState to) {
   if (to == RUN_STATE_UNSPECIFIED || from == to) return false;
   switch (from) {
-    case PENDING:
-      return to == RUNNING || to == CANCELLED;
+    case PENDING:  // STOPPED: a tuner's decision on a run held at a rung
+      return to == RUNNING || to == CANCELLED || to == STOPPED;
     case RUNNING:
-      return true;
+      return to != STOPPED;  // a run stops at a rung, where it is PENDING
     case INTERRUPTED:
       return to == PENDING || to == CANCELLED;
     case SUCCEEDED:
@@ -526,12 +526,14 @@ absl::Status ApplyCreateSweep(StoreWriter& w, const SweepRecord& record,
   STORE_RETURN_IF_ERROR(InsertVariants(w, sweep_id, names, first_run, &variant_ids));
 
   STORE_ASSIGN_OR_RETURN(statements, RunStatements::Prepare(w));
+  if (sweep.has_tune()) STORE_RETURN_IF_ERROR(InsertTune(w, sweep_id, sweep.tune()));
   int reused = 0;
   for (int i = 0; i < sweep.runs_size(); ++i) {
     const RunSpec& run = sweep.runs(i);
     STORE_ASSIGN_OR_RETURN(run_id, InsertRun(w, statements, sweep, run, sweep_id,
                                              variant_ids[run.variant()], config_json[i], now));
     ids->run_ids.push_back(run_id);
+    if (sweep.has_tune()) STORE_RETURN_IF_ERROR(InsertTuneRun(w, sweep_id, run_id, run.tune()));
     int64_t source = 0;
     if (record.reuse) {
       STORE_ASSIGN_OR_RETURN(found, FindReusable(statements, run.run_key()));
@@ -714,6 +716,11 @@ absl::Status ApplyTransition(StoreWriter& w, const RunTransition& t, TransitionR
     STORE_RETURN_IF_ERROR(SetRunState(w, t, now));
   } else {
     STORE_RETURN_IF_ERROR(SetRunStateWithSummary(w, t, attempt, now));
+  }
+  if (t.tune_hold) {
+    STORE_ASSIGN_OR_RETURN(hold, w.Get("UPDATE tune_runs SET held = 1 WHERE run_id = ?1"));
+    hold->Bind(1, t.run_id);
+    STORE_RETURN_IF_ERROR(hold->Run());
   }
   std::string message = absl::StrCat("run ", t.run_id, ": ", RunStateName(run.state), " -> ",
                                      RunStateName(t.to), " (attempt ", attempt, ")");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
@@ -17,6 +18,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "orchestrator/sweep/budget.h"
+#include "orchestrator/sweep/tune.h"
 #include "common/version.h"
 #include "config/model_config.h"
 #include "config/param_count.h"
@@ -176,13 +178,52 @@ class Expander {
           run->set_run_key(RunKeyOfJson(json, code_version_));
           *run->mutable_config() = std::move(config);
           if (config_json_ != nullptr) config_json_->push_back(std::move(json));
+          if (spec_.tune) SetTuneRun(grid[a], spec_.variants[v], seed, run);
         }
       }
+    }
+    if (!problems_.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems_, "\n"));
+    if (spec_.tune) {
+      *sweep.mutable_tune() = MakeTunePlan(*spec_.tune, sweep);
+      sweep.mutable_tune()->set_first_seed(spec_.seeds.front());
     }
     return sweep;
   }
 
  private:
+  // The run's place in the tuning: its group (the variant and the other axes), its value of the
+  // tuned axis and the first rung it pauses at. Every rung must fit the run's steps.
+  void SetTuneRun(const AxisPoint& point, const VariantSpec& v, uint64_t seed, RunSpec* run) {
+    const TuneSpec& tune = *spec_.tune;
+    TuneRun* t = run->mutable_tune();
+    std::vector<std::string> group = {v.name};
+    for (const AxisAssignment& a : point) {
+      if (a.path != tune.axis) {
+        group.push_back(absl::StrCat(a.path, "=", a.text));
+        continue;
+      }
+      double value = 0;
+      (void)absl::SimpleAtod(a.text, &value);  // checked by the parser
+      t->set_value(value);
+    }
+    t->set_group(absl::StrJoin(group, " "));
+    if (tune.method != TuneSpec::Method::kAsha) return;
+    const int64_t steps = run->config().train().steps();
+    for (int64_t rung : tune.rungs) {
+      if (rung > steps) {
+        Problem(tune.rungs_line, "tune.rungs",
+                absl::StrCat("rung ", rung, " is past train.steps ", steps, " of variant ",
+                             v.name, "; a rung equal to train.steps is the end"));
+        return;
+      }
+      if (rung < steps && t->stop_at_step() == 0) t->set_stop_at_step(rung);
+    }
+    if (tune.seeds == TuneSpec::Seeds::kFirst && seed != spec_.seeds.front()) {
+      t->set_held(true);
+      t->set_stop_at_step(0);  // the chosen value's other seeds train straight through
+    }
+  }
+
   void Problem(int line, const std::string& path, const std::string& what) {
     const std::string p = YamlProblem(spec_.file, line, path, what);
     if (seen_.insert(p).second) problems_.push_back(p);

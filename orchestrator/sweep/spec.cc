@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "orchestrator/sweep/budget.h"
+#include "orchestrator/sweep/tune.h"
 #include "config/model_config.h"
 #include "config/presets.h"
 #include "config/proto_yaml.h"
@@ -21,7 +22,7 @@ namespace {
 const std::vector<std::string>& TopLevelKeys() {
   static const auto* keys = new std::vector<std::string>{
       "sweep", "description", "base",     "variants",  "axes",    "seeds",
-      "filters", "budget",    "spike",    "resources", "priority"};
+      "filters", "budget",    "spike",    "resources", "priority", "tune"};
   return *keys;
 }
 
@@ -72,6 +73,10 @@ class Parser {
     ParseReferenceAndBudget(budget);
     ParseSeeds(Child(root, "seeds"));
     if (const YAML::Node axes = Child(root, "axes"); axes) ParseAxes(axes);
+    // After the axes and variants it checks against; its values become the last axis.
+    if (const YAML::Node tune = Child(root, "tune"); tune && !HasProblems()) {
+      Absorb(ParseTuneBlock(tune, &spec_));
+    }
     if (const YAML::Node filters = Child(root, "filters"); filters) ParseFilters(filters);
     if (!HasProblems()) CheckRunCount(root);
     return Finish();

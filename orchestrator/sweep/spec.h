@@ -64,6 +64,24 @@ struct FilterSpec {
   int line = 0;
 };
 
+// The `tune:` block (docs/spec.md, "Tuning"): one numeric field searched per variant and per
+// point of the other axes. Its values become one more product axis, the last, so a `grid` tune
+// expands to exactly the runs (and run keys) of the same `axes:` entry.
+struct TuneSpec {
+  enum class Method { kGrid, kAsha };
+  enum class Seeds { kAll, kFirst };
+  std::string axis;                   // dotted path below RunConfig of a numeric scalar field
+  std::vector<AxisAssignment> values; // `values:`, or the points of `range:` ("%.6g" text)
+  Method method = Method::kGrid;
+  std::string metric = "val_loss";    // val_loss, val_ppl, gate_score, m_act, f_attn
+  bool maximize = false;              // `mode: max`
+  std::vector<int64_t> rungs;         // asha: increasing, > 0
+  double reduction_factor = 3;        // asha: > 1
+  Seeds seeds = Seeds::kAll;          // asha: decide on the mean over every seed, or on the first
+  int line = 0;
+  int rungs_line = 0;
+};
+
 struct SweepSpec {
   std::string file;         // for error messages and reports
   std::string name;         // `sweep:`, required
@@ -79,6 +97,7 @@ struct SweepSpec {
   std::string reference;    // the variant added parameters are counted against
   Resources resources;      // `resources:`; device defaults to the kind of train.device
   int32_t priority = 1;     // `priority:`, higher first
+  std::optional<TuneSpec> tune;  // `tune:`; its values are also the last entry of `axes`
 };
 
 // The most runs a spec may expand to before filters (seeds x axis points x variants), checked

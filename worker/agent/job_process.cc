@@ -139,6 +139,7 @@ int RunJobProcess(const JobProcessOptions& options) {
   trainer_options.checkpoint_dir = options.checkpoint_dir;
   trainer_options.resume = true;
   trainer_options.interrupt = observer.interrupt();
+  trainer_options.stop_at_step = options.stop_at_step;
   if (options.world_size > 1) {
     trainer_options.world_size = options.world_size;
     trainer_options.rank = 0;
@@ -181,6 +182,9 @@ absl::StatusOr<std::unique_ptr<JobProcess>> JobProcess::Start(std::string binary
                                    options.config_path,
                                    "--checkpoint-dir",
                                    options.checkpoint_dir};
+  if (options.stop_at_step > 0) {
+    args.insert(args.end(), {"--stop-at-step", std::to_string(options.stop_at_step)});
+  }
   if (options.world_size > 1) {
     args.insert(args.end(), {"--world-size", std::to_string(options.world_size), "--rendezvous",
                              options.rendezvous, "--collective-timeout",

@@ -46,6 +46,7 @@ struct JobProcessOptions {
   int world_size = 1;          // > 1: rank 0 of a data-parallel job meeting its ranks at...
   std::string rendezvous;      // ...this HOST:PORT
   double collective_timeout_s = 600;
+  int64_t stop_at_step = 0;    // Job.stop_at_step: pause at this rung (0: train to the end)
   // The agent's side only: CPUs the process is pinned to (its slot's core group); empty: not
   // pinned.
   std::vector<int> cpus;

@@ -224,6 +224,7 @@ absl::StatusOr<int64_t> Agent::Impl::StartProcess(const JobAttempt& a, const Oth
   p.rendezvous = ranks.rendezvous();
   p.collective_timeout_s = absl::ToDoubleSeconds(options_.collective_timeout);
   p.cpus = CoreGroup(a.taken[0]);
+  p.stop_at_step = a.job.stop_at_step();
   absl::StatusOr<std::unique_ptr<JobProcess>> started = JobProcess::Start(options_.rank_binary, p);
   if (!started.ok()) return started.status();
   t->process = *std::move(started);
@@ -236,6 +237,7 @@ absl::StatusOr<int64_t> Agent::Impl::StartTrainer(const JobAttempt& a, const Oth
   trainer_options.checkpoint_dir = a.dir;
   trainer_options.resume = true;  // continue a checkpoint that is already there
   trainer_options.interrupt = &interrupt_;
+  trainer_options.stop_at_step = a.job.stop_at_step();  // a rung (tune: asha)
   if (a.world > 1) {
     trainer_options.world_size = a.world;
     trainer_options.rank = 0;

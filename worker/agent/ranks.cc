@@ -47,6 +47,10 @@ absl::Status Agent::Impl::OtherRanks::Start(const Job& job, const std::string& c
                                   "--world-size", std::to_string(world_), "--rank",
                                   std::to_string(rank), "--rendezvous", address_,
                                   "--collective-timeout", timeout_s};
+    // Every rank pauses at the rung with rank 0, or the collectives after it would hang.
+    if (job.stop_at_step() > 0) {
+      a.insert(a.end(), {"--stop-at-step", std::to_string(job.stop_at_step())});
+    }
     std::string device = agent_->DeviceOf(slots[i], job.config().train().device());
     if (device == "cuda") device = absl::StrCat("cuda:", slots[i]);  // this node's, not rank's
     if (!device.empty()) a.insert(a.end(), {"--device", device});

@@ -362,7 +362,7 @@ TEST_F(StoreTest, MigratingToVersionSevenKeepsEveryStateCheckWithoutTemporaryTab
   EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE name = 'runs' AND sql LIKE "
                   "'%CHECK (state = ''PENDING'' OR state = ''RUNNING'' OR state = ''SUCCEEDED'' "
                   "OR state = ''FAILED'' OR state = ''DIVERGED'' OR state = ''CANCELLED'' OR "
-                  "state = ''INTERRUPTED'')%'"), 1);
+                  "state = ''INTERRUPTED'' OR state = ''STOPPED'')%'"), 1);
   EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE name = 'attempts' AND sql LIKE "
                   "'%state = ''LOST'')%'"), 1);
   // Each constraint still holds, on the writer's connection and on a fresh one.
@@ -412,6 +412,36 @@ TEST_F(StoreTest, MigratingToVersionEightKeepsTheWorkerCheckOnTheAttempt) {
   Reopen();
   EXPECT_EQ(IntegrityCheck(), "ok");
   EXPECT_EQ(ReadFile("SELECT count(*) FROM pragma_foreign_key_check"), 0);
+}
+
+// Version 10: a run may be STOPPED (by the tuner, from PENDING only), and the tuning tables
+// are there. The old file's running run ends as any run does.
+TEST_F(StoreTest, MigratingToVersionTenAcceptsStoppedRunsAndHoldsTheTuningTables) {
+  ASSERT_NO_FATAL_FAILURE(OpenMigratedFile(VersionSixFile(
+      "INSERT INTO runs (id, sweep_id, variant_id, run_index, run_key, seed, created_at) "
+      "VALUES (2, 1, 1, 1, 'k1', 1, 1);")));
+  EXPECT_EQ(Count("SELECT count(*) FROM sqlite_schema WHERE name IN ('tunes', 'tune_runs', "
+                  "'tune_decisions') AND type = 'table'"), 3);
+  // RUNNING -> STOPPED is not an edge: a run stops at a rung, where it is PENDING.
+  RunTransition stop_running = testing::MakeTransition(1, {RUNNING}, STOPPED);
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->TransitionRun(stop_running).status()));
+  RunTransition stop = testing::MakeTransition(2, {PENDING}, STOPPED);
+  stop.reason = "stopped at rung 0";
+  ASSERT_TRUE(store_->TransitionRun(stop).ok());
+  EXPECT_EQ(Count("SELECT count(*) FROM runs WHERE id = 2 AND state = 'STOPPED' AND "
+                  "finished_at IS NOT NULL"), 1);
+  // STOPPED is terminal: nothing moves it again, and the sweep is done once the other ends.
+  RunTransition again = testing::MakeTransition(2, {STOPPED}, PENDING);
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->TransitionRun(again).status()));
+  EXPECT_EQ(Count("SELECT count(*) FROM sweeps WHERE state = 'DONE'"), 0);
+  ASSERT_TRUE(Finish(1, SUCCEEDED, 3.0, 0.1, 10, 0.1, 0).ok());
+  EXPECT_EQ(Count("SELECT count(*) FROM sweeps WHERE state = 'DONE'"), 1);
+  EXPECT_EQ(Count("SELECT stopped FROM sweep_progress"), 1);
+  absl::Status s = store_->RunOnWriterForTesting(
+      [](sqlite3* db) { return Exec(db, "UPDATE runs SET state = 'HALTED' WHERE id = 2"); });
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("CHECK constraint failed"));
+  Reopen();
+  EXPECT_EQ(IntegrityCheck(), "ok");
 }
 
 TEST_F(StoreTest, AVersionSevenFileWhoseRunsNameNoWorkerReferenceIsRefusedAtVersionSeven) {

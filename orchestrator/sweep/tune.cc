@@ -1,0 +1,672 @@
+#include "orchestrator/sweep/tune.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "config/proto_yaml.h"
+#include "google/protobuf/descriptor.h"
+
+namespace ablate {
+
+namespace pb = google::protobuf;
+
+namespace {
+
+constexpr double kNaNValue = std::numeric_limits<double>::quiet_NaN();
+
+const std::vector<std::string>& TuneKeys() {
+  static const auto* keys = new std::vector<std::string>{
+      "axis", "values", "range", "method", "metric", "mode", "rungs", "reduction_factor",
+      "seeds"};
+  return *keys;
+}
+
+// The field `path` (dotted, below RunConfig) names, or null.
+const pb::FieldDescriptor* FieldAtPath(const std::string& path) {
+  const pb::Descriptor* d = RunConfig::descriptor();
+  const pb::FieldDescriptor* f = nullptr;
+  for (absl::string_view part : absl::StrSplit(path, '.')) {
+    if (d == nullptr) return nullptr;
+    f = d->FindFieldByName(std::string(part));
+    if (f == nullptr) return nullptr;
+    d = f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE ? f->message_type() : nullptr;
+  }
+  return f;
+}
+
+bool IsNumeric(const pb::FieldDescriptor* f) {
+  switch (f->cpp_type()) {
+    case pb::FieldDescriptor::CPPTYPE_INT32:
+    case pb::FieldDescriptor::CPPTYPE_INT64:
+    case pb::FieldDescriptor::CPPTYPE_UINT32:
+    case pb::FieldDescriptor::CPPTYPE_UINT64:
+    case pb::FieldDescriptor::CPPTYPE_DOUBLE:
+    case pb::FieldDescriptor::CPPTYPE_FLOAT:
+      return true;
+    default:
+      return false;
+  }
+}
+
+class TuneParser {
+ public:
+  TuneParser(const YAML::Node& node, SweepSpec* spec) : node_(node), spec_(*spec) {}
+
+  absl::Status Parse() {
+    TuneSpec tune;
+    tune.line = YamlLine(node_);
+    if (!node_.IsMap()) {
+      Problem(tune.line, "tune", "expected a mapping with axis:, values: or range:, method:, ...");
+      return Done();
+    }
+    CheckKeys();
+    if (!problems_.empty()) return Done();
+    ParseAxis(&tune);
+    ParseMethod(&tune);
+    ParseMetric(&tune);
+    ParseValues(&tune);
+    ParseAsha(&tune);
+    if (!problems_.empty()) return Done();
+    AxisSpec axis;
+    axis.mode = AxisSpec::Mode::kProduct;
+    axis.line = tune.line;
+    for (const AxisAssignment& a : tune.values) axis.points.push_back({a});
+    spec_.axes.push_back(std::move(axis));
+    spec_.tune = std::move(tune);
+    return Done();
+  }
+
+ private:
+  void Problem(int line, const std::string& path, const std::string& what) {
+    problems_.push_back(YamlProblem(spec_.file, line > 0 ? line : YamlLine(node_), path, what));
+  }
+  absl::Status Done() const {
+    if (problems_.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrJoin(problems_, "\n"));
+  }
+  YAML::Node Child(const char* key) const { return YamlChild(node_, key); }
+  int LineOfKey(const char* key) const {
+    const YAML::Node n = Child(key);
+    return n ? YamlLine(n) : YamlLine(node_);
+  }
+  // The scalar at `key` (which must be there), or "" with a problem.
+  std::string Scalar(const char* key) {
+    const YAML::Node n = Child(key);
+    if (!n.IsScalar()) {
+      Problem(LineOfKey(key), absl::StrCat("tune.", key), "expected a single value");
+      return "";
+    }
+    return n.Scalar();
+  }
+
+  void CheckKeys() {
+    for (auto it = node_.begin(); it != node_.end(); ++it) {
+      const std::string key = it->first.IsScalar() ? it->first.Scalar() : "";
+      if (std::find(TuneKeys().begin(), TuneKeys().end(), key) != TuneKeys().end()) continue;
+      const std::string best = ClosestName(key, TuneKeys());
+      Problem(YamlLine(it->first), "tune",
+              best.empty() ? absl::StrCat("unknown key \"", key, "\"; known keys: ",
+                                          absl::StrJoin(TuneKeys(), ", "))
+                           : absl::StrCat("unknown key \"", key, "\" (did you mean \"", best,
+                                          "\"?)"));
+    }
+  }
+
+  void ParseAxis(TuneSpec* tune) {
+    if (!Child("axis")) {
+      Problem(tune->line, "tune.axis",
+              "missing: the numeric config field to tune (axis: train.optimizer.lr)");
+      return;
+    }
+    tune->axis = Scalar("axis");
+    if (tune->axis.empty()) return;
+    const int line = LineOfKey("axis");
+    const pb::FieldDescriptor* f = FieldAtPath(tune->axis);
+    if (f == nullptr || f->is_repeated() || !IsNumeric(f)) {
+      Problem(line, "tune.axis",
+              absl::StrCat("\"", tune->axis, "\" is not a numeric field of the run config ",
+                           "(a path such as train.optimizer.lr or train.optimizer.warmup_steps)"));
+      return;
+    }
+    for (const AxisSpec& axis : spec_.axes) {
+      for (const AxisPoint& point : axis.points) {
+        for (const AxisAssignment& a : point) {
+          if (a.path != tune->axis) continue;
+          Problem(line, "tune.axis",
+                  absl::StrCat(tune->axis, " is also an axis (line ", axis.line,
+                               "); tune it or grid it, not both"));
+          return;
+        }
+      }
+    }
+    // A variant's override wins over an axis value: it would flatten every tuned value.
+    for (const VariantSpec& v : spec_.variants) {
+      for (const auto& [prefix, node] : {std::pair<std::string, const YAML::Node*>{"train.", &v.train},
+                                         {"model.", &v.model}}) {
+        if (!*node || tune->axis.rfind(prefix, 0) != 0) continue;
+        const int at = LineOfPath(*node, tune->axis.substr(prefix.size()), -1);
+        if (at < 0) continue;
+        Problem(at, absl::StrCat("variants[", v.name, "].", tune->axis),
+                "sets the tuned axis (tune.axis), which would override every tuned value");
+      }
+    }
+  }
+
+  void ParseMethod(TuneSpec* tune) {
+    if (!Child("method")) return;
+    const std::string method = Scalar("method");
+    if (method == "grid") {
+      tune->method = TuneSpec::Method::kGrid;
+    } else if (method == "asha") {
+      tune->method = TuneSpec::Method::kAsha;
+    } else if (method == "boundary") {
+      Problem(LineOfKey("method"), "tune.method",
+              "boundary (the stability boundary) is not in this build yet; use grid or asha");
+    } else if (!method.empty()) {
+      Problem(LineOfKey("method"), "tune.method",
+              absl::StrCat("unknown method \"", method, "\"; use grid or asha"));
+    }
+  }
+
+  void ParseMetric(TuneSpec* tune) {
+    if (Child("metric")) {
+      tune->metric = Scalar("metric");
+      if (!tune->metric.empty() &&
+          std::find(TuneMetrics().begin(), TuneMetrics().end(), tune->metric) ==
+              TuneMetrics().end()) {
+        Problem(LineOfKey("metric"), "tune.metric",
+                absl::StrCat("unknown metric \"", tune->metric, "\"; use ",
+                             absl::StrJoin(TuneMetrics(), ", ")));
+      }
+    }
+    if (Child("mode")) {
+      const std::string mode = Scalar("mode");
+      if (mode == "max") {
+        tune->maximize = true;
+      } else if (mode != "min" && !mode.empty()) {
+        Problem(LineOfKey("mode"), "tune.mode",
+                absl::StrCat("expected min or max, got \"", mode, "\""));
+      }
+    }
+  }
+
+  // Adds the value `text` (written at `line`) to tune->values, checked against the base config.
+  void AddValue(TuneSpec* tune, const std::string& text, const YAML::Node& node, int line,
+                const std::string& path) {
+    double v;
+    if (!absl::SimpleAtod(text, &v) || !std::isfinite(v)) {
+      Problem(line, path, absl::StrCat("expected a number, got \"", text, "\""));
+      return;
+    }
+    for (const AxisAssignment& a : tune->values) {
+      double other;
+      if (absl::SimpleAtod(a.text, &other) && other == v) {
+        Problem(line, path, absl::StrCat("duplicate value ", text));
+        return;
+      }
+    }
+    AxisAssignment a;
+    a.path = tune->axis;
+    a.value = node;
+    a.text = text;
+    a.line = line;
+    RunConfig scratch = spec_.base;
+    const absl::Status s = OverlayYamlAtPath(a.value, spec_.file, line, a.path, &scratch);
+    if (!s.ok()) {
+      for (absl::string_view p : absl::StrSplit(s.message(), '\n')) problems_.emplace_back(p);
+      return;
+    }
+    tune->values.push_back(std::move(a));
+  }
+
+  void ParseValues(TuneSpec* tune) {
+    const YAML::Node values = Child("values"), range = Child("range");
+    if (!values == !range) {
+      Problem(tune->line, "tune",
+              values ? "give values: or range:, not both"
+                     : "missing: the values to try (values: [...] or range: {min, max, points})");
+      return;
+    }
+    if (tune->axis.empty() || FieldAtPath(tune->axis) == nullptr) return;
+    if (values) {
+      if (!values.IsSequence() || values.size() == 0) {
+        Problem(YamlLine(values), "tune.values", "expected a non-empty list of numbers");
+        return;
+      }
+      for (size_t i = 0; i < values.size(); ++i) {
+        const std::string path = absl::StrCat("tune.values[", i, "]");
+        if (!values[i].IsScalar()) {
+          Problem(YamlLine(values[i]), path, "expected a number");
+          continue;
+        }
+        AddValue(tune, values[i].Scalar(), values[i], YamlLine(values[i]), path);
+      }
+      return;
+    }
+    ParseRange(range, tune);
+  }
+
+  void ParseRange(const YAML::Node& range, TuneSpec* tune) {
+    const int line = YamlLine(range);
+    if (!range.IsMap()) {
+      Problem(line, "tune.range", "expected {min: X, max: Y, points: N, scale: log|linear}");
+      return;
+    }
+    double min = 0, max = 0;
+    int64_t points = 0;
+    std::string scale = "log";
+    for (auto it = range.begin(); it != range.end(); ++it) {
+      const std::string key = it->first.Scalar();
+      const std::string path = absl::StrCat("tune.range.", key);
+      const YAML::Node v = it->second;
+      const int at = YamlLine(v) > 0 ? YamlLine(v) : line;
+      const std::string text = v.IsScalar() ? v.Scalar() : "";
+      bool ok = v.IsScalar();
+      if (key == "min") {
+        ok = ok && absl::SimpleAtod(text, &min) && std::isfinite(min);
+      } else if (key == "max") {
+        ok = ok && absl::SimpleAtod(text, &max) && std::isfinite(max);
+      } else if (key == "points") {
+        ok = ok && absl::SimpleAtoi(text, &points);
+      } else if (key == "scale") {
+        scale = text;
+        ok = ok && (scale == "log" || scale == "linear");
+      } else {
+        Problem(YamlLine(it->first), "tune.range",
+                absl::StrCat("unknown key \"", key, "\"; known keys: min, max, points, scale"));
+        continue;
+      }
+      if (!ok) {
+        Problem(at, path,
+                key == "scale" ? absl::StrCat("expected log or linear, got \"", text, "\"")
+                : key == "points" ? "expected a whole number"
+                                  : "expected a number");
+      }
+    }
+    for (const char* key : {"min", "max", "points"}) {
+      if (!YamlChild(range, key)) {
+        Problem(line, absl::StrCat("tune.range.", key), "missing");
+      }
+    }
+    if (!problems_.empty()) return;
+    if (!(min < max)) {
+      Problem(line, "tune.range", absl::StrCat("min ", min, " must be below max ", max));
+      return;
+    }
+    if (points < 2 || points > 1000) {
+      Problem(line, "tune.range.points", absl::StrCat("must be in [2, 1000], got ", points));
+      return;
+    }
+    if (scale == "log" && min <= 0) {
+      Problem(line, "tune.range.min",
+              absl::StrCat("a log range needs min > 0, got ", min, " (or scale: linear)"));
+      return;
+    }
+    for (int64_t i = 0; i < points; ++i) {
+      const double f = static_cast<double>(i) / static_cast<double>(points - 1);
+      const double v = scale == "log" ? min * std::pow(max / min, f) : min + (max - min) * f;
+      const std::string text = FormatTuneValue(i == points - 1 ? max : v);
+      AddValue(tune, text, YAML::Node(text), line, absl::StrCat("tune.range (point ", i, ")"));
+    }
+  }
+
+  void ParseAsha(TuneSpec* tune) {
+    const bool asha = tune->method == TuneSpec::Method::kAsha;
+    for (const char* key : {"rungs", "reduction_factor", "seeds"}) {
+      if (!asha && Child(key)) {
+        Problem(LineOfKey(key), absl::StrCat("tune.", key), "only with method: asha");
+      }
+    }
+    if (!asha) return;
+    const YAML::Node rungs = Child("rungs");
+    tune->rungs_line = LineOfKey("rungs");
+    if (!rungs) {
+      Problem(tune->line, "tune.rungs",
+              "missing: asha compares runs at these steps (rungs: [100, 300, 900])");
+    } else if (!rungs.IsSequence() || rungs.size() == 0) {
+      Problem(YamlLine(rungs), "tune.rungs", "expected a non-empty list of steps");
+    } else {
+      for (size_t i = 0; i < rungs.size(); ++i) {
+        int64_t step;
+        const std::string path = absl::StrCat("tune.rungs[", i, "]");
+        if (!rungs[i].IsScalar() || !absl::SimpleAtoi(rungs[i].Scalar(), &step) || step <= 0) {
+          Problem(YamlLine(rungs[i]), path, "expected a step > 0");
+          return;
+        }
+        if (!tune->rungs.empty() && step <= tune->rungs.back()) {
+          Problem(YamlLine(rungs[i]), path,
+                  absl::StrCat("rungs must increase: ", step, " after ", tune->rungs.back()));
+          return;
+        }
+        tune->rungs.push_back(step);
+      }
+    }
+    if (Child("reduction_factor")) {
+      double f = 0;
+      if (!absl::SimpleAtod(Scalar("reduction_factor"), &f) || !(f > 1) || !std::isfinite(f)) {
+        Problem(LineOfKey("reduction_factor"), "tune.reduction_factor",
+                "expected a number > 1 (3: the top third of each rung goes on)");
+      } else {
+        tune->reduction_factor = f;
+      }
+    }
+    if (Child("seeds")) {
+      const std::string seeds = Scalar("seeds");
+      if (seeds == "first") {
+        tune->seeds = TuneSpec::Seeds::kFirst;
+      } else if (seeds != "all" && !seeds.empty()) {
+        Problem(LineOfKey("seeds"), "tune.seeds",
+                absl::StrCat("expected all or first, got \"", seeds, "\""));
+      }
+    }
+  }
+
+  const YAML::Node node_;
+  SweepSpec& spec_;
+  std::vector<std::string> problems_;
+};
+
+std::string Thousands(int64_t n) {
+  std::string digits = absl::StrCat(n < 0 ? -n : n);
+  for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(i, ",");
+  return n < 0 ? "-" + digits : digits;
+}
+
+}  // namespace
+
+absl::Status ParseTuneBlock(const YAML::Node& node, SweepSpec* spec) {
+  return TuneParser(node, spec).Parse();
+}
+
+const std::vector<std::string>& TuneMetrics() {
+  static const auto* metrics =
+      new std::vector<std::string>{"val_loss", "val_ppl", "gate_score", "m_act", "f_attn"};
+  return *metrics;
+}
+
+std::string FormatTuneValue(double value) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6g", value);
+  return buf;
+}
+
+TunePlan MakeTunePlan(const TuneSpec& tune, const ExpandedSweep& sweep) {
+  TunePlan plan;
+  plan.set_axis(tune.axis);
+  plan.set_method(tune.method == TuneSpec::Method::kAsha ? "asha" : "grid");
+  plan.set_metric(tune.metric);
+  plan.set_maximize(tune.maximize);
+  for (const AxisAssignment& a : tune.values) {
+    double v = 0;
+    (void)absl::SimpleAtod(a.text, &v);
+    plan.add_values(v);
+  }
+  for (int64_t r : tune.rungs) plan.add_rungs(r);
+  plan.set_reduction_factor(tune.reduction_factor);
+  plan.set_seeds(tune.seeds == TuneSpec::Seeds::kFirst ? "first" : "all");
+  int64_t max_steps = 0;
+  // Per group: its trials (values) and seeds, and its runs' steps.
+  struct Group {
+    std::set<double> values;
+    std::set<uint64_t> seeds;
+    int64_t steps = 0;
+  };
+  std::map<std::string, Group> groups;
+  for (const RunSpec& run : sweep.runs()) {
+    max_steps += run.config().train().steps();
+    Group& g = groups[run.tune().group()];
+    g.values.insert(run.tune().value());
+    g.seeds.insert(run.seed());
+    g.steps = std::max<int64_t>(g.steps, run.config().train().steps());
+  }
+  plan.set_max_runs(sweep.runs_size());
+  plan.set_max_steps(max_steps);
+  if (tune.method != TuneSpec::Method::kAsha) {
+    plan.set_expected_steps(max_steps);
+    return plan;
+  }
+  int64_t expected = 0;
+  for (const auto& [name, g] : groups) {
+    const int64_t seeds = static_cast<int64_t>(g.seeds.size());
+    const int64_t deciding = tune.seeds == TuneSpec::Seeds::kFirst ? 1 : seeds;
+    int64_t n = static_cast<int64_t>(g.values.size());
+    int64_t at = 0;
+    for (int64_t rung : tune.rungs) {
+      if (rung >= g.steps) break;
+      expected += n * (rung - at) * deciding;
+      n = std::max<int64_t>(1, static_cast<int64_t>(std::floor(n / tune.reduction_factor)));
+      at = rung;
+    }
+    expected += n * (g.steps - at) * deciding;
+    if (tune.seeds == TuneSpec::Seeds::kFirst) expected += (seeds - 1) * g.steps;
+  }
+  plan.set_expected_steps(expected);
+  return plan;
+}
+
+std::string TunePlanText(const TunePlan& plan) {
+  std::string out = absl::StrCat("tune ", plan.method(), " over ", plan.axis(), ": ",
+                                 plan.values_size(), " values");
+  if (plan.method() == "asha") {
+    std::vector<std::string> rungs;
+    for (int64_t r : plan.rungs()) rungs.push_back(absl::StrCat(r));
+    absl::StrAppend(&out, "; rungs ", absl::StrJoin(rungs, ", "), " (factor ",
+                    plan.reduction_factor(), ", seeds ", plan.seeds(), ", by ",
+                    plan.maximize() ? "highest " : "lowest ", plan.metric(), ")");
+  }
+  absl::StrAppend(&out, "; at most ", plan.max_runs(), " runs, ", Thousands(plan.max_steps()),
+                  " steps");
+  if (plan.method() == "asha" && plan.max_steps() > 0) {
+    absl::StrAppend(&out, "; expected ", Thousands(plan.expected_steps()), " steps (",
+                    static_cast<int64_t>(std::lround(100.0 * plan.expected_steps() /
+                                                     plan.max_steps())),
+                    "% of the grid)");
+  }
+  return out;
+}
+
+// ---- ASHA ----
+
+const char* AshaKindName(AshaDecision::Kind kind) {
+  switch (kind) {
+    case AshaDecision::Kind::kPromote: return "promote";
+    case AshaDecision::Kind::kStop: return "stop";
+    case AshaDecision::Kind::kChoose: return "choose";
+  }
+  return "";
+}
+
+namespace {
+
+bool Ended(RunState s) {
+  return s == SUCCEEDED || s == FAILED || s == DIVERGED || s == CANCELLED || s == STOPPED;
+}
+bool DroppedOut(RunState s) { return s == FAILED || s == CANCELLED; }
+
+// One value of a group, over its deciding runs (every seed, or the first alone).
+struct Trial {
+  double value = 0;
+  std::vector<const AshaRun*> seeds;  // deciding runs that did not fail
+  bool diverged = false;
+  int reached = 0;                    // rungs [0, reached) reached by every seed
+  bool alive = false;                 // some seed can still train (not ended)
+  double MetricAt(int k) const {      // NaN when any seed lacks a finite value
+    double sum = 0;
+    for (const AshaRun* r : seeds) {
+      auto it = r->at.find(k);
+      if (it == r->at.end() || !std::isfinite(it->second)) return kNaNValue;
+      sum += it->second;
+    }
+    return sum / static_cast<double>(seeds.size());
+  }
+  std::vector<int64_t> Held() const {
+    std::vector<int64_t> ids;
+    for (const AshaRun* r : seeds) {
+      if (r->held && r->state == PENDING) ids.push_back(r->run_id);
+    }
+    return ids;
+  }
+};
+
+std::string MetricText(double v) {
+  return std::isfinite(v) ? FormatTuneValue(v) : std::string("none");
+}
+
+}  // namespace
+
+std::vector<AshaDecision> DecideAsha(const AshaGroup& group, const AshaRule& rule) {
+  const int levels = static_cast<int>(rule.rungs.size());
+  // Rung k's metric, keyed by rung index rather than step inside the trials.
+  std::vector<AshaRun> runs = group.runs;
+  for (AshaRun& r : runs) {
+    std::map<int64_t, double> by_rung;
+    for (int k = 0; k < levels; ++k) {
+      if (auto it = r.at.find(rule.rungs[k]); it != r.at.end()) by_rung[k] = it->second;
+    }
+    r.at = std::move(by_rung);
+  }
+  std::map<double, Trial> trials;
+  std::map<double, std::vector<const AshaRun*>> followers;
+  for (const AshaRun& r : runs) {
+    if (r.follower) {
+      followers[r.value].push_back(&r);
+      continue;
+    }
+    Trial& t = trials[r.value];
+    t.value = r.value;
+    if (DroppedOut(r.state)) continue;
+    t.seeds.push_back(&r);
+    t.diverged = t.diverged || r.state == DIVERGED;
+    t.alive = t.alive || !Ended(r.state);
+  }
+  for (auto it = trials.begin(); it != trials.end();) {
+    if (it->second.seeds.empty()) {
+      it = trials.erase(it);
+      continue;
+    }
+    Trial& t = it->second;
+    while (t.reached < levels &&
+           std::all_of(t.seeds.begin(), t.seeds.end(),
+                       [&](const AshaRun* r) { return r->at.count(t.reached) > 0; })) {
+      ++t.reached;
+    }
+    ++it;
+  }
+  auto decided = [&](double value, int rung, AshaDecision::Kind kind) {
+    return group.decided.count({value, rung, AshaKindName(kind)}) > 0;
+  };
+  std::vector<AshaDecision> out;
+  for (int k = 0; k < levels; ++k) {
+    // The trials at rung k: those that reached it, and those that diverged on the way.
+    std::vector<std::pair<double, const Trial*>> at;  // (metric, trial); NaN ranks last
+    bool complete = true;
+    for (const auto& [value, t] : trials) {
+      if (t.reached > k) {
+        at.push_back({t.MetricAt(k), &t});
+      } else if (t.diverged && t.reached == k) {
+        at.push_back({kNaNValue, &t});  // diverged on the way: ranks last
+      } else if (t.alive && !t.diverged) {
+        // Below rung k, it may still get there: some seed trains, or waits at an earlier rung.
+        complete = false;
+      }
+    }
+    // A diverged trial that got past rung k still reached it; it ranks by its metric there
+    // (it was promoted, or not, then), and last only at the rung it did not reach.
+    std::stable_sort(at.begin(), at.end(), [&](const auto& a, const auto& b) {
+      const bool fa = std::isfinite(a.first), fb = std::isfinite(b.first);
+      if (fa != fb) return fa;
+      if (!fa) return a.second->value < b.second->value;
+      if (a.first != b.first) return rule.maximize ? a.first > b.first : a.first < b.first;
+      return a.second->value < b.second->value;
+    });
+    const int64_t n = static_cast<int64_t>(at.size());
+    int64_t top = static_cast<int64_t>(std::floor(static_cast<double>(n) / rule.reduction_factor));
+    if (complete && n > 0) top = std::max<int64_t>(top, 1);
+    const int64_t next_stop = k + 1 < levels ? rule.rungs[k + 1] : 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const Trial& t = *at[i].second;
+      const double metric = at[i].first;
+      const bool promotable = i < top && std::isfinite(metric) && !t.diverged;
+      // Promoted before: decided, or already past this rung (a seed evaluated further).
+      const bool promoted = decided(t.value, k, AshaDecision::Kind::kPromote) || t.reached > k + 1;
+      // A decision on the trial's held runs (none held: nothing to decide on).
+      const auto decide = [&](AshaDecision::Kind kind, int64_t next, std::string detail) {
+        AshaDecision d;
+        d.kind = kind;
+        d.value = t.value;
+        d.rung = k;
+        d.metric = metric;
+        d.runs = t.Held();
+        d.next_stop = next;
+        d.detail = std::move(detail);
+        if (!d.runs.empty()) out.push_back(std::move(d));
+      };
+      const std::string rank =
+          absl::StrCat(rule.metric, " ", MetricText(metric), t.diverged ? " (diverged)" : "",
+                       " is ", i + 1, " of ", n);
+      if (promotable && !promoted && t.reached == k + 1) {
+        decide(AshaDecision::Kind::kPromote, next_stop,
+               absl::StrCat("rung ", k, " (step ", rule.rungs[k], "): ", rank, ", in the top ", top,
+                            ": goes on to ",
+                            next_stop > 0 ? absl::StrCat("step ", next_stop) : "the end"));
+        continue;
+      }
+      if (!complete || promotable || promoted) continue;
+      if (decided(t.value, k, AshaDecision::Kind::kStop)) continue;
+      decide(AshaDecision::Kind::kStop, 0,
+             absl::StrCat("stopped at rung ", k, " (step ", rule.rungs[k], "): ", rank,
+                          ", not in the top ", top));
+    }
+  }
+  if (!rule.seeds_first || followers.empty()) return out;
+  // seeds first: once no first-seed run can train, the best finished trial takes every seed.
+  for (const auto& [value, t] : trials) {
+    if (t.alive) return out;
+  }
+  const AshaRun* best = nullptr;
+  for (const AshaRun& r : runs) {
+    if (r.follower || r.state != SUCCEEDED || !std::isfinite(r.final_metric)) continue;
+    if (best == nullptr || (rule.maximize ? r.final_metric > best->final_metric
+                                          : r.final_metric < best->final_metric)) {
+      best = &r;
+    }
+  }
+  for (const auto& [value, list] : followers) {
+    std::vector<int64_t> held;
+    for (const AshaRun* r : list) {
+      if (r->held && r->state == PENDING) held.push_back(r->run_id);
+    }
+    const bool chosen = best != nullptr && value == best->value;
+    const AshaDecision::Kind kind = chosen ? AshaDecision::Kind::kChoose : AshaDecision::Kind::kStop;
+    if (held.empty() || decided(value, -1, kind)) continue;
+    AshaDecision d;
+    d.kind = kind;
+    d.value = value;
+    d.rung = -1;
+    d.metric = best != nullptr ? best->final_metric : kNaNValue;
+    d.runs = std::move(held);
+    d.detail = best == nullptr
+                   ? std::string("stopped: no value trained to the end at the first seed")
+               : chosen ? absl::StrCat("the first seed chose ", FormatTuneValue(value), " (",
+                                       rule.metric, " ", MetricText(best->final_metric),
+                                       "): trains every seed")
+                        : absl::StrCat("stopped: the first seed chose ",
+                                       FormatTuneValue(best->value), " (", rule.metric, " ",
+                                       MetricText(best->final_metric), ")");
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+}  // namespace ablate

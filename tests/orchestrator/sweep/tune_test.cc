@@ -1,0 +1,285 @@
+// The `tune:` block (orchestrator/sweep/tune.h): parsing into the last axis, the run keys it
+// gives, the plan it costs, and ASHA's rule against hand-worked groups.
+#include "orchestrator/sweep/tune.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "orchestrator/sweep/expand.h"
+#include "orchestrator/sweep/spec.h"
+
+namespace ablate {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using Kind = AshaDecision::Kind;
+
+constexpr char kBase[] = R"(
+base:
+  model: {d_model: 64, num_layers: 2, num_heads: 4, num_kv_heads: 4, head_dim: 16,
+          ffn_dim: 256, max_seq_len: 64}
+  train: {steps: 90, batch_size: 4, seq_len: 64, optimizer: {warmup_steps: 10}}
+variants: [baseline, g1_elementwise]
+budget: {match: ffn, reference: baseline, tolerance: 0.01}
+seeds: [0, 1]
+)";
+
+ExpandedSweep Expand(const std::string& text) {
+  absl::StatusOr<SweepSpec> spec = ParseSweepSpecText(text, "s.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  if (!spec.ok()) return {};
+  absl::StatusOr<ExpandedSweep> sweep = ExpandSweep(*spec, {.code_version = "test"});
+  EXPECT_TRUE(sweep.ok()) << sweep.status();
+  return sweep.ok() ? *sweep : ExpandedSweep();
+}
+
+TEST(TuneSpecTest, AGridTuneIsTheSameRunsAsTheSameAxis) {
+  const ExpandedSweep axis = Expand(absl::StrCat("sweep: s", kBase, R"(
+axes:
+  - product: {train.optimizer.lr: [1e-3, 2e-3, 4e-3]}
+)"));
+  const ExpandedSweep tuned = Expand(absl::StrCat("sweep: s", kBase, R"(
+tune:
+  axis: train.optimizer.lr
+  values: [1e-3, 2e-3, 4e-3]
+)"));
+  ASSERT_EQ(axis.runs_size(), 12);
+  ASSERT_EQ(tuned.runs_size(), 12);
+  for (int i = 0; i < axis.runs_size(); ++i) {
+    EXPECT_EQ(tuned.runs(i).run_key(), axis.runs(i).run_key()) << i;
+    EXPECT_EQ(tuned.runs(i).axes(0).value(), axis.runs(i).axes(0).value()) << i;
+    EXPECT_EQ(tuned.runs(i).tune().group(), tuned.runs(i).variant());
+    EXPECT_EQ(tuned.runs(i).tune().stop_at_step(), 0);  // grid: every run trains to its end
+  }
+  EXPECT_DOUBLE_EQ(tuned.runs(2).tune().value(), 2e-3);  // runs: seed, value, variant
+  EXPECT_EQ(tuned.tune().method(), "grid");
+  EXPECT_EQ(tuned.tune().max_steps(), 12 * 90);
+  EXPECT_EQ(tuned.tune().expected_steps(), 12 * 90);
+}
+
+TEST(TuneSpecTest, AshaRunsPauseAtTheFirstRungAndAreGroupedByVariantAndTheOtherAxes) {
+  const ExpandedSweep s = Expand(absl::StrCat("sweep: s", kBase, R"(
+axes:
+  - product: {train.optimizer.warmup_steps: [0, 10]}
+tune:
+  axis: train.optimizer.lr
+  range: {min: 1e-3, max: 1e-1, points: 9}
+  method: asha
+  rungs: [10, 30, 90]
+  reduction_factor: 3
+)"));
+  // 2 seeds x 2 warmups x 9 values x 2 variants.
+  ASSERT_EQ(s.runs_size(), 72);
+  std::vector<std::string> values;
+  for (int i = 0; i < 9; ++i) values.push_back(s.runs(2 * i).axes(1).value());
+  EXPECT_THAT(values, ElementsAre("0.001", "0.00177828", "0.00316228", "0.00562341", "0.01",
+                                  "0.0177828", "0.0316228", "0.0562341", "0.1"));
+  EXPECT_EQ(s.runs(0).tune().group(), "baseline train.optimizer.warmup_steps=0");
+  EXPECT_EQ(s.runs(1).tune().group(), "g1_elementwise train.optimizer.warmup_steps=0");
+  EXPECT_EQ(s.runs(0).tune().stop_at_step(), 10);
+  EXPECT_FALSE(s.runs(0).tune().held());
+  // Per group and seed: 9 x 10 + 3 x 20 + 1 x 60 steps, against 9 x 90.
+  EXPECT_EQ(s.tune().max_steps(), 72 * 90);
+  EXPECT_EQ(s.tune().expected_steps(), 8 * (90 + 60 + 60));
+  EXPECT_THAT(TunePlanText(s.tune()),
+              HasSubstr("tune asha over train.optimizer.lr: 9 values; rungs 10, 30, 90 (factor 3, "
+                        "seeds all, by lowest val_loss); at most 72 runs, 6,480 steps; expected "
+                        "1,680 steps (26% of the grid)"));
+}
+
+TEST(TuneSpecTest, WithSeedsFirstTheOtherSeedsWaitAndTrainStraightThrough) {
+  const ExpandedSweep s = Expand(absl::StrCat("sweep: s", kBase, R"(
+tune:
+  axis: train.optimizer.lr
+  values: [1e-3, 2e-3, 4e-3]
+  method: asha
+  rungs: [30]
+  seeds: first
+)"));
+  ASSERT_EQ(s.runs_size(), 12);
+  for (const RunSpec& r : s.runs()) {
+    EXPECT_EQ(r.tune().held(), r.seed() == 1) << r.index();
+    EXPECT_EQ(r.tune().stop_at_step(), r.seed() == 1 ? 0 : 30) << r.index();
+  }
+  // Per variant: seed 0 takes 3 x 30 + 1 x 60, the winner's seed 1 another 90.
+  EXPECT_EQ(s.tune().expected_steps(), 2 * (90 + 60 + 90));
+  EXPECT_EQ(s.tune().first_seed(), 0u);
+}
+
+TEST(TuneSpecTest, BadBlocksNameTheLineAndField) {
+  const auto error = [](const std::string& tune) {
+    absl::StatusOr<SweepSpec> spec =
+        ParseSweepSpecText(absl::StrCat("sweep: s", kBase, "tune:\n", tune), "s.yaml");
+    return spec.ok() ? std::string("parsed") : std::string(spec.status().message());
+  };
+  EXPECT_THAT(error("  axis: train.optimizer.lr\n"),
+              HasSubstr("tune: missing: the values to try"));
+  EXPECT_THAT(error("  axis: train.optimizer.lr\n  values: [1e-3]\n  methd: asha\n"),
+              HasSubstr("unknown key \"methd\" (did you mean \"method\"?)"));
+  EXPECT_THAT(error("  axis: train.optimizer.lr\n  values: [1e-3, 1e-3]\n"),
+              HasSubstr("tune.values[1]: duplicate value 1e-3"));
+  EXPECT_THAT(error("  axis: train.optimizer.lr\n  values: [fast]\n"),
+              HasSubstr("tune.values[0]: expected a number, got \"fast\""));
+  EXPECT_THAT(error("  axis: train.optimizer.lr\n  values: [1e-3]\n  method: asha\n"),
+              HasSubstr("tune.rungs: missing"));
+  EXPECT_THAT(error("  axis: train.optimizer.lr\n  values: [1e-3]\n  method: boundary\n"),
+              HasSubstr("boundary (the stability boundary) is not in this build yet"));
+  EXPECT_THAT(error("  axis: train.optimizer.lr\n  values: [1e-3]\n  metric: bleu\n"),
+              HasSubstr("unknown metric \"bleu\"; use val_loss, val_ppl, gate_score"));
+  EXPECT_THAT(error("  axis: model.gate.position\n  values: [1]\n"),
+              HasSubstr("is not a numeric field of the run config"));
+  EXPECT_THAT(error("  axis: train.optimizer.lr\n  values: [1e-3]\n  method: asha\n"
+                    "  rungs: [10]\n  reduction_factor: 1\n"),
+              HasSubstr("tune.reduction_factor: expected a number > 1"));
+}
+
+// ---- ASHA ----
+
+// Nine values of one group, one seed each; the metric at step 10 is |value - 5| + 1.
+AshaGroup NineAtRungZero() {
+  AshaGroup g;
+  for (int v = 1; v <= 9; ++v) {
+    AshaRun r;
+    r.run_id = v;
+    r.value = v;
+    r.state = PENDING;
+    r.held = true;
+    r.steps_done = 10;
+    r.at[10] = std::fabs(v - 5.0) + 1;
+    g.runs.push_back(r);
+  }
+  return g;
+}
+
+AshaRule Rule() {
+  AshaRule rule;
+  rule.rungs = {10, 30};
+  rule.reduction_factor = 3;
+  return rule;
+}
+
+std::vector<std::string> Summary(const std::vector<AshaDecision>& decisions) {
+  std::vector<std::string> out;
+  for (const AshaDecision& d : decisions) {
+    out.push_back(absl::StrCat(AshaKindName(d.kind), " ", d.value, "@", d.rung, " -> ",
+                               d.next_stop));
+  }
+  return out;
+}
+
+TEST(AshaTest, WhenEveryTrialReachedARungTheTopThirdGoesOnAndTheRestStop) {
+  const std::vector<AshaDecision> d = DecideAsha(NineAtRungZero(), Rule());
+  // Ranked 5, 4, 6 (a tie of 2: the smaller value first), 3, 7, 2, 8, 1, 9.
+  ASSERT_THAT(Summary(d), ElementsAre("promote 5@0 -> 30", "promote 4@0 -> 30",
+                                      "promote 6@0 -> 30", "stop 3@0 -> 0", "stop 7@0 -> 0",
+                                      "stop 2@0 -> 0", "stop 8@0 -> 0", "stop 1@0 -> 0",
+                                      "stop 9@0 -> 0"));
+  EXPECT_THAT(d[0].detail, HasSubstr("rung 0 (step 10): val_loss 1 is 1 of 9, in the top 3"));
+  EXPECT_THAT(d[7].detail, HasSubstr("stopped at rung 0 (step 10): val_loss 5 is 8 of 9, "
+                                     "not in the top 3"));
+  EXPECT_THAT(d[0].runs, ElementsAre(5));
+}
+
+TEST(AshaTest, BeforeEveryTrialArrivedOnlyTheTopOfThoseThereGoesOnAndNoneStops) {
+  AshaGroup g = NineAtRungZero();
+  for (int i = 3; i < 9; ++i) {  // 4..9 still training toward step 10
+    g.runs[i].state = RUNNING;
+    g.runs[i].held = false;
+    g.runs[i].at.clear();
+  }
+  // Three arrived (1, 2, 3): floor(3 / 3) = 1, the best of them, 3.
+  EXPECT_THAT(Summary(DecideAsha(g, Rule())), ElementsAre("promote 3@0 -> 30"));
+  // Decided before (a restart): nothing again.
+  g.decided.insert({3.0, 0, "promote"});
+  EXPECT_TRUE(DecideAsha(g, Rule()).empty());
+}
+
+TEST(AshaTest, ADivergedTrialRanksLastAtTheRungItDidNotReach) {
+  AshaGroup g = NineAtRungZero();
+  g.runs[4].state = DIVERGED;  // value 5, the best, diverged at step 7
+  g.runs[4].held = false;
+  g.runs[4].steps_done = 7;
+  g.runs[4].at.clear();
+  const std::vector<AshaDecision> d = DecideAsha(g, Rule());
+  // Still 9 at rung 0 (top 3): 4, 6, then 3 (tie with 7: smaller value); 5 is last.
+  EXPECT_THAT(Summary(d), ElementsAre("promote 4@0 -> 30", "promote 6@0 -> 30",
+                                      "promote 3@0 -> 30", "stop 7@0 -> 0", "stop 2@0 -> 0",
+                                      "stop 8@0 -> 0", "stop 1@0 -> 0", "stop 9@0 -> 0"));
+}
+
+TEST(AshaTest, TheLastRungPromotesToTheEndAndAtLeastOneGoesOnOnceComplete) {
+  AshaGroup g;
+  // Two values at rung 1 (step 30) after both were promoted: floor(2 / 3) = 0, but no other
+  // trial can arrive, so the best one trains to the end.
+  for (int v : {4, 5}) {
+    AshaRun r;
+    r.run_id = v;
+    r.value = v;
+    r.state = PENDING;
+    r.held = true;
+    r.at[10] = 1;
+    r.at[30] = v == 4 ? 0.5 : 0.7;
+    g.runs.push_back(r);
+    g.decided.insert({static_cast<double>(v), 0, "promote"});
+  }
+  EXPECT_THAT(Summary(DecideAsha(g, Rule())), ElementsAre("promote 4@1 -> 0", "stop 5@1 -> 0"));
+}
+
+TEST(AshaTest, WithEverySeedATrialWaitsForItsLastSeedAndRanksByTheMean) {
+  AshaGroup g;
+  const auto add = [&](int64_t id, double value, uint64_t seed, bool arrived, double metric) {
+    AshaRun r;
+    r.run_id = id;
+    r.value = value;
+    r.seed = seed;
+    r.state = arrived ? PENDING : RUNNING;
+    r.held = arrived;
+    if (arrived) r.at[10] = metric;
+    g.runs.push_back(r);
+  };
+  add(1, 1, 0, true, 1.0);
+  add(2, 1, 1, true, 3.0);  // value 1: mean 2
+  add(3, 2, 0, true, 1.5);
+  add(4, 2, 1, true, 1.5);  // value 2: mean 1.5
+  add(5, 3, 0, true, 0.1);
+  add(6, 3, 1, false, 0);   // value 3 has not arrived at its second seed
+  AshaRule rule = Rule();
+  rule.reduction_factor = 2;
+  // Two trials there: floor(2 / 2) = 1 goes on, value 2 (both its seeds).
+  const std::vector<AshaDecision> d = DecideAsha(g, rule);
+  ASSERT_THAT(Summary(d), ElementsAre("promote 2@0 -> 30"));
+  EXPECT_THAT(d[0].runs, ElementsAre(3, 4));
+}
+
+TEST(AshaTest, WithSeedsFirstTheBestFinishedValueTakesTheOtherSeeds) {
+  AshaGroup g;
+  for (int v = 1; v <= 3; ++v) {
+    AshaRun first;
+    first.run_id = v;
+    first.value = v;
+    first.seed = 0;
+    first.state = v == 2 ? SUCCEEDED : STOPPED;
+    first.final_metric = v == 2 ? 0.9 : 1.5;
+    g.runs.push_back(first);
+    AshaRun other = first;
+    other.run_id = 10 + v;
+    other.seed = 1;
+    other.state = PENDING;
+    other.held = true;
+    other.follower = true;
+    g.runs.push_back(other);
+  }
+  AshaRule rule = Rule();
+  rule.seeds_first = true;
+  const std::vector<AshaDecision> d = DecideAsha(g, rule);
+  EXPECT_THAT(Summary(d), ElementsAre("stop 1@-1 -> 0", "choose 2@-1 -> 0", "stop 3@-1 -> 0"));
+  EXPECT_THAT(d[1].runs, ElementsAre(12));
+  EXPECT_THAT(d[1].detail, HasSubstr("the first seed chose 2"));
+}
+
+}  // namespace
+}  // namespace ablate
