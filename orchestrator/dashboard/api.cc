@@ -31,7 +31,8 @@ json SweepJson(const SweepInfo& s, double now) {
            {"FAILED", s.failed},
            {"DIVERGED", s.diverged},
            {"CANCELLED", s.cancelled},
-           {"INTERRUPTED", s.interrupted}}},
+           {"INTERRUPTED", s.interrupted},
+           {"STOPPED", s.stopped}}},
          {"steps_done", s.steps_done},
          {"steps_total", s.steps_total}};
   // ETA: the rate so far over the steps left (runs that end early, diverged ones, make it an
@@ -79,7 +80,12 @@ json RunJson(const RunInfo& r) {
               {"spike_score", r.spike_score},
               {"tokens_per_s", r.tokens_per_s},
               {"wall_s", r.wall_s},
-              {"reason", r.reason}};
+              {"reason", r.reason},
+              // A tuned run (tune:): the step it pauses at next (0: its end), whether it waits
+              // for the tuner's decision, and its value of the tuned axis.
+              {"stop_at_step", r.stop_at_step},
+              {"held", r.held},
+              {"tune_value", r.tuned ? json(r.tune_value) : json(nullptr)}};
 }
 
 json SpikeJson(int64_t run_id, const SpikeEvent& s) {

@@ -26,6 +26,7 @@
 #include "orchestrator/report/svg.h"
 #include "orchestrator/store/compare.h"
 #include "orchestrator/store/format.h"
+#include "orchestrator/store/tune_results.h"
 
 namespace ablate {
 namespace {
@@ -45,6 +46,10 @@ struct ReportData {
   std::vector<RunInfo> runs;
   std::vector<Annotation> annotations;  // the sweep's tags and notes and its runs', oldest first
   bool has_lengths = false;
+  // A tuned sweep (`tune:`): each variant at its own best value, and compared at it.
+  std::optional<TuneInfo> tune;
+  std::optional<ComparisonTable> best_table;
+  std::optional<Comparison> best_comparison;
 };
 
 absl::StatusOr<ReportData> ReadReportData(const StoreReader& reader, const ReportOptions& options) {
@@ -88,6 +93,18 @@ absl::StatusOr<ReportData> ReadReportData(const StoreReader& reader, const Repor
   d.annotations = *std::move(annotations);
   d.has_lengths = std::any_of(d.table.rows.begin(), d.table.rows.end(),
                               [](const ComparisonRow& r) { return !r.lengths.empty(); });
+  absl::StatusOr<std::optional<TuneInfo>> tune = reader.GetTune(id);
+  if (!tune.ok()) return tune.status();
+  if (tune->has_value()) {
+    d.tune = **tune;
+    const BestResults best = BestOf(*results, *d.tune);
+    d.best_table = BestTable(best, *d.tune);
+    absl::StatusOr<Comparison> at_best = CompareResults(best.results, CompareOptions{});
+    if (at_best.ok()) {
+      NameBestValues(best, *d.tune, &*at_best);
+      d.best_comparison = *std::move(at_best);
+    }
+  }
   return d;
 }
 
@@ -166,6 +183,14 @@ std::map<std::string, std::string> Tables(const ReportData& d) {
   if (d.comparison) {
     absl::StatusOr<std::string> paired = FormatComparison(*d.comparison, "csv");
     out["tables/compare.csv"] = paired.ok() ? *paired : "";
+  }
+  if (d.best_table) {
+    absl::StatusOr<std::string> best = FormatComparisonTable(*d.best_table, "csv");
+    out["tables/best.csv"] = best.ok() ? *best : "";
+  }
+  if (d.best_comparison) {
+    absl::StatusOr<std::string> paired = FormatComparison(*d.best_comparison, "csv");
+    out["tables/compare_best.csv"] = paired.ok() ? *paired : "";
   }
 
   std::string variants = CsvLine({"variant", "description", "diff", "budget", "params_total",
@@ -304,6 +329,20 @@ std::string Markdown(const ReportData& d, const std::vector<ReportFigure>& figur
     absl::StrAppend(&md, "## Against the reference\n\n", paired.ok() ? *paired : "", "\n",
                     "As `ablate compare ", s.name, "`; every number in ",
                     "[tables/compare.csv](tables/compare.csv).\n\n");
+  }
+  if (d.best_table) {
+    absl::StatusOr<std::string> best = FormatComparisonTable(*d.best_table, "markdown");
+    absl::StrAppend(&md, "## Each variant at its best ", d.tune->axis, "\n\n",
+                    best.ok() ? *best : "", "\n", "The value with the ",
+                    d.tune->maximize ? "highest" : "lowest", " mean ", d.tune->metric,
+                    " over SUCCEEDED seeds, per variant (", d.tune->method, "). As `ablate table ",
+                    s.name, " --best`; every number in [tables/best.csv](tables/best.csv).\n\n");
+    if (d.best_comparison) {
+      absl::StatusOr<std::string> paired = FormatComparison(*d.best_comparison, "markdown");
+      absl::StrAppend(&md, paired.ok() ? *paired : "", "\n", "As `ablate compare ", s.name,
+                      " --best`; every number in [tables/compare_best.csv](tables/compare_best.csv)."
+                      "\n\n");
+    }
   }
   if (AnyInterim(d.figures)) {
     absl::StrAppend(&md,
@@ -538,7 +577,8 @@ absl::StatusOr<std::map<std::string, std::string>> RenderReport(const StoreReade
   std::map<std::string, std::string> files = Tables(*data);
   const std::map<std::string, std::string> tables = files;
   const std::vector<ReportFigure> figures =
-      DrawReportFigures(data->figures, data->table, data->comparison ? &*data->comparison : nullptr);
+      DrawReportFigures(data->figures, data->table, data->comparison ? &*data->comparison : nullptr,
+                        data->runs, data->tune ? &*data->tune : nullptr);
   for (const ReportFigure& f : figures) files[f.file] = f.svg;
   files["spec.yaml"] = data->source.spec_yaml;
   files["report.md"] = Markdown(*data, figures, tables, generated);

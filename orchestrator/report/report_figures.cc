@@ -295,6 +295,76 @@ std::optional<ReportFigure> CompareFigure(const Comparison* comparison) {
                       plot.caption, std::move(plot.svg)};
 }
 
+double TunedMetric(const RunInfo& r, const std::string& metric) {
+  if (metric == "val_ppl") return r.val_ppl;
+  if (metric == "gate_score") return r.gate_score;
+  if (metric == "m_act") return r.m_act;
+  if (metric == "f_attn") return r.f_attn;
+  return r.val_loss;
+}
+
+// A tuned sweep: each group's final metric against the tuned value (the mean over SUCCEEDED
+// seeds, a line), the runs a tuner STOPPED at their rung's value (rings), the values where a
+// run DIVERGED (triangles on the top edge).
+std::optional<ReportFigure> TuneFigure(const std::vector<RunInfo>& runs, const TuneInfo* tune) {
+  if (tune == nullptr) return std::nullopt;
+  struct Group {
+    std::map<double, std::pair<double, int>> finished;  // value -> (sum, n)
+    std::vector<double> stopped_x, stopped_y, diverged_x;
+  };
+  std::vector<std::string> order;
+  std::map<std::string, Group> groups;
+  bool positive = true;
+  for (const RunInfo& r : runs) {
+    if (!r.tuned || !std::isfinite(r.tune_value)) continue;
+    if (groups.find(r.tune_group) == groups.end()) order.push_back(r.tune_group);
+    Group& g = groups[r.tune_group];
+    positive = positive && r.tune_value > 0;
+    const double m = TunedMetric(r, tune->metric);
+    if (r.state == SUCCEEDED && std::isfinite(m)) {
+      g.finished[r.tune_value].first += m;
+      ++g.finished[r.tune_value].second;
+    } else if (r.state == STOPPED) {
+      g.stopped_x.push_back(r.tune_value);
+      g.stopped_y.push_back(m);
+    } else if (r.state == DIVERGED) {
+      g.diverged_x.push_back(r.tune_value);
+    }
+  }
+  if (order.empty()) return std::nullopt;
+  svg::Axis x, y;
+  x.label = absl::StrCat(tune->axis, positive ? " (log scale)" : "");
+  if (positive) x.scale = svg::Scale::kLog10;
+  y.label = absl::StrCat(tune->metric, " at the end (rings: at the rung a run was stopped)");
+  svg::Chart chart(absl::StrCat(tune->metric, " against ", tune->axis), x, y, 820, 420);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const Group& g = groups[order[i]];
+    svg::Style style;
+    style.color = svg::SeriesColor(static_cast<int>(i));
+    style.width = 2;
+    std::vector<double> xs, mean;
+    for (const auto& [value, sum_n] : g.finished) {
+      xs.push_back(value);
+      mean.push_back(sum_n.first / sum_n.second);
+    }
+    chart.Line(xs, mean, style, order[i]);
+    chart.Points(xs, mean, style);
+    svg::Style ring = style;
+    ring.hollow = true;
+    chart.Points(g.stopped_x, g.stopped_y, ring);
+    svg::Style bad = style;
+    chart.Markers(g.diverged_x, std::vector<double>(g.diverged_x.size(), kNaN), bad);
+  }
+  const std::string caption = absl::StrCat(
+      "Each variant's ", tune->metric, " against ", tune->axis, " (", tune->method,
+      "): the mean over the seeds that trained to the end (line and dots), runs the tuner stopped "
+      "at a rung with their metric there (rings), and values where a run diverged (triangles on "
+      "the top edge).");
+  chart.Caption(caption);
+  return ReportFigure{"figures/tune.svg", absl::StrCat(tune->metric, " against ", tune->axis),
+                      caption, chart.Render()};
+}
+
 }  // namespace
 
 bool AnyInterim(const SweepFigures& f) {
@@ -303,10 +373,13 @@ bool AnyInterim(const SweepFigures& f) {
 }
 
 std::vector<ReportFigure> DrawReportFigures(const SweepFigures& figures, const ComparisonTable& table,
-                                            const Comparison* comparison) {
+                                            const Comparison* comparison,
+                                            const std::vector<RunInfo>& runs,
+                                            const TuneInfo* tune) {
   std::vector<ReportFigure> out;
   for (std::optional<ReportFigure> f :
        {LossFigure(figures), ValLossFigure(figures), CompareFigure(comparison),
+        TuneFigure(runs, tune),
         LayerFigure(figures, true), LayerFigure(figures, false), HistogramFigure(figures),
         LengthFigure(table)}) {
     if (f) out.push_back(*std::move(f));

@@ -21,8 +21,11 @@ struct ReportFigure {
 // Whether some group's figures are interim (from runs still training).
 bool AnyInterim(const SweepFigures& figures);
 
-// Every figure that has something to show; `comparison` may be null (no reference in the sweep).
+// Every figure that has something to show; `comparison` may be null (no reference in the sweep),
+// `tune` null (a sweep without `tune:`); `runs` are the sweep's, for the tuning figure.
 std::vector<ReportFigure> DrawReportFigures(const SweepFigures& figures, const ComparisonTable& table,
-                                            const Comparison* comparison);
+                                            const Comparison* comparison,
+                                            const std::vector<RunInfo>& runs = {},
+                                            const TuneInfo* tune = nullptr);
 
 }  // namespace ablate

@@ -571,7 +571,11 @@ class Chart::Painter {
     for (size_t i = 0; i < Count(e); ++i) {
       if (!Plottable(f_.xs, e.x[i]) || !Plottable(f_.ys, e.y[i])) continue;
       absl::StrAppend(&out_, "<circle cx=\"", Px(f_.X(e.x[i])), "\" cy=\"", Px(f_.Y(e.y[i])),
-                      "\" r=\"3.2\" fill=\"", e.style.color, "\"/>\n");
+                      "\" r=\"3.2\"",
+                      e.style.hollow ? absl::StrCat(" fill=\"none\" stroke=\"", e.style.color,
+                                                    "\" stroke-width=\"1.4\"")
+                                     : absl::StrCat(" fill=\"", e.style.color, "\""),
+                      "/>\n");
     }
   }
 

@@ -46,6 +46,7 @@ struct Style {
   double width = 1.5;    // stroke width, px
   double opacity = 1.0;  // fill opacity of bands and bars, stroke opacity of lines
   bool dashed = false;
+  bool hollow = false;   // Points: an outlined circle, not a filled one
 };
 
 // One plot area with its axes; elements are drawn in the order they were added.
@@ -62,7 +63,7 @@ class Chart {
   // A filled triangle at each point (spike markers); non-finite or above-range y: the top edge.
   void Markers(const std::vector<double>& x, const std::vector<double>& y, const Style& style,
                const std::string& legend = "");
-  // A dot at each finite point.
+  // A dot at each finite point (a ring with style.hollow).
   void Points(const std::vector<double>& x, const std::vector<double>& y, const Style& style);
   // Vertical bars centred on x, `width` in x units, from the bottom of the plot (or 0 when 0 is
   // in range) to y.

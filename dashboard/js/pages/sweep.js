@@ -132,11 +132,21 @@ export async function render(view, ctx, name) {
     header.replaceChildren(
       el('h1', {}, s.name, ' ', stateBadge(s.state)),
       el('div', { class: 'controls' }, progressBar(s),
-        el('span', {}, `${s.by_state.RUNNING} running, ${s.by_state.SUCCEEDED} succeeded, ${s.by_state.DIVERGED} diverged, ${s.by_state.FAILED} failed, ${s.by_state.PENDING} pending`),
+        el('span', {}, `${s.by_state.RUNNING} running, ${s.by_state.SUCCEEDED} succeeded, ${s.by_state.DIVERGED} diverged, ${s.by_state.FAILED} failed, ${s.by_state.PENDING} pending${s.by_state.STOPPED ? `, ${s.by_state.STOPPED} stopped by the tuner` : ''}`),
         el('span', { class: 'muted' }, `ETA ${duration(s.eta_s)}`),
         s.description ? el('span', { class: 'muted' }, s.description) : null),
       state.tags.length ? el('div', { id: 'sweep-tags' }, tagList(state.tags)) : null,
       state.notes.length ? el('ul', { id: 'sweep-notes' }, state.notes.map(noteItem)) : null);
+  }
+
+  // A tuned run's place in successive halving: waiting at its rung for the tuner, or training
+  // toward the next one.
+  function rungNote(r) {
+    if (r.held) return el('span', { class: 'muted rung' }, ` waiting at step ${r.steps_done}`);
+    if (r.stop_at_step > 0 && (r.state === 'PENDING' || r.state === 'RUNNING')) {
+      return el('span', { class: 'muted rung' }, ` to rung ${r.stop_at_step}`);
+    }
+    return null;
   }
 
   function colorOf(run, i) {
@@ -149,7 +159,7 @@ export async function render(view, ctx, name) {
       el('td', {}, el('a', { href: `#/run/${r.id}` }, `#${r.id}`)),
       el('td', {}, r.variant, r.axes ? el('span', { class: 'muted' }, ` ${r.axes}`) : null),
       el('td', { class: 'num' }, r.seed),
-      el('td', {}, stateBadge(r.state)),
+      el('td', {}, stateBadge(r.state), rungNote(r)),
       el('td', { class: 'num' }, `${r.steps_done} / ${r.steps_total}`),
       el('td', { class: 'num' }, num(r.last_loss)),
       el('td', { class: 'num' }, r.spike_steps),

@@ -3,7 +3,7 @@
 import { api } from '../api.js';
 import { el, time, duration, stateBadge } from '../format.js';
 
-const ORDER = ['SUCCEEDED', 'RUNNING', 'DIVERGED', 'FAILED', 'INTERRUPTED', 'CANCELLED'];
+const ORDER = ['SUCCEEDED', 'RUNNING', 'DIVERGED', 'FAILED', 'INTERRUPTED', 'STOPPED', 'CANCELLED'];
 
 export function progressBar(sweep) {
   const total = Math.max(1, sweep.runs);
@@ -34,7 +34,7 @@ export async function render(view, ctx) {
       el('td', {}, el('a', { href: `#/sweep/${encodeURIComponent(s.name)}` }, s.name)),
       el('td', {}, stateBadge(s.state)),
       el('td', {}, progressBar(s)),
-      el('td', { class: 'num' }, `${s.by_state.SUCCEEDED + s.by_state.DIVERGED + s.by_state.FAILED + s.by_state.CANCELLED} / ${s.runs}`),
+      el('td', { class: 'num' }, `${s.by_state.SUCCEEDED + s.by_state.DIVERGED + s.by_state.FAILED + s.by_state.CANCELLED + (s.by_state.STOPPED || 0)} / ${s.runs}`),
       el('td', { class: 'num' }, s.by_state.RUNNING),
       el('td', { class: 'num' }, s.by_state.DIVERGED),
       el('td', {}, time(s.created_at)),

@@ -730,5 +730,63 @@ TEST_F(ReportTest, TagsAndNotesShowInTheHeaderAndTheRunsTable) {
             again.substr(again.find("\n\n", again.find(kGeneratedAtMarker))));
 }
 
+// A tuned sweep: each variant's metric against the tuned value (finished runs on a line, stopped
+// ones as rings, diverged ones on the top edge), and each variant at its best value.
+TEST_F(ReportTest, ATunedSweepShowsTheMetricAgainstTheTunedValueAndEachVariantAtItsBest) {
+  SweepRecord record = testing::MakeSweep("tuned", {"baseline", "g1_elementwise"}, 3, kSteps);
+  record.expanded.mutable_tune()->set_axis("train.optimizer.lr");
+  record.expanded.mutable_tune()->set_method("asha");
+  record.expanded.mutable_tune()->set_metric("val_loss");
+  const std::vector<std::string> values = {"1e-3", "3e-3", "1e-2"};
+  for (int i = 0; i < record.expanded.runs_size(); ++i) {
+    RunSpec* run = record.expanded.mutable_runs(i);
+    // "Seeds" of MakeSweep stand for the three values here, one seed each.
+    const std::string& value = values[run->seed()];
+    AxisValue* axis = run->add_axes();
+    axis->set_path("train.optimizer.lr");
+    axis->set_value(value);
+    run->mutable_tune()->set_group(run->variant());
+    run->mutable_tune()->set_value(std::stod(value));
+    run->set_seed(0);
+  }
+  absl::StatusOr<SweepIds> ids = store_->CreateSweep(record);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  // Per variant: 1e-3 SUCCEEDED, 3e-3 SUCCEEDED (the baseline's best), 1e-2 the baseline
+  // DIVERGED and g1 STOPPED at a rung.
+  for (int i = 0; i < record.expanded.runs_size(); ++i) {
+    const int64_t id = ids->run_ids[i];
+    const RunSpec& run = record.expanded.runs(i);
+    const bool gated = run.variant() != "baseline";
+    if (run.axes(0).value() == "1e-2") {
+      if (gated) {
+        RunTransition stop = testing::MakeTransition(id, {PENDING}, STOPPED);
+        stop.reason = "stopped at rung 0 (step 100)";
+        ASSERT_TRUE(store_->TransitionRun(stop).ok());
+      } else {
+        ASSERT_TRUE(StartRun(store_.get(), id).ok());
+        ASSERT_TRUE(Finish(store_.get(), id, DIVERGED, 50, nullptr, "loss non-finite").ok());
+      }
+      continue;
+    }
+    ASSERT_TRUE(StartRun(store_.get(), id).ok());
+    const double loss = run.axes(0).value() == "3e-3" ? (gated ? 2.2 : 2.0) : (gated ? 1.9 : 2.1);
+    const EvalResult e = FinalEval(kSteps, gated, loss);
+    ASSERT_TRUE(Finish(store_.get(), id, SUCCEEDED, kSteps, &e, "").ok());
+  }
+  absl::StatusOr<std::map<std::string, std::string>> files =
+      RenderReport(*reader_, Options("tuned", dir_ / "out"));
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_EQ(files->count("figures/tune.svg"), 1u);
+  const std::string& svg = files->at("figures/tune.svg");
+  EXPECT_THAT(svg, HasSubstr("fill=\"none\" stroke="));  // the stopped run's ring
+  EXPECT_THAT(svg, HasSubstr("train.optimizer.lr (log scale)"));
+  const std::string& best = files->at("tables/best.csv");
+  EXPECT_THAT(best, HasSubstr("baseline,,1,1,0,0,0,2,"));
+  EXPECT_THAT(best, HasSubstr(",train.optimizer.lr=3e-3\n"));
+  EXPECT_THAT(best, HasSubstr(",train.optimizer.lr=1e-3\n"));
+  EXPECT_THAT(files->at("report.md"), HasSubstr("## Each variant at its best train.optimizer.lr"));
+  EXPECT_THAT(files->at("tables/compare_best.csv"), HasSubstr(",value,reference_value\n"));
+}
+
 }  // namespace
 }  // namespace ablate
