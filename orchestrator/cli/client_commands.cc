@@ -167,7 +167,8 @@ absl::Status SweepOutcome(const SweepStatus& done) {
                             done.total_runs(), done.name())),
                         kExitRunsFailed);
   }
-  if (const int diverged = count("DIVERGED"); diverged > 0) {
+  // A boundary sweep diverges by design: its divergences are where the boundary lies.
+  if (const int diverged = count("DIVERGED"); diverged > 0 && done.tune_method() != "boundary") {
     return WithExitCode(absl::AbortedError(fmt::format("watch: {} of {} runs of sweep {} DIVERGED",
                                                        diverged, done.total_runs(), done.name())),
                         kExitDiverged);
@@ -572,7 +573,7 @@ std::shared_ptr<std::vector<std::string>> AddExcludeTagOption(CLI::App* cmd) {
   return tags;
 }
 
-// `ablate table SWEEP... [--format markdown|csv|json] [--exclude-tag TAG] [--best]`.
+// `ablate table SWEEP... [--format markdown|csv|json] [--exclude-tag TAG] [--best|--stability]`.
 void AddTableCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
       "table", "The paper-style comparison of a sweep: one row per variant, mean ± std over "
@@ -584,12 +585,16 @@ void AddTableCommand(CLI::App* app, std::ostream* out, std::function<absl::Statu
       ->capture_default_str();
   std::shared_ptr<std::vector<std::string>> exclude = AddExcludeTagOption(cmd);
   auto best = std::make_shared<bool>(false);
+  auto stability = std::make_shared<bool>(false);
   cmd->add_flag("--best", *best,
                 "a tuned sweep: each variant at its own best value of the tuned axis (after the "
                 "same-config table in markdown)");
+  cmd->add_flag("--stability", *stability,
+                "a boundary sweep: each variant's bracket [stable, unstable] of the tuned axis");
   SetClientAction(cmd, action, [=](CoordinatorClient& client) -> absl::Status {
     TableRequest request;
     request.set_best(*best);
+    request.set_stability(*stability);
     request.set_sweep(sweeps->front());
     for (size_t i = 1; i < sweeps->size(); ++i) request.add_more_sweeps((*sweeps)[i]);
     for (const std::string& tag : *exclude) request.add_exclude_tags(tag);

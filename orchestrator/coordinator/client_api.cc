@@ -52,6 +52,7 @@ SweepStatus ToSweepStatus(const SweepInfo& s) {
     if (n > 0) by_state[RunStateName(state)] = static_cast<int32_t>(n);
   }
   out.set_total_runs(static_cast<int32_t>(s.runs));
+  out.set_tune_method(s.tune_method);
   return out;
 }
 
@@ -144,7 +145,11 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
     for (const RunSpec& r : expanded->runs()) want.push_back(r.run_key());
     std::sort(have.begin(), have.end());
     std::sort(want.begin(), want.end());
-    if (have != want) {
+    // A boundary sweep adds its probes' runs after submission: the spec's own are among them.
+    const bool same = existing->tune_method == "boundary"
+                          ? std::includes(have.begin(), have.end(), want.begin(), want.end())
+                          : have == want;
+    if (!same) {
       return absl::AlreadyExistsError(absl::StrCat(
           file, ": a sweep named ", expanded->name(),
           " exists with different runs; give this one another `sweep:` name"));
@@ -171,27 +176,38 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
   std::map<int64_t, const RunInfo*> stored_by_id;
   for (const RunInfo& r : *stored) stored_by_id[r.id] = &r;
   int queued = 0, reused = 0;
-  absl::MutexLock lock(&mu_);
-  scheduler_.AddSweep(ids->sweep_id, expanded->priority());
-  for (int i = 0; i < expanded->runs_size(); ++i) {
-    if (ids->reused_from[i] != 0) {
-      ++reused;
-      continue;
+  {
+    absl::MutexLock lock(&mu_);
+    scheduler_.AddSweep(ids->sweep_id, expanded->priority());
+    for (int i = 0; i < expanded->runs_size(); ++i) {
+      if (ids->reused_from[i] != 0) {
+        ++reused;
+        continue;
+      }
+      const RunSpec& spec_run = expanded->runs(i);
+      auto run = stored_by_id.find(ids->run_ids[i]);
+      if (run == stored_by_id.end()) {
+        return absl::InternalError(
+            absl::StrCat("submit: run ", ids->run_ids[i], " was not stored"));
+      }
+      if (run->second->held) continue;  // waits for the first seed's decision (seeds first)
+      auto job = std::make_shared<JobTemplate>();
+      job->config = spec_run.config();
+      job->sweep = expanded->name();
+      job->variant = spec_run.variant();
+      scheduler_.Enqueue(ToQueued(*run->second, absl::InfinitePast(), std::move(job)));
+      ++queued;
     }
-    const RunSpec& spec_run = expanded->runs(i);
-    auto run = stored_by_id.find(ids->run_ids[i]);
-    if (run == stored_by_id.end()) {
-      return absl::InternalError(absl::StrCat("submit: run ", ids->run_ids[i], " was not stored"));
-    }
-    if (run->second->held) continue;  // waits for the first seed's decision (seeds first)
-    auto job = std::make_shared<JobTemplate>();
-    job->config = spec_run.config();
-    job->sweep = expanded->name();
-    job->variant = spec_run.variant();
-    scheduler_.Enqueue(ToQueued(*run->second, absl::InfinitePast(), std::move(job)));
-    ++queued;
+    work_cv_.SignalAll();
   }
-  work_cv_.SignalAll();
+  // Runs reused at submission end no attempt: what they decide (a boundary's next probe) is due
+  // now.
+  if (expanded->has_tune()) {
+    if (absl::Status s = TuneSweep(ids->sweep_id); !s.ok()) {
+      (void)store_->EnqueueEvent(ids->sweep_id, 0, "tune_error",
+                                 absl::StrCat("tuning: ", s.message()));
+    }
+  }
   response.set_queued(queued);
   response.set_reused(reused);
   *response.mutable_expanded() = *std::move(expanded);
@@ -386,10 +402,11 @@ absl::StatusOr<RerunResponse> CoordinatorCore::Rerun(const RerunRequest& request
   if (!request.failed_only()) {
     absl::StatusOr<std::optional<TuneInfo>> tune = store_->reader().GetTune(sweep->id);
     if (!tune.ok()) return tune.status();
-    if (tune->has_value() && (*tune)->method == "asha") {
+    if (tune->has_value() && (*tune)->method != "grid") {
       return absl::FailedPreconditionError(absl::StrCat(
-          "rerun: sweep ", sweep->name, " is tuned (asha): its decisions are not redone; rerun "
-          "its failed runs with --failed, or submit the spec under another name"));
+          "rerun: sweep ", sweep->name, " is tuned (", (*tune)->method, "): its decisions are "
+          "not redone; rerun its failed runs with --failed, or submit the spec under another "
+          "name"));
     }
   }
   std::vector<RunState> states = {FAILED, CANCELLED};
@@ -603,6 +620,25 @@ absl::StatusOr<TableResponse> CoordinatorCore::Table(const TableRequest& request
   if (!results.ok()) return results.status();
   const ComparisonTable table = ComparisonTableOf(*results);
   TableResponse response;
+  if (request.stability()) {
+    if (results->sweeps.size() != 1) {
+      return absl::InvalidArgumentError("table --stability: name one sweep");
+    }
+    absl::StatusOr<TuneInfo> tune = TuneOfResults(store_->reader(), *results, "table --stability");
+    if (!tune.ok()) return tune.status();
+    if (tune->method != "boundary") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "table --stability: sweep ", results->sweeps.front().name, " tunes by ", tune->method,
+          ", not boundary: it has no stability brackets"));
+    }
+    absl::StatusOr<std::vector<BracketInfo>> brackets =
+        store_->reader().TuneBrackets(results->sweeps.front().id);
+    if (!brackets.ok()) return brackets.status();
+    absl::StatusOr<std::string> formatted = FormatStability(*brackets, format);
+    if (!formatted.ok()) return formatted.status();
+    response.set_formatted(*std::move(formatted));
+    return response;
+  }
   if (request.best()) {
     absl::StatusOr<TuneInfo> tune = TuneOfResults(store_->reader(), *results, "table --best");
     if (!tune.ok()) return tune.status();

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "orchestrator/coordinator/core_internal.h"
 #include "orchestrator/store/reader.h"
@@ -169,9 +170,13 @@ absl::Status CoordinatorCore::Rebuild() {
     }
   }
   // Decisions a crash left unmade (a rung arrival stored, its decision not yet) are made now.
+  // One that cannot be made (a boundary probe needs the sweep's build) is an event, and the
+  // coordinator serves the rest.
   for (const SweepInfo& s : *sweeps) {
-    if (s.state != "ACTIVE") continue;
-    if (absl::Status t = TuneSweep(s.id); !t.ok()) return t;
+    if (s.state != "ACTIVE" || s.tune_method.empty()) continue;
+    if (absl::Status t = TuneSweep(s.id); !t.ok()) {
+      (void)store_->EnqueueEvent(s.id, 0, "tune_error", absl::StrCat("tuning: ", t.message()));
+    }
   }
   return absl::OkStatus();
 }

@@ -250,6 +250,9 @@ class CoordinatorCore {
   // The decisions due in one group (DecideAsha), written in one store transaction, until none is
   // left; the runs they release are queued.
   absl::Status TuneGroup(const TuneInfo& tune, const std::string& group);
+  // A boundary sweep's group (NextBoundaryStep): waits for the probe training, adds the next one
+  // (its runs expanded from the stored spec, queued), or closes the bracket.
+  absl::Status BisectGroup(const TuneInfo& tune, const std::string& group);
   // Records in the store that a worker was seen IDLE or BUSY: at once when its state changed,
   // else at most every kWorkerSeenInterval (a report or long poll per job need not each write
   // the workers table).

@@ -50,6 +50,7 @@ struct ReportData {
   std::optional<TuneInfo> tune;
   std::optional<ComparisonTable> best_table;
   std::optional<Comparison> best_comparison;
+  std::vector<BracketInfo> brackets;  // a boundary sweep's
 };
 
 absl::StatusOr<ReportData> ReadReportData(const StoreReader& reader, const ReportOptions& options) {
@@ -99,6 +100,11 @@ absl::StatusOr<ReportData> ReadReportData(const StoreReader& reader, const Repor
     d.tune = **tune;
     const BestResults best = BestOf(*results, *d.tune);
     d.best_table = BestTable(best, *d.tune);
+    if (d.tune->method == "boundary") {
+      absl::StatusOr<std::vector<BracketInfo>> brackets = reader.TuneBrackets(id);
+      if (!brackets.ok()) return brackets.status();
+      d.brackets = *std::move(brackets);
+    }
     absl::StatusOr<Comparison> at_best = CompareResults(best.results, CompareOptions{});
     if (at_best.ok()) {
       NameBestValues(best, *d.tune, &*at_best);
@@ -191,6 +197,10 @@ std::map<std::string, std::string> Tables(const ReportData& d) {
   if (d.best_comparison) {
     absl::StatusOr<std::string> paired = FormatComparison(*d.best_comparison, "csv");
     out["tables/compare_best.csv"] = paired.ok() ? *paired : "";
+  }
+  if (!d.brackets.empty()) {
+    absl::StatusOr<std::string> stability = FormatStability(d.brackets, "csv");
+    out["tables/stability.csv"] = stability.ok() ? *stability : "";
   }
 
   std::string variants = CsvLine({"variant", "description", "diff", "budget", "params_total",
@@ -329,6 +339,15 @@ std::string Markdown(const ReportData& d, const std::vector<ReportFigure>& figur
     absl::StrAppend(&md, "## Against the reference\n\n", paired.ok() ? *paired : "", "\n",
                     "As `ablate compare ", s.name, "`; every number in ",
                     "[tables/compare.csv](tables/compare.csv).\n\n");
+  }
+  if (!d.brackets.empty()) {
+    absl::StatusOr<std::string> stability = FormatStability(d.brackets, "markdown");
+    absl::StrAppend(&md, "## Stability boundary\n\n", stability.ok() ? *stability : "", "\n",
+                    "The largest value of ", d.tune->axis, " at which every seed trained without "
+                    "diverging or a spike score above ", d.tune->plan.max_spike_score(),
+                    " (stable), and the smallest above it at which one did not (unstable). As "
+                    "`ablate table ", s.name, " --stability`; [tables/stability.csv]"
+                    "(tables/stability.csv).\n\n");
   }
   if (d.best_table) {
     absl::StatusOr<std::string> best = FormatComparisonTable(*d.best_table, "markdown");
@@ -578,7 +597,7 @@ absl::StatusOr<std::map<std::string, std::string>> RenderReport(const StoreReade
   const std::map<std::string, std::string> tables = files;
   const std::vector<ReportFigure> figures =
       DrawReportFigures(data->figures, data->table, data->comparison ? &*data->comparison : nullptr,
-                        data->runs, data->tune ? &*data->tune : nullptr);
+                        data->runs, data->tune ? &*data->tune : nullptr, data->brackets);
   for (const ReportFigure& f : figures) files[f.file] = f.svg;
   files["spec.yaml"] = data->source.spec_yaml;
   files["report.md"] = Markdown(*data, figures, tables, generated);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <utility>
 
@@ -306,7 +307,8 @@ double TunedMetric(const RunInfo& r, const std::string& metric) {
 // A tuned sweep: each group's final metric against the tuned value (the mean over SUCCEEDED
 // seeds, a line), the runs a tuner STOPPED at their rung's value (rings), the values where a
 // run DIVERGED (triangles on the top edge).
-std::optional<ReportFigure> TuneFigure(const std::vector<RunInfo>& runs, const TuneInfo* tune) {
+std::optional<ReportFigure> TuneFigure(const std::vector<RunInfo>& runs, const TuneInfo* tune,
+                                       const std::vector<BracketInfo>& brackets) {
   if (tune == nullptr) return std::nullopt;
   struct Group {
     std::map<double, std::pair<double, int>> finished;  // value -> (sum, n)
@@ -355,11 +357,31 @@ std::optional<ReportFigure> TuneFigure(const std::vector<RunInfo>& runs, const T
     svg::Style bad = style;
     chart.Markers(g.diverged_x, std::vector<double>(g.diverged_x.size(), kNaN), bad);
   }
+  // A boundary sweep's brackets: dashed verticals at the stable and the unstable value, across
+  // the plotted metrics' range.
+  double y_lo = std::numeric_limits<double>::infinity(), y_hi = -y_lo;
+  for (const auto& [name, g] : groups) {
+    for (const auto& [value, sum_n] : g.finished) {
+      y_lo = std::min(y_lo, sum_n.first / sum_n.second);
+      y_hi = std::max(y_hi, sum_n.first / sum_n.second);
+    }
+  }
+  for (const BracketInfo& b : brackets) {
+    const auto at = std::find(order.begin(), order.end(), b.group);
+    if (at == order.end() || !(y_hi >= y_lo)) continue;
+    svg::Style edge;
+    edge.color = svg::SeriesColor(static_cast<int>(at - order.begin()));
+    edge.dashed = true;
+    edge.width = 1.2;
+    for (double x : {b.stable, b.unstable}) {
+      if (std::isfinite(x)) chart.Line({x, x}, {y_lo, y_hi}, edge);
+    }
+  }
   const std::string caption = absl::StrCat(
       "Each variant's ", tune->metric, " against ", tune->axis, " (", tune->method,
       "): the mean over the seeds that trained to the end (line and dots), runs the tuner stopped "
       "at a rung with their metric there (rings), and values where a run diverged (triangles on "
-      "the top edge).");
+      "the top edge)", brackets.empty() ? "." : "; dashed: each variant's stability bracket.");
   chart.Caption(caption);
   return ReportFigure{"figures/tune.svg", absl::StrCat(tune->metric, " against ", tune->axis),
                       caption, chart.Render()};
@@ -375,11 +397,12 @@ bool AnyInterim(const SweepFigures& f) {
 std::vector<ReportFigure> DrawReportFigures(const SweepFigures& figures, const ComparisonTable& table,
                                             const Comparison* comparison,
                                             const std::vector<RunInfo>& runs,
-                                            const TuneInfo* tune) {
+                                            const TuneInfo* tune,
+                                            const std::vector<BracketInfo>& brackets) {
   std::vector<ReportFigure> out;
   for (std::optional<ReportFigure> f :
        {LossFigure(figures), ValLossFigure(figures), CompareFigure(comparison),
-        TuneFigure(runs, tune),
+        TuneFigure(runs, tune, brackets),
         LayerFigure(figures, true), LayerFigure(figures, false), HistogramFigure(figures),
         LengthFigure(table)}) {
     if (f) out.push_back(*std::move(f));

@@ -22,10 +22,12 @@ struct ReportFigure {
 bool AnyInterim(const SweepFigures& figures);
 
 // Every figure that has something to show; `comparison` may be null (no reference in the sweep),
-// `tune` null (a sweep without `tune:`); `runs` are the sweep's, for the tuning figure.
+// `tune` null (a sweep without `tune:`); `runs` are the sweep's, for the tuning figure, and
+// `brackets` a boundary sweep's, drawn on it.
 std::vector<ReportFigure> DrawReportFigures(const SweepFigures& figures, const ComparisonTable& table,
                                             const Comparison* comparison,
                                             const std::vector<RunInfo>& runs = {},
-                                            const TuneInfo* tune = nullptr);
+                                            const TuneInfo* tune = nullptr,
+                                            const std::vector<BracketInfo>& brackets = {});
 
 }  // namespace ablate

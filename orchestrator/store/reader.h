@@ -59,6 +59,7 @@ struct SweepInfo {
   int64_t runs = 0, pending = 0, running = 0, succeeded = 0, failed = 0, diverged = 0,
           cancelled = 0, interrupted = 0, stopped = 0;
   int64_t steps_done = 0, steps_total = 0;
+  std::string tune_method;  // its tune's method ("grid", "asha", "boundary"); "" without one
 };
 
 // One run (the runs table, with sweep and variant names). Metric fields are NaN when unset.
@@ -119,7 +120,17 @@ struct TuneGroupRun {
   bool held = false;
   int64_t steps_done = 0, steps_total = 0;
   double final_metric = kNaN;    // runs.<metric>: its last evaluation
+  double spike_score = kNaN;
   std::map<int64_t, double> at;  // eval_metrics.<metric> at each rung step evaluated
+};
+
+// A boundary sweep's bracket of one group (tune_brackets).
+struct BracketInfo {
+  std::string group, variant, axes;
+  std::string state;                 // OPEN while it bisects, then DONE
+  double stable = kNaN, unstable = kNaN;  // NaN: none (unstable at min, stable at max)
+  int64_t probes = 0;                // values tried after min and max
+  std::string note;
 };
 
 // A tuning decision as stored (tune_decisions).
@@ -452,6 +463,8 @@ class StoreReader {
   // The decisions stored for a sweep (`group` empty: every group), oldest first.
   absl::StatusOr<std::vector<TuneDecisionInfo>> TuneDecisions(int64_t sweep_id,
                                                               const std::string& group = "") const;
+  // A boundary sweep's brackets, by group.
+  absl::StatusOr<std::vector<BracketInfo>> TuneBrackets(int64_t sweep_id) const;
 
   // The comparison table of a sweep (by name or id). NotFound for an unknown sweep.
   absl::StatusOr<ComparisonTable> GetComparisonTable(const std::string& sweep) const;

@@ -26,14 +26,15 @@ namespace {
 constexpr char kSweepColumns[] =
     "sweep_id, sweep, state, priority, created_at, runs, pending, running, succeeded, failed, "
     "diverged, cancelled, interrupted, steps_done, steps_total, "
-    "(SELECT description FROM sweeps WHERE id = sweep_id), stopped";
+    "(SELECT description FROM sweeps WHERE id = sweep_id), stopped, "
+    "coalesce((SELECT method FROM tunes WHERE tunes.sweep_id = sweep_progress.sweep_id), '')";
 
 SweepInfo ReadSweep(const Stmt& s) {
   SweepInfo info;
   ReadColumns(s, 0, &info.id, &info.name, &info.state, &info.priority, &info.created_at,
               &info.runs, &info.pending, &info.running, &info.succeeded, &info.failed,
               &info.diverged, &info.cancelled, &info.interrupted, &info.steps_done,
-              &info.steps_total, &info.description, &info.stopped);
+              &info.steps_total, &info.description, &info.stopped, &info.tune_method);
   return info;
 }
 

@@ -61,8 +61,8 @@ absl::StatusOr<std::vector<TuneGroupRun>> StoreReader::ReadTuneGroup(
         absl::StrCat("store: tune metric \"", tune.metric, "\" is not an evaluation metric"));
   }
   absl::StatusOr<std::vector<TuneGroupRun>> runs = ReadRows<TuneGroupRun>(
-      absl::StrCat("SELECT t.run_id, t.value, r.seed, r.state, t.held, r.steps_done, r.steps_total, r.",
-                   tune.metric,
+      absl::StrCat("SELECT t.run_id, t.value, r.seed, r.state, t.held, r.steps_done, r.steps_total, "
+                   "r.spike_score, r.", tune.metric,
                    " FROM tune_runs t JOIN runs r ON r.id = t.run_id WHERE t.sweep_id = ?1 AND "
                    "t.grp = ?2 ORDER BY r.run_index"),
       [&](Stmt& q) { q.Bind(1, tune.sweep_id).Bind(2, group); },
@@ -72,7 +72,7 @@ absl::StatusOr<std::vector<TuneGroupRun>> StoreReader::ReadTuneGroup(
         r.seed = static_cast<uint64_t>(s.ColumnInt(2));
         r.state = ParseRunState(s.ColumnText(3));
         r.held = s.ColumnInt(4) != 0;
-        ReadColumns(s, 5, &r.steps_done, &r.steps_total, &r.final_metric);
+        ReadColumns(s, 5, &r.steps_done, &r.steps_total, &r.spike_score, &r.final_metric);
         return r;
       });
   if (!runs.ok() || rungs.empty()) return runs;
@@ -105,6 +105,20 @@ absl::StatusOr<std::vector<TuneDecisionInfo>> StoreReader::TuneDecisions(
         TuneDecisionInfo d;
         ReadColumns(s, 0, &d.group, &d.value, &d.rung, &d.kind, &d.metric, &d.detail);
         return d;
+      });
+}
+
+absl::StatusOr<std::vector<BracketInfo>> StoreReader::TuneBrackets(int64_t sweep_id) const {
+  return ReadRows<BracketInfo>(
+      "SELECT b.grp, b.variant, b.axes, b.state, b.stable, b.unstable, b.probes, b.note "
+      "FROM tune_brackets b WHERE b.sweep_id = ?1 ORDER BY (SELECT min(r.run_index) FROM "
+      "tune_runs t JOIN runs r ON r.id = t.run_id WHERE t.sweep_id = ?1 AND t.grp = b.grp)",
+      [&](Stmt& q) { q.Bind(1, sweep_id); },
+      [](const Stmt& s) {
+        BracketInfo b;
+        ReadColumns(s, 0, &b.group, &b.variant, &b.axes, &b.state, &b.stable, &b.unstable,
+                    &b.probes, &b.note);
+        return b;
       });
 }
 

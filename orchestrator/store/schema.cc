@@ -635,15 +635,17 @@ LEFT JOIN workers w ON w.id = r.worker_id;
 // - tunes: a tuned sweep's `tune:` block (the TunePlan as JSON, the axis, method, metric, mode);
 // - tune_runs: each tuned run's group, value, the step it pauses at next (0 = its end) and
 //   whether it waits for a decision (held: PENDING but not queued);
-// - tune_decisions: every decision (promote, stop, choose) once per (sweep, group, value, rung,
-//   kind): the tuner inserts with INSERT OR IGNORE, so one decided before, by this coordinator or
-//   one before a restart, is never applied twice;
+// - tune_decisions: every decision (promote, stop, choose, probe) once per (sweep, group, value,
+//   rung, kind): the tuner inserts with INSERT OR IGNORE, so one decided before, by this
+//   coordinator or one before a restart, is never applied twice;
+// - tune_brackets: a boundary sweep's bracket per group, OPEN while it bisects (the sweep is not
+//   DONE meanwhile), then DONE with [stable, unstable];
 // - sweep_progress gains `stopped`.
 constexpr char kSchemaV10[] = R"sql(
 CREATE TABLE tunes (
   sweep_id    INTEGER PRIMARY KEY REFERENCES sweeps(id),
   axis        TEXT NOT NULL,
-  method      TEXT NOT NULL CHECK (method = 'grid' OR method = 'asha'),
+  method      TEXT NOT NULL CHECK (method = 'grid' OR method = 'asha' OR method = 'boundary'),
   metric      TEXT NOT NULL DEFAULT 'val_loss',
   mode        TEXT NOT NULL DEFAULT 'min' CHECK (mode = 'min' OR mode = 'max'),
   plan_json   TEXT NOT NULL
@@ -657,13 +659,26 @@ CREATE TABLE tune_runs (
   held          INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX tune_runs_by_group ON tune_runs (sweep_id, grp);
+CREATE TABLE tune_brackets (
+  sweep_id  INTEGER NOT NULL REFERENCES sweeps(id),
+  grp       TEXT NOT NULL,
+  variant   TEXT NOT NULL,
+  axes      TEXT NOT NULL DEFAULT '',
+  state     TEXT NOT NULL DEFAULT 'OPEN' CHECK (state = 'OPEN' OR state = 'DONE'),
+  stable    REAL,
+  unstable  REAL,
+  probes    INTEGER NOT NULL DEFAULT 0,
+  note      TEXT NOT NULL DEFAULT '',
+  PRIMARY KEY (sweep_id, grp)
+) WITHOUT ROWID;
 CREATE TABLE tune_decisions (
   id        INTEGER PRIMARY KEY,
   sweep_id  INTEGER NOT NULL REFERENCES sweeps(id),
   grp       TEXT NOT NULL,
   value     REAL NOT NULL,
   rung      INTEGER NOT NULL,
-  kind      TEXT NOT NULL CHECK (kind = 'promote' OR kind = 'stop' OR kind = 'choose'),
+  kind      TEXT NOT NULL CHECK (kind = 'promote' OR kind = 'stop' OR kind = 'choose' OR
+                                 kind = 'probe'),
   metric    REAL,
   detail    TEXT NOT NULL DEFAULT '',
   time      REAL NOT NULL,

@@ -329,6 +329,23 @@ absl::StatusOr<TuneDecisionResult> Store::ApplyTuneDecisions(const TuneDecisionW
   return *result;
 }
 
+absl::StatusOr<TuneProbeResult> Store::AddTuneProbe(const TuneProbeWrite& write) {
+  auto result = std::make_shared<TuneProbeResult>();
+  absl::Status s = RunSync(
+      [&write, result](StoreWriter& w) {
+        *result = TuneProbeResult();
+        return store_internal::ApplyAddTuneProbe(w, write, result.get());
+      },
+      1 + 3 * static_cast<int64_t>(write.runs.runs_size()));
+  if (!s.ok()) return s;
+  return *result;
+}
+
+absl::Status Store::CloseBracket(const BracketWrite& write) {
+  return RunSync([&write](StoreWriter& w) { return store_internal::ApplyCloseBracket(w, write); },
+                 2);
+}
+
 absl::StatusOr<ReportResult> Store::ReportMetrics(const MetricBatch& batch) {
   if (batch.seq < 1) return absl::InvalidArgumentError("store: metric batch seq must be >= 1");
   auto result = std::make_shared<ReportResult>();

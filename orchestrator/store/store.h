@@ -172,6 +172,31 @@ struct TuneDecisionWrite {
   std::vector<Decision> decisions;
 };
 
+// A boundary sweep's next probe of one group: its runs (every seed, as ExpandTuneProbe made them)
+// inserted after the sweep's last, with their configs, their tune_runs rows, a "probe" decision
+// (once per group and value) and the bracket's probe count, in one transaction.
+struct TuneProbeWrite {
+  int64_t sweep_id = 0;
+  std::string group;
+  double value = 0;
+  std::string detail;
+  ExpandedSweep runs;                    // name, priority and the runs; indexes are renumbered
+  std::vector<std::string> config_json;  // in runs order
+};
+struct TuneProbeResult {
+  std::vector<int64_t> run_ids;  // empty: the probe was added before
+};
+
+// The end of a boundary sweep's bisection in one group: the bracket DONE with what it found
+// (stable and unstable NaN when unknown) and a note; the sweep settles (DONE when it was the last
+// thing left).
+struct BracketWrite {
+  int64_t sweep_id = 0;
+  std::string group;
+  double stable = 0, unstable = 0;  // NaN: none
+  std::string note;
+};
+
 struct TuneDecisionResult {
   // Runs released to train on (promote, choose): PENDING, no longer held, attempt_base rebased.
   std::vector<int64_t> released;
@@ -307,6 +332,11 @@ class Store {
   // a promote or choose releases its held runs with the next stop step and attempt_base =
   // attempts, so that rung pauses do not use up retries.
   absl::StatusOr<TuneDecisionResult> ApplyTuneDecisions(const TuneDecisionWrite& write);
+  // A TuneProbeWrite; a probe of that value added before adds nothing (run_ids empty).
+  absl::StatusOr<TuneProbeResult> AddTuneProbe(const TuneProbeWrite& write);
+  // A BracketWrite; NotFound for a group without a bracket. Closing a DONE bracket again keeps
+  // what it holds.
+  absl::Status CloseBracket(const BracketWrite& write);
 
   // Waits until every write enqueued before the call is committed. Returns the error of a failed
   // flush attempt meanwhile (the writes stay queued and are retried).

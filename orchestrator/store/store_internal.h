@@ -124,10 +124,24 @@ absl::Status ApplyRegisterWorker(StoreWriter& w, const std::string& name,
 // Store::Annotate.
 absl::Status ApplyAnnotate(StoreWriter& w, const AnnotationEdit& edit, AnnotationResult* result);
 
-// A tuned sweep's rows (tune_writes.cc), inserted by ApplyCreateSweep: its plan, and each run's
-// place in the tuning.
+// The sweep is DONE when nothing of it is left to run (and no boundary bracket is open); ACTIVE
+// again when something is.
+absl::Status SettleSweepState(StoreWriter& w, int64_t sweep_id, double now);
+// Inserts one run of `sweep` (PENDING) at run.index() with its config; returns its id.
+absl::StatusOr<int64_t> InsertRunRow(StoreWriter& w, const ExpandedSweep& sweep,
+                                     const RunSpec& run, int64_t sweep_id, int64_t variant_id,
+                                     const std::string& config_json, double now);
+
+// A tuned sweep's rows (tune_writes.cc), inserted by ApplyCreateSweep: its plan, each run's place
+// in the tuning, and a boundary sweep's open bracket per group.
 absl::Status InsertTune(StoreWriter& w, int64_t sweep_id, const TunePlan& plan);
 absl::Status InsertTuneRun(StoreWriter& w, int64_t sweep_id, int64_t run_id, const TuneRun& run);
+// The tune_runs row of `run`, and its group's bracket when the sweep is a boundary one.
+absl::Status InsertTuneRows(StoreWriter& w, const ExpandedSweep& sweep, int64_t sweep_id,
+                            int64_t run_id, const RunSpec& run);
+// Store::AddTuneProbe and Store::CloseBracket.
+absl::Status ApplyAddTuneProbe(StoreWriter& w, const TuneProbeWrite& write, TuneProbeResult* result);
+absl::Status ApplyCloseBracket(StoreWriter& w, const BracketWrite& write);
 // Store::ApplyTuneDecisions.
 absl::Status ApplyTuneDecisions(StoreWriter& w, const TuneDecisionWrite& write,
                                 TuneDecisionResult* result);

@@ -1,5 +1,6 @@
 #include "orchestrator/store/tune_results.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -8,6 +9,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/text_format.h"
+#include "nlohmann/json.hpp"
 
 namespace ablate {
 namespace {
@@ -110,6 +113,65 @@ void NameBestValues(const BestResults& best, const TuneInfo& tune, Comparison* c
       row.reference_value = it->second;
     }
   }
+}
+
+namespace {
+
+std::string Value(double v) { return std::isfinite(v) ? absl::StrCat(v) : ""; }
+nlohmann::json ValueJson(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
+
+// In words: the bracket, or why there is none.
+std::string Found(const BracketInfo& b) {
+  if (b.state == "OPEN") return "bisecting";
+  if (std::isfinite(b.stable) && std::isfinite(b.unstable)) {
+    return absl::StrCat("stable up to ", b.stable, ", unstable from ", b.unstable,
+                        b.note.empty() ? "" : absl::StrCat(" (", b.note, ")"));
+  }
+  return b.note;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> FormatStability(const std::vector<BracketInfo>& brackets,
+                                            const std::string& format) {
+  if (format == "csv") {
+    std::string out = "variant,axes,stable,unstable,probes\n";
+    for (const BracketInfo& b : brackets) {
+      absl::StrAppend(&out, CsvField(b.variant), ",", CsvField(b.axes), ",", Value(b.stable), ",",
+                      Value(b.unstable), ",", b.probes, "\n");
+    }
+    return out;
+  }
+  if (format == "json") {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const BracketInfo& b : brackets) {
+      rows.push_back({{"variant", b.variant},
+                      {"axes", b.axes},
+                      {"state", b.state},
+                      {"stable", ValueJson(b.stable)},
+                      {"unstable", ValueJson(b.unstable)},
+                      {"probes", b.probes},
+                      {"note", b.note}});
+    }
+    return rows.dump(2) + "\n";
+  }
+  if (format != "markdown") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown format \"", format, "\" (expected markdown, csv or json)"));
+  }
+  const bool has_axes = std::any_of(brackets.begin(), brackets.end(),
+                                    [](const BracketInfo& b) { return !b.axes.empty(); });
+  std::string out = has_axes ? "| variant | axes | stable | unstable | probes | found |\n"
+                               "|---|---|---:|---:|---:|---|\n"
+                             : "| variant | stable | unstable | probes | found |\n"
+                               "|---|---:|---:|---:|---|\n";
+  for (const BracketInfo& b : brackets) {
+    absl::StrAppend(&out, "| ", b.variant, " | ", has_axes ? absl::StrCat(b.axes, " | ") : "",
+                    std::isfinite(b.stable) ? absl::StrCat(b.stable) : "—", " | ",
+                    std::isfinite(b.unstable) ? absl::StrCat(b.unstable) : "—", " | ", b.probes,
+                    " | ", Found(b), " |\n");
+  }
+  return out;
 }
 
 }  // namespace ablate

@@ -7,6 +7,9 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
 
 #include "orchestrator/store/compare.h"
 #include "orchestrator/store/reader.h"
@@ -37,6 +40,12 @@ ComparisonTable BestTable(const BestResults& best, const TuneInfo& tune);
 
 // Fills each row's value and reference_value, and the comparison's best_axis.
 void NameBestValues(const BestResults& best, const TuneInfo& tune, Comparison* comparison);
+
+// A boundary sweep's brackets: "markdown" (variant, axes when any, stable, unstable, probes,
+// and what the bisection found in words), "csv" (exactly variant,axes,stable,unstable,probes;
+// a value it does not have is empty) or "json".
+absl::StatusOr<std::string> FormatStability(const std::vector<BracketInfo>& brackets,
+                                            const std::string& format);
 
 }  // namespace ablate
 

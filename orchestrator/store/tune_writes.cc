@@ -32,6 +32,106 @@ absl::Status InsertTuneRun(StoreWriter& w, int64_t sweep_id, int64_t run_id, con
 
 namespace {
 
+absl::Status InsertBracket(StoreWriter& w, int64_t sweep_id, const RunSpec& run) {
+  // The group is "VARIANT" or "VARIANT path=value ...": the bracket keeps both parts apart.
+  const std::string& group = run.tune().group();
+  const size_t space = group.find(' ');
+  STORE_ASSIGN_OR_RETURN(stmt, w.Get("INSERT OR IGNORE INTO tune_brackets (sweep_id, grp, "
+                                     "variant, axes) VALUES (?1, ?2, ?3, ?4)"));
+  stmt->Bind(1, sweep_id).Bind(2, group).Bind(3, run.variant());
+  stmt->Bind(4, space == std::string::npos ? std::string() : group.substr(space + 1));
+  return stmt->Run();
+}
+
+}  // namespace
+
+absl::Status InsertTuneRows(StoreWriter& w, const ExpandedSweep& sweep, int64_t sweep_id,
+                            int64_t run_id, const RunSpec& run) {
+  STORE_RETURN_IF_ERROR(InsertTuneRun(w, sweep_id, run_id, run.tune()));
+  if (sweep.tune().method() != "boundary") return absl::OkStatus();
+  return InsertBracket(w, sweep_id, run);
+}
+
+absl::Status ApplyAddTuneProbe(StoreWriter& w, const TuneProbeWrite& write,
+                               TuneProbeResult* result) {
+  STORE_ASSIGN_OR_RETURN(
+      decided, w.Get("INSERT OR IGNORE INTO tune_decisions (sweep_id, grp, value, rung, kind, "
+                     "detail, time) VALUES (?1, ?2, ?3, 0, 'probe', ?4, ?5)"));
+  decided->Bind(1, write.sweep_id).Bind(2, write.group).Bind(3, write.value);
+  decided->Bind(4, write.detail).Bind(5, w.Now());
+  STORE_RETURN_IF_ERROR(decided->Run());
+  if (sqlite3_changes(w.db()) == 0) return absl::OkStatus();  // probed before
+  STORE_ASSIGN_OR_RETURN(last, w.Get("SELECT coalesce(max(run_index), -1) FROM runs "
+                                     "WHERE sweep_id = ?1"));
+  last->Bind(1, write.sweep_id);
+  STORE_ASSIGN_OR_RETURN(found, last->Step());
+  int64_t index = found ? last->ColumnInt(0) + 1 : 0;
+  last->Reset();
+  STORE_ASSIGN_OR_RETURN(variant, w.Get("SELECT id FROM variants WHERE sweep_id = ?1 AND "
+                                        "name = ?2"));
+  const double now = w.Now();
+  for (int i = 0; i < write.runs.runs_size(); ++i) {
+    RunSpec run = write.runs.runs(i);
+    run.set_index(static_cast<int32_t>(index++));
+    variant->Bind(1, write.sweep_id).Bind(2, run.variant());
+    STORE_ASSIGN_OR_RETURN(has_variant, variant->Step());
+    const int64_t variant_id = has_variant ? variant->ColumnInt(0) : 0;
+    variant->Reset();
+    if (!has_variant) {
+      return absl::NotFoundError(absl::StrCat("store: sweep ", write.sweep_id,
+                                              " has no variant ", run.variant()));
+    }
+    STORE_ASSIGN_OR_RETURN(run_id, InsertRunRow(w, write.runs, run, write.sweep_id, variant_id,
+                                                write.config_json[i], now));
+    STORE_RETURN_IF_ERROR(InsertTuneRun(w, write.sweep_id, run_id, run.tune()));
+    result->run_ids.push_back(run_id);
+  }
+  STORE_ASSIGN_OR_RETURN(count, w.Get("UPDATE tune_brackets SET probes = probes + 1 "
+                                      "WHERE sweep_id = ?1 AND grp = ?2"));
+  count->Bind(1, write.sweep_id).Bind(2, write.group);
+  STORE_RETURN_IF_ERROR(count->Run());
+  return InsertEvent(w, write.sweep_id, 0, "tune_decision",
+                     absl::StrCat(write.group, " at ", write.value, ": probe: ", write.detail));
+}
+
+absl::Status ApplyCloseBracket(StoreWriter& w, const BracketWrite& write) {
+  STORE_ASSIGN_OR_RETURN(
+      close, w.Get("UPDATE tune_brackets SET state = 'DONE', stable = ?3, unstable = ?4, "
+                   "note = ?5 WHERE sweep_id = ?1 AND grp = ?2 AND state = 'OPEN'"));
+  close->Bind(1, write.sweep_id).Bind(2, write.group);
+  if (std::isfinite(write.stable)) {
+    close->Bind(3, write.stable);
+  } else {
+    close->BindNull(3);
+  }
+  if (std::isfinite(write.unstable)) {
+    close->Bind(4, write.unstable);
+  } else {
+    close->BindNull(4);
+  }
+  close->Bind(5, write.note);
+  STORE_RETURN_IF_ERROR(close->Run());
+  if (sqlite3_changes(w.db()) == 0) {
+    STORE_ASSIGN_OR_RETURN(exists, w.Get("SELECT 1 FROM tune_brackets WHERE sweep_id = ?1 AND "
+                                         "grp = ?2"));
+    exists->Bind(1, write.sweep_id).Bind(2, write.group);
+    STORE_ASSIGN_OR_RETURN(found, exists->Step());
+    exists->Reset();
+    if (!found) {
+      return absl::NotFoundError(absl::StrCat("store: sweep ", write.sweep_id, " has no bracket "
+                                              "for ", write.group));
+    }
+    return absl::OkStatus();  // closed before
+  }
+  STORE_RETURN_IF_ERROR(InsertEvent(
+      w, write.sweep_id, 0, "tune_bracket",
+      absl::StrCat(write.group, ": stable ", write.stable, ", unstable ", write.unstable,
+                   write.note.empty() ? "" : absl::StrCat(" (", write.note, ")"))));
+  return SettleSweepState(w, write.sweep_id, w.Now());
+}
+
+namespace {
+
 // Releases a held run to train on: PENDING, held no more, pausing next at `next_stop`, its
 // retries counted from now. False when it is not a held PENDING run (nothing changes).
 absl::StatusOr<bool> Release(StoreWriter& w, int64_t run_id, int64_t next_stop) {

@@ -464,13 +464,16 @@ absl::Status SetRunStateWithSummary(StoreWriter& w, const RunTransition& t, int3
 // The sweep is DONE when nothing of it is left to run; a requeued run makes it ACTIVE again.
 // Called only for a run that entered or left a terminal state, the only transitions that can
 // change that.
+}  // namespace
+
 absl::Status SettleSweepState(StoreWriter& w, int64_t sweep_id, double now) {
   // One statement: whether anything of the sweep is left to run, evaluated once (it does not
   // depend on the sweeps row), and the sweep's state set from it where it differs. A probe and
   // an UPDATE of their own would cost a statement more per dispatched job. EXISTS, not
   // count(*): it stops at the first index entry, where a count walks every queued run of the
   // sweep. Three probes, not `state IN (...)`: SQLite builds a temporary b-tree of an IN list of
-  // three names or more on every execution.
+  // three names or more on every execution. A boundary sweep's open bracket (a stability
+  // bisection that has another probe to add) keeps it ACTIVE: one primary-key probe more.
   STORE_ASSIGN_OR_RETURN(
       settle,
       w.Get("UPDATE sweeps SET state = CASE state WHEN 'ACTIVE' THEN 'DONE' ELSE 'ACTIVE' END, "
@@ -478,11 +481,14 @@ absl::Status SettleSweepState(StoreWriter& w, int64_t sweep_id, double now) {
             "WHERE id = ?1 AND state = CASE WHEN "
             "EXISTS (SELECT 1 FROM runs WHERE sweep_id = ?1 AND state = 'PENDING') OR "
             "EXISTS (SELECT 1 FROM runs WHERE sweep_id = ?1 AND state = 'RUNNING') OR "
-            "EXISTS (SELECT 1 FROM runs WHERE sweep_id = ?1 AND state = 'INTERRUPTED') "
+            "EXISTS (SELECT 1 FROM runs WHERE sweep_id = ?1 AND state = 'INTERRUPTED') OR "
+            "EXISTS (SELECT 1 FROM tune_brackets WHERE sweep_id = ?1 AND state = 'OPEN') "
             "THEN 'DONE' ELSE 'ACTIVE' END"));
   settle->Bind(1, sweep_id).Bind(2, now);
   return settle->Run();
 }
+
+namespace {
 
 // Applies `start` under its own savepoint when the pass has them: a start that cannot happen
 // (FailedPrecondition: cancelled meanwhile) is undone alone. Without savepoints its failure fails
@@ -505,6 +511,13 @@ absl::Status ApplyStart(StoreWriter& w, const RunTransition& start, absl::Status
 }
 
 }  // namespace
+
+absl::StatusOr<int64_t> InsertRunRow(StoreWriter& w, const ExpandedSweep& sweep,
+                                     const RunSpec& run, int64_t sweep_id, int64_t variant_id,
+                                     const std::string& config_json, double now) {
+  STORE_ASSIGN_OR_RETURN(statements, RunStatements::Prepare(w));
+  return InsertRun(w, statements, sweep, run, sweep_id, variant_id, config_json, now);
+}
 
 absl::Status InsertEvent(StoreWriter& w, int64_t sweep_id, int64_t run_id, std::string kind,
                          std::string message) {
@@ -533,7 +546,7 @@ absl::Status ApplyCreateSweep(StoreWriter& w, const SweepRecord& record,
     STORE_ASSIGN_OR_RETURN(run_id, InsertRun(w, statements, sweep, run, sweep_id,
                                              variant_ids[run.variant()], config_json[i], now));
     ids->run_ids.push_back(run_id);
-    if (sweep.has_tune()) STORE_RETURN_IF_ERROR(InsertTuneRun(w, sweep_id, run_id, run.tune()));
+    if (sweep.has_tune()) STORE_RETURN_IF_ERROR(InsertTuneRows(w, sweep, sweep_id, run_id, run));
     int64_t source = 0;
     if (record.reuse) {
       STORE_ASSIGN_OR_RETURN(found, FindReusable(statements, run.run_key()));

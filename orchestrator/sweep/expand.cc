@@ -452,6 +452,36 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec, const ExpandOpt
   return sweep;
 }
 
+absl::StatusOr<std::vector<RunSpec>> ExpandTuneProbe(const SweepSpec& spec,
+                                                     const std::string& group, double value,
+                                                     const ExpandOptions& options,
+                                                     std::vector<std::string>* config_json) {
+  if (!spec.tune || spec.axes.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(spec.file, ": the spec has no tune: block"));
+  }
+  SweepSpec probe = spec;
+  AxisAssignment a = probe.tune->values.front();
+  a.text = FormatTuneValue(value);
+  a.value = YAML::Node(a.text);
+  probe.tune->values = {a};
+  probe.axes.back().points = {{a}};  // the tune's axis is the last
+  std::vector<std::string> json;
+  absl::StatusOr<ExpandedSweep> sweep = ExpandSweep(probe, options, &json);
+  if (!sweep.ok()) return sweep.status();
+  std::vector<RunSpec> runs;
+  if (config_json != nullptr) config_json->clear();
+  for (int i = 0; i < sweep->runs_size(); ++i) {
+    if (sweep->runs(i).tune().group() != group) continue;
+    runs.push_back(sweep->runs(i));
+    if (config_json != nullptr) config_json->push_back(std::move(json[i]));
+  }
+  if (runs.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec.file, ": no runs of group \"", group, "\" at ", a.text));
+  }
+  return runs;
+}
+
 absl::StatusOr<ExpandedSweep> ExpandSweepFile(const std::string& path,
                                               const ExpandOptions& options) {
   absl::StatusOr<SweepSpec> spec = LoadSweepSpecFile(path);

@@ -38,6 +38,15 @@ struct ExpandOptions {
 absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec, const ExpandOptions& options = {},
                                           std::vector<std::string>* config_json = nullptr);
 
+// The runs of one group of a tuned spec at one more value of its tuned axis (a stability probe),
+// every seed, as ExpandSweep makes them (budget matching, run keys with options.code_version):
+// their indexes are 0.. and are the store's to renumber. `config_json` as ExpandSweep's.
+// InvalidArgument when the spec has no tune or no such group.
+absl::StatusOr<std::vector<RunSpec>> ExpandTuneProbe(const SweepSpec& spec,
+                                                     const std::string& group, double value,
+                                                     const ExpandOptions& options,
+                                                     std::vector<std::string>* config_json);
+
 // LoadSweepSpecFile + ExpandSweep.
 absl::StatusOr<ExpandedSweep> ExpandSweepFile(const std::string& path,
                                               const ExpandOptions& options = {});

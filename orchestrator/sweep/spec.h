@@ -68,7 +68,7 @@ struct FilterSpec {
 // point of the other axes. Its values become one more product axis, the last, so a `grid` tune
 // expands to exactly the runs (and run keys) of the same `axes:` entry.
 struct TuneSpec {
-  enum class Method { kGrid, kAsha };
+  enum class Method { kGrid, kAsha, kBoundary };
   enum class Seeds { kAll, kFirst };
   std::string axis;                   // dotted path below RunConfig of a numeric scalar field
   std::vector<AxisAssignment> values; // `values:`, or the points of `range:` ("%.6g" text)
@@ -78,6 +78,11 @@ struct TuneSpec {
   std::vector<int64_t> rungs;         // asha: increasing, > 0
   double reduction_factor = 3;        // asha: > 1
   Seeds seeds = Seeds::kAll;          // asha: decide on the mean over every seed, or on the first
+  // boundary: the bracket to bisect (values holds min and max), the ratio unstable / stable at
+  // which it stops, and the spike score above which a run is unstable.
+  double min = 0, max = 0;
+  double tolerance = 1.25;
+  double max_spike_score = 0;
   int line = 0;
   int rungs_line = 0;
 };

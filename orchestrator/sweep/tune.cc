@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -28,7 +29,7 @@ constexpr double kNaNValue = std::numeric_limits<double>::quiet_NaN();
 const std::vector<std::string>& TuneKeys() {
   static const auto* keys = new std::vector<std::string>{
       "axis", "values", "range", "method", "metric", "mode", "rungs", "reduction_factor",
-      "seeds"};
+      "seeds", "tolerance", "max_spike_score"};
   return *keys;
 }
 
@@ -77,6 +78,7 @@ class TuneParser {
     ParseMetric(&tune);
     ParseValues(&tune);
     ParseAsha(&tune);
+    ParseBoundary(&tune);
     if (!problems_.empty()) return Done();
     AxisSpec axis;
     axis.mode = AxisSpec::Mode::kProduct;
@@ -171,11 +173,10 @@ class TuneParser {
     } else if (method == "asha") {
       tune->method = TuneSpec::Method::kAsha;
     } else if (method == "boundary") {
-      Problem(LineOfKey("method"), "tune.method",
-              "boundary (the stability boundary) is not in this build yet; use grid or asha");
+      tune->method = TuneSpec::Method::kBoundary;
     } else if (!method.empty()) {
       Problem(LineOfKey("method"), "tune.method",
-              absl::StrCat("unknown method \"", method, "\"; use grid or asha"));
+              absl::StrCat("unknown method \"", method, "\"; use grid, asha or boundary"));
     }
   }
 
@@ -239,6 +240,11 @@ class TuneParser {
       return;
     }
     if (tune->axis.empty() || FieldAtPath(tune->axis) == nullptr) return;
+    if (tune->method == TuneSpec::Method::kBoundary && values) {
+      Problem(YamlLine(values), "tune.values",
+              "boundary bisects a range: give range: {min: X, max: Y} instead");
+      return;
+    }
     if (values) {
       if (!values.IsSequence() || values.size() == 0) {
         Problem(YamlLine(values), "tune.values", "expected a non-empty list of numbers");
@@ -263,6 +269,7 @@ class TuneParser {
       Problem(line, "tune.range", "expected {min: X, max: Y, points: N, scale: log|linear}");
       return;
     }
+    const bool boundary = tune->method == TuneSpec::Method::kBoundary;
     double min = 0, max = 0;
     int64_t points = 0;
     std::string scale = "log";
@@ -277,6 +284,10 @@ class TuneParser {
         ok = ok && absl::SimpleAtod(text, &min) && std::isfinite(min);
       } else if (key == "max") {
         ok = ok && absl::SimpleAtod(text, &max) && std::isfinite(max);
+      } else if (boundary && (key == "points" || key == "scale")) {
+        Problem(YamlLine(it->first), path,
+                "boundary bisects on a log scale from min and max alone: no points or scale");
+        continue;
       } else if (key == "points") {
         ok = ok && absl::SimpleAtoi(text, &points);
       } else if (key == "scale") {
@@ -295,6 +306,7 @@ class TuneParser {
       }
     }
     for (const char* key : {"min", "max", "points"}) {
+      if (boundary && std::string(key) == "points") continue;
       if (!YamlChild(range, key)) {
         Problem(line, absl::StrCat("tune.range.", key), "missing");
       }
@@ -302,6 +314,19 @@ class TuneParser {
     if (!problems_.empty()) return;
     if (!(min < max)) {
       Problem(line, "tune.range", absl::StrCat("min ", min, " must be below max ", max));
+      return;
+    }
+    if (boundary) {
+      if (min <= 0) {
+        Problem(line, "tune.range.min",
+                absl::StrCat("boundary bisects on a log scale: min must be > 0, got ", min));
+        return;
+      }
+      tune->min = min;
+      tune->max = max;
+      const YAML::Node min_node = YamlChild(range, "min"), max_node = YamlChild(range, "max");
+      AddValue(tune, min_node.Scalar(), min_node, YamlLine(min_node), "tune.range.min");
+      AddValue(tune, max_node.Scalar(), max_node, YamlLine(max_node), "tune.range.max");
       return;
     }
     if (points < 2 || points > 1000) {
@@ -318,6 +343,34 @@ class TuneParser {
       const double v = scale == "log" ? min * std::pow(max / min, f) : min + (max - min) * f;
       const std::string text = FormatTuneValue(i == points - 1 ? max : v);
       AddValue(tune, text, YAML::Node(text), line, absl::StrCat("tune.range (point ", i, ")"));
+    }
+  }
+
+  void ParseBoundary(TuneSpec* tune) {
+    const bool boundary = tune->method == TuneSpec::Method::kBoundary;
+    for (const char* key : {"tolerance", "max_spike_score"}) {
+      if (!boundary && Child(key)) {
+        Problem(LineOfKey(key), absl::StrCat("tune.", key), "only with method: boundary");
+      }
+    }
+    if (!boundary) return;
+    if (Child("tolerance")) {
+      double t = 0;
+      if (!absl::SimpleAtod(Scalar("tolerance"), &t) || !(t > 1) || !std::isfinite(t)) {
+        Problem(LineOfKey("tolerance"), "tune.tolerance",
+                "expected a number > 1 (1.25: stop once unstable / stable <= 1.25)");
+      } else {
+        tune->tolerance = t;
+      }
+    }
+    if (Child("max_spike_score")) {
+      double m = -1;
+      if (!absl::SimpleAtod(Scalar("max_spike_score"), &m) || !(m >= 0) || !std::isfinite(m)) {
+        Problem(LineOfKey("max_spike_score"), "tune.max_spike_score",
+                "expected a number >= 0 (the fraction of steps with a spike a stable run may have)");
+      } else {
+        tune->max_spike_score = m;
+      }
     }
   }
 
@@ -404,7 +457,9 @@ std::string FormatTuneValue(double value) {
 TunePlan MakeTunePlan(const TuneSpec& tune, const ExpandedSweep& sweep) {
   TunePlan plan;
   plan.set_axis(tune.axis);
-  plan.set_method(tune.method == TuneSpec::Method::kAsha ? "asha" : "grid");
+  plan.set_method(tune.method == TuneSpec::Method::kAsha       ? "asha"
+                  : tune.method == TuneSpec::Method::kBoundary ? "boundary"
+                                                               : "grid");
   plan.set_metric(tune.metric);
   plan.set_maximize(tune.maximize);
   for (const AxisAssignment& a : tune.values) {
@@ -432,6 +487,21 @@ TunePlan MakeTunePlan(const TuneSpec& tune, const ExpandedSweep& sweep) {
   }
   plan.set_max_runs(sweep.runs_size());
   plan.set_max_steps(max_steps);
+  if (tune.method == TuneSpec::Method::kBoundary) {
+    plan.set_min(tune.min);
+    plan.set_max(tune.max);
+    plan.set_tolerance(tune.tolerance);
+    plan.set_max_spike_score(tune.max_spike_score);
+    // Each probe halves log(unstable / stable), from log(max / min) down to log(tolerance).
+    const double halvings = std::log2(std::log(tune.max / tune.min) / std::log(tune.tolerance));
+    const int probes = halvings > 0 ? static_cast<int>(std::ceil(halvings - 1e-9)) : 0;
+    plan.set_max_probes(probes);
+    // min and max are in the sweep; each probe adds a run per group and seed like them.
+    plan.set_max_runs(sweep.runs_size() + sweep.runs_size() / 2 * probes);
+    plan.set_max_steps(max_steps + max_steps / 2 * probes);
+    plan.set_expected_steps(plan.max_steps());
+    return plan;
+  }
   if (tune.method != TuneSpec::Method::kAsha) {
     plan.set_expected_steps(max_steps);
     return plan;
@@ -456,8 +526,15 @@ TunePlan MakeTunePlan(const TuneSpec& tune, const ExpandedSweep& sweep) {
 }
 
 std::string TunePlanText(const TunePlan& plan) {
-  std::string out = absl::StrCat("tune ", plan.method(), " over ", plan.axis(), ": ",
-                                 plan.values_size(), " values");
+  std::string out = absl::StrCat("tune ", plan.method(), " over ", plan.axis());
+  if (plan.method() != "boundary") absl::StrAppend(&out, ": ", plan.values_size(), " values");
+  if (plan.method() == "boundary") {
+    absl::StrAppend(&out, "; bisects [", FormatTuneValue(plan.min()), ", ",
+                    FormatTuneValue(plan.max()), "] on a log scale to a ratio of ",
+                    FormatTuneValue(plan.tolerance()), " (at most ", plan.max_probes(),
+                    " probes after min and max; unstable: diverged or spike score above ",
+                    FormatTuneValue(plan.max_spike_score()), ")");
+  }
   if (plan.method() == "asha") {
     std::vector<std::string> rungs;
     for (int64_t r : plan.rungs()) rungs.push_back(absl::StrCat(r));
@@ -474,6 +551,73 @@ std::string TunePlanText(const TunePlan& plan) {
                     "% of the grid)");
   }
   return out;
+}
+
+// ---- Boundary ----
+
+BoundaryStep NextBoundaryStep(const std::vector<BoundaryProbe>& probes, double min, double max,
+                              double tolerance) {
+  BoundaryStep step;
+  std::vector<BoundaryProbe> sorted = probes;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const BoundaryProbe& a, const BoundaryProbe& b) { return a.value < b.value; });
+  for (const BoundaryProbe& p : sorted) {
+    if (p.value == min && p.done && !p.failed && !p.stable) {
+      step.kind = BoundaryStep::Kind::kDone;
+      step.unstable = min;
+      step.note = absl::StrCat("unstable already at min ", FormatTuneValue(min));
+      return step;
+    }
+  }
+  for (const BoundaryProbe& p : sorted) {
+    if (p.done && p.failed) {
+      step.kind = BoundaryStep::Kind::kDone;
+      step.note = absl::StrCat("a run of probe ", FormatTuneValue(p.value),
+                               " failed: the bisection stopped there");
+      return step;
+    }
+  }
+  for (const BoundaryProbe& p : sorted) {
+    if (!p.done) return step;  // kWait: one probe at a time
+  }
+  std::optional<double> hi;
+  for (const BoundaryProbe& p : sorted) {
+    if (!p.stable) {
+      hi = p.value;
+      break;
+    }
+  }
+  if (!hi.has_value()) {
+    step.kind = BoundaryStep::Kind::kDone;
+    step.stable = sorted.empty() ? max : sorted.back().value;
+    step.note = absl::StrCat("still stable at max ", FormatTuneValue(max));
+    return step;
+  }
+  std::optional<double> lo;
+  for (const BoundaryProbe& p : sorted) {
+    if (p.value < *hi && p.stable) lo = p.value;
+  }
+  step.unstable = hi;
+  step.stable = lo;
+  if (!lo.has_value()) {  // min itself is not in the probes: nothing below hi is known stable
+    step.kind = BoundaryStep::Kind::kDone;
+    step.note = "no stable value below the first unstable one";
+    return step;
+  }
+  if (*hi / *lo <= tolerance * (1 + 1e-12)) {
+    step.kind = BoundaryStep::Kind::kDone;
+    return step;
+  }
+  double next = 0;
+  (void)absl::SimpleAtod(FormatTuneValue(std::sqrt(*lo * *hi)), &next);
+  if (next <= *lo || next >= *hi) {  // 6 significant digits cannot split it further
+    step.kind = BoundaryStep::Kind::kDone;
+    step.note = "the bracket is as narrow as 6 significant digits write it";
+    return step;
+  }
+  step.kind = BoundaryStep::Kind::kProbe;
+  step.next = next;
+  return step;
 }
 
 // ---- ASHA ----

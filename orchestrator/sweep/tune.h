@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -44,6 +45,32 @@ TunePlan MakeTunePlan(const TuneSpec& tune, const ExpandedSweep& sweep);
 // "tune asha over train.optimizer.lr: 9 values; rungs 100, 300 (factor 3, seeds all); at most
 // 18 runs, 16,200 steps; expected 4,800 steps (30% of the grid)".
 std::string TunePlanText(const TunePlan& plan);
+
+// ---- Boundary ----
+
+// One value bisection tried, over every seed of the spec.
+struct BoundaryProbe {
+  double value = 0;
+  bool done = false;    // every seed's run ended
+  bool failed = false;  // one FAILED or was CANCELLED: the bisection cannot go on
+  bool stable = false;  // every seed SUCCEEDED within max_spike_score
+};
+
+struct BoundaryStep {
+  enum class Kind { kWait, kProbe, kDone };
+  Kind kind = Kind::kWait;
+  double next = 0;                  // kProbe: the value to try, sqrt(stable x unstable)
+  std::optional<double> stable;     // kDone: the largest stable value below `unstable`
+  std::optional<double> unstable;   // kDone: the smallest unstable value; none: stable at max
+  std::string note;                 // kDone without a full bracket: why, in words
+};
+
+// What a group's stability bisection does next. It waits while a probe trains. It ends when min
+// is unstable ("unstable already at min", no stable value), when max is stable (no unstable
+// value), when a probe failed (neither), or once unstable / stable <= tolerance; else it probes
+// the geometric mean of the largest stable value and the smallest unstable one above it.
+BoundaryStep NextBoundaryStep(const std::vector<BoundaryProbe>& probes, double min, double max,
+                              double tolerance);
 
 // ---- ASHA ----
 

@@ -170,6 +170,74 @@ TEST_F(TuneTest, AFullRerunOfATunedSweepIsRefusedAndAnUntunedOneHasNoBestTable) 
   EXPECT_THAT(s.error_message(), HasSubstr("sweep quick has no tune: block"));
 }
 
+// A boundary sweep against a stability function: runs above lr 0.0123 diverge. Probes are added
+// one after the other, the sweep is not DONE between them, a restart keeps the bracket going,
+// and resubmitting the spec is still the same sweep.
+TEST_F(TuneTest, BoundaryBisectsWithProbesAddedAfterSubmitUntilTheBracketIsNarrow) {
+  const std::string spec = R"(sweep: boundary
+base:
+  model: {d_model: 64, num_layers: 2, num_heads: 4, num_kv_heads: 4, head_dim: 16,
+          ffn_dim: 256, max_seq_len: 64}
+  train: {steps: 90, batch_size: 4, seq_len: 64, threads: 1, optimizer: {warmup_steps: 10}}
+variants: [baseline]
+seeds: [0, 1]
+resources: {device: cpu, threads: 1}
+tune:
+  axis: train.optimizer.lr
+  range: {min: 1e-3, max: 1e-1}
+  method: boundary
+  tolerance: 1.25
+)";
+  SubmitResponse submitted = Submit(spec, "boundary.yaml", false);
+  ASSERT_EQ(submitted.runs(), 4);
+  std::vector<std::string> tried;
+  const auto drive = [&](int64_t worker, int max_jobs) {
+    for (int i = 0; i < max_jobs; ++i) {
+      AcquireJobResponse r = TryAcquire(worker);
+      if (!r.has_job()) return;
+      const double lr = r.job().config().train().optimizer().lr();
+      if (r.job().config().train().seed() == 0) tried.push_back(absl::StrCat(lr));
+      const bool diverges = lr > 0.0123;
+      FinishRequest f = MakeFinish(worker, r.job(), diverges ? DIVERGED : SUCCEEDED);
+      f.mutable_summary()->set_steps_done(diverges ? 40 : 90);
+      f.mutable_summary()->mutable_final_eval()->set_step(diverges ? 0 : 90);
+      FinishResponse response;
+      ASSERT_TRUE(CallFinish(f, &response).ok());
+    }
+  };
+  drive(RegisterWorker("w"), 4);  // min and max, both seeds
+  // The next probe is there, and the sweep waits for it.
+  GetSweepResponse between = GetSweep("boundary");
+  EXPECT_EQ(between.sweep().state(), "ACTIVE");
+  EXPECT_EQ(between.runs_size(), 6);
+  EXPECT_EQ(between.sweep().tune_method(), "boundary");
+  drive(RegisterWorker("w1"), 4);  // 0.01 and 0.0316228
+  Restart();
+  SubmitResponse again = Submit(spec, "boundary.yaml", false);
+  EXPECT_TRUE(again.already_exists());
+  drive(RegisterWorker("w2"), 40);
+  EXPECT_EQ(absl::StrJoin(tried, " "), "0.001 0.1 0.01 0.0316228 0.0177828 0.0133352 0.0115478");
+  GetSweepResponse done = GetSweep("boundary");
+  EXPECT_EQ(done.sweep().state(), "DONE");
+  EXPECT_EQ(done.runs_size(), 14);
+
+  TableRequest table;
+  table.set_sweep("boundary");
+  table.set_stability(true);
+  table.set_format("csv");
+  TableResponse csv;
+  auto ctx = Context();
+  ASSERT_TRUE(client_->Table(ctx.get(), table, &csv).ok());
+  EXPECT_EQ(csv.formatted(), "variant,axes,stable,unstable,probes\nbaseline,,0.0115478,0.0133352,5\n");
+  table.set_format("markdown");
+  TableResponse markdown;
+  auto ctx2 = Context();
+  ASSERT_TRUE(client_->Table(ctx2.get(), table, &markdown).ok());
+  EXPECT_THAT(markdown.formatted(),
+              HasSubstr("| baseline | 0.0115478 | 0.0133352 | 5 | stable up to 0.0115478, "
+                        "unstable from 0.0133352 |"));
+}
+
 // A grid tune of two variants: each at its own best learning rate, compared at it.
 TEST_F(TuneTest, EachVariantIsComparedAtItsOwnBestValue) {
   Submit(R"(sweep: grid

@@ -127,7 +127,15 @@ TEST(TuneSpecTest, BadBlocksNameTheLineAndField) {
   EXPECT_THAT(error("  axis: train.optimizer.lr\n  values: [1e-3]\n  method: asha\n"),
               HasSubstr("tune.rungs: missing"));
   EXPECT_THAT(error("  axis: train.optimizer.lr\n  values: [1e-3]\n  method: boundary\n"),
-              HasSubstr("boundary (the stability boundary) is not in this build yet"));
+              HasSubstr("boundary bisects a range: give range: {min: X, max: Y} instead"));
+  EXPECT_THAT(error("  axis: train.optimizer.lr\n  range: {min: 1e-3, max: 1, points: 5}\n"
+                    "  method: boundary\n"),
+              HasSubstr("no points or scale"));
+  EXPECT_THAT(error("  axis: train.optimizer.lr\n  range: {min: 1e-3, max: 1}\n"
+                    "  method: boundary\n  tolerance: 1\n"),
+              HasSubstr("tune.tolerance: expected a number > 1"));
+  EXPECT_THAT(error("  axis: train.optimizer.lr\n  values: [1e-3]\n  tolerance: 2\n"),
+              HasSubstr("tune.tolerance: only with method: boundary"));
   EXPECT_THAT(error("  axis: train.optimizer.lr\n  values: [1e-3]\n  metric: bleu\n"),
               HasSubstr("unknown metric \"bleu\"; use val_loss, val_ppl, gate_score"));
   EXPECT_THAT(error("  axis: model.gate.position\n  values: [1]\n"),
@@ -135,6 +143,64 @@ TEST(TuneSpecTest, BadBlocksNameTheLineAndField) {
   EXPECT_THAT(error("  axis: train.optimizer.lr\n  values: [1e-3]\n  method: asha\n"
                     "  rungs: [10]\n  reduction_factor: 1\n"),
               HasSubstr("tune.reduction_factor: expected a number > 1"));
+}
+
+// ---- Boundary ----
+
+TEST(BoundaryTest, BisectionFindsTheBoundaryOfASyntheticStabilityFunction) {
+  const ExpandedSweep s = Expand(absl::StrCat("sweep: s", kBase, R"(
+tune:
+  axis: train.optimizer.lr
+  range: {min: 1e-3, max: 1e-1}
+  method: boundary
+  tolerance: 1.25
+)"));
+  // min and max, with every seed: 2 variants x 2 seeds x 2 values.
+  ASSERT_EQ(s.runs_size(), 8);
+  EXPECT_EQ(s.tune().max_probes(), 5);  // log2(ln 100 / ln 1.25) = 4.4
+  EXPECT_EQ(s.tune().max_runs(), 8 + 4 * 5);
+  EXPECT_THAT(TunePlanText(s.tune()),
+              HasSubstr("tune boundary over train.optimizer.lr; bisects [0.001, 0.1] on a log "
+                        "scale to a ratio of 1.25 (at most 5 probes after min and max"));
+  const auto stable = [](double x) { return x < 0.0123; };
+  std::vector<BoundaryProbe> probes;
+  for (double v : {1e-3, 1e-1}) probes.push_back({v, true, false, stable(v)});
+  std::vector<double> tried;
+  BoundaryStep step;
+  for (int i = 0; i < 20; ++i) {
+    step = NextBoundaryStep(probes, 1e-3, 1e-1, 1.25);
+    if (step.kind != BoundaryStep::Kind::kProbe) break;
+    tried.push_back(step.next);
+    probes.push_back({step.next, false, false, false});
+    // While it trains, nothing else happens.
+    EXPECT_EQ(NextBoundaryStep(probes, 1e-3, 1e-1, 1.25).kind, BoundaryStep::Kind::kWait);
+    probes.back().done = true;
+    probes.back().stable = stable(step.next);
+  }
+  ASSERT_EQ(step.kind, BoundaryStep::Kind::kDone);
+  EXPECT_THAT(tried, ElementsAre(0.01, 0.0316228, 0.0177828, 0.0133352, 0.0115478));
+  EXPECT_LE(static_cast<int>(tried.size()), s.tune().max_probes());
+  ASSERT_TRUE(step.stable.has_value() && step.unstable.has_value());
+  EXPECT_LT(*step.stable, 0.0123);
+  EXPECT_GE(*step.unstable, 0.0123);
+  EXPECT_LE(*step.unstable / *step.stable, 1.25);
+}
+
+TEST(BoundaryTest, UnstableAtMinStableAtMaxAndAFailedProbeSaySoInsteadOfABracket) {
+  BoundaryStep step = NextBoundaryStep({{1e-3, true, false, false}, {1e-1, false, false, false}},
+                                       1e-3, 1e-1, 1.25);
+  EXPECT_EQ(step.kind, BoundaryStep::Kind::kDone);  // no need to wait for max
+  EXPECT_FALSE(step.stable.has_value());
+  EXPECT_EQ(step.unstable, 1e-3);
+  EXPECT_EQ(step.note, "unstable already at min 0.001");
+  step = NextBoundaryStep({{1e-3, true, false, true}, {1e-1, true, false, true}}, 1e-3, 1e-1, 1.25);
+  EXPECT_EQ(step.kind, BoundaryStep::Kind::kDone);
+  EXPECT_EQ(step.stable, 1e-1);
+  EXPECT_FALSE(step.unstable.has_value());
+  EXPECT_EQ(step.note, "still stable at max 0.1");
+  step = NextBoundaryStep({{1e-3, true, false, true}, {1e-1, true, true, false}}, 1e-3, 1e-1, 1.25);
+  EXPECT_EQ(step.kind, BoundaryStep::Kind::kDone);
+  EXPECT_THAT(step.note, HasSubstr("a run of probe 0.1 failed"));
 }
 
 // ---- ASHA ----
