@@ -242,7 +242,10 @@ function svgEl(tag, attrs = {}, text) {
 function forestPlot(cmp) {
   const rows = cmp.rows.filter((r) => r.ci_low !== null && r.ci_high !== null);
   if (rows.length === 0) return el('p', { class: 'muted' }, 'No variant has an interval yet (two seeds per side are needed).');
-  const rowH = 26, left = 170, right = 30, width = 640, top = 10;
+  // Labels ("variant axis=value") get the room they need, up to half the width.
+  const longest = Math.max(...rows.map((r) => (r.axes ? `${r.variant} ${r.axes}` : r.variant).length));
+  const left = Math.min(Math.max(170, 7 * longest + 16), 420), width = left + 470;
+  const rowH = 26, right = 30, top = 10;
   const height = top + rowH * rows.length + 30;
   let lo = Math.min(0, ...rows.map((r) => r.ci_low)), hi = Math.max(0, ...rows.map((r) => r.ci_high));
   const pad = (hi - lo) * 0.08 || 1e-3;
@@ -282,4 +285,105 @@ export function pairedSection(cmp) {
       el('td', { class: 'num' }, num(r.min_detectable))))));
   const intro = `${cmp.heading} of each variant against ${cmp.reference}, paired by seed (${cmp.lower_is_better ? 'lower is better' : 'no better direction'}). ${level}% intervals of the difference; verdicts from the ${cmp.correction === 'holm' ? 'Holm-adjusted' : 'unadjusted'} p-values at alpha ${cmp.alpha}. "detectable": the smallest difference these seeds could tell from none with 80% power.`;
   return { section: section('paired-section', `Against ${cmp.reference}`, intro, forestPlot(cmp), table), draw: () => {} };
+}
+
+// A tuned sweep (GET /api/sweeps/NAME/tune, `tune:` in its spec): each variant's metric against
+// the tuned value, as figures/tune.svg of `ablate report` draws it. The mean over the runs that
+// trained to the end (line and dots), runs a tuner STOPPED at a rung with their metric there
+// (rings), values where a run DIVERGED (triangles on the top edge) and a boundary sweep's
+// brackets (dashed verticals at the largest stable and the smallest unstable value); then the
+// stability table (`ablate table --stability`). null for a sweep without `tune:`.
+const tuneText = (v) => (v === null || v === undefined ? '—' : Number(v.toPrecision(3)).toString());
+
+function tuneChart(t) {
+  const { axis, metric, log_scale: log } = t.tune;
+  const width = 760, height = 380, left = 64, right = 24, top = 18, bottom = 52;
+  const xs = t.curves.flatMap((c) => [...c.points.map((p) => p.value),
+    ...(c.bracket ? [c.bracket.stable, c.bracket.unstable] : [])]).filter((v) => v !== null);
+  const ys = t.curves.flatMap((c) => c.points.flatMap((p) => [p.mean, ...p.stopped.map((s) => s.metric)]))
+    .filter((v) => v !== null && Number.isFinite(v));
+  const tx = (v) => (log ? Math.log10(v) : v);
+  let x0 = Math.min(...xs.map(tx)), x1 = Math.max(...xs.map(tx));
+  if (!(x1 > x0)) { x0 -= 0.5; x1 += 0.5; }
+  const xPad = (x1 - x0) * 0.05;
+  x0 -= xPad; x1 += xPad;
+  let y0 = ys.length ? Math.min(...ys) : 0, y1 = ys.length ? Math.max(...ys) : 1;
+  if (!(y1 > y0)) { y0 -= 0.5; y1 += 0.5; }
+  const yPad = (y1 - y0) * 0.08;
+  y0 -= yPad; y1 += yPad;
+  const px = (v) => left + ((tx(v) - x0) / (x1 - x0)) * (width - left - right);
+  const py = (v) => top + (1 - (v - y0) / (y1 - y0)) * (height - top - bottom);
+  const svg = svgEl('svg', { width, height, viewBox: `0 0 ${width} ${height}`, id: 'tune-svg', role: 'img' });
+  svg.append(svgEl('rect', { x: left, y: top, width: width - left - right, height: height - top - bottom, fill: 'none', stroke: '#c8ced8' }));
+  // Ticks: the values tried (at most 9 of them, evenly thinned), and 5 on the metric.
+  const values = [...new Set(xs)].sort((a, b) => a - b);
+  const every = Math.ceil(values.length / 9);
+  values.filter((_, i) => i % every === 0).forEach((v) => {
+    svg.append(svgEl('line', { x1: px(v), x2: px(v), y1: height - bottom, y2: height - bottom + 4, stroke: '#6b7280' }));
+    svg.append(svgEl('text', { x: px(v), y: height - bottom + 16, 'text-anchor': 'middle', 'font-size': 11 }, tuneText(v)));
+  });
+  for (let k = 0; k <= 4; k++) {
+    const v = y0 + yPad + ((y1 - y0 - 2 * yPad) * k) / 4;
+    svg.append(svgEl('text', { x: left - 6, y: py(v) + 4, 'text-anchor': 'end', 'font-size': 11 }, num(v, 3)));
+  }
+  svg.append(svgEl('text', { x: (left + width - right) / 2, y: height - 12, 'text-anchor': 'middle', 'font-size': 12 }, `${axis}${log ? ' (log scale)' : ''}`));
+  svg.append(svgEl('text', { x: 14, y: (top + height - bottom) / 2, 'text-anchor': 'middle', 'font-size': 12,
+    transform: `rotate(-90 14 ${(top + height - bottom) / 2})` }, metric));
+  t.curves.forEach((c, i) => {
+    const color = runColor(i);
+    const label = c.axes ? `${c.variant} (${c.axes})` : c.variant;
+    const done = c.points.filter((p) => p.mean !== null);
+    if (done.length > 1) {
+      svg.append(svgEl('polyline', { class: 'tune-line', 'data-variant': c.variant, fill: 'none', stroke: color, 'stroke-width': 2,
+        points: done.map((p) => `${px(p.value)},${py(p.mean)}`).join(' ') }));
+    }
+    for (const p of c.points) {
+      if (p.mean !== null) {
+        const dot = svgEl('circle', { class: 'tune-point', 'data-variant': c.variant, cx: px(p.value), cy: py(p.mean), r: 4, fill: color });
+        dot.append(svgEl('title', {}, `${label} at ${tuneText(p.value)}: ${metric} ${num(p.mean)} (mean of ${p.finished} of ${p.runs})`));
+        svg.append(dot);
+      }
+      for (const s of p.stopped.filter((st) => st.metric !== null)) {
+        const ring = svgEl('circle', { class: 'tune-stopped', 'data-variant': c.variant, cx: px(p.value), cy: py(s.metric), r: 5, fill: 'none', stroke: color, 'stroke-width': 1.6 });
+        ring.append(svgEl('title', {}, `${label} at ${tuneText(p.value)}: run ${s.run} stopped at step ${s.step}, ${metric} ${num(s.metric)}`));
+        svg.append(ring);
+      }
+      if (p.diverged > 0) {
+        const x = px(p.value), y = top + 2;
+        const tri = svgEl('polygon', { class: 'tune-diverged', 'data-variant': c.variant, fill: color, points: `${x - 5},${y} ${x + 5},${y} ${x},${y + 9}` });
+        tri.append(svgEl('title', {}, `${label} at ${tuneText(p.value)}: ${p.diverged} of ${p.runs} run${p.runs === 1 ? '' : 's'} diverged`));
+        svg.append(tri);
+      }
+    }
+    for (const v of c.bracket ? [c.bracket.stable, c.bracket.unstable] : []) {
+      if (v === null) continue;
+      svg.append(svgEl('line', { class: 'tune-bracket', 'data-variant': c.variant, x1: px(v), x2: px(v), y1: top, y2: height - bottom,
+        stroke: color, 'stroke-dasharray': '5 4', 'stroke-width': 1.2 }));
+    }
+  });
+  const legend = el('div', { class: 'tune-legend' }, t.curves.map((c, i) => el('span', { class: 'tune-key' },
+    el('span', { class: 'swatch', style: `background:${runColor(i)}` }), c.axes ? `${c.variant} (${c.axes})` : c.variant)));
+  return el('div', { class: 'tune-chart', id: 'tune-chart' }, svg, legend);
+}
+
+function stabilityTable(curves) {
+  const rows = curves.filter((c) => c.bracket);
+  const axes = rows.some((c) => c.axes);
+  const heads = ['variant', ...(axes ? ['axes'] : []), 'stable', 'unstable', 'probes', 'found'];
+  return el('table', { id: 'stability' },
+    el('thead', {}, el('tr', {}, heads.map((h) => el('th', { class: ['stable', 'unstable', 'probes'].includes(h) ? 'num' : '' }, h)))),
+    el('tbody', {}, rows.map((c) => el('tr', { class: `bracket-${c.bracket.state}` },
+      el('td', {}, c.variant), axes ? el('td', {}, c.axes) : null,
+      el('td', { class: 'num' }, tuneText(c.bracket.stable)), el('td', { class: 'num' }, tuneText(c.bracket.unstable)),
+      el('td', { class: 'num' }, c.bracket.probes), el('td', {}, c.bracket.found)))));
+}
+
+export function tuneSection(t) {
+  if (!t || !t.tune || t.curves.length === 0) return null;
+  const { axis, method, metric } = t.tune;
+  const boundary = t.curves.some((c) => c.bracket);
+  const intro = `Each variant's ${metric} against ${axis} (${method}): the mean over the seeds that trained to the end (line and dots), runs the tuner stopped at a rung with their ${metric} there (rings), and values where a run diverged (triangles on the top edge)${boundary ? '; dashed: each variant\'s stability bracket, its largest stable and smallest unstable value.' : '.'}`;
+  const parts = [tuneChart(t)];
+  if (boundary) parts.push(el('h3', {}, `Stability boundary of ${axis}`), stabilityTable(t.curves));
+  return { section: section('tune-section', `${metric} against ${axis}`, intro, ...parts), draw: () => {} };
 }

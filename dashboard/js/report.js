@@ -2,7 +2,7 @@
 // server, no network), drawn with the dashboard's own modules, which the report inlines before this
 // one (format.js, charts.js, figures.js). Sets body[data-ready] once every chart is drawn, or
 // body[data-error] with the message.
-import { comparisonTable, figureSections, pairedSection } from './figures.js';
+import { comparisonTable, figureSections, pairedSection, tuneSection } from './figures.js';
 import { el, count, num, tagList } from './format.js';
 
 function reportHeader(data) {
@@ -57,6 +57,7 @@ function renderReport(data) {
     el('p', { class: 'muted' }, 'Means ± sample std over the SUCCEEDED seeds of each variant; diverged runs are counted, not averaged. Click a header to sort.'),
     compare.node,
     pairedSection(data.compare)?.section,
+    tuneSection(data.tune)?.section,
     el('div', { id: 'figures' }, sections.map((s) => s.section)),
     el('h2', {}, 'Variants: budget solutions and parameters'), variantsTable(data.variants),
     el('h2', {}, 'Runs'), runsTable(data.runs),

@@ -1,7 +1,8 @@
 // The dashboard's JSON API (/api/...): sweeps, a sweep with its runs and variants, the curves of
-// a sweep overlay, the comparison table and its figures (orchestrator/report/figures.h), the event
-// log; a run, its metric series, evaluations, per-layer probes, attention maps and spikes; the
-// workers. Every read goes through StoreReader's typed reads.
+// a sweep overlay, the comparison table and its figures (orchestrator/report/figures.h), a tuned
+// sweep's chart (tune_figures.h), the event log; a run, its metric series, evaluations, per-layer
+// probes, attention maps and spikes; the workers. Every read goes through StoreReader's typed
+// reads.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -10,8 +11,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "orchestrator/store/compare.h"
 #include "orchestrator/dashboard/internal.h"
+#include "orchestrator/report/tune_figures.h"
+#include "orchestrator/store/compare.h"
 
 namespace ablate {
 namespace dashboard {
@@ -163,6 +165,7 @@ Response DashboardServer::Impl::HandleApi(const Request& r) {
       return JsonResponse(200, ComparisonTableJson(*table));
     }
     if (seg.size() == 4 && seg[3] == "figures") return SweepFigures(seg[2], r);
+    if (seg.size() == 4 && seg[3] == "tune") return SweepTune(seg[2]);
     if (seg.size() == 4 && seg[3] == "events") return Events(seg[2], r);
   }
   if (seg.size() >= 3 && seg[1] == "runs") {
@@ -328,6 +331,15 @@ Response DashboardServer::Impl::SweepFigures(const std::string& name, const Requ
   absl::StatusOr<ablate::SweepFigures> figures = ComputeSweepFigures(*reader, name, options);
   if (!figures.ok()) return FromStatus(figures.status());
   return JsonResponse(200, SweepFiguresJson(*figures));
+}
+
+// A tuned sweep's chart numbers (tune_figures.h); {"tune": null} for a sweep without `tune:`.
+Response DashboardServer::Impl::SweepTune(const std::string& name) {
+  absl::StatusOr<SweepInfo> sweep = reader->GetSweep(name);
+  if (!sweep.ok()) return FromStatus(sweep.status());
+  absl::StatusOr<std::optional<TuneFigures>> tune = ReadTuneFigures(*reader, sweep->id);
+  if (!tune.ok()) return FromStatus(tune.status());
+  return JsonResponse(200, *tune ? TuneFiguresJson(**tune) : json{{"tune", nullptr}});
 }
 
 namespace {

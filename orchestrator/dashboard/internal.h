@@ -276,6 +276,7 @@ struct DashboardServer::Impl {
   Response Sweep(const std::string& name);
   Response SweepCurves(const std::string& name, const Request& r);
   Response SweepFigures(const std::string& name, const Request& r);
+  Response SweepTune(const std::string& name);
   Response Events(const std::string& name, const Request& r);
   Response Run(int64_t id);
   Response RunMetrics(int64_t id, const Request& r);

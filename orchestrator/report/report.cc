@@ -51,6 +51,7 @@ struct ReportData {
   std::optional<ComparisonTable> best_table;
   std::optional<Comparison> best_comparison;
   std::vector<BracketInfo> brackets;  // a boundary sweep's
+  std::optional<TuneFigures> tune_figures;  // its chart's numbers (figures/tune.svg, index.html)
 };
 
 absl::StatusOr<ReportData> ReadReportData(const StoreReader& reader, const ReportOptions& options) {
@@ -105,6 +106,7 @@ absl::StatusOr<ReportData> ReadReportData(const StoreReader& reader, const Repor
       if (!brackets.ok()) return brackets.status();
       d.brackets = *std::move(brackets);
     }
+    d.tune_figures = ComputeTuneFigures(*d.tune, d.runs, d.brackets);
     absl::StatusOr<Comparison> at_best = CompareResults(best.results, CompareOptions{});
     if (at_best.ok()) {
       NameBestValues(best, *d.tune, &*at_best);
@@ -510,6 +512,7 @@ std::string Html(const ReportData& d, const std::vector<ReportFigure>& figures,
                   {"table", ComparisonTableJson(d.table)},
                   {"compare", CompareJson(d)},
                   {"figures", SweepFiguresJson(d.figures)},
+                  {"tune", d.tune_figures ? TuneFiguresJson(*d.tune_figures) : json(nullptr)},
                   {"variants", std::move(variants)},
                   {"runs", std::move(runs)},
                   {"files", std::move(files)}};
@@ -597,7 +600,7 @@ absl::StatusOr<std::map<std::string, std::string>> RenderReport(const StoreReade
   const std::map<std::string, std::string> tables = files;
   const std::vector<ReportFigure> figures =
       DrawReportFigures(data->figures, data->table, data->comparison ? &*data->comparison : nullptr,
-                        data->runs, data->tune ? &*data->tune : nullptr, data->brackets);
+                        data->tune_figures ? &*data->tune_figures : nullptr);
   for (const ReportFigure& f : figures) files[f.file] = f.svg;
   files["spec.yaml"] = data->source.spec_yaml;
   files["report.md"] = Markdown(*data, figures, tables, generated);

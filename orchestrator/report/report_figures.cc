@@ -296,94 +296,67 @@ std::optional<ReportFigure> CompareFigure(const Comparison* comparison) {
                       plot.caption, std::move(plot.svg)};
 }
 
-double TunedMetric(const RunInfo& r, const std::string& metric) {
-  if (metric == "val_ppl") return r.val_ppl;
-  if (metric == "gate_score") return r.gate_score;
-  if (metric == "m_act") return r.m_act;
-  if (metric == "f_attn") return r.f_attn;
-  return r.val_loss;
-}
-
 // A tuned sweep: each group's final metric against the tuned value (the mean over SUCCEEDED
 // seeds, a line), the runs a tuner STOPPED at their rung's value (rings), the values where a
-// run DIVERGED (triangles on the top edge).
-std::optional<ReportFigure> TuneFigure(const std::vector<RunInfo>& runs, const TuneInfo* tune,
-                                       const std::vector<BracketInfo>& brackets) {
-  if (tune == nullptr) return std::nullopt;
-  struct Group {
-    std::map<double, std::pair<double, int>> finished;  // value -> (sum, n)
-    std::vector<double> stopped_x, stopped_y, diverged_x;
-  };
-  std::vector<std::string> order;
-  std::map<std::string, Group> groups;
-  bool positive = true;
-  for (const RunInfo& r : runs) {
-    if (!r.tuned || !std::isfinite(r.tune_value)) continue;
-    if (groups.find(r.tune_group) == groups.end()) order.push_back(r.tune_group);
-    Group& g = groups[r.tune_group];
-    positive = positive && r.tune_value > 0;
-    const double m = TunedMetric(r, tune->metric);
-    if (r.state == SUCCEEDED && std::isfinite(m)) {
-      g.finished[r.tune_value].first += m;
-      ++g.finished[r.tune_value].second;
-    } else if (r.state == STOPPED) {
-      g.stopped_x.push_back(r.tune_value);
-      g.stopped_y.push_back(m);
-    } else if (r.state == DIVERGED) {
-      g.diverged_x.push_back(r.tune_value);
-    }
-  }
-  if (order.empty()) return std::nullopt;
+// run DIVERGED (triangles on the top edge), and a boundary sweep's brackets (dashed verticals).
+std::optional<ReportFigure> TuneFigure(const TuneFigures* tune) {
+  if (tune == nullptr || tune->curves.empty()) return std::nullopt;
+  const TuneInfo& info = tune->tune;
   svg::Axis x, y;
-  x.label = absl::StrCat(tune->axis, positive ? " (log scale)" : "");
-  if (positive) x.scale = svg::Scale::kLog10;
-  y.label = absl::StrCat(tune->metric, " at the end (rings: at the rung a run was stopped)");
-  svg::Chart chart(absl::StrCat(tune->metric, " against ", tune->axis), x, y, 820, 420);
-  for (size_t i = 0; i < order.size(); ++i) {
-    const Group& g = groups[order[i]];
+  x.label = absl::StrCat(info.axis, tune->log_scale ? " (log scale)" : "");
+  if (tune->log_scale) x.scale = svg::Scale::kLog10;
+  y.label = absl::StrCat(info.metric, " at the end (rings: at the rung a run was stopped)");
+  svg::Chart chart(absl::StrCat(info.metric, " against ", info.axis), x, y, 820, 420);
+  double y_lo = std::numeric_limits<double>::infinity(), y_hi = -y_lo;
+  for (size_t i = 0; i < tune->curves.size(); ++i) {
+    const TuneCurve& c = tune->curves[i];
     svg::Style style;
     style.color = svg::SeriesColor(static_cast<int>(i));
     style.width = 2;
-    std::vector<double> xs, mean;
-    for (const auto& [value, sum_n] : g.finished) {
-      xs.push_back(value);
-      mean.push_back(sum_n.first / sum_n.second);
+    std::vector<double> xs, mean, stopped_x, stopped_y, diverged_x;
+    for (const TunePoint& p : c.points) {
+      if (p.finished > 0) {
+        xs.push_back(p.value);
+        mean.push_back(p.mean);
+        y_lo = std::min(y_lo, p.mean);
+        y_hi = std::max(y_hi, p.mean);
+      }
+      for (const TuneStop& s : p.stopped) {
+        stopped_x.push_back(p.value);
+        stopped_y.push_back(s.metric);
+      }
+      if (p.diverged > 0) diverged_x.push_back(p.value);
     }
-    chart.Line(xs, mean, style, order[i]);
+    chart.Line(xs, mean, style,
+               c.axes.empty() ? c.variant : absl::StrCat(c.variant, " (", c.axes, ")"));
     chart.Points(xs, mean, style);
     svg::Style ring = style;
     ring.hollow = true;
-    chart.Points(g.stopped_x, g.stopped_y, ring);
-    svg::Style bad = style;
-    chart.Markers(g.diverged_x, std::vector<double>(g.diverged_x.size(), kNaN), bad);
+    chart.Points(stopped_x, stopped_y, ring);
+    chart.Markers(diverged_x, std::vector<double>(diverged_x.size(), kNaN), style);
   }
   // A boundary sweep's brackets: dashed verticals at the stable and the unstable value, across
   // the plotted metrics' range.
-  double y_lo = std::numeric_limits<double>::infinity(), y_hi = -y_lo;
-  for (const auto& [name, g] : groups) {
-    for (const auto& [value, sum_n] : g.finished) {
-      y_lo = std::min(y_lo, sum_n.first / sum_n.second);
-      y_hi = std::max(y_hi, sum_n.first / sum_n.second);
-    }
-  }
-  for (const BracketInfo& b : brackets) {
-    const auto at = std::find(order.begin(), order.end(), b.group);
-    if (at == order.end() || !(y_hi >= y_lo)) continue;
+  bool brackets = false;
+  for (size_t i = 0; i < tune->curves.size(); ++i) {
+    const std::optional<BracketInfo>& b = tune->curves[i].bracket;
+    if (!b || !(y_hi >= y_lo)) continue;
+    brackets = true;
     svg::Style edge;
-    edge.color = svg::SeriesColor(static_cast<int>(at - order.begin()));
+    edge.color = svg::SeriesColor(static_cast<int>(i));
     edge.dashed = true;
     edge.width = 1.2;
-    for (double x : {b.stable, b.unstable}) {
-      if (std::isfinite(x)) chart.Line({x, x}, {y_lo, y_hi}, edge);
+    for (double v : {b->stable, b->unstable}) {
+      if (std::isfinite(v)) chart.Line({v, v}, {y_lo, y_hi}, edge);
     }
   }
   const std::string caption = absl::StrCat(
-      "Each variant's ", tune->metric, " against ", tune->axis, " (", tune->method,
+      "Each variant's ", info.metric, " against ", info.axis, " (", info.method,
       "): the mean over the seeds that trained to the end (line and dots), runs the tuner stopped "
       "at a rung with their metric there (rings), and values where a run diverged (triangles on "
-      "the top edge)", brackets.empty() ? "." : "; dashed: each variant's stability bracket.");
+      "the top edge)", brackets ? "; dashed: each variant's stability bracket." : ".");
   chart.Caption(caption);
-  return ReportFigure{"figures/tune.svg", absl::StrCat(tune->metric, " against ", tune->axis),
+  return ReportFigure{"figures/tune.svg", absl::StrCat(info.metric, " against ", info.axis),
                       caption, chart.Render()};
 }
 
@@ -396,13 +369,11 @@ bool AnyInterim(const SweepFigures& f) {
 
 std::vector<ReportFigure> DrawReportFigures(const SweepFigures& figures, const ComparisonTable& table,
                                             const Comparison* comparison,
-                                            const std::vector<RunInfo>& runs,
-                                            const TuneInfo* tune,
-                                            const std::vector<BracketInfo>& brackets) {
+                                            const TuneFigures* tune) {
   std::vector<ReportFigure> out;
   for (std::optional<ReportFigure> f :
        {LossFigure(figures), ValLossFigure(figures), CompareFigure(comparison),
-        TuneFigure(runs, tune, brackets),
+        TuneFigure(tune),
         LayerFigure(figures, true), LayerFigure(figures, false), HistogramFigure(figures),
         LengthFigure(table)}) {
     if (f) out.push_back(*std::move(f));

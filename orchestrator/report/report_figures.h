@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "orchestrator/report/figures.h"
+#include "orchestrator/report/tune_figures.h"
 #include "orchestrator/store/compare.h"
 
 namespace ablate {
@@ -22,12 +23,9 @@ struct ReportFigure {
 bool AnyInterim(const SweepFigures& figures);
 
 // Every figure that has something to show; `comparison` may be null (no reference in the sweep),
-// `tune` null (a sweep without `tune:`); `runs` are the sweep's, for the tuning figure, and
-// `brackets` a boundary sweep's, drawn on it.
+// `tune` null (a sweep without `tune:`).
 std::vector<ReportFigure> DrawReportFigures(const SweepFigures& figures, const ComparisonTable& table,
                                             const Comparison* comparison,
-                                            const std::vector<RunInfo>& runs = {},
-                                            const TuneInfo* tune = nullptr,
-                                            const std::vector<BracketInfo>& brackets = {});
+                                            const TuneFigures* tune = nullptr);
 
 }  // namespace ablate

@@ -120,8 +120,9 @@ namespace {
 std::string Value(double v) { return std::isfinite(v) ? absl::StrCat(v) : ""; }
 nlohmann::json ValueJson(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
 
-// In words: the bracket, or why there is none.
-std::string Found(const BracketInfo& b) {
+}  // namespace
+
+std::string BracketFinding(const BracketInfo& b) {
   if (b.state == "OPEN") return "bisecting";
   if (std::isfinite(b.stable) && std::isfinite(b.unstable)) {
     return absl::StrCat("stable up to ", b.stable, ", unstable from ", b.unstable,
@@ -129,8 +130,6 @@ std::string Found(const BracketInfo& b) {
   }
   return b.note;
 }
-
-}  // namespace
 
 absl::StatusOr<std::string> FormatStability(const std::vector<BracketInfo>& brackets,
                                             const std::string& format) {
@@ -169,7 +168,7 @@ absl::StatusOr<std::string> FormatStability(const std::vector<BracketInfo>& brac
     absl::StrAppend(&out, "| ", b.variant, " | ", has_axes ? absl::StrCat(b.axes, " | ") : "",
                     std::isfinite(b.stable) ? absl::StrCat(b.stable) : "—", " | ",
                     std::isfinite(b.unstable) ? absl::StrCat(b.unstable) : "—", " | ", b.probes,
-                    " | ", Found(b), " |\n");
+                    " | ", BracketFinding(b), " |\n");
   }
   return out;
 }

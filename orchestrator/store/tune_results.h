@@ -41,6 +41,10 @@ ComparisonTable BestTable(const BestResults& best, const TuneInfo& tune);
 // Fills each row's value and reference_value, and the comparison's best_axis.
 void NameBestValues(const BestResults& best, const TuneInfo& tune, Comparison* comparison);
 
+// What a bracket found, in words: "stable up to 0.02, unstable from 0.025", "bisecting", or why
+// there is none ("unstable already at min 0.01").
+std::string BracketFinding(const BracketInfo& bracket);
+
 // A boundary sweep's brackets: "markdown" (variant, axes when any, stable, unstable, probes,
 // and what the bisection found in words), "csv" (exactly variant,axes,stable,unstable,probes;
 // a value it does not have is empty) or "json".

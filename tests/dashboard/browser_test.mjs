@@ -12,8 +12,11 @@
 // 3. Load time: a finished sweep of 40 runs x 10,000 steps, navigation to curves drawn; its
 //    compare page draws loss bands, val-loss bars, per-layer M-Act/F-Attn, gate histograms and
 //    PPL against evaluation length, one line per variant.
+//    Beside it, tuned sweeps: the compare page draws the metric against the learning rate with
+//    diverged values, stopped runs and a boundary sweep's brackets, and its stability table.
 // 4. `ablate report` of the live sweep, opened from disk (file://, no server): every chart drawn
-//    (pixels read back), and every SVG figure it wrote loads and is not blank.
+//    (pixels read back), and every SVG figure it wrote loads and is not blank; the boundary
+//    sweep's report draws its chart and stability table.
 // Prints 'N passed, N failed'; exits non-zero on any failure.
 import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
@@ -328,8 +331,33 @@ async function loadPhase() {
   check(doneCharts.length >= 8 && doneCharts.every((c) => c.coloured > 50),
     `every chart of the compare page is drawn (${doneCharts.map((c) => `${c.id || 'chart'}:${c.coloured}`).join(', ')})`);
   await page.screenshot({ path: join(OUT, 'compare_40x10000.png'), fullPage: true });
+  await tunedPages(page, sim.url.replace(/\/\?token=.*/, ''));
   check(errors.length === 0, `no console errors on the load page${errors.length ? `: ${errors.join(' | ')}` : ''}`);
   await context.close();
+}
+
+// The compare pages of the tuned sweeps beside the load sweep (WriteTunedSweep): boundary (a
+// bisection's brackets) and halving (ASHA's stopped runs).
+async function tunedPages(page, base) {
+  await page.goto(`${base}/#/compare/boundary`);
+  await page.waitForSelector('#tune-svg');
+  const marks = await page.evaluate(() => Object.fromEntries(['tune-line', 'tune-point', 'tune-diverged', 'tune-bracket', 'tune-stopped']
+    .map((c) => [c, document.querySelectorAll(`#tune-svg .${c}`).length])));
+  // Lines through 0.01, 0.03, 0.1 for each variant; diverged: the baseline at 0.1 and 0.3, g1 at
+  // 0.3; two dashed edges per variant.
+  check(marks['tune-line'] === 2 && marks['tune-point'] === 6 && marks['tune-diverged'] === 3 && marks['tune-bracket'] === 4 && marks['tune-stopped'] === 0,
+    `the boundary sweep's chart: a line per variant, diverged values marked, the brackets drawn (${JSON.stringify(marks)})`);
+  const stability = await page.locator('#stability tbody tr').allTextContents();
+  check(stability.length === 2 && stability[0].includes('stable up to 0.03, unstable from 0.1'),
+    `the stability table: a row per variant, its bracket in words (${stability.join(' | ')})`);
+  await page.screenshot({ path: join(OUT, 'compare_boundary.png'), fullPage: true });
+  await page.goto(`${base}/#/compare/halving`);
+  await page.waitForSelector('#tune-svg');
+  const rings = await page.locator('#tune-svg .tune-stopped').count();
+  const ringTitle = await page.locator('#tune-svg .tune-stopped title').first().textContent();
+  check(rings === 8 && ringTitle.includes('stopped at step 100'),
+    `the ASHA sweep's chart rings each stopped run at its rung's metric (${rings}: ${ringTitle})`);
+  check(await page.locator('#stability').count() === 0, 'an ASHA sweep has no stability table');
 }
 
 // `ablate report` of the finished 40-run sweep (one run spiked, then diverged), opened from disk:
@@ -395,6 +423,20 @@ async function reportPhase() {
       `${file} loads from disk (${loaded} px wide) and is not blank (${pixels.coloured} coloured, ${pixels.inked} inked pixels)`);
   }
   check(errors.length === 0, `no console errors on the report${errors.length ? `: ${errors.join(' | ')}` : ''}`);
+
+  // The report of the boundary sweep: its chart and stability table in index.html, and
+  // figures/tune.svg beside it.
+  const tuned = join(OUT, 'report-boundary');
+  const madeTuned = spawnSync(ABLATE, ['report', 'boundary', '--db', join(scratch, 'bench.db'), '--out', tuned, '--force'], { encoding: 'utf8' });
+  check(madeTuned.status === 0, `ablate report writes the boundary sweep's report (${(madeTuned.stdout || madeTuned.stderr).trim()})`);
+  await page.goto(`file://${tuned}/index.html`);
+  await page.waitForFunction(() => document.body.dataset.ready || document.body.dataset.error, null, { timeout: 20000 });
+  const brackets = await page.locator('#tune-svg .tune-bracket').count();
+  const rows = await page.locator('#stability tbody tr').count();
+  check(brackets === 4 && rows === 2, `the boundary report draws the chart with its brackets and the stability table (${brackets} edges, ${rows} rows)`);
+  const svgText = readFileSync(join(tuned, 'figures/tune.svg'), 'utf8');
+  check(svgText.includes('stroke-dasharray') && svgText.includes('train.optimizer.lr (log scale)'),
+    'figures/tune.svg draws the brackets dashed on a log axis');
   await context.close();
 }
 

@@ -5,7 +5,9 @@
 //   dashboard_sim --db DIR/ablate.db --token T --mode live   # runs appear, points grow, one run
 //                                                            # spikes then DIVERGES (SIGUSR1)
 //   dashboard_sim --db ... --mode bench --runs 40 --steps 10000  # a finished sweep to load (its
-//                                                                # last run spiked and DIVERGED)
+//                                                                # last run spiked and DIVERGED),
+//                                                                # and two tuned ones: boundary
+//                                                                # and halving (WriteTunedSweep)
 //
 // Evaluations carry validation losses at 64..1024 positions (YaRN beyond the training length
 // 256), growing with length by variant and a little by seed. Live, they also carry 2 attention
@@ -245,6 +247,9 @@ int Main(int argc, char** argv) {
   if (mode == "bench") {
     sweep = "bench";
     if (!Check(WriteBench(store->get(), runs, steps)).ok()) return 1;
+    // Beside it, two finished tuned sweeps for the compare page's tuning chart.
+    if (!Check(WriteTunedSweep(store->get(), "boundary", "boundary").status()).ok()) return 1;
+    if (!Check(WriteTunedSweep(store->get(), "halving", "asha").status()).ok()) return 1;
   } else {
     sweep = "quick";
     if (mode == "live" && steps == 10000) steps = 600;

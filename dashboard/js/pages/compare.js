@@ -1,6 +1,7 @@
 // #/compare/NAME[/MORE...] : the `ablate table` comparison, sortable, mean ± std over seeds; the
 // paired comparison against the reference (`ablate compare`: each variant's difference with its
 // interval, a forest plot, p-values adjusted over the rows, verdicts), with a choice of metric;
+// a tuned first sweep's metric against the tuned value with its stability brackets (tune:);
 // and the first sweep's figures (figures.js, the same as `ablate report` draws): training loss as
 // mean ± std bands with spike markers, validation loss bars with error bars, M-Act and F-Attn per
 // layer, gate-score histograms, PPL against evaluation length when measured. More sweeps of one
@@ -8,7 +9,7 @@
 // point. While the first sweep is ACTIVE the page refreshes itself, and a variant with no finished
 // run shows the latest evaluation of its running runs, marked interim, instead of dashes.
 import { api } from '../api.js';
-import { comparisonTable, figureSections, pairedSection } from '../figures.js';
+import { comparisonTable, figureSections, pairedSection, tuneSection } from '../figures.js';
 import { el } from '../format.js';
 
 const REFRESH_MS = 5000;
@@ -21,8 +22,8 @@ export async function render(view, ctx, name, more = []) {
   let metric = 'val_loss';
   const load = () => Promise.all([
     api(`table/${joined}`), api(`sweeps/${encodeURIComponent(name)}/figures`),
-    api(`compare/${joined}`, { metric }).catch(() => null)]);
-  let [table, figures, paired] = await load();
+    api(`compare/${joined}`, { metric }).catch(() => null), api(`sweeps/${encodeURIComponent(name)}/tune`)]);
+  let [table, figures, paired, tune] = await load();
   const compare = comparisonTable(table, figures);
   const pairedBox = el('div', { id: 'paired-box' });
   const drawPaired = () => {
@@ -35,6 +36,11 @@ export async function render(view, ctx, name, more = []) {
     paired = await api(`compare/${joined}`, { metric }).catch(() => null);
     drawPaired();
   } }, [...METRICS, ...[...lengths].map((l) => `ppl@${l}`)].map((m) => el('option', { value: m }, m)));
+  const tuneBox = el('div', { id: 'tune-box' });
+  const drawTune = () => {
+    const s = tuneSection(tune);
+    tuneBox.replaceChildren(...(s ? [s.section] : []));
+  };
   const figureBox = el('div', { id: 'figures' });
   const drawFigures = () => {
     const sections = figureSections(table, figures);
@@ -48,15 +54,17 @@ export async function render(view, ctx, name, more = []) {
     el('p', { class: 'muted' }, 'Means ± sample std over the SUCCEEDED seeds of each variant; diverged runs are counted, not averaged. Click a header to sort.'),
     compare.node,
     el('p', {}, 'Paired comparison of ', choice),
-    pairedBox, figureBox);
+    pairedBox, tuneBox, figureBox);
   drawPaired();
+  drawTune();
   drawFigures();
   if (figures.state !== 'ACTIVE') return;
   ctx.every(REFRESH_MS, async () => {
     if (figures.state !== 'ACTIVE') return;  // the last refresh saw it end
-    [table, figures, paired] = await load();
+    [table, figures, paired, tune] = await load();
     compare.update(table, figures);
     drawPaired();
+    drawTune();
     drawFigures();
   });
 }

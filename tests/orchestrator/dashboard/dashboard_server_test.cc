@@ -754,6 +754,56 @@ TEST_F(DashboardServerTest, SweepFigures) {
   EXPECT_TRUE(Get(port_, "/api/sweeps/gates/table").Json()["rows"][1]["val_loss"]["mean"].is_null());
 }
 
+// A tuned sweep's chart (dashboard_test_util.h, WriteTunedSweep): per variant and value the mean
+// over the runs that trained to the end, the diverged count, the stopped runs with their metric
+// at the rung, and a boundary sweep's brackets with what they found; an untuned sweep has none.
+TEST_F(DashboardServerTest, TunedSweepChart) {
+  absl::StatusOr<SweepIds> edge = WriteTunedSweep(store_.get(), "edge", "boundary");
+  ASSERT_TRUE(edge.ok()) << edge.status();
+  absl::StatusOr<SweepIds> halving = WriteTunedSweep(store_.get(), "halving", "asha");
+  ASSERT_TRUE(halving.ok()) << halving.status();
+  const json t = Get(port_, "/api/sweeps/edge/tune").Json();
+  EXPECT_EQ(t["tune"]["axis"], "train.optimizer.lr");
+  EXPECT_EQ(t["tune"]["method"], "boundary");
+  EXPECT_EQ(t["tune"]["mode"], "min");
+  EXPECT_TRUE(t["tune"]["log_scale"].get<bool>());
+  ASSERT_EQ(t["curves"].size(), 2u);
+  const json& baseline = t["curves"][0];
+  EXPECT_EQ(baseline["variant"], "baseline");
+  EXPECT_EQ(baseline["axes"], "");
+  ASSERT_EQ(baseline["points"].size(), 4u);
+  // 0.03: both seeds, 2 + (log10(0.03) + 1.5)^2 / 4 + 0.005 on average.
+  EXPECT_EQ(baseline["points"][1]["value"], 0.03);
+  EXPECT_EQ(baseline["points"][1]["finished"], 2);
+  EXPECT_NEAR(baseline["points"][1]["mean"].get<double>(),
+              2 + std::pow(std::log10(0.03) + 1.5, 2) / 4 + 0.005, 1e-6);
+  // 0.1: seed 0 finished, seed 1 diverged; 0.3: both diverged, no mean.
+  EXPECT_EQ(baseline["points"][2]["finished"], 1);
+  EXPECT_EQ(baseline["points"][2]["diverged"], 1);
+  EXPECT_EQ(baseline["points"][3]["diverged"], 2);
+  EXPECT_TRUE(baseline["points"][3]["mean"].is_null());
+  EXPECT_EQ(baseline["bracket"]["state"], "DONE");
+  EXPECT_EQ(baseline["bracket"]["stable"], 0.03);
+  EXPECT_EQ(baseline["bracket"]["unstable"], 0.1);
+  EXPECT_EQ(baseline["bracket"]["found"], "stable up to 0.03, unstable from 0.1");
+  EXPECT_EQ(t["curves"][1]["bracket"]["stable"], 0.1);
+
+  const json h = Get(port_, "/api/sweeps/halving/tune").Json();
+  EXPECT_EQ(h["tune"]["method"], "asha");
+  const json& g1 = h["curves"][1];
+  EXPECT_EQ(g1["variant"], "g1_elementwise");
+  EXPECT_TRUE(g1["bracket"].is_null());
+  const json& stopped = g1["points"][2];
+  EXPECT_EQ(stopped["finished"], 0);
+  ASSERT_EQ(stopped["stopped"].size(), 2u);
+  EXPECT_EQ(stopped["stopped"][0]["step"], 100);
+  EXPECT_NEAR(stopped["stopped"][0]["metric"].get<double>(),
+              3 + std::pow(std::log10(0.1) + 1.5, 2) / 4 - 0.05, 1e-6);
+
+  EXPECT_TRUE(Get(port_, "/api/sweeps/gates/tune").Json()["tune"].is_null());
+  EXPECT_EQ(Get(port_, "/api/sweeps/nope/tune").status, 404);
+}
+
 TEST_F(DashboardServerTest, BadInputIsAJsonError) {
   const std::pair<std::string, int> cases[] = {
       {"/api/runs/abc", 400},

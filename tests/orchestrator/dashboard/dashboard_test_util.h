@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -156,6 +157,92 @@ inline absl::StatusOr<TransitionResult> FinishRun(Store* store, int64_t run_id, 
     s.mutable_final_eval()->set_val_loss(2.5 + 0.01 * static_cast<double>(run_id % 5));
   }
   return store->TransitionRun(t);
+}
+
+// A finished tuned sweep (tune: over train.optimizer.lr) of baseline and g1_elementwise at 0.01,
+// 0.03, 0.1 and 0.3, two seeds each, `steps` steps; val loss 2 + (log10(lr) + 1.5)^2 / 4 at the
+// end, g1's 0.05 lower, each seed 0.01 apart.
+//   method "boundary": baseline trains at 0.01 and 0.03, its seed 1 diverges at 0.1 and both at
+//     0.3, bracket [0.03, 0.1]; g1 trains up to 0.1 and diverges at 0.3, bracket [0.1, 0.3].
+//   method "asha": the runs at 0.1 and 0.3 were STOPPED at step steps/6 with their metric there
+//     (1 higher than at the end), the rest trained to the end.
+inline absl::StatusOr<SweepIds> WriteTunedSweep(Store* store, const std::string& name,
+                                                const std::string& method, int64_t steps = 600) {
+  const std::vector<std::string> variants = {"baseline", "g1_elementwise"};
+  const std::vector<double> values = {0.01, 0.03, 0.1, 0.3};
+  SweepRecord record = MakeSweep(name, variants, 2 * static_cast<int>(values.size()), steps);
+  TunePlan* tune = record.expanded.mutable_tune();
+  tune->set_axis("train.optimizer.lr");
+  tune->set_method(method);
+  tune->set_metric("val_loss");
+  for (double v : values) tune->add_values(v);
+  if (method == "asha") tune->add_rungs(steps / 6);
+  // MakeSweep's "seeds" 0..7 stand for (value, seed) pairs: value k, seed s at 2k + s.
+  for (RunSpec& run : *record.expanded.mutable_runs()) {
+    const double value = values[run.seed() / 2];
+    run.set_seed(run.seed() % 2);
+    run.mutable_config()->mutable_train()->set_seed(run.seed());
+    run.mutable_config()->mutable_train()->mutable_optimizer()->set_lr(value);
+    AxisValue* axis = run.add_axes();
+    axis->set_path("train.optimizer.lr");
+    axis->set_value(absl::StrCat(value));
+    run.mutable_tune()->set_group(run.variant());
+    run.mutable_tune()->set_value(value);
+  }
+  absl::StatusOr<SweepIds> ids = store->CreateSweep(record);
+  if (!ids.ok()) return ids.status();
+  for (int i = 0; i < record.expanded.runs_size(); ++i) {
+    const RunSpec& run = record.expanded.runs(i);
+    const int64_t id = ids->run_ids[i];
+    const bool gated = run.variant() != "baseline";
+    const double value = run.tune().value();
+    const double loss = 2 + std::pow(std::log10(value) + 1.5, 2) / 4 - (gated ? 0.05 : 0) +
+                        0.01 * static_cast<double>(run.seed());
+    if (absl::StatusOr<TransitionResult> r = StartRun(store, id); !r.ok()) return r.status();
+    RunTransition end;
+    if (method == "asha" && value > 0.05) {
+      // Paused at the rung with its evaluation there, held, then stopped by the tuner.
+      end = EndWithSummary(id, PENDING, steps / 6, "");
+      end.attempt_end = "INTERRUPTED";  // as the coordinator ends an attempt at its rung
+      *end.summary.mutable_final_eval() = Eval(steps / 6, 2, gated);
+      end.summary.mutable_final_eval()->set_val_loss(loss + 1);
+      end.tune_hold = true;
+      if (absl::StatusOr<TransitionResult> r = store->TransitionRun(end); !r.ok()) {
+        return r.status();
+      }
+      RunTransition stop = testing::MakeTransition(id, {PENDING}, STOPPED);
+      stop.reason = absl::StrCat("stopped at rung 0 (step ", steps / 6, ")");
+      if (absl::StatusOr<TransitionResult> r = store->TransitionRun(stop); !r.ok()) {
+        return r.status();
+      }
+      continue;
+    }
+    const bool diverges = method == "boundary" && (value > 0.2 || (!gated && value > 0.05 &&
+                                                                   run.seed() == 1));
+    if (diverges) {
+      end = EndWithSummary(id, DIVERGED, steps / 2, "loss non-finite for 3 steps");
+    } else {
+      end = EndWithSummary(id, SUCCEEDED, steps, "");
+      *end.summary.mutable_final_eval() = Eval(steps, 2, gated);
+      end.summary.mutable_final_eval()->set_val_loss(loss);
+      end.summary.mutable_final_eval()->set_val_ppl(std::exp(loss));
+    }
+    if (absl::StatusOr<TransitionResult> r = store->TransitionRun(end); !r.ok()) return r.status();
+  }
+  if (method == "boundary") {
+    for (const auto& [group, stable, unstable] :
+         {std::tuple<std::string, double, double>{"baseline", 0.03, 0.1},
+          {"g1_elementwise", 0.1, 0.3}}) {
+      BracketWrite b;
+      b.sweep_id = ids->sweep_id;
+      b.group = group;
+      b.stable = stable;
+      b.unstable = unstable;
+      if (absl::Status s = store->CloseBracket(b); !s.ok()) return s;
+    }
+  }
+  if (absl::Status s = store->Flush(); !s.ok()) return s;
+  return ids;
 }
 
 }  // namespace dashboard_test
