@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "fmt/format.h"
 
 namespace ablate {
@@ -46,6 +47,35 @@ std::string CsvField(absl::string_view s) {
     out += c;
   }
   return out + "\"";
+}
+
+std::string CsvText(absl::string_view s) {
+  if (!s.empty() && absl::string_view("=+-@\t\r").find(s.front()) != absl::string_view::npos) {
+    return CsvField(absl::StrCat("'", s));
+  }
+  return CsvField(s);
+}
+
+std::string MarkdownText(absl::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    switch (c) {
+      case '|': out += "\\|"; break;
+      case '[': out += "\\["; break;
+      case ']': out += "\\]"; break;
+      case '<': out += "&lt;"; break;  // no tag can start (a lone '>' starts none)
+      case '&': out += "&amp;"; break;
+      case '\r':
+        if (i + 1 < s.size() && s[i + 1] == '\n') ++i;
+        out += ' ';
+        break;
+      case '\n': out += ' '; break;
+      default: out += c;
+    }
+  }
+  return out;
 }
 
 std::string CsvNumber(double v) { return std::isfinite(v) ? fmt::format("{}", v) : ""; }

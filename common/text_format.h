@@ -22,6 +22,13 @@ std::string Engineering(double v);
 // One CSV field (RFC 4180): quoted, with quotes doubled, when it holds a comma, a quote, or a line
 // break (\n or \r).
 std::string CsvField(absl::string_view s);
+// A CSV field of free text meant for people, who open such files in spreadsheets (a run's
+// reason, a spike's signal, a note): CsvField, with a text that starts with =, +, -, @, a tab or
+// a carriage return (what spreadsheets run as a formula) behind a leading apostrophe.
+std::string CsvText(absl::string_view s);
+// A markdown table cell or line of free text: no pipe or line break can end the cell; < and &
+// as HTML entities and [ ] escaped, so that no text makes HTML, a link or an image.
+std::string MarkdownText(absl::string_view s);
 // A number as CSV carries it: exact (the shortest text that reads back the same), "" when it is
 // not finite (no value).
 std::string CsvNumber(double v);

@@ -506,6 +506,22 @@ absl::StatusOr<AnnotateResponse> CoordinatorCore::Annotate(const AnnotateRequest
 absl::Status CoordinatorCore::Watch(const WatchRequest& request,
                                 const std::function<bool(const WatchEvent&)>& write,
                                 const std::function<bool()>& cancelled) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (watches_ >= options_.max_watches) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "watch: ", watches_, " watches are open, the most this coordinator serves at once; "
+          "try again when one ends"));
+    }
+    ++watches_;
+  }
+  struct Closed {
+    CoordinatorCore* core;
+    ~Closed() {
+      absl::MutexLock lock(&core->mu_);
+      --core->watches_;
+    }
+  } closed{this};
   const StoreReader& reader = store_->reader();
   absl::StatusOr<SweepInfo> sweep = reader.GetSweep(request.sweep());
   if (!sweep.ok()) return sweep.status();

@@ -185,8 +185,11 @@ void CoordinatorCore::LeaseCheckerLoop() {
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
-      const absl::Time until = absl::Now() + options_.lease_check_interval;
-      while (!shutdown_ && absl::Now() < until) work_cv_.WaitWithDeadline(&mu_, until);
+      // On the monotonic clock: a wall clock stepped back must not stall the lease checks.
+      const absl::Time until = MonotonicNow() + options_.lease_check_interval;
+      for (absl::Time now = MonotonicNow(); !shutdown_ && now < until; now = MonotonicNow()) {
+        work_cv_.WaitWithTimeout(&mu_, until - now);
+      }
       if (shutdown_) return;
     }
     CheckLeases();

@@ -95,9 +95,11 @@ struct CoordinatorOptions {
   absl::Duration query_timeout = absl::Seconds(10);
   // How often Watch polls the store, and how often the background thread checks leases.
   absl::Duration watch_interval = absl::Milliseconds(200);
+  // Watch streams open at once, all clients: each holds a gRPC thread and polls the store.
+  int max_watches = 64;
   absl::Duration lease_check_interval = absl::Seconds(1);
   bool background_lease_checks = true;  // tests with a fake clock call CheckLeases themselves
-  const Clock* clock = RealClock::Get();
+  const Clock* clock = MonotonicClock::Get();  // intervals: common/clock.h
 };
 
 class CoordinatorCore {
@@ -281,6 +283,7 @@ class CoordinatorCore {
   // Attempts a run had when it was last queued by a user (rerun): retries count from there.
   std::map<int64_t, int> attempt_base_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  int watches_ ABSL_GUARDED_BY(mu_) = 0;  // Watch calls in progress (options_.max_watches)
 
   // Serializes the tuner (taken before mu_): two ends in one group decide one after the other.
   absl::Mutex tune_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -119,10 +119,11 @@ absl::Status CheckReportAtDoor(const ReportRequest& r, int64_t total_steps,
         !s.ok()) {
       return s;
     }
-    if (e.signal().size() > kMaxSignalBytes) {
+    // Spikes are unique per (run, step, signal): a free-text signal would make them unbounded.
+    if (e.signal() != "loss" && e.signal() != "grad_norm") {
       return Refuse(what, at + ".signal",
-                    absl::StrCat("is ", e.signal().size(), " bytes; the limit is ",
-                                 kMaxSignalBytes));
+                    absl::StrCat("is \"", BoundedText(e.signal(), kMaxSignalBytes),
+                                 "\"; it must be loss or grad_norm"));
     }
   }
   if (absl::Status s = StepIn(what, "checkpoint_step", r.checkpoint_step(), 0, total_steps);

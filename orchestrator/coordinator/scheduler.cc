@@ -5,11 +5,6 @@
 
 namespace ablate {
 
-const Clock* RealClock::Get() {
-  static const RealClock* clock = new RealClock();
-  return clock;
-}
-
 std::string DeviceKind(const std::string& device) {
   if (device.empty()) return "cpu";
   const size_t colon = device.find(':');

@@ -60,23 +60,9 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 
 namespace ablate {
-
-// Where the time comes from. Implementations must be thread-safe.
-class Clock {
- public:
-  virtual ~Clock() = default;
-  virtual absl::Time Now() const = 0;
-};
-
-// absl::Now().
-class RealClock : public Clock {
- public:
-  absl::Time Now() const override { return absl::Now(); }
-  // A process-wide instance (never destroyed).
-  static const Clock* Get();
-};
 
 struct SchedulerOptions {
   // A lease not renewed for this long is lost. Workers report (renewing it) at least every few

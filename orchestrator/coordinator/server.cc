@@ -10,6 +10,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "orchestrator/store/reader.h"
 #include "proto/tls.h"
 #include "proto/grpc_status.h"
 #include "proto/ablate.grpc.pb.h"
@@ -219,6 +220,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
   grpc::ResourceQuota quota("ablate-coordinator");
   quota.Resize(static_cast<size_t>(options.memory_quota_bytes));
+  quota.SetMaxThreads(options.max_server_threads);
   builder.SetResourceQuota(quota);
   // The sync server runs each call on a thread of its own and, by default, lets all but two idle
   // threads exit: with dozens of workers calling at once it created and tore down a thread per
@@ -271,6 +273,9 @@ void CoordinatorServer::Shutdown() {
   }
   if (server_ != nullptr) server_->GetHealthCheckService()->SetServingStatus(false);
   if (core_ != nullptr) core_->Shutdown();
+  // Users' queries in flight would hold their handlers for up to their time limit, past the
+  // grace: interrupted now.
+  if (store_ != nullptr) store_->reader().InterruptQueries();
   if (server_ != nullptr) {
     server_->Shutdown(absl::ToChronoTime(absl::Now() + grace_));
     server_->Wait();

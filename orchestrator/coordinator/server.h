@@ -65,6 +65,9 @@ struct ServerOptions {
   int max_message_bytes = 16 << 20;
   int max_concurrent_streams = 64;        // per connection
   int64_t memory_quota_bytes = 512 << 20;  // gRPC's buffers, all connections together
+  // Threads gRPC runs calls on (each call holds one; a worker's long poll too): past this, new
+  // calls fail RESOURCE_EXHAUSTED and callers retry, rather than the process running out.
+  int max_server_threads = 2048;
   absl::Duration shutdown_grace = absl::Seconds(5);
   CoordinatorOptions coordinator;  // checkpoint_root is overwritten from the above
   bool synchronous_full = true;    // the store's fsync per flush

@@ -289,7 +289,9 @@ Response DashboardServer::Impl::SweepCurves(const std::string& name, const Reque
   // One shared grid of steps for every run (every k-th step, k from the longest run), plus each
   // run's last step and its spike steps: overlaid curves share their x values (the browser joins
   // them cheaply), and the store seeks those steps instead of scanning every run's rows.
-  const int max_points = static_cast<int>(std::min<int64_t>(*points, kMaxCurvePoints));
+  const int64_t share = options.max_curve_values / std::max<int64_t>(1, runs.size());
+  const int max_points = static_cast<int>(
+      std::max<int64_t>(2, std::min<int64_t>({*points, kMaxCurvePoints, share})));
   int64_t longest = 0;
   for (const RunInfo& run : runs) longest = std::max(longest, run.steps_done);
   // ceil(longest / max_points) without overflow, whatever a store holds: the grid has at most

@@ -82,6 +82,9 @@ struct DashboardOptions {
   int max_connections = 256;  // concurrent connections (a browser tab holds up to 6); more: 503
   int max_connections_per_client = 32;  // concurrent connections from one remote address
   int max_streams = 64;                 // concurrent event streams (/api/stream), all clients
+  // Points of one /api/sweeps/NAME/curves answer, all runs together: a sweep of many runs gets
+  // fewer points per run (at least 2), so that one request cannot build gigabytes.
+  int64_t max_curve_values = 2'000'000;
   // A request (headers and body; on a new connection the TLS handshake too) must arrive within
   // this; a slower client is disconnected, so a trickle of bytes cannot hold a thread.
   absl::Duration request_timeout = absl::Seconds(10);

@@ -19,6 +19,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/durable_file.h"
+#include "common/text_format.h"
 #include "common/version.h"
 #include "fmt/format.h"
 #include "orchestrator/assets/assets.h"
@@ -121,18 +123,8 @@ absl::StatusOr<ReportData> ReadReportData(const StoreReader& reader, const Repor
 // 7 significant digits; "" for a missing value (CSV).
 std::string Num(double v) { return std::isfinite(v) ? fmt::format("{:.7g}", v) : ""; }
 
-std::string CsvText(const std::string& s) {
-  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
-  return absl::StrCat("\"", absl::StrReplaceAll(s, {{"\"", "\"\""}}), "\"");
-}
-
 std::string CsvLine(const std::vector<std::string>& cells) {
   return absl::StrCat(absl::StrJoin(cells, ","), "\n");
-}
-
-// A markdown table cell: no pipe or line break can end it.
-std::string MdCell(const std::string& s) {
-  return absl::StrReplaceAll(s, {{"|", "\\|"}, {"\r\n", " "}, {"\n", " "}});
 }
 
 std::string MeanStdText(const MeanStd& m, int decimals) {
@@ -304,20 +296,20 @@ std::string Markdown(const ReportData& d, const std::vector<ReportFigure>& figur
   const SweepInfo& s = d.figures.sweep;
   std::string md = absl::StrCat("# Report: ", s.name, "\n\n", generated, "\n\n");
   absl::StrAppend(&md, "| | |\n|---|---|\n");
-  absl::StrAppend(&md, "| sweep | ", MdCell(s.name), " (id ", s.id, ")",
-                  s.description.empty() ? "" : absl::StrCat(": ", MdCell(s.description)), " |\n");
+  absl::StrAppend(&md, "| sweep | ", MarkdownText(s.name), " (id ", s.id, ")",
+                  s.description.empty() ? "" : absl::StrCat(": ", MarkdownText(s.description)), " |\n");
   absl::StrAppend(&md, "| state | ", s.state, ": ", StatesText(s), " |\n");
   absl::StrAppend(&md, "| code version | ",
-                  MdCell(d.source.code_version.empty() ? "—" : d.source.code_version), " |\n");
+                  MarkdownText(d.source.code_version.empty() ? "—" : d.source.code_version), " |\n");
   absl::StrAppend(&md, "| spec file | ",
-                  MdCell(d.source.spec_file.empty() ? "—" : d.source.spec_file),
+                  MarkdownText(d.source.spec_file.empty() ? "—" : d.source.spec_file),
                   " ([as submitted](spec.yaml)) |\n");
   absl::StrAppend(&md, "| reference variant | ",
-                  MdCell(d.source.reference.empty() ? "—" : d.source.reference), " |\n");
+                  MarkdownText(d.source.reference.empty() ? "—" : d.source.reference), " |\n");
   absl::StrAppend(&md, "| created | ", UtcTime(d.source.created_at), " |\n");
   absl::StrAppend(&md, "| finished | ", UtcTime(d.source.finished_at), " |\n");
   if (const std::vector<std::string> tags = TagsOf(d, 0); !tags.empty()) {
-    absl::StrAppend(&md, "| tags | ", MdCell(absl::StrJoin(tags, ", ")), " |\n");
+    absl::StrAppend(&md, "| tags | ", MarkdownText(absl::StrJoin(tags, ", ")), " |\n");
   }
   absl::StrAppend(&md, "\n");
   bool notes = false;
@@ -326,7 +318,7 @@ std::string Markdown(const ReportData& d, const std::vector<ReportFigure>& figur
     if (!notes) absl::StrAppend(&md, "## Notes\n\n");
     notes = true;
     absl::StrAppend(&md, "- ", UtcTime(a.created_at), ", on ", NoteTarget(a), ": ",
-                    MdCell(a.text), "\n");
+                    MarkdownText(a.text), "\n");
   }
   if (notes) absl::StrAppend(&md, "\n");
 
@@ -372,7 +364,7 @@ std::string Markdown(const ReportData& d, const std::vector<ReportFigure>& figur
                     "gate score | M-Act | F-Attn |\n|---|---:|---:|---:|---:|---:|---:|\n");
     for (const GroupFigures& g : d.figures.groups) {
       if (!g.interim) continue;
-      absl::StrAppend(&md, "| ", MdCell(g.label), " | ", g.eval_runs, " | ",
+      absl::StrAppend(&md, "| ", MarkdownText(g.label), " | ", g.eval_runs, " | ",
                       g.eval_step_min == g.eval_step_max
                           ? absl::StrCat(g.eval_step_max)
                           : absl::StrCat(g.eval_step_min, "–", g.eval_step_max),
@@ -394,9 +386,9 @@ std::string Markdown(const ReportData& d, const std::vector<ReportFigure>& figur
                   "activated | added | FLOPs/token |\n",
                   "|---|---|---|---|---:|---:|---:|---:|\n");
   for (const VariantInfo& v : d.variants) {
-    absl::StrAppend(&md, "| ", MdCell(v.name), " | ", MdCell(v.description), " | ",
-                    MdCell(v.diff.empty() ? "—" : v.diff), " | ",
-                    MdCell(v.budget.empty() ? "—" : v.budget), " | ",
+    absl::StrAppend(&md, "| ", MarkdownText(v.name), " | ", MarkdownText(v.description), " | ",
+                    MarkdownText(v.diff.empty() ? "—" : v.diff), " | ",
+                    MarkdownText(v.budget.empty() ? "—" : v.budget), " | ",
                     Count(static_cast<double>(v.params_total)), " | ",
                     Count(static_cast<double>(v.params_activated)), " | ",
                     v.params_added > 0 ? "+" : "", Count(static_cast<double>(v.params_added)),
@@ -410,16 +402,16 @@ std::string Markdown(const ReportData& d, const std::vector<ReportFigure>& figur
                   "|---:|---|---:|---|---:|---:|---:|---|---|\n");
   for (const RunInfo& r : d.runs) {
     absl::StrAppend(&md, "| ", r.id, " | ",
-                    MdCell(r.axes.empty() ? r.variant : absl::StrCat(r.variant, " (", r.axes, ")")),
+                    MarkdownText(r.axes.empty() ? r.variant : absl::StrCat(r.variant, " (", r.axes, ")")),
                     " | ", r.seed, " | ", RunStateName(r.state), " | ", r.steps_done, "/",
                     r.steps_total, " | ",
                     std::isfinite(r.val_loss) ? fmt::format("{:.4f}", r.val_loss) : "—", " | ",
-                    r.spike_steps, " | ", MdCell(r.reason), " | ",
-                    MdCell(absl::StrJoin(TagsOf(d, r.id), ", ")), " |\n");
+                    r.spike_steps, " | ", MarkdownText(r.reason), " | ",
+                    MarkdownText(absl::StrJoin(TagsOf(d, r.id), ", ")), " |\n");
   }
 
   absl::StrAppend(&md, "\n## Spec\n\n`",
-                  MdCell(d.source.spec_file.empty() ? "spec" : d.source.spec_file),
+                  MarkdownText(d.source.spec_file.empty() ? "spec" : d.source.spec_file),
                   "`, as submitted ([spec.yaml](spec.yaml)):\n\n");
   std::string fence = "```";
   while (absl::StrContains(d.source.spec_yaml, fence)) fence += "`";
@@ -653,6 +645,13 @@ absl::StatusOr<ReportFiles> WriteReport(const StoreReader& reader, const ReportO
   result.sweep = sweep.ok() ? sweep->name : options.sweep;
   for (const char* dir : {"", "figures", "tables"}) {
     const fs::path p = *dir == '\0' ? out : out / dir;
+    // Inside --out nothing is followed: a planted link would steer the writes, and --force's
+    // removals, elsewhere.
+    if (*dir != '\0' && fs::is_symlink(fs::symlink_status(p, ec))) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "report: ", p.lexically_normal().string(),
+          " is a symbolic link: refusing to write through it (remove it, or choose another --out)"));
+    }
     fs::create_directories(p, ec);
     if (ec) {
       return absl::PermissionDeniedError(absl::StrCat(
@@ -660,13 +659,10 @@ absl::StatusOr<ReportFiles> WriteReport(const StoreReader& reader, const ReportO
     }
   }
   for (const auto& [relative, text] : *files) {
+    // A new file renamed over the old name: a symbolic link there is replaced, not followed.
     const fs::path p = out / relative;
-    std::ofstream file(p, std::ios::binary | std::ios::trunc);
-    if (file) file.write(text.data(), static_cast<std::streamsize>(text.size()));
-    file.close();
-    if (!file) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("report: cannot write ", p.string(), ": ", std::strerror(errno)));
+    if (absl::Status s = WriteFileAtomically(p.string(), text, 0644); !s.ok()) {
+      return absl::PermissionDeniedError(absl::StrCat("report: ", s.message()));
     }
     result.files.push_back(relative);
   }

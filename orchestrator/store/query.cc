@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -47,6 +48,51 @@ const std::set<std::string>& PragmasWithTableArgument() {
   return *pragmas;
 }
 
+// The functions a query may call: SQLite's core, date and time, math, aggregate, window and JSON
+// functions, but none that can outrun the time limit in one call, reads the process or the
+// build, or writes. like(), glob(), instr(), replace() and trim() with a character set cost the
+// product of their arguments' lengths in one call: these are the bounded versions below
+// (BoundFunctions), not SQLite's own.
+const std::set<std::string>& AllowedFunctions() {
+  static const auto* functions = new std::set<std::string>{
+      // core
+      "abs", "char", "coalesce", "glob", "hex", "ifnull", "iif", "instr", "length", "like",
+      "likelihood", "likely", "lower", "ltrim", "max", "min", "nullif", "quote", "random",
+      "randomblob", "replace", "round", "rtrim", "sign", "soundex", "substr", "substring", "trim",
+      "typeof", "unicode", "unlikely", "upper", "zeroblob",
+      // date and time
+      "date", "time", "datetime", "julianday", "unixepoch", "strftime", "current_date",
+      "current_time", "current_timestamp",
+      // math
+      "acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "ceil", "ceiling", "cos", "cosh",
+      "degrees", "exp", "floor", "ln", "log", "log10", "log2", "mod", "pi", "pow", "power",
+      "radians", "sin", "sinh", "sqrt", "tan", "tanh", "trunc",
+      // aggregate and window
+      "avg", "count", "group_concat", "sum", "total", "row_number", "rank", "dense_rank",
+      "percent_rank", "cume_dist", "ntile", "lag", "lead", "first_value", "last_value",
+      "nth_value",
+      // JSON
+      "json", "json_array", "json_array_length", "json_extract", "json_insert", "json_object",
+      "json_patch", "json_quote", "json_remove", "json_replace", "json_set", "json_type",
+      "json_valid", "json_group_array", "json_group_object", "->", "->>"};
+  return *functions;
+}
+
+// Why a function is refused, for the few a user may reach for.
+std::string WhyNot(const std::string& name) {
+  // SQLite 3.40's printf() repeats a character `precision` times even past SQLITE_LIMIT_LENGTH
+  // ('%.*c' with 2e9 takes seconds), inside one VM step the progress handler cannot interrupt.
+  // Found with tests/fuzz/query_fuzz.
+  if (name == "printf" || name == "format") {
+    return " (it can outrun the time limit); format values with round(), || or the client "
+           "(--format csv|json)";
+  }
+  // fts3_tokenizer(NAME) returns a tokenizer's address, and (NAME, POINTER) registers any pointer
+  // as one (Debian builds SQLite with it enabled).
+  if (name == "fts3_tokenizer") return " (it reads and sets addresses in the process)";
+  return " (the functions a query may call: docs/cli.md, `ablate query`)";
+}
+
 const char* WriteActionName(int action) {
   switch (action) {
     case SQLITE_INSERT: return "INSERT";
@@ -82,24 +128,10 @@ int Authorize(void* context, int action, const char* arg1, const char* arg2, con
     case SQLITE_RECURSIVE:
       return SQLITE_OK;
     case SQLITE_FUNCTION: {
-      // SQLite 3.40's printf() repeats a character `precision` times even past
-      // SQLITE_LIMIT_LENGTH ('%.*c' with 2e9 takes seconds), inside one VM step the progress
-      // handler cannot interrupt, and a statement can call it many times between two checks: the
-      // time limit would not hold. Found with tests/fuzz/query_fuzz.
       const std::string name = absl::AsciiStrToLower(arg2 != nullptr ? arg2 : "");
-      // fts3_tokenizer(NAME) returns a tokenizer's address, and (NAME, POINTER) registers any
-      // pointer as one: no query may call it (Debian builds SQLite with it enabled).
-      if (name == "fts3_tokenizer") {
-        connection->refused = "query: fts3_tokenizer() is not allowed";
-        return SQLITE_DENY;
-      }
-      if (name == "printf" || name == "format") {
-        connection->refused = absl::StrCat(
-            "query: ", name, "() is not allowed (it can outrun the time limit); format values "
-            "with round(), || or the client (--format csv|json)");
-        return SQLITE_DENY;
-      }
-      return SQLITE_OK;
+      if (AllowedFunctions().count(name) > 0) return SQLITE_OK;
+      connection->refused = absl::StrCat("query: ", name, "() is not allowed", WhyNot(name));
+      return SQLITE_DENY;
     }
     case SQLITE_PRAGMA: {
       std::string name = absl::AsciiStrToLower(arg1 != nullptr ? arg1 : "");
@@ -202,6 +234,89 @@ SqlValue ColumnValue(sqlite3_stmt* stmt, int i) {
 
 }  // namespace
 
+// SQLite's own like(), glob(), instr(), replace() and two-argument trims, run on a private
+// in-memory connection (the same semantics to the byte, ESCAPE and all), behind a check of the
+// work one call may do and of the deadline: the guarded connection's functions of those names
+// and argument counts are these.
+struct BoundedFunctions {
+  struct Delegate {
+    BoundedFunctions* owner = nullptr;
+    std::string name;
+    sqlite3_stmt* stmt = nullptr;  // "SELECT name(?1, ...)" on `helper`
+  };
+  SqliteDb helper;
+  QueryGuard* guard = nullptr;
+  std::vector<std::unique_ptr<Delegate>> delegates;
+
+  ~BoundedFunctions() {
+    for (const auto& d : delegates) sqlite3_finalize(d->stmt);
+  }
+};
+
+namespace {
+
+void BoundedCall(sqlite3_context* context, int argc, sqlite3_value** argv) {
+  auto* d = static_cast<BoundedFunctions::Delegate*>(sqlite3_user_data(context));
+  QueryGuard* guard = d->owner->guard;
+  if (absl::Now() > guard->deadline) {
+    guard->timed_out = true;
+    sqlite3_result_error_code(context, SQLITE_INTERRUPT);
+    return;
+  }
+  const int64_t a = std::max(1, sqlite3_value_bytes(argv[0]));
+  const int64_t b = std::max(1, sqlite3_value_bytes(argv[1]));
+  if (a * b > kMaxCallWork) {
+    const std::string message = absl::StrCat(
+        "query: ", d->name, "() of a ", a, "-byte and a ", b, "-byte argument is too much work "
+        "for one call (their product is at most ", kMaxCallWork, "): compare shorter values");
+    sqlite3_result_error(context, message.c_str(), -1);
+    return;
+  }
+  for (int i = 0; i < argc; ++i) sqlite3_bind_value(d->stmt, i + 1, argv[i]);
+  const int rc = sqlite3_step(d->stmt);
+  if (rc == SQLITE_ROW) {
+    sqlite3_result_value(context, sqlite3_column_value(d->stmt, 0));
+  } else {
+    sqlite3_result_error(context, sqlite3_errmsg(d->owner->helper.get()), -1);
+    sqlite3_result_error_code(context, rc);
+  }
+  sqlite3_reset(d->stmt);
+  sqlite3_clear_bindings(d->stmt);
+}
+
+absl::Status BoundFunctions(sqlite3* db, QueryGuard* guard) {
+  auto bounded = std::make_shared<BoundedFunctions>();
+  bounded->guard = guard;
+  absl::StatusOr<SqliteDb> helper =
+      OpenDb(":memory:", SQLITE_OPEN_READWRITE | SQLITE_OPEN_MEMORY | SQLITE_OPEN_NOMUTEX);
+  if (!helper.ok()) return helper.status();
+  bounded->helper = *std::move(helper);
+  sqlite3* h = bounded->helper.get();
+  sqlite3_limit(h, SQLITE_LIMIT_LENGTH, kMaxQueryValueBytes);
+  sqlite3_limit(h, SQLITE_LIMIT_LIKE_PATTERN_LENGTH, kMaxLikePatternBytes);
+  for (const auto& [name, args] : std::vector<std::pair<const char*, int>>{
+           {"like", 2}, {"like", 3}, {"glob", 2}, {"instr", 2}, {"replace", 3},
+           {"trim", 2}, {"ltrim", 2}, {"rtrim", 2}}) {
+    auto d = std::make_unique<BoundedFunctions::Delegate>();
+    d->owner = bounded.get();
+    d->name = name;
+    std::string sql = absl::StrCat("SELECT ", name, "(?1");
+    for (int i = 2; i <= args; ++i) absl::StrAppend(&sql, ", ?", i);
+    sql += ")";
+    if (sqlite3_prepare_v2(h, sql.c_str(), -1, &d->stmt, nullptr) != SQLITE_OK) {
+      return SqliteStatus(sqlite3_errcode(h), h, "query: bounded functions");
+    }
+    const int rc = sqlite3_create_function_v2(db, name, args, SQLITE_UTF8 | SQLITE_DETERMINISTIC,
+                                              d.get(), BoundedCall, nullptr, nullptr, nullptr);
+    if (rc != SQLITE_OK) return SqliteStatus(rc, db, "query: bounded functions");
+    bounded->delegates.push_back(std::move(d));
+  }
+  guard->bounded = std::move(bounded);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status GuardConnection(sqlite3* db, QueryGuard* guard) {
   // Belt and braces under the read-only open and the authorizer.
   if (absl::Status s = Exec(db, "PRAGMA query_only = 1"); !s.ok()) return s;
@@ -210,6 +325,8 @@ absl::Status GuardConnection(sqlite3* db, QueryGuard* guard) {
   if (absl::Status s = Exec(db, "PRAGMA temp_store = MEMORY"); !s.ok()) return s;
   sqlite3_limit(db, SQLITE_LIMIT_ATTACHED, 0);
   sqlite3_limit(db, SQLITE_LIMIT_LENGTH, kMaxQueryValueBytes);
+  sqlite3_limit(db, SQLITE_LIMIT_LIKE_PATTERN_LENGTH, kMaxLikePatternBytes);
+  if (absl::Status s = BoundFunctions(db, guard); !s.ok()) return s;
   sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, 1, nullptr);
   sqlite3_db_config(db, SQLITE_DBCONFIG_ENABLE_LOAD_EXTENSION, 0, nullptr);
   sqlite3_db_config(db, SQLITE_DBCONFIG_ENABLE_FTS3_TOKENIZER, 0, nullptr);
@@ -275,6 +392,8 @@ absl::StatusOr<QueryResult> RunGuardedQuery(sqlite3* db, QueryGuard* guard, cons
             "fewer or smaller values at once"));
       }
       switch (rc & 0xff) {
+        case SQLITE_INTERRUPT:  // neither the time limit nor memory: StoreReader::InterruptQueries
+          return absl::UnavailableError("query: interrupted: the store is closing");
         case SQLITE_ERROR:     // malformed JSON, an unknown schema name, integer overflow...
         case SQLITE_MISMATCH:
         case SQLITE_RANGE:

@@ -2,8 +2,9 @@
 // in. A reader connection is guarded once (GuardConnection): `PRAGMA query_only`, no ATTACH slots,
 // defensive mode, no extensions, an authorizer that refuses every statement but SELECT (and the
 // PRAGMAs that read), and a progress handler. RunGuardedQuery then runs one statement under a
-// time limit and a memory budget and caps its rows and bytes. Values are at most
-// kMaxQueryValueBytes and printf()/format() are refused, so that no single function call outruns
+// time limit and a memory budget and caps its rows and bytes. Only the functions of an allowlist
+// may be called, values are at most kMaxQueryValueBytes, and the functions whose one call costs
+// the product of two lengths are bounded (kMaxCallWork), so that no single function call outruns
 // the time limit; the process's SQLite heap has a hard ceiling (kSqliteHeapLimit) for what happens
 // between two checks of the progress handler. Every refusal names what was refused.
 //
@@ -15,6 +16,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <variant>
 #include <vector>
@@ -25,12 +27,19 @@
 
 namespace ablate {
 
-// The longest string or BLOB a reader connection reads or builds (SQLITE_LIMIT_LENGTH): far
-// above anything the store holds (a spec is at most 1 MiB), and it keeps one function call
+// The longest string or BLOB a reader connection reads or builds (SQLITE_LIMIT_LENGTH): above
+// anything the store holds (a spec is at most 1 MiB), and it keeps one function call
 // (randomblob, zeroblob, replace, group_concat) from allocating gigabytes or running for seconds
 // where the time limit cannot interrupt it. Beyond it a query fails "string or blob too big".
 // Found with tests/fuzz/query_fuzz.
-inline constexpr int kMaxQueryValueBytes = 32 << 20;
+inline constexpr int kMaxQueryValueBytes = 8 << 20;
+// The longest LIKE or GLOB pattern (SQLITE_LIMIT_LIKE_PATTERN_LENGTH; SQLite's default is 50,000).
+inline constexpr int kMaxLikePatternBytes = 1000;
+// The most work one call of like(), glob(), instr(), replace() or trim(X, Y) may do: the product
+// of its two first arguments' lengths in bytes. SQLite's own compare each byte of one with each
+// of the other in the worst case, in one VM step the progress handler cannot interrupt (about
+// 5 ns a pair here: 2^24 pairs take under 0.1 s). A call beyond it fails, naming both lengths.
+inline constexpr int64_t kMaxCallWork = int64_t{1} << 24;
 // SqliteHardHeapLimit of any process that opens a StoreReader (when none is set): beyond it
 // SQLite's allocations fail (SQLITE_NOMEM: a query fails, a writer's flush is retried). About five
 // times what a coordinator's caches and statements use.
@@ -62,6 +71,8 @@ struct QueryResult {
   bool truncated = false;  // max_rows or max_bytes was reached; more rows exist
 };
 
+struct BoundedFunctions;  // query.cc
+
 // What the authorizer and the progress handler of one connection share with its user.
 struct QueryGuard {
   // Set by the authorizer during a prepare: what it refused.
@@ -71,6 +82,9 @@ struct QueryGuard {
   bool timed_out = false;
   int64_t memory_ceiling = std::numeric_limits<int64_t>::max();  // of SqliteMemoryUsed()
   bool out_of_memory = false;
+  // The bounded like(), glob(), instr(), replace() and trim()s of the connection: SQLite's own on
+  // a private in-memory connection, behind kMaxCallWork and the deadline.
+  std::shared_ptr<BoundedFunctions> bounded;
 
   void Reset();  // as new: nothing refused, no deadline, no budget
 };

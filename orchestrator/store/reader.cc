@@ -123,7 +123,40 @@ absl::StatusOr<QueryResult> StoreReader::ReadOnlyQuery(const std::string& sql,
                                                        const QueryLimits& limits) const {
   absl::StatusOr<Lease> lease = Acquire(&queries_, absl::Now() + options_.query_wait);
   if (!lease.ok()) return lease.status();
-  return RunGuardedQuery((*lease)->db.get(), &(*lease)->guard, sql, limits);
+  sqlite3* db = (*lease)->db.get();
+  constexpr absl::string_view kPaused =
+      "query: the store is copying its write-ahead log back, which long queries held up; try "
+      "again in a moment";
+  {
+    absl::MutexLock lock(&mu_);
+    if (queries_closed_) return absl::UnavailableError("query: the store is closing");
+    if (queries_paused_) return absl::UnavailableError(kPaused);
+    running_queries_.insert(db);
+  }
+  absl::StatusOr<QueryResult> result = RunGuardedQuery(db, &(*lease)->guard, sql, limits);
+  absl::MutexLock lock(&mu_);
+  running_queries_.erase(db);
+  // Interrupted by PauseQueries rather than by the store closing: say so.
+  if (paused_queries_.erase(db) > 0 && absl::IsUnavailable(result.status()) && !queries_closed_) {
+    return absl::UnavailableError(kPaused);
+  }
+  return result;
+}
+
+void StoreReader::InterruptQueries() const {
+  absl::MutexLock lock(&mu_);
+  queries_closed_ = true;
+  for (sqlite3* db : running_queries_) sqlite3_interrupt(db);
+}
+
+void StoreReader::PauseQueries(bool paused) const {
+  absl::MutexLock lock(&mu_);
+  queries_paused_ = paused;
+  if (!paused) return;
+  for (sqlite3* db : running_queries_) {
+    paused_queries_.insert(db);
+    sqlite3_interrupt(db);
+  }
 }
 
 // ---- Row mappers shared by the reader's files ---------------------------------------------------

@@ -369,6 +369,14 @@ class StoreReader {
   //   queries kept running for query_wait.
   absl::StatusOr<QueryResult> ReadOnlyQuery(const std::string& sql,
                                             const QueryLimits& limits = {}) const;
+  // Interrupts every running ReadOnlyQuery (Unavailable: "interrupted: the store is closing")
+  // and refuses new ones, so that a shutdown need not wait out their time limits. Typed reads
+  // go on.
+  void InterruptQueries() const;
+  // While paused, running ReadOnlyQuery calls are interrupted and new ones refused (Unavailable,
+  // "try again"): the store's checkpointer pauses them when their snapshots keep the WAL from
+  // being copied back (Store, "WAL pressure"), and resumes them once it was.
+  void PauseQueries(bool paused) const;
 
   // Sweeps, newest first, with progress counts.
   absl::StatusOr<std::vector<SweepInfo>> ListSweeps() const;
@@ -510,6 +518,10 @@ class StoreReader {
   mutable absl::Mutex mu_;
   mutable Pool reads_ ABSL_GUARDED_BY(mu_);    // typed reads
   mutable Pool queries_ ABSL_GUARDED_BY(mu_);  // users' SQL
+  mutable std::set<sqlite3*> running_queries_ ABSL_GUARDED_BY(mu_);
+  mutable bool queries_closed_ ABSL_GUARDED_BY(mu_) = false;
+  mutable bool queries_paused_ ABSL_GUARDED_BY(mu_) = false;
+  mutable std::set<sqlite3*> paused_queries_ ABSL_GUARDED_BY(mu_);  // interrupted by a pause
 };
 
 // The enum name of a run state ("RUNNING"), and back (RUN_STATE_UNSPECIFIED when unknown).

@@ -4,6 +4,7 @@
 #include "orchestrator/store/store.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <pthread.h>
@@ -12,6 +13,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "fmt/format.h"
 #include "config/proto_yaml.h"
 #include "orchestrator/store/reader.h"
 #include "orchestrator/store/schema.h"
@@ -54,6 +56,25 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) 
   if (const int fd = ::open(options.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
       fd >= 0) {
     ::close(fd);
+  }
+  // One that exists is trusted only if it is this user's and no one else can write it: another
+  // could rewrite results, or plant rows the coordinator acts on (a run to train, a worker).
+  struct stat st;
+  if (::lstat(options.path.c_str(), &st) == 0) {
+    if (S_ISLNK(st.st_mode)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "store: ", options.path, " is a symbolic link: open the database it names instead"));
+    }
+    if (st.st_uid != ::geteuid()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "store: ", options.path, " belongs to user ", st.st_uid, ", not to this one (",
+          ::geteuid(), "): a coordinator writes only its own database"));
+    }
+    if ((st.st_mode & 022) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "store: ", options.path, " is writable by group or others (mode ",
+          fmt::format("{:04o}", st.st_mode & 07777), "): chmod 600 it"));
+    }
   }
   absl::StatusOr<SqliteDb> db =
       OpenDb(options.path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX);

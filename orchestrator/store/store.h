@@ -268,7 +268,14 @@ struct StoreStats {
   absl::Status last_error;      // of the last failed flush (OK after a success)
   int64_t checkpoints = 0;      // checkpointer passes that copied pages into the database
   absl::Status checkpoint_error;  // of the last checkpoint (OK after a success)
+  // Times the checkpointer paused users' queries to copy back a WAL they held (kWalPressure).
+  int64_t query_pauses = 0;
 };
+
+// WAL pressure: a checkpoint pass that leaves most of a WAL of this many times
+// StoreOptions::checkpoint_pages pauses users' queries (StoreReader::PauseQueries) until the WAL
+// is copied back.
+inline constexpr int kWalPressure = 3;
 
 class StoreReader;  // reader.h
 class StoreWriter;  // the writer connection (store_internal.h)

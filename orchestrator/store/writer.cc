@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "orchestrator/store/reader.h"
 #include "orchestrator/store/store.h"
 #include "orchestrator/store/store_internal.h"
 
@@ -337,6 +339,24 @@ void Store::CheckpointLoop() {
       absl::MutexLock pass(&checkpoint_pass_mu_);
       rc = sqlite3_wal_checkpoint_v2(checkpoint_db_.get(), nullptr, SQLITE_CHECKPOINT_PASSIVE,
                                      &wal_pages, &copied);
+    }
+    // WAL pressure: the pass left most of a WAL several times its usual size, because readers
+    // still see old pages. Those are users' queries (typed reads are short): they are
+    // interrupted and refused for the moment it takes to copy the WAL back, or it would grow
+    // without bound under overlapping queries and steady ingestion.
+    if (rc == SQLITE_OK && wal_pages >= kWalPressure * options_.checkpoint_pages &&
+        copied < wal_pages) {
+      reader_->PauseQueries(true);
+      for (int attempt = 0; attempt < 100 && copied < wal_pages; ++attempt) {
+        absl::SleepFor(absl::Milliseconds(attempt == 0 ? 1 : 10));  // the interrupted ones end
+        absl::MutexLock pass(&checkpoint_pass_mu_);
+        rc = sqlite3_wal_checkpoint_v2(checkpoint_db_.get(), nullptr, SQLITE_CHECKPOINT_PASSIVE,
+                                       &wal_pages, &copied);
+        if (rc != SQLITE_OK) break;
+      }
+      reader_->PauseQueries(false);
+      absl::MutexLock lock(&mu_);
+      ++stats_.query_pauses;
     }
     absl::MutexLock lock(&mu_);
     // BUSY: another connection (a user's sqlite3) was checkpointing; the next pass goes on.

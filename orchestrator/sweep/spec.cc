@@ -60,7 +60,10 @@ class Parser {
     if (HasProblems()) return Finish();  // a misspelt top-level key changes the meaning of all
 
     ParseName(root);
-    if (const YAML::Node d = Child(root, "description"); d) spec_.description = Scalar(d, "description");
+    if (const YAML::Node d = Child(root, "description"); d) {
+      spec_.description = Scalar(d, "description");
+      CheckLength(d, "description", spec_.description, kMaxDescriptionBytes);
+    }
     ParseBase(root);
     if (const YAML::Node p = Child(root, "priority"); p) ParsePriority(p);
     ParseResources(Child(root, "resources"));
@@ -133,6 +136,16 @@ class Parser {
     return node.Scalar();
   }
 
+  // A name or a description is copied into every run of the sweep: a long one would multiply
+  // into gigabytes before the run cap applies.
+  bool CheckLength(const YAML::Node& n, const std::string& path, const std::string& text,
+                   size_t max) {
+    if (text.size() <= max) return true;
+    Problem(YamlLine(n), path,
+            absl::StrCat("is ", text.size(), " bytes long: at most ", max, " are allowed"));
+    return false;
+  }
+
   void ParseName(const YAML::Node& root) {
     const YAML::Node n = Child(root, "sweep");
     if (!n) {
@@ -141,6 +154,7 @@ class Parser {
     }
     spec_.name = Scalar(n, "sweep");
     if (n.IsScalar() && spec_.name.empty()) Problem(YamlLine(n), "sweep", "must not be empty");
+    if (!CheckLength(n, "sweep", spec_.name, kMaxNameBytes)) return;
     for (char c : spec_.name) {
       if (!(isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) {
         Problem(YamlLine(n), "sweep",
@@ -331,9 +345,13 @@ class Parser {
         Problem(line, path, "needs a preset, a group or a name (a custom variant)");
         continue;
       }
+      if (!CheckLength(entry, path + ".name", v.name, kMaxNameBytes)) continue;
       const std::string vpath = absl::StrCat("variants[", v.name, "]");
       if (v.preset.empty()) v.description = "custom";
-      if (const YAML::Node d = Child(entry, "description"); d) v.description = Scalar(d, vpath + ".description");
+      if (const YAML::Node d = Child(entry, "description"); d) {
+        v.description = Scalar(d, vpath + ".description");
+        CheckLength(d, vpath + ".description", v.description, kMaxDescriptionBytes);
+      }
       // Check the overrides' keys and types now, against a scratch config.
       RunConfig scratch = spec_.base;
       if (const YAML::Node m = Child(entry, "model"); m) {

@@ -110,6 +110,10 @@ struct SweepSpec {
 // the coordinator build millions of configs (found with tests/fuzz/spec_fuzz). The coordinator's
 // own limit on the runs it queues (10,000 by default) is lower.
 inline constexpr int64_t kMaxSpecRuns = 100000;
+// The longest sweep or variant name, and the longest description, a spec may give (each is
+// copied into every run).
+inline constexpr size_t kMaxNameBytes = 256;
+inline constexpr size_t kMaxDescriptionBytes = 4096;
 
 absl::StatusOr<SweepSpec> ParseSweepSpec(const YAML::Node& root, const std::string& file);
 absl::StatusOr<SweepSpec> ParseSweepSpecText(const std::string& text, const std::string& file);

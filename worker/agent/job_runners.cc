@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/durable_file.h"
 #include "config/proto_yaml.h"
 #include "proto/grpc_status.h"
@@ -73,7 +74,7 @@ void Agent::Impl::JobThread(Job first) {
 
 Agent::Impl::JobAttempt::JobAttempt(const Job& job, absl::Duration lease_timeout)
     : job(job),
-      leased_at(absl::Now()),
+      leased_at(MonotonicNow()),
       third_of_lease(lease_timeout > absl::ZeroDuration() ? lease_timeout / 3
                                                           : absl::Seconds(10)),
       run(absl::StrCat("run ", job.run_id(), " attempt ", job.attempt())),

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/durable_file.h"
 #include "proto/grpc_status.h"
 
@@ -16,7 +17,7 @@ namespace agent {
 namespace fs = std::filesystem;
 
 JobReporter::JobReporter(Params params) : p_(std::move(params)) {
-  const absl::Time leased_at = p_.leased_at == absl::InfinitePast() ? absl::Now() : p_.leased_at;
+  const absl::Time leased_at = p_.leased_at == absl::InfinitePast() ? MonotonicNow() : p_.leased_at;
   acknowledged_sent_ns_.store(absl::ToUnixNanos(leased_at));
 }
 
@@ -34,7 +35,7 @@ void JobReporter::Start(std::vector<OutboxItem> first) {
   {
     absl::MutexLock lock(&mu_);
     for (OutboxItem& item : first) Push(std::move(item));
-    last_sent_ = absl::Now();
+    last_sent_ = MonotonicNow();
   }
   sender_ = std::thread([this] { SenderLoop(); });
 }
@@ -56,7 +57,7 @@ void JobReporter::AddNotice(const std::string& line) {
 absl::Status JobReporter::Silence() const {
   if (p_.lease_timeout <= absl::ZeroDuration()) return absl::OkStatus();
   const absl::Time sent = absl::FromUnixNanos(acknowledged_sent_ns_.load());
-  if (absl::Now() - sent < p_.lease_timeout) return absl::OkStatus();
+  if (MonotonicNow() - sent < p_.lease_timeout) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "nothing acknowledged by coordinator ", p_.options->coordinator, " for ",
       absl::FormatDuration(p_.lease_timeout), " (the lease timeout): it has given the run to ",
@@ -159,7 +160,7 @@ std::optional<ReportRequest> JobReporter::NextBatch() {
   absl::MutexLock lock(&mu_);
   while (!closing_) {
     if (inflight_.has_value()) return inflight_;
-    const absl::Time now = absl::Now();
+    const absl::Time now = MonotonicNow();
     const absl::Time report_at = last_sent_ + p_.options->report_interval;
     const absl::Time heartbeat_at = last_sent_ + p_.heartbeat;
     const bool pending = !outbox_.empty();
@@ -169,7 +170,7 @@ std::optional<ReportRequest> JobReporter::NextBatch() {
       inflight_ = TakeBatch();
       return inflight_;
     }
-    cv_.WaitWithDeadline(&mu_, pending ? std::min(report_at, heartbeat_at) : heartbeat_at);
+    cv_.WaitWithTimeout(&mu_, (pending ? std::min(report_at, heartbeat_at) : heartbeat_at) - now);
   }
   return std::nullopt;
 }
@@ -220,10 +221,11 @@ void JobReporter::GiveUpLocked(absl::Status why) {
 }
 
 bool JobReporter::WaitBeforeResend(absl::Duration d) {
-  const absl::Time end = absl::Now() + d;
+  const absl::Time end = MonotonicNow() + d;
   absl::MutexLock lock(&mu_);
-  while (!closing_ && terminal_.ok() && !IsSet(p_.options->abort) && absl::Now() < end) {
-    cv_.WaitWithDeadline(&mu_, std::min(end, absl::Now() + absl::Milliseconds(50)));
+  for (absl::Time now = MonotonicNow();
+       !closing_ && terminal_.ok() && !IsSet(p_.options->abort) && now < end; now = MonotonicNow()) {
+    cv_.WaitWithTimeout(&mu_, std::min(end - now, absl::Milliseconds(50)));
   }
   return !closing_ && terminal_.ok() && !IsSet(p_.options->abort);
 }
@@ -236,8 +238,8 @@ void JobReporter::SenderLoop() {
   Backoff backoff(p_.options->backoff_min, backoff_max);
   while (std::optional<ReportRequest> batch = NextBatch()) {
     grpc::ClientContext context;
-    const absl::Time sent = absl::Now();
-    context.set_deadline(absl::ToChronoTime(sent + p_.options->call_deadline));
+    const absl::Time sent = MonotonicNow();  // intervals: common/clock.h
+    context.set_deadline(absl::ToChronoTime(absl::Now() + p_.options->call_deadline));
     if (!p_.options->token.empty()) {
       context.AddMetadata("authorization", "Bearer " + p_.options->token);
     }
@@ -263,7 +265,7 @@ void JobReporter::SenderLoop() {
       }
       absl::MutexLock lock(&mu_);
       inflight_.reset();
-      last_sent_ = absl::Now();
+      last_sent_ = MonotonicNow();
       cv_.SignalAll();
       continue;
     }

@@ -512,6 +512,44 @@ TEST_F(CoordinatorTest, WatchStreamsProgressSpikesAndEndsWithTheSweep) {
   EXPECT_EQ(diverged, 1);
 }
 
+// Watch streams are capped, all clients together: each holds a gRPC thread and polls the store.
+// Before: any number could be opened.
+TEST_F(CoordinatorTest, WatchStreamsBeyondTheCapAreRefused) {
+  max_watches_ = 1;
+  Restart();
+  SubmitQuick();
+  auto first_ctx = Context(std::chrono::seconds(30));
+  WatchRequest request;
+  request.set_sweep("quick");
+  auto first = client_->Watch(first_ctx.get(), request);
+  WatchEvent e;
+  ASSERT_TRUE(first->Read(&e));  // open, and replaying the sweep
+  auto second_ctx = Context();
+  auto second = client_->Watch(second_ctx.get(), request);
+  while (second->Read(&e)) {
+  }
+  const grpc::Status refused = second->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_THAT(refused.error_message(), HasSubstr("1 watches are open, the most this coordinator"));
+  first_ctx->TryCancel();
+  while (first->Read(&e)) {
+  }
+  (void)first->Finish();
+  // The slot is free again.
+  bool opened = false;
+  for (int i = 0; i < 50 && !opened; ++i) {
+    auto ctx = Context();
+    auto again = client_->Watch(ctx.get(), request);
+    opened = again->Read(&e);
+    ctx->TryCancel();
+    while (again->Read(&e)) {
+    }
+    (void)again->Finish();
+    if (!opened) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(opened);
+}
+
 // grpc.health.v1.Health/Check over a generic stub (the health proto's C++ stubs are not
 // installed): request {} -> response {status: SERVING (1)} = bytes 08 01.
 TEST_F(CoordinatorTest, StandardHealthServiceIsServing) {

@@ -84,6 +84,7 @@ class CoordinatorFixture : public ::testing::Test {
     o.coordinator.background_lease_checks = false;
     o.coordinator.max_acquire_wait = absl::Seconds(20);
     o.coordinator.watch_interval = absl::Milliseconds(50);
+    o.coordinator.max_watches = max_watches_;
     o.coordinator.scheduler.lease_timeout = absl::Seconds(30);
     o.coordinator.scheduler.retry_base = absl::Seconds(5);
     o.coordinator.scheduler.retry_cap = absl::Seconds(60);
@@ -319,6 +320,7 @@ class CoordinatorFixture : public ::testing::Test {
   }
 
   FakeClock clock_;
+  int max_watches_ = 64;  // Options(): a test that lowers it restarts
   std::string root_, state_dir_, token_;
   std::unique_ptr<CoordinatorServer> server_;
   std::unique_ptr<ablate::Coordinator::Stub> client_;

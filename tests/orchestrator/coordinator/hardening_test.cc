@@ -110,6 +110,15 @@ TEST_F(HardeningTest, AHostileReportIsRefusedAtTheDoorAndNothingIsStored) {
          for (int i = 1; i <= 100; ++i) e->add_lengths()->set_seq_len(i);
        },
        "evals[0].lengths has 100 entries; the limit is 16"},
+      // Spikes are unique per (run, step, signal): a signal of the worker's choosing would let
+      // it store any number of them.
+      {"a spike signal that is not loss or grad_norm",
+       [](ReportRequest* r) {
+         SpikeEvent* s = r->add_spikes();
+         s->set_step(2);
+         s->set_signal("loss#1");
+       },
+       "spikes[0].signal is \"loss#1\"; it must be loss or grad_norm"},
   };
   for (const Case& c : cases) {
     ReportRequest report = MakeReport(worker, job, 1, {1, 2});

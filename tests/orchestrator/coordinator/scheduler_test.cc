@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace ablate {
@@ -214,6 +215,33 @@ TEST_F(SchedulerTest, LeaseRenewedByReportsAndLostWithout) {
   EXPECT_EQ(lost[0].attempt, 1);
   EXPECT_FALSE(s.Renew(5, 1, 9));  // the worker's late report is refused
   EXPECT_FALSE(s.GetLease(5).has_value());
+}
+
+// Leases are measured on the monotonic clock (common/clock.h): the coordinator's MonotonicClock
+// reads the wall clock once and then only its monotonic source, so a wall clock stepped an hour
+// forward or back changes no lease. Here the wall anchor is absurd and the monotonic source is the
+// test's: only the latter moves the leases.
+TEST_F(SchedulerTest, LeasesFollowTheMonotonicClockNotTheWallClock) {
+  absl::Duration monotonic = absl::Hours(5);
+  const MonotonicClock clock(absl::FromUnixSeconds(0), [&monotonic] { return monotonic; });
+  EXPECT_EQ(clock.Now(), absl::FromUnixSeconds(0));
+  Scheduler s(Options(), &clock);
+  s.AddSweep(1, 1);
+  ASSERT_TRUE(s.Enqueue(MakeRun(5, 1, 0)));
+  ASSERT_TRUE(s.Acquire(9, Cpu()).has_value());
+  s.SetLeaseAttempt(5, 1);
+  monotonic += absl::Seconds(29);
+  EXPECT_EQ(clock.Now(), absl::FromUnixSeconds(29));
+  EXPECT_TRUE(s.ExpireLeases().empty());
+  monotonic += absl::Seconds(2);
+  EXPECT_EQ(s.ExpireLeases().size(), 1u);
+  // The process's own: readings never go back, and advance with steady_clock.
+  const absl::Time a = MonotonicNow();
+  const auto steady = std::chrono::steady_clock::now();
+  absl::SleepFor(absl::Milliseconds(20));
+  const absl::Duration elapsed = MonotonicNow() - a;
+  EXPECT_GE(elapsed, absl::FromChrono(std::chrono::steady_clock::now() - steady) - absl::Milliseconds(1));
+  EXPECT_GE(elapsed, absl::Milliseconds(20));
 }
 
 TEST_F(SchedulerTest, LostRunRequeuedWithCappedExponentialBackoff) {

@@ -1058,6 +1058,20 @@ class DashboardLimitsTest : public DashboardServerTest {
   std::unique_ptr<DashboardServer> limited_;
 };
 
+// One curves answer holds at most max_curve_values points over all its runs: a sweep of many runs
+// gets fewer per run, so one request cannot build gigabytes (10,000 runs x 5,000 points did).
+TEST_F(DashboardLimitsTest, ACurvesAnswerIsCappedOverAllItsRuns) {
+  DashboardOptions o;
+  o.max_curve_values = 200;  // 4 runs: 50 points each
+  const int port = Serve(o);
+  const json j = Get(port, "/api/sweeps/gates/curves?points=5000").Json();
+  EXPECT_EQ(j["points"], 50);
+  EXPECT_EQ(j["stride"], 20);
+  EXPECT_LE(j["runs"][0]["step"].size(), 52u);
+  o.max_curve_values = 1;  // never fewer than 2 per run
+  EXPECT_EQ(Get(Serve(o), "/api/sweeps/gates/curves").Json()["points"], 2);
+}
+
 // Served by a coordinator, /api/workers takes each worker's slots in use from it: a gang member
 // holds its part's slots though the store records the run on rank 0's worker alone.
 TEST_F(DashboardLimitsTest, WorkersShowTheCoordinatorsLiveSlotCounts) {

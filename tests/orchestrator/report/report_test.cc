@@ -730,6 +730,55 @@ TEST_F(ReportTest, TagsAndNotesShowInTheHeaderAndTheRunsTable) {
             again.substr(again.find("\n\n", again.find(kGeneratedAtMarker))));
 }
 
+// Text a worker or a user controls (a run's reason, a note) makes no HTML, link or image in
+// report.md, and no formula in the CSVs a spreadsheet opens. Before: both were written verbatim.
+TEST_F(ReportTest, WorkerTextIsEscapedInMarkdownAndGuardedInCsv) {
+  SweepRecord record = testing::MakeSweep("hostile", {"baseline"}, 1, kSteps);
+  absl::StatusOr<SweepIds> ids = store_->CreateSweep(record);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  const int64_t id = ids->run_ids[0];
+  const std::string reason = "=HYPERLINK(\"http://evil\")<img src=x onerror=alert(1)>[x](http://evil)";
+  ASSERT_TRUE(StartRun(store_.get(), id).ok());
+  ASSERT_TRUE(Finish(store_.get(), id, DIVERGED, 50, nullptr, reason).ok());
+  using Action = AnnotationEdit::Action;
+  ASSERT_TRUE(store_->Annotate({ids->sweep_id, id, Action::kNote, {"@SUM(A1) <b>bold</b>"}}).ok());
+  absl::StatusOr<std::map<std::string, std::string>> files =
+      RenderReport(*reader_, Options("hostile", dir_ / "out"));
+  ASSERT_TRUE(files.ok()) << files.status();
+  const std::string& md = files->at("report.md");
+  EXPECT_THAT(md, Not(HasSubstr("<img")));
+  EXPECT_THAT(md, Not(HasSubstr("<b>")));
+  EXPECT_THAT(md, HasSubstr("=HYPERLINK(\"http://evil\")&lt;img src=x onerror=alert(1)>\\[x\\](http://evil)"));
+  EXPECT_THAT(md, HasSubstr("@SUM(A1) &lt;b>bold&lt;/b>"));
+  // The reason's cell starts with an apostrophe, so no spreadsheet runs it; quoted for its quotes.
+  EXPECT_THAT(files->at("tables/runs.csv"),
+              HasSubstr(",\"'=HYPERLINK(\"\"http://evil\"\")<img src=x onerror=alert(1)>[x](http://evil)\","));
+}
+
+// Inside --out no symbolic link is followed: a planted report.md link is replaced by the report's
+// file (its target untouched), and a figures/ link is refused. Before: both were written through.
+TEST_F(ReportTest, SymbolicLinksInTheOutputDirectoryAreNotFollowed) {
+  const fs::path out = dir_ / "out", victim = dir_ / "victim.txt", elsewhere = dir_ / "elsewhere";
+  fs::create_directories(out);
+  fs::create_directories(elsewhere);
+  { std::ofstream(victim) << "keep me\n"; }
+  fs::create_symlink(victim, out / "report.md");
+  ReportOptions options = Options("study", out);
+  options.force = true;
+  ASSERT_TRUE(WriteReport(*reader_, options).ok());
+  EXPECT_EQ(ReadText(victim), "keep me\n");
+  EXPECT_FALSE(fs::is_symlink(out / "report.md"));
+  EXPECT_THAT(ReadText(out / "report.md"), HasSubstr("# Report: study"));
+
+  fs::remove_all(out / "figures");
+  fs::create_directory_symlink(elsewhere, out / "figures");
+  absl::StatusOr<ReportFiles> r = WriteReport(*reader_, options);
+  EXPECT_TRUE(absl::IsPermissionDenied(r.status())) << r.status();
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("figures is a symbolic link: refusing to write through it"));
+  EXPECT_TRUE(fs::is_empty(elsewhere));
+}
+
 // A tuned sweep: each variant's metric against the tuned value (finished runs on a line, stopped
 // ones as rings, diverged ones on the top edge), and each variant at its best value.
 TEST_F(ReportTest, ATunedSweepShowsTheMetricAgainstTheTunedValueAndEachVariantAtItsBest) {

@@ -1,0 +1,1 @@
+WITH h(s) AS (SELECT replace(hex(zeroblob(200000)),'0','a')) SELECT instr(s, substr(s,1,40000)||'b'), length(replace(s, substr(s,1,40000)||'b', '')) FROM h

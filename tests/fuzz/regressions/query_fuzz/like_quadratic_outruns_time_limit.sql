@@ -1,0 +1,1 @@
+WITH h(s) AS (SELECT replace(hex(zeroblob(200000)),'0','a')) SELECT s LIKE '%'||substr(s,1,40000)||'b' FROM h
