@@ -346,6 +346,10 @@ void Store::CheckpointLoop() {
     // without bound under overlapping queries and steady ingestion.
     if (rc == SQLITE_OK && wal_pages >= kWalPressure * options_.checkpoint_pages &&
         copied < wal_pages) {
+      {
+        absl::MutexLock lock(&mu_);
+        ++stats_.query_pauses;  // before: a query it interrupts sees the count
+      }
       reader_->PauseQueries(true);
       for (int attempt = 0; attempt < 100 && copied < wal_pages; ++attempt) {
         absl::SleepFor(absl::Milliseconds(attempt == 0 ? 1 : 10));  // the interrupted ones end
@@ -355,8 +359,6 @@ void Store::CheckpointLoop() {
         if (rc != SQLITE_OK) break;
       }
       reader_->PauseQueries(false);
-      absl::MutexLock lock(&mu_);
-      ++stats_.query_pauses;
     }
     absl::MutexLock lock(&mu_);
     // BUSY: another connection (a user's sqlite3) was checkpointing; the next pass goes on.
