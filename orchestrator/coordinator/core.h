@@ -65,6 +65,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/credentials.h"
+#include "orchestrator/coordinator/door.h"
 #include "orchestrator/coordinator/scheduler.h"
 #include "orchestrator/store/store.h"
 #include "proto/ablate.pb.h"
@@ -174,6 +175,9 @@ class CoordinatorCore {
   // when that attempt's lease is gone.
   absl::StatusOr<Job> MakeJob(const QueuedRun& run, int32_t attempt, int64_t worker_id,
                               bool part = false);
+  // What `lease`'s reports may hold (door.h): its run's config shape (remembered from MakeJob, or
+  // read once, e.g. for a lease restored after a restart) with the lease's steps and rung.
+  absl::StatusOr<ReportShape> ShapeOfLease(const Lease& lease);
   // The port of (run, attempt)'s gang rendezvous: a function of both in rendezvous_ports, so that
   // every member computes it alike and a retry moves to another (a port taken fails one attempt).
   int RendezvousPort(int64_t run_id, int32_t attempt) const;
@@ -280,6 +284,10 @@ class CoordinatorCore {
     absl::Time contact = absl::InfinitePast();  // the worker's last call
   };
   std::map<int64_t, WorkerSeen> worker_seen_ ABSL_GUARDED_BY(mu_);
+  // Worker notices stored per run since this coordinator started (kMaxNoticesPerRun).
+  std::map<int64_t, int> notices_of_ ABSL_GUARDED_BY(mu_);
+  // Each run's ReportShapeOf(config), by run id, from MakeJob or the first report.
+  std::map<int64_t, ReportShape> shapes_ ABSL_GUARDED_BY(mu_);
   // Attempts a run had when it was last queued by a user (rerun): retries count from there.
   std::map<int64_t, int> attempt_base_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

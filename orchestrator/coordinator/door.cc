@@ -1,5 +1,6 @@
 #include "orchestrator/coordinator/door.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -48,9 +49,43 @@ absl::Status CheckProbes(absl::string_view what, const std::string& at, const Pr
   return absl::OkStatus();
 }
 
-// An evaluation's probes, lengths (TrainConfig.eval_seq_lens) and attention maps. A length's loss
-// may be non-finite (a diverged model is a result); its shape may not be absurd.
-absl::Status CheckEval(absl::string_view what, const std::string& at, const EvalResult& e) {
+// An evaluation's step, probes, lengths (TrainConfig.eval_seq_lens) and attention maps, against
+// the run's shape when known. A length's loss may be non-finite (a diverged model is a result);
+// its shape may not be absurd.
+absl::Status CheckEval(absl::string_view what, const std::string& at, const EvalResult& e,
+                       const ReportShape& shape) {
+  if (shape.eval_every > 0) {
+    const int64_t step = e.step();
+    if (step % shape.eval_every != 0 && step != shape.total_steps &&
+        !(shape.stop_at_step > 0 && step == shape.stop_at_step)) {
+      return Refuse(what, at + ".step",
+                    absl::StrCat("is ", step, "; this run evaluates every ", shape.eval_every,
+                                 " steps and at step ", shape.total_steps,
+                                 shape.stop_at_step > 0
+                                     ? absl::StrCat(" and its rung ", shape.stop_at_step)
+                                     : ""));
+    }
+    if (e.probes().layers_size() > shape.num_layers) {
+      return Refuse(what, at + ".probes.layers",
+                    absl::StrCat("has ", e.probes().layers_size(), " entries; the model has ",
+                                 shape.num_layers, " layers"));
+    }
+    const int heads = std::min(shape.map_heads, shape.num_heads);
+    if (e.attention_maps_size() > shape.num_layers * heads) {
+      return Refuse(what, at + ".attention_maps",
+                    absl::StrCat("has ", e.attention_maps_size(), " maps; the run asks for ",
+                                 heads, " per layer of ", shape.num_layers));
+    }
+    for (int i = 0; i < e.attention_maps_size(); ++i) {
+      const AttentionMap& m = e.attention_maps(i);
+      if (m.layer() >= shape.num_layers || m.head() >= shape.num_heads) {
+        return Refuse(what, absl::StrCat(at, ".attention_maps[", i, "]"),
+                      absl::StrCat("is of layer ", m.layer(), " head ", m.head(),
+                                   "; the model has ", shape.num_layers, " layers of ",
+                                   shape.num_heads, " heads"));
+      }
+    }
+  }
   if (absl::Status s = CheckProbes(what, at, e.probes()); !s.ok()) return s;
   if (e.lengths_size() > kMaxEvalSeqLens) {
     return Refuse(what, at + ".lengths",
@@ -93,8 +128,26 @@ absl::Status CheckEval(absl::string_view what, const std::string& at, const Eval
 
 }  // namespace
 
+ReportShape ReportShapeOf(const RunConfig& config) {
+  ReportShape shape;
+  shape.total_steps = config.train().steps();
+  shape.eval_every = std::max(0, config.train().eval_every());
+  shape.num_layers = config.model().num_layers();
+  shape.num_heads = config.model().num_heads();
+  shape.map_heads = config.train().attention_map_heads();
+  return shape;
+}
+
 absl::Status CheckReportAtDoor(const ReportRequest& r, int64_t total_steps,
                                absl::string_view what) {
+  ReportShape shape;
+  shape.total_steps = total_steps;
+  return CheckReportAtDoor(r, shape, what);
+}
+
+absl::Status CheckReportAtDoor(const ReportRequest& r, const ReportShape& shape,
+                               absl::string_view what) {
+  const int64_t total_steps = shape.total_steps;
   for (int i = 0; i < r.steps_size(); ++i) {
     const StepMetrics& m = r.steps(i);
     const std::string at = absl::StrCat("steps[", i, "]");
@@ -109,7 +162,7 @@ absl::Status CheckReportAtDoor(const ReportRequest& r, int64_t total_steps,
     const EvalResult& e = r.evals(i);
     const std::string at = absl::StrCat("evals[", i, "]");
     if (absl::Status s = StepIn(what, at + ".step", e.step(), 0, total_steps); !s.ok()) return s;
-    if (absl::Status s = CheckEval(what, at, e); !s.ok()) return s;
+    if (absl::Status s = CheckEval(what, at, e, shape); !s.ok()) return s;
   }
   for (int i = 0; i < r.spikes_size(); ++i) {
     const SpikeEvent& e = r.spikes(i);
@@ -164,7 +217,9 @@ absl::Status CheckSummaryAtDoor(const RunSummary& s, int64_t total_steps) {
       !st.ok()) {
     return st;
   }
-  if (absl::Status st = CheckEval(what, "summary.final_eval", s.final_eval()); !st.ok()) {
+  // The summary's evaluation repeats the last one reported; its shape was checked then.
+  if (absl::Status st = CheckEval(what, "summary.final_eval", s.final_eval(), ReportShape{});
+      !st.ok()) {
     return st;
   }
   for (const auto& [field, v] : {std::pair<const char*, double>{"summary.wall_s", s.wall_s()},

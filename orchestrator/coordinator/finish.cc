@@ -63,7 +63,7 @@ absl::Status CoordinatorCore::EndAttemptAndRetry(int64_t run_id, int64_t sweep_i
   absl::StatusOr<TransitionResult> r = store_->TransitionRun(t);
   if (!r.ok()) return r.status();
   if (t.to == PENDING && !queued.has_value()) {
-    absl::StatusOr<RunInfo> run = store_->reader().GetRun(run_id);
+    absl::StatusOr<RunInfo> run = store_->scheduling_reader().GetRun(run_id);
     if (!run.ok()) return run.status();
     queued = ToQueued(*run, absl::InfinitePast());
   }
@@ -126,7 +126,7 @@ absl::StatusOr<CoordinatorCore::PreparedFinish> CoordinatorCore::PrepareFinish(
       lease->worker_id != worker_id) {
     // A retried Finish whose first try was applied is acknowledged again (without a next job:
     // one leased by the first try comes back when its lease expires).
-    absl::StatusOr<RunInfo> run = store_->reader().GetRun(request.run_id());
+    absl::StatusOr<RunInfo> run = store_->scheduling_reader().GetRun(request.run_id());
     if (!run.ok()) return run.status();
     if (run->attempts == request.attempt() && run->state == state) {
       p.applied_before = true;
@@ -141,8 +141,9 @@ absl::StatusOr<CoordinatorCore::PreparedFinish> CoordinatorCore::PrepareFinish(
   p.rung_pause = state == INTERRUPTED && lease->stop_at_step > 0 && !lease->stop &&
                  request.summary().steps_done() == lease->stop_at_step;
   if (request.has_final_report()) {
-    if (absl::Status s = CheckReportAtDoor(request.final_report(), lease->total_steps,
-                                           "finish: final_report");
+    absl::StatusOr<ReportShape> shape = ShapeOfLease(*lease);
+    if (!shape.ok()) return shape.status();
+    if (absl::Status s = CheckReportAtDoor(request.final_report(), *shape, "finish: final_report");
         !s.ok()) {
       return s;
     }

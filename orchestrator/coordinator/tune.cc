@@ -30,10 +30,10 @@ namespace ablate {
 using core_internal::ToQueued;
 
 absl::Status CoordinatorCore::TuneSweep(int64_t sweep_id) {
-  absl::StatusOr<std::optional<TuneInfo>> tune = store_->reader().GetTune(sweep_id);
+  absl::StatusOr<std::optional<TuneInfo>> tune = store_->scheduling_reader().GetTune(sweep_id);
   if (!tune.ok()) return tune.status();
   if (!tune->has_value() || (*tune)->method == "grid") return absl::OkStatus();
-  absl::StatusOr<std::vector<std::string>> groups = store_->reader().TuneGroups(sweep_id);
+  absl::StatusOr<std::vector<std::string>> groups = store_->scheduling_reader().TuneGroups(sweep_id);
   if (!groups.ok()) return groups.status();
   for (const std::string& group : *groups) {
     const absl::Status s = (*tune)->method == "boundary" ? BisectGroup(**tune, group)
@@ -46,14 +46,14 @@ absl::Status CoordinatorCore::TuneSweep(int64_t sweep_id) {
 void CoordinatorCore::TuneAfter(const std::vector<int64_t>& run_ids) {
   std::set<std::pair<int64_t, std::string>> groups;
   for (int64_t id : run_ids) {
-    absl::StatusOr<RunInfo> run = store_->reader().GetRun(id);
+    absl::StatusOr<RunInfo> run = store_->scheduling_reader().GetRun(id);
     if (run.ok() && run->tuned) groups.insert({run->sweep_id, run->tune_group});
   }
   std::map<int64_t, std::optional<TuneInfo>> tunes;
   for (const auto& [sweep_id, group] : groups) {
     auto it = tunes.find(sweep_id);
     if (it == tunes.end()) {
-      absl::StatusOr<std::optional<TuneInfo>> tune = store_->reader().GetTune(sweep_id);
+      absl::StatusOr<std::optional<TuneInfo>> tune = store_->scheduling_reader().GetTune(sweep_id);
       it = tunes.emplace(sweep_id, tune.ok() ? *tune : std::nullopt).first;
     }
     if (!it->second.has_value() || it->second->method == "grid") continue;
@@ -74,7 +74,7 @@ absl::Status CoordinatorCore::TuneGroup(const TuneInfo& tune, const std::string&
     absl::MutexLock lock(&mu_);
     if (scheduler_.IsCancelled(tune.sweep_id)) return absl::OkStatus();
   }
-  const StoreReader& reader = store_->reader();
+  const StoreReader& reader = store_->scheduling_reader();
   const std::vector<int64_t> all_rungs(tune.plan.rungs().begin(), tune.plan.rungs().end());
   // Each pass's stops can complete a later rung: decide again until nothing is left.
   for (int pass = 0; pass < 2 * static_cast<int>(all_rungs.size()) + 4; ++pass) {
@@ -143,7 +143,7 @@ absl::Status CoordinatorCore::BisectGroup(const TuneInfo& tune, const std::strin
     absl::MutexLock lock(&mu_);
     if (scheduler_.IsCancelled(tune.sweep_id)) return absl::OkStatus();
   }
-  const StoreReader& reader = store_->reader();
+  const StoreReader& reader = store_->scheduling_reader();
   absl::StatusOr<std::vector<BracketInfo>> brackets = reader.TuneBrackets(tune.sweep_id);
   if (!brackets.ok()) return brackets.status();
   const auto bracket = std::find_if(brackets->begin(), brackets->end(),

@@ -93,7 +93,7 @@ absl::StatusOr<WorkerOffer> CoordinatorCore::OfferOf(int64_t worker_id) {
     if (it != workers_.end()) return it->second;
   }
   // Registered before a coordinator restart: its resources are in the store.
-  absl::StatusOr<std::vector<WorkerInfo>> workers = store_->reader().ListWorkers();
+  absl::StatusOr<std::vector<WorkerInfo>> workers = store_->scheduling_reader().ListWorkers();
   if (!workers.ok()) return workers.status();
   for (const WorkerInfo& w : *workers) {
     if (w.id != worker_id) continue;
@@ -108,15 +108,39 @@ absl::StatusOr<WorkerOffer> CoordinatorCore::OfferOf(int64_t worker_id) {
       absl::StrCat("worker ", worker_id, " is not registered: register again"));
 }
 
+absl::StatusOr<ReportShape> CoordinatorCore::ShapeOfLease(const Lease& lease) {
+  std::optional<ReportShape> known;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = shapes_.find(lease.run_id); it != shapes_.end()) known = it->second;
+  }
+  if (!known.has_value()) {
+    absl::StatusOr<RunInfo> info = store_->scheduling_reader().GetRun(lease.run_id);
+    if (!info.ok()) return info.status();
+    absl::StatusOr<std::shared_ptr<const JobTemplate>> parsed = TemplateOf(*info);
+    if (!parsed.ok()) return parsed.status();
+    known = ReportShapeOf((*parsed)->config);
+    absl::MutexLock lock(&mu_);
+    shapes_[lease.run_id] = *known;
+  }
+  known->total_steps = lease.total_steps;
+  known->stop_at_step = lease.stop_at_step;
+  return *known;
+}
+
 absl::StatusOr<Job> CoordinatorCore::MakeJob(const QueuedRun& run, int32_t attempt,
                                              int64_t worker_id, bool part) {
   std::shared_ptr<const JobTemplate> made = run.job;
   if (made == nullptr) {
-    absl::StatusOr<RunInfo> info = store_->reader().GetRun(run.run_id);
+    absl::StatusOr<RunInfo> info = store_->scheduling_reader().GetRun(run.run_id);
     if (!info.ok()) return info.status();
     absl::StatusOr<std::shared_ptr<const JobTemplate>> parsed = TemplateOf(*info);
     if (!parsed.ok()) return parsed.status();
     made = *std::move(parsed);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    shapes_[run.run_id] = ReportShapeOf(made->config);
   }
   Job job;
   job.set_run_id(run.run_id);
@@ -125,7 +149,8 @@ absl::StatusOr<Job> CoordinatorCore::MakeJob(const QueuedRun& run, int32_t attem
   job.set_checkpoint_dir(absl::StrCat(options_.checkpoint_root, "/run-", run.run_id));
   // A first attempt has no earlier one to resume from.
   if (attempt > 1) {
-    absl::StatusOr<AttemptInfo> checkpoint = store_->reader().LatestCheckpoint(run.run_id);
+    absl::StatusOr<AttemptInfo> checkpoint =
+        store_->scheduling_reader().LatestCheckpoint(run.run_id);
     if (!checkpoint.ok()) return checkpoint.status();
     job.set_resume_from_step(checkpoint->checkpoint_step);
   }
@@ -377,7 +402,9 @@ absl::StatusOr<ReportResponse> CoordinatorCore::Report(const ReportRequest& requ
         ": only rank 0's worker reports metrics and checkpoints; send heartbeats (seq 0)"));
   }
   // Checked before it renews anything: a refused batch is not progress.
-  if (absl::Status s = CheckReportAtDoor(request, lease->total_steps, "report"); !s.ok()) return s;
+  absl::StatusOr<ReportShape> shape = ShapeOfLease(*lease);
+  if (!shape.ok()) return shape.status();
+  if (absl::Status s = CheckReportAtDoor(request, *shape, "report"); !s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);
     if (!scheduler_.Renew(request.run_id(), request.attempt(), request.worker_id())) {
@@ -409,10 +436,23 @@ absl::StatusOr<ReportResponse> CoordinatorCore::Report(const ReportRequest& requ
   if (lease.has_value() && lease->stop) response.set_directive(DIRECTIVE_STOP);
   // The worker's notices (an unreadable checkpoint moved aside...) go to the event log once: not
   // again with a duplicate batch, never from a heartbeat.
-  if (request.seq() > 0 && !response.duplicate()) {
+  if (request.seq() > 0 && !response.duplicate() && request.notices_size() > 0) {
+    int stored = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      stored = notices_of_[request.run_id()];
+      notices_of_[request.run_id()] += request.notices_size();
+    }
+    const int64_t sweep_id = lease.has_value() ? lease->sweep_id : 0;
     for (const std::string& line : request.notices()) {
-      (void)store_->EnqueueEvent(lease.has_value() ? lease->sweep_id : 0, request.run_id(),
-                                 "worker_notice",
+      if (stored == kMaxNoticesPerRun) {
+        (void)store_->EnqueueEvent(
+            sweep_id, request.run_id(), "worker_notice",
+            absl::StrCat("run ", request.run_id(), ": further worker notices are dropped (",
+                         kMaxNoticesPerRun, " a run)"));
+      }
+      if (stored++ >= kMaxNoticesPerRun) continue;
+      (void)store_->EnqueueEvent(sweep_id, request.run_id(), "worker_notice",
                                  absl::StrCat("run ", request.run_id(), " attempt ",
                                               request.attempt(), ": ", line));
     }

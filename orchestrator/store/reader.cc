@@ -149,6 +149,11 @@ void StoreReader::InterruptQueries() const {
   for (sqlite3* db : running_queries_) sqlite3_interrupt(db);
 }
 
+int StoreReader::OpenConnections() const {
+  absl::MutexLock lock(&mu_);
+  return reads_.open;
+}
+
 void StoreReader::PauseQueries(bool paused) const {
   absl::MutexLock lock(&mu_);
   queries_paused_ = paused;

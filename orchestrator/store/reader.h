@@ -377,6 +377,8 @@ class StoreReader {
   // "try again"): the store's checkpointer pauses them when their snapshots keep the WAL from
   // being copied back (Store, "WAL pressure"), and resumes them once it was.
   void PauseQueries(bool paused) const;
+  // Connections the typed reads' pool has open (idle or leased).
+  int OpenConnections() const;
 
   // Sweeps, newest first, with progress counts.
   absl::StatusOr<std::vector<SweepInfo>> ListSweeps() const;

@@ -129,6 +129,11 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) 
   absl::StatusOr<std::unique_ptr<StoreReader>> reader = StoreReader::Open(reader_options);
   if (!reader.ok()) return reader.status();
   store->reader_ = std::move(*reader);
+  reader_options.max_connections = options.scheduling_connections;
+  reader_options.max_query_connections = 1;  // never used: users' SQL goes through reader()
+  absl::StatusOr<std::unique_ptr<StoreReader>> scheduling = StoreReader::Open(reader_options);
+  if (!scheduling.ok()) return scheduling.status();
+  store->scheduling_reader_ = std::move(*scheduling);
   store->checkpoint_db_ = *std::move(checkpoint_db);
   // Replaces SQLite's automatic checkpoint (itself a WAL hook) on the writer's connection.
   sqlite3_wal_hook(raw, &Store::OnWalCommit, store.get());

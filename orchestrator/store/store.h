@@ -86,6 +86,8 @@ struct StoreOptions {
   // WAL starts over. 1 to 2^24.
   int checkpoint_pages = 10000;
   int reader_connections = 4;    // StoreReader pool size
+  // The pool of scheduling_reader(): the reads a worker's calls make.
+  int scheduling_connections = 2;
   // The clock stamped on rows (created_at, last_seen, event times). Tests inject one.
   std::function<absl::Time()> now = absl::Now;
 };
@@ -295,6 +297,10 @@ class Store {
 
   // Read-only access; valid as long as the Store.
   const StoreReader& reader() const { return *reader_; }
+  // The reads on a worker's path (the job it gets, its checkpoint, its offer, the run a Finish
+  // ends, the tuner's decisions) on connections of their own: the dashboard, watch streams and
+  // `ablate status`, which read through reader(), cannot hold every connection scheduling needs.
+  const StoreReader& scheduling_reader() const { return *scheduling_reader_; }
 
   // ---- Synchronous writes ----
 
@@ -423,6 +429,7 @@ class Store {
   // Constant after construction.
   const StoreOptions options_;
   std::unique_ptr<StoreReader> reader_;
+  std::unique_ptr<StoreReader> scheduling_reader_;
   std::thread writer_thread_;
   std::thread checkpoint_thread_;
   SqliteDb checkpoint_db_;  // used by checkpoint_thread_ alone

@@ -49,6 +49,25 @@ class HardeningTest : public CoordinatorFixture {
 
 // Each of these reports was stored before, and the first one bricked the coordinator: the
 // sweep_progress view's sum() overflowed on every read of sweeps, start-up included.
+// A run's worker notices are stored up to kMaxNoticesPerRun, then dropped with one event saying
+// so: a worker cannot fill the event log 16 lines of 4 KiB a batch. Before: every one was stored.
+TEST_F(HardeningTest, AWorkersNoticesAreCappedPerRun) {
+  SubmitQuick();
+  const int64_t worker = RegisterWorker("w1");
+  const Job job = Acquire(worker);
+  for (int64_t seq = 1; seq <= 70; ++seq) {
+    ReportRequest report = MakeReport(worker, job, seq, {seq});
+    report.add_notices(std::string(100, 'n'));
+    ReportResponse reply;
+    ASSERT_TRUE(CallReport(report, &reply).ok()) << seq;
+  }
+  const std::string run = std::to_string(job.run_id());
+  EXPECT_EQ(CountRows("events WHERE kind = 'worker_notice' AND run_id = " + run), 65);
+  EXPECT_EQ(CountRows("events WHERE kind = 'worker_notice' AND message = 'run " + run +
+                      ": further worker notices are dropped (64 a run)'"),
+            1);
+}
+
 TEST_F(HardeningTest, AHostileReportIsRefusedAtTheDoorAndNothingIsStored) {
   SubmitQuick();
   const int64_t worker = RegisterWorker("w1");
@@ -110,6 +129,27 @@ TEST_F(HardeningTest, AHostileReportIsRefusedAtTheDoorAndNothingIsStored) {
          for (int i = 1; i <= 100; ++i) e->add_lengths()->set_seq_len(i);
        },
        "evals[0].lengths has 100 entries; the limit is 16"},
+      // The run's config decides what an evaluation may hold (quick: 4 layers of 4 heads, 2 maps
+      // a layer, evaluations every 250 steps and at its last, 200): anything else could fill the
+      // coordinator's disk, at most 16 MiB an evaluation at every step.
+      {"an evaluation at a step the run does not evaluate at",
+       [](ReportRequest* r) { r->add_evals()->set_step(7); },
+       "evals[0].step is 7; this run evaluates every 250 steps and at step 200"},
+      {"probes of more layers than the model has",
+       [](ReportRequest* r) {
+         Probes* p = r->add_evals()->mutable_probes();
+         for (int i = 0; i < 5; ++i) p->add_layers()->set_layer(i);
+       },
+       "evals[0].probes.layers has 5 entries; the model has 4 layers"},
+      {"more attention maps than the run asks for",
+       [](ReportRequest* r) {
+         EvalResult* e = r->add_evals();
+         for (int i = 0; i < 9; ++i) e->add_attention_maps();
+       },
+       "evals[0].attention_maps has 9 maps; the run asks for 2 per layer of 4"},
+      {"an attention map of a head the model lacks",
+       [](ReportRequest* r) { r->add_evals()->add_attention_maps()->set_head(7); },
+       "evals[0].attention_maps[0] is of layer 0 head 7; the model has 4 layers of 4 heads"},
       // Spikes are unique per (run, step, signal): a signal of the worker's choosing would let
       // it store any number of them.
       {"a spike signal that is not loss or grad_norm",

@@ -1421,6 +1421,19 @@ TEST_F(StoreTest, AQueryHoldingTheWalBackIsPausedUnderPressure) {
   EXPECT_TRUE(served);
 }
 
+// The worker path's reads (the job, its checkpoint, the run a Finish ends) have connections of
+// their own, Store::scheduling_reader: the typed reads of the dashboard, watch streams and
+// `ablate status` go through reader() and cannot hold them. Before: one pool of 4 served both.
+TEST_F(StoreTest, SchedulingReadsHaveAPoolOfTheirOwn) {
+  const SweepIds ids = Submit("s", {"baseline"}, 1);
+  ASSERT_NE(&store_->scheduling_reader(), &store_->reader());
+  const int reads = store_->reader().OpenConnections();
+  ASSERT_TRUE(store_->scheduling_reader().GetRun(ids.run_ids[0]).ok());
+  EXPECT_EQ(store_->reader().OpenConnections(), reads);
+  EXPECT_GE(store_->scheduling_reader().OpenConnections(), 1);
+  EXPECT_LE(store_->scheduling_reader().OpenConnections(), StoreOptions().scheduling_connections);
+}
+
 // CSV and JSON are capped like the aligned table (an answer must fit one gRPC message); JSON is
 // written row by row in nlohmann's two-space layout.
 TEST_F(StoreTest, QueryOutputInEveryFormatIsCapped) {
