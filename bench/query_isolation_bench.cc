@@ -119,9 +119,11 @@ int Main(int argc, char** argv) {
   RegisterRequest reg;
   reg.set_name("bench");
   reg.mutable_resources()->set_code_version(ablate::CodeVersion());
-  const int64_t worker = core->Register(reg)->worker_id();
+  const RegisterResponse registered = *core->Register(reg);
+  const int64_t worker = registered.worker_id();
   AcquireJobRequest acquire;
   acquire.set_worker_id(worker);
+  acquire.set_worker_secret(registered.worker_secret());
   Job job = core->AcquireJob(acquire)->job();
 
   GetSweepRequest get;

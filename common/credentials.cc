@@ -20,6 +20,11 @@ std::string LeaseMessage(int64_t run_id, int32_t attempt, int64_t worker_id) {
   return absl::StrCat("ablate lease: run ", run_id, " attempt ", attempt, " worker ", worker_id);
 }
 
+// Not a LeaseMessage of any run: a worker secret is never a lease secret.
+std::string WorkerMessage(int64_t worker_id) {
+  return absl::StrCat("ablate worker: ", worker_id);
+}
+
 }  // namespace
 
 HmacSha256::HmacSha256(absl::string_view key) {
@@ -116,6 +121,10 @@ std::string LeaseSecret(absl::string_view secret, int64_t run_id, int32_t attemp
 std::string LeaseSecret(const HmacSha256& key, int64_t run_id, int32_t attempt,
                         int64_t worker_id) {
   return key.Hex(LeaseMessage(run_id, attempt, worker_id));
+}
+
+std::string WorkerSecret(const HmacSha256& key, int64_t worker_id) {
+  return key.Hex(WorkerMessage(worker_id));
 }
 
 bool LeaseSecretEquals(absl::string_view presented, absl::string_view expected) {

@@ -73,7 +73,11 @@ std::string LeaseSecret(absl::string_view secret, int64_t run_id, int32_t attemp
 std::string LeaseSecret(const HmacSha256& key, int64_t run_id, int32_t attempt,
                         int64_t worker_id);
 
-// Whether a presented lease secret is `expected` (64 hex digits, a length that says nothing),
+// The secret of worker `worker_id` (64 hex digits), which its AcquireJob and Deregister present:
+// a worker credential alone does not let its holder act as another worker.
+std::string WorkerSecret(const HmacSha256& key, int64_t worker_id);
+
+// Whether a presented lease (or worker) secret is `expected` (64 hex digits, a length that says nothing),
 // in time that does not depend on where they differ.
 bool LeaseSecretEquals(absl::string_view presented, absl::string_view expected);
 

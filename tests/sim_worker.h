@@ -76,6 +76,7 @@ class SimWorker {
     grpc::Status s = stub_->Register(&ctx, request, &response);
     if (!s.ok()) return Failed("register", s);
     worker_id_ = response.worker_id();
+    worker_secret_ = response.worker_secret();
     return true;
   }
 
@@ -134,6 +135,7 @@ class SimWorker {
     if (!WantsMore()) return Done();
     acquire_.Clear();
     acquire_.set_worker_id(worker_id_);
+    acquire_.set_worker_secret(worker_secret_);
     acquire_.set_wait_s(wait_s_);
     // Only as many jobs as this worker will still run.
     acquire_.set_max_jobs(static_cast<int32_t>(std::clamp<int64_t>(
@@ -306,6 +308,7 @@ class SimWorker {
   const SimProtocol protocol_;
   const int slots_;
   int64_t worker_id_ = 0;
+  std::string worker_secret_;  // RegisterResponse.worker_secret
   std::atomic<int64_t>* finished_ = nullptr;
   std::vector<SimJob> jobs_;
   std::vector<std::string> errors_;

@@ -98,6 +98,10 @@ struct CoordinatorOptions {
   absl::Duration watch_interval = absl::Milliseconds(200);
   // Watch streams open at once, all clients: each holds a gRPC thread and polls the store.
   int max_watches = 64;
+  // Registered workers not GONE: past this many, Register is refused (RESOURCE_EXHAUSTED), so
+  // the workers table and /api/workers cannot grow without bound. A worker that leaves, or is
+  // silent for a lease period, frees its place.
+  int max_workers = 4096;
   absl::Duration lease_check_interval = absl::Seconds(1);
   bool background_lease_checks = true;  // tests with a fake clock call CheckLeases themselves
   const Clock* clock = MonotonicClock::Get();  // intervals: common/clock.h
@@ -183,6 +187,9 @@ class CoordinatorCore {
   int RendezvousPort(int64_t run_id, int32_t attempt) const;
   // A gang member's Finish (FinishRequest.member).
   absl::StatusOr<FinishResponse> FinishMember(const FinishRequest& request);
+  // PermissionDenied unless `presented` is worker_id's secret (RegisterResponse.worker_secret).
+  absl::Status CheckWorkerSecret(absl::string_view what, absl::string_view presented,
+                                 int64_t worker_id) const;
   // PermissionDenied unless `presented` is the lease secret of (run, attempt, worker).
   absl::Status CheckLeaseSecret(absl::string_view what, absl::string_view presented,
                                 int64_t run_id, int32_t attempt, int64_t worker_id) const;
@@ -292,6 +299,7 @@ class CoordinatorCore {
   std::map<int64_t, int> attempt_base_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int watches_ ABSL_GUARDED_BY(mu_) = 0;  // Watch calls in progress (options_.max_watches)
+  int registering_ ABSL_GUARDED_BY(mu_) = 0;  // Register calls between the cap and the store
 
   // Serializes the tuner (taken before mu_): two ends in one group decide one after the other.
   absl::Mutex tune_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/credentials.h"
 #include "orchestrator/coordinator/core.h"
 #include "orchestrator/coordinator/core_internal.h"
 #include "orchestrator/coordinator/door.h"
@@ -327,6 +328,7 @@ void CoordinatorCore::AcquireNextJobs(int64_t worker_id, int max_jobs, FinishRes
   if (max_jobs <= 0) return;
   AcquireJobRequest acquire;
   acquire.set_worker_id(worker_id);
+  acquire.set_worker_secret(WorkerSecret(lease_mac_, worker_id));  // its Finish showed a lease's
   acquire.set_max_jobs(max_jobs);
   absl::StatusOr<AcquireJobResponse> next = AcquireJob(acquire);
   if (!next.ok() || !next->has_job()) return;

@@ -64,15 +64,32 @@ absl::StatusOr<RegisterResponse> CoordinatorCore::Register(const RegisterRequest
         " sends no code version: it was built before ablate matched workers to the build of "
         "their runs; rebuild it (cmake --build) from the sources of the sweeps it should train"));
   }
+  {
+    absl::MutexLock lock(&mu_);
+    int live = registering_;
+    for (const auto& [id, seen] : worker_seen_) live += seen.state != "GONE";
+    if (live >= options_.max_workers) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "register: the coordinator has ", live, " registered workers, its limit (a worker "
+          "that leaves, or is silent for ",
+          absl::FormatDuration(options_.scheduler.lease_timeout), ", frees its place)"));
+    }
+    ++registering_;
+  }
   std::string json;
   google::protobuf::util::JsonPrintOptions print;
   print.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(request.resources(), &json, print);
   absl::StatusOr<int64_t> id = store_->RegisterWorker(request.name(), json);
-  if (!id.ok()) return id.status();
+  if (!id.ok()) {
+    absl::MutexLock lock(&mu_);
+    --registering_;
+    return id.status();
+  }
   const WorkerOffer offer = OfferFrom(request.resources());
   {
     absl::MutexLock lock(&mu_);
+    --registering_;
     workers_[*id] = offer;
     scheduler_.AddWorker(*id, offer);
     worker_names_[*id] = request.name();
@@ -81,6 +98,7 @@ absl::StatusOr<RegisterResponse> CoordinatorCore::Register(const RegisterRequest
   }
   RegisterResponse response;
   response.set_worker_id(*id);
+  response.set_worker_secret(WorkerSecret(lease_mac_, *id));
   response.set_lease_timeout_s(static_cast<int32_t>(
       std::max<int64_t>(1, absl::ToInt64Seconds(options_.scheduler.lease_timeout))));
   return response;
@@ -202,6 +220,16 @@ int CoordinatorCore::RendezvousPort(int64_t run_id, int32_t attempt) const {
   return lo + static_cast<int>(mix % static_cast<uint64_t>(hi - lo + 1));
 }
 
+absl::Status CoordinatorCore::CheckWorkerSecret(absl::string_view what,
+                                                absl::string_view presented,
+                                                int64_t worker_id) const {
+  if (LeaseSecretEquals(presented, WorkerSecret(lease_mac_, worker_id))) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      what, ": ", presented.empty() ? "no" : "a wrong", " worker secret for worker ", worker_id,
+      " (only the worker that registered as it may act as it: send RegisterResponse's "
+      "worker_secret)"));
+}
+
 absl::Status CoordinatorCore::CheckLeaseSecret(absl::string_view what, absl::string_view presented,
                                                int64_t run_id, int32_t attempt,
                                                int64_t worker_id) const {
@@ -232,6 +260,10 @@ void CoordinatorCore::NoteWorkerBySlots(int64_t worker_id) {
 
 absl::StatusOr<AcquireJobResponse> CoordinatorCore::AcquireJob(const AcquireJobRequest& request,
                                                            absl::Time deadline) {
+  if (absl::Status s = CheckWorkerSecret("acquire", request.worker_secret(), request.worker_id());
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<WorkerOffer> offer = OfferOf(request.worker_id());
   if (!offer.ok()) return offer.status();
   // A worker of several slots asks for more while some train: BUSY.
@@ -461,6 +493,11 @@ absl::StatusOr<ReportResponse> CoordinatorCore::Report(const ReportRequest& requ
 }
 
 absl::StatusOr<DeregisterResponse> CoordinatorCore::Deregister(const DeregisterRequest& request) {
+  if (absl::Status s =
+          CheckWorkerSecret("deregister", request.worker_secret(), request.worker_id());
+      !s.ok()) {
+    return s;
+  }
   if (absl::StatusOr<WorkerOffer> offer = OfferOf(request.worker_id()); !offer.ok()) {
     return offer.status();
   }

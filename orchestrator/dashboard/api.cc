@@ -151,6 +151,17 @@ json AttentionMapJson(const AttentionMap& m) {
               {"probs", std::vector<uint8_t>(bytes.begin(), bytes.end())}};
 }
 
+bool IsHeavy(const Request& r) {
+  const std::vector<std::string>& seg = r.segments;
+  if (seg.size() < 3 || seg[0] != "api") return false;
+  if (seg[1] == "table" || seg[1] == "compare") return true;
+  if (seg.size() != 4) return false;
+  static const std::set<std::string> kSweep = {"curves", "figures", "tune", "table"};
+  static const std::set<std::string> kRun = {"metrics", "probes", "attention"};
+  return (seg[1] == "sweeps" && kSweep.count(seg[3]) != 0) ||
+         (seg[1] == "runs" && kRun.count(seg[3]) != 0);
+}
+
 }  // namespace dashboard
 
 Response DashboardServer::Impl::HandleApi(const Request& r) {

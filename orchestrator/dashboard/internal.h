@@ -191,6 +191,9 @@ std::optional<int64_t> IntParam(const Request& r, const std::string& name, int64
 
 double NowSeconds();
 
+// Whether `r` is an API request whose answer is heavy (DashboardOptions::max_heavy_requests).
+bool IsHeavy(const Request& r);
+
 // JSON renderings of store rows (NaN stays NaN: nlohmann writes it as null).
 json SweepJson(const SweepInfo& s, double now);
 json RunJson(const RunInfo& r);
@@ -254,6 +257,8 @@ struct DashboardServer::Impl {
   int active ABSL_GUARDED_BY(mu) = 0;
   std::map<dashboard::asio::ip::address, int> per_client ABSL_GUARDED_BY(mu);  // > 0 only
   int streams ABSL_GUARDED_BY(mu) = 0;
+  int heavy ABSL_GUARDED_BY(mu) = 0;              // heavy answers built or being written
+  int64_t heavy_refused ABSL_GUARDED_BY(mu) = 0;  // 503s for want of a place (/metrics)
   std::set<tcp::socket*> sockets ABSL_GUARDED_BY(mu);
   std::list<std::thread> threads ABSL_GUARDED_BY(mu);
   std::vector<std::thread::id> finished ABSL_GUARDED_BY(mu);
@@ -270,6 +275,10 @@ struct DashboardServer::Impl {
   bool Authorized(const Request& r, bool query_token) const;
   // A slot for an event stream (give it back with --streams under mu); false when all are taken.
   bool AcquireStream();
+  // A place for a heavy answer, waiting up to options.heavy_wait; false (counted) when none came
+  // free or the server is stopping. Give it back with ReleaseHeavy once the answer is written.
+  bool AcquireHeavy();
+  void ReleaseHeavy();
   Response Handle(const Request& r);
   Response HandleApi(const Request& r);
   Response Sweeps();

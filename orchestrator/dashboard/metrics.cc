@@ -101,6 +101,12 @@ Response DashboardServer::Impl::Metrics() {
       last_steps_at = now;
     }
     rate = last_rate;
+    add("ablate_dashboard_heavy_in_flight",
+        "Heavy dashboard answers (curves, figures, tables) being built or written.", "gauge", {},
+        heavy);
+    add("ablate_dashboard_heavy_refused_total",
+        "Heavy dashboard requests answered 503 after waiting for a place.", "counter", {},
+        static_cast<double>(heavy_refused));
   }
   add("ablate_points_ingested_per_second",
       "Step points stored per second, between this scrape and the previous one (0.5 s apart at "

@@ -244,7 +244,8 @@ absl::StatusOr<std::unique_ptr<DashboardServer>> DashboardServer::Start(
     if (other.empty()) return absl::InvalidArgumentError("dashboard: an accepted token is empty");
   }
   if (options.max_connections <= 0 || options.max_connections_per_client <= 0 ||
-      options.max_streams <= 0 || options.request_timeout <= absl::ZeroDuration() ||
+      options.max_streams <= 0 || options.max_heavy_requests <= 0 ||
+      options.heavy_wait < absl::ZeroDuration() || options.request_timeout <= absl::ZeroDuration() ||
       options.write_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("dashboard: connection limits and timeouts must be > 0");
   }
@@ -432,6 +433,7 @@ void DashboardServer::Impl::Serve(tcp::socket* socket, absl::Time accepted) {
     if (ec && !IsParseError(ec)) break;  // closed, reset, timed out: nothing to answer
     Response res;
     bool keep_alive = false;
+    bool heavy = false;  // holds a heavy place until its answer is written
     unsigned version = 11;
     if (ec) {
       res = Error(400, absl::StrCat("bad request: ", ec.message()));
@@ -460,6 +462,12 @@ void DashboardServer::Impl::Serve(tcp::socket* socket, absl::Time accepted) {
             --streams;
             break;
           }
+        } else if (dashboard::IsHeavy(*r) && Authorized(*r, /*query_token=*/false)) {
+          heavy = AcquireHeavy();
+          res = heavy ? Handle(*r)
+                      : Error(503, absl::StrCat("busy: ", options.max_heavy_requests,
+                                                " curves, figures or tables are being answered, "
+                                                "the most at once; try again in a moment"));
         } else {
           res = Handle(*r);
         }
@@ -486,6 +494,7 @@ void DashboardServer::Impl::Serve(tcp::socket* socket, absl::Time accepted) {
     out.prepare_payload();
     connection.set_deadline(absl::Now() + options.write_timeout);
     http::write(connection, out, ec);
+    if (heavy) ReleaseHeavy();
     open = !ec && keep_alive;
   }
   // No TLS close_notify: it would wait for the client's; every response has a length, and a
@@ -493,6 +502,24 @@ void DashboardServer::Impl::Serve(tcp::socket* socket, absl::Time accepted) {
   boost::system::error_code ignored;
   socket->shutdown(tcp::socket::shutdown_both, ignored);
   socket->close(ignored);
+}
+
+bool DashboardServer::Impl::AcquireHeavy() {
+  absl::MutexLock lock(&mu);
+  const auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return stopping || heavy < options.max_heavy_requests;
+  };
+  if (!mu.AwaitWithTimeout(absl::Condition(&free), options.heavy_wait) || stopping) {
+    ++heavy_refused;
+    return false;
+  }
+  ++heavy;
+  return true;
+}
+
+void DashboardServer::Impl::ReleaseHeavy() {
+  absl::MutexLock lock(&mu);
+  --heavy;
 }
 
 bool DashboardServer::Impl::AcquireStream() {

@@ -85,6 +85,12 @@ struct DashboardOptions {
   // Points of one /api/sweeps/NAME/curves answer, all runs together: a sweep of many runs gets
   // fewer points per run (at least 2), so that one request cannot build gigabytes.
   int64_t max_curve_values = 2'000'000;
+  // Heavy answers (curves, figures, tables, comparisons, a run's metrics, probes and maps) built
+  // or being written at once, all clients: each can take a store connection and tens of MB. One
+  // more waits up to heavy_wait for a place, then gets 503. Light ones (lists, a run's row,
+  // events, /metrics) are never held back, and keep the store connections these leave free.
+  int max_heavy_requests = 2;
+  absl::Duration heavy_wait = absl::Seconds(10);
   // A request (headers and body; on a new connection the TLS handshake too) must arrive within
   // this; a slower client is disconnected, so a trickle of bytes cannot hold a thread.
   absl::Duration request_timeout = absl::Seconds(10);

@@ -104,6 +104,7 @@ grpc::Status Agent::Impl::CallAcquire(absl::Duration wait, int max_jobs,
                                       AcquireJobResponse* response) {
   AcquireJobRequest request;
   request.set_worker_id(worker_id_);
+  request.set_worker_secret(worker_secret_);
   request.set_max_jobs(max_jobs);
   request.set_wait_s(static_cast<int32_t>(
       std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(wait, absl::Seconds(1))))));
@@ -141,6 +142,7 @@ absl::StatusOr<AgentResult> Agent::Impl::Run() {
 void Agent::Impl::Leave() {
   DeregisterRequest request;
   request.set_worker_id(worker_id_);
+  request.set_worker_secret(worker_secret_);
   DeregisterResponse response;
   grpc::ClientContext context;
   Prepare(&context, std::min(options_.call_deadline, absl::Seconds(2)));
@@ -249,6 +251,7 @@ grpc::Status Agent::Impl::TryRegister(bool* registered, Backoff* backoff) {
     ++result_.registrations;
   }
   worker_id_ = response.worker_id();
+  worker_secret_ = response.worker_secret();
   lease_timeout_ = absl::Seconds(response.lease_timeout_s());
   log_(absl::StrFormat("registered with %s as worker %d (%s: %s%s, %d cores, %.1f GB%s; built "
                        "from %s)",

@@ -162,6 +162,7 @@ class Agent::Impl {
 
   // Set by Register (Run()'s thread) before any job thread starts; read by job threads.
   std::atomic<int64_t> worker_id_{0};
+  std::string worker_secret_;  // RegisterResponse.worker_secret, Run()'s thread only
   absl::Duration lease_timeout_ = absl::ZeroDuration();
   // Run()'s thread only: the coordinator's last AcquireJobResponse.waiting, logged when it changes.
   std::string waiting_;

@@ -373,6 +373,7 @@ TEST(ServeProcessTest, SigkillLosesNoMetricAndCompletesOnce) {
   ASSERT_TRUE(call(&WorkerService::Stub::Register, reg, &registered).ok());
   AcquireJobRequest acquire;
   acquire.set_worker_id(registered.worker_id());
+  acquire.set_worker_secret(registered.worker_secret());
   AcquireJobResponse acquired;
   ASSERT_TRUE(call(&WorkerService::Stub::AcquireJob, acquire, &acquired).ok());
   ASSERT_TRUE(acquired.has_job());

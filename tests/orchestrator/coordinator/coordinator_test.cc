@@ -588,6 +588,7 @@ TEST_F(CoordinatorTest, LongPollWakesWhenWorkArrives) {
   std::thread poller([&] {
     AcquireJobRequest request;
     request.set_worker_id(worker);
+    request.set_worker_secret(SecretOf(worker));
     request.set_wait_s(20);
     auto ctx = Context(std::chrono::seconds(25));
     ASSERT_TRUE(worker_->AcquireJob(ctx.get(), request, &got).ok());
@@ -800,6 +801,7 @@ TEST_F(CoordinatorTest, WorkersThatLeaveOrFallSilentAreGone) {
   };
   DeregisterRequest request;
   request.set_worker_id(leaving);
+  request.set_worker_secret(SecretOf(leaving));
   DeregisterResponse response;
   auto ctx = Context();
   ASSERT_TRUE(worker_->Deregister(ctx.get(), request, &response).ok());
@@ -826,6 +828,7 @@ TEST_F(CoordinatorTest, WorkersThatLeaveOrFallSilentAreGone) {
   EXPECT_EQ(CountRows("workers WHERE state = 'GONE'"), 3);
 
   request.set_worker_id(12345);
+  request.set_worker_secret(SecretOf(12345));
   auto ctx2 = Context();
   EXPECT_EQ(worker_->Deregister(ctx2.get(), request, &response).error_code(),
             grpc::StatusCode::NOT_FOUND);
@@ -977,6 +980,7 @@ TEST_F(CoordinatorTest, AWorkerWithFourSlotsTakesAndEndsSeveralJobsPerCall) {
   const int64_t worker = RegisterWorker("four", 4);
   AcquireJobRequest acquire;
   acquire.set_worker_id(worker);
+  acquire.set_worker_secret(SecretOf(worker));
   acquire.set_max_jobs(8);
   AcquireJobResponse got;
   {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/credentials.h"
 #include "common/version.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -85,6 +86,7 @@ class CoordinatorFixture : public ::testing::Test {
     o.coordinator.max_acquire_wait = absl::Seconds(20);
     o.coordinator.watch_interval = absl::Milliseconds(50);
     o.coordinator.max_watches = max_watches_;
+    o.coordinator.max_workers = max_workers_;
     o.coordinator.scheduler.lease_timeout = absl::Seconds(30);
     o.coordinator.scheduler.retry_base = absl::Seconds(5);
     o.coordinator.scheduler.retry_cap = absl::Seconds(60);
@@ -167,9 +169,16 @@ class CoordinatorFixture : public ::testing::Test {
     return response.worker_id();
   }
 
+  // What RegisterResponse.worker_secret gave worker_id: an HMAC under the coordinator's secret,
+  // which is the admin credential.
+  std::string SecretOf(int64_t worker_id) const {
+    return WorkerSecret(HmacSha256(token_), worker_id);
+  }
+
   AcquireJobResponse TryAcquire(int64_t worker_id) {
     AcquireJobRequest request;
     request.set_worker_id(worker_id);
+    request.set_worker_secret(SecretOf(worker_id));
     request.set_wait_s(0);
     AcquireJobResponse response;
     auto ctx = Context();
@@ -321,6 +330,7 @@ class CoordinatorFixture : public ::testing::Test {
 
   FakeClock clock_;
   int max_watches_ = 64;  // Options(): a test that lowers it restarts
+  int max_workers_ = 4096;  // likewise
   std::string root_, state_dir_, token_;
   std::unique_ptr<CoordinatorServer> server_;
   std::unique_ptr<ablate::Coordinator::Stub> client_;

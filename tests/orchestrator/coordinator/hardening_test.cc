@@ -9,6 +9,7 @@
 #include <atomic>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/credentials.h"
 #include "orchestrator/coordinator/door.h"
 #include "gmock/gmock.h"
@@ -290,6 +291,93 @@ TEST_F(HardeningTest, ReportAndFinishNeedTheAttemptsLeaseSecret) {
   ASSERT_TRUE(CallReport(MakeReport(w1, job, 2, {3}), &reply).ok());
   ASSERT_TRUE(CallFinish(w1, job, SUCCEEDED).ok());
   EXPECT_EQ(StateOf(job.run_id()), SUCCEEDED);
+}
+
+// A worker id is usable only with the secret its Register returned. Before, any holder of the
+// worker credential could pass a victim's worker_id: AcquireJob took the victim's jobs and gang
+// parts, and Deregister marked it GONE.
+TEST_F(HardeningTest, AWorkerIdIsUsableOnlyWithItsSecret) {
+  SubmitQuick();
+  RegisterRequest reg;
+  reg.set_name("victim");
+  reg.mutable_resources()->set_code_version(CodeVersion());
+  reg.mutable_resources()->set_device("cpu");
+  reg.mutable_resources()->set_cores(4);
+  RegisterResponse victim;
+  auto ctx = Context();
+  ASSERT_TRUE(worker_->Register(ctx.get(), reg, &victim).ok());
+  EXPECT_EQ(victim.worker_secret().size(), 64u);
+  EXPECT_EQ(victim.worker_secret(), SecretOf(victim.worker_id()));
+  const int64_t attacker = RegisterWorker("attacker");
+  EXPECT_NE(SecretOf(attacker), victim.worker_secret());
+  const std::string before = DatabaseDigest();
+
+  for (const std::string& secret : {std::string(), SecretOf(attacker), std::string(64, '0')}) {
+    AcquireJobRequest acquire;
+    acquire.set_worker_id(victim.worker_id());
+    acquire.set_worker_secret(secret);
+    AcquireJobResponse got;
+    ctx = Context();
+    const grpc::Status s = worker_->AcquireJob(ctx.get(), acquire, &got);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << secret;
+    EXPECT_THAT(s.error_message(),
+                HasSubstr(absl::StrCat("worker secret for worker ", victim.worker_id())));
+    EXPECT_FALSE(got.has_job());
+    DeregisterRequest leave;
+    leave.set_worker_id(victim.worker_id());
+    leave.set_worker_secret(secret);
+    DeregisterResponse left;
+    ctx = Context();
+    EXPECT_EQ(worker_->Deregister(ctx.get(), leave, &left).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+  EXPECT_EQ(DatabaseDigest(), before);  // nothing leased, nobody GONE
+
+  // The victim's own secret works, and still does after a coordinator restart.
+  Restart();
+  const Job job = Acquire(victim.worker_id());
+  EXPECT_EQ(StateOf(job.run_id()), RUNNING);
+  DeregisterRequest leave;
+  leave.set_worker_id(victim.worker_id());
+  leave.set_worker_secret(victim.worker_secret());
+  DeregisterResponse left;
+  ctx = Context();
+  EXPECT_TRUE(worker_->Deregister(ctx.get(), leave, &left).ok());
+}
+
+// Registered workers that are not GONE are capped, so Register cannot grow the workers table and
+// /api/workers without bound; one that leaves frees its place. Before: no limit.
+TEST_F(HardeningTest, RegistrationsPastTheLiveWorkerCapAreRefused) {
+  max_workers_ = 3;
+  Restart();
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(RegisterWorker(absl::StrCat("w", i)));
+  RegisterRequest reg;
+  reg.set_name("one-too-many");
+  reg.mutable_resources()->set_code_version(CodeVersion());
+  RegisterResponse refused;
+  auto ctx = Context();
+  grpc::Status s = worker_->Register(ctx.get(), reg, &refused);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("the coordinator has 3 registered workers, its limit"));
+  EXPECT_EQ(CountRows("workers"), 3);
+  // Still 3 after a restart, which counts the workers the store has not seen leave.
+  Restart();
+  ctx = Context();
+  EXPECT_EQ(worker_->Register(ctx.get(), reg, &refused).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  DeregisterRequest leave;
+  leave.set_worker_id(ids[0]);
+  leave.set_worker_secret(SecretOf(ids[0]));
+  DeregisterResponse left;
+  ctx = Context();
+  ASSERT_TRUE(worker_->Deregister(ctx.get(), leave, &left).ok());
+  EXPECT_NE(RegisterWorker("in-its-place"), 0);
+  // A silent one frees its place after a lease period.
+  clock_.Advance(absl::Seconds(31));
+  EXPECT_EQ(server_->core()->CheckWorkers(), 3);
+  for (int i = 0; i < 3; ++i) EXPECT_NE(RegisterWorker(absl::StrCat("after", i)), 0);
 }
 
 TEST_F(HardeningTest, CancelIsOneTransactionAndRestartRepairsAnOlderOne) {

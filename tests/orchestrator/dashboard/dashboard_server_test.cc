@@ -1182,6 +1182,58 @@ TEST_F(DashboardLimitsTest, AClientThatStopsReadingIsDroppedAtTheWriteDeadline) 
   EXPECT_TRUE(served) << "the only slot is still held by a client that reads nothing";
 }
 
+// Heavy answers at once are capped, all clients together: one more waits heavy_wait, then gets
+// 503, while light ones are served. A heavy answer holds its place until it is written, so a
+// client that asks for many and reads none holds only that one. Before: no limit.
+TEST_F(DashboardLimitsTest, HeavyAnswersAtOnceAreCapped) {
+  DashboardOptions o;
+  o.max_heavy_requests = 1;
+  o.heavy_wait = absl::Milliseconds(200);
+  o.write_timeout = absl::Seconds(3);
+  const int port = Serve(o);
+  ASSERT_NE(port, 0);
+  const std::string metrics = absl::StrCat("/api/runs/", runs_[0], "/metrics");
+  const std::string ask = absl::StrCat("GET ", metrics, " HTTP/1.1\r\nHost: x\r\n",
+                                       "Authorization: Bearer ", kToken, "\r\n");
+  ASSERT_GT(Get(port, metrics).body.size(), 20000u);
+  // Pipelined, 200 answers of over 20 KB each, none read: the server blocks writing one.
+  asio::io_context io;
+  tcp::socket stuck(io);
+  stuck.open(tcp::v4());
+  stuck.set_option(asio::socket_base::receive_buffer_size(4096));
+  stuck.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  std::string requests;
+  for (int i = 0; i < 200; ++i) absl::StrAppend(&requests, ask, "\r\n");
+  std::thread writer([&] {
+    boost::system::error_code ec;  // fails once the server drops the connection
+    asio::write(stuck, asio::buffer(requests), ec);
+  });
+  std::string refused;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(8)) {
+    refused = RawWithin(port, ask + "Connection: close\r\n\r\n", std::chrono::seconds(2));
+    if (absl::StartsWith(refused, "HTTP/1.1 503")) break;
+  }
+  EXPECT_TRUE(absl::StartsWith(refused, "HTTP/1.1 503")) << refused.substr(0, 200);
+  EXPECT_TRUE(absl::StrContains(refused, "busy: 1 curves, figures or tables are being answered"))
+      << refused.substr(0, 400);
+  // Light answers meanwhile.
+  EXPECT_EQ(Get(port, "/api/sweeps/gates").status, 200);
+  const std::string scrape = Get(port, "/metrics").body;
+  EXPECT_TRUE(absl::StrContains(scrape, "ablate_dashboard_heavy_in_flight 1\n")) << scrape;
+  EXPECT_FALSE(absl::StrContains(scrape, "ablate_dashboard_heavy_refused_total 0\n")) << scrape;
+  // Once the server drops the client at the write deadline, heavy answers are served again.
+  bool served = false;
+  while (!served && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(15)) {
+    served = Get(port, metrics).status == 200;
+    if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_TRUE(served);
+  boost::system::error_code ignored;
+  stuck.close(ignored);
+  writer.join();
+}
+
 TEST_F(DashboardLimitsTest, ConnectionsPerClientAddressAreCapped) {
   DashboardOptions o;
   o.max_connections_per_client = 2;

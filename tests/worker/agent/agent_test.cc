@@ -77,13 +77,23 @@ class FakeCoordinator {
     absl::MutexLock lock(&mu_);
     registrations.push_back(*req);
     resp->set_worker_id(100 + static_cast<int64_t>(registrations.size()));
+    resp->set_worker_secret(SecretOf(resp->worker_id()));
     resp->set_lease_timeout_s(lease_timeout_s);
     return grpc::Status::OK;
+  }
+  // As the coordinator: AcquireJob and Deregister need the secret Register gave the worker id,
+  // so every test checks that the agent sends it.
+  static std::string SecretOf(int64_t worker_id) { return "secret-" + std::to_string(worker_id); }
+  static grpc::Status CheckSecret(int64_t worker_id, const std::string& presented) {
+    if (presented == SecretOf(worker_id)) return grpc::Status::OK;
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "wrong worker secret for worker " + std::to_string(worker_id));
   }
 
   grpc::Status Deregister(grpc::ServerContext* ctx, const DeregisterRequest* req,
                           DeregisterResponse*) {
     if (grpc::Status s = Authorize(ctx); !s.ok()) return s;
+    if (grpc::Status s = CheckSecret(req->worker_id(), req->worker_secret()); !s.ok()) return s;
     absl::MutexLock lock(&mu_);
     deregistrations.push_back(req->worker_id());
     return grpc::Status::OK;
@@ -92,6 +102,7 @@ class FakeCoordinator {
   grpc::Status AcquireJob(grpc::ServerContext* ctx, const AcquireJobRequest* req,
                           AcquireJobResponse* resp) {
     if (grpc::Status s = Authorize(ctx); !s.ok()) return s;
+    if (grpc::Status s = CheckSecret(req->worker_id(), req->worker_secret()); !s.ok()) return s;
     absl::MutexLock lock(&mu_);
     ++acquire_calls;
     auto has_job = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !jobs_.empty(); };
