@@ -249,11 +249,14 @@ TEST_F(EndToEndTest, TwoOneSlotWorkersTrainAWiderRunAsAGangAndSurviveALostMember
                                      "w.id = a.worker_id WHERE a.run_id = (" + long_run +
                                      ") AND a.attempt = 1");
   // The member's machine is lost: the agent and its rank process die at once, no checkpoint.
+  // The rank first: killed after its agent, it would get the agent's death signal (SIGTERM,
+  // PR_SET_PDEATHSIG) in between, and under load could take one more step with rank 0 and end
+  // the attempt INTERRUPTED with a checkpoint, as a worker that is stopped does.
   const pid_t member = primary ? w4 : w3;
   const std::vector<pid_t> ranks = ChildrenWith(member, "--rank 1");
   ASSERT_EQ(ranks.size(), 1u) << Slurp(dir_ / "w3.log") << Slurp(dir_ / "w4.log");
-  kill(member, SIGKILL);
   kill(ranks[0], SIGKILL);
+  kill(member, SIGKILL);
   WaitExit(member, std::chrono::seconds(10));
   // The attempt fails (rank 0's collective loses its peer) and the run waits for a second
   // worker: a new one joins, the run resumes from its checkpoint and completes.
