@@ -6,6 +6,15 @@
 //   build/bench_train --d-model 128 --steps 8 --pair g1_elementwise --match-ffn
 //   build/bench_train --d-model 128 --steps 40 --pair g1_elementwise --match-ffn --pair-blocks
 //   build/bench_train --matmul
+//   build/bench_train --d-model 128 --steps 8 --pair baseline --pair-checkpointing
+//   build/bench_train --d-model 128 --steps 8 --pair baseline --pair-precision bf16
+//   build/bench_train --d-model 128 --steps 4 --checkpointing    (prints its peak and the plan)
+//
+// --precision fp32|bf16 and --checkpointing set train.precision and
+// train.activation_checkpointing of --variant's run (and of --pair's, unless --pair-precision or
+// --pair-checkpointing say otherwise): --pair baseline --pair-checkpointing times checkpointing
+// against the plain run of the same model, step for step. A single run prints its peak of tensor
+// memory (the counting CPU allocator, config/memory_plan.h's figure) beside its memory plan.
 //
 // --pair V trains `--variant` (the baseline by default) and V side by side, each on a thread of
 // its own that runs only while the other waits: A's step 1, B's step 1, A's step 2, ... Each
@@ -44,6 +53,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/stats.h"
+#include "config/memory_plan.h"
 #include "config/model_config.h"
 #include "config/param_count.h"
 #include "config/presets.h"
@@ -236,8 +246,10 @@ int main(int argc, char** argv) {
   CLI::App app{"ablate training throughput, one measurement"};
   int d_model = 128, layers = 4, heads = 0, head_dim = 32, ffn = 0, batch = 16, seq = 256;
   int steps = 20, warmup = 3, pair_ffn = 0, threads = static_cast<int>(std::thread::hardware_concurrency());
-  std::string variant = "baseline", pair, device = "cpu", profile;
-  bool match_ffn = false, matmul = false, pair_blocks = false;
+  std::string variant = "baseline", pair, device = "cpu", profile, precision = "fp32",
+              pair_precision;
+  bool match_ffn = false, matmul = false, pair_blocks = false, checkpointing = false,
+       pair_checkpointing = false;
   app.add_option("--d-model", d_model);
   app.add_option("--layers", layers);
   app.add_option("--heads", heads, "default d_model / head_dim");
@@ -260,6 +272,13 @@ int main(int argc, char** argv) {
                "with --pair: time one block of each model, forward and backward, --steps pairs, "
                "instead of training steps");
   app.add_flag("--matmul", matmul, "measure fp32 matmul FLOP/s instead");
+  app.add_option("--precision", precision, "train.precision of the runs")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--pair-precision", pair_precision, "the --pair run's, when it differs")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_flag("--checkpointing", checkpointing, "train.activation_checkpointing of the runs");
+  app.add_flag("--pair-checkpointing", pair_checkpointing,
+               "the --pair run checkpointed, whatever --checkpointing says");
   app.add_option("--profile", profile, "write a chrome://tracing profile of the run to this file");
   CLI11_PARSE(app, argc, argv);
   if (pair_blocks && (pair.empty() || device != "cpu")) {
@@ -278,8 +297,8 @@ int main(int argc, char** argv) {
   }
   // The run of one variant at these shapes, its FFN narrowed (--match-ffn) until its parameters
   // match the baseline's; nullopt (and why, on stderr) when the variant does not apply.
-  const auto make_run = [&](const std::string& name,
-                            int ffn_dim) -> std::optional<ablate::RunConfig> {
+  const auto make_run = [&](const std::string& name, int ffn_dim,
+                            bool is_pair) -> std::optional<ablate::RunConfig> {
     ablate::RunConfig run = ablate::DefaultRunConfig();
     ablate::ModelConfig& m = *run.mutable_model();
     m.set_d_model(d_model);
@@ -311,6 +330,9 @@ int main(int argc, char** argv) {
     t.set_threads(threads);
     t.set_device(device);
     t.mutable_optimizer()->set_warmup_steps(2);
+    const std::string& p = is_pair && !pair_precision.empty() ? pair_precision : precision;
+    t.set_precision(p == "bf16" ? ablate::PRECISION_BF16 : ablate::PRECISION_FP32);
+    t.set_activation_checkpointing(is_pair && pair_checkpointing ? true : checkpointing);
     return run;
   };
   const auto make_trainer = [&](const ablate::RunConfig& run, const std::string& dir)
@@ -329,8 +351,8 @@ int main(int argc, char** argv) {
   const double tokens_per_step = static_cast<double>(batch) * seq;
 
   if (!pair.empty()) {
-    const std::optional<ablate::RunConfig> runs[2] = {make_run(variant, 0),
-                                                       make_run(pair, pair_ffn)};
+    const std::optional<ablate::RunConfig> runs[2] = {make_run(variant, 0, false),
+                                                       make_run(pair, pair_ffn, true)};
     if (!runs[0] || !runs[1]) return 1;
     if (pair_blocks) {
       return PairBlocks(runs[0]->model(), runs[1]->model(), variant, pair, batch, seq, warmup,
@@ -397,7 +419,7 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  const std::optional<ablate::RunConfig> run = make_run(variant, 0);
+  const std::optional<ablate::RunConfig> run = make_run(variant, 0, false);
   if (!run) return 1;
   const ablate::ModelConfig& m = run->model();
   std::unique_ptr<ablate::Trainer> trainer = make_trainer(*run, scratch);
@@ -415,10 +437,14 @@ int main(int argc, char** argv) {
   const double tps = tokens_per_step * steps / clock.seconds();
   std::printf("{\"impl\":\"ablate\",\"variant\":\"%s\",\"d_model\":%d,\"ffn\":%d,\"params\":%lld,"
               "\"tokens_per_s\":%.6g,\"step_ms\":%.6g,\"cpu_ms\":%.6g,\"flops_per_token\":%.6g,"
-              "\"threads\":%d,\"kernel_threads\":%d}\n",
+              "\"threads\":%d,\"kernel_threads\":%d,\"precision\":\"%s\",\"checkpointing\":%s,"
+              "\"peak_memory_bytes\":%lld,\"planned_bytes\":%lld}\n",
               variant.c_str(), d_model, m.ffn_dim(),
               static_cast<long long>(ablate::CountParams(m).total()), tps,
               1e3 * clock.seconds() / steps, 1e3 * clock.cpu_seconds() / steps,
-              ablate::TrainingFlopsPerToken(m, seq), threads, ablate::KernelThreads());
+              ablate::TrainingFlopsPerToken(m, seq), threads, ablate::KernelThreads(),
+              precision.c_str(), checkpointing ? "true" : "false",
+              static_cast<long long>(summary->peak_memory_bytes()),
+              static_cast<long long>(ablate::PlanMemory(*run, 1).per_device()));
   return 0;
 }

@@ -26,7 +26,7 @@ ModelConfig DefaultModelConfig() {
   c.mutable_moe()->set_normalize_top_k(true);
   c.mutable_moe()->set_load_balance_coef(0.01);
   c.mutable_moe()->set_router_z_coef(0.001);
-  c.mutable_gate();
+  c.mutable_gate()->set_scale(1.0);
   c.mutable_switchhead();
   c.mutable_yarn()->set_beta_fast(32.0);
   c.mutable_yarn()->set_beta_slow(1.0);
@@ -157,6 +157,8 @@ std::string DescribeGate(const GateConfig& g) {
     default: break;
   }
   if (g.input_independent()) absl::StrAppend(&s, " input-independent");
+  if (g.init() == GATE_INIT_ZERO) absl::StrAppend(&s, " zero-init");
+  if (g.scale() != 0 && g.scale() != 1) absl::StrAppend(&s, " x", g.scale());
   return s;
 }
 
@@ -216,13 +218,20 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& prefix
       p.Add("gate.sharing", "HEAD_SHARED is not allowed at G5 (after W_O there are no heads)");
     }
   }
+  // 0 is read as 1: a config written before the field existed.
+  if (g.scale() != 0 && g.scale() != 1 && g.scale() != 2) {
+    p.Add("gate.scale", absl::StrCat("must be 1 (scores act(x)) or 2 (2 act(x): with a zero init, "
+                                     "a sigmoid gate starts as the identity), got ", g.scale()));
+  }
+  if (!GateInit_IsValid(g.init())) p.Add("gate.init", "unknown value");
   if (g.input_independent() && g.sharing() == GATE_HEAD_SHARED) {
     p.Add("gate.sharing", "HEAD_SHARED has no meaning for an input_independent gate");
   }
   if (g.position() == GATE_NONE &&
       (g.granularity() != GATE_ELEMENTWISE || g.sharing() != GATE_HEAD_SPECIFIC ||
        g.mode() != GATE_MULTIPLICATIVE || g.activation() != GATE_SIGMOID ||
-       g.input_independent())) {
+       g.input_independent() || g.init() != GATE_INIT_NORMAL ||
+       (g.scale() != 0 && g.scale() != 1))) {
     p.Add("gate.position", "is NONE but other gate fields are set; set a position (G1..G5)");
   }
 
@@ -253,8 +262,12 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& prefix
       p.Add("yarn.beta_fast", absl::StrCat("must exceed yarn.beta_slow > 0, got beta_fast ",
                                            y.beta_fast(), ", beta_slow ", y.beta_slow()));
     }
-  } else if (y.original_seq_len() != 0) {
-    p.Add("yarn.factor", "is 0 (off) but yarn.original_seq_len is set; set a factor > 1");
+    if (!YarnApply_IsValid(y.apply())) p.Add("yarn.apply", "unknown value");
+    if (!YarnRamp_IsValid(y.ramp())) p.Add("yarn.ramp", "unknown value");
+  } else if (y.original_seq_len() != 0 || y.apply() != YARN_BEYOND_ORIGINAL ||
+             y.ramp() != YARN_RAMP_REFERENCE) {
+    p.Add("yarn.factor",
+          "is 0 (off) but yarn.original_seq_len, apply or ramp is set; set a factor > 1");
   }
   return p.Status();
 }
@@ -277,7 +290,9 @@ absl::Status ValidateTrainConfig(const TrainConfig& t, const std::string& prefix
   if (dev != "cpu" && !cuda_ok) {
     p.Add("device", absl::StrCat("must be cpu, cuda or cuda:N, got \"", dev, "\""));
   }
+  if (!Precision_IsValid(t.precision())) p.Add("precision", "unknown value");
   const DataConfig& d = t.data();
+  if (!TokenDtype_IsValid(d.token_dtype())) p.Add("data.token_dtype", "unknown value");
   if (!(d.val_fraction() > 0 && d.val_fraction() < 1)) {
     p.Add("data.val_fraction", absl::StrCat("must be in (0, 1), got ", d.val_fraction()));
   }
@@ -317,11 +332,17 @@ absl::Status ValidateTrainConfig(const TrainConfig& t, const std::string& prefix
     }
     seen.push_back(len);
   }
-  if (t.attention_map_heads() < 0 || t.attention_map_heads() > kMaxAttentionMapHeads) {
-    p.Add("attention_map_heads", absl::StrCat("must be in [0, ", kMaxAttentionMapHeads, "], got ",
-                                              t.attention_map_heads()));
+  if (t.attention_map_heads() < -1 || t.attention_map_heads() > kMaxNumHeads) {
+    p.Add("attention_map_heads",
+          absl::StrCat("must be -1 (every head), 0 (none) or a count of heads up to ", kMaxNumHeads,
+                       ", got ", t.attention_map_heads()));
   }
   return p.Status();
+}
+
+int AttentionMapsPerLayer(int map_heads, int num_heads) {
+  if (map_heads == 0) return 0;
+  return (map_heads < 0 ? num_heads : std::min(map_heads, num_heads)) + 1;
 }
 
 absl::Status ValidateRunConfig(const RunConfig& r) {
@@ -338,6 +359,15 @@ absl::Status ValidateRunConfig(const RunConfig& r) {
       problems.push_back(absl::StrCat("train.eval_seq_lens[", i, "]: ", r.train().eval_seq_lens(i),
                                       " exceeds model.max_seq_len ", r.model().max_seq_len()));
     }
+  }
+  const int64_t maps = static_cast<int64_t>(r.model().num_layers()) *
+                       AttentionMapsPerLayer(r.train().attention_map_heads(), r.model().num_heads());
+  if (maps > kMaxAttentionMaps) {
+    problems.push_back(absl::StrCat(
+        "train.attention_map_heads: ", r.train().attention_map_heads(), " asks for ", maps,
+        " attention maps per evaluation (", r.model().num_layers(),
+        " layers x the heads and their mean); the limit is ", kMaxAttentionMaps,
+        ": ask for fewer heads"));
   }
   if (r.train().data().format() == DATA_TEXT && r.model().vocab_size() < 256) {
     problems.push_back(absl::StrCat("model.vocab_size: byte-level text needs >= 256, got ",

@@ -30,7 +30,9 @@ inline constexpr int32_t kMaxFfnDim = 1 << 20;      // ffn_dim and moe.expert_di
 inline constexpr int32_t kMaxExperts = 1 << 14;     // moe.num_experts
 inline constexpr int32_t kMaxSwitchHeadExperts = 1 << 10;
 inline constexpr int32_t kMaxEvalSeqLens = 16;        // train.eval_seq_lens
-inline constexpr int32_t kMaxAttentionMapHeads = 16;  // train.attention_map_heads
+// Attention maps one evaluation may store, the layer means (head -1) included: the coordinator
+// refuses more, and a config that asks for more (num_layers x (heads + 1)) is invalid.
+inline constexpr int32_t kMaxAttentionMaps = 4096;
 inline constexpr int32_t kAttentionMapSize = 64;      // positions an attention map covers
 inline constexpr int32_t kMaxDevices = 4096;          // resources.devices, worker slots
 
@@ -38,6 +40,10 @@ inline constexpr int32_t kMaxDevices = 4096;          // resources.devices, work
 // longest length, read from the start of the validation split and cut into back-to-back windows
 // of each length (a length that does not divide it drops the remainder). 0 without lengths.
 int64_t EvalLengthSpan(const TrainConfig& train);
+
+// Attention maps one evaluation stores per layer for train.attention_map_heads = `map_heads` in a
+// model of `num_heads` heads: the kept heads (-1: all of them) and their mean; 0 for none.
+int AttentionMapsPerLayer(int map_heads, int num_heads);
 
 // A data-parallel run divides train.batch_size (the global batch) between its `ranks`, so that
 // its results do not depend on its world size: InvalidArgument "train.batch_size: B windows

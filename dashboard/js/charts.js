@@ -426,7 +426,7 @@ export function attentionHeatmap({ layer, head, size, probs }) {
   const cell = Math.max(1, Math.floor(ATTENTION_SIDE / size));
   const side = cell * size;
   const canvas = el('canvas', { class: 'heatmap', width: side, height: side,
-    'aria-label': `attention map of layer ${layer}, head ${head}: query on the y axis, key on the x axis` });
+    'aria-label': `attention map of layer ${layer}, ${head < 0 ? 'the mean over its heads' : `head ${head}`}: query on the y axis, key on the x axis` });
   const ctx = canvas.getContext('2d');
   const image = ctx.createImageData(side, side);
   for (let q = 0; q < size; q++) {
@@ -452,7 +452,7 @@ export function attentionHeatmap({ layer, head, size, probs }) {
   });
   canvas.addEventListener('mouseleave', () => { readout.textContent = '\u00a0'; });
   return el('div', { class: 'chart heatmap-box', 'data-layer': layer, 'data-head': head },
-    el('h3', {}, `layer ${layer}, head ${head}`),
+    el('h3', {}, head < 0 ? `layer ${layer}, mean of heads` : `layer ${layer}, head ${head}`),
     el('div', { class: 'heatmap-frame' },
       el('div', { class: 'axis-y' }, el('span', {}, '0'), el('span', { class: 'axis-name' }, 'query'), el('span', {}, size - 1)),
       canvas,

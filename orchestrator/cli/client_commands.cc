@@ -20,6 +20,7 @@
 #include "common/version.h"
 #include "orchestrator/cli/cli.h"
 #include "orchestrator/cli/cost.h"
+#include "orchestrator/sweep/expand.h"
 #include "orchestrator/sweep/tune.h"
 #include "orchestrator/store/reader.h"
 
@@ -294,6 +295,14 @@ void AddSubmitCommand(CLI::App* app, std::ostream* out, std::function<absl::Stat
     SubmitRequest request;
     if (absl::Status s = ReadFile(*spec, request.mutable_spec_yaml()); !s.ok()) return s;
     request.set_spec_file(*spec);
+    if (const int64_t memory = cost->DeviceMemoryBytes(); memory > 0) {
+      // Checked here, before anything is sent: the coordinator checks resources.memory_gb.
+      ExpandOptions options;
+      options.device_memory_bytes = memory;
+      if (absl::StatusOr<ExpandedSweep> planned = ExpandSweepFile(*spec, options); !planned.ok()) {
+        return planned.status();
+      }
+    }
     request.set_force(*force);
     absl::StatusOr<SubmitResponse> r = client.Submit(request);
     if (!r.ok()) return r.status();

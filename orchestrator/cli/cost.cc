@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "config/memory_plan.h"
 #include "config/model_config.h"
 #include "fmt/format.h"
 #include "config/param_count.h"
@@ -159,6 +160,22 @@ void AddCostFlags(CLI::App* cmd, CostFlags* flags) {
           },
           "FRACTION", "mfu"))
       ->capture_default_str();
+  cmd->add_option("--device-memory", flags->device_memory,
+                  "the memory of one device (80GB, 141GiB): a run whose memory plan exceeds it "
+                  "is refused, with the settings that would make it fit (docs/training.md, "
+                  "\"Memory\")")
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            absl::StatusOr<int64_t> bytes = ParseMemorySize(value);
+            return bytes.ok() ? "" : std::string(bytes.status().message());
+          },
+          "SIZE", "device memory"));
+}
+
+int64_t CostFlags::DeviceMemoryBytes() const {
+  if (device_memory.empty()) return 0;
+  absl::StatusOr<int64_t> bytes = ParseMemorySize(device_memory);
+  return bytes.ok() ? *bytes : 0;  // the flag's validator refused anything else
 }
 
 std::string FormatFlops(double flops) {

@@ -71,10 +71,14 @@ absl::StatusOr<DevicePeak> ParseDevicePeak(absl::string_view text);
 // measured on the same CPU in the same run, not to a datasheet peak.
 inline constexpr double kDefaultMfu = 0.55;
 
-// --device-peak and --mfu, as `expand` and `submit` both take them.
+// --device-peak, --mfu and --device-memory, as `expand` and `submit` both take them.
 struct CostFlags {
   std::string device_peak;  // "" = none: the line gives FLOPs only
   double mfu = kDefaultMfu;
+  // "" = none. "80GB": runs whose memory plan exceeds it are refused (ExpandOptions).
+  std::string device_memory;
+  // The bytes --device-memory names; 0 without it.
+  int64_t DeviceMemoryBytes() const;
 };
 void AddCostFlags(CLI::App* cmd, CostFlags* flags);
 

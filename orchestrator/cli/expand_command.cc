@@ -11,6 +11,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "common/text_format.h"
 #include "common/version.h"
+#include "config/memory_plan.h"
 #include "orchestrator/sweep/budget.h"
 #include "orchestrator/sweep/expand.h"
 #include "orchestrator/sweep/tune.h"
@@ -44,7 +45,7 @@ std::string FormatExpandTable(const ExpandedSweep& sweep) {
   std::vector<std::string> header = {"#", "variant", "seed"};
   for (const std::string& path : axes) header.push_back(path.substr(path.rfind('.') + 1));
   for (const char* h : {"differs from reference", "total", "activated", "added", "budget",
-                        "FLOPs/tok", "run key"}) {
+                        "FLOPs/tok", "mem/device", "run key"}) {
     header.push_back(h);
   }
   const size_t first_number = 3 + axes.size() + 1;  // total, activated, added right-aligned
@@ -61,6 +62,7 @@ std::string FormatExpandTable(const ExpandedSweep& sweep) {
     row.push_back(SignedCount(run.added_params()));
     row.push_back(run.budget().text().empty() ? "-" : run.budget().text());
     row.push_back(Engineering(run.flops_per_token()));
+    row.push_back(FormatBytes(run.memory().per_device()));
     row.push_back(run.run_key());
     rows.push_back(std::move(row));
   }
@@ -79,7 +81,10 @@ std::string FormatExpandCsv(const ExpandedSweep& sweep) {
   header.insert(header.end(), axes.begin(), axes.end());
   for (const char* h : {"diff", "total_params", "activated_params", "added_params",
                         "budget_dim", "budget_from", "budget_to", "budget_residual", "budget",
-                        "flops_per_token", "description", "code_version"}) {
+                        "flops_per_token", "memory_per_device_bytes", "memory_parameters_bytes",
+                        "memory_gradients_bytes", "memory_optimizer_bytes",
+                        "memory_activations_bytes", "memory_activations_checkpointed_bytes",
+                        "memory_largest_temporary_bytes", "description", "code_version"}) {
     header.push_back(h);
   }
   std::string out = absl::StrJoin(header, ",") + "\n";
@@ -89,13 +94,17 @@ std::string FormatExpandCsv(const ExpandedSweep& sweep) {
     for (const std::string& path : axes) row.push_back(AxisValueOf(run, path));
     const BudgetSolution& b = run.budget();
     const bool matched = b.match() != BUDGET_NONE;
+    const MemoryPlan& m = run.memory();
     row.insert(row.end(),
                {run.diff(), std::to_string(run.params().total()),
                 std::to_string(run.params().activated()), std::to_string(run.added_params()),
                 b.dim(), matched ? std::to_string(b.from()) : "",
                 matched ? std::to_string(b.to()) : "", matched ? std::to_string(b.residual()) : "",
-                b.text(), fmt::format("{:.6g}", run.flops_per_token()), run.description(),
-                run.code_version()});
+                b.text(), fmt::format("{:.6g}", run.flops_per_token()),
+                std::to_string(m.per_device()), std::to_string(m.parameters()),
+                std::to_string(m.gradients()), std::to_string(m.optimizer()),
+                std::to_string(m.activations()), std::to_string(m.activations_checkpointed()),
+                std::to_string(m.largest_temporary()), run.description(), run.code_version()});
     for (std::string& cell : row) cell = CsvField(cell);
     out += absl::StrJoin(row, ",") + "\n";
   }
@@ -118,7 +127,9 @@ absl::Status RunExpand(const std::string& spec_path, const std::string& format,
     return absl::InvalidArgumentError(
         absl::StrCat("--format: must be table, json or csv, got \"", format, "\""));
   }
-  absl::StatusOr<ExpandedSweep> sweep = ExpandSweepFile(spec_path);
+  ExpandOptions options;
+  options.device_memory_bytes = cost.DeviceMemoryBytes();
+  absl::StatusOr<ExpandedSweep> sweep = ExpandSweepFile(spec_path, options);
   if (!sweep.ok()) return sweep.status();
   std::string cost_line = FormatCostLine(
       EstimateSweepCost(*sweep), cost, absl::StrCat(sweep->runs_size(), " runs"));
@@ -144,8 +155,8 @@ void AddExpandCommand(CLI::App* app, std::ostream* out, std::ostream* err,
       "expand",
       "Dry run: list every run a sweep spec launches, with exact parameter counts (total, "
       "activated, added vs the reference), how its budget was matched, training FLOPs per "
-      "token, seed and run key; then the sweep's total FLOPs and, with --device-peak, "
-      "device-hours. Nothing is queued.");
+      "token, the memory it needs per device, seed and run key; then the sweep's total FLOPs "
+      "and, with --device-peak, device-hours. Nothing is queued.");
   auto spec = std::make_shared<std::string>();
   auto format = std::make_shared<std::string>("table");
   auto cost = std::make_shared<CostFlags>();

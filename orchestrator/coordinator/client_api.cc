@@ -115,13 +115,10 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
   absl::StatusOr<SweepSpec> spec = ParseSweepSpecText(request.spec_yaml(), file);
   if (!spec.ok()) return absl::InvalidArgumentError(spec.status().message());
   std::vector<std::string> config_json;
-  absl::StatusOr<ExpandedSweep> expanded = ExpandSweep(*spec, {}, &config_json);
+  ExpandOptions expand;
+  expand.max_runs = options_.max_runs_per_sweep;  // counted before any run is built
+  absl::StatusOr<ExpandedSweep> expanded = ExpandSweep(*spec, expand, &config_json);
   if (!expanded.ok()) return absl::InvalidArgumentError(expanded.status().message());
-  if (expanded->runs_size() > options_.max_runs_per_sweep) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file, ": sweep ", expanded->name(), " has ", expanded->runs_size(),
-        " runs; the limit is ", options_.max_runs_per_sweep, " (split it into several sweeps)"));
-  }
   if (expanded->runs_size() == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(file, ": sweep ", expanded->name(), " has no runs (filters dropped all)"));
@@ -228,14 +225,15 @@ absl::Status CoordinatorCore::ResolveInitFrom(const std::string& file, ExpandedS
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": give a checkpoint or a sweep, variant and seed, not both"));
     }
-    // Without a variant, each run continues its own counterpart: same variant, same seed.
-    if (from->variant().empty() && from->seed() != 0) {
+    // Without a variant, each run continues its own counterpart: same variant, same seed; with a
+    // variant and no seed, that variant's run of its own seed.
+    if (from->variant().empty() && from->has_seed()) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": a seed without a variant; name the variant, or leave both out to continue "
                  "each run's own variant and seed"));
     }
     const std::string variant = from->variant().empty() ? run->variant() : from->variant();
-    const uint64_t seed = from->variant().empty() ? run->seed() : from->seed();
+    const uint64_t seed = from->has_seed() ? from->seed() : run->seed();
     absl::StatusOr<SweepInfo> source = reader.GetSweep(from->sweep());
     if (absl::IsNotFound(source.status())) {
       return absl::InvalidArgumentError(

@@ -85,7 +85,7 @@ struct CoordinatorOptions {
   absl::Duration max_acquire_wait = absl::Seconds(30);
   // Limits on what clients and workers send.
   int64_t max_spec_bytes = 1 << 20;     // SubmitRequest.spec_yaml
-  int max_runs_per_sweep = 10000;       // runs after expansion
+  int64_t max_runs_per_sweep = 10000;  // runs after filters (as kDefaultMaxRuns, sweep/spec.h)
   int64_t max_batch_rows = 200000;      // MetricBatch::Rows() of one report
   // The coordinator's secret: every Job's lease secret is derived from it (common/credentials.h),
   // so a restarted coordinator with the same secret accepts the leases it handed out before.

@@ -70,11 +70,11 @@ absl::Status CheckEval(absl::string_view what, const std::string& at, const Eval
                     absl::StrCat("has ", e.probes().layers_size(), " entries; the model has ",
                                  shape.num_layers, " layers"));
     }
-    const int heads = std::min(shape.map_heads, shape.num_heads);
-    if (e.attention_maps_size() > shape.num_layers * heads) {
+    const int per_layer = AttentionMapsPerLayer(shape.map_heads, shape.num_heads);
+    if (e.attention_maps_size() > shape.num_layers * per_layer) {
       return Refuse(what, at + ".attention_maps",
                     absl::StrCat("has ", e.attention_maps_size(), " maps; the run asks for ",
-                                 heads, " per layer of ", shape.num_layers));
+                                 per_layer, " per layer of ", shape.num_layers));
     }
     for (int i = 0; i < e.attention_maps_size(); ++i) {
       const AttentionMap& m = e.attention_maps(i);
@@ -110,7 +110,7 @@ absl::Status CheckEval(absl::string_view what, const std::string& at, const Eval
     if (absl::Status s = StepIn(what, field + ".layer", m.layer(), 0, kMaxNumLayers - 1); !s.ok()) {
       return s;
     }
-    if (absl::Status s = StepIn(what, field + ".head", m.head(), 0, kMaxNumHeads - 1); !s.ok()) {
+    if (absl::Status s = StepIn(what, field + ".head", m.head(), -1, kMaxNumHeads - 1); !s.ok()) {
       return s;
     }
     if (absl::Status s = StepIn(what, field + ".size", m.size(), 1, kAttentionMapSize); !s.ok()) {

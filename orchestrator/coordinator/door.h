@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "config/model_config.h"
 #include "proto/ablate.pb.h"
 
 namespace ablate {
@@ -21,7 +22,6 @@ namespace ablate {
 inline constexpr size_t kMaxTextBytes = 4096;  // reasons, errors, checkpoint paths
 inline constexpr int kMaxProbeLayers = 4096;
 inline constexpr int kMaxHistogramBins = 4096;
-inline constexpr int kMaxAttentionMaps = 4096;        // maps in one evaluation
 inline constexpr int64_t kMaxReportedSeqLen = 1 << 24;  // an evaluation length
 inline constexpr size_t kMaxSignalBytes = 64;
 inline constexpr int kMaxNotices = 16;  // a worker's notices in one batch

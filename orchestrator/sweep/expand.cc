@@ -20,6 +20,7 @@
 #include "orchestrator/sweep/budget.h"
 #include "orchestrator/sweep/tune.h"
 #include "common/version.h"
+#include "config/memory_plan.h"
 #include "config/model_config.h"
 #include "config/param_count.h"
 #include "config/presets.h"
@@ -50,6 +51,7 @@ struct Prepared {
   BudgetSolution budget;
   ParamCount params;
   double flops_per_token = 0;
+  MemoryPlan memory;  // PlanMemory(post, resources.devices)
   std::string diff;
 };
 
@@ -94,8 +96,13 @@ void Diff(const pb::Message& a, const pb::Message& b, const std::string& prefix,
 
 class Expander {
  public:
-  Expander(const SweepSpec& spec, std::string code_version, std::vector<std::string>* config_json)
-      : spec_(spec), code_version_(std::move(code_version)), config_json_(config_json) {
+  Expander(const SweepSpec& spec, std::string code_version, int64_t max_runs,
+           int64_t device_memory, std::vector<std::string>* config_json)
+      : spec_(spec),
+        code_version_(std::move(code_version)),
+        max_runs_(max_runs),
+        device_memory_(device_memory),
+        config_json_(config_json) {
     for (size_t i = 0; i < spec_.variants.size(); ++i) index_[spec_.variants[i].name] = i;
   }
 
@@ -137,6 +144,9 @@ class Expander {
       }
     }
     if (!problems_.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems_, "\n"));
+    if (absl::Status s = CheckKeptRuns(grid.size(), prepared); !s.ok()) return s;
+    CheckMemory(grid, prepared, devices);
+    if (!problems_.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems_, "\n"));
 
     ExpandedSweep sweep;
     sweep.set_name(spec_.name);
@@ -168,6 +178,7 @@ class Expander {
           run->set_added_params(p.params.total() - prepared[a][reference_].params.total());
           *run->mutable_budget() = p.budget;
           run->set_flops_per_token(p.flops_per_token);
+          *run->mutable_memory() = p.memory;
           run->set_diff(p.diff);
           run->set_priority(spec_.priority);
           *run->mutable_resources() = spec_.resources;
@@ -384,6 +395,7 @@ class Expander {
       }
       p.params = CountParams(p.post.model());
       p.flops_per_token = TrainingFlopsPerToken(p.post.model(), p.post.train().seq_len());
+      p.memory = PlanMemory(p.post, spec_.resources.devices());
     }
     // 3. Differences from the reference variant at this point.
     const Prepared& ref = out[reference_];
@@ -410,6 +422,67 @@ class Expander {
     return pb::util::MessageDifferencer::Equals(copy, config);
   }
 
+  // A problem for each variant and axis point whose memory plan exceeds the device's memory
+  // (ExpandOptions::device_memory_bytes) or the spec's resources.memory_gb, whichever is less.
+  void CheckMemory(const std::vector<AxisPoint>& grid,
+                   const std::vector<std::vector<Prepared>>& prepared, int devices) {
+    int64_t limit = device_memory_;
+    std::string source = "--device-memory";
+    const double spec_gb = spec_.resources.memory_gb();
+    if (spec_gb > 0 && (limit == 0 || spec_gb * 1e9 < static_cast<double>(limit))) {
+      limit = static_cast<int64_t>(spec_gb * 1e9);
+      source = "resources.memory_gb";
+    }
+    if (limit <= 0) return;
+    for (size_t a = 0; a < grid.size(); ++a) {
+      for (size_t v = 0; v < spec_.variants.size(); ++v) {
+        const Prepared& p = prepared[a][v];
+        if (!p.ok) continue;
+        const std::string run =
+            absl::StrCat("variant ", spec_.variants[v].name,
+                         grid[a].empty() ? "" : absl::StrCat(" (at ", PointText(grid[a]), ")"));
+        const absl::Status fits = CheckMemoryFits(run, p.post, devices, p.memory, limit);
+        if (!fits.ok()) {
+          Problem(spec_.variants[v].line, "",
+                  absl::StrCat(fits.message(), " [the limit is ", source, "]"));
+        }
+      }
+    }
+  }
+
+  // InvalidArgument when more than max_runs_ runs pass the filters: counted before any run is
+  // built, so that a spec of many seeds with a long description cannot make gigabytes first.
+  absl::Status CheckKeptRuns(size_t points, const std::vector<std::vector<Prepared>>& prepared) {
+    if (max_runs_ <= 0) return absl::OkStatus();
+    const int64_t candidates = static_cast<int64_t>(spec_.seeds.size() * points *
+                                                    spec_.variants.size());
+    if (candidates <= max_runs_) return absl::OkStatus();
+    int64_t kept = candidates;
+    if (!spec_.filters.empty()) {
+      kept = 0;
+      RunConfig config;
+      for (uint64_t seed : spec_.seeds) {
+        for (size_t a = 0; a < points; ++a) {
+          for (size_t v = 0; v < spec_.variants.size(); ++v) {
+            config = prepared[a][v].post;
+            config.mutable_train()->set_seed(seed);
+            kept += Keep(spec_.variants[v].name, seed, config);
+          }
+        }
+      }
+    }
+    if (kept <= max_runs_) return absl::OkStatus();
+    const int line = !spec_.filters.empty() ? spec_.filters.front().line
+                     : spec_.seeds_line > 0 ? spec_.seeds_line
+                                            : 1;
+    const bool filtered = !spec_.filters.empty();
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec_.file, ":", line, ": the sweep has ", kept, " runs", filtered ? " after filters" : "",
+        " (", spec_.seeds.size(), " seeds x ", points, points == 1 ? " axis point x " : " axis points x ", spec_.variants.size(),
+        " variants", filtered ? " before them" : "", "); the limit is ", max_runs_,
+        ": split it into several sweeps"));
+  }
+
   bool Keep(const std::string& variant, uint64_t seed, const RunConfig& config) const {
     for (const FilterSpec& f : spec_.filters) {
       bool all = true;
@@ -426,6 +499,8 @@ class Expander {
 
   const SweepSpec& spec_;
   const std::string code_version_;
+  const int64_t max_runs_;       // ExpandOptions::max_runs
+  const int64_t device_memory_;  // ExpandOptions::device_memory_bytes
   std::vector<std::string>* const config_json_;  // may be null
   std::map<std::string, size_t> index_;
   size_t reference_ = 0;
@@ -440,7 +515,9 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec, const ExpandOpt
   if (config_json != nullptr) config_json->clear();
   const bool this_build = options.code_version.empty();
   absl::StatusOr<ExpandedSweep> sweep =
-      Expander(spec, this_build ? CodeVersion() : options.code_version, config_json).Run();
+      Expander(spec, this_build ? CodeVersion() : options.code_version, options.max_runs,
+               options.device_memory_bytes, config_json)
+          .Run();
   if (!sweep.ok()) {
     if (config_json != nullptr) config_json->clear();
     return sweep;

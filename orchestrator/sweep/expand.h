@@ -31,6 +31,15 @@ struct ExpandOptions {
   // "" = CodeVersion() of this build, with its BuildVersion() and UncommittedSources() in the
   // ExpandedSweep's build and uncommitted; otherwise those stay empty.
   std::string code_version;
+  // The most runs the sweep may have after filters, counted before any is built (a config, a
+  // run key and the sweep's strings each): InvalidArgument "FILE:LINE: the sweep has N runs
+  // after filters; the limit is M ...". 0: only the parser's kMaxSpecRuns before filters.
+  int64_t max_runs = kDefaultMaxRuns;
+  // The memory of one device, in bytes (`--device-memory 80GB`); 0: none. A run whose memory
+  // plan (RunSpec.memory, config/memory_plan.h) exceeds it, or exceeds the spec's
+  // resources.memory_gb, is refused: InvalidArgument "FILE:LINE: variant V ...: needs X per
+  // device ...", with the settings that would make it fit.
+  int64_t device_memory_bytes = 0;
 };
 
 // `config_json` (optional) receives each run's CanonicalJson(config), in run order: what its run

@@ -502,6 +502,7 @@ class Parser {
       spec_.seeds = {spec_.base.train().seed()};
       return;
     }
+    spec_.seeds_line = YamlLine(seeds);
     if (seeds.IsScalar()) {
       int n;
       if (!absl::SimpleAtoi(seeds.Scalar(), &n) || n < 1 || n > 100000) {

@@ -96,6 +96,7 @@ struct SweepSpec {
   std::vector<VariantSpec> variants;
   std::vector<AxisSpec> axes;
   std::vector<uint64_t> seeds;  // `seeds:`; default: the base's train.seed
+  int seeds_line = 0;           // of `seeds:`; 0 without one
   std::vector<FilterSpec> filters;
   BudgetRule budget;        // `budget:` over DefaultBudgetRule(); match NONE when absent
   int budget_line = 0;
@@ -110,6 +111,10 @@ struct SweepSpec {
 // the coordinator build millions of configs (found with tests/fuzz/spec_fuzz). The coordinator's
 // own limit on the runs it queues (10,000 by default) is lower.
 inline constexpr int64_t kMaxSpecRuns = 100000;
+// The most runs a sweep may have after filters, by default: ExpandSweep counts them before it
+// builds any (ExpandOptions::max_runs), and a coordinator queues at most this many per sweep
+// (CoordinatorOptions::max_runs_per_sweep).
+inline constexpr int64_t kDefaultMaxRuns = 10000;
 // The longest sweep or variant name, and the longest description, a spec may give (each is
 // copied into every run).
 inline constexpr size_t kMaxNameBytes = 256;

@@ -185,9 +185,17 @@ async function livePhase() {
   const runAfter = Number(await page.getAttribute('#run-charts', 'data-points'));
   check(runAfter > runBefore, `a running run's page grows in place (${runBefore} -> ${runAfter} points)`);
 
-  // Its attention maps: one heatmap per stored map (4 layers x 2 heads of 64 positions), pixels
-  // read back from each canvas.
+  // Its attention maps: by default the mean over each layer's heads (4 layers), then every
+  // stored head on request (4 layers x 2 heads of 64 positions), pixels read back from each
+  // canvas.
   await page.waitForSelector('#attention-maps canvas.heatmap', { timeout: 10000 });
+  const means = await page.locator('#attention-maps .heatmap-box h3').allTextContents();
+  check(means.length === 4 && means[0] === 'layer 0, mean of heads' && await page.inputValue('#attention-head') === '-1',
+    `the run page shows each layer's mean over heads by default (${means.join('; ')})`);
+  await page.selectOption('#attention-head', '1');
+  const headOne = await page.locator('#attention-maps .heatmap-box h3').allTextContents();
+  check(headOne.length === 4 && headOne.every((t) => t.endsWith('head 1')), `one head on request (${headOne.join('; ')})`);
+  await page.selectOption('#attention-head', 'all');
   const heatmaps = await page.evaluate(() => [...document.querySelectorAll('#attention-maps .heatmap-box')].map((box) => {
     const canvas = box.querySelector('canvas');
     const { data } = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height);

@@ -13,7 +13,13 @@ namespace ablate {
 namespace reference {
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+  if (x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kFloat64) {
+    return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+  }
+  // bf16 (PRECISION_BF16): the mean of squares and the scaling in fp32, the output in x's dtype.
+  const torch::Tensor xf = x.to(torch::kFloat32);
+  return (xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type()) *
+         weight.to(x.scalar_type());
 }
 
 torch::Tensor RopeToHeads(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
@@ -43,8 +49,12 @@ std::pair<torch::Tensor, torch::Tensor> CausalAttention(const torch::Tensor& q,
     kh = kh.repeat_interleave(H / KV, 1);
     vh = vh.repeat_interleave(H / KV, 1);
   }
-  torch::Tensor probs = torch::softmax(torch::matmul(q, kh.transpose(-2, -1)) + mask, -1);
-  torch::Tensor out = torch::matmul(probs, vh).transpose(1, 2).contiguous();  // (B, T, H, dk)
+  // The softmax's statistics in fp32 whatever q's dtype (bf16: PRECISION_BF16).
+  const bool reduced = q.scalar_type() == torch::kBFloat16 || q.scalar_type() == torch::kHalf;
+  torch::Tensor probs = torch::softmax(torch::matmul(q, kh.transpose(-2, -1)) + mask, -1,
+                                       reduced ? torch::kFloat32 : q.scalar_type());
+  torch::Tensor out =
+      torch::matmul(probs.to(vh.scalar_type()), vh).transpose(1, 2).contiguous();  // (B, T, H, dk)
   return {out, probs.detach()};
 }
 

@@ -29,7 +29,8 @@ int64_t CountBelow(const torch::Tensor& abs_values, double threshold) {
 }  // namespace
 
 ProbeRecorder::ProbeRecorder(const ModelConfig& config, int map_heads)
-    : map_heads_(std::min(map_heads, config.num_heads())), layers_(config.num_layers()) {
+    : map_heads_(map_heads < 0 ? config.num_heads() : std::min(map_heads, config.num_heads())),
+      layers_(config.num_layers()) {
   HistogramRange(config.gate().activation(), &hist_lo_, &hist_hi_);
   for (Layer& l : layers_) l.histogram.assign(kHistogramBins, 0);
 }
@@ -67,19 +68,19 @@ void ProbeRecorder::AttentionMaps(int layer, const at::Tensor& probs) {
   l.mapped = true;
   const int64_t n = std::min<int64_t>(kAttentionMapSize, probs.size(2));
   const int64_t heads = std::min<int64_t>(map_heads_, probs.size(1));
-  // (heads, n, n) bytes: round(255 p). The causal mask makes the upper triangle exactly 0.
-  torch::Tensor bytes = (probs.detach()[0].slice(0, 0, heads).slice(1, 0, n).slice(2, 0, n)
-                             .to(torch::kCPU, torch::kFloat32) * 255.0)
-                            .round()
-                            .clamp(0, 255)
-                            .to(torch::kUInt8)
-                            .contiguous();
-  for (int64_t h = 0; h < heads; ++h) {
+  // (H, n, n) of the first window; the mean over every head first (head -1), then the kept heads.
+  const torch::Tensor window =
+      probs.detach()[0].slice(1, 0, n).slice(2, 0, n).to(torch::kCPU, torch::kFloat32);
+  const torch::Tensor chosen = torch::cat({window.mean(0, /*keepdim=*/true), window.slice(0, 0, heads)});
+  // round(255 p) as bytes. The causal mask makes the upper triangle exactly 0.
+  const torch::Tensor bytes =
+      (chosen * 255.0).round().clamp(0, 255).to(torch::kUInt8).contiguous();  // (1 + heads, n, n)
+  for (int64_t i = 0; i <= heads; ++i) {
     AttentionMap& m = maps_.emplace_back();
     m.set_layer(layer);
-    m.set_head(static_cast<int32_t>(h));
+    m.set_head(static_cast<int32_t>(i - 1));
     m.set_size(static_cast<int32_t>(n));
-    const auto* data = reinterpret_cast<const char*>(bytes[h].data_ptr<uint8_t>());
+    const auto* data = reinterpret_cast<const char*>(bytes[i].data_ptr<uint8_t>());
     m.set_probs(std::string(data, static_cast<size_t>(n * n)));
   }
 }
@@ -119,6 +120,8 @@ void ProbeRecorder::Residuals(int layer, const at::Tensor& attn_out,
     l.max_abs[i] = std::max(l.max_abs[i], t[i]->detach().abs().max().item<double>());
   }
   if (layer == 0) tokens_ += ffn_residual.size(0) * ffn_residual.size(1);
+  if (residual_dtypes_.size() <= static_cast<size_t>(layer)) residual_dtypes_.resize(layer + 1);
+  residual_dtypes_[layer] = c10::toString(ffn_residual.scalar_type());
 }
 
 Probes ProbeRecorder::Finish() const {

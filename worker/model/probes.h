@@ -8,6 +8,7 @@
 #define ABLATE_WORKER_MODEL_PROBES_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "proto/ablate.pb.h"
@@ -23,7 +24,8 @@ class ProbeRecorder {
   static constexpr int kHistogramBins = 20;
 
   // `map_heads`: heads per layer whose attention map AttentionMaps() keeps (heads 0..n-1 of the
-  // first window of the first batch, over its first kAttentionMapSize positions); 0 = none.
+  // first window of the first batch, over its first kAttentionMapSize positions), beside the
+  // mean over all of the layer's heads (head -1); 0 = none, -1 = every head.
   explicit ProbeRecorder(const ModelConfig& config, int map_heads = 0);
 
   // Gate scores as applied (after activation and head sharing), any shape.
@@ -44,8 +46,11 @@ class ProbeRecorder {
   void AttentionMaps(int layer, const at::Tensor& probs);
 
   Probes Finish() const;
-  // The kept attention maps, by layer, then head.
+  // The kept attention maps, by layer, then head (the mean, head -1, first).
   std::vector<AttentionMap> TakeAttentionMaps();
+  // The dtype of the residual stream each layer output ("Float", "BFloat16"), by layer, as the
+  // last forward pass saw it.
+  const std::vector<std::string>& ResidualDtypes() const { return residual_dtypes_; }
 
  private:
   struct Layer {
@@ -65,6 +70,7 @@ class ProbeRecorder {
   };
   int map_heads_;
   std::vector<AttentionMap> maps_;
+  std::vector<std::string> residual_dtypes_;
 
   double hist_lo_, hist_hi_;
   std::vector<Layer> layers_;

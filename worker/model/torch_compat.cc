@@ -1,8 +1,17 @@
 #include "worker/model/torch_compat.h"
 
 #include <ATen/autocast_mode.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#ifdef ABLATE_WITH_CUDA_ALLOCATOR
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <memory>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "absl/base/thread_annotations.h"
@@ -75,6 +84,104 @@ at::ScalarType CudaAutocastDtype() {
   return at::autocast::get_autocast_dtype(at::kCUDA);
 #else
   return at::autocast::get_autocast_gpu_dtype();
+#endif
+}
+
+namespace {
+
+// Wraps the default CPU allocator, counting the bytes of what it hands out. Its DataPtrs keep the
+// data pointer as their context, as LibTorch's raw_allocate/raw_deallocate (used by oneDNN's bf16
+// kernels) require; each allocation's size and the inner allocator's deleter are kept in a table.
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
+
+#if ABLATE_TORCH_AT_LEAST(2, 3)
+  c10::DataPtr allocate(size_t n) override { return Allocate(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#else
+  c10::DataPtr allocate(size_t n) const override { return Allocate(n); }
+#endif
+  c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
+
+  static TensorMemory Read() { return {current_.load(), peak_.load()}; }
+  static void ResetPeak() { peak_.store(current_.load()); }
+
+ private:
+  struct Held {
+    std::unique_ptr<void, c10::DeleterFnPtr> context;  // the inner allocation's owner
+    size_t bytes;
+  };
+
+  c10::DataPtr Allocate(size_t n) const {
+    c10::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    if (data == nullptr) return inner;  // zero bytes: nothing to count
+    {
+      absl::MutexLock lock(&mu_);
+      held_->emplace(data, Held{inner.move_context(), n});
+    }
+    const int64_t now = current_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+    return c10::DataPtr(data, data, &Delete, device);
+  }
+
+  static void Delete(void* data) {
+    Held held{{nullptr, nullptr}, 0};
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = held_->find(data);
+      if (it == held_->end()) return;
+      held = std::move(it->second);
+      held_->erase(it);
+    }
+    current_.fetch_sub(static_cast<int64_t>(held.bytes));
+    // held.context frees the inner allocation as it goes out of scope.
+  }
+
+  c10::Allocator* base_;
+  static inline std::atomic<int64_t> current_{0};
+  static inline std::atomic<int64_t> peak_{0};
+  static inline absl::Mutex mu_{absl::kConstInit};
+  static inline std::unordered_map<void*, Held>* held_ = new std::unordered_map<void*, Held>();
+};
+
+}  // namespace
+
+void CountCpuTensorMemory() {
+  static CountingCpuAllocator* const counting = [] {
+    auto* a = new CountingCpuAllocator(c10::GetCPUAllocator());  // lives as long as the process
+    c10::SetCPUAllocator(a, /*priority=*/100);
+    return a;
+  }();
+  (void)counting;
+}
+
+TensorMemory CpuTensorMemory() { return CountingCpuAllocator::Read(); }
+void ResetCpuTensorPeak() { CountingCpuAllocator::ResetPeak(); }
+
+TensorMemory CudaTensorMemory(int device) {
+#ifdef ABLATE_WITH_CUDA_ALLOCATOR
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+  const auto& allocated =
+      stats.allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)];
+  return {allocated.current, allocated.peak};
+#else
+  (void)device;
+  return {};
+#endif
+}
+
+void ResetCudaTensorPeak(int device) {
+#ifdef ABLATE_WITH_CUDA_ALLOCATOR
+  c10::cuda::CUDACachingAllocator::resetPeakStats(device);
+#else
+  (void)device;
 #endif
 }
 

@@ -11,6 +11,12 @@
 //       Queries arrive here already scaled (RoPE applies 1/sqrt(d_k)), so scale = 1 is passed
 //       and 2.1 is the floor. 2.5 added `enable_gqa`; not used: K and V are expanded to the query
 //       heads instead, which every version and every fused backend accepts.
+//   TensorMemory (the counting CPU allocator)
+//       c10::Allocator::allocate is const up to 2.2, not from 2.3, which also added the pure
+//       virtual copy_data. CUDA's peak comes from c10::cuda::CUDACachingAllocator's device
+//       stats, in a CUDA build only (ABLATE_WITH_CUDA_ALLOCATOR, set by worker/model/CMakeLists.txt
+//       when Torch's config found c10_cuda: Debian's CPU package ships the header, not the
+//       library).
 //   SetCudaAutocast
 //       at::autocast::set_enabled(bool) / set_autocast_gpu_dtype() up to 2.3; from 2.4
 //       set_autocast_enabled(kCUDA, bool) / set_autocast_dtype(kCUDA, dtype). The old names are
@@ -70,6 +76,22 @@ void SetCudaAutocast(bool enabled, at::ScalarType dtype = at::kBFloat16);
 // Whether CUDA autocast is on for the calling thread, and to which dtype.
 bool CudaAutocastEnabled();
 at::ScalarType CudaAutocastDtype();
+
+// Bytes of tensor memory on a device: what is allocated now and the most since the last reset.
+struct TensorMemory {
+  int64_t current = 0;
+  int64_t peak = 0;
+};
+// The CPU's figures count every tensor LibTorch allocates through its CPU allocator once
+// CountCpuTensorMemory() has run (it installs a counting wrapper around the default allocator;
+// idempotent, process-wide, thread-safe): the CPU's analogue of max_memory_allocated. Memory
+// mapped token files, the heap's own overhead and LibTorch's libraries are not counted.
+void CountCpuTensorMemory();
+TensorMemory CpuTensorMemory();
+void ResetCpuTensorPeak();
+// CUDA's allocator figures of `device` (max_memory_allocated); zeros in a build without CUDA.
+TensorMemory CudaTensorMemory(int device);
+void ResetCudaTensorPeak(int device);
 
 // Writes "YYYY-MM-DD HH:MM:SS <line>" to stderr (the worker's log format) the first time it is
 // called with `key`, and nothing after: "once per model" when the key is one of the model's

@@ -17,6 +17,7 @@ namespace F = torch::nn::functional;
 namespace {
 
 thread_local bool skip_init = false;
+thread_local MoEImpl::CheckpointPass checkpoint_pass = MoEImpl::CheckpointPass::kNone;
 
 // N(0, std) for every matrix (the paper's initialisation, docs/model.md).
 void InitNormal(const torch::Tensor& t, double std) {
@@ -26,6 +27,10 @@ void InitNormal(const torch::Tensor& t, double std) {
 }
 
 }  // namespace
+
+torch::Tensor AtDtypeOf(const torch::Tensor& weight, const torch::Tensor& x) {
+  return weight.scalar_type() == x.scalar_type() ? weight : weight.to(x.scalar_type());
+}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -37,7 +42,9 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, double init_std) {
   InitNormal(weight, init_std);
 }
 
-torch::Tensor LinearImpl::forward(const torch::Tensor& x) { return F::linear(x, weight); }
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  return F::linear(x, AtDtypeOf(weight, x));
+}
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({dim}));
@@ -75,12 +82,24 @@ GateImpl::GateImpl(const ModelConfig& c) : gate_(c.gate()) {
         "theta", g5 ? torch::zeros({c.d_model()}) : torch::zeros({heads_, per_head_}));
   } else {
     proj_ = register_module("proj", Linear(c.d_model(), heads_ * per_head_, c.init_std()));
+    // Zero: every score starts at act(0), 0.5 for a sigmoid (x2: the identity), whatever the
+    // input, so a gate added to a trained model (appendix A.7) can start from its function.
+    if (gate_.init() == GATE_INIT_ZERO) {
+      torch::NoGradGuard no_grad;
+      proj_->weight.zero_();
+    }
   }
+  scale_ = gate_.scale() == 0 ? 1.0 : gate_.scale();
+}
+
+torch::Tensor GateImpl::Activate(const torch::Tensor& logits) const {
+  torch::Tensor s = GateActivate(logits, gate_.activation());
+  return scale_ == 1.0 ? s : s * scale_;
 }
 
 torch::Tensor GateImpl::Scores(const torch::Tensor& x, const torch::Tensor& projected) {
   if (gate_.input_independent()) {
-    torch::Tensor s = GateActivate(theta_, gate_.activation());  // (heads, per_head) | (d)
+    torch::Tensor s = Activate(AtDtypeOf(theta_, x));  // (heads, per_head) | (d)
     return gate_.position() == GATE_G5 ? s.view({1, 1, -1}) : s.view({1, 1, heads_, per_head_});
   }
   return ScoresFromLogits(projected.defined() ? projected : proj_(x));
@@ -89,7 +108,7 @@ torch::Tensor GateImpl::Scores(const torch::Tensor& x, const torch::Tensor& proj
 torch::Tensor GateImpl::SigmoidLogits(const torch::Tensor& x, const torch::Tensor& projected) {
   if (gate_.input_independent() || gate_.position() == GATE_G5 ||
       gate_.sharing() == GATE_HEAD_SHARED || gate_.mode() != GATE_MULTIPLICATIVE ||
-      gate_.activation() != GATE_SIGMOID) {
+      gate_.activation() != GATE_SIGMOID || scale_ != 1.0) {
     return torch::Tensor();
   }
   return (projected.defined() ? projected : proj_(x))
@@ -97,13 +116,13 @@ torch::Tensor GateImpl::SigmoidLogits(const torch::Tensor& x, const torch::Tenso
 }
 
 torch::Tensor GateImpl::ScoresFromLogits(const torch::Tensor& logits) {
-  if (gate_.position() == GATE_G5) return GateActivate(logits, gate_.activation());  // (B, T, d)
+  if (gate_.position() == GATE_G5) return Activate(logits);  // (B, T, d)
   torch::Tensor l = logits.view({logits.size(0), logits.size(1), heads_, per_head_});  // (B, T, H, ph)
-  if (gate_.sharing() != GATE_HEAD_SHARED) return GateActivate(l, gate_.activation());
+  if (gate_.sharing() != GATE_HEAD_SHARED) return Activate(l);
   if (gate_.shared_reduce() == GATE_AVERAGE_LOGITS) {
-    return GateActivate(l.mean(2, /*keepdim=*/true), gate_.activation());  // (B, T, 1, ph)
+    return Activate(l.mean(2, /*keepdim=*/true));  // (B, T, 1, ph)
   }
-  return GateActivate(l, gate_.activation()).mean(2, /*keepdim=*/true);  // (B, T, 1, ph)
+  return Activate(l).mean(2, /*keepdim=*/true);  // (B, T, 1, ph)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -181,16 +200,31 @@ torch::Tensor AttentionImpl::RopeToHeads(const torch::Tensor& x, double scale) {
 std::vector<double> RopeFrequencies(const ModelConfig& c, bool yarn) {
   const int64_t dk = c.head_dim();
   const YarnConfig& y = c.yarn();
+  // The reference ramp's ends: the (fractional) index i at which theta_i turns `turns` times
+  // within L positions, floored for beta_fast and ceiled for beta_slow, within [0, dk - 1].
+  const auto index_at = [&](double turns) {
+    return static_cast<double>(dk) *
+           std::log(y.original_seq_len() / (turns * 2.0 * M_PI)) / (2.0 * std::log(c.rope_base()));
+  };
+  const bool on = yarn && y.factor() > 0;
+  const double low = on ? std::max(std::floor(index_at(y.beta_fast())), 0.0) : 0;
+  double high = on ? std::min(std::ceil(index_at(y.beta_slow())), static_cast<double>(dk - 1)) : 0;
+  if (high == low) high += 0.001;  // as the reference code: no division by zero
   std::vector<double> freqs;
   for (int64_t i = 0; i < dk / 2; ++i) {
     const double theta = std::pow(c.rope_base(), -2.0 * static_cast<double>(i) / dk);
-    if (!yarn || y.factor() <= 0) {
+    if (!on) {
       freqs.push_back(theta);
       continue;
     }
-    const double turns = y.original_seq_len() * theta / (2.0 * M_PI);  // r_i
-    const double g =
-        std::clamp((turns - y.beta_slow()) / (y.beta_fast() - y.beta_slow()), 0.0, 1.0);
+    // g_i: 1 keeps theta_i (it turns often within L), 0 divides it by the factor.
+    double g = 0;
+    if (y.ramp() == YARN_RAMP_PAPER) {
+      const double turns = y.original_seq_len() * theta / (2.0 * M_PI);  // r_i
+      g = std::clamp((turns - y.beta_slow()) / (y.beta_fast() - y.beta_slow()), 0.0, 1.0);
+    } else {
+      g = 1.0 - std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+    }
     freqs.push_back((1.0 - g) * theta / y.factor() + g * theta);
   }
   return freqs;
@@ -241,8 +275,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, ProbeRecorder* prob
   std::vector<int64_t> widths;
   for (const torch::Tensor& w : weights) widths.push_back(w.size(0));
   const std::vector<torch::Tensor> projected =
-      weights.size() == 1 ? std::vector<torch::Tensor>{F::linear(x, weights[0])}
-                          : F::linear(x, torch::cat(weights, 0)).split_with_sizes(widths, -1);
+      weights.size() == 1
+          ? std::vector<torch::Tensor>{F::linear(x, AtDtypeOf(weights[0], x))}
+          : F::linear(x, AtDtypeOf(torch::cat(weights, 0), x)).split_with_sizes(widths, -1);
   size_t next = 0;
   torch::Tensor q = projected[next++].view({B, T, H, dk});                          // (B, T, H, dk)
   torch::Tensor k = k_proj_ ? projected[next++].view({B, T, KV, dk}) : torch::Tensor();  // (B, T, KV, dk)
@@ -330,6 +365,8 @@ MoEImpl::Routing MoEImpl::Route(const torch::Tensor& x2d) {
   return r;
 }
 
+void MoEImpl::SetCheckpointPass(CheckpointPass pass) { checkpoint_pass = pass; }
+
 void MoEImpl::BeginStep() {
   step_counts_ = torch::Tensor();
   step_assignments_ = 0;
@@ -356,8 +393,10 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x, torch::Tensor* aux_loss) 
     if (n == 0) continue;
     torch::Tensor tokens = token_of.slice(0, start, start + n);  // (n)
     torch::Tensor xe = x2d.index_select(0, tokens);              // (n, d)
-    torch::Tensor h = F::silu(F::linear(xe, w_gate_[e])) * F::linear(xe, w_up_[e]);  // (n, w)
-    torch::Tensor ye = F::linear(h, w_down_[e]) * weight_of.slice(0, start, start + n);
+    torch::Tensor h = F::silu(F::linear(xe, AtDtypeOf(w_gate_[e], xe))) *
+                      F::linear(xe, AtDtypeOf(w_up_[e], xe));  // (n, w)
+    torch::Tensor ye = F::linear(h, AtDtypeOf(w_down_[e], h)) *
+                       weight_of.slice(0, start, start + n).to(h.scalar_type());
     out = out.index_add(0, tokens, ye.to(out.dtype()));
     start += n;
   }
@@ -368,7 +407,10 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x, torch::Tensor* aux_loss) 
     // micro-batches so far; evaluation (no gradients recorded) counts only its own batch.
     torch::Tensor assigned = counts;
     int64_t total = N * k;
-    if (moe_.load_balance_scope() == BALANCE_GLOBAL_BATCH && torch::GradMode::is_enabled()) {
+    const bool training_pass =
+        torch::GradMode::is_enabled() || checkpoint_pass == CheckpointPass::kFirst;
+    if (moe_.load_balance_scope() == BALANCE_GLOBAL_BATCH && training_pass &&
+        checkpoint_pass != CheckpointPass::kRecompute) {
       torch::Tensor global = counts.clone();  // this rank's; every rank's when data parallel
       if (reducer_) reducer_(global);
       step_counts_ = step_counts_.defined() ? step_counts_ + global : global;
@@ -377,7 +419,10 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x, torch::Tensor* aux_loss) 
       total = step_assignments_;
     }
     torch::Tensor fraction =
-        (assigned.to(torch::kFloat64) / static_cast<double>(total)).to(r.probs.options());
+        checkpoint_pass == CheckpointPass::kRecompute
+            ? checkpoint_fraction_
+            : (assigned.to(torch::kFloat64) / static_cast<double>(total)).to(r.probs.options());
+    if (checkpoint_pass == CheckpointPass::kFirst) checkpoint_fraction_ = fraction;
     torch::Tensor balance = E * (fraction * r.probs.mean(0)).sum();
     torch::Tensor z = torch::logsumexp(r.logits, -1).pow(2).mean();
     *aux_loss = *aux_loss + moe_.load_balance_coef() * balance + moe_.router_z_coef() * z;
@@ -421,6 +466,55 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, torch::Tensor* aux_loss
 
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// Sets the MoE layers' checkpoint pass for the calling thread while alive.
+class CheckpointPassGuard {
+ public:
+  explicit CheckpointPassGuard(MoEImpl::CheckpointPass pass) { MoEImpl::SetCheckpointPass(pass); }
+  ~CheckpointPassGuard() { MoEImpl::SetCheckpointPass(MoEImpl::CheckpointPass::kNone); }
+};
+
+// One block with its activations recomputed in the backward pass: the forward runs without
+// recording (keeping only the block's input), the backward runs the block again recording, and
+// back-propagates through that, which also accumulates the block's parameter gradients. Outputs
+// {the block's output, its auxiliary loss}.
+class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
+ public:
+  static tensor_list forward(AutogradContext* ctx, const torch::Tensor& x, BlockImpl* block) {
+    CheckpointPassGuard pass(MoEImpl::CheckpointPass::kFirst);
+    torch::Tensor aux = torch::zeros({}, x.options().dtype(torch::kFloat32));
+    torch::Tensor out = block->forward(x, &aux, nullptr);
+    ctx->save_for_backward({x});
+    ctx->saved_data["block"] = reinterpret_cast<int64_t>(block);
+    return {out, aux};
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    auto* block = reinterpret_cast<BlockImpl*>(ctx->saved_data["block"].toInt());
+    std::vector<torch::Tensor> outputs, grad_outputs;
+    {
+      torch::AutoGradMode recording(true);
+      CheckpointPassGuard pass(MoEImpl::CheckpointPass::kRecompute);
+      torch::Tensor aux = torch::zeros({}, x.options().dtype(torch::kFloat32));
+      outputs.push_back(block->forward(x, &aux, nullptr));
+      grad_outputs.push_back(grads[0]);
+      if (aux.requires_grad() && grads[1].defined()) {
+        outputs.push_back(aux);
+        grad_outputs.push_back(grads[1]);
+      }
+    }
+    torch::autograd::backward(outputs, grad_outputs);
+    return {x.grad(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
 TransformerImpl::TransformerImpl(const ModelConfig& c) : config_(c) {
   embedding_ = register_parameter("embedding", torch::empty({c.vocab_size(), c.d_model()}));
   InitNormal(embedding_, c.init_std());
@@ -440,6 +534,8 @@ void TransformerImpl::SetCountReducer(const MoEImpl::CountReducer& reducer) {
   for (auto& block : *blocks_) block->as<Block>()->SetCountReducer(reducer);
 }
 
+void TransformerImpl::SetComputeDtype(torch::ScalarType dtype) { compute_dtype_ = dtype; }
+
 void TransformerImpl::UseYarn(bool on) {
   for (auto& block : *blocks_) block->as<Block>()->UseYarn(on);
 }
@@ -452,9 +548,20 @@ TransformerImpl::Output TransformerImpl::forward(const torch::Tensor& tokens,
   Output out;
   out.aux_loss = torch::zeros({}, torch::TensorOptions().device(tokens.device()));
   torch::Tensor x = F::embedding(tokens, embedding_);  // (B, T, d)
-  for (auto& block : *blocks_) x = block->as<Block>()->forward(x, &out.aux_loss, probes);
+  if (compute_dtype_ && x.scalar_type() != *compute_dtype_) x = x.to(*compute_dtype_);
+  const bool checkpoint = checkpointing_ && probes == nullptr && torch::GradMode::is_enabled();
+  for (auto& block : *blocks_) {
+    BlockImpl* b = block->as<Block>();
+    if (checkpoint && x.requires_grad()) {
+      const tensor_list r = CheckpointedBlock::apply(x, b);
+      x = r[0];
+      out.aux_loss = out.aux_loss + r[1];
+    } else {
+      x = b->forward(x, &out.aux_loss, probes);
+    }
+  }
   x = final_norm_(x);
-  out.logits = lm_head_ ? lm_head_(x) : F::linear(x, embedding_);  // (B, T, vocab)
+  out.logits = lm_head_ ? lm_head_(x) : F::linear(x, AtDtypeOf(embedding_, x));  // (B, T, vocab)
   return out;
 }
 

@@ -38,6 +38,11 @@ class SkipInitGuard {
   bool previous_;
 };
 
+// `weight` at x's dtype: a no-op in fp32. With PRECISION_BF16 the parameters stay fp32 (the
+// master weights) and every op meets them cast to bf16, whose backward brings the gradient back to
+// fp32, so the optimizer updates fp32 weights with fp32 gradients (Megatron-LM's mixed precision).
+torch::Tensor AtDtypeOf(const torch::Tensor& weight, const torch::Tensor& x);
+
 // y = x W^T with W (out, in) ~ N(0, init_std): no biases anywhere (the paper, docs/model.md).
 class LinearImpl : public torch::nn::Module {
  public:
@@ -68,7 +73,8 @@ torch::Tensor GateActivate(const torch::Tensor& logits, GateActivation activatio
 torch::Tensor ApplyGate(const torch::Tensor& y, const torch::Tensor& scores, GateMode mode);
 
 // The gate of one position: a bias-free d_model -> width projection of the pre-norm hidden state
-// X (or a zero-initialised theta when input-independent), activated, and averaged over heads when
+// X (N(0, init_std), or zeros with GATE_INIT_ZERO; a zero-initialised theta when
+// input-independent), activated, times GateConfig.scale, and averaged over heads when
 // head-shared.
 class GateImpl : public torch::nn::Module {
  public:
@@ -88,12 +94,15 @@ class GateImpl : public torch::nn::Module {
  private:
   // Activation and head sharing of logits x W^T (B, T, heads * per_head).
   torch::Tensor ScoresFromLogits(const torch::Tensor& logits);
+  // scale x act(logits) (GateConfig.scale).
+  torch::Tensor Activate(const torch::Tensor& logits) const;
 
   GateConfig gate_;
   int64_t heads_;     // heads of the gated tensor (1 at G5)
   int64_t per_head_;  // d_k (elementwise), 1 (headwise), d_model at G5
   Linear proj_{nullptr};  // input-dependent
   torch::Tensor theta_;              // input-independent, (heads, per_head) or (d_model)
+  double scale_ = 1.0;               // GateConfig.scale (0 read as 1)
 };
 TORCH_MODULE(Gate);
 
@@ -146,10 +155,14 @@ class AttentionImpl : public torch::nn::Module {
 TORCH_MODULE(Attention);
 
 // RoPE's frequencies theta_i = rope_base^(-2i / d_k), i < d_k / 2. With `yarn` (and
-// ModelConfig.yarn.factor > 0), YaRN's NTK-by-parts interpolation of them: with
-// r_i = original_seq_len * theta_i / (2 pi) and g_i = clamp((r_i - beta_slow) / (beta_fast -
-// beta_slow), 0, 1), theta_i becomes (1 - g_i) * theta_i / factor + g_i * theta_i. High
-// frequencies (many turns within the trained length) are kept, low ones interpolated.
+// ModelConfig.yarn.factor > 0), YaRN's NTK-by-parts interpolation of them: theta_i becomes
+// (1 - g_i) * theta_i / factor + g_i * theta_i, so high frequencies (many turns within the
+// trained length L) are kept and low ones interpolated. The ramp g_i (yarn.ramp):
+//  - reference (jquesnelle/yarn, Hugging Face): linear in the index, g_i = 1 - clamp((i - lo) /
+//    (hi - lo), 0, 1), lo = floor(i*(beta_fast)), hi = ceil(i*(beta_slow)) within [0, d_k - 1],
+//    where i*(n) = d_k ln(L / (2 pi n)) / (2 ln rope_base) is where theta_i turns n times in L;
+//  - paper (the YaRN paper's equation): linear in the turns r_i = L theta_i / (2 pi),
+//    g_i = clamp((r_i - beta_slow) / (beta_fast - beta_slow), 0, 1).
 std::vector<double> RopeFrequencies(const ModelConfig& config, bool yarn);
 // YaRN's scale on queries and keys, 0.1 ln(factor) + 1, so attention logits are divided by the
 // temperature t with sqrt(1/t) = that; 1 without YaRN.
@@ -189,9 +202,18 @@ class MoEImpl : public torch::nn::Module {
   using CountReducer = std::function<void(torch::Tensor&)>;
   void SetCountReducer(CountReducer reducer) { reducer_ = std::move(reducer); }
 
+  // How a forward pass of a checkpointed block (TransformerImpl::SetActivationCheckpointing)
+  // treats the global-batch counts. kFirst: the pass that runs without recording gradients
+  // counts this micro-batch as a training pass does, and keeps the fraction its balance loss
+  // used; kRecompute: the backward's second pass uses that fraction and counts nothing, so both
+  // passes compute what one plain training pass does. Set per thread by the checkpointing code.
+  enum class CheckpointPass { kNone, kFirst, kRecompute };
+  static void SetCheckpointPass(CheckpointPass pass);
+
  private:
   MoeConfig moe_;
   CountReducer reducer_;
+  torch::Tensor checkpoint_fraction_;  // CheckpointPass::kFirst's fraction, for kRecompute
   // BALANCE_GLOBAL_BATCH: assignments per expert over the step's micro-batches so far (CPU,
   // int64, (E)) and their total; updated only by forward passes that record gradients.
   torch::Tensor step_counts_;
@@ -246,8 +268,22 @@ class TransformerImpl : public torch::nn::Module {
   void BeginStep();
 
   // Every layer rotates with the YaRN tables (ModelConfig.yarn) until called with false: for
-  // evaluations beyond yarn.original_seq_len. A no-op without YaRN.
+  // evaluations beyond yarn.original_seq_len (or every length: yarn.apply). A no-op without YaRN.
   void UseYarn(bool on);
+
+  // Default off. On: each block's activations are recomputed in the backward pass instead of
+  // kept (TrainConfig.activation_checkpointing): only each block's input is kept, plus one
+  // block's activations at a time during the backward. Training forward passes only (gradients
+  // recorded, no probes); the gradients are the plain pass's.
+  void SetActivationCheckpointing(bool on) { checkpointing_ = on; }
+
+  // The dtype of the residual stream and of everything computed from it (default: the
+  // parameters', fp32).
+  // kBFloat16 is TrainConfig's PRECISION_BF16: the embedding output is cast to bf16, every
+  // weight meets the activations at bf16 (AtDtypeOf), and the attention and FFN outputs and the
+  // residual adds stay bf16; norms reduce, and the softmax normalises, in fp32; the logits are
+  // bf16 and the trainer's loss takes them to fp32. Parameters and gradients stay fp32.
+  void SetComputeDtype(torch::ScalarType dtype);
 
   // Data parallel: every MoE layer's global-batch counts are summed over ranks with `reducer`
   // (MoEImpl::SetCountReducer). A no-op for a dense model.
@@ -255,6 +291,9 @@ class TransformerImpl : public torch::nn::Module {
 
  private:
   ModelConfig config_;
+  // SetComputeDtype; unset: the parameters' own dtype (fp64 in the tests' reference runs).
+  c10::optional<torch::ScalarType> compute_dtype_;
+  bool checkpointing_ = false;                         // SetActivationCheckpointing
   torch::Tensor embedding_;  // (vocab, d_model); also the output projection when tied
   torch::nn::ModuleList blocks_{nullptr};
   RMSNorm final_norm_{nullptr};

@@ -156,6 +156,54 @@ void Collective::BroadcastParameters(const std::vector<at::Tensor>& params) {
   }
 }
 
+namespace {
+
+// `full` cut into world_size views of `n` elements each.
+std::vector<at::Tensor> Parts(at::Tensor& full, int world_size) {
+  const int64_t n = full.numel() / world_size;
+  std::vector<at::Tensor> parts;
+  for (int r = 0; r < world_size; ++r) parts.push_back(full.slice(0, r * n, (r + 1) * n));
+  return parts;
+}
+
+}  // namespace
+
+void Collective::ReduceScatterSum(at::Tensor& full, at::Tensor& shard) {
+  TORCH_CHECK(full.numel() == shard.numel() * world_size_, "ReduceScatterSum: ", full.numel(),
+              " elements for shards of ", shard.numel(), " on ", world_size_, " ranks");
+#ifdef USE_C10D_NCCL
+  if (impl_->nccl) {
+    std::vector<at::Tensor> outputs{shard};
+    std::vector<std::vector<at::Tensor>> inputs{Parts(full, world_size_)};
+    impl_->nccl->reduce_scatter(outputs, inputs, ::c10d::ReduceScatterOptions{})->wait();
+    return;
+  }
+#endif
+  AllReduceSum(full);
+  shard.copy_(full.slice(0, rank_ * shard.numel(), (rank_ + 1) * shard.numel()));
+}
+
+void Collective::AllGather(const at::Tensor& shard, at::Tensor& full) {
+  TORCH_CHECK(full.numel() == shard.numel() * world_size_, "AllGather: ", full.numel(),
+              " elements for shards of ", shard.numel(), " on ", world_size_, " ranks");
+  std::vector<at::Tensor> inputs{shard};
+  std::vector<std::vector<at::Tensor>> outputs{Parts(full, world_size_)};
+  impl_->Run([&](auto& pg) { return pg.allgather(outputs, inputs, ::c10d::AllgatherOptions{}); });
+}
+
+void Collective::Gather(const at::Tensor& shard, at::Tensor& full, int root) {
+  std::vector<at::Tensor> inputs{shard};
+  std::vector<std::vector<at::Tensor>> outputs;
+  if (rank_ == root) {
+    TORCH_CHECK(full.numel() == shard.numel() * world_size_, "Gather: ", full.numel(),
+                " elements for shards of ", shard.numel(), " on ", world_size_, " ranks");
+    outputs.push_back(Parts(full, world_size_));
+  }
+  ::c10d::GatherOptions options;
+  options.rootRank = root;
+  impl_->Run([&](auto& pg) { return pg.gather(outputs, inputs, options); });
+}
+
 // ---------------------------------------------------------------------------------------------
 
 struct RendezvousServer::Impl {

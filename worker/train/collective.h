@@ -54,6 +54,17 @@ class Collective {
   // Every parameter replaced by rank 0's (one collective over a flattened copy).
   void BroadcastParameters(const std::vector<at::Tensor>& params);
 
+  // ZeRO's collectives (worker/train/optimizer.h), over 1-d tensors whose `full` length is
+  // world_size x the shard's:
+  // *shard = this rank's part [rank n, (rank + 1) n) of the element-wise sum of every rank's
+  // `full`. NCCL reduce-scatters; Gloo (no reduce_scatter in LibTorch 1.13) all-reduces `full`
+  // in place and keeps the part.
+  void ReduceScatterSum(at::Tensor& full, at::Tensor& shard);
+  // *full = every rank's `shard`, in rank order, on every rank.
+  void AllGather(const at::Tensor& shard, at::Tensor& full);
+  // The same on rank `root` only; `full` is not touched elsewhere.
+  void Gather(const at::Tensor& shard, at::Tensor& full, int root = 0);
+
  private:
   struct Impl;
   explicit Collective(std::unique_ptr<Impl> impl, int rank, int world_size);

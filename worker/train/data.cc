@@ -1,7 +1,14 @@
 #include "worker/train/data.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -50,21 +57,17 @@ absl::StatusOr<std::string> ReadFile(const fs::path& path) {
   return bytes;
 }
 
-absl::StatusOr<std::vector<uint16_t>> ReadBin(const fs::path& path, int64_t vocab_size) {
-  absl::StatusOr<std::string> bytes = ReadFile(path);
-  if (!bytes.ok()) return bytes.status();
-  if (bytes->size() % 2 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path.string(), ": ", bytes->size(), " bytes is not a whole number of uint16 tokens"));
-  }
-  std::vector<uint16_t> tokens(bytes->size() / 2);
-  std::copy(bytes->begin(), bytes->end(), reinterpret_cast<char*>(tokens.data()));
-  const auto bad = std::find_if(tokens.begin(), tokens.end(),
-                                [&](uint16_t t) { return t >= vocab_size; });
-  if (bad != tokens.end()) {
+// A token file mapped, every id checked against the vocabulary in one pass.
+absl::StatusOr<TokenArray> MapBin(const fs::path& path, TokenDtype dtype, int64_t vocab_size) {
+  const int width = dtype == TOKEN_UINT32 ? 4 : 2;
+  absl::StatusOr<TokenArray> tokens = TokenArray::Map(path.string(), width);
+  if (!tokens.ok()) return tokens.status();
+  if (const int64_t bad = tokens->FirstOutside(vocab_size); bad >= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path.string(), ": token ", *bad, " at position ", bad - tokens.begin(),
-        " is outside the vocabulary (model.vocab_size = ", vocab_size, ")"));
+        path.string(), ": token ", (*tokens)[bad], " at token offset ", bad, " (byte ",
+        bad * width, ") is outside the vocabulary (model.vocab_size = ", vocab_size, ")",
+        dtype == TOKEN_UINT16 ? " (a file of uint32 tokens needs train.data.token_dtype: uint32)"
+                              : ""));
   }
   return tokens;
 }
@@ -78,6 +81,73 @@ uint64_t Mix(uint64_t x) {
 }
 
 }  // namespace
+
+TokenArray TokenArray::OfBytes(std::string bytes) {
+  auto owned = std::make_shared<const std::string>(std::move(bytes));
+  TokenArray a;
+  a.data_ = reinterpret_cast<const uint8_t*>(owned->data());
+  a.size_ = static_cast<int64_t>(owned->size());
+  a.width_ = 1;
+  a.owner_ = std::move(owned);
+  return a;
+}
+
+absl::StatusOr<TokenArray> TokenArray::Map(const std::string& path, int width) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open for reading: ", std::strerror(errno)));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat(path, ": cannot stat: ", std::strerror(e)));
+  }
+  const auto bytes = static_cast<int64_t>(st.st_size);
+  if (bytes % width != 0) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", bytes, " bytes is not a whole number of uint",
+                                                   width * 8, " tokens"));
+  }
+  TokenArray a;
+  a.width_ = width;
+  a.size_ = bytes / width;
+  if (bytes > 0) {
+    void* mapped = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_SHARED, fd, 0);
+    const int e = errno;
+    ::close(fd);  // the mapping keeps the file
+    if (mapped == MAP_FAILED) {
+      return absl::DataLossError(absl::StrCat(path, ": cannot map: ", std::strerror(e)));
+    }
+    a.data_ = static_cast<const uint8_t*>(mapped);
+    a.owner_ = std::shared_ptr<const void>(
+        mapped, [bytes](const void* p) { ::munmap(const_cast<void*>(p), static_cast<size_t>(bytes)); });
+  } else {
+    ::close(fd);
+  }
+  return a;
+}
+
+TokenArray TokenArray::Slice(int64_t begin, int64_t end) const {
+  TokenArray a = *this;
+  a.data_ = data_ + begin * width_;
+  a.size_ = end - begin;
+  return a;
+}
+
+int64_t TokenArray::FirstOutside(int64_t vocab_size) const {
+  const auto scan = [&](const auto* p) -> int64_t {
+    for (int64_t i = 0; i < size_; ++i) {
+      if (static_cast<int64_t>(p[i]) >= vocab_size) return i;
+    }
+    return -1;
+  };
+  switch (width_) {
+    case 1: return scan(data_);
+    case 2: return scan(reinterpret_cast<const uint16_t*>(data_));
+    default: return scan(reinterpret_cast<const uint32_t*>(data_));
+  }
+}
 
 absl::StatusOr<TokenData> TokenData::Load(const DataConfig& config, int64_t vocab_size,
                                           int64_t seq_len) {
@@ -104,9 +174,9 @@ absl::StatusOr<TokenData> TokenData::Load(const DataConfig& config, int64_t voca
   }
 
   if (format == DATA_NANOGPT_BIN) {
-    absl::StatusOr<std::vector<uint16_t>> train = ReadBin(path / "train.bin", vocab_size);
+    absl::StatusOr<TokenArray> train = MapBin(path / "train.bin", config.token_dtype(), vocab_size);
     if (!train.ok()) return train.status();
-    absl::StatusOr<std::vector<uint16_t>> val = ReadBin(path / "val.bin", vocab_size);
+    absl::StatusOr<TokenArray> val = MapBin(path / "val.bin", config.token_dtype(), vocab_size);
     if (!val.ok()) return val.status();
     data.train_ = std::move(*train);
     data.val_ = std::move(*val);
@@ -128,17 +198,18 @@ absl::StatusOr<TokenData> TokenData::Load(const DataConfig& config, int64_t voca
     } else {
       files.push_back(path);
     }
-    std::vector<uint16_t> all;
+    std::string all;
     for (const fs::path& f : files) {
       absl::StatusOr<std::string> bytes = ReadFile(f);
       if (!bytes.ok()) return bytes.status();
-      for (unsigned char c : *bytes) all.push_back(c);
+      all += *bytes;
     }
     // The last val_fraction of the corpus is held out: contiguous, so no sequence straddles.
-    const auto val_n = static_cast<int64_t>(static_cast<double>(all.size()) * config.val_fraction());
-    data.val_.assign(all.end() - val_n, all.end());
-    all.resize(all.size() - val_n);
-    data.train_ = std::move(all);
+    const auto n = static_cast<int64_t>(all.size());
+    const auto val_n = static_cast<int64_t>(static_cast<double>(n) * config.val_fraction());
+    const TokenArray corpus = TokenArray::OfBytes(std::move(all));
+    data.val_ = corpus.Slice(n - val_n, n);
+    data.train_ = corpus.Slice(0, n - val_n);
     data.source_ = files.size() == 1 ? files[0].string()
                                      : absl::StrCat(path.string(), " (", files.size(), " files)");
   }
@@ -151,11 +222,11 @@ absl::StatusOr<TokenData> TokenData::Load(const DataConfig& config, int64_t voca
     data.bos_ = config.bos_token();
   }
   for (const auto& [name, split] : {std::pair{"train", &data.train_}, {"validation", &data.val_}}) {
-    if (static_cast<int64_t>(split->size()) < seq_len + 1) {
+    if (split->size() < seq_len + 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           data.source_, ": the ", name, " split has ", split->size(),
           " tokens, fewer than train.seq_len + 1 = ", seq_len + 1,
-          split->empty() ? " (empty)" : ""));
+          split->size() == 0 ? " (empty)" : ""));
     }
   }
   return data;
@@ -166,7 +237,7 @@ void TokenData::Batch(Split split, int64_t index, int64_t batch_size, int64_t* i
   Batch(split, index, batch_size, seq_len_, inputs, targets);
 }
 
-void TokenData::Window(const std::vector<uint16_t>& tokens, int64_t start, int64_t len,
+void TokenData::Window(const TokenArray& tokens, int64_t start, int64_t len,
                        int64_t* in, int64_t* out) const {
   if (bos_ >= 0) {
     in[0] = bos_;
@@ -182,10 +253,10 @@ void TokenData::Window(const std::vector<uint16_t>& tokens, int64_t start, int64
 
 void TokenData::Batch(Split split, int64_t index, int64_t batch_size, int64_t len,
                       int64_t* inputs, int64_t* targets) const {
-  const std::vector<uint16_t>& tokens = split == Split::kTrain ? train_ : val_;
+  const TokenArray& tokens = split == Split::kTrain ? train_ : val_;
   const uint64_t salt = split == Split::kTrain ? 0x7261696eULL : 0x76616c00ULL;
   std::mt19937_64 rng(Mix(seed_ ^ Mix(salt ^ Mix(static_cast<uint64_t>(index)))));
-  std::uniform_int_distribution<int64_t> offset(0, static_cast<int64_t>(tokens.size()) - len - 1);
+  std::uniform_int_distribution<int64_t> offset(0, tokens.size() - len - 1);
   for (int64_t b = 0; b < batch_size; ++b) {
     Window(tokens, offset(rng), len, inputs + b * len, targets + b * len);
   }
@@ -193,7 +264,7 @@ void TokenData::Batch(Split split, int64_t index, int64_t batch_size, int64_t le
 
 void TokenData::Consecutive(Split split, int64_t count, int64_t len, int64_t* inputs,
                             int64_t* targets) const {
-  const std::vector<uint16_t>& tokens = split == Split::kTrain ? train_ : val_;
+  const TokenArray& tokens = split == Split::kTrain ? train_ : val_;
   for (int64_t w = 0; w < count; ++w) {
     Window(tokens, w * len, len, inputs + w * len, targets + w * len);
   }

@@ -7,6 +7,7 @@
 #define ABLATE_WORKER_TRAIN_DATA_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,10 +25,44 @@ std::vector<std::string> DefaultCorpusCandidates(const std::string& exe, const c
 // The first of this process's candidates that exists; "" when none does.
 std::string DefaultCorpusPath();
 
+// A read-only array of token ids, 1, 2 or 4 bytes each (little-endian): a text corpus's bytes
+// held in memory, or a token file mapped into memory (mmap), so that a 17 GB train.bin costs
+// address space, not memory, and the ranks of one machine share its pages. Copies share the data.
+class TokenArray {
+ public:
+  TokenArray() = default;
+  // `bytes` as tokens of one byte each (byte-level text).
+  static TokenArray OfBytes(std::string bytes);
+  // The file at `path` mapped, as tokens of `width` bytes (2: uint16, 4: uint32). Errors name the
+  // file: unreadable, or a size that is not a whole number of tokens.
+  static absl::StatusOr<TokenArray> Map(const std::string& path, int width);
+
+  int64_t size() const { return size_; }
+  int width() const { return width_; }
+  int64_t operator[](int64_t i) const {
+    switch (width_) {
+      case 1: return data_[i];
+      case 2: return reinterpret_cast<const uint16_t*>(data_)[i];
+      default: return reinterpret_cast<const uint32_t*>(data_)[i];
+    }
+  }
+  // Tokens [begin, end) of this array, sharing its data.
+  TokenArray Slice(int64_t begin, int64_t end) const;
+  // The first token >= vocab_size, by index; -1 when every token is below it. One pass.
+  int64_t FirstOutside(int64_t vocab_size) const;
+
+ private:
+  std::shared_ptr<const void> owner_;  // the string or the mapping
+  const uint8_t* data_ = nullptr;
+  int64_t size_ = 0;
+  int width_ = 1;
+};
+
 class TokenData {
  public:
   // Loads config.path (or the default corpus). Errors name the file: unreadable, empty, tokens
-  // outside the vocabulary, or a split shorter than seq_len + 1 tokens.
+  // outside the vocabulary (the first one, by offset), or a split shorter than seq_len + 1
+  // tokens. nanoGPT token files are mapped, not read (TokenArray).
   static absl::StatusOr<TokenData> Load(const DataConfig& config, int64_t vocab_size,
                                         int64_t seq_len);
 
@@ -51,18 +86,18 @@ class TokenData {
   void Consecutive(Split split, int64_t count, int64_t len, int64_t* inputs,
                    int64_t* targets) const;
 
-  int64_t train_tokens() const { return static_cast<int64_t>(train_.size()); }
-  int64_t val_tokens() const { return static_cast<int64_t>(val_.size()); }
+  int64_t train_tokens() const { return train_.size(); }
+  int64_t val_tokens() const { return val_.size(); }
   const std::string& source() const { return source_; }
 
  private:
   TokenData() = default;
   // One window of `len` inputs from tokens[start] and their next-token targets (with the
   // bos_token first when set).
-  void Window(const std::vector<uint16_t>& tokens, int64_t start, int64_t len, int64_t* in,
+  void Window(const TokenArray& tokens, int64_t start, int64_t len, int64_t* in,
               int64_t* out) const;
 
-  std::vector<uint16_t> train_, val_;
+  TokenArray train_, val_;
   uint64_t seed_ = 0;
   int64_t seq_len_ = 0;
   int32_t bos_ = -1;  // DataConfig.bos_token, -1 when unset

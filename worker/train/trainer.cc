@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -25,6 +27,7 @@
 #include "worker/model/probes.h"
 #include "worker/model/torch_compat.h"
 #include "worker/model/transformer.h"
+#include "worker/train/optimizer.h"
 #include "worker/train/spike.h"
 
 namespace ablate {
@@ -70,7 +73,7 @@ struct Trainer::State {
   bool autocast = false;
   TokenData data;
   Transformer model{nullptr};
-  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::unique_ptr<TrainingOptimizer> optimizer;  // replicated, or sharded (shard_optimizer)
   std::vector<torch::Tensor> params;
 
   // Run progress; all of it is in the checkpoint.
@@ -78,6 +81,15 @@ struct Trainer::State {
   int64_t data_offset = 0;  // train batch index = (step - 1) * grad_accum + micro + data_offset
   int64_t rollbacks = 0;
   int64_t spike_steps = 0;
+  int64_t checkpoint_step = -1;  // of checkpoint.pt, as this process last wrote or read it
+  // Training seconds of the attempts before this one (StepMetrics.elapsed_s), and when this
+  // one's clock started (Run).
+  double elapsed_before = 0;
+  std::chrono::steady_clock::time_point session_start = std::chrono::steady_clock::now();
+  double Elapsed() const {
+    return elapsed_before +
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - session_start).count();
+  }
   std::vector<double> loss_history, grad_history;  // per step, to rebuild the detectors
   std::unique_ptr<SpikeMonitor> monitor;
   EvalResult last_eval;
@@ -88,6 +100,8 @@ struct Trainer::State {
   // Data parallel (TrainerOptions.world_size > 1); null for one process.
   std::unique_ptr<Collective> dist;
 
+  // The CUDA device's index ("cuda" is device 0).
+  int CudaIndex() const { return device.has_index() ? device.index() : 0; }
   // Rank 0 (or the only process): evaluates, writes checkpoints, reports.
   bool Writer() const { return dist == nullptr || dist->rank() == 0; }
   // True on every rank when it is true on any.
@@ -156,31 +170,27 @@ struct Trainer::State {
       torch::manual_seed(t.seed());
       model = Transformer(config.model());
       model->to(device);
+      if (t.precision() == PRECISION_BF16) model->SetComputeDtype(torch::kBFloat16);
+      model->SetActivationCheckpointing(t.activation_checkpointing());
       if (dist != nullptr) {  // the global-batch balance loss counts every rank's assignments
         Collective* c = dist.get();
         model->SetCountReducer([c](torch::Tensor& counts) { c->AllReduceSum(counts); });
       }
       // Weight decay on matrices only; never on norm weights or input-independent gate thetas.
-      std::vector<torch::Tensor> decay, no_decay;
+      std::vector<bool> decays;
       params.clear();
       for (const auto& p : model->named_parameters()) {
         const bool is_theta = p.key().find("theta") != std::string::npos;
-        (p.value().dim() >= 2 && !is_theta ? decay : no_decay).push_back(p.value());
+        decays.push_back(p.value().dim() >= 2 && !is_theta);
         params.push_back(p.value());
       }
-      const OptimizerConfig& o = t.optimizer();
-      auto options_for = [&](double wd) {
-        return std::make_unique<torch::optim::AdamWOptions>(
-            torch::optim::AdamWOptions(o.lr()).betas({o.beta1(), o.beta2()}).eps(o.eps()).weight_decay(wd));
-      };
-      std::vector<torch::optim::OptimizerParamGroup> groups;
-      groups.emplace_back(decay, options_for(o.weight_decay()));
-      groups.emplace_back(no_decay, options_for(0.0));
-      optimizer = std::make_unique<torch::optim::AdamW>(std::move(groups));
+      optimizer = MakeTrainingOptimizer(params, decays, t, dist.get());
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat("building the model: ", e.what_without_backtrace()));
     }
     step = data_offset = rollbacks = spike_steps = 0;
+    checkpoint_step = -1;
+    elapsed_before = 0;
     loss_history.clear();
     grad_history.clear();
     RebuildMonitor();
@@ -287,11 +297,12 @@ struct Trainer::State {
     for (AttentionMap& m : recorder.TakeAttentionMaps()) *r.add_attention_maps() = std::move(m);
     // Every length reads the same text (EvalLengthSpan tokens from the start of the validation
     // split) cut into windows of that length, so lengths differ only in the context a token
-    // sees; YaRN's tables beyond its original length.
+    // sees; YaRN's tables beyond its original length, or at every length (yarn.apply).
     const YarnConfig& yarn = config.model().yarn();
     const int64_t span = EvalLengthSpan(t);
     for (const int32_t len : t.eval_seq_lens()) {
-      const bool use_yarn = yarn.factor() > 0 && len > yarn.original_seq_len();
+      const bool use_yarn = yarn.factor() > 0 && (yarn.apply() == YARN_ALWAYS ||
+                                                  len > yarn.original_seq_len());
       model->UseYarn(use_yarn);
       const int64_t windows = span / len;
       torch::Tensor x = torch::empty({windows, len}, torch::kLong);
@@ -319,20 +330,24 @@ struct Trainer::State {
   }
 
   // Model, optimizer, progress and RNG state, replacing checkpoint.pt durably; the checkpoint it
-  // replaces becomes checkpoint.prev.pt.
+  // replaces becomes checkpoint.prev.pt. Every rank calls it: the writer writes, the others take
+  // part in gathering a sharded optimizer's state.
   absl::Status SaveCheckpoint() {
+    if (!Writer()) return optimizer->Save(nullptr, options.checkpoint_dir, step);
     fs::create_directories(options.checkpoint_dir);
     torch::serialize::OutputArchive archive;
-    torch::serialize::OutputArchive model_archive, optimizer_archive;
+    torch::serialize::OutputArchive model_archive;
     model->save(model_archive);
-    optimizer->save(optimizer_archive);
     archive.write("model", model_archive);
-    archive.write("optimizer", optimizer_archive);
+    if (absl::Status st = optimizer->Save(&archive, options.checkpoint_dir, step); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("checkpoint: ", st.message()));
+    }
     auto i64 = [](int64_t v) { return torch::tensor({v}, torch::kLong); };
     archive.write("step", i64(step));
     archive.write("data_offset", i64(data_offset));
     archive.write("rollbacks", i64(rollbacks));
     archive.write("spike_steps", i64(spike_steps));
+    archive.write("elapsed_s", torch::tensor({Elapsed()}, torch::kFloat64));
     archive.write("loss_history", torch::tensor(loss_history, torch::kFloat64));
     archive.write("grad_history", torch::tensor(grad_history, torch::kFloat64));
     archive.write("rng", at::detail::getDefaultCPUGenerator().get_state());
@@ -351,7 +366,31 @@ struct Trainer::State {
     if (!saved.ok()) {
       return absl::Status(saved.code(), absl::StrCat("checkpoint: ", saved.message()));
     }
+    RemoveStaleShardedStates(checkpoint_step, step);
+    checkpoint_step = step;
     return absl::OkStatus();
+  }
+
+  // A sharded optimizer's state files but those of checkpoint.pt (at `current`) and of
+  // checkpoint.prev.pt (at `previous`, -1 when unknown: then the newest below `current`).
+  void RemoveStaleShardedStates(int64_t previous, int64_t current) const {
+    std::error_code ec;
+    std::map<int64_t, fs::path> files;
+    for (const auto& entry : fs::directory_iterator(options.checkpoint_dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      int64_t at = 0;
+      if (absl::StartsWith(name, "optimizer-") && absl::EndsWith(name, ".bin") &&
+          absl::SimpleAtoi(name.substr(10, name.size() - 14), &at)) {
+        files[at] = entry.path();
+      }
+    }
+    if (previous < 0) {
+      auto below = files.lower_bound(current);
+      if (below != files.begin()) previous = std::prev(below)->first;
+    }
+    for (const auto& [at, path] : files) {
+      if (at != current && at != previous) fs::remove(path, ec);
+    }
   }
 
   // Loads `path`; DataLoss when it cannot be read. The state is then part loaded: Build() again.
@@ -359,20 +398,25 @@ struct Trainer::State {
     try {
       torch::serialize::InputArchive archive;
       archive.load_from(path, device);
-      torch::serialize::InputArchive model_archive, optimizer_archive;
+      torch::serialize::InputArchive model_archive;
       archive.read("model", model_archive);
-      archive.read("optimizer", optimizer_archive);
       model->load(model_archive);
-      optimizer->load(optimizer_archive);
+      torch::Tensor saved_step;
+      archive.read("step", saved_step);
+      optimizer->Load(archive, options.checkpoint_dir, saved_step.item<int64_t>());
       auto i64 = [&](const char* key) {
         torch::Tensor t;
         archive.read(key, t);
         return t.item<int64_t>();
       };
       step = i64("step");
+      checkpoint_step = step;
       data_offset = i64("data_offset");
       rollbacks = i64("rollbacks");
       spike_steps = i64("spike_steps");
+      torch::Tensor elapsed;  // absent from checkpoints written before it was kept
+      elapsed_before = archive.try_read("elapsed_s", elapsed) ? elapsed.item<double>() : 0.0;
+      session_start = std::chrono::steady_clock::now();
       auto history = [&](const char* key) {
         torch::Tensor t;
         archive.read(key, t);
@@ -438,12 +482,6 @@ struct Trainer::State {
     return absl::OkStatus();
   }
 
-  // The learning rate of every parameter group, for the step about to be taken.
-  void SetLearningRate(double lr) {
-    for (auto& group : optimizer->param_groups()) {
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-    }
-  }
 
   // One step's losses, each the mean over its micro-batches (and over the ranks).
   struct StepLoss {
@@ -451,11 +489,11 @@ struct Trainer::State {
     double aux = 0;
   };
 
-  // Forward and backward over the grad_accum micro-batches of 1-based `step`, leaving the
-  // step's gradients (averaged over the ranks) on the parameters.
+  // Forward and backward over the grad_accum micro-batches of 1-based `step`, leaving this
+  // rank's gradients on the parameters (the optimizer averages them over the ranks).
   StepLoss ForwardBackward(int64_t step) {
     const TrainConfig& t = config.train();
-    optimizer->zero_grad();
+    optimizer->ZeroGrad();
     model->BeginStep();  // the global-batch balance loss counts this step's micro-batches
     double loss_sum = 0, aux_sum = 0;
     for (int micro = 0; micro < t.grad_accum(); ++micro) {
@@ -472,7 +510,6 @@ struct Trainer::State {
       aux_sum += aux.item<double>();
     }
     if (dist != nullptr) {  // the mean over ranks: what one process would compute
-      dist->AverageGradients(params);
       torch::Tensor sums = torch::tensor({loss_sum, aux_sum}, torch::kFloat64);
       dist->AllReduceSum(sums);
       loss_sum = sums[0].item<double>() / dist->world_size();
@@ -481,11 +518,12 @@ struct Trainer::State {
     return {loss_sum / t.grad_accum(), aux_sum / t.grad_accum()};
   }
 
-  // Clips the gradients to optimizer.grad_clip (0: no clipping); returns their norm before.
-  double ClipGradients() {
+  // Averages the gradients over the ranks and clips them to optimizer.grad_clip (0: no
+  // clipping); returns their norm before.
+  double ReduceAndClipGradients() {
     const double clip = config.train().optimizer().grad_clip();
     const double max_norm = clip > 0 ? clip : std::numeric_limits<double>::infinity();
-    return torch::nn::utils::clip_grad_norm_(params, max_norm);
+    return optimizer->ReduceAndClip(max_norm);
   }
 
   // A step taken (its update applied or skipped): progress and the detectors' history.
@@ -573,6 +611,12 @@ struct Trainer::State::Session {
     summary.set_spike_score(s.step > 0 ? static_cast<double>(s.spike_steps) / s.step : 0.0);
     summary.set_wall_s(wall);
     summary.set_tokens_per_s(wall > 0 ? (s.step - first_step) * s.TokensPerStep() / wall : 0.0);
+    // What it cost: this process's peak of tensor memory (rank 0's in a data-parallel run), and
+    // the FLOPs of every step it has taken, over all its attempts.
+    summary.set_peak_memory_bytes(s.device.is_cuda() ? compat::CudaTensorMemory(s.CudaIndex()).peak
+                                                     : compat::CpuTensorMemory().peak);
+    summary.set_flops(static_cast<double>(s.step) * static_cast<double>(s.TokensPerStep()) *
+                      TrainingFlopsPerToken(s.config.model(), s.config.train().seq_len()));
     return summary;
   }
 
@@ -583,9 +627,8 @@ struct Trainer::State::Session {
     const bool stop = s.AnyRank(s.Writer() && obs->BeforeCheckpoint(s.step) ==
                                                   TrainerObserver::Directive::kStop);
     if (stop) return Finish(CANCELLED, kStopped);
-    if (!s.Writer()) return std::nullopt;
     if (absl::Status st = s.SaveCheckpoint(); !st.ok()) return st;
-    obs->OnCheckpoint(s.step, s.CheckpointPath());
+    if (s.Writer()) obs->OnCheckpoint(s.step, s.CheckpointPath());
     return std::nullopt;
   }
 
@@ -678,6 +721,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const RunConfig& config
   }
   s->autocast = t.precision() == PRECISION_BF16_AUTOCAST && s->device.is_cuda();
   KeepFreedMemoryInHeap();
+  compat::CountCpuTensorMemory();  // RunSummary.peak_memory_bytes
   // threads 0 = all cores, shared between the ranks of this machine.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   torch::set_num_threads(t.threads() > 0 ? t.threads()
@@ -717,6 +761,12 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
   TrainerObserver null_observer;
   State::Session session{s, observer != nullptr ? observer : &null_observer};
   session.Notify(&s.notices);
+  s.session_start = session.started;
+  if (s.device.is_cuda()) {
+    compat::ResetCudaTensorPeak(s.CudaIndex());
+  } else {
+    compat::ResetCpuTensorPeak();
+  }
 
   try {
     if (policy == SPIKE_ROLLBACK && s.AnyRank(s.Writer() && !fs::exists(s.CheckpointPath()))) {
@@ -727,9 +777,9 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
     while (s.step < t.steps()) {
       const int64_t step = s.step + 1;
       const double lr = LearningRate(t.optimizer(), step, t.steps());
-      s.SetLearningRate(lr);
+      s.optimizer->SetLearningRate(lr);
       const State::StepLoss loss = s.ForwardBackward(step);
-      const double grad_norm = s.ClipGradients();
+      const double grad_norm = s.ReduceAndClipGradients();
 
       // Spike and divergence detection happens before the update, so a policy can still skip it.
       SpikeMonitor::Verdict verdict = s.monitor->Observe(step, loss.loss, grad_norm);
@@ -740,7 +790,7 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
         continue;
       }
       const bool skipped = decision.skip || verdict.diverged;
-      if (!skipped) s.optimizer->step();
+      if (!skipped) s.optimizer->Step();
       s.RecordStep(step, loss.loss, grad_norm);
       for (const SpikeEvent& e : verdict.events) session.obs->OnSpike(e);
 
@@ -752,6 +802,7 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
       m.set_aux_loss(loss.aux);
       m.set_skipped(skipped);
       m.set_tokens_per_s(session.TokensPerSecond(&window_start));
+      m.set_elapsed_s(s.Elapsed());
       const State::StepEnd end =
           s.AgreeOnEnd(session.obs->OnStep(m) == TrainerObserver::Directive::kStop);
 

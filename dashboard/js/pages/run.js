@@ -92,8 +92,12 @@ export async function render(view, ctx, idText) {
     barChart(box(), { title: `Gate scores (${layerSelect.value === 'all' ? 'all layers' : `layer ${layerSelect.value}`})`,
       labels: bins.map((_, i) => (h0.lo + w * (i + 0.5)).toFixed(2)), values: bins, xLabel: 'gate score', yLabel: 'count', color: '#2e9d5b' });
   };
-  // The attention maps of the same evaluation: a heatmap per stored head.
+  // The attention maps of the same evaluation, a heatmap per layer: the mean over the layer's
+  // heads (head -1) by default, one stored head, or every stored head.
+  const headSelect = el('select', { id: 'attention-head', 'aria-label': 'attention head' });
+  let lastMaps = { step: 0, maps: [] };
   const drawAttention = ({ step, maps }) => {
+    lastMaps = { step, maps };
     attentionBox.dataset.step = step;
     attentionBox.dataset.maps = maps.length;
     if (maps.length === 0) {
@@ -101,12 +105,22 @@ export async function render(view, ctx, idText) {
         `No attention maps were stored at step ${step} (train.attention_map_heads: 0, or a run from before they existed).`));
       return;
     }
+    const heads = [...new Set(maps.map((m) => m.head))].sort((a, b) => a - b);
+    const choices = [...(heads.includes(-1) ? [['-1', 'mean over heads']] : []),
+      ...heads.filter((h) => h >= 0).map((h) => [String(h), `head ${h}`]), ['all', 'every stored head']];
+    const keep = headSelect.value;
+    headSelect.replaceChildren(...choices.map(([value, label]) => el('option', { value }, label)));
+    headSelect.value = choices.some(([value]) => value === keep) ? keep : choices[0][0];
+    const chosen = headSelect.value === 'all' ? maps.filter((m) => m.head >= 0)
+      : maps.filter((m) => m.head === Number(headSelect.value));
+    attentionBox.dataset.head = headSelect.value;
     attentionBox.replaceChildren(
       el('p', { class: 'muted' }, `Step ${step}: the first ${maps[0].size} positions of one fixed validation window, `
-        + 'row = query, column = key (causal: nothing above the diagonal).'),
+        + 'row = query, column = key (causal: nothing above the diagonal). ', el('label', {}, 'Show: ', headSelect)),
       attentionLegend(),
-      el('div', { class: 'heatmaps', id: 'attention-maps' }, maps.map((m) => attentionHeatmap(m))));
+      el('div', { class: 'heatmaps', id: 'attention-maps' }, chosen.map((m) => attentionHeatmap(m))));
   };
+  headSelect.addEventListener('change', () => drawAttention(lastMaps));
   let loading = 0;  // when the selection changes quickly, the last one asked for is drawn
   const loadEvaluation = async () => {
     const ticket = ++loading;

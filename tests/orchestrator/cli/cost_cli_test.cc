@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "config/memory_plan.h"
 #include "orchestrator/cli/cost.h"
 #include "orchestrator/sweep/expand.h"
 #include "tests/cli_util.h"
@@ -199,6 +200,55 @@ TEST_F(CostTest, BadValuesNameTheFlagAndTheChoices) {
   EXPECT_EQ(ParseDevicePeak("3.5e12")->name, "");
   EXPECT_FALSE(ParseDevicePeak("inf").ok());
   EXPECT_FALSE(ParseDevicePeak("nan").ok());
+}
+
+// The memory plan in `expand`: a column of the table, the plan's parts in the CSV, and the
+// refusal of a run that does not fit --device-memory or resources.memory_gb, naming it, its
+// figure and what each setting would give. A size that is no size is a usage error.
+TEST_F(CostTest, RunsThatDoNotFitTheDevicesMemoryAreRefusedWithWhatWouldFit) {
+  const CliResult table = RunCli({"expand", spec_});
+  ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("mem/device"));
+  const CliResult csv = RunCli({"expand", spec_, "--format", "csv"});
+  ASSERT_EQ(csv.code, 0) << csv.err;
+  EXPECT_THAT(csv.out, HasSubstr("memory_per_device_bytes,memory_parameters_bytes,"
+                                 "memory_gradients_bytes,memory_optimizer_bytes,"
+                                 "memory_activations_bytes,memory_activations_checkpointed_bytes,"
+                                 "memory_largest_temporary_bytes"));
+  absl::StatusOr<ExpandedSweep> sweep = ExpandSweepFile(spec_);
+  ASSERT_TRUE(sweep.ok()) << sweep.status();
+  const int64_t needs = sweep->runs(0).memory().per_device();
+  EXPECT_GT(needs, sweep->runs(0).memory().parameters() * 4);  // weights, gradients, AdamW, ...
+  EXPECT_THAT(csv.out, HasSubstr("," + std::to_string(needs) + ","));
+
+  // Refused under a limit just below it: every run named, the figures, the fixes.
+  const CliResult refused =
+      RunCli({"expand", spec_, "--device-memory", std::to_string(needs - 1000) + "B"});
+  EXPECT_EQ(refused.code, 2) << refused.err;  // a usage error: "B" is no unit
+  const CliResult small = RunCli({"expand", spec_, "--device-memory", "0.00001GB"});
+  EXPECT_EQ(small.code, 1);
+  EXPECT_THAT(small.err, HasSubstr("tiny.yaml:7: variant baseline: needs "));
+  EXPECT_THAT(small.err, HasSubstr("per device by the memory plan, over the 10.0 kB it may use"));
+  EXPECT_THAT(small.err, HasSubstr("try train.grad_accum: 6 with train.batch_size: 1 (the same "
+                                 "tokens per step) ("));
+  // One layer: checkpointing keeps more than it frees, and one rank has nothing to shard.
+  EXPECT_THAT(small.err, Not(HasSubstr("activation_checkpointing")));
+  EXPECT_THAT(small.err, HasSubstr("[the limit is --device-memory]"));
+  // The spec's own resources.memory_gb refuses it too, at expand and at submit.
+  std::ofstream(spec_, std::ios::app) << "resources: {memory_gb: 0.000001}\n";
+  const CliResult spec_limit = RunCli({"expand", spec_});
+  EXPECT_EQ(spec_limit.code, 1);
+  EXPECT_THAT(spec_limit.err, HasSubstr("[the limit is resources.memory_gb]"));
+  // Sizes.
+  EXPECT_EQ(*ParseMemorySize("80GB"), 80'000'000'000);
+  EXPECT_EQ(*ParseMemorySize("80 GiB"), int64_t{80} << 30);
+  EXPECT_EQ(*ParseMemorySize("512MB"), 512'000'000);
+  EXPECT_EQ(*ParseMemorySize("1.5"), 1'500'000'000);
+  EXPECT_FALSE(ParseMemorySize("lots").ok());
+  EXPECT_FALSE(ParseMemorySize("-3GB").ok());
+  const CliResult bad = RunCli({"expand", spec_, "--device-memory", "lots"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("memory size \"lots\""));
 }
 
 }  // namespace

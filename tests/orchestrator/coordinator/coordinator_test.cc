@@ -938,6 +938,47 @@ TEST_F(CoordinatorTest, InitFromASweepAloneContinuesEachRunsOwnVariantAndSeed) {
   EXPECT_THAT(s.error_message(), HasSubstr("train.init_from: a seed without a variant"));
 }
 
+// `init_from: {sweep, variant}` without a seed continues each run from that variant's run of its
+// own seed: a gate added to every seed of a trained baseline (appendix A.7,
+// experiments/small/continued_gate.yaml). A seed given picks that one for every run.
+TEST_F(CoordinatorTest, InitFromAVariantWithoutASeedContinuesThatVariantsRunOfEachSeed) {
+  std::string two = QuickSpec("two");
+  two.replace(two.find("seeds: [0]"), 10, "seeds: [0, 1]");
+  Submit(two, "two.yaml", true);
+  const int64_t worker = RegisterWorker("w1");
+  std::map<std::pair<std::string, uint64_t>, std::string> checkpoint_of;
+  for (AcquireJobResponse r = TryAcquire(worker); r.has_job(); r = TryAcquire(worker)) {
+    ReportRequest report = MakeReport(worker, r.job(), 1, {1});
+    report.set_checkpoint_step(1);
+    report.set_checkpoint_path(absl::StrCat("/shared/", r.job().variant(), "-",
+                                            r.job().config().train().seed(), "/checkpoint.pt"));
+    ReportResponse reply;
+    ASSERT_TRUE(CallReport(report, &reply).ok());
+    ASSERT_TRUE(CallFinish(worker, r.job(), SUCCEEDED).ok());
+    checkpoint_of[{r.job().variant(), r.job().config().train().seed()}] = report.checkpoint_path();
+  }
+  ASSERT_EQ(checkpoint_of.size(), 8u);
+  std::string added = QuickSpec("added");
+  added.replace(added.find("seeds: [0]"), 10, "seeds: [0, 1]");
+  const std::string marker = "threads: 1}";
+  added.replace(added.find(marker), marker.size(),
+                "threads: 1, init_from: {sweep: two, variant: baseline}}");
+  added.replace(added.find("budget: {match: ffn"), 19, "budget: {match: none");
+  const SubmitResponse response = Submit(added, "added.yaml", true);
+  ASSERT_EQ(response.expanded().runs_size(), 8);
+  for (const RunSpec& run : response.expanded().runs()) {
+    EXPECT_EQ(run.config().train().init_from().checkpoint(), checkpoint_of[std::make_pair(std::string("baseline"), run.seed())])
+        << run.variant() << " seed " << run.seed();
+  }
+  std::string pinned = added;
+  pinned.replace(pinned.find("variant: baseline}"), 18, "variant: baseline, seed: 1}");
+  pinned.replace(pinned.find("sweep: added"), 12, "sweep: pinned");
+  const SubmitResponse one = Submit(pinned, "pinned.yaml", true);
+  for (const RunSpec& run : one.expanded().runs()) {
+    EXPECT_EQ(run.config().train().init_from().checkpoint(), checkpoint_of[std::make_pair(std::string("baseline"), uint64_t{1})]);
+  }
+}
+
 // A run with resources.devices N goes only to a worker with at least N slots, as a job of
 // world size N; a batch the ranks cannot split is refused at submit (issue 17).
 TEST_F(CoordinatorTest, ARunOfTwoDevicesGoesToAWorkerWithTwoSlots) {

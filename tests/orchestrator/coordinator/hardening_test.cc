@@ -145,9 +145,13 @@ TEST_F(HardeningTest, AHostileReportIsRefusedAtTheDoorAndNothingIsStored) {
       {"more attention maps than the run asks for",
        [](ReportRequest* r) {
          EvalResult* e = r->add_evals();
-         for (int i = 0; i < 9; ++i) e->add_attention_maps();
+         for (int i = 0; i < 13; ++i) e->add_attention_maps();
        },
-       "evals[0].attention_maps has 9 maps; the run asks for 2 per layer of 4"},
+       // 2 heads and their layer's mean
+       "evals[0].attention_maps has 13 maps; the run asks for 3 per layer of 4"},
+      {"an attention map of a head below the mean's -1",
+       [](ReportRequest* r) { r->add_evals()->add_attention_maps()->set_head(-2); },
+       "evals[0].attention_maps[0].head is -2; it must be in [-1, 1023]"},
       {"an attention map of a head the model lacks",
        [](ReportRequest* r) { r->add_evals()->add_attention_maps()->set_head(7); },
        "evals[0].attention_maps[0] is of layer 0 head 7; the model has 4 layers of 4 heads"},

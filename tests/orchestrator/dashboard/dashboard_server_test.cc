@@ -577,8 +577,9 @@ TEST_F(DashboardServerTest, AttentionMapsOfAnEvaluation) {
     json j = r.Json();
     EXPECT_EQ(j["run"], runs_[0]);
     EXPECT_EQ(j["step"], 1000);
-    ASSERT_EQ(j["maps"].size(), 6u) << target;
-    for (int i = 0; i < 6; ++i) {
+    ASSERT_EQ(j["maps"].size(), 9u) << target;  // 3 layers x (the mean, 2 heads)
+    EXPECT_EQ(j["maps"][0]["head"], -1);
+    for (int i = 0; i < 9; ++i) {
       const AttentionMap& want = last_eval_.attention_maps(i);
       const json& map = j["maps"][i];
       EXPECT_EQ(map["layer"], want.layer()) << i;

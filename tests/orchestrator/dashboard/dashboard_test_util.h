@@ -91,11 +91,17 @@ inline void AddLengths(EvalResult* e, const std::vector<int>& seq_lens, int trai
   }
 }
 
-// `heads` attention maps per layer over the first `size` positions, as the trainer stores them
-// (round(255 * p), row = query, nothing above the diagonal): an attention sink on the first key
-// that grows with depth, the rest decaying away from the diagonal.
+// `heads` attention maps per layer over the first `size` positions, after the layer's mean over
+// them (head -1), as the trainer stores them (round(255 * p), row = query, nothing above the
+// diagonal): an attention sink on the first key that grows with depth, the rest decaying away
+// from the diagonal.
 inline void AddAttentionMaps(EvalResult* e, int layers, int heads, int size) {
   for (int layer = 0; layer < layers; ++layer) {
+    AttentionMap* mean = e->add_attention_maps();
+    mean->set_layer(layer);
+    mean->set_head(-1);
+    mean->set_size(size);
+    std::vector<double> sum(static_cast<size_t>(size) * size, 0.0);
     for (int head = 0; head < heads; ++head) {
       AttentionMap* m = e->add_attention_maps();
       m->set_layer(layer);
@@ -116,8 +122,14 @@ inline void AddAttentionMaps(EvalResult* e, int layers, int heads, int size) {
         put(q, 0, sink);
         for (int k = 1; k <= q; ++k) put(q, k, (1 - sink) * std::pow(decay, q - k) / total);
       }
+      for (size_t i = 0; i < probs.size(); ++i) sum[i] += static_cast<uint8_t>(probs[i]);
       m->set_probs(std::move(probs));
     }
+    std::string averaged(sum.size(), '\0');
+    for (size_t i = 0; i < sum.size(); ++i) {
+      averaged[i] = static_cast<char>(static_cast<uint8_t>(std::lround(sum[i] / std::max(1, heads))));
+    }
+    mean->set_probs(std::move(averaged));
   }
 }
 

@@ -121,6 +121,86 @@ TEST_P(VariantTest, FusedCpuKernelsMatchTheEagerReference) {
   }
 }
 
+// Forward and backward of `model` over `micro_batches` micro-batches of one optimizer step (the
+// MoE's global-batch balance loss counts them all), leaving the step's gradients.
+void StepGradients(Transformer& model, const std::vector<torch::Tensor>& tokens,
+                   const std::vector<torch::Tensor>& targets) {
+  const int64_t V = model->config().vocab_size();
+  model->BeginStep();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    auto out = model->forward(tokens[i]);
+    (torch::cross_entropy_loss(out.logits.reshape({-1, V}).to(torch::kFloat32),
+                               targets[i].reshape({-1})) +
+     out.aux_loss)
+        .backward();
+  }
+}
+
+// train.activation_checkpointing: each block recomputed in the backward gives the plain pass's
+// gradients (fp32, within 1e-6 relative), MoE layers' global-batch counts included, over two
+// micro-batches.
+TEST_P(VariantTest, CheckpointedBlocksGiveThePlainGradients) {
+  const int64_t V = config().vocab_size();
+  std::vector<torch::Tensor> tokens, targets;
+  for (int i = 0; i < 2; ++i) {
+    tokens.push_back(torch::randint(0, V, {2, 12}, torch::kLong));
+    targets.push_back(torch::randint(0, V, {2, 12}, torch::kLong));
+  }
+  torch::manual_seed(3);
+  Transformer plain(config());
+  torch::manual_seed(3);
+  Transformer checkpointed(config());
+  checkpointed->SetActivationCheckpointing(true);
+  StepGradients(plain, tokens, targets);
+  StepGradients(checkpointed, tokens, targets);
+  auto want = plain->named_parameters();
+  int compared = 0;
+  for (const auto& p : checkpointed->named_parameters()) {
+    const torch::Tensor& got = p.value().grad();
+    const torch::Tensor& expected = want[p.key()].grad();
+    ASSERT_EQ(got.defined(), expected.defined()) << p.key();
+    if (!got.defined()) continue;
+    const double scale = expected.abs().max().item<double>();
+    EXPECT_LE((got - expected).abs().max().item<double>(), 1e-6 * scale + 1e-12)
+        << p.key() << ": " << (got - expected).abs().max().item<double>() << " of " << scale;
+    ++compared;
+  }
+  EXPECT_GT(compared, 0);
+}
+
+// PRECISION_BF16 (SetComputeDtype): the residual stream after every block is bf16, the logits
+// too, the parameters and their gradients stay fp32 and finite.
+TEST_P(VariantTest, Bf16KeepsTheResidualStreamInBf16AndGradientsInFp32) {
+  const int64_t V = config().vocab_size();
+  Transformer model(config());
+  model->SetComputeDtype(torch::kBFloat16);
+  const torch::Tensor tokens = torch::randint(0, V, {2, 12}, torch::kLong);
+  {
+    torch::NoGradGuard no_grad;
+    ProbeRecorder recorder(config());
+    model->forward(tokens, &recorder);
+    ASSERT_EQ(recorder.ResidualDtypes().size(), static_cast<size_t>(config().num_layers()));
+    for (const std::string& dtype : recorder.ResidualDtypes()) EXPECT_EQ(dtype, "BFloat16");
+  }
+  std::vector<torch::Tensor> targets = {torch::randint(0, V, {2, 12}, torch::kLong)};
+  auto out = model->forward(tokens);
+  EXPECT_EQ(out.logits.scalar_type(), torch::kBFloat16);
+  StepGradients(model, {tokens}, targets);
+  for (const auto& p : model->named_parameters()) {
+    EXPECT_EQ(p.value().scalar_type(), torch::kFloat32) << p.key();
+    const torch::Tensor& g = p.value().grad();
+    if (!g.defined()) continue;
+    EXPECT_EQ(g.scalar_type(), torch::kFloat32) << p.key();
+    EXPECT_TRUE(torch::isfinite(g).all().item<bool>()) << p.key();
+  }
+  // fp32, the default: the residual stream stays fp32.
+  Transformer plain(config());
+  torch::NoGradGuard no_grad;
+  ProbeRecorder recorder(config());
+  plain->forward(tokens, &recorder);
+  for (const std::string& dtype : recorder.ResidualDtypes()) EXPECT_EQ(dtype, "Float");
+}
+
 INSTANTIATE_TEST_SUITE_P(AllVariants, VariantTest, ::testing::ValuesIn(AllVariantCases()),
                          [](const auto& info) { return info.param.name; });
 
@@ -232,6 +312,53 @@ TEST(GateTest, InputIndependentStartsAtExactlyHalf) {
   }
 }
 
+// A gate added to a trained model (appendix A.7): zero-initialised, every score is sigmoid(0) =
+// 0.5 whatever the input, and with scale 2 the gated attention is exactly the ungated one, so
+// the loaded model's function is kept. The gate still learns: its weight gets a gradient.
+TEST(GateTest, ZeroInitTimesTwoStartsAsTheIdentity) {
+  torch::manual_seed(5);
+  ModelConfig base = TinyDense();
+  const torch::Tensor x = torch::randn({2, 6, base.d_model()});
+  Attention plain(base, 0);
+  const torch::Tensor want = plain(x, nullptr);
+  for (double scale : {1.0, 2.0}) {
+    ModelConfig c = base;
+    c.mutable_gate()->set_position(GATE_G1);
+    c.mutable_gate()->set_init(GATE_INIT_ZERO);
+    c.mutable_gate()->set_scale(scale);
+    ASSERT_TRUE(ValidateModelConfig(c).ok()) << ValidateModelConfig(c);
+    Attention gated(c, 0);
+    {
+      torch::NoGradGuard no_grad;
+      auto from = plain->named_parameters();
+      for (auto& p : gated->named_parameters()) {
+        if (from.contains(p.key())) p.value().copy_(from[p.key()]);
+      }
+    }
+    EXPECT_TRUE(torch::equal(gated->named_parameters()["gate.proj.weight"],
+                             torch::zeros_like(gated->named_parameters()["gate.proj.weight"])));
+    const torch::Tensor got = gated(x, nullptr);
+    EXPECT_TRUE(torch::allclose(got, want * (scale / 2), 1e-5, 1e-6)) << scale;
+    got.pow(2).sum().backward();
+    EXPECT_GT(gated->named_parameters()["gate.proj.weight"].grad().abs().max().item<double>(), 0);
+  }
+  // The default: N(0, init_std), scale 1 (scores near, not at, 0.5).
+  ModelConfig normal = base;
+  normal.mutable_gate()->set_position(GATE_G1);
+  EXPECT_EQ(normal.gate().scale(), 1.0);
+  Gate gate(normal);
+  EXPECT_GT(gate->named_parameters()["proj.weight"].abs().max().item<double>(), 0);
+  // 3 is neither; a baseline cannot carry gate options.
+  ModelConfig bad = normal;
+  bad.mutable_gate()->set_scale(3);
+  EXPECT_NE(std::string(ValidateModelConfig(bad).message()).find("model.gate.scale: must be 1"),
+            std::string::npos);
+  ModelConfig none = base;
+  none.mutable_gate()->set_init(GATE_INIT_ZERO);
+  EXPECT_NE(std::string(ValidateModelConfig(none).message()).find("model.gate.position: is NONE"),
+            std::string::npos);
+}
+
 TEST(GateTest, AdditiveAddsScores) {
   torch::Tensor y = torch::tensor({1.0f, -2.0f});
   torch::Tensor s = torch::tensor({0.5f, 0.25f});
@@ -328,6 +455,7 @@ TEST(RopeTest, YarnFrequenciesAndScaleMatchHandComputedValues) {
   c.set_max_seq_len(256);
   c.mutable_yarn()->set_factor(4);
   c.mutable_yarn()->set_original_seq_len(64);
+  c.mutable_yarn()->set_ramp(YARN_RAMP_PAPER);
   ASSERT_TRUE(ValidateModelConfig(c).ok()) << ValidateModelConfig(c);
   const std::vector<double> plain = RopeFrequencies(c, false);
   const std::vector<double> yarn = RopeFrequencies(c, true);
@@ -367,6 +495,53 @@ TEST(RopeTest, YarnFrequenciesAndScaleMatchHandComputedValues) {
   for (const auto& b : plain_attn->named_buffers()) EXPECT_EQ(b.key().find("yarn"), std::string::npos);
 }
 
+// The reference ramp (jquesnelle/yarn, Hugging Face's _compute_yarn_parameters), the default,
+// on the same example, worked by hand:
+//   i*(n) = 8 ln(64 / (2 pi n)) / (2 ln 10000): i*(32) = -0.4972 -> floor -1 -> lo 0,
+//                                               i*(1) = 1.0079 -> ceil 2 -> hi 2
+//   g_i = 1 - clamp((i - 0) / 2)    = 1, 0.5, 0, 0
+//   (1 - g_i) theta_i / 4 + g_i theta_i = 1, 0.0625, 0.0025, 0.00025
+// And at the paper's long-context setting (head_dim 128, base 1M, L 32k, factor 4): lo 23,
+// hi 40; the two ramps agree outside pairs 24..39, and 15 of the 64 pairs' g differ by > 0.05.
+TEST(RopeTest, TheReferenceRampIsLinearInTheIndex) {
+  ModelConfig c = TinyDense();
+  c.set_max_seq_len(256);
+  c.mutable_yarn()->set_factor(4);
+  c.mutable_yarn()->set_original_seq_len(64);
+  ASSERT_EQ(c.yarn().ramp(), YARN_RAMP_REFERENCE);  // the default
+  const std::vector<double> yarn = RopeFrequencies(c, true);
+  const double want[] = {1.0, 0.0625, 0.0025, 0.00025};
+  ASSERT_EQ(yarn.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(yarn[i], want[i], 1e-15) << i;
+
+  ModelConfig paper = DefaultModelConfig();
+  paper.set_head_dim(128);
+  paper.set_rope_base(1e6);
+  paper.set_max_seq_len(32768);
+  paper.mutable_yarn()->set_factor(4);
+  paper.mutable_yarn()->set_original_seq_len(32768);
+  const std::vector<double> reference = RopeFrequencies(paper, true);
+  paper.mutable_yarn()->set_ramp(YARN_RAMP_PAPER);
+  const std::vector<double> by_turns = RopeFrequencies(paper, true);
+  const std::vector<double> theta = RopeFrequencies(paper, false);
+  ASSERT_EQ(reference.size(), 64u);
+  int differ = 0;
+  for (int i = 0; i < 64; ++i) {
+    // g from a frequency: (f - theta / 4) / (theta - theta / 4).
+    const auto g = [&](double f) { return (f - theta[i] / 4) / (theta[i] * 0.75); };
+    // The ramp: 1 up to index 23, 0 from 40, linear between.
+    const double want = i <= 23 ? 1.0 : i >= 40 ? 0.0 : 1.0 - (i - 23) / 17.0;
+    EXPECT_NEAR(g(reference[i]), want, 1e-12) << i;
+    if (i <= 23 || i >= 40) {
+      EXPECT_NEAR(reference[i], by_turns[i], 1e-15) << i;
+    }
+    differ += std::abs(g(reference[i]) - g(by_turns[i])) > 0.05;
+  }
+  EXPECT_EQ(differ, 15);
+  EXPECT_NEAR(reference[31], 0.0008029597275452302, 1e-15);
+  EXPECT_NEAR(by_turns[31], 0.000474510336686591, 1e-15);
+}
+
 TEST(RopeTest, YarnConfigErrorsNameTheField) {
   ModelConfig c = TinyDense();
   c.mutable_yarn()->set_factor(0.5);
@@ -392,11 +567,11 @@ TEST(ProbesTest, AttentionMapsAreTheFirstWindowsCausalProbabilities) {
   model->forward(torch::randint(0, c.vocab_size(), {2, 80}), &recorder);
   model->forward(torch::randint(0, c.vocab_size(), {2, 80}), &recorder);  // ignored
   std::vector<AttentionMap> maps = recorder.TakeAttentionMaps();
-  ASSERT_EQ(maps.size(), 6u);  // 2 layers x 3 heads
+  ASSERT_EQ(maps.size(), 8u);  // 2 layers x (the mean over the 4 heads, heads 0..2)
   for (size_t i = 0; i < maps.size(); ++i) {
     const AttentionMap& m = maps[i];
-    EXPECT_EQ(m.layer(), static_cast<int>(i / 3));
-    EXPECT_EQ(m.head(), static_cast<int>(i % 3));
+    EXPECT_EQ(m.layer(), static_cast<int>(i / 4));
+    EXPECT_EQ(m.head(), static_cast<int>(i % 4) - 1);
     ASSERT_EQ(m.size(), 64);
     ASSERT_EQ(m.probs().size(), 64u * 64u);
     const auto* p = reinterpret_cast<const uint8_t*>(m.probs().data());
@@ -413,6 +588,20 @@ TEST(ProbesTest, AttentionMapsAreTheFirstWindowsCausalProbabilities) {
     }
   }
   EXPECT_TRUE(recorder.TakeAttentionMaps().empty());
+  // -1: every head, and the layer's mean is the mean of its heads (within the bytes' rounding).
+  ProbeRecorder every(c, /*map_heads=*/-1);
+  model->forward(torch::randint(0, c.vocab_size(), {1, 80}), &every);
+  maps = every.TakeAttentionMaps();
+  ASSERT_EQ(maps.size(), 10u);  // 2 layers x (mean + 4 heads)
+  for (int layer = 0; layer < 2; ++layer) {
+    const AttentionMap& mean = maps[layer * 5];
+    ASSERT_EQ(mean.head(), -1);
+    for (int i = 0; i < 64 * 64; ++i) {
+      double sum = 0;
+      for (int h = 1; h <= 4; ++h) sum += static_cast<uint8_t>(maps[layer * 5 + h].probs()[i]);
+      EXPECT_NEAR(static_cast<uint8_t>(mean.probs()[i]), sum / 4, 1.0) << layer << " " << i;
+    }
+  }
   ProbeRecorder none(c);
   model->forward(torch::randint(0, c.vocab_size(), {1, 8}), &none);
   EXPECT_TRUE(none.TakeAttentionMaps().empty());

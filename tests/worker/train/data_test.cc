@@ -1,6 +1,7 @@
 // Token data: deterministic batches, the split, nanoGPT files, and errors naming the file.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <utility>
@@ -129,6 +130,62 @@ TEST_F(DataTest, ReadsNanoGptTokenFiles) {
   ASSERT_FALSE(small.ok());
   EXPECT_NE(small.status().message().find("train.bin"), std::string::npos) << small.status();
   EXPECT_NE(small.status().message().find("vocabulary"), std::string::npos);
+}
+
+// train.data.token_dtype: uint32 token files (Qwen's 151,936-token vocabulary does not fit
+// uint16), mapped rather than read; every id checked against the vocabulary in one pass, the
+// first one outside it named by file and offset.
+TEST_F(DataTest, ReadsUint32TokenFilesOfAnyVocabulary) {
+  fs::create_directories(dir_ / "qwen");
+  std::vector<uint32_t> train(3000), val(300);
+  for (size_t i = 0; i < train.size(); ++i) train[i] = static_cast<uint32_t>(100000 + i * 17);
+  for (size_t i = 0; i < val.size(); ++i) val[i] = static_cast<uint32_t>(151935 - i);
+  Write("qwen/train.bin", std::string(reinterpret_cast<char*>(train.data()), train.size() * 4));
+  Write("qwen/val.bin", std::string(reinterpret_cast<char*>(val.data()), val.size() * 4));
+  DataConfig c = Config(dir_ / "qwen");
+  c.set_token_dtype(TOKEN_UINT32);
+  auto data = TokenData::Load(c, 151936, 8);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->train_tokens(), 3000);
+  EXPECT_EQ(data->val_tokens(), 300);
+  std::vector<int64_t> x(8), y(8);
+  data->Batch(TokenData::Split::kTrain, 0, 1, x.data(), y.data());
+  EXPECT_GE(x[0], 100000);
+  EXPECT_EQ(y[0], x[0] + 17);  // ids above 65,535 read whole
+  data->Consecutive(TokenData::Split::kVal, 1, 8, x.data(), y.data());
+  EXPECT_EQ(x[0], 151935);
+  EXPECT_EQ(y[7], 151935 - 8);
+
+  // The same files as uint16 (the default) read other ids, and the message says why.
+  auto as16 = TokenData::Load(Config(dir_ / "qwen"), 151936, 8);
+  ASSERT_TRUE(as16.ok()) << as16.status();  // every half of these ids is below the vocabulary
+  // An id outside the vocabulary: the first one, by token and byte offset.
+  train[2345] = 151936;
+  Write("qwen/train.bin", std::string(reinterpret_cast<char*>(train.data()), train.size() * 4));
+  auto bad = TokenData::Load(c, 151936, 8);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("train.bin: token 151936 at token offset 2345 (byte 9380)"),
+            std::string::npos)
+      << bad.status();
+  // A uint16 file with an id of the vocabulary's size says that uint32 files need the setting.
+  std::vector<uint16_t> small = {1, 2, 3, 900, 5, 6, 7, 8, 9, 10, 11};
+  fs::create_directories(dir_ / "u16");
+  Write("u16/train.bin", std::string(reinterpret_cast<char*>(small.data()), small.size() * 2));
+  Write("u16/val.bin", std::string(reinterpret_cast<char*>(small.data()), small.size() * 2));
+  auto hint = TokenData::Load(Config(dir_ / "u16"), 500, 4);
+  ASSERT_FALSE(hint.ok());
+  EXPECT_NE(hint.status().message().find("token 900 at token offset 3"), std::string::npos)
+      << hint.status();
+  EXPECT_NE(hint.status().message().find("token_dtype: uint32"), std::string::npos);
+  // A size that is no whole number of uint32 tokens.
+  train[2345] = 7;
+  Write("qwen/train.bin", std::string(reinterpret_cast<char*>(train.data()), train.size() * 4));
+  Write("qwen/val.bin", "abcdef");
+  auto odd = TokenData::Load(c, 151936, 1);
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("val.bin: 6 bytes is not a whole number of uint32 tokens"),
+            std::string::npos)
+      << odd.status();
 }
 
 TEST_F(DataTest, BadDataGivesAnErrorNamingTheFile) {
