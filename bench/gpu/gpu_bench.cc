@@ -8,7 +8,14 @@
 // attention) over the measured matmul rate; mfu_peak the same over the datasheet's dense bf16
 // peak given by --peak-tflops (989 for an H100/H200 SXM), 0 when not given.
 //
+// Each training line also carries the run's peak of device memory (max_memory_allocated on CUDA,
+// the counting allocator's peak on the CPU: RunSummary.peak_memory_bytes) beside its memory plan
+// (config/memory_plan.h), and `precision`: autocast (train.precision BF16_AUTOCAST, the default)
+// or bf16 (BF16, Megatron-LM's; --precision bf16), whose `residual` says the dtype of the
+// residual stream a probed forward pass saw.
+//
 //   build/bench_gpu --device cuda:0                     # the default shapes
+//   build/bench_gpu --device cuda:0 --precision bf16 --shapes 1   # Megatron bf16, first shape
 //   build/bench_gpu --device cpu --tiny                 # the CPU rehearsal (bench/gpu/)
 #include <torch/torch.h>
 
@@ -20,10 +27,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include "config/memory_plan.h"
 #include "config/model_config.h"
 #include "config/param_count.h"
 #include "config/presets.h"
+#include "worker/model/probes.h"
 #include "worker/model/torch_compat.h"
+#include "worker/model/transformer.h"
 #include "worker/train/trainer.h"
 
 namespace {
@@ -75,6 +85,18 @@ struct Shape {
 
 }  // namespace
 
+// The dtype of the residual stream after layer 0 in one probed forward pass of `run`'s model,
+// built at its precision on `device` ("BFloat16" for BF16, "Float" otherwise).
+std::string ResidualDtype(const ablate::RunConfig& run, const torch::Device& device) {
+  torch::NoGradGuard no_grad;
+  ablate::Transformer model(run.model());
+  model->to(device);
+  if (run.train().precision() == ablate::PRECISION_BF16) model->SetComputeDtype(torch::kBFloat16);
+  ablate::ProbeRecorder probes(run.model());
+  model->forward(torch::zeros({1, 8}, torch::TensorOptions(torch::kLong).device(device)), &probes);
+  return probes.ResidualDtypes().empty() ? "" : probes.ResidualDtypes()[0];
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"ablate training throughput and MFU on a GPU, against a bf16 matmul"};
   std::string device_name = "cuda:0";
@@ -82,6 +104,8 @@ int main(int argc, char** argv) {
   int steps = 20, warmup = 5, matmul_n = 8192;
   double peak_tflops = 0;
   bool tiny = false;
+  std::string precision = "autocast";
+  int shape_count = 0;
   app.add_option("--device", device_name, "cuda:N, or cpu for a rehearsal")->capture_default_str();
   app.add_option("--variants", variants, "presets trained at every shape")->capture_default_str();
   app.add_option("--steps", steps, "timed steps")->capture_default_str();
@@ -89,6 +113,10 @@ int main(int argc, char** argv) {
   app.add_option("--matmul-n", matmul_n, "the reference product's size")->capture_default_str();
   app.add_option("--peak-tflops", peak_tflops, "datasheet dense bf16 TFLOP/s, for mfu_peak");
   app.add_flag("--tiny", tiny, "tiny shapes, few steps (a CPU rehearsal of this binary)");
+  app.add_option("--precision", precision, "autocast (BF16_AUTOCAST) or bf16 (BF16)")
+      ->check(CLI::IsMember({"autocast", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--shapes", shape_count, "only the first N shapes (0: all)");
   CLI11_PARSE(app, argc, argv);
   const torch::Device device(device_name);
   if (device.is_cuda() && !torch::cuda::is_available()) {
@@ -106,6 +134,7 @@ int main(int argc, char** argv) {
     warmup = std::min(warmup, 2);
     matmul_n = std::min(matmul_n, 256);
   }
+  if (shape_count > 0 && shape_count < static_cast<int>(shapes.size())) shapes.resize(shape_count);
   const torch::ScalarType dtype = device.is_cuda() ? torch::kBFloat16 : torch::kFloat32;
   const double matmul = MatmulFlops(device, dtype, matmul_n, tiny ? 3 : 10);
   std::printf("{\"impl\":\"matmul\",\"device\":\"%s\",\"dtype\":\"%s\",\"n\":%d,\"flops\":%.6g,"
@@ -141,7 +170,9 @@ int main(int argc, char** argv) {
       t.set_checkpoint_every(0);
       t.set_log_every(1 << 30);
       t.set_device(device_name);
-      t.set_precision(ablate::PRECISION_BF16_AUTOCAST);  // fp32 on the CPU (proto/ablate.proto)
+      // Autocast is fp32 on the CPU (proto/ablate.proto); BF16 is bf16 everywhere.
+      t.set_precision(precision == "bf16" ? ablate::PRECISION_BF16
+                                          : ablate::PRECISION_BF16_AUTOCAST);
       t.mutable_optimizer()->set_warmup_steps(2);
 
       ablate::TrainerOptions options;
@@ -151,7 +182,12 @@ int main(int argc, char** argv) {
       auto trainer = ablate::Trainer::Create(run, options);
       StepClock clock(warmup);
       absl::Status status = trainer.status();
-      if (status.ok()) status = (*trainer)->Run(&clock).status();
+      int64_t peak = 0;
+      if (status.ok()) {
+        absl::StatusOr<ablate::RunSummary> summary = (*trainer)->Run(&clock);
+        status = summary.status();
+        if (summary.ok()) peak = summary->peak_memory_bytes();
+      }
       std::filesystem::remove_all(options.checkpoint_dir);
       if (!status.ok()) {  // one shape failing (out of memory, say) leaves the others to run
         std::printf("{\"impl\":\"ablate\",\"variant\":\"%s\",\"d_model\":%d,\"error\":\"%s\"}\n",
@@ -166,12 +202,17 @@ int main(int argc, char** argv) {
       std::printf("{\"impl\":\"ablate\",\"variant\":\"%s\",\"device\":\"%s\",\"d_model\":%d,"
                   "\"layers\":%d,\"heads\":%d,\"head_dim\":%d,\"seq\":%d,\"batch\":%d,"
                   "\"params\":%lld,\"tokens_per_s\":%.6g,\"step_ms\":%.6g,"
-                  "\"flops_per_token\":%.6g,\"mfu\":%.4f,\"mfu_peak\":%.4f,\"loss\":%.4f}\n",
+                  "\"flops_per_token\":%.6g,\"mfu\":%.4f,\"mfu_peak\":%.4f,\"loss\":%.4f,"
+                  "\"precision\":\"%s\",\"residual\":\"%s\",\"peak_memory_bytes\":%lld,"
+                  "\"planned_bytes\":%lld}\n",
                   variant.c_str(), device_name.c_str(), s.d_model, s.layers, m.num_heads(),
                   s.head_dim, s.seq, s.batch,
                   static_cast<long long>(ablate::CountParams(m).total()), tokens_per_s,
                   1e3 * clock.seconds() / steps, flops_per_token, flops / matmul,
-                  peak_tflops > 0 ? flops / (peak_tflops * 1e12) : 0.0, clock.last_loss());
+                  peak_tflops > 0 ? flops / (peak_tflops * 1e12) : 0.0, clock.last_loss(),
+                  precision.c_str(), ResidualDtype(run, device).c_str(),
+                  static_cast<long long>(peak),
+                  static_cast<long long>(ablate::PlanMemory(run, 1).per_device()));
       std::fflush(stdout);
     }
   }

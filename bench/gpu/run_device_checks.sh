@@ -16,11 +16,17 @@
 #   build     ninja -j$JOBS: ablate, ablate-worker, torch_compat_test, gpu_parity_test, bench_gpu
 #   compat    tests/gpu/torch_compat_test: the version shims on the device's LibTorch
 #   parity    tests/gpu/gpu_parity_test: every variant on CUDA (fp32 and bf16 autocast) vs the CPU
-#   bench     bench_gpu: training tokens/s and MFU at three shapes against a bf16 matmul
 #   sweep     `ablate serve` + two `ablate-worker --device cuda:0`: a three-variant sweep to
 #             SUCCEEDED
+#   bench     bench_gpu: training tokens/s and MFU at three shapes against a bf16 matmul, each
+#             with its peak of device memory and its memory plan
 #   peer      bench/peer_nanogpt.py, the nanoGPT-architecture peer on the device's PyTorch, eager,
 #             then torch.compile'd if time remains, at two of the shapes (when the tree has it)
+#   memory    the bench lines' max_memory_allocated against the memory plan, as ratios
+#   bf16      if time remains: train.precision BF16 (Megatron-LM's) at the first shape, against
+#             autocast's line: tokens/s and the residual stream's dtype
+#   nccl      if time remains: a 2-rank data-parallel run on the one GPU through NCCL, then the
+#             same through Gloo (ABLATE_DIST_BACKEND=gloo)
 #   sink      if time remains: the attention-sink contrast, a ~14M model, baseline vs G1
 #
 # --cpu-dry-run runs every step against the CPU: Debian's LibTorch 1.13 instead of the device's
@@ -222,6 +228,10 @@ step_configure() {
   local cuda_args=()
   if [ "$MODE" = device ] && command -v nvcc > /dev/null; then
     cuda_args=(-DCMAKE_CUDA_COMPILER="$(command -v nvcc)" -DCMAKE_CUDA_ARCHITECTURES=90 -DTORCH_CUDA_ARCH_LIST=9.0)
+    # The wheel's NCCL header (its nvidia-nccl package), for ProcessGroupNCCL (docs/gpu.md).
+    local nccl
+    nccl=$(env -u LD_LIBRARY_PATH python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)
+    [ -n "$nccl" ] && cuda_args+=(-DNCCL_ROOT="$nccl")
   fi
   local args=(-S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_STANDARD=$CXX_STD
     "-DCMAKE_PREFIX_PATH=$PREFIX/usr;$PREFIX/usr/lib/x86_64-linux-gnu/cmake;$TORCH_CMAKE"
@@ -272,20 +282,6 @@ step_parity() {
 }
 if [ -x "$BUILD/gpu_parity_test" ]; then run_step parity 240 "$OUT/parity.txt" step_parity
 else skip parity "gpu_parity_test was not built"; fi
-
-# ---- bench --------------------------------------------------------------------------------------
-if [ -x "$BUILD/bench_gpu" ]; then
-  if [ "$MODE" = dry ]; then
-    run_step bench 240 "$WORK/bench.txt" "$BUILD/bench_gpu" --device cpu --tiny
-  else
-    run_step bench 240 "$WORK/bench.txt" "$BUILD/bench_gpu" --device "$DEVICE" --peak-tflops 989
-  fi
-  grep -h '^{' "$WORK/bench.txt" >> "$OUT/bench.jsonl"
-  # LibTorch >= 2.4 warns on every call of the pre-2.4 autocast names (worker/model/torch_compat.h).
-  log "bench: $(grep -c 'is deprecated' "$WORK/bench.txt") deprecation warnings in its output"
-else
-  skip bench "bench_gpu was not built"
-fi
 
 # ---- peer ---------------------------------------------------------------------------------------
 # bench/peer_nanogpt.py (flags --device, --compile, --d-model, --layers, --head-dim, --seq-len,
@@ -383,6 +379,20 @@ else
   skip sweep "ablate or ablate-worker was not built"
 fi
 
+# ---- bench: throughput, MFU and memory against the plan ---------------------------------------
+if [ -x "$BUILD/bench_gpu" ]; then
+  if [ "$MODE" = dry ]; then
+    run_step bench 240 "$WORK/bench.txt" "$BUILD/bench_gpu" --device cpu --tiny
+  else
+    run_step bench 240 "$WORK/bench.txt" "$BUILD/bench_gpu" --device "$DEVICE" --peak-tflops 989
+  fi
+  grep -h '^{' "$WORK/bench.txt" >> "$OUT/bench.jsonl"
+  # LibTorch >= 2.4 warns on every call of the pre-2.4 autocast names (worker/model/torch_compat.h).
+  log "bench: $(grep -c 'is deprecated' "$WORK/bench.txt") deprecation warnings in its output"
+else
+  skip bench "bench_gpu was not built"
+fi
+
 # ---- peer (after the sweep: what follows is for the time that remains) --------------------------
 if [ ! -f bench/peer_nanogpt.py ]; then
   skip peer "bench/peer_nanogpt.py is absent from this tree (it comes from the speed branch)"
@@ -397,6 +407,72 @@ else
   fi
   # The peer's machine-readable lines (JSON) beside bench_gpu's.
   grep -h '^{' "$WORK/peer.txt" >> "$OUT/bench.jsonl" 2>/dev/null
+fi
+
+# ---- memory: each bench line's peak (max_memory_allocated) against the memory plan -------------
+step_memory() {
+  python3 - "$OUT/bench.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+rows = [r for r in rows if r.get("impl") == "ablate" and r.get("planned_bytes")]
+if not rows:
+    print("no bench line carries peak_memory_bytes and planned_bytes"); sys.exit(1)
+for r in rows:
+    print(f"{r['variant']} d_model {r['d_model']} {r.get('precision', '')}: "
+          f"peak {r['peak_memory_bytes'] / 1e9:.3f} GB, planned {r['planned_bytes'] / 1e9:.3f} GB, "
+          f"ratio {r['peak_memory_bytes'] / r['planned_bytes']:.3f}")
+PY
+}
+if [ -s "$OUT/bench.jsonl" ]; then run_step memory 30 "$WORK/memory.txt" step_memory
+else skip memory "no bench lines"; fi
+
+# ---- bf16: Megatron-LM's bf16 (train.precision BF16) against autocast at the first shape ---------
+if [ ! -x "$BUILD/bench_gpu" ]; then
+  skip bf16 "bench_gpu was not built"
+elif [ "$MODE" = dry ]; then
+  run_step bf16 120 "$WORK/bf16.txt" "$BUILD/bench_gpu" --device cpu --tiny --precision bf16 --shapes 1
+  grep -h '^{' "$WORK/bf16.txt" >> "$OUT/bench.jsonl"
+elif [ "$(left)" -gt 60 ]; then
+  run_step bf16 90 "$WORK/bf16.txt" "$BUILD/bench_gpu" --device "$DEVICE" --peak-tflops 989 --precision bf16 --shapes 1
+  grep -h '^{' "$WORK/bf16.txt" >> "$OUT/bench.jsonl"
+else
+  skip bf16 "$(left)s of the budget left"
+fi
+
+# ---- nccl: a 2-rank data-parallel run on the one device, NCCL, then Gloo -------------------------
+# NCCL refuses two ranks on one GPU ("Duplicate GPU detected") in the versions that check it: the
+# step records what this one does, then the same run through Gloo (ABLATE_DIST_BACKEND=gloo); each
+# run's log says which backend it used.
+step_nccl() {
+  local steps=60 threads=""
+  [ "$MODE" = dry ] && { steps=6; threads=", threads: 1"; }
+  {
+    echo "model: {d_model: 256, num_layers: 4, num_heads: 4, num_kv_heads: 4, head_dim: 64,"
+    echo "        ffn_dim: 1024, max_seq_len: 256}"
+    echo "train: {steps: $steps, batch_size: 8, seq_len: 256, device: $DEVICE, eval_every: 1000,"
+    echo "        eval_batches: 1, checkpoint_every: 0, log_every: 10$threads}"
+  } > "$WORK/dp.yaml"
+  local backend rc=0 t0
+  for backend in default gloo; do
+    t0=$(date +%s)
+    rm -rf "$WORK/dp-$backend"
+    if [ "$backend" = gloo ]; then
+      ABLATE_DIST_BACKEND=gloo "$BUILD/ablate-worker" train --config "$WORK/dp.yaml" \
+        --out "$WORK/dp-$backend" --world-size 2 || rc=1
+    else
+      "$BUILD/ablate-worker" train --config "$WORK/dp.yaml" --out "$WORK/dp-$backend" \
+        --world-size 2 || echo "the default backend failed (above)"
+    fi
+    echo "$backend: $(( $(date +%s) - t0 )) s"
+  done
+  return $rc
+}
+if [ ! -x "$BUILD/ablate-worker" ]; then
+  skip nccl "ablate-worker was not built"
+elif [ "$MODE" = dry ] || [ "$(left)" -gt 60 ]; then
+  run_step nccl 120 "$WORK/nccl.txt" step_nccl
+else
+  skip nccl "$(left)s of the budget left"
 fi
 
 # ---- sink: the attention-sink contrast, if time remains ------------------------------------------
@@ -431,6 +507,14 @@ done
   if [ -s "$WORK/peer.txt" ]; then
     echo "## peer: the last lines of bench/peer_nanogpt.py"
     echo; echo '```'; tail -n 30 "$WORK/peer.txt"; echo '```'; echo
+  fi
+  if [ -s "$WORK/memory.txt" ]; then
+    echo "## memory: max_memory_allocated against the plan"
+    echo; echo '```'; cat "$WORK/memory.txt"; echo '```'; echo
+  fi
+  if [ -s "$WORK/nccl.txt" ]; then
+    echo "## nccl: 2 ranks on one device (the backend lines and the timings)"
+    echo; echo '```'; grep -E "data parallel:|Duplicate|NCCL|default:|gloo:|done:|error" "$WORK/nccl.txt" | tail -n 30; echo '```'; echo
   fi
   echo "## parity: margins and failures"
   echo; echo '```'

@@ -9,6 +9,10 @@
 //       land between 1e-3 and 1e-2 per product, and a 2-layer model with its backward compounds
 //       a few of them. The MoE base gets 5e-2 and 1e-1: bf16 can flip a token's top-k choice
 //       when two router scores nearly tie, which moves that token's output by a whole expert.
+//   bf16 as Megatron-LM trains (precision BF16: fp32 weights, the residual stream in bf16) on
+//       CUDA vs fp32 on the CPU: logits within 5e-2 and the gradient within 1e-1 (MoE 1e-1 and
+//       2e-1): a bf16 residual stream rounds every add, which autocast's fp32 one does not; the
+//       residual after every block is bf16.
 //   The unfused attention (what runs when probes are recorded) vs the fused one, both on CUDA
 //       fp32: logits within 1e-5.
 //
@@ -87,10 +91,11 @@ struct Pass {
 // One forward and backward of a model built with `seed` on `device`.
 Pass ForwardBackward(const ModelConfig& config, uint64_t seed, const torch::Tensor& tokens,
          const torch::Tensor& targets, torch::Device device, bool bf16_autocast,
-         bool probes = false) {
+         bool probes = false, bool bf16 = false) {
   torch::manual_seed(seed);
   Transformer model(config);  // initialised on the CPU: the same weights for every device
   model->to(device);
+  if (bf16) model->SetComputeDtype(torch::kBFloat16);
   model->train();
   const int64_t V = config.vocab_size();
   ProbeRecorder recorder(config);
@@ -154,6 +159,19 @@ TEST_P(GpuParityTest, Fp32OnCudaMatchesCpu) {
 TEST_P(GpuParityTest, Bf16AutocastOnCudaMatchesCpuFp32) {
   ExpectClose(ForwardBackward(config(), 17, tokens_, targets_, torch::kCUDA, true),
               moe() ? 5e-2 : 2e-2, moe() ? 1e-1 : 5e-2);
+}
+
+TEST_P(GpuParityTest, Bf16OnCudaMatchesCpuFp32AndKeepsTheResidualInBf16) {
+  ExpectClose(ForwardBackward(config(), 17, tokens_, targets_, torch::kCUDA, false, false, true),
+              moe() ? 1e-1 : 5e-2, moe() ? 2e-1 : 1e-1);
+  torch::NoGradGuard no_grad;
+  Transformer model(config());
+  model->to(torch::kCUDA);
+  model->SetComputeDtype(torch::kBFloat16);
+  ProbeRecorder probes(config());
+  model->forward(tokens_.to(torch::kCUDA), &probes);
+  ASSERT_EQ(probes.ResidualDtypes().size(), static_cast<size_t>(config().num_layers()));
+  for (const std::string& dtype : probes.ResidualDtypes()) EXPECT_EQ(dtype, "BFloat16");
 }
 
 TEST_P(GpuParityTest, UnfusedAttentionWithProbesMatchesFused) {

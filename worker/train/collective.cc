@@ -7,8 +7,12 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <cstdlib>
+#include <string>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "worker/model/torch_compat.h"
 
 namespace ablate {
 
@@ -70,7 +74,11 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Connect(const Collective
     store_options.numWorkers = o.world_size;
     store_options.timeout = o.timeout;
     impl->store = c10::make_intrusive<::c10d::TCPStore>(address->first, store_options);
-    const bool cuda = o.device.rfind("cuda", 0) == 0;
+    // ABLATE_DIST_BACKEND=gloo keeps CUDA ranks on Gloo in a build with NCCL (to compare the
+    // two, or for ranks that share one GPU, which NCCL refuses).
+    const char* backend = std::getenv("ABLATE_DIST_BACKEND");
+    const bool cuda = o.device.rfind("cuda", 0) == 0 &&
+                      !(backend != nullptr && std::string(backend) == "gloo");
 #ifdef USE_C10D_NCCL
     if (cuda) {
       auto options = ::c10d::ProcessGroupNCCL::Options::create();
@@ -98,6 +106,20 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Connect(const Collective
     return absl::UnavailableError(absl::StrCat("rank ", o.rank, " of ", o.world_size,
                                                ": cannot join the rendezvous at ", o.rendezvous,
                                                ": ", e.what()));
+  }
+  // Which backend this run's collectives go through, said once per process (docs/gpu.md).
+  bool nccl = false;
+#ifdef USE_C10D_NCCL
+  nccl = impl->nccl != nullptr;
+#endif
+  if (o.rank == 0) {
+    static const char kKey = 0;
+    compat::LogOnce(&kKey, absl::StrCat("data parallel: ", o.world_size, " ranks on ", o.device,
+                                        " through ", nccl ? "NCCL" : "Gloo",
+                                        nccl || o.device.rfind("cuda", 0) != 0
+                                            ? ""
+                                            : " (this build has no NCCL: tensors staged through "
+                                              "the host)"));
   }
   return std::unique_ptr<Collective>(new Collective(std::move(impl), o.rank, o.world_size));
 }
