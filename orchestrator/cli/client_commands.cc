@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "fmt/format.h"
+#include "google/protobuf/util/json_util.h"
 #include "common/token_flag.h"
 #include "common/version.h"
 #include "orchestrator/cli/cli.h"
@@ -395,13 +396,42 @@ absl::Status PrintSweepRuns(CoordinatorClient& client, const std::string& sweep,
   return absl::OkStatus();
 }
 
-// `ablate status [SWEEP]`.
+// `message` as JSON for programs: proto field names, every field printed, one line each.
+std::string ProtoJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);  // no Any
+  return json;
+}
+
+// `ablate status [SWEEP] [--format table|json]`.
 void AddStatusCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
       "status", "Sweeps and their run counts, and the workers with their slots in use; with "
                 "SWEEP, every run of it.");
   std::shared_ptr<std::string> sweep = AddSweepArgument(cmd, /*required=*/false);
-  SetClientAction(cmd, action, [=](CoordinatorClient& client) {
+  auto format = std::make_shared<std::string>("table");
+  cmd->add_option("--format,-f", *format,
+                  "table (for people), or json: the coordinator's ListSweepsResponse (GetSweepResponse "
+                  "with SWEEP), every field, proto names (proto/ablate.proto)")
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
+  SetClientAction(cmd, action, [=](CoordinatorClient& client) -> absl::Status {
+    if (*format == "json") {
+      if (sweep->empty()) {
+        absl::StatusOr<ListSweepsResponse> r = client.ListSweeps();
+        if (!r.ok()) return r.status();
+        *out << ProtoJson(*r) << std::flush;
+      } else {
+        absl::StatusOr<GetSweepResponse> r = client.GetSweep(*sweep);
+        if (!r.ok()) return r.status();
+        *out << ProtoJson(*r) << std::flush;
+      }
+      return absl::OkStatus();
+    }
     return sweep->empty() ? PrintSweeps(client, *out) : PrintSweepRuns(client, *sweep, *out);
   });
 }

@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "fmt/format.h"
+#include "nlohmann/json.hpp"
 #include "orchestrator/cli/client.h"
 #include "proto/tls.h"
 #include "common/credentials.h"
@@ -495,6 +496,13 @@ absl::Status RunWorkersLaunch(const WorkersOptions& options, std::ostream& out) 
 absl::Status RunWorkersStatus(const WorkersOptions& options, std::ostream& out) {
   const std::vector<std::string> jobs = ReadPilotJobs(options.state_dir);
   if (jobs.empty()) {
+    if (options.format == "json") {
+      out << nlohmann::json({{"jobs", nlohmann::json::array()},
+                             {"pilots", nlohmann::json::array()}, {"active", 0}})
+                 .dump(1)
+          << "\n";
+      return absl::OkStatus();
+    }
     out << fmt::format("no pilots launched from {} (ablate workers launch --slurm)\n",
                        options.state_dir);
     return absl::OkStatus();
@@ -526,6 +534,28 @@ absl::Status RunWorkersStatus(const WorkersOptions& options, std::ostream& out) 
   }
   std::sort(pilots->begin(), pilots->end(),
             [](const PilotState& a, const PilotState& b) { return PilotOrder(a) < PilotOrder(b); });
+  std::vector<std::string> ended;  // forgotten by squeue, and not found by sacct either
+  for (const std::string& job : forgotten) {
+    if (std::none_of(pilots->begin(), pilots->end(),
+                     [&](const PilotState& p) { return p.array_job == job; })) {
+      ended.push_back(job);
+    }
+  }
+  if (options.format == "json") {
+    nlohmann::json j = {{"jobs", jobs}, {"pilots", nlohmann::json::array()},
+                        {"ended_unknown", ended}, {"sacct_note", sacct_note}};
+    int active = 0;
+    for (const PilotState& p : *pilots) {
+      j["pilots"].push_back({{"pilot", p.job}, {"job", p.array_job}, {"state", p.state},
+                             {"elapsed", p.time}, {"time_limit", p.time_limit},
+                             {"node", p.nodes}, {"reason", p.reason},
+                             {"active", PilotActive(p)}});
+      active += PilotActive(p);
+    }
+    j["active"] = active;
+    out << j.dump(1) << "\n";
+    return absl::OkStatus();
+  }
 
   auto row = [&out](const std::string& pilot, const std::string& state, const std::string& time,
                     const std::string& limit, const std::string& nodes, const std::string& reason) {
@@ -543,12 +573,9 @@ absl::Status RunWorkersStatus(const WorkersOptions& options, std::ostream& out) 
       ++by_state[p.state];
     }
   }
-  for (const std::string& job : forgotten) {
-    if (std::none_of(pilots->begin(), pilots->end(),
-                     [&](const PilotState& p) { return p.array_job == job; })) {
-      out << fmt::format("job {}: ended (squeue no longer lists it{})\n", job,
-                         sacct_note.empty() ? "" : absl::StrCat("; ", sacct_note));
-    }
+  for (const std::string& job : ended) {
+    out << fmt::format("job {}: ended (squeue no longer lists it{})\n", job,
+                       sacct_note.empty() ? "" : absl::StrCat("; ", sacct_note));
   }
   std::vector<std::string> counts;
   for (const auto& [state, n] : by_state) counts.push_back(absl::StrCat(n, " ", state));

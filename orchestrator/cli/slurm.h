@@ -122,6 +122,7 @@ struct WorkersOptions {
   // sbatch arguments added after the script's own directives (they win), split at whitespace.
   std::string extra;
   bool slurm = false;  // --slurm: the back end (the only one so far)
+  std::string format = "table";  // status: table, or json for programs
   PilotScriptOptions pilot;
 };
 

@@ -79,6 +79,11 @@ void AddWorkersCommand(CLI::App* app, std::ostream* out, std::function<absl::Sta
         "status", "The pilots launched from this state dir and their SLURM state (squeue, sacct).");
     auto o = std::make_shared<WorkersOptions>();
     state_dir_flag(cmd, o.get());
+    cmd->add_option("--format,-f", o->format,
+                    "table (for people), or json: {jobs, pilots: [{pilot, job, state, elapsed, "
+                    "time_limit, node, reason, active}], active, ended_unknown, sacct_note}")
+        ->check(CLI::IsMember({"table", "json"}))
+        ->capture_default_str();
     cmd->callback([out, action, o] { *action = [out, o] { return RunWorkersStatus(*o, *out); }; });
   }
   // ---- stop ----

@@ -328,6 +328,15 @@ TEST_F(SlurmTest, PilotsTrainASweepAndACancelledPilotsRunResumesOnTheOther) {
   EXPECT_EQ(StatusRows(status.text), (PilotStates{{pilot0, "RUNNING"}, {pilot1, "RUNNING"}}))
       << status.text;
   EXPECT_NE(status.text.find("2 pilots active: 2 RUNNING"), std::string::npos) << status.text;
+  // The same for programs: `--format json`.
+  const Output json_status = Ablate({"workers", "status", "--format", "json"});
+  EXPECT_EQ(json_status.code, 0) << json_status.text;
+  for (const std::string& pilot : {pilot0, pilot1}) {
+    EXPECT_NE(json_status.text.find("\"pilot\": \"" + pilot + "\""), std::string::npos)
+        << json_status.text;
+  }
+  EXPECT_NE(json_status.text.find("\"active\": 2"), std::string::npos) << json_status.text;
+  EXPECT_NE(json_status.text.find("\"state\": \"RUNNING\""), std::string::npos) << json_status.text;
 
   // The token is on no command line (ps), while the workers' command lines are there to see.
   int workers_seen = 0;

@@ -84,6 +84,19 @@ TEST_F(CoordinatorCliTest, SubmitStatusTableExportQuery) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("quick"));
   EXPECT_THAT(r.out, HasSubstr("4 PENDING"));
+  // For programs: the ListSweepsResponse, every field, proto names.
+  r = Cli({"status", "--format", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"sweeps\": ["));
+  EXPECT_THAT(r.out, HasSubstr("\"name\": \"quick\""));
+  EXPECT_THAT(r.out, HasSubstr("\"total_runs\": 4"));
+  EXPECT_THAT(r.out, HasSubstr("\"workers\": ["));
+  r = Cli({"status", "quick", "--format", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"runs\": ["));
+  EXPECT_THAT(r.out, HasSubstr("\"variant\": \"g1_headwise\""));
+  EXPECT_THAT(r.out, HasSubstr("\"state\": \"PENDING\""));
+  EXPECT_EQ(Cli({"status", "--format", "csv"}).code, 2);
 
   TrainAll();
   r = Cli({"status", "quick"});

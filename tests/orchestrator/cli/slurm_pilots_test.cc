@@ -349,6 +349,11 @@ TEST_F(WorkersCommandTest, StatusAndStopWithoutPilots) {
   CliResult r = RunCli({"workers", "status", "--state-dir", state});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, "no pilots launched from " + state + " (ablate workers launch --slurm)\n");
+  r = RunCli({"workers", "status", "--state-dir", state, "--format", "json"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "{\n \"active\": 0,\n \"jobs\": [],\n \"pilots\": []\n}\n");
+  r = RunCli({"workers", "status", "--state-dir", state, "--format", "yaml"});
+  EXPECT_EQ(r.code, 2);
   r = RunCli({"workers", "stop", "--state-dir", state});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, "no active pilots: nothing to stop\n");
