@@ -10,6 +10,14 @@ with --compile (torch >= 2 only). Prints one JSON line (the last line of stdout)
 
     /usr/bin/python3 bench/peer_nanogpt.py --d-model 128 --seq-len 256 --batch 128 --steps 5
     python3 bench/peer_nanogpt.py --device cuda --compile --d-model 512 --seq-len 512 --batch 64
+    /usr/bin/python3 bench/peer_nanogpt.py --nanogpt ~/src/nanoGPT --d-model 128 --seq-len 128 --batch 8
+
+With --nanogpt DIR it trains karpathy/nanoGPT's own GPT instead: DIR/model.py, imported as it is
+from a copy the user points to (never vendored here), its GPTConfig at these sizes (vocabulary
+256, no dropout, --bias as given), its configure_optimizers (AdamW, fused on CUDA where torch has
+it), the loss its forward returns; the rest of the loop is this file's. Its MLP is nanoGPT's
+4 x d_model GELU; on torch 1.13 its attention is the explicit masked softmax nanoGPT falls back
+to without F.scaled_dot_product_attention. impl is then "nanogpt".
 
 The JSON line: impl "nanogpt_peer", tokens_per_s, step_ms and cpu_ms (process CPU time per
 step) over the timed steps (after
@@ -125,6 +133,19 @@ def flops_per_token(c):
     return 3.0 * (2.0 * matmul + attention)
 
 
+def load_nanogpt(directory):
+    """karpathy/nanoGPT's model.py from `directory`, imported under its own name."""
+    path = os.path.join(os.path.expanduser(directory), "model.py")
+    if not os.path.isfile(path):
+        sys.exit(f"peer_nanogpt: --nanogpt {directory}: no model.py there (a checkout of "
+                 "karpathy/nanoGPT)")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("nanogpt_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--d-model", type=int, default=128)
@@ -146,6 +167,8 @@ def main():
     p.add_argument("--data", default=os.path.join(HERE, "..", "data", "kjv.txt"),
                    help="byte-level corpus (ablate's default, `make data`)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--nanogpt", default="",
+                   help="a directory holding karpathy/nanoGPT's model.py: train its GPT instead")
     c = p.parse_args()
     c.heads = c.d_model // c.head_dim
     c.mlp = c.mlp or 4 * c.d_model
@@ -168,18 +191,28 @@ def main():
     with open(c.data, "rb") as f:
         corpus = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
     torch.manual_seed(c.seed)
-    model = GPT(c).to(device)
-    decay = [q for q in model.parameters() if q.dim() >= 2]
-    no_decay = [q for q in model.parameters() if q.dim() < 2]
-    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
-    adamw = inspect.signature(torch.optim.AdamW).parameters
-    extra = {}
-    if device.type == "cuda" and "fused" in adamw:
-        extra["fused"] = True
-    elif "foreach" in adamw:
-        extra["foreach"] = True
-    opt = torch.optim.AdamW(groups, lr=3e-3, betas=(0.9, 0.95), eps=1e-8, **extra)
-    step_fn = torch.compile(model) if c.compile else model
+    if c.nanogpt:
+        real = load_nanogpt(c.nanogpt)
+        config = real.GPTConfig(block_size=c.seq_len, vocab_size=VOCAB, n_layer=c.layers,
+                                n_head=c.heads, n_embd=c.d_model, dropout=0.0, bias=c.bias)
+        model = real.GPT(config).to(device)
+        c.mlp = 4 * c.d_model  # nanoGPT's MLP
+        opt = model.configure_optimizers(0.1, 3e-3, (0.9, 0.95), device.type)
+        compiled = torch.compile(model) if c.compile else model
+        step_fn = lambda x, y: compiled(x, y)[1]  # (logits, loss)
+    else:
+        model = GPT(c).to(device)
+        decay = [q for q in model.parameters() if q.dim() >= 2]
+        no_decay = [q for q in model.parameters() if q.dim() < 2]
+        groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+        adamw = inspect.signature(torch.optim.AdamW).parameters
+        extra = {}
+        if device.type == "cuda" and "fused" in adamw:
+            extra["fused"] = True
+        elif "foreach" in adamw:
+            extra["foreach"] = True
+        opt = torch.optim.AdamW(groups, lr=3e-3, betas=(0.9, 0.95), eps=1e-8, **extra)
+        step_fn = torch.compile(model) if c.compile else model
     autocast = (torch.autocast(device_type="cuda", dtype=torch.bfloat16)
                 if dtype == "bfloat16" else None)
 
@@ -219,7 +252,7 @@ def main():
     elapsed = time.perf_counter() - start
     cpu = time.process_time() - cpu_start
     print(json.dumps({
-        "impl": "nanogpt_peer", "d_model": c.d_model, "layers": c.layers, "heads": c.heads,
+        "impl": "nanogpt" if c.nanogpt else "nanogpt_peer", "d_model": c.d_model, "layers": c.layers, "heads": c.heads,
         "mlp": c.mlp, "batch": c.batch, "seq_len": c.seq_len,
         "params": sum(q.numel() for q in model.parameters()),
         "tokens_per_s": c.steps * c.batch * c.seq_len / elapsed,

@@ -40,6 +40,16 @@ printed as soon as its point is done.
 
 Targets (issue 22): ablate >= 1.2x the peer at every point; MFU >= 60% at d_model >= 256; G1
 step <= 1.03x the baseline's at every point.
+
+--small-steps measures the second grid, the step sizes CPU studies run (issue 43): 1,024 tokens a
+step (8 x 128, experiments/small's), 4,096 (32 x 128) and 8,192 (32 x 256), at d_model 64, 128
+and 256, 4 layers, on 1 and 2 threads (--threads, default both), against the repo's peer and
+against karpathy/nanoGPT's own model.py read from --nanogpt DIR (a checkout the user points to,
+never vendored: peer_nanogpt.py --nanogpt). Its columns: ablate, the peer and nanoGPT tokens/s,
+ablate over each, and the peer over nanoGPT (the two peers should agree within 10%). Target:
+ablate >= 1.2x nanoGPT at every point.
+
+    /usr/bin/python3 bench/train_throughput.py --small-steps --nanogpt ~/src/nanoGPT
 """
 import argparse
 import json
@@ -85,6 +95,61 @@ def swiglu_width(d):
     return round(8 * d / 3)
 
 
+SMALL_STEPS = [(1024, 128), (4096, 128), (8192, 256)]  # (tokens per step, seq)
+
+
+def small_steps(a, env):
+    """The second grid (issue 43): small steps against the repo's peer and nanoGPT itself."""
+    if not a.nanogpt or not os.path.isfile(os.path.join(os.path.expanduser(a.nanogpt), "model.py")):
+        sys.exit("train_throughput: --small-steps needs --nanogpt DIR, a checkout of "
+                 "karpathy/nanoGPT (its model.py is read at run time, never vendored)")
+    ours = os.path.join(a.build, "bench_train")
+    py = "/usr/bin/python3"
+    peer = os.path.join(HERE, "peer_nanogpt.py")
+    threads = a.small_threads
+    print(f"train_throughput --small-steps: {a.layers} layers, {a.rounds} rounds x ({a.warmup} + "
+          f"{a.steps}) steps per point, medians; OMP_WAIT_POLICY {env.get('OMP_WAIT_POLICY', 'unset')}",
+          flush=True)
+    header = ("| threads | d_model | tokens/step | batch x seq | ablate tok/s | peer tok/s | "
+              "nanoGPT tok/s | ablate/nanoGPT | ablate/peer | peer/nanoGPT |")
+    print(header)
+    print("|" + "---:|" * (header.count("|") - 1), flush=True)
+    began, summary = time.time(), []
+    for th in threads:
+        for d in a.d_model:
+            for tokens, seq in SMALL_STEPS:
+                batch = tokens // seq
+                common = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--threads", str(th),
+                          "--batch", str(batch), "--layers", str(a.layers)]
+                head_dim = min(32, d // 2)
+                jobs = {
+                    "ablate": [ours, "--d-model", str(d), "--seq", str(seq), "--head-dim",
+                               str(head_dim), "--ffn", str(swiglu_width(d))] + common,
+                    "peer": [py, peer, "--d-model", str(d), "--seq-len", str(seq), "--head-dim",
+                             str(head_dim)] + common,
+                    "nanogpt": [py, peer, "--nanogpt", a.nanogpt, "--d-model", str(d),
+                                "--seq-len", str(seq), "--head-dim", str(head_dim)] + common,
+                }
+                results = {k: [] for k in jobs}
+                for _ in range(a.rounds):
+                    for k, cmd in jobs.items():
+                        out = run(cmd, env)
+                        if out is not None:
+                            results[k].append(out["tokens_per_s"])
+                med = {k: statistics.median(v) if v else float("nan") for k, v in results.items()}
+                row = {"threads": th, "d_model": d, "tokens": tokens, "batch": batch, "seq": seq,
+                       **med, "raw": results}
+                print(f"| {th} | {d} | {tokens} | {batch} x {seq} | {med['ablate']:.0f} | "
+                      f"{med['peer']:.0f} | {med['nanogpt']:.0f} | "
+                      f"{med['ablate'] / med['nanogpt']:.2f} | {med['ablate'] / med['peer']:.2f} | "
+                      f"{med['peer'] / med['nanogpt']:.2f} |", flush=True)
+                summary.append(row)
+                if a.json:
+                    with open(a.json, "w") as f:
+                        json.dump({"args": vars(a), "points": summary}, f, indent=1)
+    print(f"{time.time() - began:.0f} s")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--build", default=os.path.join(HERE, "..", "build"))
@@ -115,7 +180,23 @@ def main():
                    "descheduled thread stall every parallel region: PASSIVE keeps a shared "
                    "machine's numbers from collapsing (docs/benchmarks.md)")
     p.add_argument("--json", help="also write every measurement and the medians to this file")
+    p.add_argument("--small-steps", action="store_true",
+                   help="the second grid: 1k-8k tokens a step against the peer and nanoGPT itself")
+    p.add_argument("--nanogpt", default="", help="--small-steps: a checkout of karpathy/nanoGPT")
+    p.add_argument("--small-threads", type=int, nargs="+", default=[1, 2],
+                   help="--small-steps: the thread counts measured")
     a = p.parse_args()
+    if a.small_steps:
+        if a.d_model == [128, 256, 512]:
+            a.d_model = [64, 128, 256]
+        if a.steps == 2:
+            a.steps = 20
+        if a.warmup == 1:
+            a.warmup = 3
+        env = dict(os.environ)
+        if a.omp_wait_policy != "inherit":
+            env["OMP_WAIT_POLICY"] = a.omp_wait_policy
+        return small_steps(a, env)
     if a.quick:
         a.rounds, a.steps = 1, 2
     if a.only_g1:
