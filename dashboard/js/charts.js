@@ -73,7 +73,7 @@ function spikePlugin(spikes) {
 
 // A line chart. `series`: [{label, stroke, width}]; data as uPlot wants it ([xs, ys...]).
 export function lineChart(target, { title, series, data, log = false, spikes = () => [],
-  height = 320, yLabel = '' }) {
+  height = 320, yLabel = '', xLabel = 'step' }) {
   const width = Math.max(320, target.clientWidth - 14);
   const opts = {
     title,
@@ -82,8 +82,8 @@ export function lineChart(target, { title, series, data, log = false, spikes = (
     legend: { show: series.length <= 6 },
     cursor: { drag: { x: true, y: false } },
     scales: { x: { time: false }, y: log ? { distr: 3 } : {} },
-    axes: [{ label: 'step' }, { label: yLabel, size: 60 }],
-    series: [{ label: 'step' }, ...series.map((s) => ({
+    axes: [{ label: xLabel }, { label: yLabel, size: 60 }],
+    series: [{ label: xLabel }, ...series.map((s) => ({
       label: s.label, stroke: s.stroke, width: s.width || 1, spanGaps: true, points: { show: false },
     }))],
     plugins: [spikePlugin(spikes)],

@@ -630,10 +630,23 @@ void AddTableCommand(CLI::App* app, std::ostream* out, std::function<absl::Statu
                 "same-config table in markdown)");
   cmd->add_flag("--stability", *stability,
                 "a boundary sweep: each variant's bracket [stable, unstable] of the tuned axis");
+  auto at_tokens = std::make_shared<double>(0);
+  auto at_flops = std::make_shared<double>(0);
+  CLI::Option* tokens_option =
+      cmd->add_option("--at-tokens", *at_tokens,
+                      "a compute-matched table: each run's results at its last evaluation at or "
+                      "below this many tokens trained (1e6, 2.5e7)")
+          ->check(CLI::PositiveNumber);
+  cmd->add_option("--at-flops", *at_flops,
+                  "the same at this many training FLOPs spent (6N + attention per token)")
+      ->check(CLI::PositiveNumber)
+      ->excludes(tokens_option);
   SetClientAction(cmd, action, [=](CoordinatorClient& client) -> absl::Status {
     TableRequest request;
     request.set_best(*best);
     request.set_stability(*stability);
+    request.set_at_tokens(*at_tokens);
+    request.set_at_flops(*at_flops);
     request.set_sweep(sweeps->front());
     for (size_t i = 1; i < sweeps->size(); ++i) request.add_more_sweeps((*sweeps)[i]);
     for (const std::string& tag : *exclude) request.add_exclude_tags(tag);

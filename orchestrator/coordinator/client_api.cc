@@ -630,6 +630,19 @@ absl::StatusOr<TableResponse> CoordinatorCore::Table(const TableRequest& request
   selection.sweeps.insert(selection.sweeps.end(), request.more_sweeps().begin(),
                           request.more_sweeps().end());
   selection.exclude_tags.assign(request.exclude_tags().begin(), request.exclude_tags().end());
+  if (request.at_tokens() < 0 || request.at_flops() < 0 ||
+      (request.at_tokens() > 0 && request.at_flops() > 0) ||
+      !std::isfinite(request.at_tokens()) || !std::isfinite(request.at_flops())) {
+    return absl::InvalidArgumentError(
+        "table: give at most one of --at-tokens and --at-flops, a positive number");
+  }
+  if ((request.at_tokens() > 0 || request.at_flops() > 0) &&
+      (request.best() || request.stability())) {
+    return absl::InvalidArgumentError(
+        "table: --at-tokens and --at-flops go with the plain table, not --best or --stability");
+  }
+  selection.at_tokens = request.at_tokens();
+  selection.at_flops = request.at_flops();
   absl::StatusOr<ResultSet> results = store_->reader().ReadResults(selection);
   if (!results.ok()) return results.status();
   const ComparisonTable table = ComparisonTableOf(*results);

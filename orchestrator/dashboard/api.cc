@@ -11,6 +11,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "config/param_count.h"
+#include "google/protobuf/util/json_util.h"
 #include "orchestrator/dashboard/internal.h"
 #include "orchestrator/report/tune_figures.h"
 #include "orchestrator/store/compare.h"
@@ -267,6 +269,28 @@ Response DashboardServer::Impl::Sweep(const std::string& name) {
                                 {"notes", NotesJson(*annotations, std::nullopt)}});
 }
 
+namespace {
+
+// 7 significant digits, or null for NaN (a point without the figure).
+json FiniteOrNull(double v) { return std::isfinite(v) ? json(Significant7(v)) : json(nullptr); }
+
+// Tokens and training FLOPs of one step of `run` (from its config): a curve's x against tokens
+// seen or FLOPs spent is the step times these. NaN when its config does not parse.
+struct StepScale {
+  double tokens = kNaN, flops = kNaN;
+};
+StepScale ScaleOf(const RunInfo& run) {
+  RunConfig config;
+  if (!google::protobuf::util::JsonStringToMessage(run.config_json, &config).ok()) return {};
+  const TrainConfig& t = config.train();
+  StepScale s;
+  s.tokens = static_cast<double>(t.batch_size()) * t.seq_len() * std::max(1, t.grad_accum());
+  s.flops = s.tokens * TrainingFlopsPerToken(config.model(), t.seq_len());
+  return s;
+}
+
+}  // namespace
+
 Response DashboardServer::Impl::SweepCurves(const std::string& name, const Request& r) {
   std::string error;
   std::optional<int64_t> points = IntParam(r, "points", kDefaultCurvePoints, &error);
@@ -283,6 +307,11 @@ Response DashboardServer::Impl::SweepCurves(const std::string& name, const Reque
     curve_metric = CurveMetric::kLr;
   } else {
     return Error(400, "parameter 'metric' must be loss, grad_norm or lr");
+  }
+  const auto x_it = r.query.find("x");
+  const std::string x_axis = x_it == r.query.end() ? "step" : x_it->second;
+  if (x_axis != "step" && x_axis != "tokens" && x_axis != "flops" && x_axis != "time") {
+    return Error(400, "parameter 'x' must be step, tokens, flops or time");
   }
   absl::StatusOr<SweepWithRuns> read = reader->GetSweepWithRuns(name);
   if (!read.ok()) return FromStatus(read.status());
@@ -308,29 +337,38 @@ Response DashboardServer::Impl::SweepCurves(const std::string& name, const Reque
   // ceil(longest / max_points) without overflow, whatever a store holds: the grid has at most
   // max_points + 1 steps.
   const int64_t k = std::max<int64_t>(1, longest / max_points + (longest % max_points != 0));
+  std::map<int64_t, std::vector<double>> elapsed;
   absl::StatusOr<std::map<int64_t, std::vector<std::pair<int64_t, double>>>> curves =
-      reader->SweepCurves(sweep.id, curve_metric, k);
+      reader->SweepCurves(sweep.id, curve_metric, k, x_axis == "time" ? &elapsed : nullptr);
   if (!curves.ok()) return FromStatus(curves.status());
   json out = json::array();
   for (const RunInfo& run : runs) {
-    json steps = json::array(), values = json::array();
+    json steps = json::array(), values = json::array(), xs = json::array();
+    const StepScale scale = x_axis == "tokens" || x_axis == "flops" ? ScaleOf(run) : StepScale{};
     if (auto it = curves->find(run.id); it != curves->end()) {
-      for (const auto& [step, value] : it->second) {
+      const std::vector<double>& seconds = elapsed[run.id];
+      for (size_t i = 0; i < it->second.size(); ++i) {
+        const auto& [step, value] = it->second[i];
         steps.push_back(step);
         values.push_back(Significant7(value));
+        if (x_axis == "tokens") xs.push_back(FiniteOrNull(scale.tokens * static_cast<double>(step)));
+        if (x_axis == "flops") xs.push_back(FiniteOrNull(scale.flops * static_cast<double>(step)));
+        if (x_axis == "time") xs.push_back(FiniteOrNull(i < seconds.size() ? seconds[i] : kNaN));
       }
     }
     json& sp = spikes_of[run.id];
-    out.push_back(json{{"id", run.id},
-                       {"variant", run.variant},
-                       {"seed", run.seed},
-                       {"axes", run.axes},
-                       {"state", RunStateName(run.state)},
-                       {"step", std::move(steps)},
-                       {"value", std::move(values)},
-                       {"spikes", sp.is_null() ? json::array() : sp}});
+    json entry{{"id", run.id},
+               {"variant", run.variant},
+               {"seed", run.seed},
+               {"axes", run.axes},
+               {"state", RunStateName(run.state)},
+               {"step", std::move(steps)},
+               {"value", std::move(values)},
+               {"spikes", sp.is_null() ? json::array() : sp}};
+    if (x_axis != "step") entry["x"] = std::move(xs);
+    out.push_back(std::move(entry));
   }
-  return JsonResponse(200, json{{"sweep", sweep.name}, {"metric", metric},
+  return JsonResponse(200, json{{"sweep", sweep.name}, {"metric", metric}, {"x", x_axis},
                                 {"points", max_points}, {"stride", k}, {"runs", out}});
 }
 

@@ -84,15 +84,17 @@ std::string PointMessages(const StoreReader& reader, const SweepChanges& changes
     series.from_step = c->second + 1;
     absl::StatusOr<std::vector<StepMetrics>> m = reader.MetricSeries(c->first, series);
     if (m.ok() && !m->empty()) {
-      json step = json::array(), loss = json::array(), grad = json::array();
+      json step = json::array(), loss = json::array(), grad = json::array(),
+           elapsed = json::array();
       for (const StepMetrics& p : *m) {
         step.push_back(p.step());
         loss.push_back(p.loss());
         grad.push_back(p.grad_norm());
+        elapsed.push_back(p.elapsed_s() > 0 ? json(p.elapsed_s()) : json(nullptr));
       }
       c->second = m->back().step();
       out += SseEvent("points", json{{"run", c->first}, {"step", step}, {"loss", loss},
-                                     {"grad_norm", grad}});
+                                     {"grad_norm", grad}, {"elapsed_s", elapsed}});
     }
     if (still_running.count(c->first) == 0) {
       c = steps->erase(c);

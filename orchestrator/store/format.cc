@@ -75,6 +75,51 @@ const std::vector<MetricColumn>& MetricColumns() {
   return *columns;
 }
 
+// What runs cost (ComparisonRow), in the order the tables show them: csv/json name, heading.
+struct CostColumn {
+  const char* name;
+  const char* heading;
+  MeanStd ComparisonRow::*field;
+};
+
+const std::vector<CostColumn>& CostColumns() {
+  static const auto* columns = new std::vector<CostColumn>{
+      {"peak_memory_bytes", "memory", &ComparisonRow::peak_memory_bytes},
+      {"train_seconds", "train time", &ComparisonRow::train_seconds},
+      {"tokens_per_s", "tokens/s", &ComparisonRow::tokens_per_s},
+      {"flops", "FLOPs", &ComparisonRow::flops},
+  };
+  return *columns;
+}
+
+// Whether any row has a cost figure: tables of runs stored before costs were kept show none.
+bool HasCosts(const ComparisonTable& table) {
+  return std::any_of(table.rows.begin(), table.rows.end(), [](const ComparisonRow& r) {
+    return std::isfinite(r.train_seconds.mean) || std::isfinite(r.flops.mean) ||
+           std::isfinite(r.peak_memory_bytes.mean);
+  });
+}
+
+// A cost's mean for people: "81.2 MB", "45 s" / "12.3 min" / "4.1 h", "2.1e4", "8.94e12".
+std::string CostText(const CostColumn& c, const MeanStd& m) {
+  if (!std::isfinite(m.mean)) return "—";
+  if (c.field == &ComparisonRow::peak_memory_bytes) {
+    const double b = m.mean;
+    if (b >= 1e9) return fmt::format("{:.1f} GB", b / 1e9);
+    if (b >= 1e6) return fmt::format("{:.1f} MB", b / 1e6);
+    return fmt::format("{:.0f} kB", b / 1e3);
+  }
+  if (c.field == &ComparisonRow::train_seconds) {
+    if (m.mean >= 3600) return fmt::format("{:.1f} h", m.mean / 3600);
+    if (m.mean >= 120) return fmt::format("{:.1f} min", m.mean / 60);
+    return fmt::format("{:.0f} s", m.mean);
+  }
+  if (c.field == &ComparisonRow::tokens_per_s) return HumanCount(m.mean);
+  std::string e = fmt::format("{:.2e}", m.mean);  // "4.23e+11" -> "4.23e11", as FLOPs are written
+  e.erase(std::remove(e.begin(), e.end(), '+'), e.end());
+  return e;
+}
+
 // The union of every row's evaluation lengths (TrainConfig.eval_seq_lens), and whether any row
 // measured each with YaRN.
 std::map<int64_t, bool> EvaluationLengths(const ComparisonTable& table) {
@@ -100,6 +145,7 @@ std::string MarkdownComparison(const ComparisonTable& table,
                                     [](const ComparisonRow& r) { return !r.best.empty(); });
   const bool has_stopped = std::any_of(table.rows.begin(), table.rows.end(),
                                        [](const ComparisonRow& r) { return r.stopped > 0; });
+  const bool has_costs = HasCosts(table);
   std::vector<std::string> header = {"variant"};
   if (has_axes) header.push_back("axes");
   if (has_best) header.push_back("best value");
@@ -109,6 +155,9 @@ std::string MarkdownComparison(const ComparisonTable& table,
   }
   for (const auto& [len, yarn] : lengths) {
     header.push_back(absl::StrCat("PPL@", len, yarn ? " (YaRN)" : ""));
+  }
+  if (has_costs) {
+    for (const CostColumn& c : CostColumns()) header.push_back(c.heading);
   }
   for (const char* h : {"params", "added", "diverged", "failed"}) header.push_back(h);
   if (has_stopped) header.push_back("stopped");
@@ -135,6 +184,9 @@ std::string MarkdownComparison(const ComparisonTable& table,
     for (const auto& [len, yarn] : lengths) {
       const LengthStat* l = LengthOf(r, len);
       cells.push_back(l == nullptr ? "—" : MeanStdText(l->val_ppl, 3));
+    }
+    if (has_costs) {
+      for (const CostColumn& c : CostColumns()) cells.push_back(CostText(c, r.*(c.field)));
     }
     cells.push_back(HumanCount(r.params_total));
     cells.push_back(r.params_added == 0 ? "0" : HumanCount(r.params_added, /*sign=*/true));
@@ -165,6 +217,11 @@ std::string CsvComparison(const ComparisonTable& table, const std::map<int64_t, 
                                     [](const ComparisonRow& r) { return !r.best.empty(); });
   if (has_stopped) header.push_back("stopped");
   if (has_best) header.push_back("best");
+  // The costs last of all: a table of runs stored before them keeps its columns where they were.
+  for (const CostColumn& c : CostColumns()) {
+    header.push_back(absl::StrCat(c.name, "_mean"));
+    header.push_back(absl::StrCat(c.name, "_std"));
+  }
   std::string out = absl::StrJoin(header, ",") + "\n";
   for (const ComparisonRow& r : table.rows) {
     std::vector<std::string> cells = {CsvField(table.sweep), CsvField(r.variant),
@@ -185,6 +242,10 @@ std::string CsvComparison(const ComparisonTable& table, const std::map<int64_t, 
     }
     if (has_stopped) cells.push_back(absl::StrCat(r.stopped));
     if (has_best) cells.push_back(CsvField(r.best));
+    for (const CostColumn& c : CostColumns()) {
+      cells.push_back(CsvNumber((r.*(c.field)).mean));
+      cells.push_back(CsvNumber((r.*(c.field)).std));
+    }
     absl::StrAppend(&out, absl::StrJoin(cells, ","), "\n");
   }
   return out;
@@ -213,6 +274,7 @@ std::string JsonComparison(const ComparisonTable& table) {
     o["params_total"] = NumberJson(r.params_total);
     o["params_activated"] = NumberJson(r.params_activated);
     o["params_added"] = NumberJson(r.params_added);
+    for (const CostColumn& c : CostColumns()) o[c.name] = MeanStdObject(r.*(c.field));
     nlohmann::json list = nlohmann::json::array();
     for (const LengthStat& l : r.lengths) {
       list.push_back({{"seq_len", l.seq_len},

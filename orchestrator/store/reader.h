@@ -87,7 +87,11 @@ struct RunInfo {
   double final_train_loss = kNaN, val_loss = kNaN, val_ppl = kNaN, gate_score = kNaN,
          m_act = kNaN, f_attn = kNaN, spike_score = kNaN;
   int64_t spike_steps = 0;
-  double tokens_per_s = kNaN, wall_s = kNaN;
+  double tokens_per_s = kNaN, wall_s = kNaN;  // mean tokens/s; training seconds, all attempts
+  // What it cost (RunSummary): its last attempt's peak of tensor memory (0 = unknown) and the
+  // training FLOPs of every step it took (NaN = unknown).
+  int64_t peak_memory_bytes = 0;
+  double flops = kNaN;
   std::string reason;
   int64_t reused_from = 0;  // the run whose results this one reused (its curves too); 0 = none
   int attempt_base = 0;     // attempts when a user last queued it again: retries count from here
@@ -286,6 +290,9 @@ struct ComparisonRow {
   MeanStd val_loss, val_ppl, gate_score, m_act, f_attn, spike_score, train_loss;
   double params_total = 0, params_activated = 0, params_added = 0;  // mean over the group's runs
   std::vector<LengthStat> lengths;  // by seq_len; empty without TrainConfig.eval_seq_lens
+  // What its SUCCEEDED runs cost, mean ± std (NaN where no run reported it): the peak of tensor
+  // memory, training seconds over all attempts, mean tokens/s and training FLOPs.
+  MeanStd peak_memory_bytes, train_seconds, tokens_per_s, flops;
 };
 
 struct ComparisonTable {
@@ -306,6 +313,12 @@ struct RunLength {
 struct ResultSelection {
   std::vector<std::string> sweeps;        // names or ids, at least one
   std::vector<std::string> exclude_tags;  // a run tagged so (itself, or through its sweep) is left out
+  // A compute budget (0: none; at most one of them): each run's results are those of its last
+  // evaluation at or below this many tokens trained (step x batch_size x seq_len x grad_accum),
+  // or training FLOPs spent (those tokens x TrainingFlopsPerToken), instead of its final one; a
+  // run with no evaluation that early has none (its lengths are left out either way).
+  double at_tokens = 0;
+  double at_flops = 0;
 };
 
 struct ResultRun {
@@ -425,9 +438,11 @@ class StoreReader {
   absl::StatusOr<std::map<int64_t, LatestStep>> LatestSteps(int64_t sweep_id) const;
   // Every run's curve of `metric` for a sweep overlay, by run id: the steps that are multiples of
   // `every` (one shared grid, so overlaid curves share their x values), each run's last step and
-  // its spike steps. A reused run's curve is its source's.
+  // its spike steps. A reused run's curve is its source's. `elapsed` (optional) receives each
+  // point's training seconds (StepMetrics.elapsed_s; NaN where a row has none), in the same order.
   absl::StatusOr<std::map<int64_t, std::vector<std::pair<int64_t, double>>>> SweepCurves(
-      int64_t sweep_id, CurveMetric metric, int64_t every) const;
+      int64_t sweep_id, CurveMetric metric, int64_t every,
+      std::map<int64_t, std::vector<double>>* elapsed = nullptr) const;
   // Every spike event of a sweep's runs (a reused run: its source's), by run, then step.
   absl::StatusOr<std::vector<SweepSpike>> SweepSpikes(int64_t sweep_id) const;
   // The variants of a sweep, in spec order.
@@ -485,6 +500,8 @@ class StoreReader {
   absl::StatusOr<ResultSet> ReadResults(const ResultSelection& selection) const;
 
  private:
+  // ResultSelection::at_tokens / at_flops on one run: its evaluation at the budget.
+  absl::Status AtBudget(const ResultSelection& selection, ResultRun* result) const;
   struct Connection;
   class Lease;
 

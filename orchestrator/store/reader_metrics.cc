@@ -144,6 +144,7 @@ StepMetrics ReadStep(const Stmt& s) {
   m.set_tokens_per_s(s.ColumnDouble(4));
   m.set_aux_loss(s.ColumnDouble(5));
   m.set_skipped(s.ColumnInt(6) != 0);
+  if (!s.ColumnIsNull(7)) m.set_elapsed_s(s.ColumnDouble(7));
   return m;
 }
 
@@ -161,8 +162,8 @@ AttentionMap ReadAttentionMap(const Stmt& s) {
 absl::StatusOr<std::vector<StepMetrics>> StoreReader::MetricSeries(
     int64_t run_id, const SeriesOptions& options) const {
   absl::StatusOr<std::vector<StepMetrics>> points = ReadRows<StepMetrics>(
-      absl::StrCat("SELECT step, loss, grad_norm, lr, tokens_per_s, aux_loss, skipped FROM "
-                   "step_metrics WHERE run_id = ",
+      absl::StrCat("SELECT step, loss, grad_norm, lr, tokens_per_s, aux_loss, skipped, "
+                   "elapsed_s FROM step_metrics WHERE run_id = ",
                    kSourceRun, " AND step BETWEEN ?2 AND ?3 ORDER BY step"),
       [&](Stmt& q) { q.Bind(1, run_id).Bind(2, options.from_step).Bind(3, options.to_step); },
       ReadStep);
@@ -297,7 +298,8 @@ absl::StatusOr<std::map<int64_t, LatestStep>> StoreReader::LatestSteps(int64_t s
 }
 
 absl::StatusOr<std::map<int64_t, std::vector<std::pair<int64_t, double>>>>
-StoreReader::SweepCurves(int64_t sweep_id, CurveMetric metric, int64_t every) const {
+StoreReader::SweepCurves(int64_t sweep_id, CurveMetric metric, int64_t every,
+                         std::map<int64_t, std::vector<double>>* elapsed) const {
   if (every < 1) return absl::InvalidArgumentError("store: a curve's step grid must be >= 1");
   const char* column = metric == CurveMetric::kLoss       ? "loss"
                        : metric == CurveMetric::kGradNorm ? "grad_norm"
@@ -308,18 +310,23 @@ StoreReader::SweepCurves(int64_t sweep_id, CurveMetric metric, int64_t every) co
   const std::string sql = absl::StrCat(
       "WITH RECURSIVE grid(step) AS (SELECT 0 UNION ALL SELECT step + ?2 FROM grid WHERE "
       "step + ?2 <= (SELECT max(steps_done) FROM runs WHERE sweep_id = ?1)) "
-      "SELECT r.id, m.step, m.", column, " FROM runs r CROSS JOIN grid g JOIN step_metrics m ON "
-      "m.run_id = coalesce(r.reused_from, r.id) AND m.step = g.step WHERE r.sweep_id = ?1 "
-      "UNION SELECT r.id, m.step, m.", column, " FROM runs r JOIN step_metrics m ON m.run_id = "
-      "coalesce(r.reused_from, r.id) AND m.step = r.steps_done WHERE r.sweep_id = ?1 "
-      "UNION SELECT r.id, m.step, m.", column, " FROM runs r JOIN spike_events e ON e.run_id = "
-      "coalesce(r.reused_from, r.id) JOIN step_metrics m ON m.run_id = e.run_id AND m.step = "
-      "e.step WHERE r.sweep_id = ?1 ORDER BY 1, 2");
+      "SELECT r.id, m.step, m.", column, ", m.elapsed_s FROM runs r CROSS JOIN grid g JOIN "
+      "step_metrics m ON m.run_id = coalesce(r.reused_from, r.id) AND m.step = g.step WHERE "
+      "r.sweep_id = ?1 "
+      "UNION SELECT r.id, m.step, m.", column, ", m.elapsed_s FROM runs r JOIN step_metrics m ON "
+      "m.run_id = coalesce(r.reused_from, r.id) AND m.step = r.steps_done WHERE r.sweep_id = ?1 "
+      "UNION SELECT r.id, m.step, m.", column, ", m.elapsed_s FROM runs r JOIN spike_events e ON "
+      "e.run_id = coalesce(r.reused_from, r.id) JOIN step_metrics m ON m.run_id = e.run_id AND "
+      "m.step = e.step WHERE r.sweep_id = ?1 ORDER BY 1, 2");
   std::map<int64_t, std::vector<std::pair<int64_t, double>>> curves;
+  if (elapsed != nullptr) elapsed->clear();
   absl::Status read = ForEachRow(
       sql, [&](Stmt& q) { q.Bind(1, sweep_id).Bind(2, every); },
       [&](const Stmt& r) {
         curves[r.ColumnInt(0)].emplace_back(r.ColumnInt(1), r.ColumnDouble(2));
+        if (elapsed != nullptr) {
+          (*elapsed)[r.ColumnInt(0)].push_back(r.ColumnIsNull(3) ? kNaN : r.ColumnDouble(3));
+        }
       });
   if (!read.ok()) return read;
   return curves;

@@ -1,6 +1,7 @@
 // StoreReader's reads of results: the runs of one or more sweeps matched by variant, seed and
 // axis point (ReadResults), and the comparison table computed over them (ComparisonTableOf), the
 // numbers the variant_table and length_table views give for one sweep.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -12,6 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "config/param_count.h"
+#include "google/protobuf/util/json_util.h"
 #include "orchestrator/store/reader.h"
 #include "orchestrator/store/reader_internal.h"
 #include "orchestrator/store/sqlite.h"
@@ -43,6 +46,7 @@ class Moments {
 struct Group {
   ComparisonRow row;
   Moments val_loss, val_ppl, gate_score, m_act, f_attn, spike_score, train_loss;
+  Moments peak_memory_bytes, train_seconds, tokens_per_s, flops;
   double params_total = 0, params_activated = 0, params_added = 0;
   struct Length {
     bool yarn = false;
@@ -70,6 +74,11 @@ void AddRun(const ResultRun& result, Group* g) {
   g->f_attn.Add(r.f_attn);
   g->spike_score.Add(r.spike_score);
   g->train_loss.Add(r.final_train_loss);
+  g->peak_memory_bytes.Add(r.peak_memory_bytes > 0 ? static_cast<double>(r.peak_memory_bytes)
+                                                   : kNaN);
+  g->train_seconds.Add(r.wall_s);
+  g->tokens_per_s.Add(r.tokens_per_s);
+  g->flops.Add(r.flops);
   for (const RunLength& l : result.lengths) {
     Group::Length& length = g->lengths[l.seq_len];
     length.yarn = length.yarn || l.yarn;
@@ -87,6 +96,10 @@ ComparisonRow RowOf(const Group& g) {
   row.f_attn = g.f_attn.Get();
   row.spike_score = g.spike_score.Get();
   row.train_loss = g.train_loss.Get();
+  row.peak_memory_bytes = g.peak_memory_bytes.Get();
+  row.train_seconds = g.train_seconds.Get();
+  row.tokens_per_s = g.tokens_per_s.Get();
+  row.flops = g.flops.Get();
   const double runs = static_cast<double>(row.runs);
   row.params_total = g.params_total / runs;
   row.params_activated = g.params_activated / runs;
@@ -219,7 +232,44 @@ absl::StatusOr<ResultSet> StoreReader::ReadResults(const ResultSelection& select
       }
     }
   }
+  if (selection.at_tokens > 0 || selection.at_flops > 0) {
+    for (ResultRun& result : set.runs) {
+      if (absl::Status s = AtBudget(selection, &result); !s.ok()) return s;
+    }
+  }
   return set;
+}
+
+absl::Status StoreReader::AtBudget(const ResultSelection& selection, ResultRun* result) const {
+  RunInfo& run = result->run;
+  result->lengths.clear();
+  for (double* v : {&run.val_loss, &run.val_ppl, &run.gate_score, &run.m_act, &run.f_attn}) {
+    *v = kNaN;
+  }
+  RunConfig config;
+  if (!google::protobuf::util::JsonStringToMessage(run.config_json, &config).ok()) {
+    return absl::OkStatus();  // no config to count by: no value
+  }
+  const TrainConfig& t = config.train();
+  const double tokens_per_step =
+      static_cast<double>(t.batch_size()) * t.seq_len() * std::max(1, t.grad_accum());
+  const double per_step = selection.at_tokens > 0
+                              ? tokens_per_step
+                              : tokens_per_step * TrainingFlopsPerToken(config.model(), t.seq_len());
+  const double budget = selection.at_tokens > 0 ? selection.at_tokens : selection.at_flops;
+  if (!(per_step > 0)) return absl::OkStatus();
+  const auto last_step = static_cast<int64_t>(std::min(9.0e18, std::floor(budget / per_step)));
+  return ForEachRow(
+      absl::StrCat("SELECT val_loss, val_ppl, gate_score, m_act, f_attn FROM eval_metrics WHERE "
+                   "run_id = (SELECT coalesce(reused_from, id) FROM runs WHERE id = ?1) AND step > 0 AND "
+                   "step <= ?2 ORDER BY step DESC LIMIT 1"),
+      [&](Stmt& q) { q.Bind(1, run.id).Bind(2, last_step); },
+      [&](const Stmt& s) {
+        for (int i = 0; i < 5; ++i) {
+          double* v[] = {&run.val_loss, &run.val_ppl, &run.gate_score, &run.m_act, &run.f_attn};
+          *v[i] = s.ColumnIsNull(i) ? kNaN : s.ColumnDouble(i);
+        }
+      });
 }
 
 }  // namespace ablate

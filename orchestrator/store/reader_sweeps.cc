@@ -46,7 +46,7 @@ constexpr char kRunColumns[] =
     "r.gate_score, r.m_act, r.f_attn, r.spike_score, r.spike_steps, r.tokens_per_s, r.wall_s, "
     "r.reason, r.reused_from, r.attempt_base, r.devices, s.code_version, "
     "tr.run_id IS NOT NULL, coalesce(tr.grp, ''), tr.value, coalesce(tr.stop_at_step, 0), "
-    "coalesce(tr.held, 0) "
+    "coalesce(tr.held, 0), r.peak_memory_bytes, r.flops "
     "FROM runs r JOIN sweeps s ON s.id = r.sweep_id JOIN variants v ON v.id = r.variant_id "
     "JOIN run_configs c ON c.run_id = r.id LEFT JOIN tune_runs tr ON tr.run_id = r.id";
 
@@ -71,6 +71,8 @@ RunInfo ReadRun(const Stmt& s) {
   r.devices = std::max(1, static_cast<int>(s.ColumnInt(37)));
   r.code_version = s.ColumnText(38);
   ReadColumns(s, 39, &r.tuned, &r.tune_group, &r.tune_value, &r.stop_at_step, &r.held);
+  r.peak_memory_bytes = s.ColumnIsNull(44) ? 0 : s.ColumnInt(44);
+  r.flops = s.ColumnIsNull(45) ? kNaN : s.ColumnDouble(45);
   return r;
 }
 

@@ -702,6 +702,36 @@ FROM sweeps s LEFT JOIN runs r ON r.sweep_id = s.id
 GROUP BY s.id;
 )sql";
 
+// Version 11, what runs cost (issue 44):
+// - runs.peak_memory_bytes (the peak of tensor memory of its last attempt: RunSummary's) and
+//   runs.flops (the training FLOPs of every step it took); run_summary shows them with wall_s
+//   as train_seconds (training seconds over all its attempts);
+// - step_metrics.elapsed_s: training seconds from the run's first step to the end of this one,
+//   over its attempts (NULL for rows written before), for curves against wall time.
+constexpr char kSchemaV11[] = R"sql(
+ALTER TABLE runs ADD COLUMN peak_memory_bytes INTEGER;
+ALTER TABLE runs ADD COLUMN flops REAL;
+ALTER TABLE step_metrics ADD COLUMN elapsed_s REAL;
+DROP VIEW run_summary;
+CREATE VIEW run_summary AS
+SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.run_index, r.seed, r.axes,
+       r.state, r.attempts, w.name AS worker, r.steps_done, r.steps_total,
+       r.final_train_loss, r.val_loss, r.val_ppl, r.gate_score, r.m_act, r.f_attn,
+       r.spike_steps, r.spike_score, r.params_total, r.params_activated, r.params_added,
+       r.tokens_per_s, r.wall_s, r.reason, r.run_key, r.created_at, r.started_at,
+       r.finished_at, r.sweep_id, r.variant_id, r.reused_from,
+       coalesce((SELECT group_concat(t.text, ',') FROM
+                   (SELECT DISTINCT a.text FROM annotations a
+                    WHERE a.sweep_id = r.sweep_id AND a.kind = 'tag'
+                      AND (a.run_id IS NULL OR a.run_id = r.id)
+                    ORDER BY a.text) t), '') AS tags,
+       r.peak_memory_bytes, r.wall_s AS train_seconds, r.flops
+FROM runs r
+JOIN sweeps s ON s.id = r.sweep_id
+JOIN variants v ON v.id = r.variant_id
+LEFT JOIN workers w ON w.id = r.worker_id;
+)sql";
+
 // Version 10: STOPPED joins the runs state CHECK, the last of its chain of equalities.
 constexpr char kLastRunState[] = "state = 'INTERRUPTED')";
 
@@ -724,7 +754,7 @@ const std::vector<Migration>& StoreMigrations() {
   static const std::vector<Migration>* migrations = new std::vector<Migration>{
       {kSchemaV1}, {kSchemaV2}, {kSchemaV3}, {kSchemaV4}, {kSchemaV5}, {kSchemaV6},
       {"", RewriteStateChecks}, {kSchemaV8, DropRunsWorkerReference}, {kSchemaV9},
-      {kSchemaV10, AddStoppedToRunsCheck}};
+      {kSchemaV10, AddStoppedToRunsCheck}, {kSchemaV11}};
   return *migrations;
 }
 

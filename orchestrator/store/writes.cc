@@ -173,9 +173,9 @@ class MultiRowInsert {
 const MultiRowInsert& StepRowsInsert(bool replace) {
   static constexpr char kInto[] =
       " INTO step_metrics (run_id, step, attempt, loss, grad_norm, lr, tokens_per_s, aux_loss, "
-      "skipped)";
-  static const auto* fail = new MultiRowInsert(absl::StrCat("INSERT OR FAIL", kInto), 9);
-  static const auto* replacing = new MultiRowInsert(absl::StrCat("INSERT OR REPLACE", kInto), 9);
+      "skipped, elapsed_s)";
+  static const auto* fail = new MultiRowInsert(absl::StrCat("INSERT OR FAIL", kInto), 10);
+  static const auto* replacing = new MultiRowInsert(absl::StrCat("INSERT OR REPLACE", kInto), 10);
   return replace ? *replacing : *fail;
 }
 
@@ -185,11 +185,16 @@ absl::Status InsertStepRows(StoreWriter& w, const MultiRowInsert& insert, const 
   STORE_ASSIGN_OR_RETURN(stmt, w.Get(insert.Sql(n)));
   for (size_t i = 0; i < n; ++i) {
     const StepMetrics& m = b.steps[first + i];
-    const int p = static_cast<int>(9 * i);
+    const int p = static_cast<int>(10 * i);
     stmt->Bind(p + 1, b.run_id).Bind(p + 2, m.step()).Bind(p + 3, b.attempt);
     stmt->Bind(p + 4, m.loss()).Bind(p + 5, m.grad_norm()).Bind(p + 6, m.lr());
     stmt->Bind(p + 7, m.tokens_per_s()).Bind(p + 8, m.aux_loss());
     stmt->Bind(p + 9, m.skipped() ? 1 : 0);
+    if (m.elapsed_s() > 0) {
+      stmt->Bind(p + 10, m.elapsed_s());
+    } else {
+      stmt->BindNull(p + 10);  // a worker from before elapsed_s
+    }
   }
   return stmt->Run();
 }
@@ -284,10 +289,11 @@ struct RunStatements {
         reuse,
         w.Get("UPDATE runs SET (state, reused_from, reason, started_at, finished_at, steps_done, "
               "final_train_loss, val_loss, val_ppl, gate_score, m_act, f_attn, spike_steps, "
-              "spike_score, tokens_per_s, wall_s) = (SELECT 'SUCCEEDED', s.id, 'reused run ' || "
-              "s.id || ' (same run key ' || s.run_key || ')', ?3, ?3, s.steps_done, "
-              "s.final_train_loss, s.val_loss, s.val_ppl, s.gate_score, s.m_act, s.f_attn, "
-              "s.spike_steps, s.spike_score, s.tokens_per_s, s.wall_s FROM runs s WHERE s.id = ?2) "
+              "spike_score, tokens_per_s, wall_s, peak_memory_bytes, flops) = (SELECT "
+              "'SUCCEEDED', s.id, 'reused run ' || s.id || ' (same run key ' || s.run_key || ')', "
+              "?3, ?3, s.steps_done, s.final_train_loss, s.val_loss, s.val_ppl, s.gate_score, "
+              "s.m_act, s.f_attn, s.spike_steps, s.spike_score, s.tokens_per_s, s.wall_s, "
+              "s.peak_memory_bytes, s.flops FROM runs s WHERE s.id = ?2) "
               "WHERE id = ?1"));
     s.run = run;
     s.config = config;
@@ -438,7 +444,8 @@ absl::Status SetRunStateWithSummary(StoreWriter& w, const RunTransition& t, int3
                  "final_train_loss = ?6, val_loss = ?7, val_ppl = ?8, gate_score = ?9, "
                  "m_act = ?10, f_attn = ?11, spike_steps = ?12, spike_score = ?13, "
                  "tokens_per_s = ?14, wall_s = ?15, "
-                 "reason = CASE WHEN ?16 = '' THEN ?3 ELSE ?16 END WHERE id = ?1"));
+                 "reason = CASE WHEN ?16 = '' THEN ?3 ELSE ?16 END, "
+                 "peak_memory_bytes = ?17, flops = ?18 WHERE id = ?1"));
   run->Bind(1, t.run_id).Bind(2, RunStateName(t.to)).Bind(3, t.reason);
   if (IsTerminal(t.to)) run->Bind(4, now);
   run->Bind(5, s.steps_done()).Bind(6, s.final_train_loss());
@@ -454,6 +461,8 @@ absl::Status SetRunStateWithSummary(StoreWriter& w, const RunTransition& t, int3
   }
   run->Bind(12, s.spike_steps()).Bind(13, s.spike_score()).Bind(14, s.tokens_per_s());
   run->Bind(15, s.wall_s()).Bind(16, s.reason());
+  if (s.peak_memory_bytes() > 0) run->Bind(17, s.peak_memory_bytes());  // else NULL: unknown
+  if (s.flops() > 0) run->Bind(18, s.flops());
   STORE_RETURN_IF_ERROR(run->Run());
   if (s.has_final_eval() && s.final_eval().step() > 0) {
     STORE_RETURN_IF_ERROR(UpsertEval(w, t.run_id, attempt, s.final_eval()));

@@ -134,6 +134,17 @@ async function livePhase() {
   const second = Number(await page.getAttribute('#curves', 'data-points'));
   check(second > first, `the curves grow without a reload (${first} -> ${second} points)`);
   check(await page.evaluate(() => window.__sameDocument === true), 'no reload happened');
+  // Against tokens seen, FLOPs spent or training seconds: the selector redraws in place, the x
+  // axis named for it.
+  for (const [x, label] of [['tokens', 'tokens seen'], ['flops', 'FLOPs spent'], ['time', 'training seconds']]) {
+    await page.selectOption('#x-axis', x);
+    const shown = await page.waitForFunction((l) => document.querySelector('#curves').textContent.includes(l)
+      && Number(document.querySelector('#curves').dataset.points) > 0, label, { timeout: 5000 }).then(() => true, () => false);
+    check(shown, `the curves redraw against ${label} (x axis "${label}")`);
+  }
+  await page.selectOption('#x-axis', 'step');
+  await page.waitForFunction(() => document.querySelector('#curves').textContent.includes('step'), null, { timeout: 5000 });
+  check(await page.evaluate(() => window.__sameDocument === true), 'choosing an x axis reloads nothing');
   const stepsBefore = await page.locator(`#runs tr[data-run="1"] td:nth-child(6)`).textContent();
 
   // End to end: from the moment the store has step S (not yet written when the clock starts: an

@@ -584,13 +584,11 @@ struct Trainer::State {
   }
 };
 
-// One call of Run: the observer it reports to, and the clock and step its summary's throughput
-// counts from.
+// One call of Run: the observer it reports to, and when it started.
 struct Trainer::State::Session {
   State& s;
   TrainerObserver* obs;
   const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
-  const int64_t first_step = s.step;
 
   static constexpr const char* kStopped = "stopped by directive";
 
@@ -609,8 +607,11 @@ struct Trainer::State::Session {
     }
     summary.set_spike_steps(s.spike_steps);
     summary.set_spike_score(s.step > 0 ? static_cast<double>(s.spike_steps) / s.step : 0.0);
-    summary.set_wall_s(wall);
-    summary.set_tokens_per_s(wall > 0 ? (s.step - first_step) * s.TokensPerStep() / wall : 0.0);
+    // Training seconds and the mean tokens/s over every attempt of the run (the elapsed time a
+    // checkpoint carries on), not only this one's.
+    const double trained = std::max(wall, s.Elapsed());
+    summary.set_wall_s(trained);
+    summary.set_tokens_per_s(trained > 0 ? s.step * s.TokensPerStep() / trained : 0.0);
     // What it cost: this process's peak of tensor memory (rank 0's in a data-parallel run), and
     // the FLOPs of every step it has taken, over all its attempts.
     summary.set_peak_memory_bytes(s.device.is_cuda() ? compat::CudaTensorMemory(s.CudaIndex()).peak

@@ -6,6 +6,9 @@ import { el, num, count, duration, stateBadge, runColor, DIVERGED_COLOR, tagList
 import { progressBar } from './sweeps.js';
 
 const CURVE_POINTS = 500;      // per run, sampled by the server on a grid shared by the runs
+// What the curves are plotted against (the API's `x`): steps, tokens seen, FLOPs spent or
+// training seconds, so that variants of different cost per step compare at equal compute.
+export const X_AXES = [['step', 'step'], ['tokens', 'tokens seen'], ['flops', 'FLOPs spent'], ['time', 'training seconds']];
 const MAX_LIVE_POINTS = 4000;  // per run in the browser: older points are thinned beyond this
 
 export async function render(view, ctx, name) {
@@ -15,8 +18,11 @@ export async function render(view, ctx, name) {
     tags: [],           // the sweep's own (`ablate tag`), and the notes on it and its runs
     notes: [],
     runs: new Map(),    // id -> run row (from the API, updated by `run` events)
-    curves: new Map(),  // id -> {step: [], value: [], spikes: [{step, value, kind}]}
+    // id -> {step: [], value: [], x: [] (the chosen x of each point), scale (x per step for tokens
+    // and FLOPs), spikes: [{step, value, kind}]}
+    curves: new Map(),
     metric: 'loss',
+    x: 'step',
     log: false,
     smooth: 0,
     chart: null,
@@ -28,6 +34,8 @@ export async function render(view, ctx, name) {
   const controls = el('div', { class: 'controls' },
     el('label', {}, 'metric', el('select', { id: 'metric', onchange: (e) => { state.metric = e.target.value; reloadCurves(); } },
       el('option', { value: 'loss' }, 'train loss'), el('option', { value: 'grad_norm' }, 'gradient norm'))),
+    el('label', {}, 'against', el('select', { id: 'x-axis', onchange: (e) => { state.x = e.target.value; reloadCurves(); } },
+      X_AXES.map(([value, label]) => el('option', { value }, label)))),
     el('label', {}, el('input', { type: 'checkbox', id: 'log', onchange: (e) => { state.log = e.target.checked; redraw(true); } }), 'log scale'),
     el('label', {}, 'EMA smoothing', el('input', { type: 'range', id: 'smooth', min: 0, max: 0.99, step: 0.01, value: 0,
       oninput: (e) => { state.smooth = Number(e.target.value); smoothOut.textContent = state.smooth.toFixed(2); redraw(false); } })),
@@ -66,18 +74,22 @@ export async function render(view, ctx, name) {
   ctx.every(250, () => { if (state.dirty) { state.dirty = false; redraw(false); drawTable(); } });
 
   async function reloadCurves() {
-    const body = await api(`sweeps/${encodeURIComponent(name)}/curves`, { points: CURVE_POINTS, metric: state.metric });
+    const body = await api(`sweeps/${encodeURIComponent(name)}/curves`, { points: CURVE_POINTS, metric: state.metric, x: state.x });
     for (const c of body.runs) {
       const old = state.curves.get(c.id);
+      const x = c.x || c.step;
+      // Tokens and FLOPs grow by a fixed amount a step: how much, for the live points.
+      let scale = 1;
+      for (let i = 0; i < c.step.length; i++) if (c.step[i] > 0 && x[i] !== null) { scale = x[i] / c.step[i]; break; }
       // Live points already received past the loaded range stay.
       const last = c.step.length ? c.step[c.step.length - 1] : 0;
-      const step = [...c.step], value = [...c.value];
-      if (old) {
+      const step = [...c.step], value = [...c.value], xs = [...x];
+      if (old && old.x.length === old.step.length && old.axis === state.x) {
         for (let i = 0; i < old.step.length; i++) {
-          if (old.step[i] > last) { step.push(old.step[i]); value.push(old.value[i]); }
+          if (old.step[i] > last) { step.push(old.step[i]); value.push(old.value[i]); xs.push(old.x[i]); }
         }
       }
-      state.curves.set(c.id, { step, value, spikes: c.spikes });
+      state.curves.set(c.id, { step, value, x: xs, scale, axis: state.x, spikes: c.spikes });
     }
     redraw(true);
   }
@@ -85,11 +97,15 @@ export async function render(view, ctx, name) {
   function onPoints(p) {
     if (state.metric !== 'loss' && state.metric !== 'grad_norm') return;
     let c = state.curves.get(p.run);
-    if (!c) { c = { step: [], value: [], spikes: [] }; state.curves.set(p.run, c); }
+    if (!c) { c = { step: [], value: [], x: [], scale: 1, axis: state.x, spikes: [] }; state.curves.set(p.run, c); }
     const values = state.metric === 'loss' ? p.loss : p.grad_norm;
     const last = c.step.length ? c.step[c.step.length - 1] : 0;
     for (let i = 0; i < p.step.length; i++) {
-      if (p.step[i] > last) { c.step.push(p.step[i]); c.value.push(values[i]); }
+      if (p.step[i] > last) {
+        c.step.push(p.step[i]);
+        c.value.push(values[i]);
+        c.x.push(state.x === 'step' ? p.step[i] : state.x === 'time' ? (p.elapsed_s ? p.elapsed_s[i] : null) : p.step[i] * c.scale);
+      }
     }
     if (c.step.length > MAX_LIVE_POINTS) thin(c);
     const run = state.runs.get(p.run);
@@ -172,9 +188,13 @@ export async function render(view, ctx, name) {
 
   function redraw(rebuild) {
     const runs = runsInOrder().filter((r) => state.curves.has(r.id));
+    // Each run's points at the chosen x (a point without one, an old row's time, left out).
     const list = runs.map((r) => {
       const c = state.curves.get(r.id);
-      return { step: c.step, value: ema(c.value, state.smooth) };
+      const smooth = ema(c.value, state.smooth);
+      const xs = [], ys = [];
+      for (let i = 0; i < c.step.length; i++) if (c.x[i] !== null && c.x[i] !== undefined) { xs.push(c.x[i]); ys.push(smooth[i]); }
+      return { step: xs, value: ys };
     });
     const data = joinSeries(list);
     let points = 0;
@@ -184,16 +204,18 @@ export async function render(view, ctx, name) {
     if (points > 0 && !chartBox.dataset.drawnAt) {
       requestAnimationFrame(() => { chartBox.dataset.drawnAt = performance.now().toFixed(1); });
     }
-    const key = `${state.metric}|${state.log}|${runs.map((r) => `${r.id}:${r.state}`).join(',')}`;
+    const key = `${state.metric}|${state.x}|${state.log}|${runs.map((r) => `${r.id}:${r.state}`).join(',')}`;
     if (rebuild || !state.chart || key !== state.chartKey) {
       if (state.chart) state.chart.destroy();
       chartBox.replaceChildren();
       const spikes = () => runs.flatMap((r, i) => state.curves.get(r.id).spikes
         .filter((s) => s.signal === state.metric || state.metric === 'loss')
-        .map((s) => ({ seriesIdx: i + 1, step: s.step, value: valueAt(r.id, s.step) ?? s.value })));
+        .map((s) => ({ seriesIdx: i + 1, step: xAt(r.id, s.step), value: valueAt(r.id, s.step) ?? s.value }))
+        .filter((s) => s.step !== null));
       state.chart = lineChart(chartBox, {
         title: state.metric === 'loss' ? 'Training loss' : 'Gradient norm',
         yLabel: state.metric,
+        xLabel: X_AXES.find(([v]) => v === state.x)[1],
         log: state.log,
         spikes,
         height: 380,
@@ -206,6 +228,14 @@ export async function render(view, ctx, name) {
     } else {
       state.chart.setData(data);
     }
+  }
+
+  // The chosen x of a run's step (a spike's): from its point, else from its scale.
+  function xAt(id, step) {
+    const c = state.curves.get(id);
+    const i = c.step.indexOf(step);
+    if (i >= 0) return c.x[i] ?? null;
+    return state.x === 'step' ? step : state.x === 'time' ? null : step * c.scale;
   }
 
   function valueAt(id, step) {
@@ -223,10 +253,11 @@ export async function render(view, ctx, name) {
 // Keeps the newest quarter of a live curve whole and every other point of the rest.
 function thin(c) {
   const keepFrom = Math.floor(c.step.length * 0.75);
-  const step = [], value = [];
+  const step = [], value = [], x = [];
   for (let i = 0; i < c.step.length; i++) {
-    if (i >= keepFrom || i % 2 === 0) { step.push(c.step[i]); value.push(c.value[i]); }
+    if (i >= keepFrom || i % 2 === 0) { step.push(c.step[i]); value.push(c.value[i]); x.push(c.x[i]); }
   }
   c.step = step;
   c.value = value;
+  c.x = x;
 }

@@ -111,6 +111,16 @@ TEST_F(CoordinatorCliTest, SubmitStatusTableExportQuery) {
   r = Cli({"table", "quick", "--format", "json"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("\"variant\""));
+  // Compute-matched: each run's evaluation at or below the budget (tests/orchestrator/store/
+  // costs_test.cc checks the values); one budget at a time, and not with --best.
+  r = Cli({"table", "quick", "--at-tokens", "1e9"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("| baseline |"));
+  EXPECT_EQ(Cli({"table", "quick", "--at-tokens", "1e9", "--at-flops", "1e12"}).code, 2);
+  EXPECT_EQ(Cli({"table", "quick", "--at-tokens", "-5"}).code, 2);
+  r = Cli({"table", "quick", "--at-flops", "1e12", "--best"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--at-tokens and --at-flops go with the plain table"));
 
   r = Cli({"export", "quick", "--format", "csv"});
   ASSERT_EQ(r.code, 0) << r.err;

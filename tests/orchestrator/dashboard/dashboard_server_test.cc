@@ -25,6 +25,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "config/model_config.h"
+#include "config/param_count.h"
+#include "gmock/gmock.h"
 #include "nlohmann/json.hpp"
 #include "tests/orchestrator/dashboard/dashboard_test_util.h"
 #include "tests/process_util.h"
@@ -462,6 +465,34 @@ TEST_F(DashboardServerTest, CurvesAreDownsampledPerRun) {
 
 // A step count near 2^63 (what a coordinator stored before it checked reports at the door) once
 // made the grid stride overflow to 1: a grid of 2^63 steps. Now every view still answers.
+// Curves against tokens seen, FLOPs spent or training seconds: an `x` beside each run's steps,
+// from its config (step x batch x seq_len x grad_accum, times FLOPs per token) or its points'
+// elapsed_s. A bad `x` names the choices.
+TEST_F(DashboardServerTest, CurvesAgainstTokensFlopsOrTime) {
+  const json steps = Get(port_, "/api/sweeps/gates/curves?points=50").Json();
+  EXPECT_FALSE(steps["runs"][0].contains("x"));
+  const TrainConfig t = DefaultTrainConfig();
+  const double tokens_per_step = static_cast<double>(t.batch_size()) * t.seq_len() * t.grad_accum();
+  const json tokens = Get(port_, "/api/sweeps/gates/curves?points=50&x=tokens").Json();
+  EXPECT_EQ(tokens["x"], "tokens");
+  const json& run = tokens["runs"][0];
+  ASSERT_EQ(run["x"].size(), run["step"].size());
+  for (size_t i = 0; i < run["step"].size(); ++i) {
+    EXPECT_DOUBLE_EQ(run["x"][i].get<double>(), run["step"][i].get<double>() * tokens_per_step);
+  }
+  const json flops = Get(port_, "/api/sweeps/gates/curves?points=50&x=flops").Json();
+  const double per_token = TrainingFlopsPerToken(DefaultModelConfig(), t.seq_len());
+  EXPECT_NEAR(flops["runs"][0]["x"][0].get<double>(),
+              flops["runs"][0]["step"][0].get<double>() * tokens_per_step * per_token,
+              1e-6 * flops["runs"][0]["x"][0].get<double>());
+  const json time = Get(port_, "/api/sweeps/gates/curves?points=50&x=time").Json();
+  EXPECT_DOUBLE_EQ(time["runs"][0]["x"][3].get<double>(),
+                   0.05 * time["runs"][0]["step"][3].get<double>());
+  const HttpResult bad = Get(port_, "/api/sweeps/gates/curves?x=parsecs");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_THAT(bad.body, ::testing::HasSubstr("parameter 'x' must be step, tokens, flops or time"));
+}
+
 TEST_F(DashboardServerTest, AbsurdStepCountsStillServeSweepsCurvesAndMetrics) {
   ASSERT_TRUE(store_
                   ->RunOnWriterForTesting([](sqlite3* db) {

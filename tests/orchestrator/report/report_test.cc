@@ -831,8 +831,8 @@ TEST_F(ReportTest, ATunedSweepShowsTheMetricAgainstTheTunedValueAndEachVariantAt
   EXPECT_THAT(svg, HasSubstr("train.optimizer.lr (log scale)"));
   const std::string& best = files->at("tables/best.csv");
   EXPECT_THAT(best, HasSubstr("baseline,,1,1,0,0,0,2,"));
-  EXPECT_THAT(best, HasSubstr(",train.optimizer.lr=3e-3\n"));
-  EXPECT_THAT(best, HasSubstr(",train.optimizer.lr=1e-3\n"));
+  EXPECT_THAT(best, HasSubstr(",train.optimizer.lr=3e-3,"));
+  EXPECT_THAT(best, HasSubstr(",train.optimizer.lr=1e-3,"));
   EXPECT_THAT(files->at("report.md"), HasSubstr("## Each variant at its best train.optimizer.lr"));
   EXPECT_THAT(files->at("tables/compare_best.csv"), HasSubstr(",value,reference_value\n"));
 }
