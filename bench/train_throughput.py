@@ -118,6 +118,8 @@ def small_steps(a, env):
     for th in threads:
         for d in a.d_model:
             for tokens, seq in SMALL_STEPS:
+                if tokens not in a.small_tokens:
+                    continue
                 batch = tokens // seq
                 common = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--threads", str(th),
                           "--batch", str(batch), "--layers", str(a.layers)]
@@ -185,6 +187,9 @@ def main():
     p.add_argument("--nanogpt", default="", help="--small-steps: a checkout of karpathy/nanoGPT")
     p.add_argument("--small-threads", type=int, nargs="+", default=[1, 2],
                    help="--small-steps: the thread counts measured")
+    p.add_argument("--small-tokens", type=int, nargs="+", choices=[t for t, _ in SMALL_STEPS],
+                   default=[t for t, _ in SMALL_STEPS],
+                   help="--small-steps: the tokens-per-step points measured")
     a = p.parse_args()
     if a.small_steps:
         if a.d_model == [128, 256, 512]:

@@ -336,6 +336,10 @@ json ComparisonTableJson(const ComparisonTable& t) {
                     {"params_total", r.params_total},
                     {"params_activated", r.params_activated},
                     {"params_added", r.params_added},
+                    {"peak_memory_bytes", MeanStdJson(r.peak_memory_bytes)},
+                    {"train_seconds", MeanStdJson(r.train_seconds)},
+                    {"tokens_per_s", MeanStdJson(r.tokens_per_s)},
+                    {"flops", MeanStdJson(r.flops)},
                     {"lengths", std::move(lengths)}});
     rows.push_back(std::move(row));
   }
