@@ -66,6 +66,12 @@ BUILD_LIMIT_S=$([ "$MODE" = dry ] && echo "$BUDGET_S" || echo 420)
 
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
+# The Python with torch: the device's python3; here, when the first python3 on PATH has none
+# (a pyenv shim, say), Debian's /usr/bin/python3 with python3-torch (make deps-bench).
+export PY=python3
+for candidate in python3 /usr/bin/python3; do
+  if env -u LD_LIBRARY_PATH "$candidate" -c 'import torch' 2>/dev/null; then PY=$candidate; break; fi
+done
 OUT=${OUT:-$ROOT/$BUILD/out}
 mkdir -p "$OUT" "$BUILD" || exit 2
 JOBS=${JOBS:-$(nproc)}
@@ -143,7 +149,7 @@ step_env() {
   echo "## cpus"; nproc
   echo "## nvidia-smi"; nvidia-smi 2>&1 | head -20 || true
   echo "## python3 / torch"
-  python3 -c 'import sys, torch; print(sys.executable, torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")' 2>&1 || true
+  "$PY" -c 'import sys, torch; print(sys.executable, torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")' 2>&1 || true
   echo "## compilers"; c++ --version | head -1; nvcc --version 2>&1 | tail -2 || true
   cmake --version | head -1; ninja --version
   echo "## glibc"; ldd --version | head -1
@@ -213,7 +219,7 @@ if [ "$MODE" = dry ]; then
   TORCH_CMAKE=/usr/lib/x86_64-linux-gnu/cmake   # Debian's LibTorch 1.13: no 2.x here
   TORCH_INC=/usr/include
 else
-  TORCH_CMAKE=$(env -u LD_LIBRARY_PATH python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>>"$LOG")
+  TORCH_CMAKE=$(env -u LD_LIBRARY_PATH "$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>>"$LOG")
   TORCH_INC=$(dirname "$(dirname "$TORCH_CMAKE")")/include
 fi
 export TORCH_CMAKE TORCH_INC
@@ -230,7 +236,7 @@ step_configure() {
     cuda_args=(-DCMAKE_CUDA_COMPILER="$(command -v nvcc)" -DCMAKE_CUDA_ARCHITECTURES=90 -DTORCH_CUDA_ARCH_LIST=9.0)
     # The wheel's NCCL header (its nvidia-nccl package), for ProcessGroupNCCL (docs/gpu.md).
     local nccl
-    nccl=$(env -u LD_LIBRARY_PATH python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)
+    nccl=$(env -u LD_LIBRARY_PATH "$PY" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)
     [ -n "$nccl" ] && cuda_args+=(-DNCCL_ROOT="$nccl")
   fi
   local args=(-S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_STANDARD=$CXX_STD
@@ -289,7 +295,7 @@ else skip parity "gpu_parity_test was not built"; fi
 # flags its --help lists.
 step_peer() {
   local compile=$1 help args=() shape d layers head_dim seq batch
-  help=$(env -u LD_LIBRARY_PATH python3 bench/peer_nanogpt.py --help 2>&1) || { echo "$help"; return 1; }
+  help=$(env -u LD_LIBRARY_PATH "$PY" bench/peer_nanogpt.py --help 2>&1) || { echo "$help"; return 1; }
   # bench_gpu's first two shapes: d_model, layers, head dim, tokens, batch.
   for shape in "768 12 64 1024 16" "1024 12 64 1024 16"; do
     read -r d layers head_dim seq batch <<< "$shape"
@@ -301,8 +307,8 @@ step_peer() {
     grep -q -- "--head-dim" <<< "$help" && args+=(--head-dim "$head_dim")
     grep -q -- "--seq-len" <<< "$help" && args+=(--seq-len "$seq")
     grep -q -- "--batch" <<< "$help" && args+=(--batch "$batch")
-    echo "python3 bench/peer_nanogpt.py ${args[*]}"
-    env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 python3 bench/peer_nanogpt.py "${args[@]}" || return 1
+    echo "$PY bench/peer_nanogpt.py ${args[*]}"
+    env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 "$PY" bench/peer_nanogpt.py "${args[@]}" || return 1
     [ "$MODE" = dry ] && break
   done
 }
