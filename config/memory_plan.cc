@@ -121,7 +121,13 @@ double LayerBytesPerMicroBatch(const ModelConfig& c, OpPath path, int64_t rows, 
   return 0;
 }
 
-int64_t Round(double bytes) { return static_cast<int64_t>(std::llround(bytes)); }
+// Whole bytes. A plan past an exabyte (a fuzzed or mistyped shape) saturates there, so that the
+// sums of a few fields below stay inside int64 and the verdict is still "does not fit".
+int64_t Round(double bytes) {
+  constexpr double kMaxBytes = 1e18;
+  if (!(bytes > 0)) return 0;  // also NaN
+  return bytes >= kMaxBytes ? static_cast<int64_t>(kMaxBytes) : std::llround(bytes);
+}
 
 }  // namespace
 
@@ -188,8 +194,9 @@ MemoryPlan PlanMemory(const RunConfig& config, int devices) {
       t.shard_optimizer() ? 2 * std::ceil(params / shards) * 4 : 2 * largest_weight * 4;
   plan.set_largest_temporary(Round(std::max({logits, flat, optimizer_temp})));
 
-  const double resident = static_cast<double>(plan.parameters() + plan.gradients() +
-                                              plan.optimizer());
+  const double resident = static_cast<double>(plan.parameters()) +
+                          static_cast<double>(plan.gradients()) +
+                          static_cast<double>(plan.optimizer());
   const double kept = t.activation_checkpointing() ? plan.activations_checkpointed()
                                                    : plan.activations();
   // The forward's end holds the activations and the logits; the all-reduce and the optimizer's

@@ -3,6 +3,7 @@
 
 #include <set>
 
+#include "config/memory_plan.h"
 #include "config/model_config.h"
 #include "config/param_count.h"
 #include "config/presets.h"
@@ -162,6 +163,29 @@ TEST(ValidationTest, SeqLenMustFitTheModel) {
   r.mutable_train()->set_seq_len(r.model().max_seq_len() + 1);
   const absl::Status s = ValidateRunConfig(r);
   EXPECT_NE(s.message().find("train.seq_len"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace ablate
+
+namespace ablate {
+namespace {
+
+// A shape past any device (the fuzzer's 65,536-wide, 1,024-layer MoE of 16,384 experts) plans
+// saturated byte counts, not int64 overflows, and does not fit.
+TEST(MemoryPlanTest, AbsurdShapesSaturateInsteadOfOverflowing) {
+  RunConfig config = DefaultRunConfig();
+  ModelConfig& m = *config.mutable_model();
+  m.set_d_model(65536);
+  m.set_num_layers(1024);
+  m.mutable_moe()->set_num_experts(16384);
+  m.mutable_moe()->set_top_k(1);
+  m.mutable_moe()->set_expert_dim(1048576);
+  const MemoryPlan plan = PlanMemory(config, 1);
+  EXPECT_GT(plan.parameters(), 0);
+  EXPECT_GT(plan.per_device(), 0);
+  EXPECT_GE(plan.per_device(), plan.parameters());
+  EXPECT_FALSE(CheckMemoryFits("run 0", config, 1, plan, int64_t{80} * 1000 * 1000 * 1000).ok());
 }
 
 }  // namespace
