@@ -16,10 +16,10 @@
 namespace ablate {
 
 absl::Status RunServe(const ServerOptions& options, std::ostream& out,
-                      const DashboardFlags& dashboard) {
+                      const DashboardFlags& dashboard, const AlertOptions& alerts) {
   const BlockedSignals signals({SIGINT, SIGTERM});
   absl::StatusOr<std::unique_ptr<ServedCoordinator>> served =
-      ServedCoordinator::Start(options, dashboard, out);
+      ServedCoordinator::Start(options, dashboard, alerts, out);
   if (!served.ok()) return served.status();
   CoordinatorServer& server = (*served)->server();
   const std::filesystem::path dir(options.state_dir);
@@ -52,12 +52,13 @@ void AddServeCommand(CLI::App* app, std::ostream* out, std::function<absl::Statu
   auto options = std::make_shared<ServerOptions>();
   auto seconds = std::make_shared<ServerFlagSeconds>();
   auto dashboard = std::make_shared<DashboardFlags>();
-  AddServerFlags(cmd, options.get(), seconds.get(), dashboard.get());
-  cmd->callback([out, action, options, seconds, dashboard] {
-    *action = [out, options, seconds, dashboard] {
+  auto alerts = std::make_shared<AlertOptions>();
+  AddServerFlags(cmd, options.get(), seconds.get(), dashboard.get(), alerts.get());
+  cmd->callback([out, action, options, seconds, dashboard, alerts] {
+    *action = [out, options, seconds, dashboard, alerts] {
       ServerOptions o = *options;
       ApplyServerFlags(*seconds, &o);
-      return RunServe(o, *out, *dashboard);
+      return RunServe(o, *out, *dashboard, *alerts);
     };
   });
 }

@@ -17,12 +17,13 @@ namespace ablate {
 
 struct ServerOptions;   // orchestrator/coordinator/server.h
 struct DashboardFlags;  // orchestrator/cli/serving.h
+struct AlertOptions;    // orchestrator/alerts/alerter.h
 
 // Starts the server and blocks until SIGINT/SIGTERM (BlockedSignals: blocked before any server
 // thread starts, taken with sigwait, no async handler). With dashboard.port > 0 the web dashboard
-// runs beside it (serving.h).
+// runs beside it (serving.h), and the alerter with `alerts`' targets and STATE_DIR/alerts.yaml's.
 absl::Status RunServe(const ServerOptions& options, std::ostream& out,
-                      const DashboardFlags& dashboard);
+                      const DashboardFlags& dashboard, const AlertOptions& alerts);
 
 // Registers `serve` on `app`; when chosen, *action runs it. `out` must outlive *action.
 void AddServeCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action);

@@ -1,19 +1,22 @@
 #include "orchestrator/cli/serving.h"
 
+#include <filesystem>
 #include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "fmt/format.h"
+#include "orchestrator/alerts/delivery.h"
 #include "orchestrator/dashboard/metrics.h"
 
 namespace ablate {
 
 void AddServerFlags(CLI::App* cmd, ServerOptions* options, ServerFlagSeconds* seconds,
-                    DashboardFlags* dashboard) {
+                    DashboardFlags* dashboard, AlertOptions* alerts) {
   cmd->add_option("--host", options->host, "address to listen on (0.0.0.0: every interface)")
       ->capture_default_str();
   cmd->add_option("--port,-p", options->port, "port (0: any free one; see STATE_DIR/address)")
@@ -64,6 +67,18 @@ void AddServerFlags(CLI::App* cmd, ServerOptions* options, ServerFlagSeconds* se
   cmd->add_option("--dashboard-port", dashboard->port,
                   "port of the web dashboard (0: no dashboard); its URL carries the token")
       ->capture_default_str();
+  cmd->add_option("--alert-webhook", alerts->webhooks,
+                  "POST a JSON alert to this http(s) URL when a run diverges, fails or first "
+                  "spikes, and when a sweep ends (repeatable; also `webhooks:` in "
+                  "STATE_DIR/alerts.yaml; docs/operations.md)")
+      ->take_all()
+      ->allow_extra_args(false);
+  cmd->add_option("--alert-command", alerts->commands,
+                  "run this shell command for each alert, the JSON on stdin and ABLATE_ALERT_KIND, "
+                  "_SWEEP, _RUN_ID, _VARIANT, _SEED, _STEP, _TEXT, _URL in its environment "
+                  "(repeatable; also `commands:` in STATE_DIR/alerts.yaml)")
+      ->take_all()
+      ->allow_extra_args(false);
 }
 
 void ApplyServerFlags(const ServerFlagSeconds& seconds, ServerOptions* options) {
@@ -89,9 +104,24 @@ absl::StatusOr<std::pair<int, int>> ParsePortRange(const std::string& text) {
 namespace {
 
 // The dashboard of `server`, or nullptr (none asked for, or its port could not be bound).
+// The alerts' counts for /metrics.
+std::vector<DashboardMetric> AlertMetrics(const AlertStats& s) {
+  const char* help = "Alert deliveries (alert x target), by how they ended.";
+  return {{"ablate_alerts_total", help, "counter", {{"outcome", "delivered"}},
+           static_cast<double>(s.delivered)},
+          {"ablate_alerts_total", help, "counter", {{"outcome", "failed"}},
+           static_cast<double>(s.failed)},
+          {"ablate_alerts_total", help, "counter", {{"outcome", "dropped"}},
+           static_cast<double>(s.dropped)},
+          {"ablate_alerts_queued", "Alert deliveries waiting or being tried.", "gauge", {},
+           static_cast<double>(s.queued)}};
+}
+
+// `alerter` (may be null) must outlive the dashboard.
 std::unique_ptr<DashboardServer> StartDashboard(CoordinatorServer* server,
                                                 const ServerOptions& options,
-                                                const DashboardFlags& flags, std::ostream& out) {
+                                                const DashboardFlags& flags,
+                                                const Alerter* alerter, std::ostream& out) {
   if (flags.port <= 0) return nullptr;
   DashboardOptions o;
   o.host = flags.host;
@@ -103,7 +133,14 @@ std::unique_ptr<DashboardServer> StartDashboard(CoordinatorServer* server,
   o.tls_key_file = options.tls_key_file;
   o.reader = &server->store()->reader();
   Store* store = server->store();
-  o.operator_stats = [store] { return StoreMetrics(store->Stats()); };
+  o.operator_stats = [store, alerter] {
+    std::vector<DashboardMetric> metrics = StoreMetrics(store->Stats());
+    if (alerter != nullptr) {
+      const std::vector<DashboardMetric> more = AlertMetrics(alerter->Stats());
+      metrics.insert(metrics.end(), more.begin(), more.end());
+    }
+    return metrics;
+  };
   o.live_slots_in_use = [core = server->core()](int64_t worker_id) {
     return core->SlotsInUse(worker_id);
   };
@@ -122,19 +159,57 @@ std::unique_ptr<DashboardServer> StartDashboard(CoordinatorServer* server,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ServedCoordinator>> ServedCoordinator::Start(
-    const ServerOptions& options, const DashboardFlags& dashboard, std::ostream& out) {
+    const ServerOptions& options, const DashboardFlags& dashboard, const AlertOptions& alerts,
+    std::ostream& out) {
+  AlertOptions alert_options = alerts;
+  const std::string alerts_file = (std::filesystem::path(options.state_dir) / kAlertsFile).string();
+  if (absl::Status s = ReadAlertsFile(alerts_file, &alert_options); !s.ok()) return s;
+  // The targets are checked before anything starts: a mistyped URL is an error at once, not a
+  // silent loss at the first divergence.
+  for (const std::string& url : alert_options.webhooks) {
+    if (absl::StatusOr<WebhookUrl> parsed = ParseWebhookUrl(url); !parsed.ok()) {
+      return parsed.status();
+    }
+  }
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options);
   if (!server.ok()) return server.status();
   std::unique_ptr<ServedCoordinator> served(new ServedCoordinator());
   served->server_ = *std::move(server);
-  served->dashboard_ = StartDashboard(served->server_.get(), options, dashboard, out);
+  // The alerter starts before the dashboard, whose /metrics reads it: the pages' address is
+  // the one the dashboard is asked to listen on, as Url() prints it, without the token.
+  if (dashboard.port > 0) {
+    std::string host = dashboard.host == "0.0.0.0" || dashboard.host == "::" ? "127.0.0.1"
+                                                                               : dashboard.host;
+    if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
+    alert_options.dashboard_url =
+        absl::StrCat(options.tls_cert_file.empty() ? "http://" : "https://", host, ":",
+                     dashboard.port, "/");
+  }
+  absl::StatusOr<std::unique_ptr<Alerter>> alerter =
+      Alerter::Start(served->server_->store(), alert_options);
+  if (!alerter.ok()) return alerter.status();
+  served->alerter_ = *std::move(alerter);
+  if (served->alerter_->targets() > 0) {
+    std::vector<std::string> names;
+    for (const std::string& url : alert_options.webhooks) {
+      names.push_back(ParseWebhookUrl(url)->Redacted());
+    }
+    for (const std::string& command : alert_options.commands) {
+      names.push_back(absl::StrCat("command \"", command.substr(0, 40),
+                                   command.size() > 40 ? "...\"" : "\""));
+    }
+    out << fmt::format("alerts: to {}\n", absl::StrJoin(names, ", ")) << std::flush;
+  }
+  served->dashboard_ =
+      StartDashboard(served->server_.get(), options, dashboard, served->alerter_.get(), out);
   return served;
 }
 
 ServedCoordinator::~ServedCoordinator() { Stop(); }
 
 StoreStats ServedCoordinator::Stop() {
-  dashboard_.reset();  // it reads the coordinator's store
+  dashboard_.reset();  // it reads the coordinator's store and the alerter's counts
+  if (alerter_ != nullptr) alerter_->Stop();  // it writes to the store
   if (server_ == nullptr) return StoreStats();
   const StoreStats stats = server_->store()->Stats();  // Shutdown closes the store
   server_->Shutdown();

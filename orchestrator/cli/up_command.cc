@@ -37,7 +37,7 @@ absl::Status RunUp(const UpOptions& options, std::ostream& out) {
   const BlockedSignals signals({SIGINT, SIGTERM, SIGCHLD});
 
   absl::StatusOr<std::unique_ptr<ServedCoordinator>> served =
-      ServedCoordinator::Start(options.server, options.dashboard, out);
+      ServedCoordinator::Start(options.server, options.dashboard, options.alerts, out);
   if (!served.ok()) return served.status();
   const CoordinatorServer& server = (*served)->server();
   const fs::path state(options.server.state_dir);
@@ -76,16 +76,21 @@ absl::Status RunUp(const UpOptions& options, std::ostream& out) {
     running[pid] = name;
   }
   auto reap = [&](bool announce) {
-    int status = 0;
-    for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
-      auto it = running.find(pid);
-      if (it == running.end()) continue;
+    // Its own workers only: waitpid(-1) would also reap an alert command (orchestrator/alerts)
+    // from under the thread that waits for it.
+    for (auto it = running.begin(); it != running.end();) {
+      int status = 0;
+      const pid_t pid = it->first;
+      if (::waitpid(pid, &status, WNOHANG) != pid) {
+        ++it;
+        continue;
+      }
       if (announce) {
         out << fmt::format("ablate up: worker {} (pid {}) {}\n", it->second, pid,
                            ExitText(status))
             << std::flush;
       }
-      running.erase(it);
+      it = running.erase(it);
     }
   };
 
@@ -135,7 +140,7 @@ void AddUpCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()
                   "slots of every worker: each holds up to that many jobs side by side "
                   "(docs/worker.md, \"Slots\")")
       ->check(CLI::Range(1, 4096));
-  AddServerFlags(cmd, &options->server, seconds.get(), &options->dashboard);
+  AddServerFlags(cmd, &options->server, seconds.get(), &options->dashboard, &options->alerts);
   cmd->add_option("--worker-bin", options->worker_bin,
                   "the ablate-worker to run (default: the one beside ablate)");
   cmd->callback([out, action, options, seconds] {

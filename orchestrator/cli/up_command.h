@@ -36,6 +36,7 @@ struct UpOptions {
   std::string worker_bin;       // "" = ablate-worker beside this executable
   absl::Duration stop_grace = absl::Seconds(60);  // then SIGKILL
   DashboardFlags dashboard;     // where the web dashboard listens (port 0: none)
+  AlertOptions alerts;          // --alert-webhook, --alert-command
 };
 
 // Runs until SIGINT/SIGTERM (blocked in the calling thread before any thread starts, taken with

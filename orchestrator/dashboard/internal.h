@@ -32,6 +32,7 @@
 #include "common/credentials.h"
 #include "nlohmann/json.hpp"
 #include "orchestrator/dashboard/server.h"
+#include "orchestrator/net/deadline_socket.h"
 #include "orchestrator/report/figures.h"
 #include "orchestrator/store/reader.h"
 
@@ -51,80 +52,6 @@ constexpr int kMaxCurvePoints = 5000;  // per run, on the sweep overlay
 constexpr int kMaxEventsPerPage = 1000;
 constexpr size_t kMaxHeaderBytes = 16 << 10;
 constexpr absl::Duration kIdleTimeout = absl::Seconds(30);  // between keep-alive requests
-
-// The throwing read_some/write_some that Asio's SyncReadStream and SyncWriteStream also require,
-// from a stream's error_code ones (Stream declares `using ThrowingOverloads<Stream>::...`).
-template <class Stream>
-struct ThrowingOverloads {
-  template <class MutableBuffers>
-  size_t read_some(const MutableBuffers& buffers) {
-    error_code ec;
-    const size_t n = static_cast<Stream*>(this)->read_some(buffers, ec);
-    if (ec) throw boost::system::system_error(ec);
-    return n;
-  }
-  template <class ConstBuffers>
-  size_t write_some(const ConstBuffers& buffers) {
-    error_code ec;
-    const size_t n = static_cast<Stream*>(this)->write_some(buffers, ec);
-    if (ec) throw boost::system::system_error(ec);
-    return n;
-  }
-};
-
-// A connected socket as a SyncReadStream and SyncWriteStream whose every read_some and write_some
-// fails with asio::error::timed_out once the deadline has passed. The socket is non-blocking:
-// an operation that would block waits in poll() for at most the time left, so a client that
-// trickles bytes, or stops reading, holds its thread no longer than the deadline. (SO_RCVTIMEO
-// would not do: asio's synchronous operations go back to polling forever after EAGAIN.)
-// shutdown(2) on the socket, as Stop() does, wakes the wait.
-class DeadlineSocket : public ThrowingOverloads<DeadlineSocket> {
- public:
-  using ThrowingOverloads::read_some;
-  using ThrowingOverloads::write_some;
-  using lowest_layer_type = tcp::socket::lowest_layer_type;
-  using executor_type = tcp::socket::executor_type;
-
-  // `socket` is not owned. Makes it non-blocking.
-  explicit DeadlineSocket(tcp::socket* socket);
-
-  void set_deadline(absl::Time deadline) { deadline_ = deadline; }
-  int native_handle() { return socket_->native_handle(); }
-  lowest_layer_type& lowest_layer() { return socket_->lowest_layer(); }
-  executor_type get_executor() { return socket_->get_executor(); }
-
-  template <class MutableBuffers>
-  size_t read_some(const MutableBuffers& buffers, error_code& ec) {
-    return Retry(POLLIN, ec, [&] { return socket_->read_some(buffers, ec); });
-  }
-  template <class ConstBuffers>
-  size_t write_some(const ConstBuffers& buffers, error_code& ec) {
-    return Retry(POLLOUT, ec, [&] { return socket_->write_some(buffers, ec); });
-  }
-
-  // Waits until the socket is ready for `events` (POLLIN, POLLOUT); false when the deadline
-  // passed first.
-  bool Wait(short events);
-  // The client has closed or reset the connection (seen without reading: its FIN, TLS or not).
-  bool PeerClosed();
-
- private:
-  // Calls `op` until it does not say would_block, waiting for `events` in between.
-  template <class Op>
-  size_t Retry(short events, error_code& ec, Op op) {
-    while (true) {
-      const size_t n = op();
-      if (ec != asio::error::would_block && ec != asio::error::try_again) return n;
-      if (!Wait(events)) {
-        ec = asio::error::timed_out;
-        return 0;
-      }
-    }
-  }
-
-  tcp::socket* const socket_;
-  absl::Time deadline_ = absl::InfiniteFuture();
-};
 
 // One connection's byte stream: plain HTTP, or TLS over the same DeadlineSocket. What
 // http::read/http::write and the event stream read and write; set_deadline bounds every

@@ -68,30 +68,6 @@ std::optional<int64_t> IntParam(const Request& r, const std::string& name, int64
 
 double NowSeconds() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
 
-DeadlineSocket::DeadlineSocket(tcp::socket* socket) : socket_(socket) {
-  error_code ec;
-  socket_->non_blocking(true, ec);  // fails only on a closed socket: its reads fail anyway
-}
-
-bool DeadlineSocket::Wait(short events) {
-  while (true) {
-    const absl::Duration left = deadline_ - absl::Now();
-    if (left <= absl::ZeroDuration()) return false;
-    // Rounded up: a wait of 0 ms would spin for the last fraction of a millisecond.
-    const int64_t ms = std::min<int64_t>(
-        absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), 60 * 1000);
-    pollfd p{socket_->native_handle(), events, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(ms));
-    if (n > 0) return true;  // ready, or an error / hang-up the next operation reports
-    if (n < 0 && errno != EINTR) return true;  // let the operation report it
-  }
-}
-
-bool DeadlineSocket::PeerClosed() {
-  pollfd p{socket_->native_handle(), POLLRDHUP, 0};
-  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-}
-
 Connection::Connection(tcp::socket* socket, asio::ssl::context* tls) : socket_(socket) {
   if (tls != nullptr) tls_ = std::make_unique<asio::ssl::stream<DeadlineSocket&>>(socket_, *tls);
 }

@@ -213,6 +213,7 @@ struct EventInfo {
   int64_t sweep_id = 0, run_id = 0;  // 0 = none
   std::string kind;
   std::string message;
+  std::string state;  // the state a run_state or sweep_state event's run or sweep entered; "" none
 };
 
 // A spike event of a run of a sweep, with its row id (what the live streams count from).
@@ -475,6 +476,10 @@ class StoreReader {
   // Events with id > after_id, oldest first, at most `limit`; sweep_id 0 = every sweep.
   absl::StatusOr<std::vector<EventInfo>> Events(int64_t sweep_id, int64_t after_id,
                                                 int limit) const;
+  // Spikes of every sweep with id > after_id, oldest first, at most `limit`.
+  absl::StatusOr<std::vector<SweepSpike>> SpikesSince(int64_t after_id, int limit) const;
+  // How far the alerter has read (alert_cursor); nullopt before it first ran on this store.
+  absl::StatusOr<std::optional<ChangeCursor>> AlertCursorRow() const;
 
   // ---- Tuning (reader_tune.cc) ----
   // The sweep's `tune:` block; nullopt for a sweep without one.

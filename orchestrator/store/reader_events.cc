@@ -30,7 +30,7 @@ WorkerInfo ReadWorker(const Stmt& s) {
 
 EventInfo ReadEvent(const Stmt& s) {
   EventInfo e;
-  ReadColumns(s, 0, &e.id, &e.time, &e.sweep_id, &e.run_id, &e.kind, &e.message);
+  ReadColumns(s, 0, &e.id, &e.time, &e.sweep_id, &e.run_id, &e.kind, &e.message, &e.state);
   return e;
 }
 
@@ -116,13 +116,31 @@ absl::StatusOr<std::vector<WorkerInfo>> StoreReader::ListWorkers() const {
 absl::StatusOr<std::vector<EventInfo>> StoreReader::Events(int64_t sweep_id, int64_t after_id,
                                                            int limit) const {
   return ReadRows<EventInfo>(
-      absl::StrCat("SELECT id, time, sweep_id, run_id, kind, message FROM events WHERE id > ?2 ",
+      absl::StrCat("SELECT id, time, sweep_id, run_id, kind, message, coalesce(state, '') "
+                   "FROM events WHERE id > ?2 ",
                    sweep_id != 0 ? "AND sweep_id = ?1 " : "", "ORDER BY id LIMIT ?3"),
       [&](Stmt& q) {
         if (sweep_id != 0) q.Bind(1, sweep_id);
         q.Bind(2, after_id).Bind(3, static_cast<int64_t>(limit));
       },
       ReadEvent);
+}
+
+absl::StatusOr<std::vector<SweepSpike>> StoreReader::SpikesSince(int64_t after_id,
+                                                                 int limit) const {
+  return ReadRows<SweepSpike>(
+      absl::StrCat("SELECT s.id, s.run_id, ", kSpikeColumns,
+                   " FROM spike_events s WHERE s.id > ?1 ORDER BY s.id LIMIT ?2"),
+      [&](Stmt& q) { q.Bind(1, after_id).Bind(2, static_cast<int64_t>(limit)); }, ReadSweepSpike);
+}
+
+absl::StatusOr<std::optional<ChangeCursor>> StoreReader::AlertCursorRow() const {
+  std::optional<ChangeCursor> cursor;
+  absl::Status read = ForEachRow(
+      "SELECT event_id, spike_id FROM alert_cursor WHERE id = 1", NoParameters,
+      [&](const Stmt& r) { cursor = ChangeCursor{r.ColumnInt(0), r.ColumnInt(1)}; });
+  if (!read.ok()) return read;
+  return cursor;
 }
 
 }  // namespace ablate

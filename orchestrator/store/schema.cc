@@ -732,6 +732,32 @@ JOIN variants v ON v.id = r.variant_id
 LEFT JOIN workers w ON w.id = r.worker_id;
 )sql";
 
+// Version 12: alerts (orchestrator/alerts): the state an event's run or sweep entered, each alert
+// claimed once per (kind, sweep, run) before it is sent, with how its deliveries went, and how far
+// the alerter has read the event log and the spikes.
+constexpr char kSchemaV12[] = R"sql(
+ALTER TABLE events ADD COLUMN state TEXT;
+CREATE TABLE alerts (
+  id          INTEGER PRIMARY KEY,
+  kind        TEXT NOT NULL,
+  sweep_id    INTEGER NOT NULL,
+  run_id      INTEGER NOT NULL DEFAULT 0,
+  created_at  REAL NOT NULL,
+  payload     TEXT NOT NULL,
+  targets     INTEGER NOT NULL DEFAULT 0,
+  delivered   INTEGER NOT NULL DEFAULT 0,
+  failed      INTEGER NOT NULL DEFAULT 0,
+  dropped     INTEGER NOT NULL DEFAULT 0,
+  last_error  TEXT NOT NULL DEFAULT '',
+  UNIQUE (kind, sweep_id, run_id)
+);
+CREATE TABLE alert_cursor (
+  id        INTEGER PRIMARY KEY CHECK (id = 1),
+  event_id  INTEGER NOT NULL,
+  spike_id  INTEGER NOT NULL
+);
+)sql";
+
 // Version 10: STOPPED joins the runs state CHECK, the last of its chain of equalities.
 constexpr char kLastRunState[] = "state = 'INTERRUPTED')";
 
@@ -754,7 +780,7 @@ const std::vector<Migration>& StoreMigrations() {
   static const std::vector<Migration>* migrations = new std::vector<Migration>{
       {kSchemaV1}, {kSchemaV2}, {kSchemaV3}, {kSchemaV4}, {kSchemaV5}, {kSchemaV6},
       {"", RewriteStateChecks}, {kSchemaV8, DropRunsWorkerReference}, {kSchemaV9},
-      {kSchemaV10, AddStoppedToRunsCheck}, {kSchemaV11}};
+      {kSchemaV10, AddStoppedToRunsCheck}, {kSchemaV11}, {kSchemaV12}};
   return *migrations;
 }
 

@@ -372,6 +372,29 @@ absl::Status Store::CloseBracket(const BracketWrite& write) {
                  2);
 }
 
+absl::StatusOr<std::vector<int64_t>> Store::ClaimAlerts(const AlertCursor& cursor,
+                                                        const std::vector<AlertClaim>& claims) {
+  auto ids = std::make_shared<std::vector<int64_t>>();
+  absl::Status s = RunSync(
+      [&cursor, &claims, ids](StoreWriter& w) {
+        ids->clear();
+        return store_internal::ApplyClaimAlerts(w, cursor, claims, ids.get());
+      },
+      static_cast<int64_t>(claims.size()) + 1);
+  if (!s.ok()) return s;
+  return *ids;
+}
+
+absl::Status Store::EnqueueAlertOutcome(int64_t alert_id, AlertOutcome outcome,
+                                        const std::string& error) {
+  Op op;
+  op.apply = [alert_id, outcome, error](StoreWriter& w) {
+    return store_internal::ApplyAlertOutcome(w, alert_id, outcome, error);
+  };
+  op.keep_on_transient = true;
+  return Enqueue(std::move(op));
+}
+
 absl::StatusOr<ReportResult> Store::ReportMetrics(const MetricBatch& batch) {
   if (batch.seq < 1) return absl::InvalidArgumentError("store: metric batch seq must be >= 1");
   auto result = std::make_shared<ReportResult>();

@@ -254,6 +254,26 @@ struct AnnotationResult {
   int64_t note_id = 0;                 // kNote: the annotation's id
 };
 
+// Alerts (orchestrator/alerts/alerter.h). How far the alerter has read: the last event and
+// spike it looked at (alert_cursor).
+struct AlertCursor {
+  int64_t event_id = 0;
+  int64_t spike_id = 0;
+};
+
+// An alert to send once: (kind, sweep, run) is its identity (alerts UNIQUE); payload the JSON
+// each target gets; targets how many it goes to.
+struct AlertClaim {
+  std::string kind;
+  int64_t sweep_id = 0;
+  int64_t run_id = 0;  // 0: about the sweep
+  std::string payload;
+  int targets = 0;
+};
+
+// How one target's delivery of an alert ended (alerts.delivered, failed, dropped).
+enum class AlertOutcome { kDelivered, kFailed, kDropped };
+
 struct StoreStats {
   int64_t queued_writes = 0;
   int64_t queued_rows = 0;
@@ -351,6 +371,12 @@ class Store {
   // what it holds.
   absl::Status CloseBracket(const BracketWrite& write);
 
+  // In one transaction: each claim not stored before (same kind, sweep and run) inserted, and
+  // the alert cursor moved to `cursor`. Returns, in claims order, the new alert's id, or 0 for
+  // a claim stored before (by this coordinator or an earlier one: not to be sent again).
+  absl::StatusOr<std::vector<int64_t>> ClaimAlerts(const AlertCursor& cursor,
+                                                   const std::vector<AlertClaim>& claims);
+
   // Waits until every write enqueued before the call is committed. Returns the error of a failed
   // flush attempt meanwhile (the writes stay queued and are retried).
   absl::Status Flush();
@@ -375,6 +401,10 @@ class Store {
                                  int64_t step);
   absl::Status EnqueueEvent(int64_t sweep_id, int64_t run_id, const std::string& kind,
                             const std::string& message);
+
+  // One target's outcome of alert `alert_id` (counted in its row; `error` kept as last_error).
+  absl::Status EnqueueAlertOutcome(int64_t alert_id, AlertOutcome outcome,
+                                   const std::string& error);
 
   // A write's transaction is counted (committed or rolled back) before the write returns or its
   // callback runs.

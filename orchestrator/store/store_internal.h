@@ -67,8 +67,11 @@ class StoreWriter {
   // COMMIT, and before each write's RELEASE when writes have savepoints (Store::ApplyBatch).
   // Every transition writes an event, and a statement of its own for each was a large part of
   // the writer's work per dispatched job. Their ids keep the order they were added in.
-  void AddEvent(int64_t sweep_id, int64_t run_id, std::string kind, std::string message) {
-    events_.push_back({Now(), sweep_id, run_id, std::move(kind), std::move(message)});
+  // `state`: the state the event's run or sweep entered ("" = NULL: not a change of state).
+  void AddEvent(int64_t sweep_id, int64_t run_id, std::string kind, std::string message,
+                std::string state = "") {
+    events_.push_back(
+        {Now(), sweep_id, run_id, std::move(kind), std::move(message), std::move(state)});
   }
   size_t pending_events() const { return events_.size(); }
   // Forgets the events added since `mark` (their savepoint or transaction was rolled back).
@@ -79,7 +82,7 @@ class StoreWriter {
   struct PendingEvent {
     double time = 0;
     int64_t sweep_id = 0, run_id = 0;  // 0: NULL
-    std::string kind, message;
+    std::string kind, message, state;
   };
 
   SqliteDb db_;
@@ -94,8 +97,9 @@ namespace store_internal {
 // ---- The writes (writes.cc), each the body of one Store method's queued op ----
 
 // Queued on the writer, written with the transaction's other events (StoreWriter::FlushEvents).
+// `state`: the state a run_state or sweep_state event's run or sweep entered (events.state).
 absl::Status InsertEvent(StoreWriter& w, int64_t sweep_id, int64_t run_id, std::string kind,
-                         std::string message);
+                         std::string message, std::string state = "");
 
 // Store::CreateSweep. `config_json`: each run's canonical config, in runs order.
 absl::Status ApplyCreateSweep(StoreWriter& w, const SweepRecord& record,
@@ -139,6 +143,13 @@ absl::Status InsertTuneRun(StoreWriter& w, int64_t sweep_id, int64_t run_id, con
 // The tune_runs row of `run`, and its group's bracket when the sweep is a boundary one.
 absl::Status InsertTuneRows(StoreWriter& w, const ExpandedSweep& sweep, int64_t sweep_id,
                             int64_t run_id, const RunSpec& run);
+// Store::ClaimAlerts (alert_writes.cc): `ids` gets one entry per claim.
+absl::Status ApplyClaimAlerts(StoreWriter& w, const AlertCursor& cursor,
+                              const std::vector<AlertClaim>& claims, std::vector<int64_t>* ids);
+// Store::EnqueueAlertOutcome.
+absl::Status ApplyAlertOutcome(StoreWriter& w, int64_t alert_id, AlertOutcome outcome,
+                               const std::string& error);
+
 // Store::AddTuneProbe and Store::CloseBracket.
 absl::Status ApplyAddTuneProbe(StoreWriter& w, const TuneProbeWrite& write, TuneProbeResult* result);
 absl::Status ApplyCloseBracket(StoreWriter& w, const BracketWrite& write);

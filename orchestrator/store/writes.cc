@@ -343,7 +343,8 @@ absl::Status ReuseRun(StoreWriter& w, const RunStatements& s, int64_t sweep_id, 
   s.reuse->Bind(1, run_id).Bind(2, source).Bind(3, now);
   STORE_RETURN_IF_ERROR(s.reuse->Run());
   return InsertEvent(w, sweep_id, run_id, "run_state",
-                     absl::StrCat("run ", run_id, ": PENDING -> SUCCEEDED: reused run ", source));
+                     absl::StrCat("run ", run_id, ": PENDING -> SUCCEEDED: reused run ", source),
+                     "SUCCEEDED");
 }
 
 // ---- A run's transitions --------------------------------------------------------------------
@@ -492,9 +493,16 @@ absl::Status SettleSweepState(StoreWriter& w, int64_t sweep_id, double now) {
             "EXISTS (SELECT 1 FROM runs WHERE sweep_id = ?1 AND state = 'RUNNING') OR "
             "EXISTS (SELECT 1 FROM runs WHERE sweep_id = ?1 AND state = 'INTERRUPTED') OR "
             "EXISTS (SELECT 1 FROM tune_brackets WHERE sweep_id = ?1 AND state = 'OPEN') "
-            "THEN 'DONE' ELSE 'ACTIVE' END"));
+            "THEN 'DONE' ELSE 'ACTIVE' END RETURNING state"));
   settle->Bind(1, sweep_id).Bind(2, now);
-  return settle->Run();
+  // A row back: the state changed, to the one it returns (an event, which alerts follow).
+  absl::StatusOr<bool> changed = settle->Step();
+  std::string state = changed.ok() && *changed ? settle->ColumnText(0) : "";
+  settle->Reset();
+  if (!changed.ok()) return changed.status();
+  if (state.empty()) return absl::OkStatus();
+  return InsertEvent(w, sweep_id, 0, "sweep_state", absl::StrCat("sweep ", sweep_id, " is ", state),
+                     state);
 }
 
 namespace {
@@ -529,8 +537,8 @@ absl::StatusOr<int64_t> InsertRunRow(StoreWriter& w, const ExpandedSweep& sweep,
 }
 
 absl::Status InsertEvent(StoreWriter& w, int64_t sweep_id, int64_t run_id, std::string kind,
-                         std::string message) {
-  w.AddEvent(sweep_id, run_id, std::move(kind), std::move(message));
+                         std::string message, std::string state) {
+  w.AddEvent(sweep_id, run_id, std::move(kind), std::move(message), std::move(state));
   return absl::OkStatus();
 }
 
@@ -571,6 +579,8 @@ absl::Status ApplyCreateSweep(StoreWriter& w, const SweepRecord& record,
                                        "WHERE id = ?1"));
     done->Bind(1, sweep_id).Bind(2, now);
     STORE_RETURN_IF_ERROR(done->Run());
+    STORE_RETURN_IF_ERROR(InsertEvent(w, sweep_id, 0, "sweep_state",
+                                      absl::StrCat("sweep ", sweep_id, " is DONE"), "DONE"));
   }
   return InsertEvent(w, sweep_id, 0, "sweep_submitted",
                      absl::StrCat("sweep ", sweep.name(), " submitted: ", sweep.runs_size(),
@@ -587,7 +597,7 @@ absl::Status ApplySetSweepState(StoreWriter& w, int64_t sweep_id, const std::str
     return absl::NotFoundError(absl::StrCat("store: no sweep ", sweep_id));
   }
   return InsertEvent(w, sweep_id, 0, "sweep_state",
-                     absl::StrCat("sweep ", sweep_id, " is ", state));
+                     absl::StrCat("sweep ", sweep_id, " is ", state), state);
 }
 
 absl::Status ApplyCancelSweep(StoreWriter& w, int64_t sweep_id, SweepCancellation* result) {
@@ -599,7 +609,8 @@ absl::Status ApplyCancelSweep(StoreWriter& w, int64_t sweep_id, SweepCancellatio
     return absl::NotFoundError(absl::StrCat("store: no sweep ", sweep_id));
   }
   STORE_RETURN_IF_ERROR(InsertEvent(w, sweep_id, 0, "sweep_state",
-                                    absl::StrCat("sweep ", sweep_id, " is CANCELLED")));
+                                    absl::StrCat("sweep ", sweep_id, " is CANCELLED"),
+                                    "CANCELLED"));
   // The condition of runs_by_sweep_state (schema version 8), word for word: SQLite uses a
   // partial index only for a query whose WHERE holds its condition.
   STORE_ASSIGN_OR_RETURN(list, w.Get("SELECT id, state FROM runs WHERE sweep_id = ?1 AND "
@@ -747,7 +758,8 @@ absl::Status ApplyTransition(StoreWriter& w, const RunTransition& t, TransitionR
   std::string message = absl::StrCat("run ", t.run_id, ": ", RunStateName(run.state), " -> ",
                                      RunStateName(t.to), " (attempt ", attempt, ")");
   if (!t.reason.empty()) absl::StrAppend(&message, ": ", t.reason);
-  STORE_RETURN_IF_ERROR(InsertEvent(w, run.sweep_id, t.run_id, "run_state", message));
+  STORE_RETURN_IF_ERROR(
+      InsertEvent(w, run.sweep_id, t.run_id, "run_state", message, RunStateName(t.to)));
   // Only a run entering or leaving a terminal state can change the sweep's: a start (PENDING ->
   // RUNNING) or the requeue of an interrupted run skips the check.
   if (IsTerminal(run.state) != IsTerminal(t.to)) {
@@ -887,17 +899,18 @@ absl::Status StoreWriter::FlushEvents() {
   using store_internal::kRowsPerInsert;
   // OR FAIL: no statement journal (StepRowsInsert).
   static const auto* insert = new store_internal::MultiRowInsert(
-      "INSERT OR FAIL INTO events (time, sweep_id, run_id, kind, message)", 5);
+      "INSERT OR FAIL INTO events (time, sweep_id, run_id, kind, message, state)", 6);
   for (size_t first = 0; first < events_.size(); first += kRowsPerInsert) {
     const size_t n = std::min(events_.size() - first, kRowsPerInsert);
     STORE_ASSIGN_OR_RETURN(stmt, Get(insert->Sql(n)));
     for (size_t i = 0; i < n; ++i) {
       const PendingEvent& e = events_[first + i];
-      const int p = static_cast<int>(5 * i);
+      const int p = static_cast<int>(6 * i);
       stmt->Bind(p + 1, e.time);
       if (e.sweep_id != 0) stmt->Bind(p + 2, e.sweep_id);
       if (e.run_id != 0) stmt->Bind(p + 3, e.run_id);
       stmt->Bind(p + 4, e.kind).Bind(p + 5, e.message);
+      if (!e.state.empty()) stmt->Bind(p + 6, e.state);
     }
     STORE_RETURN_IF_ERROR(stmt->Run());
   }

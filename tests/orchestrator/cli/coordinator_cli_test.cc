@@ -481,7 +481,8 @@ TEST(ServeDashboardTest, TheDashboardStaysOnLoopbackWhenGrpcListensEverywhere) {
     ServerOptions options;
     ServerFlagSeconds seconds;
     DashboardFlags dashboard;
-    AddServerFlags(&app, &options, &seconds, &dashboard);
+    AlertOptions alerts;
+    AddServerFlags(&app, &options, &seconds, &dashboard, &alerts);
     const int port = ablate::testing::FreePort();
     app.parse(absl::StrCat("--host 0.0.0.0 --port 0 --no-fsync --state-dir ", dir,
                            "/state --dashboard-port ", port,
@@ -491,7 +492,7 @@ TEST(ServeDashboardTest, TheDashboardStaysOnLoopbackWhenGrpcListensEverywhere) {
     EXPECT_EQ(dashboard.host, everywhere ? "0.0.0.0" : "127.0.0.1");
     std::ostringstream out;
     absl::StatusOr<std::unique_ptr<ServedCoordinator>> served =
-        ServedCoordinator::Start(options, dashboard, out);
+        ServedCoordinator::Start(options, dashboard, alerts, out);
     ASSERT_TRUE(served.ok()) << served.status();
     ASSERT_NE((*served)->dashboard(), nullptr) << out.str();
     EXPECT_EQ((*served)->dashboard()->port(), port);
