@@ -10,7 +10,8 @@
 //    so, no console errors. Screenshots of the sweep, run, compare and sweeps pages.
 // 2. Without the token: the API answers 401 and the page says how to get in.
 // 3. Load time: a finished sweep of 40 runs x 10,000 steps, navigation to curves drawn; its
-//    compare page draws loss bands, val-loss bars, per-layer M-Act/F-Attn, gate histograms and
+//    compare page draws parallel coordinates of the runs (brushing filters the table that follows),
+//    loss bands, val-loss bars, per-layer M-Act/F-Attn, gate histograms and
 //    PPL against evaluation length, one line per variant.
 //    Beside it, tuned sweeps: the compare page draws the metric against the learning rate with
 //    diverged values, stopped runs and a boundary sweep's brackets, and its stability table.
@@ -349,6 +350,43 @@ async function loadPhase() {
   const doneCharts = await chartPixels(page, '#figures .chart');
   check(doneCharts.length >= 8 && doneCharts.every((c) => c.coloured > 50),
     `every chart of the compare page is drawn (${doneCharts.map((c) => `${c.id || 'chart'}:${c.coloured}`).join(', ')})`);
+  // Parallel coordinates: every finished run drawn in its variant's colour; brushing the upper
+  // half of the val-loss axis keeps the worse runs, the table follows; a click clears it.
+  await page.waitForSelector('#parcoords canvas');
+  await page.locator('#parcoords canvas').scrollIntoViewIfNeeded();
+  const opaque = () => page.evaluate(() => {
+    const canvas = document.querySelector('#parcoords canvas');
+    const { data } = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height);
+    let n = 0;
+    for (let i = 0; i < data.length; i += 4) {
+      if (data[i + 3] > 128 && Math.max(data[i], data[i + 1], data[i + 2]) - Math.min(data[i], data[i + 1], data[i + 2]) > 40) n++;
+    }
+    return n;
+  });
+  const pc = () => page.evaluate(() => {
+    const box = document.querySelector('#parcoords');
+    return { selected: Number(box.dataset.selected), total: Number(box.dataset.total), axes: JSON.parse(box.dataset.axes),
+      rows: document.querySelectorAll('#parcoords-runs tbody tr').length };
+  });
+  const before = await pc();
+  const colouredBefore = await opaque();
+  const axisKeys = before.axes.map((a) => a.key);
+  check(before.total >= 3 && before.selected === before.total && before.rows === before.total && colouredBefore > 1000
+    && axisKeys[0] === 'variant' && axisKeys.includes('val_loss'),
+  `the compare page draws its ${before.total} finished runs in parallel coordinates (${axisKeys.join(', ')}; ${colouredBefore} coloured pixels)`);
+  const box = await page.locator('#parcoords canvas').boundingBox();
+  const axis = before.axes.find((a) => a.key === 'val_loss');
+  await page.mouse.move(box.x + axis.x, box.y + axis.top - 2);
+  await page.mouse.down();
+  await page.mouse.move(box.x + axis.x, box.y + (axis.top + axis.bottom) / 2, { steps: 5 });
+  await page.mouse.up();
+  const brushed = await pc();
+  const colouredBrushed = await opaque();
+  check(brushed.selected >= 1 && brushed.selected < before.total && brushed.rows === brushed.selected && colouredBrushed < colouredBefore,
+    `brushing the upper half of val loss keeps ${brushed.selected} of ${before.total} runs; the table follows (${brushed.rows} rows) and the others turn grey (${colouredBefore} -> ${colouredBrushed} coloured pixels)`);
+  await page.mouse.click(box.x + axis.x, box.y + axis.bottom - 5);
+  const cleared = await pc();
+  check(cleared.selected === before.total && cleared.rows === before.total, `a click on the axis clears its brush (${cleared.selected} runs)`);
   await page.screenshot({ path: join(OUT, 'compare_40x10000.png'), fullPage: true });
   await tunedPages(page, sim.url.replace(/\/\?token=.*/, ''));
   check(errors.length === 0, `no console errors on the load page${errors.length ? `: ${errors.join(' | ')}` : ''}`);
@@ -371,12 +409,17 @@ async function tunedPages(page, base) {
     `the stability table: a row per variant, its bracket in words (${stability.join(' | ')})`);
   await page.screenshot({ path: join(OUT, 'compare_boundary.png'), fullPage: true });
   await page.goto(`${base}/#/compare/halving`);
-  await page.waitForSelector('#tune-svg');
+  // Only a hash change: the boundary page's chart is still there until this one replaces it.
+  await page.waitForSelector('#tune-svg .tune-stopped');
   const rings = await page.locator('#tune-svg .tune-stopped').count();
   const ringTitle = await page.locator('#tune-svg .tune-stopped title').first().textContent();
   check(rings === 8 && ringTitle.includes('stopped at step 100'),
     `the ASHA sweep's chart rings each stopped run at its rung's metric (${rings}: ${ringTitle})`);
   check(await page.locator('#stability').count() === 0, 'an ASHA sweep has no stability table');
+  await page.waitForSelector('#parcoords canvas');
+  const halvingAxes = await page.evaluate(() => JSON.parse(document.querySelector('#parcoords').dataset.axes).map((a) => a.key));
+  check(halvingAxes[0] === 'variant' && halvingAxes.some((k) => k.endsWith('.lr')) && halvingAxes.includes('val_loss'),
+    `the parallel coordinates of a swept sweep have an axis per swept value (${halvingAxes.join(', ')})`);
 }
 
 // `ablate report` of the finished 40-run sweep (one run spiked, then diverged), opened from disk:

@@ -8,9 +8,12 @@
 // study (init_from phases, resubmissions) after the first are matched by variant, seed and axis
 // point. While the first sweep is ACTIVE the page refreshes itself, and a variant with no finished
 // run shows the latest evaluation of its running runs, marked interim, instead of dashes.
+// Below the table, the finished runs of every sweep in parallel coordinates (parcoords.js: swept
+// values, variant, final metrics), brushable, with the table of the runs inside the brushes.
 import { api } from '../api.js';
 import { comparisonTable, figureSections, pairedSection, tuneSection } from '../figures.js';
 import { el } from '../format.js';
+import { parallelCoordinates, selectedRunsTable } from '../parcoords.js';
 
 const REFRESH_MS = 5000;
 const METRICS = ['val_loss', 'val_ppl', 'm_act', 'f_attn', 'spike_score', 'gate_score', 'train_loss'];
@@ -22,8 +25,9 @@ export async function render(view, ctx, name, more = []) {
   let metric = 'val_loss';
   const load = () => Promise.all([
     api(`table/${joined}`), api(`sweeps/${encodeURIComponent(name)}/figures`),
-    api(`compare/${joined}`, { metric }).catch(() => null), api(`sweeps/${encodeURIComponent(name)}/tune`)]);
-  let [table, figures, paired, tune] = await load();
+    api(`compare/${joined}`, { metric }).catch(() => null), api(`sweeps/${encodeURIComponent(name)}/tune`),
+    Promise.all(names.map((n) => api(`sweeps/${encodeURIComponent(n)}`)))]);
+  let [table, figures, paired, tune, details] = await load();
   const compare = comparisonTable(table, figures);
   const pairedBox = el('div', { id: 'paired-box' });
   const drawPaired = () => {
@@ -41,6 +45,15 @@ export async function render(view, ctx, name, more = []) {
     const s = tuneSection(tune);
     tuneBox.replaceChildren(...(s ? [s.section] : []));
   };
+  const runsBox = el('div', { id: 'parcoords-table' });
+  const parcoords = parallelCoordinates({
+    onSelect: (runs) => {
+      runsBox.replaceChildren(
+        el('p', { class: 'muted', id: 'parcoords-count' }, `${runs.length} of ${parcoords.node.dataset.total} finished runs${runs.length < Number(parcoords.node.dataset.total) ? ' inside the brushes' : ''}`),
+        selectedRunsTable(runs, parcoords.colourOf));
+    },
+  });
+  const allRuns = () => details.flatMap((d) => d.runs);
   const figureBox = el('div', { id: 'figures' });
   const drawFigures = () => {
     const sections = figureSections(table, figures);
@@ -54,15 +67,22 @@ export async function render(view, ctx, name, more = []) {
     el('p', { class: 'muted' }, 'Means ± sample std over the SUCCEEDED seeds of each variant; diverged runs are counted, not averaged. Click a header to sort.'),
     compare.node,
     el('p', {}, 'Paired comparison of ', choice),
-    pairedBox, tuneBox, figureBox);
+    pairedBox, tuneBox,
+    el('section', { id: 'parcoords-section' },
+      el('h2', {}, 'Runs in parallel coordinates'),
+      el('p', { class: 'muted' }, 'One line per finished run, in its variant\'s colour, across the swept values, the variant and the final metrics. Drag along an axis to keep a range (on several axes: a run must be in each); click the axis to clear it.'),
+      parcoords.node, runsBox),
+    figureBox);
+  parcoords.setRuns(allRuns());
   drawPaired();
   drawTune();
   drawFigures();
   if (figures.state !== 'ACTIVE') return;
   ctx.every(REFRESH_MS, async () => {
     if (figures.state !== 'ACTIVE') return;  // the last refresh saw it end
-    [table, figures, paired, tune] = await load();
+    [table, figures, paired, tune, details] = await load();
     compare.update(table, figures);
+    parcoords.setRuns(allRuns());
     drawPaired();
     drawTune();
     drawFigures();
