@@ -1,5 +1,7 @@
 #include "config/param_count.h"
 
+#include <algorithm>
+
 #include "config/model_config.h"
 
 namespace ablate {
@@ -89,6 +91,10 @@ double ForwardFlopsPerToken(const ModelConfig& c, int seq_len) {
 
 double TrainingFlopsPerToken(const ModelConfig& c, int seq_len) {
   return kTrainingFlopsPerForwardFlop * ForwardFlopsPerToken(c, seq_len);
+}
+
+double TokensPerStep(const TrainConfig& t) {
+  return static_cast<double>(t.batch_size()) * t.seq_len() * std::max(1, t.grad_accum());
 }
 
 }  // namespace ablate

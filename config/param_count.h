@@ -27,6 +27,9 @@ inline constexpr double kTrainingFlopsPerForwardFlop = 3.0;
 // nanoGPT's MFU uses).
 double TrainingFlopsPerToken(const ModelConfig& config, int seq_len);
 
+// Tokens one optimizer step trains: batch_size x seq_len x grad_accum (a grad_accum of 0 is 1).
+double TokensPerStep(const TrainConfig& train);
+
 }  // namespace ablate
 
 #endif  // ABLATE_CONFIG_PARAM_COUNT_H_

@@ -212,7 +212,7 @@ function clipToPlot(u, ctx) {
 }
 
 // Filled mean ± std bands under the lines (drawn before the series): `bands()` returns
-// [{seriesIdx, lo: [], hi: [], fill}] aligned with u.data[0]; a band breaks where lo or hi is null.
+// [{seriesIdx, lo: [], hi: [], fill}] aligned with u.data[0]; a band spans where lo or hi is null.
 function bandPlugin(bands) {
   return {
     hooks: {
@@ -226,19 +226,16 @@ function bandPlugin(bands) {
         for (const b of bands()) {
           if (!u.series[b.seriesIdx]?.show) continue;
           ctx.fillStyle = b.fill;
-          const n = u.data[0].length;
-          for (let i = 0; i < n;) {
-            while (i < n && !ok(b, i)) i++;
-            let j = i;
-            while (j < n && ok(b, j)) j++;
-            if (j - i >= 2) {
-              ctx.beginPath();
-              for (let k = i; k < j; k++) ctx[k === i ? 'moveTo' : 'lineTo'](u.valToPos(u.data[0][k], 'x', true), y(b.hi[k]));
-              for (let k = j - 1; k >= i; k--) ctx.lineTo(u.valToPos(u.data[0][k], 'x', true), y(b.lo[k]));
-              ctx.closePath();
-              ctx.fill();
-            }
-            i = j;
+          // Over the points it has, spanning the x of other series between them (bands on x
+          // axes of their own, each variant's tokens or FLOPs), as its line spans them.
+          const at = [];
+          for (let i = 0; i < u.data[0].length; i++) if (ok(b, i)) at.push(i);
+          if (at.length >= 2) {
+            ctx.beginPath();
+            at.forEach((k, n) => ctx[n === 0 ? 'moveTo' : 'lineTo'](u.valToPos(u.data[0][k], 'x', true), y(b.hi[k])));
+            for (let n = at.length - 1; n >= 0; n--) ctx.lineTo(u.valToPos(u.data[0][at[n]], 'x', true), y(b.lo[at[n]]));
+            ctx.closePath();
+            ctx.fill();
           }
         }
         ctx.restore();
@@ -306,17 +303,18 @@ export function withAlpha(color, alpha) {
 // Mean ± std bands over steps: one line per band (its mean, the std as a filled band under it),
 // `lines` drawn dashed on their own steps (diverged runs), red triangles at `spikes`
 // ([{seriesIdx, step, value}], seriesIdx counting bands, then lines, from 1).
-// bands: [{label, stroke, mean: [], std: []}] on `steps`; lines: [{label, stroke, step, value}].
+// bands: [{label, stroke, mean: [], std: [], steps (optional: its own x)}] on `steps` (any x:
+// `xLabel` names it); lines: [{label, stroke, step, value}].
 export function bandChart(target, { title, steps, bands, lines = [], spikes = [], log = true,
-  height = 380, yLabel = 'loss' }) {
+  height = 380, yLabel = 'loss', xLabel = 'step' }) {
   const width = Math.max(320, target.clientWidth - 14);
-  const data = joinSeries([...bands.map((b) => ({ step: steps, value: b.mean })), ...lines]);
+  const data = joinSeries([...bands.map((b) => ({ step: b.steps || steps, value: b.mean })), ...lines]);
   const index = new Map();
   data[0].forEach((x, i) => index.set(x, i));
   const edges = bands.map((b, k) => {
     const lo = new Array(data[0].length).fill(null);
     const hi = new Array(data[0].length).fill(null);
-    steps.forEach((step, i) => {
+    (b.steps || steps).forEach((step, i) => {
       const m = b.mean[i], s = b.std[i];
       if (m === null || s === null || !Number.isFinite(m) || !Number.isFinite(s)) return;
       lo[index.get(step)] = m - s;
@@ -332,8 +330,8 @@ export function bandChart(target, { title, steps, bands, lines = [], spikes = []
     legend: { show: true },
     cursor: { drag: { x: true, y: false } },
     scales: { x: { time: false }, y: y.scale },
-    axes: [{ label: 'step' }, y.axis],
-    series: [{ label: 'step' },
+    axes: [{ label: xLabel }, y.axis],
+    series: [{ label: xLabel },
       ...bands.map((b) => ({ label: b.label, stroke: b.stroke, width: 1.5, spanGaps: true, points: { show: false } })),
       ...lines.map((l) => ({ label: l.label, stroke: l.stroke, width: 1, dash: [5, 3], spanGaps: true, points: { show: false } }))],
     plugins: [bandPlugin(() => edges), spikePlugin(() => spikes)],

@@ -113,17 +113,32 @@ export function lossSection(figures) {
   box.dataset.series = bands.length + lines.length;
   box.dataset.spikes = spikes.length;
   const log = el('input', { type: 'checkbox', id: 'loss-log', checked: true });
+  // Against steps, or tokens seen / FLOPs spent: each variant's steps times its own per-step cost
+  // (variants of one budget differ in FLOPs per token), when every variant has it.
+  const scalable = (key) => figures.groups.every((g) => Number.isFinite(g[key]));
+  const against = el('select', { id: 'loss-x' },
+    [['step', 'step', true], ['tokens', 'tokens seen', scalable('tokens_per_step')], ['flops', 'FLOPs spent', scalable('flops_per_step')]]
+      .map(([value, label, ok]) => el('option', { value, disabled: !ok }, label)));
   let chart = null;
   const draw = () => {
+    const x = against.value;
+    const per = (i) => (x === 'step' ? 1 : figures.groups[i][x === 'tokens' ? 'tokens_per_step' : 'flops_per_step']);
+    const groupOfLine = figures.groups.flatMap((g, i) => g.diverged_curves.map(() => i));
+    const groupOfSeries = [null, ...figures.groups.map((_, i) => i), ...groupOfLine];
     if (chart) chart.destroy();
-    chart = bandChart(box, { title: 'Training loss: mean ± std over seeds', steps: figures.steps, bands, lines, spikes,
-      log: log.checked, yLabel: 'training loss' });
+    chart = bandChart(box, { title: 'Training loss: mean ± std over seeds', steps: figures.steps,
+      bands: bands.map((b, i) => ({ ...b, steps: figures.steps.map((s) => s * per(i)) })),
+      lines: lines.map((l, k) => ({ ...l, step: l.step.map((s) => s * per(groupOfLine[k])) })),
+      spikes: spikes.map((s) => ({ ...s, step: s.step * per(groupOfSeries[s.seriesIdx]) })),
+      log: log.checked, yLabel: 'training loss', xLabel: against.selectedOptions[0].textContent });
+    box.dataset.x = x;
   };
   log.addEventListener('change', draw);
+  against.addEventListener('change', draw);
   const stride = figures.stride === 1 ? 'every step' : `every ${figures.stride}th step`;
   return { section: section('loss', 'Training loss',
     `Each variant's mean loss over its runs that did not diverge, fail or get cancelled (${stride}), ± the sample std as a band; diverged runs dashed; red triangles: spike events.`,
-    el('div', { class: 'controls' }, el('label', {}, log, 'log scale')), box), draw };
+    el('div', { class: 'controls' }, el('label', {}, log, 'log scale'), el('label', {}, 'against', against)), box), draw };
 }
 
 // Validation loss bars with error bars: the table's mean ± std over SUCCEEDED seeds, or interim.

@@ -21,8 +21,7 @@ RunFlops EstimateRunFlops(const RunConfig& config) {
   const ModelConfig& m = config.model();
   const TrainConfig& t = config.train();
   RunFlops f;
-  const double tokens_per_step =
-      static_cast<double>(t.batch_size()) * t.seq_len() * t.grad_accum();
+  const double tokens_per_step = TokensPerStep(t);
   f.train = TrainingFlopsPerToken(m, t.seq_len()) * tokens_per_step * t.steps();
   // The trainer evaluates after every eval_every-th step and after the last one
   // (worker/train/trainer.cc): ceil(steps / eval_every) evaluations.

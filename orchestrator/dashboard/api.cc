@@ -284,9 +284,29 @@ StepScale ScaleOf(const RunInfo& run) {
   if (!google::protobuf::util::JsonStringToMessage(run.config_json, &config).ok()) return {};
   const TrainConfig& t = config.train();
   StepScale s;
-  s.tokens = static_cast<double>(t.batch_size()) * t.seq_len() * std::max(1, t.grad_accum());
+  s.tokens = TokensPerStep(t);
   s.flops = s.tokens * TrainingFlopsPerToken(config.model(), t.seq_len());
   return s;
+}
+
+// The `x` parameter of the curves: step (default), tokens, flops or time; false (`error` set)
+// for anything else.
+bool XAxisParam(const Request& r, std::string* x_axis, std::string* error) {
+  const auto it = r.query.find("x");
+  *x_axis = it == r.query.end() || it->second.empty() ? "step" : it->second;
+  if (*x_axis == "step" || *x_axis == "tokens" || *x_axis == "flops" || *x_axis == "time") {
+    return true;
+  }
+  *error = "parameter 'x' must be step, tokens, flops or time";
+  return false;
+}
+
+// A point's x: its step, tokens or FLOPs by `scale`, or its training seconds.
+json XOf(const std::string& x_axis, const StepScale& scale, int64_t step, double seconds) {
+  if (x_axis == "tokens") return FiniteOrNull(scale.tokens * static_cast<double>(step));
+  if (x_axis == "flops") return FiniteOrNull(scale.flops * static_cast<double>(step));
+  if (x_axis == "time") return FiniteOrNull(seconds);
+  return step;
 }
 
 }  // namespace
@@ -308,11 +328,8 @@ Response DashboardServer::Impl::SweepCurves(const std::string& name, const Reque
   } else {
     return Error(400, "parameter 'metric' must be loss, grad_norm or lr");
   }
-  const auto x_it = r.query.find("x");
-  const std::string x_axis = x_it == r.query.end() ? "step" : x_it->second;
-  if (x_axis != "step" && x_axis != "tokens" && x_axis != "flops" && x_axis != "time") {
-    return Error(400, "parameter 'x' must be step, tokens, flops or time");
-  }
+  std::string x_axis;
+  if (!XAxisParam(r, &x_axis, &error)) return Error(400, error);
   absl::StatusOr<SweepWithRuns> read = reader->GetSweepWithRuns(name);
   if (!read.ok()) return FromStatus(read.status());
   const SweepInfo& sweep = read->sweep;
@@ -351,9 +368,7 @@ Response DashboardServer::Impl::SweepCurves(const std::string& name, const Reque
         const auto& [step, value] = it->second[i];
         steps.push_back(step);
         values.push_back(Significant7(value));
-        if (x_axis == "tokens") xs.push_back(FiniteOrNull(scale.tokens * static_cast<double>(step)));
-        if (x_axis == "flops") xs.push_back(FiniteOrNull(scale.flops * static_cast<double>(step)));
-        if (x_axis == "time") xs.push_back(FiniteOrNull(i < seconds.size() ? seconds[i] : kNaN));
+        if (x_axis != "step") xs.push_back(XOf(x_axis, scale, step, i < seconds.size() ? seconds[i] : kNaN));
       }
     }
     json& sp = spikes_of[run.id];
@@ -491,6 +506,8 @@ Response DashboardServer::Impl::RunMetrics(int64_t id, const Request& r) {
   if (!from || !to || !points) return Error(400, error);
   if (*from < 0 || *to < *from) return Error(400, "need 0 <= from <= to");
   if (*points < 2) return Error(400, "parameter 'points' must be at least 2");
+  std::string x_axis;
+  if (!XAxisParam(r, &x_axis, &error)) return Error(400, error);
   SeriesOptions series;
   series.from_step = *from;
   series.to_step = *to;
@@ -510,24 +527,37 @@ Response DashboardServer::Impl::RunMetrics(int64_t id, const Request& r) {
   absl::StatusOr<std::vector<StepMetrics>> m = reader->MetricSeries(id, series);
   if (!m.ok()) return FromStatus(m.status());
   json step = json::array(), loss = json::array(), grad = json::array(), lr = json::array(),
-       tps = json::array(), skipped = json::array();
+       tps = json::array(), skipped = json::array(), xs = json::array();
+  const StepScale scale = x_axis == "tokens" || x_axis == "flops" ? ScaleOf(*run) : StepScale{};
   for (const StepMetrics& p : *m) {
     step.push_back(p.step());
+    if (x_axis != "step") {
+      xs.push_back(XOf(x_axis, scale, p.step(), p.elapsed_s() > 0 ? p.elapsed_s() : kNaN));
+    }
     loss.push_back(p.loss());
     grad.push_back(p.grad_norm());
     lr.push_back(p.lr());
     tps.push_back(p.tokens_per_s());
     skipped.push_back(p.skipped() ? 1 : 0);
   }
-  return JsonResponse(200, json{{"run", id},
-                                {"points", series.max_points},
-                                {"mode", series.mode == Downsample::kStride ? "stride" : "minmax"},
-                                {"step", step},
-                                {"loss", loss},
-                                {"grad_norm", grad},
-                                {"lr", lr},
-                                {"tokens_per_s", tps},
-                                {"skipped", skipped}});
+  json answer{{"run", id},
+              {"points", series.max_points},
+              {"mode", series.mode == Downsample::kStride ? "stride" : "minmax"},
+              {"step", step},
+              {"loss", loss},
+              {"grad_norm", grad},
+              {"lr", lr},
+              {"tokens_per_s", tps},
+              {"skipped", skipped}};
+  if (x_axis != "step") {
+    // x per step for tokens and FLOPs (a step's tokens, FLOPs), for evaluations and live points.
+    answer["x_axis"] = x_axis;
+    answer["x"] = std::move(xs);
+    if (x_axis != "time") {
+      answer["x_per_step"] = FiniteOrNull(x_axis == "tokens" ? scale.tokens : scale.flops);
+    }
+  }
+  return JsonResponse(200, answer);
 }
 
 Response DashboardServer::Impl::RunEvals(int64_t id) {

@@ -9,6 +9,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "config/param_count.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace ablate {
 namespace {
@@ -193,6 +195,13 @@ void FoldLossBand(const std::vector<const RunInfo*>& members, const SweepReads& 
                   int64_t stride, const std::map<int64_t, size_t>& index_of, GroupFigures* g) {
   std::vector<std::vector<double>> at(index_of.size());
   for (const RunInfo* r : members) {
+    RunConfig config;
+    if (std::isnan(g->tokens_per_step) &&
+        google::protobuf::util::JsonStringToMessage(r->config_json, &config).ok()) {
+      g->tokens_per_step = TokensPerStep(config.train());
+      g->flops_per_step =
+          g->tokens_per_step * TrainingFlopsPerToken(config.model(), config.train().seq_len());
+    }
     const Curve& curve = reads.CurveOf(r->id);
     if (r->state == DIVERGED) {
       RunCurve& c = g->diverged_curves.emplace_back();
@@ -402,6 +411,8 @@ json SweepFiguresJson(const SweepFigures& f) {
              {"layers", std::move(layers)},
              {"gate_histogram", std::move(histogram)},
              {"band_runs", g.band_runs},
+             {"tokens_per_step", Number(g.tokens_per_step)},
+             {"flops_per_step", Number(g.flops_per_step)},
              {"loss", json{{"n", g.loss_n}, {"mean", std::move(mean)}, {"std", std::move(stdev)}}},
              {"diverged_curves", std::move(diverged)},
              {"spikes", std::move(spikes)}});

@@ -80,6 +80,9 @@ struct GroupFigures {
   // The loss curve: at each SweepFigures::steps, mean ± std over the group's runs that are not
   // DIVERGED, FAILED or CANCELLED and have a finite loss there (loss_n of them).
   int64_t band_runs = 0;
+  // Tokens and training FLOPs per step of its runs (its first run's config; NaN: unreadable):
+  // the curves against tokens seen or FLOPs spent are its steps times these.
+  double tokens_per_step = kNaN, flops_per_step = kNaN;
   std::vector<int64_t> loss_n;
   std::vector<double> loss_mean, loss_std;  // NaN: no run, or (std) fewer than 2
   std::vector<RunCurve> diverged_curves;    // by run id

@@ -251,8 +251,7 @@ absl::Status StoreReader::AtBudget(const ResultSelection& selection, ResultRun* 
     return absl::OkStatus();  // no config to count by: no value
   }
   const TrainConfig& t = config.train();
-  const double tokens_per_step =
-      static_cast<double>(t.batch_size()) * t.seq_len() * std::max(1, t.grad_accum());
+  const double tokens_per_step = TokensPerStep(t);
   const double per_step = selection.at_tokens > 0
                               ? tokens_per_step
                               : tokens_per_step * TrainingFlopsPerToken(config.model(), t.seq_len());

@@ -242,6 +242,17 @@ async function livePhase() {
   await page.goto(`${base}/#/run/${sim.diverging_run}`);
   await page.waitForSelector('#spikes tbody tr', { timeout: 10000 });
   check(await page.locator('.grid .chart canvas').count() >= 6, 'the run page draws loss, val loss, grad norm, lr, M-Act, F-Attn, gate histogram');
+  // The run page's charts against tokens, FLOPs or training seconds, the x axes named for it.
+  for (const [x, label] of [['tokens', 'tokens seen'], ['flops', 'FLOPs spent'], ['time', 'training seconds']]) {
+    await page.selectOption('#run-x-axis', x);
+    await page.waitForFunction((v) => document.querySelector('#run-charts').dataset.x === v, x, { timeout: 5000 });
+    const drawn = await chartPixels(page, '#run-charts .chart');
+    const named = await page.locator('#run-charts .chart').first().textContent();
+    check(drawn.length === 4 && drawn.every((c) => c.coloured > 20) && named.includes(label),
+      `the run page redraws loss, val loss, grad norm and lr against ${label} (${drawn.map((c) => c.coloured).join(', ')} coloured pixels)`);
+  }
+  await page.selectOption('#run-x-axis', 'step');
+  await page.waitForFunction(() => document.querySelector('#run-charts').dataset.x === 'step', null, { timeout: 5000 });
   check(await page.locator('#spikes tbody tr').count() >= 2, 'the run page lists its spike events');
   const none = (await page.locator('#attention').textContent()) || '';
   check(await page.locator('#no-attention-maps').count() === 1 && none.includes('attention_map_heads: 0')
@@ -308,6 +319,21 @@ async function loadPhase() {
   console.log(`load: sweep page, ${rows} runs x 10,000 steps (${points} points drawn): ` +
     `navigation -> curves drawn ${times.map((t) => t.toFixed(0)).join(', ')} ms (best ${best.toFixed(0)} ms)`);
   check(rows === 40, 'the load sweep has 40 runs');
+  // 40 runs: grouped by variant at first, a band per variant and the diverged run apart; the
+  // toggle draws every run again.
+  const legend = () => page.locator('#curves .u-legend .u-series .u-label').allTextContents();
+  const grouped = await legend();
+  check(await page.isChecked('#group') && await page.getAttribute('#curves', 'data-grouped') === '1'
+    && grouped.length === 6 && grouped[1] === 'baseline (10 runs)' && grouped[4] === 'g2_elementwise (9 runs)' && grouped[5].endsWith('(diverged)'),
+  `a sweep of 40 runs draws a mean ± std band per variant, the diverged run apart (${grouped.slice(1).join(', ')})`);
+  const bandPixels = (await chartPixels(page, '#curves'))[0].coloured;
+  await page.uncheck('#group');
+  await page.waitForFunction(() => document.querySelector('#curves').dataset.grouped === '' && Number(document.querySelector('#curves').dataset.series) === 40);
+  const everyPixels = (await chartPixels(page, '#curves'))[0].coloured;
+  check(bandPixels > 1000 && everyPixels > 1000, `the toggle draws every run again (40 series; ${bandPixels} and ${everyPixels} coloured pixels)`);
+  await page.screenshot({ path: join(OUT, 'sweep_40x10000_every_run.png'), fullPage: true });
+  await page.check('#group');
+  await page.waitForFunction(() => document.querySelector('#curves').dataset.grouped === '1');
   if (LOAD_BUDGET_MS !== null) {
     check(best < LOAD_BUDGET_MS, `the 40 x 10,000 sweep page loads in under ${LOAD_BUDGET_MS} ms (${best.toFixed(0)} ms)`);
   }
@@ -347,6 +373,16 @@ async function loadPhase() {
   check(bandLegend.length === 6 && bandLegend[1] === 'baseline (10 runs)' && bandLegend[4] === 'g2_elementwise (9 runs)'
     && bandLegend[5] === 'g2_elementwise seed 9 (diverged)',
     `the loss bands: one per variant over its seeds, the diverged run apart (${bandLegend.slice(1).join(', ')})`);
+  // The loss bands against tokens seen and FLOPs spent: each variant's steps times its own cost.
+  for (const [x, label] of [['tokens', 'tokens seen'], ['flops', 'FLOPs spent']]) {
+    await page.selectOption('#loss-x', x);
+    await page.waitForFunction((v) => document.querySelector('#loss-chart').dataset.x === v, x);
+    const [drawn] = await chartPixels(page, '#loss-chart');
+    const named = await page.locator('#loss-chart').textContent();
+    check(drawn.coloured > 1000 && named.includes(label), `the compare page's loss bands redraw against ${label} (${drawn.coloured} coloured pixels)`);
+  }
+  await page.selectOption('#loss-x', 'step');
+  await page.waitForFunction(() => document.querySelector('#loss-chart').dataset.x === 'step');
   const doneCharts = await chartPixels(page, '#figures .chart');
   check(doneCharts.length >= 8 && doneCharts.every((c) => c.coloured > 50),
     `every chart of the compare page is drawn (${doneCharts.map((c) => `${c.id || 'chart'}:${c.coloured}`).join(', ')})`);
@@ -441,6 +477,12 @@ async function reportPhase() {
   check(await page.locator('#compare tbody tr').count() === 4, 'the report has the comparison table (4 variants)');
   check(await page.locator('#paired tbody tr').count() === 3, 'the report compares the 3 other variants with the baseline');
   check(await page.locator('#forest circle').count() >= 1, 'the report draws the forest plot of the paired comparison');
+  await page.selectOption('#loss-x', 'flops');
+  await page.waitForFunction(() => document.querySelector('#loss-chart').dataset.x === 'flops');
+  const [reportFlops] = await chartPixels(page, '#loss-chart');
+  check(reportFlops.coloured > 1000 && (await page.locator('#loss-chart').textContent()).includes('FLOPs spent'),
+    `the report's loss bands redraw against FLOPs spent, offline (${reportFlops.coloured} coloured pixels)`);
+  await page.selectOption('#loss-x', 'step');
   const spikes = Number(await page.getAttribute('#loss-chart', 'data-spikes'));
   check(spikes === 2, `the report's loss chart marks the diverging run's spikes (${spikes})`);
   const charts = await chartPixels(page, '#figures .chart');

@@ -1,8 +1,10 @@
-// #/run/ID : loss, validation loss, gradient norm and learning rate over steps; per-layer M-Act,
+// #/run/ID : loss, validation loss, gradient norm and learning rate against steps, tokens seen,
+// FLOPs spent or training seconds (a selector, as on the sweep page); per-layer M-Act,
 // F-Attn, the gate-score histogram and the stored attention maps at each evaluation; spike
 // events; the config. While the run trains, everything is refreshed in place every few seconds.
 import { api } from '../api.js';
 import { attentionHeatmap, attentionLegend, barChart, lineChart } from '../charts.js';
+import { X_AXES } from './sweep.js';
 import { el, num, count, time, stateBadge, tagList, noteItem } from '../format.js';
 
 const REFRESH_MS = 3000;
@@ -46,28 +48,72 @@ export async function render(view, ctx, idText) {
   const probeBox = el('div');
   const attentionBox = el('div', { id: 'attention' });
   const spikeBox = el('div');
+  const trainingControls = el('div', { class: 'controls' });
   view.replaceChildren(header,
-    el('h2', {}, 'Training'), charts,
+    el('h2', {}, 'Training'), trainingControls, charts,
     el('h2', {}, 'Probes per layer'), probeBox,
     el('h2', {}, 'Attention maps'), attentionBox,
     el('h2', {}, 'Spike events'), spikeBox,
     el('h2', {}, 'Config'), el('pre', { class: 'config' }, JSON.stringify(run.config, null, 2)));
 
-  const load = () => Promise.all([api(`runs/${id}/metrics`, { points: 2000 }), api(`runs/${id}/evals`), api(`runs/${id}/spikes`)]);
+  let xAxis = 'step';
+  const load = () => Promise.all([api(`runs/${id}/metrics`, { points: 2000, x: xAxis }), api(`runs/${id}/evals`), api(`runs/${id}/spikes`)]);
   let [metrics, { evals }, { spikes }] = await load();
-  const cell = () => { const box = el('div', { class: 'chart' }); charts.append(box); return box; };
-  const loss = lineChart(cell(), { title: 'Training loss', yLabel: 'loss', height: 260,
-    spikes: () => spikes.map((s) => ({ step: s.step, value: s.signal === 'loss' ? s.value : null })),
-    series: [{ label: 'loss', stroke: '#2f6fde' }], data: [metrics.step, metrics.loss] });
-  const val = lineChart(cell(), { title: 'Validation loss', yLabel: 'val loss', height: 260,
-    series: [{ label: 'val loss', stroke: '#2e9d5b', width: 2 }],
-    data: [evals.map((e) => e.step), evals.map((e) => e.val_loss)] });
-  const grad = lineChart(cell(), { title: 'Gradient norm', yLabel: 'grad norm', height: 260,
-    spikes: () => spikes.filter((s) => s.signal === 'grad_norm').map((s) => ({ step: s.step, value: s.value })),
-    series: [{ label: 'grad norm', stroke: '#8e44ad' }], data: [metrics.step, metrics.grad_norm] });
-  const lr = lineChart(cell(), { title: 'Learning rate', yLabel: 'lr', height: 260,
-    series: [{ label: 'lr', stroke: '#e69a17' }], data: [metrics.step, metrics.lr] });
-  charts.dataset.points = metrics.step.length;
+  // The chosen x of a step: itself, its tokens or FLOPs (x_per_step), or the training seconds of
+  // the nearest stored step at or before it (an evaluation's, a spike's); null when unknown.
+  const xOf = (step) => {
+    if (xAxis === 'step') return step;
+    if (xAxis !== 'time') return metrics.x_per_step === null ? null : step * metrics.x_per_step;
+    let lo = 0, hi = metrics.step.length - 1, at = -1;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      if (metrics.step[mid] <= step) { at = mid; lo = mid + 1; } else hi = mid - 1;
+    }
+    return at < 0 ? null : metrics.x[at];
+  };
+  // [xs, ys] of `steps` and `values`, leaving out the points without an x (old rows' time).
+  const pairs = (steps, values) => {
+    const xs = [], ys = [];
+    steps.forEach((step, i) => {
+      const x = xAxis !== 'step' && steps === metrics.step ? metrics.x[i] : xOf(step);
+      if (x !== null && x !== undefined) { xs.push(x); ys.push(values[i]); }
+    });
+    return [xs, ys];
+  };
+  const xLabel = () => X_AXES.find(([v]) => v === xAxis)[1];
+  const axisSelect = el('select', { id: 'run-x-axis' }, X_AXES.map(([value, label]) => el('option', { value }, label)));
+  let loss, val, grad, lr;
+  const drawCharts = () => {
+    charts.replaceChildren();
+    const cell = () => { const box = el('div', { class: 'chart' }); charts.append(box); return box; };
+    loss = lineChart(cell(), { title: 'Training loss', yLabel: 'loss', xLabel: xLabel(), height: 260,
+      spikes: () => spikes.map((s) => ({ step: xOf(s.step), value: s.signal === 'loss' ? s.value : null })).filter((s) => s.step !== null),
+      series: [{ label: 'loss', stroke: '#2f6fde' }], data: pairs(metrics.step, metrics.loss) });
+    val = lineChart(cell(), { title: 'Validation loss', yLabel: 'val loss', xLabel: xLabel(), height: 260,
+      series: [{ label: 'val loss', stroke: '#2e9d5b', width: 2 }],
+      data: pairs(evals.map((e) => e.step), evals.map((e) => e.val_loss)) });
+    grad = lineChart(cell(), { title: 'Gradient norm', yLabel: 'grad norm', xLabel: xLabel(), height: 260,
+      spikes: () => spikes.filter((s) => s.signal === 'grad_norm').map((s) => ({ step: xOf(s.step), value: s.value })).filter((s) => s.step !== null),
+      series: [{ label: 'grad norm', stroke: '#8e44ad' }], data: pairs(metrics.step, metrics.grad_norm) });
+    lr = lineChart(cell(), { title: 'Learning rate', yLabel: 'lr', xLabel: xLabel(), height: 260,
+      series: [{ label: 'lr', stroke: '#e69a17' }], data: pairs(metrics.step, metrics.lr) });
+    charts.dataset.points = metrics.step.length;
+    charts.dataset.x = xAxis;
+  };
+  const updateCharts = () => {
+    loss.setData(pairs(metrics.step, metrics.loss));
+    grad.setData(pairs(metrics.step, metrics.grad_norm));
+    lr.setData(pairs(metrics.step, metrics.lr));
+    val.setData(pairs(evals.map((e) => e.step), evals.map((e) => e.val_loss)));
+    charts.dataset.points = metrics.step.length;
+  };
+  axisSelect.addEventListener('change', async () => {
+    xAxis = axisSelect.value;
+    [metrics, { evals }, { spikes }] = await load();
+    drawCharts();
+  });
+  trainingControls.append(el('label', {}, 'against', axisSelect));
+  drawCharts();
 
   // Probes: one evaluation at a time.
   const stepSelect = el('select', { id: 'eval-step' });
@@ -164,11 +210,7 @@ export async function render(view, ctx, idText) {
     if (`${run.state}|${run.steps_done}` === before) return;
     header.replaceChildren(...headerNodes(run));
     [metrics, { evals }, { spikes }] = await load();
-    loss.setData([metrics.step, metrics.loss]);
-    grad.setData([metrics.step, metrics.grad_norm]);
-    lr.setData([metrics.step, metrics.lr]);
-    val.setData([evals.map((e) => e.step), evals.map((e) => e.val_loss)]);
-    charts.dataset.points = metrics.step.length;
+    updateCharts();
     if (evals.length > 0 && !probeBox.contains(stepSelect)) {
       probeBox.replaceChildren(el('div', { class: 'controls' },
         el('label', {}, 'evaluation', stepSelect), el('label', {}, 'gate histogram of', layerSelect)), probeCharts);

@@ -1,7 +1,9 @@
 // #/sweep/NAME : the run table and the overlaid curves of every run, growing live from the
 // stream, with spike markers, diverged runs in red and an alert when a run spikes or diverges.
+// A large sweep (more than GROUP_FROM runs) draws one mean ± std band per variant instead, its
+// diverged runs apart, with a toggle back to every run.
 import { api, openStream } from '../api.js';
-import { ema, joinSeries, lineChart } from '../charts.js';
+import { bandChart, ema, joinSeries, lineChart } from '../charts.js';
 import { el, num, count, duration, stateBadge, runColor, DIVERGED_COLOR, tagList, noteItem } from '../format.js';
 import { progressBar } from './sweeps.js';
 
@@ -10,6 +12,8 @@ const CURVE_POINTS = 500;      // per run, sampled by the server on a grid share
 // training seconds, so that variants of different cost per step compare at equal compute.
 export const X_AXES = [['step', 'step'], ['tokens', 'tokens seen'], ['flops', 'FLOPs spent'], ['time', 'training seconds']];
 const MAX_LIVE_POINTS = 4000;  // per run in the browser: older points are thinned beyond this
+const GROUP_FROM = 30;         // runs past which the curves are grouped by variant at first
+const GROUPED_REDRAW_MS = 1000;  // a grouped chart is rebuilt for live points at most this often
 
 export async function render(view, ctx, name) {
   ctx.crumbs([[null, name], [`#/compare/${encodeURIComponent(name)}`, 'compare']]);
@@ -25,6 +29,9 @@ export async function render(view, ctx, name) {
     x: 'step',
     log: false,
     smooth: 0,
+    group: null,        // null: by the sweep's size, once its runs are known
+    variants: [],       // in the order of their first run (not diverged): their colours, grouped
+    drawnAt: 0,         // when the grouped chart was last built
     chart: null,
     chartKey: '',
     dirty: false,
@@ -37,6 +44,8 @@ export async function render(view, ctx, name) {
     el('label', {}, 'against', el('select', { id: 'x-axis', onchange: (e) => { state.x = e.target.value; reloadCurves(); } },
       X_AXES.map(([value, label]) => el('option', { value }, label)))),
     el('label', {}, el('input', { type: 'checkbox', id: 'log', onchange: (e) => { state.log = e.target.checked; redraw(true); } }), 'log scale'),
+    el('label', { title: 'one mean ± std band per variant (diverged runs apart), or every run' },
+      el('input', { type: 'checkbox', id: 'group', onchange: (e) => { state.group = e.target.checked; redraw(true); drawTable(); } }), 'group by variant'),
     el('label', {}, 'EMA smoothing', el('input', { type: 'range', id: 'smooth', min: 0, max: 0.99, step: 0.01, value: 0,
       oninput: (e) => { state.smooth = Number(e.target.value); smoothOut.textContent = state.smooth.toFixed(2); redraw(false); } })),
   );
@@ -66,6 +75,10 @@ export async function render(view, ctx, name) {
   state.tags = detail.sweep.tags || [];
   state.notes = detail.notes || [];
   for (const r of detail.runs) state.runs.set(r.id, { ...r, ...state.runs.get(r.id) });  // live wins
+  if (state.group === null) {
+    state.group = state.runs.size > GROUP_FROM;
+    controls.querySelector('#group').checked = state.group;
+  }
   drawHeader();
   drawTable();
   await Promise.race([hello, new Promise((r) => setTimeout(r, 2000))]);
@@ -151,8 +164,9 @@ export async function render(view, ctx, name) {
         el('span', {}, `${s.by_state.RUNNING} running, ${s.by_state.SUCCEEDED} succeeded, ${s.by_state.DIVERGED} diverged, ${s.by_state.FAILED} failed, ${s.by_state.PENDING} pending${s.by_state.STOPPED ? `, ${s.by_state.STOPPED} stopped by the tuner` : ''}`),
         el('span', { class: 'muted' }, `ETA ${duration(s.eta_s)}`),
         s.description ? el('span', { class: 'muted' }, s.description) : null),
-      state.tags.length ? el('div', { id: 'sweep-tags' }, tagList(state.tags)) : null,
-      state.notes.length ? el('ul', { id: 'sweep-notes' }, state.notes.map(noteItem)) : null);
+      // (replaceChildren would print a null as "null")
+      ...(state.tags.length ? [el('div', { id: 'sweep-tags' }, tagList(state.tags))] : []),
+      ...(state.notes.length ? [el('ul', { id: 'sweep-notes' }, state.notes.map(noteItem))] : []));
   }
 
   // A tuned run's place in successive halving: waiting at its rung for the tuner, or training
@@ -165,12 +179,17 @@ export async function render(view, ctx, name) {
     return null;
   }
 
+  // Grouped, a run takes its variant's colour (the variants in the order of their first run).
   function colorOf(run, i) {
-    return run.state === 'DIVERGED' ? DIVERGED_COLOR : runColor(i);
+    if (run.state === 'DIVERGED') return DIVERGED_COLOR;
+    if (!state.group) return runColor(i);
+    return runColor(Math.max(0, state.variants.indexOf(run.variant)));
   }
 
   function drawTable() {
-    const rows = runsInOrder().map((r, i) => el('tr', { class: r.state === 'DIVERGED' ? 'diverged' : '', 'data-run': r.id },
+    const ordered = runsInOrder();
+    state.variants = [...new Set(ordered.filter((r) => r.state !== 'DIVERGED').map((r) => r.variant))];
+    const rows = ordered.map((r, i) => el('tr', { class: r.state === 'DIVERGED' ? 'diverged' : '', 'data-run': r.id },
       el('td', {}, el('span', { class: 'swatch', style: `background:${colorOf(r, i)}` })),
       el('td', {}, el('a', { href: `#/run/${r.id}` }, `#${r.id}`)),
       el('td', {}, r.variant, r.axes ? el('span', { class: 'muted' }, ` ${r.axes}`) : null),
@@ -187,6 +206,7 @@ export async function render(view, ctx, name) {
   }
 
   function redraw(rebuild) {
+    if (state.group) { redrawGrouped(rebuild); return; }
     const runs = runsInOrder().filter((r) => state.curves.has(r.id));
     // Each run's points at the chosen x (a point without one, an old row's time, left out).
     const list = runs.map((r) => {
@@ -205,6 +225,8 @@ export async function render(view, ctx, name) {
       requestAnimationFrame(() => { chartBox.dataset.drawnAt = performance.now().toFixed(1); });
     }
     const key = `${state.metric}|${state.x}|${state.log}|${runs.map((r) => `${r.id}:${r.state}`).join(',')}`;
+    chartBox.dataset.grouped = '';
+    chartBox.dataset.series = runs.length;
     if (rebuild || !state.chart || key !== state.chartKey) {
       if (state.chart) state.chart.destroy();
       chartBox.replaceChildren();
@@ -228,6 +250,69 @@ export async function render(view, ctx, name) {
     } else {
       state.chart.setData(data);
     }
+  }
+
+  // One band per variant: at each step its runs share (the server samples every run on one grid),
+  // the mean and sample std of their (smoothed) values, at the mean of their x there; a diverged
+  // run is a line of its own. Rebuilt for live points at most every GROUPED_REDRAW_MS.
+  function redrawGrouped(rebuild) {
+    if (!rebuild && state.chart && performance.now() - state.drawnAt < GROUPED_REDRAW_MS) { state.dirty = true; return; }
+    const runs = runsInOrder().filter((r) => state.curves.has(r.id));
+    const variants = [];
+    const byVariant = new Map();
+    const lines = [];
+    let points = 0;
+    for (const r of runs) {
+      const c = state.curves.get(r.id);
+      points += c.step.length;
+      const smooth = ema(c.value, state.smooth);
+      if (r.state === 'DIVERGED') {
+        const xs = [], ys = [];
+        for (let i = 0; i < c.step.length; i++) if (c.x[i] !== null && c.x[i] !== undefined) { xs.push(c.x[i]); ys.push(smooth[i]); }
+        lines.push({ label: `#${r.id} ${r.variant} s${r.seed} (diverged)`, stroke: DIVERGED_COLOR, step: xs, value: ys });
+        continue;
+      }
+      if (!byVariant.has(r.variant)) { byVariant.set(r.variant, { runs: 0, at: new Map() }); variants.push(r.variant); }
+      const g = byVariant.get(r.variant);
+      g.runs++;
+      for (let i = 0; i < c.step.length; i++) {
+        const v = smooth[i];
+        if (c.x[i] === null || c.x[i] === undefined || v === null || !Number.isFinite(v)) continue;
+        let a = g.at.get(c.step[i]);
+        if (!a) { a = { x: 0, n: 0, sum: 0, sq: 0 }; g.at.set(c.step[i], a); }
+        a.x += c.x[i]; a.n++; a.sum += v; a.sq += v * v;
+      }
+    }
+    const grid = new Set();
+    const series = variants.map((v) => {
+      const points = new Map();
+      for (const a of byVariant.get(v).at.values()) {
+        const x = a.x / a.n, mean = a.sum / a.n;
+        const std = a.n > 1 ? Math.sqrt(Math.max(0, (a.sq - a.n * mean * mean) / (a.n - 1))) : null;
+        points.set(x, [mean, std]);
+        grid.add(x);
+      }
+      return points;
+    });
+    const steps = [...grid].sort((a, b) => a - b);
+    const bands = variants.map((v, k) => ({
+      label: `${v} (${byVariant.get(v).runs} runs)`, stroke: runColor(state.variants.includes(v) ? state.variants.indexOf(v) : k),
+      mean: steps.map((x) => series[k].get(x)?.[0] ?? null), std: steps.map((x) => series[k].get(x)?.[1] ?? null),
+    }));
+    if (state.chart) state.chart.destroy();
+    chartBox.replaceChildren();
+    chartBox.dataset.points = points;
+    chartBox.dataset.grouped = '1';
+    chartBox.dataset.series = bands.length + lines.length;
+    if (points > 0 && !chartBox.dataset.drawnAt) {
+      requestAnimationFrame(() => { chartBox.dataset.drawnAt = performance.now().toFixed(1); });
+    }
+    state.chart = bandChart(chartBox, {
+      title: `${state.metric === 'loss' ? 'Training loss' : 'Gradient norm'}: mean ± std over each variant's runs`,
+      steps, bands, lines, log: state.log, yLabel: state.metric, xLabel: X_AXES.find(([v]) => v === state.x)[1],
+    });
+    state.chartKey = '';
+    state.drawnAt = performance.now();
   }
 
   // The chosen x of a run's step (a spike's): from its point, else from its scale.
