@@ -105,31 +105,51 @@ export function lossSection(figures) {
   const bands = figures.groups.map((g, i) => ({ label: `${g.label} (${g.band_runs} run${g.band_runs === 1 ? '' : 's'})`, stroke: runColor(i),
     mean: g.loss.mean, std: g.loss.std }));
   const lines = figures.groups.flatMap((g, i) => g.diverged_curves.map((c) => ({ label: `${g.label} seed ${c.seed} (diverged)`, stroke: runColor(i),
-    step: c.step, value: c.loss })));
+    step: c.step, value: c.loss, seconds: c.seconds || [] })));
   const lineIndex = new Map();
   let next = bands.length + 1;
   figures.groups.forEach((g) => g.diverged_curves.forEach((c) => lineIndex.set(c.run, next++)));
-  const spikes = figures.groups.flatMap((g, i) => g.spikes.map((s) => ({ seriesIdx: lineIndex.get(s.run) ?? i + 1, step: s.step, value: s.loss })));
+  const spikes = figures.groups.flatMap((g, i) => g.spikes.map((s) => ({ seriesIdx: lineIndex.get(s.run) ?? i + 1, step: s.step, value: s.loss, seconds: s.seconds })));
   box.dataset.series = bands.length + lines.length;
   box.dataset.spikes = spikes.length;
   const log = el('input', { type: 'checkbox', id: 'loss-log', checked: true });
   // Against steps, or tokens seen / FLOPs spent: each variant's steps times its own per-step cost
-  // (variants of one budget differ in FLOPs per token), when every variant has it.
+  // (variants of one budget differ in FLOPs per token), when every variant has it; or against
+  // training time: each step at its runs' mean training seconds (variants differ in speed), when
+  // every variant with a band has them.
   const scalable = (key) => figures.groups.every((g) => Number.isFinite(g[key]));
+  const timed = (g) => (g.loss.seconds || []).some(Number.isFinite);
+  const hasTime = figures.groups.some(timed) && figures.groups.every((g) => timed(g) || !g.loss.mean.some(Number.isFinite));
   const against = el('select', { id: 'loss-x' },
-    [['step', 'step', true], ['tokens', 'tokens seen', scalable('tokens_per_step')], ['flops', 'FLOPs spent', scalable('flops_per_step')]]
+    [['step', 'step', true], ['tokens', 'tokens seen', scalable('tokens_per_step')], ['flops', 'FLOPs spent', scalable('flops_per_step')],
+      ['time', 'training seconds', hasTime]]
       .map(([value, label, ok]) => el('option', { value, disabled: !ok }, label)));
   let chart = null;
+  // The points of xs (and of each array in `alongs`) whose x is finite.
+  const finite = (xs, ...alongs) => {
+    const keep = xs.map((v, k) => k).filter((k) => Number.isFinite(xs[k]));
+    return [keep.map((k) => xs[k]), ...alongs.map((a) => keep.map((k) => a[k]))];
+  };
   const draw = () => {
     const x = against.value;
     const per = (i) => (x === 'step' ? 1 : figures.groups[i][x === 'tokens' ? 'tokens_per_step' : 'flops_per_step']);
     const groupOfLine = figures.groups.flatMap((g, i) => g.diverged_curves.map(() => i));
     const groupOfSeries = [null, ...figures.groups.map((_, i) => i), ...groupOfLine];
+    const onX = x === 'time'
+      ? { bands: bands.map((b, i) => {
+        const [xs, mean, std] = finite(figures.groups[i].loss.seconds || [], b.mean, b.std);
+        return { ...b, steps: xs, mean, std };
+      }),
+      lines: lines.map((l) => {
+        const [xs, value] = finite(l.seconds, l.value);
+        return { ...l, step: xs, value };
+      }),
+      spikes: spikes.filter((s) => Number.isFinite(s.seconds)).map((s) => ({ ...s, step: s.seconds })) }
+      : { bands: bands.map((b, i) => ({ ...b, steps: figures.steps.map((s) => s * per(i)) })),
+        lines: lines.map((l, k) => ({ ...l, step: l.step.map((s) => s * per(groupOfLine[k])) })),
+        spikes: spikes.map((s) => ({ ...s, step: s.step * per(groupOfSeries[s.seriesIdx]) })) };
     if (chart) chart.destroy();
-    chart = bandChart(box, { title: 'Training loss: mean ± std over seeds', steps: figures.steps,
-      bands: bands.map((b, i) => ({ ...b, steps: figures.steps.map((s) => s * per(i)) })),
-      lines: lines.map((l, k) => ({ ...l, step: l.step.map((s) => s * per(groupOfLine[k])) })),
-      spikes: spikes.map((s) => ({ ...s, step: s.step * per(groupOfSeries[s.seriesIdx]) })),
+    chart = bandChart(box, { title: 'Training loss: mean ± std over seeds', steps: figures.steps, ...onX,
       log: log.checked, yLabel: 'training loss', xLabel: against.selectedOptions[0].textContent });
     box.dataset.x = x;
   };

@@ -99,11 +99,17 @@ struct SweepReads {
   std::map<int64_t, EvalResult> evals;  // the latest of each run, with its layers
   std::vector<SweepSpike> spikes;
   std::map<int64_t, Curve> curves;  // by run id, on the grid
+  std::map<int64_t, std::vector<double>> seconds;  // by run id: each curve point's elapsed_s
 
   const Curve& CurveOf(int64_t run_id) const {
     static const Curve* const kNone = new Curve();
     auto it = curves.find(run_id);
     return it == curves.end() ? *kNone : it->second;
+  }
+  // The training seconds of CurveOf(run_id)'s i-th point (NaN: not stored).
+  double SecondsAt(int64_t run_id, size_t i) const {
+    auto it = seconds.find(run_id);
+    return it == seconds.end() || i >= it->second.size() ? kNaN : it->second[i];
   }
 };
 
@@ -137,7 +143,7 @@ absl::StatusOr<SweepReads> ReadSweep(const StoreReader& reader, const std::strin
   const int64_t points = options.curve_points;
   out->stride = std::max<int64_t>(1, longest / points + (longest % points != 0));
   absl::StatusOr<std::map<int64_t, Curve>> curves =
-      reader.SweepCurves(sweep_id, CurveMetric::kLoss, out->stride);
+      reader.SweepCurves(sweep_id, CurveMetric::kLoss, out->stride, &reads.seconds);
   if (!curves.ok()) return curves.status();
   reads.curves = std::move(*curves);
   return reads;
@@ -194,6 +200,8 @@ GroupRuns RunsOf(const ComparisonRow& row, const std::vector<RunInfo>& runs) {
 void FoldLossBand(const std::vector<const RunInfo*>& members, const SweepReads& reads,
                   int64_t stride, const std::map<int64_t, size_t>& index_of, GroupFigures* g) {
   std::vector<std::vector<double>> at(index_of.size());
+  std::vector<double> seconds_sum(index_of.size(), 0.0);
+  std::vector<int64_t> seconds_n(index_of.size(), 0);
   for (const RunInfo* r : members) {
     RunConfig config;
     if (std::isnan(g->tokens_per_step) &&
@@ -207,24 +215,32 @@ void FoldLossBand(const std::vector<const RunInfo*>& members, const SweepReads& 
       RunCurve& c = g->diverged_curves.emplace_back();
       c.run_id = r->id;
       c.seed = r->seed;
-      for (const auto& [step, loss] : curve) {
-        c.steps.push_back(step);
-        c.loss.push_back(loss);
+      for (size_t i = 0; i < curve.size(); ++i) {
+        c.steps.push_back(curve[i].first);
+        c.loss.push_back(curve[i].second);
+        c.seconds.push_back(reads.SecondsAt(r->id, i));
       }
       continue;
     }
     if (!InBand(r->state)) continue;
     ++g->band_runs;
-    for (const auto& [step, loss] : curve) {
+    for (size_t i = 0; i < curve.size(); ++i) {
+      const auto& [step, loss] = curve[i];
       if (!OnBand(*r, step, stride) || !std::isfinite(loss)) continue;
-      at[index_of.at(step)].push_back(loss);
+      const size_t k = index_of.at(step);
+      at[k].push_back(loss);
+      if (const double s = reads.SecondsAt(r->id, i); std::isfinite(s)) {
+        seconds_sum[k] += s;
+        ++seconds_n[k];
+      }
     }
   }
-  for (const std::vector<double>& values : at) {
-    const MeanStd m = MeanAndStd(values);
-    g->loss_n.push_back(static_cast<int64_t>(values.size()));
+  for (size_t k = 0; k < at.size(); ++k) {
+    const MeanStd m = MeanAndStd(at[k]);
+    g->loss_n.push_back(static_cast<int64_t>(at[k].size()));
     g->loss_mean.push_back(m.mean);
     g->loss_std.push_back(m.std);
+    g->seconds_mean.push_back(seconds_n[k] > 0 ? seconds_sum[k] / seconds_n[k] : kNaN);
   }
 }
 
@@ -244,7 +260,10 @@ void MarkSpikes(const std::vector<const RunInfo*>& members, const SweepReads& re
     const Curve& curve = reads.CurveOf(s.run_id);
     auto point = std::lower_bound(curve.begin(), curve.end(), std::make_pair(mark.step, -HUGE_VAL),
                                   [](const auto& a, const auto& b) { return a.first < b.first; });
-    if (point != curve.end() && point->first == mark.step) mark.loss = point->second;
+    if (point != curve.end() && point->first == mark.step) {
+      mark.loss = point->second;
+      mark.seconds = reads.SecondsAt(s.run_id, static_cast<size_t>(point - curve.begin()));
+    }
   }
 }
 
@@ -377,16 +396,22 @@ json SweepFiguresJson(const SweepFigures& f) {
                             {"f_attn", MeanStd7(l.f_attn)}});
     }
     json mean = json::array(), stdev = json::array();
+    json seconds = json::array();
     for (size_t i = 0; i < g.loss_mean.size(); ++i) {
       mean.push_back(Number(g.loss_mean[i]));
       stdev.push_back(Number(g.loss_std[i]));
+      seconds.push_back(Number(g.seconds_mean[i]));
     }
     json diverged = json::array();
     for (const RunCurve& c : g.diverged_curves) {
-      json loss = json::array();
+      json loss = json::array(), run_seconds = json::array();
       for (double v : c.loss) loss.push_back(Number(v));
-      diverged.push_back(
-          json{{"run", c.run_id}, {"seed", c.seed}, {"step", c.steps}, {"loss", std::move(loss)}});
+      for (double v : c.seconds) run_seconds.push_back(Number(v));
+      diverged.push_back(json{{"run", c.run_id},
+                              {"seed", c.seed},
+                              {"step", c.steps},
+                              {"loss", std::move(loss)},
+                              {"seconds", std::move(run_seconds)}});
     }
     json spikes = json::array();
     for (const SpikeMark& s : g.spikes) {
@@ -395,7 +420,8 @@ json SweepFiguresJson(const SweepFigures& f) {
                             {"step", s.step},
                             {"signal", s.signal},
                             {"kind", s.kind},
-                            {"loss", Number(s.loss)}});
+                            {"loss", Number(s.loss)},
+                            {"seconds", Number(s.seconds)}});
     }
     json histogram = nullptr;
     if (!g.gate_counts.empty()) {
@@ -413,7 +439,10 @@ json SweepFiguresJson(const SweepFigures& f) {
              {"band_runs", g.band_runs},
              {"tokens_per_step", Number(g.tokens_per_step)},
              {"flops_per_step", Number(g.flops_per_step)},
-             {"loss", json{{"n", g.loss_n}, {"mean", std::move(mean)}, {"std", std::move(stdev)}}},
+             {"loss", json{{"n", g.loss_n},
+                           {"mean", std::move(mean)},
+                           {"std", std::move(stdev)},
+                           {"seconds", std::move(seconds)}}},
              {"diverged_curves", std::move(diverged)},
              {"spikes", std::move(spikes)}});
     groups.push_back(std::move(group));

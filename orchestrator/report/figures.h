@@ -46,6 +46,7 @@ struct SpikeMark {
   int64_t run_id = 0;
   uint64_t seed = 0;
   int64_t step = 0;
+  double seconds = kNaN;  // the run's training seconds at that step (NaN: not stored)
   std::string signal;  // loss or grad_norm
   std::string kind;    // SPIKE_CATASTROPHIC, ...
   double loss = kNaN;  // the run's training loss at that step (NaN: non-finite, or not stored)
@@ -56,7 +57,8 @@ struct RunCurve {
   int64_t run_id = 0;
   uint64_t seed = 0;
   std::vector<int64_t> steps;
-  std::vector<double> loss;  // NaN where non-finite
+  std::vector<double> loss;     // NaN where non-finite
+  std::vector<double> seconds;  // training seconds at each step (NaN: not stored)
 };
 
 struct GroupFigures {
@@ -85,6 +87,9 @@ struct GroupFigures {
   double tokens_per_step = kNaN, flops_per_step = kNaN;
   std::vector<int64_t> loss_n;
   std::vector<double> loss_mean, loss_std;  // NaN: no run, or (std) fewer than 2
+  // At each step: the mean training seconds of the runs in the band there (NaN: none stored),
+  // for the curves against wall time (variants of one budget differ in speed).
+  std::vector<double> seconds_mean;
   std::vector<RunCurve> diverged_curves;    // by run id
   std::vector<SpikeMark> spikes;            // by run id, then step
 };

@@ -373,8 +373,9 @@ async function loadPhase() {
   check(bandLegend.length === 6 && bandLegend[1] === 'baseline (10 runs)' && bandLegend[4] === 'g2_elementwise (9 runs)'
     && bandLegend[5] === 'g2_elementwise seed 9 (diverged)',
     `the loss bands: one per variant over its seeds, the diverged run apart (${bandLegend.slice(1).join(', ')})`);
-  // The loss bands against tokens seen and FLOPs spent: each variant's steps times its own cost.
-  for (const [x, label] of [['tokens', 'tokens seen'], ['flops', 'FLOPs spent']]) {
+  // The loss bands against tokens seen, FLOPs spent (each variant's steps times its own cost) and
+  // training seconds (each step at its runs' mean elapsed time).
+  for (const [x, label] of [['tokens', 'tokens seen'], ['flops', 'FLOPs spent'], ['time', 'training seconds']]) {
     await page.selectOption('#loss-x', x);
     await page.waitForFunction((v) => document.querySelector('#loss-chart').dataset.x === v, x);
     const [drawn] = await chartPixels(page, '#loss-chart');

@@ -126,6 +126,11 @@ class ReportTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
+  // Run i of "study" took this many training seconds to `step`: each run at its own speed.
+  static double SecondsAt(int64_t step, size_t i) {
+    return 0.05 * static_cast<double>(step) * (1.0 + 0.1 * static_cast<double>(i));
+  }
+
   // Sweep "study": baseline (no gate), g1_elementwise, g1_headwise x 2 seeds of 400 steps (runs
   // seed-major), evaluations every 100 steps. Every run SUCCEEDS but g1_headwise seed 1: its loss
   // spikes at step 200 and goes non-finite from 248 on; it DIVERGES at 250.
@@ -143,6 +148,7 @@ class ReportTest : public ::testing::Test {
       ASSERT_TRUE(StartRun(store_.get(), id).ok());
       const bool diverges = i == 5;
       MetricBatch b = StepBatch(id, 1, 1, 1, diverges ? kDivergeStep : kSteps);
+      for (StepMetrics& m : b.steps) m.set_elapsed_s(SecondsAt(m.step(), i));  // each its speed
       for (int64_t step = 100; step < kSteps; step += 100) {
         if (!diverges || step < kDivergeStep) b.evals.push_back(Eval(step, 2, gated));
       }
@@ -224,12 +230,19 @@ TEST_F(ReportTest, LossBandsAreMeanAndStdOverTheRunsThatDidNotDiverge) {
     for (size_t k = 0; k < f->steps.size(); ++k) {
       const int64_t step = f->steps[k];
       std::vector<double> values = {LossAt(step, study_[g])};
-      if (g != 2) values.push_back(LossAt(step, study_[g + 3]));  // seed 1 of g1_headwise diverged
-      double mean = 0;
+      std::vector<double> seconds = {SecondsAt(step, g)};
+      if (g != 2) {  // seed 1 of g1_headwise diverged
+        values.push_back(LossAt(step, study_[g + 3]));
+        seconds.push_back(SecondsAt(step, g + 3));
+      }
+      double mean = 0, mean_seconds = 0;
       for (double v : values) mean += v / static_cast<double>(values.size());
+      for (double v : seconds) mean_seconds += v / static_cast<double>(seconds.size());
       EXPECT_EQ(group.loss_n[k], static_cast<int64_t>(values.size()))
           << kVariants[g] << " " << step;
       EXPECT_NEAR(group.loss_mean[k], mean, 1e-12) << kVariants[g] << " " << step;
+      // The x of the curves against wall time: the band's runs' mean training seconds there.
+      EXPECT_NEAR(group.seconds_mean[k], mean_seconds, 1e-9) << kVariants[g] << " " << step;
       if (values.size() == 2) {
         EXPECT_NEAR(group.loss_std[k], std::fabs(values[0] - values[1]) / std::sqrt(2.0), 1e-12);
       } else {
@@ -245,11 +258,14 @@ TEST_F(ReportTest, LossBandsAreMeanAndStdOverTheRunsThatDidNotDiverge) {
   EXPECT_EQ(c.run_id, study_[5]);
   EXPECT_EQ(c.steps.back(), kDivergeStep);
   EXPECT_TRUE(std::isnan(c.loss.back()));
+  ASSERT_EQ(c.seconds.size(), c.steps.size());
+  EXPECT_NEAR(c.seconds.back(), SecondsAt(kDivergeStep, 5), 1e-9);
   // Its spikes, at its loss there (NaN: non-finite).
   ASSERT_EQ(headwise.spikes.size(), 2u);
   EXPECT_EQ(headwise.spikes[0].step, kSpikeStep);
   EXPECT_EQ(headwise.spikes[0].kind, "SPIKE_CATASTROPHIC");
   EXPECT_DOUBLE_EQ(headwise.spikes[0].loss, kSpikeLoss);
+  EXPECT_NEAR(headwise.spikes[0].seconds, SecondsAt(kSpikeStep, 5), 1e-9);
   EXPECT_EQ(headwise.spikes[1].step, kDivergeStep);
   EXPECT_TRUE(std::isnan(headwise.spikes[1].loss));
   EXPECT_TRUE(f->groups[0].spikes.empty());
