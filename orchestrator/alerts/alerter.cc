@@ -173,7 +173,11 @@ void Alerter::Stop() {
   }
 }
 
-int Alerter::targets() const { return static_cast<int>(impl_->targets.size()); }
+std::vector<std::string> Alerter::targets() const {
+  std::vector<std::string> names;
+  for (const auto& t : impl_->targets) names.push_back(t->name);
+  return names;
+}
 
 AlertStats Alerter::Stats() const {
   AlertStats stats;

@@ -82,7 +82,8 @@ class Alerter {
   Alerter& operator=(const Alerter&) = delete;
 
   AlertStats Stats() const;
-  int targets() const;
+  // Where alerts go, for logs: "webhook https://host/..." (redacted), "command \"...\"".
+  std::vector<std::string> targets() const;
   // Idempotent.
   void Stop();
 

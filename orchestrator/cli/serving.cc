@@ -178,27 +178,15 @@ absl::StatusOr<std::unique_ptr<ServedCoordinator>> ServedCoordinator::Start(
   // The alerter starts before the dashboard, whose /metrics reads it: the pages' address is
   // the one the dashboard is asked to listen on, as Url() prints it, without the token.
   if (dashboard.port > 0) {
-    std::string host = dashboard.host == "0.0.0.0" || dashboard.host == "::" ? "127.0.0.1"
-                                                                               : dashboard.host;
-    if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
     alert_options.dashboard_url =
-        absl::StrCat(options.tls_cert_file.empty() ? "http://" : "https://", host, ":",
-                     dashboard.port, "/");
+        DashboardBaseUrl(dashboard.host, dashboard.port, !options.tls_cert_file.empty());
   }
   absl::StatusOr<std::unique_ptr<Alerter>> alerter =
       Alerter::Start(served->server_->store(), alert_options);
   if (!alerter.ok()) return alerter.status();
   served->alerter_ = *std::move(alerter);
-  if (served->alerter_->targets() > 0) {
-    std::vector<std::string> names;
-    for (const std::string& url : alert_options.webhooks) {
-      names.push_back(ParseWebhookUrl(url)->Redacted());
-    }
-    for (const std::string& command : alert_options.commands) {
-      names.push_back(absl::StrCat("command \"", command.substr(0, 40),
-                                   command.size() > 40 ? "...\"" : "\""));
-    }
-    out << fmt::format("alerts: to {}\n", absl::StrJoin(names, ", ")) << std::flush;
+  if (const std::vector<std::string> targets = served->alerter_->targets(); !targets.empty()) {
+    out << fmt::format("alerts: to {}\n", absl::StrJoin(targets, ", ")) << std::flush;
   }
   served->dashboard_ =
       StartDashboard(served->server_.get(), options, dashboard, served->alerter_.get(), out);

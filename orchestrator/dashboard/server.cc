@@ -276,12 +276,15 @@ DashboardServer::DashboardServer(std::unique_ptr<Impl> impl) : impl_(std::move(i
 
 DashboardServer::~DashboardServer() { Stop(); }
 
+std::string DashboardBaseUrl(const std::string& host, int port, bool tls) {
+  std::string shown = host == "0.0.0.0" || host == "::" ? "127.0.0.1" : host;
+  if (shown.find(':') != std::string::npos) shown = absl::StrCat("[", shown, "]");
+  return absl::StrCat(tls ? "https://" : "http://", shown, ":", port, "/");
+}
+
 std::string DashboardServer::Url() const {
-  std::string host = impl_->options.host;
-  if (host == "0.0.0.0" || host == "::") host = "127.0.0.1";
-  if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
-  return absl::StrCat(impl_->tls != nullptr ? "https://" : "http://", host, ":", port_,
-                      "/?token=", impl_->options.token);
+  return absl::StrCat(DashboardBaseUrl(impl_->options.host, port_, impl_->tls != nullptr),
+                      "?token=", impl_->options.token);
 }
 
 void DashboardServer::Stop() {

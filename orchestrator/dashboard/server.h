@@ -99,6 +99,11 @@ struct DashboardOptions {
   absl::Duration write_timeout = absl::Seconds(30);
 };
 
+// "http://HOST:PORT/" of a dashboard listening at `host` (https:// with TLS; 127.0.0.1 when
+// listening on every interface; an IPv6 address bracketed): the pages' address, without the
+// credential.
+std::string DashboardBaseUrl(const std::string& host, int port, bool tls);
+
 class DashboardServer {
  public:
   // Opens the store (unless a reader is given) and listens. InvalidArgument without a token, with
@@ -112,8 +117,7 @@ class DashboardServer {
   DashboardServer& operator=(const DashboardServer&) = delete;
 
   int port() const { return port_; }
-  // "http://HOST:PORT/?token=TOKEN" (https:// with TLS; 127.0.0.1 when listening on every
-  // interface).
+  // DashboardBaseUrl(...) + "?token=TOKEN".
   std::string Url() const;
 
   // Closes the listener and every open connection, joins every thread. Idempotent.

@@ -12,6 +12,7 @@
 #include "orchestrator/store/reader.h"
 #include "orchestrator/store/schema.h"
 #include "orchestrator/store/store.h"
+#include "tests/orchestrator/store/store_fixture.h"
 #include "tests/orchestrator/store/test_sweeps.h"
 #include "tests/test_dir.h"
 
@@ -22,15 +23,11 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Action = AnnotationEdit::Action;
 
-class AnnotationsTest : public ::testing::Test {
+class AnnotationsTest : public testing::StoreFixture {
  protected:
   void SetUp() override {
-    dir_ = testing::FreshTestDir("annotations_test").string();
-    StoreOptions options;
-    options.path = dir_ + "/ablate.db";
-    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
+    OpenStore("annotations_test");
+    if (HasFatalFailure()) return;
     absl::StatusOr<SweepIds> ids =
         store_->CreateSweep(testing::MakeSweep("gates", {"baseline", "g1"}, 2, 100));
     ASSERT_TRUE(ids.ok()) << ids.status();
@@ -39,10 +36,6 @@ class AnnotationsTest : public ::testing::Test {
         store_->CreateSweep(testing::MakeSweep("other", {"baseline"}, 1, 100));
     ASSERT_TRUE(other.ok()) << other.status();
     other_ = *other;
-  }
-  void TearDown() override {
-    store_.reset();
-    std::filesystem::remove_all(dir_);
   }
 
   absl::StatusOr<AnnotationResult> Edit(Action action, int64_t run_id,
@@ -61,8 +54,6 @@ class AnnotationsTest : public ::testing::Test {
     return tags;
   }
 
-  std::string dir_;
-  std::unique_ptr<Store> store_;
   SweepIds ids_, other_;
 };
 

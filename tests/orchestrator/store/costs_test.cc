@@ -16,6 +16,7 @@
 #include "orchestrator/store/format.h"
 #include "orchestrator/store/reader.h"
 #include "orchestrator/store/store.h"
+#include "tests/orchestrator/store/store_fixture.h"
 #include "tests/orchestrator/store/test_sweeps.h"
 #include "tests/test_dir.h"
 
@@ -24,23 +25,15 @@ namespace {
 
 using ::testing::HasSubstr;
 
-class CostsTest : public ::testing::Test {
+class CostsTest : public testing::StoreFixture {
  protected:
   void SetUp() override {
-    dir_ = testing::FreshTestDir("costs_test").string();
-    StoreOptions options;
-    options.path = dir_ + "/ablate.db";
-    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
+    OpenStore("costs_test");
+    if (HasFatalFailure()) return;
     absl::StatusOr<SweepIds> ids =
         store_->CreateSweep(testing::MakeSweep("costs", {"baseline", "g1"}, 2, 300));
     ASSERT_TRUE(ids.ok()) << ids.status();
     ids_ = *ids;
-  }
-  void TearDown() override {
-    store_.reset();
-    std::filesystem::remove_all(dir_);
   }
 
   // Run `run` trains 300 steps: a point every 10 steps with its training seconds (step / 10),
@@ -93,8 +86,6 @@ class CostsTest : public ::testing::Test {
            TrainingFlopsPerToken(DefaultModelConfig(), DefaultTrainConfig().seq_len());
   }
 
-  std::string dir_;
-  std::unique_ptr<Store> store_;
   SweepIds ids_;
 };
 
