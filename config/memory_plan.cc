@@ -159,8 +159,20 @@ MemoryPlan PlanMemory(const RunConfig& config, int devices) {
     copies = (per_layer + static_cast<double>(c.tie_embeddings() ? b.embedding() : b.lm_head())) * 2;
   }
   plan.set_parameters(Round(params * 4 + copies));
-  plan.set_gradients(Round(params * 4));
   const int shards = t.shard_optimizer() ? ranks : 1;
+  const double bucket = std::min(params, static_cast<double>(kShardBucketElements));
+  if (t.shard_gradients() && t.shard_optimizer() && t.activation_checkpointing()) {
+    // ZeRO-2: the rank's shard, and at the peak the gradients not yet reduced: the parameters
+    // outside the blocks' (reduced when the backward ends), the block being back-propagated, and
+    // up to a bucket of finished blocks' waiting for the rest of their bucket.
+    const ParamBreakdown& b = count.breakdown();
+    const double outside = static_cast<double>(b.embedding() + b.lm_head()) + 2.0 * c.d_model();
+    const double per_layer = (params - outside) / std::max(1, c.num_layers());
+    plan.set_gradients(
+        Round(std::min(params, std::ceil(params / shards) + outside + per_layer + bucket) * 4));
+  } else {
+    plan.set_gradients(Round(params * 4));
+  }
   plan.set_optimizer(Round(std::ceil(params / shards) * 8));  // AdamW's exp_avg, exp_avg_sq
 
   const int64_t rows = std::max<int64_t>(1, t.batch_size() / ranks);
@@ -183,7 +195,6 @@ MemoryPlan PlanMemory(const RunConfig& config, int devices) {
   // the all-reduce sums (sharded: of one bucket, and the all-gather's); AdamW's temporaries, of
   // the largest weight (sharded: of the rank's whole shard).
   const double logits = tokens * vocab * (bf16 || autocast ? 4 + 2 + 4 : 4 + 4);
-  const double bucket = std::min(params, static_cast<double>(kShardBucketElements));
   const double flat = ranks == 1 ? 0 : t.shard_optimizer() ? 2 * bucket * 4 : params * 4;
   double largest_weight = static_cast<double>(c.vocab_size()) * c.d_model();
   if (c.moe().num_experts() > 0) {
@@ -295,13 +306,24 @@ absl::Status CheckMemoryFits(const std::string& run, const RunConfig& config, in
       try_fix(absl::StrCat("train.shard_optimizer: true"), c, ranks);
     }
   }
+  if (!t.shard_gradients() && ranks > 1) {
+    RunConfig c = config;
+    c.mutable_train()->set_shard_optimizer(true);
+    c.mutable_train()->set_shard_gradients(true);
+    c.mutable_train()->set_activation_checkpointing(true);
+    try_fix(absl::StrCat("train.shard_gradients: true",
+                         t.shard_optimizer() && checkpointing
+                             ? ""
+                             : " (with train.shard_optimizer and train.activation_checkpointing)"),
+            c, ranks);
+  }
   if (!fixes.empty()) {
     absl::StrAppend(&message, "; try ", absl::StrJoin(fixes, ", or "));
   } else {
     absl::StrAppend(&message, "; neither checkpointing, a smaller micro-batch nor sharding the "
-                    "optimizer's state lowers it: its weights and gradients alone take ",
-                    FormatBytes(plan.parameters() + plan.gradients()),
-                    ", which only sharding them (ZeRO 2/3) or its experts (expert parallelism) "
+                    "optimizer's state and the gradients lowers it: its weights alone take ",
+                    FormatBytes(plan.parameters()),
+                    ", which only sharding them (ZeRO-3) or its experts (expert parallelism) "
                     "would shrink, and ablate does neither");
   }
   return absl::InvalidArgumentError(message);

@@ -332,6 +332,11 @@ absl::Status ValidateTrainConfig(const TrainConfig& t, const std::string& prefix
     }
     seen.push_back(len);
   }
+  if (t.shard_gradients() && !(t.shard_optimizer() && t.activation_checkpointing())) {
+    p.Add("shard_gradients",
+          "needs shard_optimizer: true and activation_checkpointing: true (a block's gradients are "
+          "reduced as its recomputed backward ends)");
+  }
   if (t.attention_map_heads() < -1 || t.attention_map_heads() > kMaxNumHeads) {
     p.Add("attention_map_heads",
           absl::StrCat("must be -1 (every head), 0 (none) or a count of heads up to ", kMaxNumHeads,

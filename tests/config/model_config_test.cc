@@ -1,6 +1,8 @@
 // Config defaults, validation and presets (no LibTorch).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "config/memory_plan.h"
@@ -158,6 +160,19 @@ TEST(ValidationTest, CollectsEveryProblemAtOnce) {
   }
 }
 
+TEST(ValidationTest, ShardedGradientsNeedTheShardedOptimizerAndCheckpointing) {
+  TrainConfig t = DefaultTrainConfig();
+  t.set_shard_gradients(true);
+  t.set_shard_optimizer(true);
+  absl::Status s = ValidateTrainConfig(t);
+  EXPECT_NE(s.message().find("train.shard_gradients: needs shard_optimizer: true and "
+                             "activation_checkpointing: true"),
+            std::string::npos)
+      << s;
+  t.set_activation_checkpointing(true);
+  EXPECT_TRUE(ValidateTrainConfig(t).ok());
+}
+
 TEST(ValidationTest, SeqLenMustFitTheModel) {
   RunConfig r = DefaultRunConfig();
   r.mutable_train()->set_seq_len(r.model().max_seq_len() + 1);
@@ -186,6 +201,50 @@ TEST(MemoryPlanTest, AbsurdShapesSaturateInsteadOfOverflowing) {
   EXPECT_GT(plan.per_device(), 0);
   EXPECT_GE(plan.per_device(), plan.parameters());
   EXPECT_FALSE(CheckMemoryFits("run 0", config, 1, plan, int64_t{80} * 1000 * 1000 * 1000).ok());
+}
+
+// ZeRO-2 over 8 ranks: the gradients are the rank's eighth plus what a backward holds before
+// reducing it (the embedding and output projection, one block, a bucket), not all of them; the
+// rest of the plan is ZeRO-1's. A run that does not fit is told so.
+TEST(MemoryPlanTest, ShardedGradientsHoldAnEighthAndWhatTheBackwardHasNotReduced) {
+  RunConfig config = DefaultRunConfig();
+  ModelConfig& m = *config.mutable_model();
+  m.set_vocab_size(1024);
+  m.set_d_model(512);
+  m.set_num_layers(16);
+  m.set_num_heads(8);
+  m.set_num_kv_heads(8);
+  m.set_head_dim(64);
+  m.set_ffn_dim(2048);
+  m.set_max_seq_len(256);
+  TrainConfig& t = *config.mutable_train();
+  t.set_batch_size(8);
+  t.set_seq_len(256);
+  t.set_shard_optimizer(true);
+  t.set_activation_checkpointing(true);
+  const MemoryPlan zero1 = PlanMemory(config, 8);
+  t.set_shard_gradients(true);
+  const MemoryPlan zero2 = PlanMemory(config, 8);
+  const ParamCount count = CountParams(m);
+  const double params = static_cast<double>(count.total());
+  const double outside = static_cast<double>(count.breakdown().embedding() +
+                                             count.breakdown().lm_head()) + 2 * 512;
+  const double expected =
+      (std::ceil(params / 8) + outside + (params - outside) / 16 +
+       std::min(params, static_cast<double>(kShardBucketElements))) * 4;
+  EXPECT_EQ(zero1.gradients(), static_cast<int64_t>(params * 4));
+  EXPECT_NEAR(static_cast<double>(zero2.gradients()), std::min(expected, params * 4), 1.0);
+  EXPECT_EQ(zero2.parameters(), zero1.parameters());
+  EXPECT_EQ(zero2.optimizer(), zero1.optimizer());
+  ASSERT_LT(zero2.per_device(), zero1.per_device());
+  // Told to a run that does not fit with ZeRO-1 but would with ZeRO-2.
+  t.set_shard_gradients(false);
+  const int64_t limit = (zero1.per_device() + zero2.per_device()) / 2;
+  const absl::Status s = CheckMemoryFits("run 3", config, 8, zero1, limit);
+  EXPECT_NE(s.message().find("train.shard_gradients: true (" + FormatBytes(zero2.per_device()) +
+                             ", fits)"),
+            std::string::npos)
+      << s;
 }
 
 }  // namespace

@@ -509,6 +509,7 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
       }
     }
     torch::autograd::backward(outputs, grad_outputs);
+    block->GradientsDone();
     return {x.grad(), torch::Tensor()};
   }
 };
@@ -532,6 +533,21 @@ void TransformerImpl::BeginStep() {
 
 void TransformerImpl::SetCountReducer(const MoEImpl::CountReducer& reducer) {
   for (auto& block : *blocks_) block->as<Block>()->SetCountReducer(reducer);
+}
+
+void TransformerImpl::SetGradientsDone(const std::function<void(int layer)>& done) {
+  for (auto& block : *blocks_) block->as<Block>()->SetGradientsDone(done);
+}
+
+std::vector<int> TransformerImpl::ParameterLayers() const {
+  std::vector<int> layers;
+  for (const auto& p : named_parameters()) {
+    int layer = -1;
+    // "blocks.7.attn.q.weight": the ModuleList's index.
+    if (p.key().rfind("blocks.", 0) == 0) layer = std::stoi(p.key().substr(7));
+    layers.push_back(layer);
+  }
+  return layers;
 }
 
 void TransformerImpl::SetComputeDtype(torch::ScalarType dtype) { compute_dtype_ = dtype; }

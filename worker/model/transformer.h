@@ -235,6 +235,11 @@ class BlockImpl : public torch::nn::Module {
   void SetCountReducer(const MoEImpl::CountReducer& reducer) {
     if (moe_) moe_->SetCountReducer(reducer);
   }
+  // Called with this block's layer when a checkpointed backward of it has ended.
+  void SetGradientsDone(std::function<void(int layer)> done) { gradients_done_ = std::move(done); }
+  void GradientsDone() const {
+    if (gradients_done_) gradients_done_(layer_);
+  }
 
  private:
   // Sandwich norm and clamp of a sublayer output, before the residual add.
@@ -242,6 +247,7 @@ class BlockImpl : public torch::nn::Module {
 
   ModelConfig config_;
   int layer_;
+  std::function<void(int layer)> gradients_done_;
   RMSNorm attn_norm_{nullptr}, ffn_norm_{nullptr};
   RMSNorm attn_post_norm_{nullptr}, ffn_post_norm_{nullptr};  // sandwich norm only
   Attention attn_{nullptr};
@@ -288,6 +294,15 @@ class TransformerImpl : public torch::nn::Module {
   // Data parallel: every MoE layer's global-batch counts are summed over ranks with `reducer`
   // (MoEImpl::SetCountReducer). A no-op for a dense model.
   void SetCountReducer(const MoEImpl::CountReducer& reducer);
+
+  // With activation checkpointing: `done(layer)` runs when a block's recomputed backward has
+  // ended, when every gradient of that block's parameters for this backward pass has been
+  // accumulated. The blocks end last to first, in the same order on every rank, whichever
+  // parameters received a gradient (an MoE expert with no tokens gets none). ZeRO-2 reduces
+  // them there (worker/train/optimizer.h). Called on the thread running the backward.
+  void SetGradientsDone(const std::function<void(int layer)>& done);
+  // The index of every parameter's block, in parameters() order; -1 outside the blocks.
+  std::vector<int> ParameterLayers() const;
 
  private:
   ModelConfig config_;

@@ -81,8 +81,10 @@ class ReplicatedAdamW final : public TrainingOptimizer {
 // bucket. Every collective and every transient buffer is one bucket's, never the whole model's.
 class ShardedAdamW final : public TrainingOptimizer {
  public:
+  // `layers` non-empty: ZeRO-2, each parameter's block (-1 outside the blocks).
   ShardedAdamW(const std::vector<torch::Tensor>& params, const std::vector<bool>& decays,
-               const OptimizerConfig& o, Collective* dist, int64_t bucket)
+               const OptimizerConfig& o, Collective* dist, int64_t bucket,
+               const std::vector<int>& layers)
       : params_(params), decays_(decays), config_(o), lr_(o.lr()), dist_(dist) {
     ranks_ = dist == nullptr ? 1 : dist->world_size();
     rank_ = dist == nullptr ? 0 : dist->rank();
@@ -102,9 +104,17 @@ class ShardedAdamW final : public TrainingOptimizer {
     exp_avg_ = torch::zeros({shard_}, options_);
     exp_avg_sq_ = torch::zeros({shard_}, options_);
     grad_shard_ = torch::zeros({shard_}, options_);
+    if (!layers.empty()) PlanGradientSharding(layers);
   }
 
   void ZeroGrad() override {
+    if (shard_gradients_) {
+      torch::NoGradGuard no_grad;
+      for (const torch::Tensor& p : params_) p.mutable_grad() = torch::Tensor();
+      grad_shard_.zero_();
+      ResetPass();
+      return;
+    }
     for (const torch::Tensor& p : params_) {
       if (p.grad().defined()) {
         p.grad().detach_();
@@ -115,9 +125,32 @@ class ShardedAdamW final : public TrainingOptimizer {
 
   void SetLearningRate(double lr) override { lr_ = lr; }
 
+  void GradientsDone(int layer) override {
+    if (!shard_gradients_ || layer < 0 || layer >= static_cast<int>(params_of_layer_.size())) {
+      return;
+    }
+    std::vector<size_t> complete;
+    for (size_t i : params_of_layer_[layer]) {
+      for (size_t b : buckets_of_param_[i]) {
+        if (--waiting_[b] == 0) complete.push_back(b);
+      }
+    }
+    std::sort(complete.begin(), complete.end());
+    for (size_t b : complete) ReduceBucket(b);
+  }
+
+  void BackwardDone() override {
+    if (!shard_gradients_) return;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (!reduced_[b]) ReduceBucket(b);
+    }
+    ResetPass();
+  }
+
   double ReduceAndClip(double max_norm) override {
     torch::NoGradGuard no_grad;
     for (const Bucket& b : buckets_) {
+      if (shard_gradients_) break;  // reduced during the backward passes
       torch::Tensor flat = torch::zeros({b.chunk * ranks_}, options_);  // padded with zeros
       Copy(b.begin, b.end, [&](size_t, const torch::Tensor& p, int64_t lo, int64_t n, int64_t at) {
         if (!p.grad().defined()) return;
@@ -257,6 +290,67 @@ class ShardedAdamW final : public TrainingOptimizer {
     int64_t offset = 0;          // where this rank's part sits in its shard
   };
 
+  // ZeRO-2's bookkeeping: which buckets each parameter overlaps, which parameters each block
+  // has, and how many of a bucket's parameters are not yet done in this backward pass.
+  void PlanGradientSharding(const std::vector<int>& layers) {
+    TORCH_CHECK(layers.size() == params_.size(), "shard_gradients: ", layers.size(),
+                " layers for ", params_.size(), " parameters");
+    shard_gradients_ = true;
+    buckets_of_param_.resize(params_.size());
+    params_of_bucket_.resize(buckets_.size());
+    block_params_of_bucket_.assign(buckets_.size(), 0);
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      Copy(buckets_[b].begin, buckets_[b].end,
+           [&](size_t i, const torch::Tensor&, int64_t, int64_t, int64_t) {
+             buckets_of_param_[i].push_back(b);
+             params_of_bucket_[b].push_back(i);
+             // A bucket with a parameter outside the blocks waits for BackwardDone.
+             block_params_of_bucket_[b] += layers[i] >= 0 ? 1 : buckets_.size() + params_.size();
+           });
+    }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (layers[i] < 0) continue;
+      if (static_cast<size_t>(layers[i]) >= params_of_layer_.size()) {
+        params_of_layer_.resize(layers[i] + 1);
+      }
+      params_of_layer_[layers[i]].push_back(i);
+    }
+    ResetPass();
+  }
+
+  void ResetPass() {
+    waiting_ = block_params_of_bucket_;
+    reduced_.assign(buckets_.size(), false);
+    buckets_left_.resize(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) buckets_left_[i] = buckets_of_param_[i].size();
+  }
+
+  // ZeRO-2: bucket b of this backward pass's gradients (zeros where a parameter has none) summed
+  // over the ranks, its mean added to this rank's chunk of the gradient shard; then the
+  // gradients of the parameters whose every bucket is reduced are freed.
+  void ReduceBucket(size_t index) {
+    torch::NoGradGuard no_grad;
+    const Bucket& b = buckets_[index];
+    torch::Tensor flat = torch::zeros({b.chunk * ranks_}, options_);
+    Copy(b.begin, b.end, [&](size_t, const torch::Tensor& p, int64_t lo, int64_t n, int64_t at) {
+      if (!p.grad().defined()) return;
+      flat.slice(0, at - b.begin, at - b.begin + n)
+          .copy_(p.grad().reshape({-1}).slice(0, lo, lo + n));
+    });
+    torch::Tensor mine = grad_shard_.slice(0, b.offset, b.offset + b.chunk);
+    if (dist_ != nullptr) {
+      torch::Tensor sum = torch::empty({b.chunk}, options_);
+      dist_->ReduceScatterSum(flat, sum);
+      mine.add_(sum, 1.0 / ranks_);
+    } else {
+      mine.add_(flat);
+    }
+    reduced_[index] = true;
+    for (size_t i : params_of_bucket_[index]) {
+      if (--buckets_left_[i] == 0) params_[i].mutable_grad() = torch::Tensor();
+    }
+  }
+
   // fn(index, param, first element in it, count, flat position) for each parameter's part of
   // the flat range [lo, hi).
   template <class Fn>
@@ -298,6 +392,13 @@ class ShardedAdamW final : public TrainingOptimizer {
   torch::TensorOptions options_;
   int64_t step_ = 0;
   torch::Tensor exp_avg_, exp_avg_sq_, grad_shard_;  // (shard_): this rank's chunk of each bucket
+  // ZeRO-2 (PlanGradientSharding): the fixed structure, then the state of one backward pass.
+  bool shard_gradients_ = false;
+  std::vector<std::vector<size_t>> buckets_of_param_, params_of_bucket_, params_of_layer_;
+  std::vector<size_t> block_params_of_bucket_;
+  std::vector<size_t> waiting_;       // by bucket: its parameters whose block is not yet done
+  std::vector<bool> reduced_;         // by bucket: reduced in this pass
+  std::vector<size_t> buckets_left_;  // by parameter: its buckets not yet reduced in this pass
 };
 
 }  // namespace
@@ -310,10 +411,14 @@ std::unique_ptr<TrainingOptimizer> MakeTrainingOptimizer(const std::vector<torch
                                                          const std::vector<bool>& decays,
                                                          const TrainConfig& config,
                                                          Collective* dist,
-                                                         int64_t bucket_elements) {
+                                                         int64_t bucket_elements,
+                                                         const std::vector<int>& layers) {
   if (config.shard_optimizer()) {
+    TORCH_CHECK(!config.shard_gradients() || !layers.empty(),
+                "shard_gradients: the optimizer needs each parameter's block");
     return std::make_unique<ShardedAdamW>(params, decays, config.optimizer(), dist,
-                                          bucket_elements);
+                                          bucket_elements,
+                                          config.shard_gradients() ? layers : std::vector<int>{});
   }
   return std::make_unique<ReplicatedAdamW>(params, decays, config.optimizer(), dist);
 }

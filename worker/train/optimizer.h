@@ -1,6 +1,7 @@
 // The trainer's optimizer step after the backward pass: gradients averaged over the ranks of a
 // data-parallel run, clipped, and AdamW's update, with its state either replicated on every rank
-// or sharded between them (ZeRO stage 1, TrainConfig.shard_optimizer).
+// or sharded between them (ZeRO stage 1, TrainConfig.shard_optimizer), and the gradients too
+// (ZeRO stage 2, TrainConfig.shard_gradients).
 //
 // Replicated: LibTorch's AdamW on every rank, gradients all-reduced. Sharded (Rajbhandari et
 // al. 2020): the parameters are laid end to end in one flat order, cut into buckets of
@@ -10,7 +11,9 @@
 // all-reduce of which each rank keeps its chunk), updates it with the same arithmetic as
 // LibTorch's AdamW, and all-gathers the parameters bucket by bucket. Checkpoints hold the whole
 // state either way: a sharded run's as flat moments in parameter order (gathered to rank 0 to be
-// written), so it resumes at any world size. Both need every rank to call every method, in the same order. Includes <torch/torch.h>:
+// written), so it resumes at any world size. ZeRO-2 reduce-scatters each bucket during the
+// backward pass instead, as soon as the blocks it covers are done (GradientsDone), adding into
+// the rank's gradient shard over the micro-batches, and frees the gradients it covered. Both need every rank to call every method, in the same order. Includes <torch/torch.h>:
 // worker/ only. Not thread-safe: one trainer thread per rank.
 #ifndef ABLATE_WORKER_TRAIN_OPTIMIZER_H_
 #define ABLATE_WORKER_TRAIN_OPTIMIZER_H_
@@ -43,6 +46,14 @@ class TrainingOptimizer {
   virtual double ReduceAndClip(double max_norm) = 0;
   // AdamW's update of every parameter, on every rank.
   virtual void Step() = 0;
+  // ZeRO-2 (TrainConfig.shard_gradients) only, no-ops otherwise. GradientsDone: every gradient
+  // of block `layer`'s parameters for this backward pass has been accumulated (the model's
+  // TransformerImpl::SetGradientsDone): the buckets that completes are reduce-scattered into
+  // this rank's shard and the gradients they covered freed. BackwardDone, after each backward
+  // pass (each micro-batch): the rest (the parameters outside the blocks, and any bucket not
+  // yet complete) likewise, in bucket order, so that every rank makes the same collectives.
+  virtual void GradientsDone(int /*layer*/) {}
+  virtual void BackwardDone() {}
   // The whole optimizer state of the checkpoint at `step` in `dir`, written by the rank that
   // writes the checkpoint (it passes its archive) with every other rank taking part (null).
   // Replicated: into the archive. Sharded: gathered to that rank one bucket at a time and
@@ -61,11 +72,14 @@ class TrainingOptimizer {
 std::string ShardedStateFile(const std::string& dir, int64_t step);
 
 // AdamW over `params` (weight decay `decays[i]` for params[i]) with config's betas, eps and
-// weight decay, replicated or sharded by train.shard_optimizer. `dist` is null for one process.
-// `bucket_elements`: a sharded optimizer's bucket (tests make it small to cut many).
+// weight decay, replicated or sharded by train.shard_optimizer (and its gradients too by
+// train.shard_gradients: `layers[i]` is params[i]'s block, -1 outside the blocks, as
+// TransformerImpl::ParameterLayers). `dist` is null for one process. `bucket_elements`: a
+// sharded optimizer's bucket (tests make it small to cut many).
 std::unique_ptr<TrainingOptimizer> MakeTrainingOptimizer(
     const std::vector<torch::Tensor>& params, const std::vector<bool>& decays,
-    const TrainConfig& config, Collective* dist, int64_t bucket_elements = kShardBucketElements);
+    const TrainConfig& config, Collective* dist, int64_t bucket_elements = kShardBucketElements,
+    const std::vector<int>& layers = {});
 
 }  // namespace ablate
 

@@ -184,7 +184,12 @@ struct Trainer::State {
         decays.push_back(p.value().dim() >= 2 && !is_theta);
         params.push_back(p.value());
       }
-      optimizer = MakeTrainingOptimizer(params, decays, t, dist.get());
+      optimizer = MakeTrainingOptimizer(params, decays, t, dist.get(), kShardBucketElements,
+                                        model->ParameterLayers());
+      if (t.shard_gradients()) {  // ZeRO-2: each block's gradients reduced as its backward ends
+        TrainingOptimizer* o = optimizer.get();
+        model->SetGradientsDone([o](int layer) { o->GradientsDone(layer); });
+      }
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat("building the model: ", e.what_without_backtrace()));
     }
@@ -506,6 +511,7 @@ struct Trainer::State {
         aux = out.aux_loss.to(torch::kFloat32);
       }
       ((loss + aux) / t.grad_accum()).backward();
+      optimizer->BackwardDone();
       loss_sum += loss.item<double>();
       aux_sum += aux.item<double>();
     }

@@ -792,5 +792,97 @@ TEST_F(TrainerTest, ShardedAdamWInSmallBucketsTakesTheReplicatedSteps) {
   EXPECT_THROW(one->Load(archive, (dir_ / "nowhere").string(), 3), c10::Error);
 }
 
+// ZeRO-2 (shard_gradients) in buckets of 4 over 2 ranks: parameters of blocks 0 and 1 and one
+// outside the blocks (21, 5 and 4 elements: buckets [20, 24) and [24, 28) straddle them). A
+// bucket is reduced once every block it covers is done, and a gradient freed once its every
+// bucket is; the rest when the backward ends. Two micro-batches a step (a quarter and three
+// quarters of the gradient) take the replicated AdamW's steps on the whole gradient within 1e-6.
+TEST_F(TrainerTest, ShardedGradientsAreReducedAsBlocksEndAndTakeTheReplicatedSteps) {
+  TrainConfig t = DefaultTrainConfig();
+  t.mutable_optimizer()->set_lr(0.05);
+  t.mutable_optimizer()->set_weight_decay(0.1);
+  const auto make_params = [] {
+    const auto values = [](std::vector<int64_t> shape, double phase) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      return torch::cos(torch::arange(n, torch::kFloat32) * 0.7 + phase).view(shape).requires_grad_();
+    };
+    return std::vector<torch::Tensor>{values({7, 3}, 0.1), values({5}, 0.2), values({2, 2}, 0.3)};
+  };
+  const std::vector<bool> decays = {true, false, true};
+  const std::vector<int> layers = {0, 1, -1};
+  const auto grad_of = [](const torch::Tensor& p, size_t i, int rank, int step) {
+    return torch::sin(torch::arange(p.numel(), torch::kFloat32) * (rank + 1) *
+                      static_cast<double>(step + i + 1)).view_as(p) * 3.0;
+  };
+  auto server = RendezvousServer::Start("127.0.0.1", 2);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<std::vector<torch::Tensor>> zero2(2), replicated(2);
+  std::vector<double> norms[2][2];
+  std::vector<std::string> freed[2];  // rank r: which gradients were left, after each call
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      CollectiveOptions o;
+      o.rank = rank;
+      o.world_size = 2;
+      o.rendezvous = (*server)->address();
+      auto dist = Collective::Connect(o);
+      ASSERT_TRUE(dist.ok()) << dist.status();
+      const auto left = [](const std::vector<torch::Tensor>& params) {
+        std::string s;
+        for (const torch::Tensor& p : params) s += p.grad().defined() ? "g" : "-";
+        return s;
+      };
+      for (int kind = 0; kind < 2; ++kind) {
+        TrainConfig tk = t;
+        tk.set_shard_optimizer(kind == 0);
+        tk.set_shard_gradients(kind == 0);
+        tk.set_activation_checkpointing(true);
+        std::vector<torch::Tensor> params = make_params();
+        auto opt = MakeTrainingOptimizer(params, decays, tk, dist->get(), /*bucket_elements=*/4,
+                                         layers);
+        for (int step = 0; step < 5; ++step) {
+          opt->ZeroGrad();
+          for (double part : {0.25, 0.75}) {  // two micro-batches, as autograd accumulates
+            for (size_t i = 0; i < params.size(); ++i) {
+              const torch::Tensor g = grad_of(params[i], i, rank, step) * part;
+              if (params[i].grad().defined()) {
+                params[i].mutable_grad() = params[i].grad() + g;
+              } else {
+                params[i].mutable_grad() = g;
+              }
+            }
+            opt->GradientsDone(1);  // the blocks end last to first
+            if (kind == 0 && step == 0) freed[rank].push_back(left(params));
+            opt->GradientsDone(0);
+            if (kind == 0 && step == 0) freed[rank].push_back(left(params));
+            opt->BackwardDone();
+            if (kind == 0 && step == 0) freed[rank].push_back(left(params));
+          }
+          norms[kind][rank].push_back(opt->ReduceAndClip(/*max_norm=*/5.0));
+          opt->Step();
+        }
+        (kind == 0 ? zero2 : replicated)[rank] = params;
+      }
+    });
+  }
+  for (std::thread& r : ranks) r.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    // Block 1 alone completes no bucket ([20, 24) waits for block 0, [24, 28) for the end);
+    // block 0 then completes [0, 24) and frees its gradient; the end frees the rest.
+    EXPECT_EQ(freed[rank], std::vector<std::string>({"ggg", "-gg", "---", "ggg", "-gg", "---"}))
+        << "rank " << rank;
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_TRUE(torch::allclose(zero2[rank][i], replicated[rank][i], 1e-6, 1e-7))
+          << "rank " << rank << " param " << i << ": "
+          << (zero2[rank][i] - replicated[rank][i]).abs().max().item<double>();
+    }
+    for (int step = 0; step < 5; ++step) {
+      EXPECT_NEAR(norms[0][rank][step], norms[1][rank][step], 1e-6 * norms[1][rank][step]);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ablate
