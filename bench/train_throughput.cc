@@ -8,6 +8,7 @@
 //   build/bench_train --matmul
 //   build/bench_train --d-model 128 --steps 8 --pair baseline --pair-checkpointing
 //   build/bench_train --d-model 128 --steps 8 --pair baseline --pair-precision bf16
+//   build/bench_train --d-model 128 --vocab 32768 --steps 8 --pair baseline --pair-loss-chunk 512
 //   build/bench_train --d-model 128 --steps 4 --checkpointing    (prints its peak and the plan)
 //
 // --precision fp32|bf16 and --checkpointing set train.precision and
@@ -246,6 +247,7 @@ int main(int argc, char** argv) {
   CLI::App app{"ablate training throughput, one measurement"};
   int d_model = 128, layers = 4, heads = 0, head_dim = 32, ffn = 0, batch = 16, seq = 256;
   int steps = 20, warmup = 3, pair_ffn = 0, threads = static_cast<int>(std::thread::hardware_concurrency());
+  int vocab = 0, loss_chunk = 0, pair_loss_chunk = -1;
   std::string variant = "baseline", pair, device = "cpu", profile, precision = "fp32",
               pair_precision;
   bool match_ffn = false, matmul = false, pair_blocks = false, checkpointing = false,
@@ -279,6 +281,10 @@ int main(int argc, char** argv) {
   app.add_flag("--checkpointing", checkpointing, "train.activation_checkpointing of the runs");
   app.add_flag("--pair-checkpointing", pair_checkpointing,
                "the --pair run checkpointed, whatever --checkpointing says");
+  app.add_option("--vocab", vocab, "model.vocab_size (default the byte-level 256)");
+  app.add_option("--loss-chunk", loss_chunk, "train.loss_chunk_tokens of the runs");
+  app.add_option("--pair-loss-chunk", pair_loss_chunk,
+                 "the --pair run's train.loss_chunk_tokens, whatever --loss-chunk says");
   app.add_option("--profile", profile, "write a chrome://tracing profile of the run to this file");
   CLI11_PARSE(app, argc, argv);
   if (pair_blocks && (pair.empty() || device != "cpu")) {
@@ -308,6 +314,7 @@ int main(int argc, char** argv) {
     m.set_num_kv_heads(m.num_heads());
     m.set_ffn_dim(ffn > 0 ? ffn : 4 * d_model);
     m.set_max_seq_len(seq);
+    if (vocab > 0) m.set_vocab_size(vocab);
     const int64_t baseline_params = ablate::CountParams(m).total();
     const ablate::VariantPreset* preset = ablate::FindVariantPreset(name);
     if (preset == nullptr || !preset->apply(&m).ok()) {
@@ -333,6 +340,7 @@ int main(int argc, char** argv) {
     const std::string& p = is_pair && !pair_precision.empty() ? pair_precision : precision;
     t.set_precision(p == "bf16" ? ablate::PRECISION_BF16 : ablate::PRECISION_FP32);
     t.set_activation_checkpointing(is_pair && pair_checkpointing ? true : checkpointing);
+    t.set_loss_chunk_tokens(is_pair && pair_loss_chunk >= 0 ? pair_loss_chunk : loss_chunk);
     return run;
   };
   const auto make_trainer = [&](const ablate::RunConfig& run, const std::string& dir)

@@ -173,7 +173,10 @@ MemoryPlan PlanMemory(const RunConfig& config, int devices) {
   } else {
     plan.set_gradients(Round(params * 4));
   }
-  plan.set_optimizer(Round(std::ceil(params / shards) * 8));  // AdamW's exp_avg, exp_avg_sq
+  // AdamW's exp_avg and exp_avg_sq; sharded, also the averaged gradient of the rank's shard
+  // (ZeRO-2 counts it among the gradients).
+  const bool gradient_shard = t.shard_optimizer() && !t.shard_gradients();
+  plan.set_optimizer(Round(std::ceil(params / shards) * (gradient_shard ? 12 : 8)));
 
   const int64_t rows = std::max<int64_t>(1, t.batch_size() / ranks);
   const int64_t seq = t.seq_len();
@@ -182,9 +185,11 @@ MemoryPlan PlanMemory(const RunConfig& config, int devices) {
                        LayerBytesPerMicroBatch(c, path, rows, seq);
   const double layers = c.num_layers();
   // Outside the layers: the token ids and targets, the final norm and its output, and the fp32
-  // log-probabilities the loss keeps.
+  // log-probabilities the loss keeps (a chunked loss keeps none: its logsumexp per token).
   const double vocab = c.vocab_size();
-  const double outside = tokens * (2 * 8 + (c.d_model() * (p.residual + p.act) + 4) + vocab * 4);
+  const int64_t chunk = t.loss_chunk_tokens();
+  const double outside = tokens * (2 * 8 + (c.d_model() * (p.residual + p.act) + 4) +
+                                   (chunk > 0 ? 4 : vocab * 4));
   plan.set_activations(Round(layers * layer + outside));
   // Checkpointed: each block's input, and one block's activations at a time in the backward.
   plan.set_activations_checkpointed(
@@ -194,7 +199,11 @@ MemoryPlan PlanMemory(const RunConfig& config, int devices) {
   // the forward and the start of the backward); data parallel, the flat copy of every gradient
   // the all-reduce sums (sharded: of one bucket, and the all-gather's); AdamW's temporaries, of
   // the largest weight (sharded: of the rank's whole shard).
-  const double logits = tokens * vocab * (bf16 || autocast ? 4 + 2 + 4 : 4 + 4);
+  // Chunked (TrainConfig.loss_chunk_tokens): one chunk's, fp32 with its softmax in the
+  // backward; in bf16 also the bf16 copy of the output weight and a chunk's bf16 gradient of it.
+  const double logit_rows = chunk > 0 ? std::min<double>(tokens, chunk) : tokens;
+  double logits = logit_rows * vocab * (bf16 || autocast ? 4 + 2 + 4 : 4 + 4);
+  if (chunk > 0 && (bf16 || autocast)) logits += 2 * vocab * c.d_model() * 2;
   const double flat = ranks == 1 ? 0 : t.shard_optimizer() ? 2 * bucket * 4 : params * 4;
   double largest_weight = static_cast<double>(c.vocab_size()) * c.d_model();
   if (c.moe().num_experts() > 0) {
@@ -208,11 +217,14 @@ MemoryPlan PlanMemory(const RunConfig& config, int devices) {
   const double resident = static_cast<double>(plan.parameters()) +
                           static_cast<double>(plan.gradients()) +
                           static_cast<double>(plan.optimizer());
-  const double kept = t.activation_checkpointing() ? plan.activations_checkpointed()
-                                                   : plan.activations();
-  // The forward's end holds the activations and the logits; the all-reduce and the optimizer's
-  // temporaries come after the backward has freed them.
-  plan.set_per_device(Round(resident + std::max(kept + logits, std::max(flat, optimizer_temp))));
+  // The forward's end holds the activations kept for the backward and the logits (checkpointed:
+  // the blocks' inputs, no block's activations yet); a checkpointed backward then holds one
+  // block's at a time, the logits gone; the all-reduce and the optimizer's temporaries come
+  // after the backward has freed them.
+  const double kept = t.activation_checkpointing() ? static_cast<double>(plan.activations_checkpointed())
+                                                   : static_cast<double>(plan.activations());
+  const double forward_end = t.activation_checkpointing() ? kept - layer + logits : kept + logits;
+  plan.set_per_device(Round(resident + std::max({forward_end, kept, flat, optimizer_temp})));
   return plan;
 }
 
@@ -306,6 +318,11 @@ absl::Status CheckMemoryFits(const std::string& run, const RunConfig& config, in
       try_fix(absl::StrCat("train.shard_optimizer: true"), c, ranks);
     }
   }
+  if (t.loss_chunk_tokens() == 0) {
+    RunConfig c = config;
+    c.mutable_train()->set_loss_chunk_tokens(1024);
+    try_fix("train.loss_chunk_tokens: 1024", c, ranks);
+  }
   if (!t.shard_gradients() && ranks > 1) {
     RunConfig c = config;
     c.mutable_train()->set_shard_optimizer(true);
@@ -320,8 +337,8 @@ absl::Status CheckMemoryFits(const std::string& run, const RunConfig& config, in
   if (!fixes.empty()) {
     absl::StrAppend(&message, "; try ", absl::StrJoin(fixes, ", or "));
   } else {
-    absl::StrAppend(&message, "; neither checkpointing, a smaller micro-batch nor sharding the "
-                    "optimizer's state and the gradients lowers it: its weights alone take ",
+    absl::StrAppend(&message, "; neither checkpointing, a smaller micro-batch, a chunked loss nor "
+                    "sharding the optimizer's state and the gradients lowers it: its weights alone take ",
                     FormatBytes(plan.parameters()),
                     ", which only sharding them (ZeRO-3) or its experts (expert parallelism) "
                     "would shrink, and ablate does neither");

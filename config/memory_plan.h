@@ -38,7 +38,8 @@ absl::StatusOr<int64_t> ParseMemorySize(const std::string& text);
 // OK when `plan` fits in `limit_bytes` (0: no limit). Otherwise InvalidArgument naming `run`, the
 // plan against the limit with its largest parts, and the settings that would make it fit, each
 // with the figure it would give: train.activation_checkpointing, train.grad_accum (a smaller
-// micro-batch), resources.devices with train.shard_optimizer, train.shard_gradients.
+// micro-batch), resources.devices with train.shard_optimizer, train.shard_gradients,
+// train.loss_chunk_tokens.
 absl::Status CheckMemoryFits(const std::string& run, const RunConfig& config, int devices,
                              const MemoryPlan& plan, int64_t limit_bytes);
 

@@ -332,6 +332,7 @@ absl::Status ValidateTrainConfig(const TrainConfig& t, const std::string& prefix
     }
     seen.push_back(len);
   }
+  p.NonNegative("loss_chunk_tokens", t.loss_chunk_tokens());
   if (t.shard_gradients() && !(t.shard_optimizer() && t.activation_checkpointing())) {
     p.Add("shard_gradients",
           "needs shard_optimizer: true and activation_checkpointing: true (a block's gradients are "

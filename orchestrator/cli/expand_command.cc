@@ -157,17 +157,36 @@ void AddExpandCommand(CLI::App* app, std::ostream* out, std::ostream* err,
       "activated, added vs the reference), how its budget was matched, training FLOPs per "
       "token, the memory it needs per device, seed and run key; then the sweep's total FLOPs "
       "and, with --device-peak, device-hours. Nothing is queued.");
-  auto spec = std::make_shared<std::string>();
+  auto specs = std::make_shared<std::vector<std::string>>();
   auto format = std::make_shared<std::string>("table");
   auto cost = std::make_shared<CostFlags>();
-  cmd->add_option("spec", *spec, "sweep spec (YAML or JSON; see docs/spec.md)")->required();
+  cmd->add_option("spec", *specs,
+                  "sweep spec (YAML or JSON; see docs/spec.md); several are expanded one after "
+                  "another, each as alone (table format only)")
+      ->required();
   cmd->add_option("--format,-f", *format, "output format")
       ->check(CLI::IsMember({"table", "json", "csv"}))
       ->capture_default_str();
   AddCostFlags(cmd, cost.get());
-  cmd->callback([out, err, action, spec, format, cost] {
-    *action = [out, err, spec, format, cost] {
-      return RunExpand(*spec, *format, *cost, *out, *err);
+  cmd->callback([out, err, action, specs, format, cost] {
+    *action = [out, err, specs, format, cost]() -> absl::Status {
+      if (specs->size() > 1 && *format != "table") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--format ", *format, " takes one spec (got ", specs->size(),
+            "): expand them one at a time, so that each output parses alone"));
+      }
+      // Every spec is expanded, whatever an earlier one said; the errors are all reported.
+      std::vector<std::string> errors;
+      absl::StatusCode code = absl::StatusCode::kOk;
+      for (size_t i = 0; i < specs->size(); ++i) {
+        if (i > 0) *out << "\n";
+        if (absl::Status s = RunExpand((*specs)[i], *format, *cost, *out, *err); !s.ok()) {
+          if (code == absl::StatusCode::kOk) code = s.code();  // the first error's exit code
+          errors.push_back(std::string(s.message()));
+        }
+      }
+      if (errors.empty()) return absl::OkStatus();
+      return absl::Status(code, absl::StrJoin(errors, "\n"));
     };
   });
 }

@@ -557,7 +557,7 @@ void TransformerImpl::UseYarn(bool on) {
 }
 
 TransformerImpl::Output TransformerImpl::forward(const torch::Tensor& tokens,
-                                                 ProbeRecorder* probes) {
+                                                 ProbeRecorder* probes, bool logits) {
   TORCH_CHECK(tokens.dim() == 2, "tokens must be (B, T), got ", tokens.sizes());
   TORCH_CHECK(tokens.size(1) <= config_.max_seq_len(), "sequence of ", tokens.size(1),
               " tokens exceeds max_seq_len ", config_.max_seq_len());
@@ -576,8 +576,8 @@ TransformerImpl::Output TransformerImpl::forward(const torch::Tensor& tokens,
       x = b->forward(x, &out.aux_loss, probes);
     }
   }
-  x = final_norm_(x);
-  out.logits = lm_head_ ? lm_head_(x) : F::linear(x, AtDtypeOf(embedding_, x));  // (B, T, vocab)
+  out.hidden = final_norm_(x);
+  if (logits) out.logits = F::linear(out.hidden, AtDtypeOf(OutputWeight(), out.hidden));
   return out;
 }
 

@@ -261,11 +261,16 @@ class TransformerImpl : public torch::nn::Module {
   explicit TransformerImpl(const ModelConfig& config);
 
   struct Output {
-    torch::Tensor logits;    // (B, T, vocab)
+    torch::Tensor logits;    // (B, T, vocab); undefined when not asked for
+    torch::Tensor hidden;    // (B, T, d_model): the final norm's output, which the logits project
     torch::Tensor aux_loss;  // scalar: MoE load-balancing + z losses (0 for dense)
   };
-  // tokens: (B, T) int64 with T <= max_seq_len.
-  Output forward(const torch::Tensor& tokens, ProbeRecorder* probes = nullptr);
+  // tokens: (B, T) int64 with T <= max_seq_len. `logits` false: Output.hidden only, for a loss
+  // that projects it itself (worker/model/chunked_loss.h, with OutputWeight()).
+  Output forward(const torch::Tensor& tokens, ProbeRecorder* probes = nullptr,
+                 bool logits = true);
+  // The output projection's weight (vocab, d_model): lm_head's, or the embedding when tied.
+  torch::Tensor OutputWeight() const { return lm_head_ ? lm_head_->weight : embedding_; }
 
   const ModelConfig& config() const { return config_; }
 

@@ -165,7 +165,19 @@ class ShardedAdamW final : public TrainingOptimizer {
         mine.copy_(flat);
       }
     }
-    torch::Tensor square_sum = grad_shard_.to(torch::kFloat64).pow(2).sum().reshape({1});
+    // The whole gradients are not needed after this (Step updates from the shard): freed now,
+    // so that the update's temporaries do not come on top of them.
+    if (!shard_gradients_) {
+      for (const torch::Tensor& p : params_) p.mutable_grad() = torch::Tensor();
+    }
+    // The sum of squares in fp64, a slice at a time: a whole-shard fp64 copy would be the
+    // largest temporary of the step (twice the shard's fp32 bytes, and its square as much again).
+    torch::Tensor square_sum = torch::zeros({1}, options_.dtype(torch::kFloat64));
+    constexpr int64_t kSlice = int64_t{1} << 20;
+    for (int64_t at = 0; at < shard_; at += kSlice) {
+      square_sum.add_(grad_shard_.slice(0, at, std::min(shard_, at + kSlice))
+                          .to(torch::kFloat64).pow_(2).sum());
+    }
     if (dist_ != nullptr) dist_->AllReduceSum(square_sum);
     const double norm = std::sqrt(square_sum.item<double>());
     // As clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
@@ -196,8 +208,8 @@ class ShardedAdamW final : public TrainingOptimizer {
     const double bias_correction2 = 1 - std::pow(beta2, step_);
     exp_avg_.mul_(beta1).add_(grad_shard_, 1 - beta1);
     exp_avg_sq_.mul_(beta2).addcmul_(grad_shard_, grad_shard_, 1 - beta2);
-    const torch::Tensor denom =
-        (exp_avg_sq_.sqrt() / std::sqrt(bias_correction2)).add_(config_.eps());
+    torch::Tensor denom = exp_avg_sq_.sqrt();  // in place from here: one shard-sized temporary
+    denom.div_(std::sqrt(bias_correction2)).add_(config_.eps());
     shard.addcdiv_(exp_avg_, denom, -lr_ / bias_correction1);
     // Every rank's chunk of each bucket back into every parameter.
     for (const Bucket& b : buckets_) {

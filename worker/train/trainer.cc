@@ -24,6 +24,7 @@
 #include "config/param_count.h"
 #include "worker/train/collective.h"
 #include "worker/train/data.h"
+#include "worker/model/chunked_loss.h"
 #include "worker/model/probes.h"
 #include "worker/model/torch_compat.h"
 #include "worker/model/transformer.h"
@@ -158,9 +159,22 @@ struct Trainer::State {
     return {x.slice(0, first, first + rows), y.slice(0, first, first + rows)};
   }
 
-  torch::Tensor Loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-    return torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32),
-                                     targets.reshape({-1}));
+  // The model's mean cross-entropy on tokens x against targets y (and its auxiliary loss into
+  // *aux when given): from the whole logits, or train.loss_chunk_tokens of them at a time, in
+  // training and in evaluation alike.
+  torch::Tensor ForwardLoss(const torch::Tensor& x, const torch::Tensor& y,
+                            ProbeRecorder* probes = nullptr, torch::Tensor* aux = nullptr) {
+    const int64_t chunk = config.train().loss_chunk_tokens();
+    TransformerImpl::Output out = model->forward(x, probes, /*logits=*/chunk == 0);
+    if (aux != nullptr) *aux = out.aux_loss.to(torch::kFloat32);
+    if (chunk == 0) {
+      return torch::cross_entropy_loss(
+          out.logits.reshape({-1, out.logits.size(-1)}).to(torch::kFloat32), y.reshape({-1}));
+    }
+    // The logits in the dtype autocast would give them.
+    const torch::Tensor hidden = out.hidden.reshape({-1, out.hidden.size(-1)});
+    return ChunkedCrossEntropy(hidden, model->OutputWeight(), y.reshape({-1}), chunk,
+                               autocast ? torch::kBFloat16 : hidden.scalar_type());
   }
 
   // A fresh model and optimizer from the run's seed, and no progress: the state of step 0.
@@ -292,7 +306,7 @@ struct Trainer::State {
     for (int64_t i = 0; i < t.eval_batches(); ++i) {
       auto [x, y] = GetBatch(TokenData::Split::kVal, i);
       AutocastGuard autocast_guard(autocast);
-      loss_sum += Loss(model->forward(x, &recorder).logits, y).item<double>();
+      loss_sum += ForwardLoss(x, y, &recorder).item<double>();
     }
     EvalResult r;
     r.set_step(step);
@@ -318,8 +332,8 @@ struct Trainer::State {
       for (int64_t first = 0; first < windows; first += t.batch_size()) {
         const int64_t rows = std::min<int64_t>(t.batch_size(), windows - first);
         AutocastGuard autocast_guard(autocast);
-        sum += Loss(model->forward(x.slice(0, first, first + rows).to(device)).logits,
-                    y.slice(0, first, first + rows).to(device))
+        sum += ForwardLoss(x.slice(0, first, first + rows).to(device),
+                           y.slice(0, first, first + rows).to(device))
                    .item<double>() *
                static_cast<double>(rows);
       }
@@ -506,9 +520,7 @@ struct Trainer::State {
       torch::Tensor loss, aux;
       {
         AutocastGuard autocast_guard(autocast);
-        TransformerImpl::Output out = model->forward(x);
-        loss = Loss(out.logits, y);
-        aux = out.aux_loss.to(torch::kFloat32);
+        loss = ForwardLoss(x, y, nullptr, &aux);
       }
       ((loss + aux) / t.grad_accum()).backward();
       optimizer->BackwardDone();

@@ -229,11 +229,32 @@ TEST_F(CostTest, RunsThatDoNotFitTheDevicesMemoryAreRefusedWithWhatWouldFit) {
   EXPECT_EQ(small.code, 1);
   EXPECT_THAT(small.err, HasSubstr("tiny.yaml:7: variant baseline: needs "));
   EXPECT_THAT(small.err, HasSubstr("per device by the memory plan, over the 10.0 kB it may use"));
-  EXPECT_THAT(small.err, HasSubstr("try train.grad_accum: 6 with train.batch_size: 1 (the same "
+  EXPECT_THAT(small.err, HasSubstr("train.grad_accum: 6 with train.batch_size: 1 (the same "
                                  "tokens per step) ("));
-  // One layer: checkpointing keeps more than it frees, and one rank has nothing to shard.
-  EXPECT_THAT(small.err, Not(HasSubstr("activation_checkpointing")));
+  // Even one layer checkpointed peaks lower: its activations and the logits no longer meet.
+  // One rank has nothing to shard.
+  EXPECT_THAT(small.err, HasSubstr("try train.activation_checkpointing: true ("));
+  EXPECT_THAT(small.err, HasSubstr("train.loss_chunk_tokens: 1024 ("));
+  EXPECT_THAT(small.err, Not(HasSubstr("shard")));
   EXPECT_THAT(small.err, HasSubstr("[the limit is --device-memory]"));
+  // Several specs: each expanded as alone, the refused one named and the next still expanded,
+  // with the first refusal's exit code; JSON and CSV take one. At 10 MB the quick sweep (36 MB
+  // a device) is refused and this tiny one fits.
+  const std::string quick = std::string(ABLATE_SOURCE_DIR) + "/experiments/quick.yaml";
+  const CliResult both = RunCli({"expand", quick, spec_, "--device-memory", "10MB"});
+  EXPECT_EQ(both.code, 1) << both.err;
+  EXPECT_THAT(both.err, HasSubstr("quick.yaml:"));
+  EXPECT_THAT(both.err, HasSubstr("over the 10.0 MB it may use"));
+  EXPECT_THAT(both.err, Not(HasSubstr("tiny.yaml")));
+  EXPECT_THAT(both.out, HasSubstr("sweep tiny"));
+  EXPECT_THAT(both.out, Not(HasSubstr("sweep quick")));
+  const CliResult fits = RunCli({"expand", quick, spec_});
+  EXPECT_EQ(fits.code, 0) << fits.err;
+  EXPECT_THAT(fits.out, HasSubstr("sweep quick: 4 runs"));
+  EXPECT_THAT(fits.out, HasSubstr("sweep tiny"));
+  const CliResult two_csv = RunCli({"expand", quick, spec_, "--format", "csv"});
+  EXPECT_NE(two_csv.code, 0);
+  EXPECT_THAT(two_csv.err, HasSubstr("--format csv takes one spec (got 2)"));
   // The spec's own resources.memory_gb refuses it too, at expand and at submit.
   std::ofstream(spec_, std::ios::app) << "resources: {memory_gb: 0.000001}\n";
   const CliResult spec_limit = RunCli({"expand", spec_});

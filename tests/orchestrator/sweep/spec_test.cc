@@ -467,6 +467,11 @@ TEST(ShippedSpecsTest, PaperMoeSweepListsEveryPaperVariant) {
     if (p.group == "dense" || p.group == "clamp") continue;
     EXPECT_TRUE(variants.count(p.name)) << p.name;
   }
+  // Every run fits an 80 GB device by the memory plan: ZeRO-2 over 64 ranks, checkpointed.
+  for (const RunSpec& r : s->runs()) {
+    EXPECT_LE(r.memory().per_device(), 80e9) << r.variant();
+    EXPECT_TRUE(r.config().train().shard_gradients()) << r.variant();
+  }
   // 15A2B: about 15B total, 2B activated.
   EXPECT_EQ(s->runs(0).params().total(), 15577227264);
   EXPECT_EQ(s->runs(0).params().activated(), 1987682304);

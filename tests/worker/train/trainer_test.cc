@@ -584,6 +584,31 @@ TEST_F(TrainerTest, Bf16TrainsNearFp32ButNotBitwiseLikeIt) {
   EXPECT_TRUE(std::isfinite(sb.final_eval().val_loss()));
 }
 
+// train.loss_chunk_tokens: the loss 7 tokens at a time (chunks that do not divide a micro-batch)
+// takes the whole-logits run's steps, tied embeddings and all: the first step's loss and
+// gradient norm within 1e-6 relative (the fp32 sums' order differs), and every step's within
+// 1e-3 over 40 steps, as training amplifies those differences.
+TEST_F(TrainerTest, AChunkedLossTakesTheWholeLogitsSteps) {
+  const RunConfig whole = Config();
+  RunConfig chunked = whole;
+  chunked.mutable_train()->set_loss_chunk_tokens(7);
+  Recorder a, b;
+  RunSummary sa, sb;
+  ASSERT_NO_FATAL_FAILURE(TrainTo(SUCCEEDED, whole, "whole", &a, &sa));
+  ASSERT_NO_FATAL_FAILURE(TrainTo(SUCCEEDED, chunked, "chunked", &b, &sb));
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    const double tolerance = i == 0 ? 1e-6 : 1e-3;
+    EXPECT_NEAR(b.steps[i].loss(), a.steps[i].loss(), tolerance * a.steps[i].loss()) << i;
+    EXPECT_NEAR(b.steps[i].grad_norm(), a.steps[i].grad_norm(),
+                tolerance * a.steps[i].grad_norm()) << i;
+    worst = std::max(worst, std::fabs(b.steps[i].loss() / a.steps[i].loss() - 1));
+  }
+  std::printf("chunked loss against the whole logits: worst relative loss difference %.2g\n",
+              worst);
+}
+
 // The memory plan (config/memory_plan.h, what `ablate expand` shows) against the allocator's
 // peak of tensor memory over the first steps of real CPU runs, dense and MoE, with and without
 // activation checkpointing: within 20% at every shape, and checkpointing saves what the plan
@@ -592,6 +617,7 @@ TEST_F(TrainerTest, TheMemoryPlanIsWithinTwentyPercentOfTheAllocatorsPeak) {
   struct Shape {
     std::string name;
     int d_model, layers, heads, ffn, experts, batch, seq;
+    int vocab = 0, loss_chunk = 0;  // 0: Config()'s vocabulary; the whole logits
   };
   const Shape shapes[] = {
       {"dense d128 T64 B16", 128, 4, 4, 512, 0, 16, 64},
@@ -599,6 +625,10 @@ TEST_F(TrainerTest, TheMemoryPlanIsWithinTwentyPercentOfTheAllocatorsPeak) {
       {"dense d64 T128 B32 6 layers", 64, 6, 4, 256, 0, 32, 128},
       {"MoE d128 8 experts top-2 T64 B16", 128, 4, 4, 0, 8, 16, 64},
       {"MoE d96 16 experts top-4 T128 B8", 96, 2, 4, 0, 16, 8, 128},
+      // A vocabulary that dominates (logits 16 x 128 x 16384 x 4 bytes = 134 MB), whole and
+      // in chunks of 256 tokens.
+      {"dense d64 T128 B16 vocab 16384", 64, 2, 4, 256, 0, 16, 128, 16384},
+      {"... loss in chunks of 256 tokens", 64, 2, 4, 256, 0, 16, 128, 16384, 256},
   };
   for (const Shape& shape : shapes) {
     for (const bool checkpointing : {false, true}) {
@@ -611,6 +641,7 @@ TEST_F(TrainerTest, TheMemoryPlanIsWithinTwentyPercentOfTheAllocatorsPeak) {
       m->set_head_dim(32);
       m->set_max_seq_len(shape.seq);
       m->set_ffn_dim(shape.ffn);
+      if (shape.vocab > 0) m->set_vocab_size(shape.vocab);
       if (shape.experts > 0) {
         m->mutable_moe()->set_num_experts(shape.experts);
         m->mutable_moe()->set_top_k(shape.experts / 4);
@@ -622,6 +653,7 @@ TEST_F(TrainerTest, TheMemoryPlanIsWithinTwentyPercentOfTheAllocatorsPeak) {
       t->set_steps(3);
       t->set_checkpoint_every(0);
       t->set_activation_checkpointing(checkpointing);
+      t->set_loss_chunk_tokens(shape.loss_chunk);
       ASSERT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c);
       // The peak over steps 1 and 2 (the optimizer's state exists from step 1), read before the
       // last step's evaluation and checkpoint.
