@@ -3,7 +3,7 @@
 // writes, and each write as a function applied on that connection inside a flush transaction.
 // store.cc opens and closes the store and holds the public API, which queues those writes;
 // writer.cc the queue, the writer thread, its transactions (CommitBatch) and the checkpointer;
-// writes.cc the SQL of each write.
+// writes.cc and *_writes.cc (alerts, annotations, tuning) the SQL of each write.
 //
 // Every Apply* runs on the writer thread under Store::db_mu_, inside the flush transaction. It
 // may be applied twice (the batch is rolled back and applied again with savepoints), so it writes
@@ -94,7 +94,7 @@ class StoreWriter {
 
 namespace store_internal {
 
-// ---- The writes (writes.cc), each the body of one Store method's queued op ----
+// ---- The writes (writes.cc, *_writes.cc), each the body of one Store method's queued op ----
 
 // Queued on the writer, written with the transaction's other events (StoreWriter::FlushEvents).
 // `state`: the state a run_state or sweep_state event's run or sweep entered (events.state).
@@ -125,7 +125,7 @@ absl::Status ApplyMetrics(StoreWriter& w, const MetricBatch& b, ReportResult* re
 // Store::RegisterWorker: the new worker's id in *id.
 absl::Status ApplyRegisterWorker(StoreWriter& w, const std::string& name,
                                  const std::string& resources_json, int64_t* id);
-// Store::Annotate.
+// Store::Annotate (annotation_writes.cc).
 absl::Status ApplyAnnotate(StoreWriter& w, const AnnotationEdit& edit, AnnotationResult* result);
 
 // The sweep is DONE when nothing of it is left to run (and no boundary bracket is open); ACTIVE
