@@ -26,7 +26,8 @@
 #   bf16      if time remains: train.precision BF16 (Megatron-LM's) at the first shape, against
 #             autocast's line: tokens/s and the residual stream's dtype
 #   nccl      if time remains: a 2-rank data-parallel run on the one GPU through NCCL, then the
-#             same through Gloo (ABLATE_DIST_BACKEND=gloo)
+#             same through Gloo (ABLATE_DIST_BACKEND=gloo), then through Gloo with ZeRO-2 and the
+#             loss in chunks, its final loss against the plain run's
 #   sink      if time remains: the attention-sink contrast, a ~14M model, baseline vs G1
 #
 # --cpu-dry-run runs every step against the CPU: Debian's LibTorch 1.13 instead of the device's
@@ -471,6 +472,23 @@ step_nccl() {
     fi
     echo "$backend: $(( $(date +%s) - t0 )) s"
   done
+  # ZeRO-2 and the loss in chunks on the device, through Gloo as above: its final loss against
+  # the plain Gloo run's (the same steps up to float sums), and its peak of device memory.
+  sed 's/log_every: 10/log_every: 10, shard_optimizer: true, shard_gradients: true, activation_checkpointing: true, loss_chunk_tokens: 512/' \
+    "$WORK/dp.yaml" > "$WORK/dp-zero2.yaml"
+  t0=$(date +%s)
+  rm -rf "$WORK/dp-zero2"
+  ABLATE_DIST_BACKEND=gloo "$BUILD/ablate-worker" train --config "$WORK/dp-zero2.yaml" \
+    --out "$WORK/dp-zero2" --world-size 2 || rc=1
+  echo "zero2: $(( $(date +%s) - t0 )) s"
+  env -u LD_LIBRARY_PATH "$PY" - "$WORK/dp-gloo/summary.json" "$WORK/dp-zero2/summary.json" <<'PY' || rc=1
+import json, sys
+plain, zero2 = (json.load(open(p)) for p in sys.argv[1:3])
+a, b = plain["final_train_loss"], zero2["final_train_loss"]
+print(f"zero2: final train loss {b:.6f} against Gloo's {a:.6f} (relative {abs(b - a) / a:.2e}); "
+      f"peak {int(zero2.get('peak_memory_bytes', 0)) / 1e6:.1f} MB against "
+      f"{int(plain.get('peak_memory_bytes', 0)) / 1e6:.1f} MB")
+PY
   return $rc
 }
 if [ ! -x "$BUILD/ablate-worker" ]; then
@@ -520,7 +538,7 @@ done
   fi
   if [ -s "$WORK/nccl.txt" ]; then
     echo "## nccl: 2 ranks on one device (the backend lines and the timings)"
-    echo; echo '```'; grep -E "data parallel:|Duplicate|NCCL|default:|gloo:|done:|error" "$WORK/nccl.txt" | tail -n 30; echo '```'; echo
+    echo; echo '```'; grep -E "data parallel:|Duplicate|NCCL|default:|gloo:|zero2:|done:|error" "$WORK/nccl.txt" | tail -n 30; echo '```'; echo
   fi
   echo "## parity: margins and failures"
   echo; echo '```'
