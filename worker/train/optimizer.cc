@@ -149,25 +149,19 @@ class ShardedAdamW final : public TrainingOptimizer {
 
   double ReduceAndClip(double max_norm) override {
     torch::NoGradGuard no_grad;
-    for (const Bucket& b : buckets_) {
-      if (shard_gradients_) break;  // reduced during the backward passes
-      torch::Tensor flat = torch::zeros({b.chunk * ranks_}, options_);  // padded with zeros
-      Copy(b.begin, b.end, [&](size_t, const torch::Tensor& p, int64_t lo, int64_t n, int64_t at) {
-        if (!p.grad().defined()) return;
-        flat.slice(0, at - b.begin, at - b.begin + n)
-            .copy_(p.grad().reshape({-1}).slice(0, lo, lo + n));
-      });
-      torch::Tensor mine = grad_shard_.slice(0, b.offset, b.offset + b.chunk);
-      if (dist_ != nullptr) {
-        dist_->ReduceScatterSum(flat, mine);
-        mine.div_(ranks_);
-      } else {
-        mine.copy_(flat);
+    if (!shard_gradients_) {  // ZeRO-2 reduced them during the backward passes
+      for (const Bucket& b : buckets_) {
+        torch::Tensor flat = FlatGradients(b);
+        torch::Tensor mine = grad_shard_.slice(0, b.offset, b.offset + b.chunk);
+        if (dist_ != nullptr) {
+          dist_->ReduceScatterSum(flat, mine);
+          mine.div_(ranks_);
+        } else {
+          mine.copy_(flat);
+        }
       }
-    }
-    // The whole gradients are not needed after this (Step updates from the shard): freed now,
-    // so that the update's temporaries do not come on top of them.
-    if (!shard_gradients_) {
+      // The whole gradients are not needed after this (Step updates from the shard): freed
+      // now, so that the update's temporaries do not come on top of them.
       for (const torch::Tensor& p : params_) p.mutable_grad() = torch::Tensor();
     }
     // The sum of squares in fp64, a slice at a time: a whole-shard fp64 copy would be the
@@ -337,18 +331,25 @@ class ShardedAdamW final : public TrainingOptimizer {
     for (size_t i = 0; i < params_.size(); ++i) buckets_left_[i] = buckets_of_param_[i].size();
   }
 
-  // ZeRO-2: bucket b of this backward pass's gradients (zeros where a parameter has none) summed
-  // over the ranks, its mean added to this rank's chunk of the gradient shard; then the
-  // gradients of the parameters whose every bucket is reduced are freed.
-  void ReduceBucket(size_t index) {
-    torch::NoGradGuard no_grad;
-    const Bucket& b = buckets_[index];
+  // Bucket b of the parameters' gradients laid end to end, padded with zeros to world_size
+  // chunks (zeros too where a parameter has no gradient).
+  torch::Tensor FlatGradients(const Bucket& b) const {
     torch::Tensor flat = torch::zeros({b.chunk * ranks_}, options_);
     Copy(b.begin, b.end, [&](size_t, const torch::Tensor& p, int64_t lo, int64_t n, int64_t at) {
       if (!p.grad().defined()) return;
       flat.slice(0, at - b.begin, at - b.begin + n)
           .copy_(p.grad().reshape({-1}).slice(0, lo, lo + n));
     });
+    return flat;
+  }
+
+  // ZeRO-2: bucket b of this backward pass's gradients (zeros where a parameter has none) summed
+  // over the ranks, its mean added to this rank's chunk of the gradient shard; then the
+  // gradients of the parameters whose every bucket is reduced are freed.
+  void ReduceBucket(size_t index) {
+    torch::NoGradGuard no_grad;
+    const Bucket& b = buckets_[index];
+    torch::Tensor flat = FlatGradients(b);
     torch::Tensor mine = grad_shard_.slice(0, b.offset, b.offset + b.chunk);
     if (dist_ != nullptr) {
       torch::Tensor sum = torch::empty({b.chunk}, options_);

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <thread>
 #include <vector>
@@ -710,39 +711,38 @@ TEST_F(TrainerTest, PeakMemoryFlopsAndElapsedTimeAreReported) {
   EXPECT_GT(second.steps.front().elapsed_s(), first.steps.back().elapsed_s());
 }
 
-// The sharded optimizer in buckets of 4 elements, so that buckets cut parameters and ranks'
-// chunks end inside them: over 2 ranks (threads, Gloo on loopback) it takes the replicated
-// AdamW's steps (weight decay on the matrix only, clipping) within 1e-6, and its state written
-// at step 3 and read back by one process goes on as the 2 ranks do.
-TEST_F(TrainerTest, ShardedAdamWInSmallBucketsTakesTheReplicatedSteps) {
+// The sharded-optimizer tests' model: a 7 x 3 matrix, a 5-vector and a 2 x 2 matrix, made
+// without random numbers (the ranks' threads would share LibTorch's generator).
+std::vector<torch::Tensor> SmallParams() {
+  const auto values = [](std::vector<int64_t> shape, double phase) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return torch::cos(torch::arange(n, torch::kFloat32) * 0.7 + phase).view(shape).requires_grad_();
+  };
+  return std::vector<torch::Tensor>{values({7, 3}, 0.1), values({5}, 0.2), values({2, 2}, 0.3)};
+}
+const std::vector<bool> kSmallDecays = {true, false, true};  // weight decay on the matrices
+
+// Rank r's gradient of SmallParams()[i] at a step: a different one per rank, so the average
+// matters.
+torch::Tensor RankGradient(const torch::Tensor& p, size_t i, int rank, int step) {
+  return torch::sin(torch::arange(p.numel(), torch::kFloat32) * (rank + 1) *
+                    static_cast<double>(step + i + 1)).view_as(p) * 3.0;
+}
+
+// AdamW at lr 0.05 with weight decay 0.1.
+TrainConfig SmallAdamW() {
   TrainConfig t = DefaultTrainConfig();
   t.mutable_optimizer()->set_lr(0.05);
   t.mutable_optimizer()->set_weight_decay(0.1);
-  // No random numbers: the ranks' threads would share LibTorch's generator.
-  const auto make_params = [] {
-    const auto values = [](std::vector<int64_t> shape, double phase) {
-      int64_t n = 1;
-      for (int64_t d : shape) n *= d;
-      return torch::cos(torch::arange(n, torch::kFloat32) * 0.7 + phase).view(shape).requires_grad_();
-    };
-    return std::vector<torch::Tensor>{values({7, 3}, 0.1), values({5}, 0.2), values({2, 2}, 0.3)};
-  };
-  const std::vector<bool> decays = {true, false, true};
-  // Rank r's gradient at a step: a different one per rank, so the average matters.
-  const auto set_grads = [](std::vector<torch::Tensor>& params, int rank, int step) {
-    for (size_t i = 0; i < params.size(); ++i) {
-      params[i].mutable_grad() =
-          torch::sin(torch::arange(params[i].numel(), torch::kFloat32) * (rank + 1) *
-                     static_cast<double>(step + i + 1))
-              .view_as(params[i]) * 3.0;
-    }
-  };
+  return t;
+}
+
+// body(rank, dist) on 2 threads that form one process group (Gloo on loopback); returns when
+// both have.
+void OnTwoRanks(const std::function<void(int rank, Collective* dist)>& body) {
   auto server = RendezvousServer::Start("127.0.0.1", 2);
   ASSERT_TRUE(server.ok()) << server.status();
-  std::vector<std::vector<torch::Tensor>> sharded(2), replicated(2);
-  std::vector<double> norms[2][2];
-  const fs::path dir = dir_ / "zero";
-  fs::create_directories(dir);
   std::vector<std::thread> ranks;
   for (int rank = 0; rank < 2; ++rank) {
     ranks.emplace_back([&, rank] {
@@ -752,32 +752,17 @@ TEST_F(TrainerTest, ShardedAdamWInSmallBucketsTakesTheReplicatedSteps) {
       o.rendezvous = (*server)->address();
       auto dist = Collective::Connect(o);
       ASSERT_TRUE(dist.ok()) << dist.status();
-      for (int kind = 0; kind < 2; ++kind) {
-        TrainConfig tk = t;
-        tk.set_shard_optimizer(kind == 0);
-        std::vector<torch::Tensor> params = make_params();
-        auto opt = MakeTrainingOptimizer(params, decays, tk, dist->get(), /*bucket_elements=*/4);
-        for (int step = 0; step < 5; ++step) {
-          opt->ZeroGrad();
-          set_grads(params, rank, step);
-          norms[kind][rank].push_back(opt->ReduceAndClip(/*max_norm=*/5.0));
-          opt->Step();
-          if (kind == 0 && step == 2) {
-            torch::serialize::OutputArchive archive;
-            ASSERT_TRUE(opt->Save(rank == 0 ? &archive : nullptr, dir.string(), 3).ok());
-            if (rank == 0) {
-              for (size_t i = 0; i < params.size(); ++i) {
-                archive.write(absl::StrCat("p", i), params[i].detach().clone());
-              }
-              archive.save_to((dir / "state.pt").string());
-            }
-          }
-        }
-        (kind == 0 ? sharded : replicated)[rank] = params;
-      }
+      body(rank, dist->get());
     });
   }
   for (std::thread& r : ranks) r.join();
+}
+
+// Each rank's parameters after the sharded steps against the replicated ones (within 1e-6), and
+// the gradient norms of every step (norms[0]: sharded, norms[1]: replicated; by rank).
+void ExpectTheReplicatedSteps(const std::vector<std::vector<torch::Tensor>>& sharded,
+                              const std::vector<std::vector<torch::Tensor>>& replicated,
+                              const std::vector<double> (&norms)[2][2]) {
   for (int rank = 0; rank < 2; ++rank) {
     for (size_t i = 0; i < 3; ++i) {
       EXPECT_TRUE(torch::allclose(sharded[rank][i], replicated[rank][i], 1e-6, 1e-7))
@@ -788,11 +773,54 @@ TEST_F(TrainerTest, ShardedAdamWInSmallBucketsTakesTheReplicatedSteps) {
       EXPECT_NEAR(norms[0][rank][step], norms[1][rank][step], 1e-6 * norms[1][rank][step]);
     }
   }
+}
+
+// The sharded optimizer in buckets of 4 elements, so that buckets cut parameters and ranks'
+// chunks end inside them: over 2 ranks (threads, Gloo on loopback) it takes the replicated
+// AdamW's steps (weight decay on the matrix only, clipping) within 1e-6, and its state written
+// at step 3 and read back by one process goes on as the 2 ranks do.
+TEST_F(TrainerTest, ShardedAdamWInSmallBucketsTakesTheReplicatedSteps) {
+  const TrainConfig t = SmallAdamW();
+  const auto set_grads = [](std::vector<torch::Tensor>& params, int rank, int step) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].mutable_grad() = RankGradient(params[i], i, rank, step);
+    }
+  };
+  std::vector<std::vector<torch::Tensor>> sharded(2), replicated(2);
+  std::vector<double> norms[2][2];
+  const fs::path dir = dir_ / "zero";
+  fs::create_directories(dir);
+  ASSERT_NO_FATAL_FAILURE(OnTwoRanks([&](int rank, Collective* dist) {
+    for (int kind = 0; kind < 2; ++kind) {
+      TrainConfig tk = t;
+      tk.set_shard_optimizer(kind == 0);
+      std::vector<torch::Tensor> params = SmallParams();
+      auto opt = MakeTrainingOptimizer(params, kSmallDecays, tk, dist, /*bucket_elements=*/4);
+      for (int step = 0; step < 5; ++step) {
+        opt->ZeroGrad();
+        set_grads(params, rank, step);
+        norms[kind][rank].push_back(opt->ReduceAndClip(/*max_norm=*/5.0));
+        opt->Step();
+        if (kind == 0 && step == 2) {
+          torch::serialize::OutputArchive archive;
+          ASSERT_TRUE(opt->Save(rank == 0 ? &archive : nullptr, dir.string(), 3).ok());
+          if (rank == 0) {
+            for (size_t i = 0; i < params.size(); ++i) {
+              archive.write(absl::StrCat("p", i), params[i].detach().clone());
+            }
+            archive.save_to((dir / "state.pt").string());
+          }
+        }
+      }
+      (kind == 0 ? sharded : replicated)[rank] = params;
+    }
+  }));
+  ExpectTheReplicatedSteps(sharded, replicated, norms);
   // One process (world size 1) reads the state of step 3 and takes steps 4 and 5 with the
   // ranks' average gradient: the 2 ranks' parameters.
   torch::serialize::InputArchive archive;
   archive.load_from((dir / "state.pt").string());
-  std::vector<torch::Tensor> params = make_params();
+  std::vector<torch::Tensor> params = SmallParams();
   {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
@@ -803,11 +831,11 @@ TEST_F(TrainerTest, ShardedAdamWInSmallBucketsTakesTheReplicatedSteps) {
   }
   TrainConfig ts = t;
   ts.set_shard_optimizer(true);
-  auto one = MakeTrainingOptimizer(params, decays, ts, nullptr, 4);
+  auto one = MakeTrainingOptimizer(params, kSmallDecays, ts, nullptr, 4);
   one->Load(archive, dir.string(), 3);
   for (int step = 3; step < 5; ++step) {
     one->ZeroGrad();
-    std::vector<torch::Tensor> a = make_params(), b = make_params();
+    std::vector<torch::Tensor> a = SmallParams(), b = SmallParams();
     set_grads(a, 0, step);
     set_grads(b, 1, step);
     for (size_t i = 0; i < params.size(); ++i) {
@@ -830,90 +858,56 @@ TEST_F(TrainerTest, ShardedAdamWInSmallBucketsTakesTheReplicatedSteps) {
 // bucket is; the rest when the backward ends. Two micro-batches a step (a quarter and three
 // quarters of the gradient) take the replicated AdamW's steps on the whole gradient within 1e-6.
 TEST_F(TrainerTest, ShardedGradientsAreReducedAsBlocksEndAndTakeTheReplicatedSteps) {
-  TrainConfig t = DefaultTrainConfig();
-  t.mutable_optimizer()->set_lr(0.05);
-  t.mutable_optimizer()->set_weight_decay(0.1);
-  const auto make_params = [] {
-    const auto values = [](std::vector<int64_t> shape, double phase) {
-      int64_t n = 1;
-      for (int64_t d : shape) n *= d;
-      return torch::cos(torch::arange(n, torch::kFloat32) * 0.7 + phase).view(shape).requires_grad_();
-    };
-    return std::vector<torch::Tensor>{values({7, 3}, 0.1), values({5}, 0.2), values({2, 2}, 0.3)};
-  };
-  const std::vector<bool> decays = {true, false, true};
+  const TrainConfig t = SmallAdamW();
   const std::vector<int> layers = {0, 1, -1};
-  const auto grad_of = [](const torch::Tensor& p, size_t i, int rank, int step) {
-    return torch::sin(torch::arange(p.numel(), torch::kFloat32) * (rank + 1) *
-                      static_cast<double>(step + i + 1)).view_as(p) * 3.0;
-  };
-  auto server = RendezvousServer::Start("127.0.0.1", 2);
-  ASSERT_TRUE(server.ok()) << server.status();
   std::vector<std::vector<torch::Tensor>> zero2(2), replicated(2);
   std::vector<double> norms[2][2];
   std::vector<std::string> freed[2];  // rank r: which gradients were left, after each call
-  std::vector<std::thread> ranks;
-  for (int rank = 0; rank < 2; ++rank) {
-    ranks.emplace_back([&, rank] {
-      CollectiveOptions o;
-      o.rank = rank;
-      o.world_size = 2;
-      o.rendezvous = (*server)->address();
-      auto dist = Collective::Connect(o);
-      ASSERT_TRUE(dist.ok()) << dist.status();
-      const auto left = [](const std::vector<torch::Tensor>& params) {
-        std::string s;
-        for (const torch::Tensor& p : params) s += p.grad().defined() ? "g" : "-";
-        return s;
-      };
-      for (int kind = 0; kind < 2; ++kind) {
-        TrainConfig tk = t;
-        tk.set_shard_optimizer(kind == 0);
-        tk.set_shard_gradients(kind == 0);
-        tk.set_activation_checkpointing(true);
-        std::vector<torch::Tensor> params = make_params();
-        auto opt = MakeTrainingOptimizer(params, decays, tk, dist->get(), /*bucket_elements=*/4,
-                                         layers);
-        for (int step = 0; step < 5; ++step) {
-          opt->ZeroGrad();
-          for (double part : {0.25, 0.75}) {  // two micro-batches, as autograd accumulates
-            for (size_t i = 0; i < params.size(); ++i) {
-              const torch::Tensor g = grad_of(params[i], i, rank, step) * part;
-              if (params[i].grad().defined()) {
-                params[i].mutable_grad() = params[i].grad() + g;
-              } else {
-                params[i].mutable_grad() = g;
-              }
+  const auto left = [](const std::vector<torch::Tensor>& params) {
+    std::string s;
+    for (const torch::Tensor& p : params) s += p.grad().defined() ? "g" : "-";
+    return s;
+  };
+  ASSERT_NO_FATAL_FAILURE(OnTwoRanks([&](int rank, Collective* dist) {
+    for (int kind = 0; kind < 2; ++kind) {
+      TrainConfig tk = t;
+      tk.set_shard_optimizer(kind == 0);
+      tk.set_shard_gradients(kind == 0);
+      tk.set_activation_checkpointing(true);
+      std::vector<torch::Tensor> params = SmallParams();
+      auto opt = MakeTrainingOptimizer(params, kSmallDecays, tk, dist, /*bucket_elements=*/4,
+                                       layers);
+      for (int step = 0; step < 5; ++step) {
+        opt->ZeroGrad();
+        for (double part : {0.25, 0.75}) {  // two micro-batches, as autograd accumulates
+          for (size_t i = 0; i < params.size(); ++i) {
+            const torch::Tensor g = RankGradient(params[i], i, rank, step) * part;
+            if (params[i].grad().defined()) {
+              params[i].mutable_grad() = params[i].grad() + g;
+            } else {
+              params[i].mutable_grad() = g;
             }
-            opt->GradientsDone(1);  // the blocks end last to first
-            if (kind == 0 && step == 0) freed[rank].push_back(left(params));
-            opt->GradientsDone(0);
-            if (kind == 0 && step == 0) freed[rank].push_back(left(params));
-            opt->BackwardDone();
-            if (kind == 0 && step == 0) freed[rank].push_back(left(params));
           }
-          norms[kind][rank].push_back(opt->ReduceAndClip(/*max_norm=*/5.0));
-          opt->Step();
+          opt->GradientsDone(1);  // the blocks end last to first
+          if (kind == 0 && step == 0) freed[rank].push_back(left(params));
+          opt->GradientsDone(0);
+          if (kind == 0 && step == 0) freed[rank].push_back(left(params));
+          opt->BackwardDone();
+          if (kind == 0 && step == 0) freed[rank].push_back(left(params));
         }
-        (kind == 0 ? zero2 : replicated)[rank] = params;
+        norms[kind][rank].push_back(opt->ReduceAndClip(/*max_norm=*/5.0));
+        opt->Step();
       }
-    });
-  }
-  for (std::thread& r : ranks) r.join();
+      (kind == 0 ? zero2 : replicated)[rank] = params;
+    }
+  }));
   for (int rank = 0; rank < 2; ++rank) {
     // Block 1 alone completes no bucket ([20, 24) waits for block 0, [24, 28) for the end);
     // block 0 then completes [0, 24) and frees its gradient; the end frees the rest.
     EXPECT_EQ(freed[rank], std::vector<std::string>({"ggg", "-gg", "---", "ggg", "-gg", "---"}))
         << "rank " << rank;
-    for (size_t i = 0; i < 3; ++i) {
-      EXPECT_TRUE(torch::allclose(zero2[rank][i], replicated[rank][i], 1e-6, 1e-7))
-          << "rank " << rank << " param " << i << ": "
-          << (zero2[rank][i] - replicated[rank][i]).abs().max().item<double>();
-    }
-    for (int step = 0; step < 5; ++step) {
-      EXPECT_NEAR(norms[0][rank][step], norms[1][rank][step], 1e-6 * norms[1][rank][step]);
-    }
   }
+  ExpectTheReplicatedSteps(zero2, replicated, norms);
 }
 
 }  // namespace
