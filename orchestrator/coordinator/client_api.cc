@@ -103,6 +103,22 @@ absl::StatusOr<SweepInfo> NamedSweep(const StoreReader& reader, absl::string_vie
   return reader.GetSweep(name);
 }
 
+// Whether the stored sweep `existing` has the runs of `expanded` (by run key): a resubmission.
+absl::StatusOr<bool> SameRuns(const StoreReader& reader, const SweepInfo& existing,
+                              const ExpandedSweep& expanded) {
+  absl::StatusOr<std::vector<RunInfo>> runs = reader.RunsOfSweep(existing.id);
+  if (!runs.ok()) return runs.status();
+  std::vector<std::string> have, want;
+  for (const RunInfo& r : *runs) have.push_back(r.run_key);
+  for (const RunSpec& r : expanded.runs()) want.push_back(r.run_key());
+  std::sort(have.begin(), have.end());
+  std::sort(want.begin(), want.end());
+  // A boundary sweep adds its probes' runs after submission: the spec's own are among them.
+  return existing.tune_method == "boundary"
+             ? std::includes(have.begin(), have.end(), want.begin(), want.end())
+             : have == want;
+}
+
 }  // namespace
 
 absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& request) {
@@ -135,18 +151,9 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
   const StoreReader& reader = store_->reader();
   // A resubmission of the same spec is deduplicated: the sweep exists with the same runs.
   if (absl::StatusOr<SweepInfo> existing = reader.GetSweep(expanded->name()); existing.ok()) {
-    absl::StatusOr<std::vector<RunInfo>> runs = reader.RunsOfSweep(existing->id);
-    if (!runs.ok()) return runs.status();
-    std::vector<std::string> have, want;
-    for (const RunInfo& r : *runs) have.push_back(r.run_key);
-    for (const RunSpec& r : expanded->runs()) want.push_back(r.run_key());
-    std::sort(have.begin(), have.end());
-    std::sort(want.begin(), want.end());
-    // A boundary sweep adds its probes' runs after submission: the spec's own are among them.
-    const bool same = existing->tune_method == "boundary"
-                          ? std::includes(have.begin(), have.end(), want.begin(), want.end())
-                          : have == want;
-    if (!same) {
+    absl::StatusOr<bool> same = SameRuns(reader, *existing, *expanded);
+    if (!same.ok()) return same.status();
+    if (!*same) {
       return absl::AlreadyExistsError(absl::StrCat(
           file, ": a sweep named ", expanded->name(),
           " exists with different runs; give this one another `sweep:` name"));
@@ -200,7 +207,7 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
   // Runs reused at submission end no attempt: what they decide (a boundary's next probe) is due
   // now.
   if (expanded->has_tune()) {
-    if (absl::Status s = TuneSweep(ids->sweep_id); !s.ok()) {
+    if (absl::Status s = tuner_.TuneSweep(ids->sweep_id); !s.ok()) {
       (void)store_->EnqueueEvent(ids->sweep_id, 0, "tune_error",
                                  absl::StrCat("tuning: ", s.message()));
     }
@@ -318,18 +325,14 @@ RunStatus CoordinatorCore::ToRunStatus(const RunInfo& run) {
   out.set_spike_count(run.spike_steps);
   if (run.state == RUNNING && run.worker_id != 0) {
     absl::MutexLock lock(&mu_);
-    const auto name = [&](int64_t id) {
-      auto it = worker_names_.find(id);
-      return it != worker_names_.end() ? it->second : absl::StrCat("#", id);
-    };
     // A gang's: every member, rank 0's worker first ("a+b").
     std::optional<Lease> lease = scheduler_.GetLease(run.id);
     if (lease.has_value() && lease->members.size() > 1) {
       std::vector<std::string> names;
-      for (const GangMember& m : lease->members) names.push_back(name(m.worker_id));
+      for (const GangMember& m : lease->members) names.push_back(WorkerName(m.worker_id));
       out.set_worker(absl::StrJoin(names, "+"));
     } else {
-      out.set_worker(name(run.worker_id));
+      out.set_worker(WorkerName(run.worker_id));
     }
   }
   out.set_reason(run.reason);

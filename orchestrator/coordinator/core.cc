@@ -1,7 +1,7 @@
 // CoordinatorCore's construction: Create, the rebuild of the scheduler from the store after a
-// (re)start, the background lease checker and Shutdown; and the helpers its files share
-// (core_internal.h). The client API is client_api.cc, the worker API worker_api.cc, the ending
-// of attempts finish.cc.
+// (re)start, the background lease checker and Shutdown; what the tuner may ask of it (TunerPort);
+// and the helpers its files share (core_internal.h). The client API is client_api.cc, the worker
+// API worker_api.cc, the ending of attempts finish.cc.
 #include "orchestrator/coordinator/core.h"
 
 #include <algorithm>
@@ -74,7 +74,8 @@ CoordinatorCore::CoordinatorCore(Store* store, const CoordinatorOptions& options
     : store_(store),
       options_(options),
       lease_mac_(options.lease_key),
-      scheduler_(options.scheduler, options.clock) {}
+      scheduler_(options.scheduler, options.clock),
+      tuner_(store, this) {}
 
 absl::StatusOr<std::unique_ptr<CoordinatorCore>> CoordinatorCore::Create(
     Store* store, const CoordinatorOptions& options) {
@@ -174,11 +175,35 @@ absl::Status CoordinatorCore::Rebuild() {
   // coordinator serves the rest.
   for (const SweepInfo& s : *sweeps) {
     if (s.state != "ACTIVE" || s.tune_method.empty()) continue;
-    if (absl::Status t = TuneSweep(s.id); !t.ok()) {
+    if (absl::Status t = tuner_.TuneSweep(s.id); !t.ok()) {
       (void)store_->EnqueueEvent(s.id, 0, "tune_error", absl::StrCat("tuning: ", t.message()));
     }
   }
   return absl::OkStatus();
+}
+
+bool CoordinatorCore::SweepCancelled(int64_t sweep_id) {
+  absl::MutexLock lock(&mu_);
+  return scheduler_.IsCancelled(sweep_id);
+}
+
+void CoordinatorCore::EnqueueRun(const RunInfo& run, const RunConfig* config) {
+  std::shared_ptr<JobTemplate> job;
+  if (config != nullptr) {
+    job = std::make_shared<JobTemplate>();
+    job->config = *config;
+    job->sweep = run.sweep;
+    job->variant = run.variant;
+  }
+  absl::MutexLock lock(&mu_);
+  attempt_base_[run.id] = run.attempts;
+  scheduler_.Enqueue(ToQueued(run, absl::InfinitePast(), std::move(job)));
+  work_cv_.SignalAll();
+}
+
+std::string CoordinatorCore::WorkerName(int64_t worker_id) const {
+  auto it = worker_names_.find(worker_id);
+  return it != worker_names_.end() ? it->second : absl::StrCat("#", worker_id);
 }
 
 void CoordinatorCore::LeaseCheckerLoop() {

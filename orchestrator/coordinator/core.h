@@ -3,8 +3,9 @@
 // Scheduler, without gRPC (server.h wraps it in the gRPC services of proto/ablate.proto). Every
 // method returns an absl::Status whose code is the gRPC status code the service answers with.
 // core.cc builds it (and rebuilds the scheduler from the store), client_api.cc is the client API,
-// worker_api.cc the worker API, finish.cc the ending of attempts; core_internal.h is what those
-// files share.
+// worker_api.cc the worker API, finish.cc the ending of attempts (with finishing.h, its parts that
+// need none of the core's state); core_internal.h is what those files share. The tuner of tuned
+// sweeps is a part of its own (tuner.h), which reaches the core only through TunerPort.
 //
 // Runs. The Store holds the truth (run states, attempts, metrics, checkpoints); the Scheduler
 // holds the queue of PENDING runs and the leases of RUNNING ones. Every state change is a
@@ -12,9 +13,9 @@
 // completes once even when a worker's Finish races its lost lease or a cancellation.
 //  - Submit: spec -> expansion -> CreateSweep. A run whose run_key already SUCCEEDED elsewhere is
 //    reused unless `force`: CreateSweep stores it SUCCEEDED with the earlier run's results and
-//    reused_from (reason "reused run N"), in the same transaction. The rest are queued. Resubmitting a spec whose sweep exists with the same
-//    runs returns that sweep (nothing is stored); a different spec under an existing name is
-//    AlreadyExists.
+//    reused_from (reason "reused run N"), in the same transaction. The rest are queued.
+//    Resubmitting a spec whose sweep exists with the same runs returns that sweep (nothing is
+//    stored); a different spec under an existing name is AlreadyExists.
 //  - AcquireJob: long poll; a dispatched run starts its next attempt (PENDING -> RUNNING) and the
 //    job carries the latest checkpoint of any earlier attempt to resume from.
 //  - Report: renews the lease and stores the batch (idempotent by seq); a report of an attempt
@@ -44,7 +45,9 @@
 // job, one that does not loses it after the lease timeout.
 //
 // Thread safety: every method is thread-safe. AcquireJob and Watch block (bounded by their
-// deadlines); Shutdown wakes them. The store must outlive the CoordinatorCore.
+// deadlines); Shutdown wakes them. The store must outlive the CoordinatorCore. One lock, mu_,
+// guards the scheduler and what the core keeps of workers and runs; the tuner's own lock is taken
+// before it (the core calls the tuner without mu_, the tuner calls back through TunerPort).
 #ifndef ABLATE_ORCHESTRATOR_COORDINATOR_CORE_H_
 #define ABLATE_ORCHESTRATOR_COORDINATOR_CORE_H_
 
@@ -66,14 +69,15 @@
 #include "absl/time/time.h"
 #include "common/credentials.h"
 #include "orchestrator/coordinator/door.h"
+#include "orchestrator/coordinator/finishing.h"
 #include "orchestrator/coordinator/scheduler.h"
+#include "orchestrator/coordinator/tuner.h"
 #include "orchestrator/store/store.h"
 #include "proto/ablate.pb.h"
 
 namespace ablate {
 
-struct RunInfo;   // orchestrator/store/reader.h
-struct TuneInfo;  // orchestrator/store/reader.h
+struct RunInfo;  // orchestrator/store/reader.h
 
 struct CoordinatorOptions {
   // Runs' checkpoints live under checkpoint_root/run-<id> (a shared filesystem on clusters).
@@ -107,22 +111,23 @@ struct CoordinatorOptions {
   const Clock* clock = MonotonicClock::Get();  // intervals: common/clock.h
 };
 
-class CoordinatorCore {
+class CoordinatorCore : private TunerPort {
  public:
   // Rebuilds the scheduler from the store (see above) and starts the lease checker.
   static absl::StatusOr<std::unique_ptr<CoordinatorCore>> Create(Store* store,
                                                              const CoordinatorOptions& options);
-  ~CoordinatorCore();  // Shutdown() and join
+  ~CoordinatorCore() override;  // Shutdown() and join
 
   CoordinatorCore(const CoordinatorCore&) = delete;
   CoordinatorCore& operator=(const CoordinatorCore&) = delete;
 
   // ---- Client API ----
-  absl::StatusOr<SubmitResponse> Submit(const SubmitRequest& request);
-  absl::StatusOr<ListSweepsResponse> ListSweeps();
-  absl::StatusOr<GetSweepResponse> GetSweep(const GetSweepRequest& request);
-  absl::StatusOr<CancelResponse> Cancel(const CancelRequest& request);
-  absl::StatusOr<RerunResponse> Rerun(const RerunRequest& request);
+  absl::StatusOr<SubmitResponse> Submit(const SubmitRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<ListSweepsResponse> ListSweeps() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<GetSweepResponse> GetSweep(const GetSweepRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<CancelResponse> Cancel(const CancelRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<RerunResponse> Rerun(const RerunRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
   // Tags (TAG, UNTAG) or a note (NOTE) on a sweep or one of its runs. InvalidArgument for a
   // tag outside the grammar (proto/ablate.proto), an empty or oversized note, or no tags;
   // NotFound for an unknown sweep, a run not of that sweep, or an untagged tag that is not there.
@@ -132,38 +137,41 @@ class CoordinatorCore {
   // Cancelled), or Shutdown (Unavailable). NotFound for an unknown sweep.
   absl::Status Watch(const WatchRequest& request,
                      const std::function<bool(const WatchEvent&)>& write,
-                     const std::function<bool()>& cancelled);
+                     const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<QueryResponse> Query(const QueryRequest& request);
   absl::StatusOr<TableResponse> Table(const TableRequest& request);
   absl::StatusOr<CompareResponse> Compare(const CompareRequest& request);
 
   // ---- Worker API ----
-  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request);
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Waits up to min(wait_s, max_acquire_wait) and until `deadline` for a job. No job (has_job()
   // false) when nothing fits in time. NotFound for an unknown worker.
   absl::StatusOr<AcquireJobResponse> AcquireJob(const AcquireJobRequest& request,
-                                                absl::Time deadline = absl::InfiniteFuture());
-  absl::StatusOr<ReportResponse> Report(const ReportRequest& request);
-  absl::StatusOr<FinishResponse> Finish(const FinishRequest& request);
+                                                absl::Time deadline = absl::InfiniteFuture())
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<ReportResponse> Report(const ReportRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<FinishResponse> Finish(const FinishRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
   // The worker left: GONE in the workers table. NotFound for an unknown worker.
-  absl::StatusOr<DeregisterResponse> Deregister(const DeregisterRequest& request);
+  absl::StatusOr<DeregisterResponse> Deregister(const DeregisterRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The slots worker `worker_id` has in use now: its leases (a gang's part on it included) and
   // the slots a forming gang reserved on it.
-  int SlotsInUse(int64_t worker_id);
+  int SlotsInUse(int64_t worker_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Ends every expired lease (LOST) and requeues or fails its run. Returns how many.
-  int CheckLeases();
+  int CheckLeases() ABSL_LOCKS_EXCLUDED(mu_);
   // Marks GONE every worker not heard from for a lease timeout. Returns how many. The background
   // thread runs it with CheckLeases.
-  int CheckWorkers();
+  int CheckWorkers() ABSL_LOCKS_EXCLUDED(mu_);
   // Wakes long polls and watches (they return), stops the lease checker. Idempotent.
-  void Shutdown();
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   CoordinatorCore(Store* store, const CoordinatorOptions& options);
-  absl::Status Rebuild();
-  absl::StatusOr<WorkerOffer> OfferOf(int64_t worker_id);
+  absl::Status Rebuild() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<WorkerOffer> OfferOf(int64_t worker_id) ABSL_LOCKS_EXCLUDED(mu_);
   // "built from X; queued runs need Y" when every due queued run a worker offering `offer`
   // could take needs another code version (Scheduler::OtherBuildNeeded), else "".
   std::string WaitingForBuild(const WorkerOffer& offer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -178,15 +186,16 @@ class CoordinatorCore {
   // RendezvousPort). `part`: the job is a gang member's part (TakeParts): FailedPrecondition
   // when that attempt's lease is gone.
   absl::StatusOr<Job> MakeJob(const QueuedRun& run, int32_t attempt, int64_t worker_id,
-                              bool part = false);
+                              bool part = false) ABSL_LOCKS_EXCLUDED(mu_);
   // What `lease`'s reports may hold (door.h): its run's config shape (remembered from MakeJob, or
   // read once, e.g. for a lease restored after a restart) with the lease's steps and rung.
-  absl::StatusOr<ReportShape> ShapeOfLease(const Lease& lease);
+  absl::StatusOr<ReportShape> ShapeOfLease(const Lease& lease) ABSL_LOCKS_EXCLUDED(mu_);
   // The port of (run, attempt)'s gang rendezvous: a function of both in rendezvous_ports, so that
   // every member computes it alike and a retry moves to another (a port taken fails one attempt).
   int RendezvousPort(int64_t run_id, int32_t attempt) const;
   // A gang member's Finish (FinishRequest.member).
-  absl::StatusOr<FinishResponse> FinishMember(const FinishRequest& request);
+  absl::StatusOr<FinishResponse> FinishMember(const FinishRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // PermissionDenied unless `presented` is worker_id's secret (RegisterResponse.worker_secret).
   absl::Status CheckWorkerSecret(absl::string_view what, absl::string_view presented,
                                  int64_t worker_id) const;
@@ -203,77 +212,50 @@ class CoordinatorCore {
   // another pick may succeed (the run was cancelled, or queued again after a store hiccup);
   // Unavailable when the store cannot write.
   absl::StatusOr<std::optional<Job>> LeaseStarted(int64_t worker_id, const QueuedRun& run,
-                                                  const absl::StatusOr<TransitionResult>& started);
+                                                  const absl::StatusOr<TransitionResult>& started)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // After a lost or failed attempt: queue again with backoff, or fail, or cancel. Does the store
   // transition from RUNNING (attempt `attempt`) and mirrors it in the scheduler.
   // `retry` false: FAILED (or CANCELLED) whatever the attempts left.
   absl::Status EndAttemptAndRetry(int64_t run_id, int64_t sweep_id, int32_t attempt,
                                   const std::string& attempt_end, const std::string& reason,
-                                  bool retry = true);
-  // One attempt a Finish ends (the request's own, or one of its `more`), checked and ready.
-  struct PreparedFinish {
-    const FinishRequest* request = nullptr;
-    int index = 0;                    // 0: the request itself; i: its more[i - 1]
-    bool applied_before = false;      // a resent Finish whose first try was applied
-    Lease lease;
-    std::optional<MetricBatch> batch;  // of final_report
-    std::string reason;
-    // A tuned run paused at its rung (INTERRUPTED at lease.stop_at_step): it goes back to
-    // PENDING, held for the tuner, with its summary (the rung's evaluation) stored.
-    bool rung_pause = false;
-  };
+                                  bool retry = true) ABSL_LOCKS_EXCLUDED(mu_);
   // The checks of a Finish of `worker_id` (state, lease secret, final report, lease, summary at
   // the door); queues its checkpoint notice. The error is what the Finish answers.
-  absl::StatusOr<PreparedFinish> PrepareFinish(const FinishRequest& request, int64_t worker_id);
+  absl::StatusOr<PreparedFinish> PrepareFinish(const FinishRequest& request, int64_t worker_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A FAILED finish: its batch, then the retry decision.
-  absl::Status FinishFailed(PreparedFinish& p);
-  // The store write that ends a SUCCEEDED, DIVERGED, CANCELLED or INTERRUPTED attempt (moves
-  // the batch out of `p`).
-  static FinishWrite FinishWriteOf(PreparedFinish& p);
-  // The attempts of a worker's Finish listed in its `more`, checked (PrepareFinish): each one
-  // accepted is appended to `items`; a refused one's error is (*errors)[i + 1].
-  void PrepareMoreFinishes(const FinishRequest& request, int64_t worker_id,
-                           std::vector<PreparedFinish>* items, std::vector<absl::Status>* errors);
+  absl::Status FinishFailed(PreparedFinish& p) ABSL_LOCKS_EXCLUDED(mu_);
   // Up to max_jobs next jobs for worker_id (none when max_jobs is 0), by an AcquireJob that does
   // not wait, into the response's next_job and more_next_jobs.
-  void AcquireNextJobs(int64_t worker_id, int max_jobs, FinishResponse* response);
+  void AcquireNextJobs(int64_t worker_id, int max_jobs, FinishResponse* response)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Ends the SUCCEEDED, DIVERGED, CANCELLED and INTERRUPTED attempts of one Finish of worker_id in
   // one store transaction, which also starts up to max_next next runs on the slots they hold
-  // (`freeing`) and the worker's free ones; mirrors it in the scheduler and hands the started
-  // jobs to `response`. An attempt's error goes to (*errors)[its index].
+  // (`freeing`) and the worker's free ones; mirrors it in the scheduler (MirrorEndedAttempts),
+  // hands the started jobs to `response` and has the tuner decide after the tuned ones. An
+  // attempt's error goes to (*errors)[its index].
   void EndAttemptsTogether(int64_t worker_id, const std::vector<PreparedFinish*>& ending,
                            int freeing, int max_next, std::vector<absl::Status>* errors,
-                           FinishResponse* response);
-  // EndAttemptsTogether's store results in the scheduler: the ended attempts' leases released
-  // (an INTERRUPTED one queued again), and the next runs queued again when the first write,
-  // which carried their starts, failed.
-  void MirrorEndedAttempts(const std::vector<PreparedFinish*>& ending,
-                           const std::vector<FinishWrite>& writes,
-                           const std::vector<absl::StatusOr<FinishWriteResult>>& results,
-                           const std::vector<QueuedRun>& next, std::vector<absl::Status>* errors);
+                           FinishResponse* response) ABSL_LOCKS_EXCLUDED(mu_);
   // The jobs of the next runs whose starts rode on the first write (`r`), into `response`.
   void StartNextJobs(int64_t worker_id, const std::vector<QueuedRun>& next,
-                     const FinishWriteResult& r, FinishResponse* response);
-  RunStatus ToRunStatus(const RunInfo& run);
-  // ---- The tuner (tune.cc) ----
-  // Makes the decisions due in every group of a tuned sweep (none for an untuned one).
-  absl::Status TuneSweep(int64_t sweep_id);
-  // The same for the groups of these tuned runs, which just paused at a rung or ended.
-  void TuneAfter(const std::vector<int64_t>& run_ids);
-  // The decisions due in one group (DecideAsha), written in one store transaction, until none is
-  // left; the runs they release are queued.
-  absl::Status TuneGroup(const TuneInfo& tune, const std::string& group);
-  // A boundary sweep's group (NextBoundaryStep): waits for the probe training, adds the next one
-  // (its runs expanded from the stored spec, queued), or closes the bracket.
-  absl::Status BisectGroup(const TuneInfo& tune, const std::string& group);
+                     const FinishWriteResult& r, FinishResponse* response)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  RunStatus ToRunStatus(const RunInfo& run) ABSL_LOCKS_EXCLUDED(mu_);
+  // ---- TunerPort (core.cc): what the tuner may ask of the core ----
+  bool SweepCancelled(int64_t sweep_id) override ABSL_LOCKS_EXCLUDED(mu_);
+  void EnqueueRun(const RunInfo& run, const RunConfig* config) override ABSL_LOCKS_EXCLUDED(mu_);
+  // A worker's registered name, or "#ID" for one this coordinator does not know.
+  std::string WorkerName(int64_t worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records in the store that a worker was seen IDLE or BUSY: at once when its state changed,
   // else at most every kWorkerSeenInterval (a report or long poll per job need not each write
   // the workers table).
-  void NoteWorker(int64_t worker_id, const char* state);
+  void NoteWorker(int64_t worker_id, const char* state) ABSL_LOCKS_EXCLUDED(mu_);
   // NoteWorker: BUSY while worker_id holds slots (a job, a gang's part, a reservation), else IDLE.
-  void NoteWorkerBySlots(int64_t worker_id);
+  void NoteWorkerBySlots(int64_t worker_id) ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr absl::Duration kWorkerSeenInterval = absl::Seconds(5);
-  void LeaseCheckerLoop();
+  void LeaseCheckerLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction.
   Store* const store_;
@@ -301,8 +283,9 @@ class CoordinatorCore {
   int watches_ ABSL_GUARDED_BY(mu_) = 0;  // Watch calls in progress (options_.max_watches)
   int registering_ ABSL_GUARDED_BY(mu_) = 0;  // Register calls between the cap and the store
 
-  // Serializes the tuner (taken before mu_): two ends in one group decide one after the other.
-  absl::Mutex tune_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Decides in tuned sweeps after their runs' ends; calls back through TunerPort, so it is
+  // called without mu_. Thread-safe on its own.
+  Tuner tuner_;
 
   std::thread lease_checker_;
 };

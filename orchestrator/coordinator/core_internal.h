@@ -1,9 +1,9 @@
-// What the files of CoordinatorCore share (not for use outside them): the job template the
-// scheduler carries with a queued run, a worker's registered resources, and a stored run as the
-// scheduler queues it. core.cc builds the core (construction, the rebuild from the store, the
-// lease checker), client_api.cc is the client API, worker_api.cc the worker API (register,
-// acquire, report, deregister, the lease and worker checks), finish.cc the ending of attempts
-// (a worker's Finish, a gang member's, a lost or failed attempt's retry).
+// What the files of CoordinatorCore share (not for use outside them and finishing.cc): the job
+// template the scheduler carries with a queued run, a worker's registered resources, and a stored
+// run as the scheduler queues it. core.cc builds the core (construction, the rebuild from the
+// store, the lease checker), client_api.cc is the client API, worker_api.cc the worker API
+// (register, acquire, report, deregister, the lease and worker checks), finish.cc the ending of
+// attempts (a worker's Finish, a gang member's, a lost or failed attempt's retry).
 #ifndef ABLATE_ORCHESTRATOR_COORDINATOR_CORE_INTERNAL_H_
 #define ABLATE_ORCHESTRATOR_COORDINATOR_CORE_INTERNAL_H_
 

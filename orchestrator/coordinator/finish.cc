@@ -3,7 +3,9 @@
 // not), the rest end in one store transaction with the starts of the worker's next runs
 // (EndAttemptsTogether). A gang member's Finish (FinishMember) ends its part alone. A lost or
 // failed attempt's retry, cancellation or failure is EndAttemptAndRetry, also used by the
-// worker API (CheckLeases, a gang part that could not be made).
+// worker API (CheckLeases, a gang part that could not be made). What needs none of the core's
+// state (the checks of a request, the store writes, their mirror in the scheduler) is
+// finishing.h's.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -16,25 +18,12 @@
 #include "orchestrator/coordinator/core.h"
 #include "orchestrator/coordinator/core_internal.h"
 #include "orchestrator/coordinator/door.h"
+#include "orchestrator/coordinator/finishing.h"
 #include "orchestrator/store/reader.h"
 
 namespace ablate {
 
-using core_internal::StartOn;
 using core_internal::ToQueued;
-
-namespace {
-
-// The worker's next jobs in the order they started: next_job first, then more_next_jobs.
-void AddNextJob(Job job, FinishResponse* response) {
-  if (!response->has_next_job()) {
-    *response->mutable_next_job() = std::move(job);
-  } else {
-    *response->add_more_next_jobs() = std::move(job);
-  }
-}
-
-}  // namespace
 
 absl::Status CoordinatorCore::EndAttemptAndRetry(int64_t run_id, int64_t sweep_id, int32_t attempt,
                                              const std::string& attempt_end,
@@ -78,43 +67,26 @@ absl::Status CoordinatorCore::EndAttemptAndRetry(int64_t run_id, int64_t sweep_i
     }
   }
   // A tuned run that failed for good or was cancelled drops out of its trial.
-  if (t.to != PENDING && queued.has_value() && queued->tuned) TuneAfter({run_id});
+  if (t.to != PENDING && queued.has_value() && queued->tuned) tuner_.TuneAfter({run_id});
   return absl::OkStatus();
 }
 
-absl::StatusOr<CoordinatorCore::PreparedFinish> CoordinatorCore::PrepareFinish(
-    const FinishRequest& request, int64_t worker_id) {
+absl::StatusOr<PreparedFinish> CoordinatorCore::PrepareFinish(const FinishRequest& request,
+                                                              int64_t worker_id) {
   PreparedFinish p;
   p.request = &request;
   const RunState state = request.summary().state();
-  if (state != SUCCEEDED && state != DIVERGED && state != FAILED && state != CANCELLED &&
-      state != INTERRUPTED) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "finish: state must be SUCCEEDED, DIVERGED, FAILED, CANCELLED or INTERRUPTED, got ",
-        RunStateName(state)));
-  }
+  if (absl::Status s = CheckFinishState(request); !s.ok()) return s;
   if (absl::Status s = CheckLeaseSecret("finish", request.lease_secret(), request.run_id(),
                                         request.attempt(), worker_id);
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = CheckFinalReportOf(request, worker_id); !s.ok()) return s;
   if (request.has_final_report()) {
-    const ReportRequest& r = request.final_report();
-    if ((r.worker_id() != 0 && r.worker_id() != worker_id) ||
-        (r.run_id() != 0 && r.run_id() != request.run_id()) ||
-        (r.attempt() != 0 && r.attempt() != request.attempt())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "finish: final_report is of worker ", r.worker_id(), " run ", r.run_id(), " attempt ",
-          r.attempt(), ", not of the finished worker ", worker_id, " run ",
-          request.run_id(), " attempt ", request.attempt()));
-    }
-    if (r.seq() < 1) {
-      return absl::InvalidArgumentError(
-          "finish: final_report.seq must be >= 1 (the batch after the last acknowledged one)");
-    }
     absl::StatusOr<MetricBatch> converted =
-        BatchOf(r, request.run_id(), request.attempt(), "finish: final_report has",
-                "send the rest with Report first");
+        BatchOf(request.final_report(), request.run_id(), request.attempt(),
+                "finish: final_report has", "send the rest with Report first");
     if (!converted.ok()) return converted.status();
     p.batch = *std::move(converted);
   }
@@ -139,8 +111,7 @@ absl::StatusOr<CoordinatorCore::PreparedFinish> CoordinatorCore::PrepareFinish(
                      RunStateName(run->state), ", attempt ", run->attempts, ")"));
   }
   p.lease = *lease;
-  p.rung_pause = state == INTERRUPTED && lease->stop_at_step > 0 && !lease->stop &&
-                 request.summary().steps_done() == lease->stop_at_step;
+  p.rung_pause = IsRungPause(request, *lease);
   if (request.has_final_report()) {
     absl::StatusOr<ReportShape> shape = ShapeOfLease(*lease);
     if (!shape.ok()) return shape.status();
@@ -173,40 +144,11 @@ absl::Status CoordinatorCore::FinishFailed(PreparedFinish& p) {
   // attempt is not the hot path).
   const FinishRequest& request = *p.request;
   if (p.batch.has_value()) {
-    if (absl::StatusOr<ReportResult> r = store_->ReportMetrics(*p.batch); !r.ok()) return r.status();
+    absl::StatusOr<ReportResult> r = store_->ReportMetrics(*p.batch);
+    if (!r.ok()) return r.status();
   }
   return EndAttemptAndRetry(request.run_id(), p.lease.sweep_id, request.attempt(), "FAILED",
                             p.reason, !request.permanent());
-}
-
-FinishWrite CoordinatorCore::FinishWriteOf(PreparedFinish& p) {
-  const FinishRequest& request = *p.request;
-  FinishWrite write;
-  write.batch = std::move(p.batch);
-  RunTransition& t = write.end;
-  t.run_id = request.run_id();
-  t.from = {RUNNING};
-  t.expected_attempt = request.attempt();
-  t.reason = p.reason;
-  if (p.rung_pause) {
-    // At its rung: PENDING with the rung's results, held until the tuner decides.
-    t.attempt_end = "INTERRUPTED";
-    t.to = PENDING;
-    t.has_summary = true;
-    t.summary = request.summary();
-    t.summary.set_reason(BoundedText(t.summary.reason()));
-    t.tune_hold = true;
-  } else if (request.summary().state() == INTERRUPTED) {
-    // Resumable: queued again at once (or cancelled with its sweep).
-    t.attempt_end = "INTERRUPTED";
-    t.to = p.lease.stop ? CANCELLED : PENDING;
-  } else {
-    t.to = request.summary().state();
-    t.has_summary = true;
-    t.summary = request.summary();
-    t.summary.set_reason(BoundedText(t.summary.reason()));
-  }
-  return write;
 }
 
 absl::StatusOr<FinishResponse> CoordinatorCore::FinishMember(const FinishRequest& request) {
@@ -229,10 +171,10 @@ absl::StatusOr<FinishResponse> CoordinatorCore::FinishMember(const FinishRequest
   const bool holds = lease.has_value() && lease->attempt == request.attempt() &&
                      lease->worker_id != worker_id && lease->MemberOf(worker_id) != nullptr;
   if (holds && request.summary().state() == FAILED) {
-    std::string worker = absl::StrCat("#", worker_id);
+    std::string worker;
     {
       absl::MutexLock lock(&mu_);
-      if (auto it = worker_names_.find(worker_id); it != worker_names_.end()) worker = it->second;
+      worker = WorkerName(worker_id);
     }
     const std::string reason = BoundedText(absl::StrCat(
         "ranks from ", lease->MemberOf(worker_id)->rank_offset, " on worker ", worker, ": ",
@@ -263,7 +205,9 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
   // Every attempt this call ends, this request's first; errors of those in `more` are theirs.
   std::vector<PreparedFinish> items = {*std::move(first)};
   std::vector<absl::Status> errors(request.more_size() + 1);
-  PrepareMoreFinishes(request, worker_id, &items, &errors);
+  PrepareMoreFinishes(
+      request, worker_id,
+      [&](const FinishRequest& more) { return PrepareFinish(more, worker_id); }, &items, &errors);
   // Failed attempts first, on their own path; the rest end in one store transaction with the
   // starts of the next jobs.
   std::vector<PreparedFinish*> ending;
@@ -289,39 +233,8 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
   // BUSY while it holds a job (a next one, or another slot's), else IDLE: written when it
   // changed (a job handed over was noted BUSY as it started: one write, not two, per job).
   NoteWorkerBySlots(worker_id);
-  for (size_t i = 1; i < errors.size(); ++i) {
-    const absl::Status& e = errors[i];
-    response.add_more_errors(
-        e.ok() ? "" : absl::StrCat(absl::StatusCodeToString(e.code()), ": ", e.message()));
-  }
+  AddMoreErrors(errors, &response);
   return response;
-}
-
-void CoordinatorCore::PrepareMoreFinishes(const FinishRequest& request, int64_t worker_id,
-                                          std::vector<PreparedFinish>* items,
-                                          std::vector<absl::Status>* errors) {
-  for (int i = 0; i < request.more_size(); ++i) {
-    const FinishRequest& more = request.more(i);
-    if (more.worker_id() != 0 && more.worker_id() != worker_id) {
-      (*errors)[i + 1] = absl::InvalidArgumentError(
-          absl::StrCat("finish: more[", i, "] is of worker ", more.worker_id(), ", not ",
-                       worker_id));
-      continue;
-    }
-    if (more.more_size() > 0) {
-      (*errors)[i + 1] = absl::InvalidArgumentError(
-          absl::StrCat("finish: more[", i, "] has more of its own; list every attempt in the "
-                       "outer request's more"));
-      continue;
-    }
-    absl::StatusOr<PreparedFinish> p = PrepareFinish(more, worker_id);
-    if (!p.ok()) {
-      (*errors)[i + 1] = p.status();
-      continue;
-    }
-    p->index = i + 1;
-    items->push_back(*std::move(p));
-  }
 }
 
 void CoordinatorCore::AcquireNextJobs(int64_t worker_id, int max_jobs, FinishResponse* response) {
@@ -352,64 +265,25 @@ void CoordinatorCore::EndAttemptsTogether(int64_t worker_id,
       next = scheduler_.AcquireUpTo(worker_id, *offer, max_next, freeing);
     }
   }
-  for (size_t i = 0; i < next.size(); ++i) {
-    RunTransition start = StartOn(next[i].run_id, worker_id);
-    if (i == 0) {
-      writes[0].start = std::move(start);
-    } else {
-      writes[0].more_starts.push_back(std::move(start));
-    }
-  }
+  AddStarts(next, worker_id, &writes[0]);
   std::vector<absl::StatusOr<FinishWriteResult>> results = store_->FinishAttempts(writes);
-  MirrorEndedAttempts(ending, writes, results, next, errors);
-  if (results[0].ok()) StartNextJobs(worker_id, next, *results[0], response);
-  // Tuned runs at a rung or at their end: their groups' decisions are due.
-  std::vector<int64_t> tuned;
-  for (size_t i = 0; i < ending.size(); ++i) {
-    if (results[i].ok() && ending[i]->lease.tuned) tuned.push_back(ending[i]->request->run_id());
-  }
-  if (!tuned.empty()) TuneAfter(tuned);
-}
-
-void CoordinatorCore::MirrorEndedAttempts(
-    const std::vector<PreparedFinish*>& ending, const std::vector<FinishWrite>& writes,
-    const std::vector<absl::StatusOr<FinishWriteResult>>& results,
-    const std::vector<QueuedRun>& next, std::vector<absl::Status>* errors) {
-  absl::MutexLock lock(&mu_);
-  if (!results[0].ok()) {
-    // The starts rode on the first write: back to the queue.
-    for (const QueuedRun& run : next) {
-      scheduler_.Release(run.run_id);
-      scheduler_.Enqueue(run);
-    }
-    if (!next.empty()) work_cv_.SignalAll();
-  }
-  for (size_t i = 0; i < ending.size(); ++i) {
-    if (!results[i].ok()) {
-      (*errors)[ending[i]->index] = results[i].status();
-      continue;
-    }
-    const int64_t run_id = ending[i]->request->run_id();
-    std::optional<QueuedRun> queued = scheduler_.LeasedRun(run_id);
-    scheduler_.Release(run_id);
-    if (writes[i].end.to == PENDING && queued.has_value() && !writes[i].end.tune_hold) {
-      queued->not_before = absl::InfinitePast();
-      scheduler_.Enqueue(*queued);
+  {
+    absl::MutexLock lock(&mu_);
+    if (MirrorEndedAttempts(ending, writes, results, next, mu_, scheduler_, errors)) {
       work_cv_.SignalAll();
     }
   }
+  if (results[0].ok()) StartNextJobs(worker_id, next, *results[0], response);
+  // Tuned runs at a rung or at their end: their groups' decisions are due.
+  const std::vector<int64_t> tuned = TunedRunsEnded(ending, results);
+  if (!tuned.empty()) tuner_.TuneAfter(tuned);
 }
 
 void CoordinatorCore::StartNextJobs(int64_t worker_id, const std::vector<QueuedRun>& next,
                                     const FinishWriteResult& r, FinishResponse* response) {
   // A next job that cannot be made is not this Finish's failure: the worker asks again.
   for (size_t i = 0; i < next.size(); ++i) {
-    const absl::Status& status = i == 0 ? r.start_status : r.more_start_status[i - 1];
-    const TransitionResult& started = i == 0 ? r.start : r.more_starts[i - 1];
-    absl::StatusOr<std::optional<Job>> job =
-        LeaseStarted(worker_id, next[i],
-                     status.ok() ? absl::StatusOr<TransitionResult>(started)
-                                 : absl::StatusOr<TransitionResult>(status));
+    absl::StatusOr<std::optional<Job>> job = LeaseStarted(worker_id, next[i], StartOf(r, i));
     if (job.ok() && job->has_value()) AddNextJob(**std::move(job), response);
   }
 }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "orchestrator/sweep/budget.h"
+#include "orchestrator/sweep/problems.h"
 #include "orchestrator/sweep/tune.h"
 #include "config/model_config.h"
 #include "config/presets.h"
@@ -43,7 +44,7 @@ std::string Text(const YAML::Node& node) {
   return out.c_str();
 }
 
-// Collects problems in the FILE:LINE: path: what format.
+// Parses a spec into spec_, every problem into problems_ (problems.h).
 class Parser {
  public:
   explicit Parser(const std::string& file) : file_(file) {}
@@ -78,7 +79,7 @@ class Parser {
     if (const YAML::Node axes = Child(root, "axes"); axes) ParseAxes(axes);
     // After the axes and variants it checks against; its values become the last axis.
     if (const YAML::Node tune = Child(root, "tune"); tune && !HasProblems()) {
-      Absorb(ParseTuneBlock(tune, &spec_));
+      ParseTuneBlock(tune, &spec_, &problems_);
     }
     if (const YAML::Node filters = Child(root, "filters"); filters) ParseFilters(filters);
     if (!HasProblems()) CheckRunCount(root);
@@ -87,19 +88,13 @@ class Parser {
 
  private:
   void Problem(int line, const std::string& path, const std::string& what) {
-    const std::string p = YamlProblem(file_, line, path, what);
-    if (seen_.insert(p).second) problems_.push_back(p);
+    problems_.Add(line, path, what);
   }
-  void Absorb(const absl::Status& s) {
-    if (s.ok()) return;
-    for (absl::string_view line : absl::StrSplit(s.message(), '\n')) {
-      if (seen_.insert(std::string(line)).second) problems_.emplace_back(line);
-    }
-  }
+  void Absorb(const absl::Status& s) { problems_.Absorb(s); }
   bool HasProblems() const { return !problems_.empty(); }
 
   absl::StatusOr<SweepSpec> Finish() {
-    if (!problems_.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems_, "\n"));
+    if (!problems_.empty()) return problems_.ToStatus();
     return std::move(spec_);
   }
 
@@ -120,11 +115,7 @@ class Parser {
         continue;
       }
       if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-      const std::string best = ClosestName(key, known);
-      Problem(line, path,
-              best.empty()
-                  ? absl::StrCat("unknown key \"", key, "\"; known keys: ", absl::StrJoin(known, ", "))
-                  : absl::StrCat("unknown key \"", key, "\" (did you mean \"", best, "\"?)"));
+      problems_.UnknownKey(line, path, key, known);
     }
   }
 
@@ -184,7 +175,7 @@ class Parser {
         std::string text(line);
         const size_t at = text.find(": ");
         if (at != std::string::npos) text.insert(at + 2, "base.");
-        if (seen_.insert(text).second) problems_.push_back(text);
+        problems_.AddLine(std::move(text));
       }
     }
   }
@@ -324,58 +315,63 @@ class Parser {
         }
         continue;
       }
-      VariantSpec v;
-      v.node.reset(entry);
-      v.line = line;
-      if (const YAML::Node p = Child(entry, "preset"); p) {
-        v.preset = Scalar(p, path + ".preset");
-        if (const VariantPreset* preset = FindVariantPreset(v.preset)) {
-          v.description = preset->description;
-        } else if (!v.preset.empty()) {
-          UnknownPreset(YamlLine(p), path + ".preset", v.preset, false);
-          continue;
-        }
-      }
-      if (const YAML::Node n = Child(entry, "name"); n) {
-        v.name = Scalar(n, path + ".name");
-      } else {
-        v.name = v.preset;
-      }
-      if (v.name.empty()) {
-        Problem(line, path, "needs a preset, a group or a name (a custom variant)");
-        continue;
-      }
-      if (!CheckLength(entry, path + ".name", v.name, kMaxNameBytes)) continue;
-      const std::string vpath = absl::StrCat("variants[", v.name, "]");
-      if (v.preset.empty()) v.description = "custom";
-      if (const YAML::Node d = Child(entry, "description"); d) {
-        v.description = Scalar(d, vpath + ".description");
-        CheckLength(d, vpath + ".description", v.description, kMaxDescriptionBytes);
-      }
-      // Check the overrides' keys and types now, against a scratch config.
-      RunConfig scratch = spec_.base;
-      if (const YAML::Node m = Child(entry, "model"); m) {
-        v.model.reset(m);
-        Absorb(OverlayYaml(m, file_, vpath + ".model", scratch.mutable_model()));
-      }
-      if (const YAML::Node t = Child(entry, "train"); t) {
-        v.train.reset(t);
-        Absorb(OverlayYaml(t, file_, vpath + ".train", scratch.mutable_train()));
-      }
-      // `budget:` with nothing under it changes nothing, as an empty mapping does elsewhere: the
-      // sweep's rule applies.
-      if (const YAML::Node b = Child(entry, "budget"); b && !b.IsNull()) {
-        BudgetRule rule = spec_.budget;
-        rule.clear_apply_to();
-        Absorb(OverlayYaml(b, file_, vpath + ".budget", &rule));
-        if (b.IsMap() && Child(b, "apply_to")) {
-          Problem(YamlLine(Child(b, "apply_to")), vpath + ".budget.apply_to",
-                  "only a sweep-level budget has apply_to");
-        }
-        v.budget = rule;
-      }
-      AddVariant(std::move(v), /*from_group=*/false);
+      ParseVariantMapping(entry, path, line);
     }
+  }
+
+  // A custom variant, or a preset's with overrides (`entry`, a mapping without `group:`).
+  void ParseVariantMapping(const YAML::Node& entry, const std::string& path, int line) {
+    VariantSpec v;
+    v.node.reset(entry);
+    v.line = line;
+    if (const YAML::Node p = Child(entry, "preset"); p) {
+      v.preset = Scalar(p, path + ".preset");
+      if (const VariantPreset* preset = FindVariantPreset(v.preset)) {
+        v.description = preset->description;
+      } else if (!v.preset.empty()) {
+        UnknownPreset(YamlLine(p), path + ".preset", v.preset, false);
+        return;
+      }
+    }
+    if (const YAML::Node n = Child(entry, "name"); n) {
+      v.name = Scalar(n, path + ".name");
+    } else {
+      v.name = v.preset;
+    }
+    if (v.name.empty()) {
+      Problem(line, path, "needs a preset, a group or a name (a custom variant)");
+      return;
+    }
+    if (!CheckLength(entry, path + ".name", v.name, kMaxNameBytes)) return;
+    const std::string vpath = absl::StrCat("variants[", v.name, "]");
+    if (v.preset.empty()) v.description = "custom";
+    if (const YAML::Node d = Child(entry, "description"); d) {
+      v.description = Scalar(d, vpath + ".description");
+      CheckLength(d, vpath + ".description", v.description, kMaxDescriptionBytes);
+    }
+    // Check the overrides' keys and types now, against a scratch config.
+    RunConfig scratch = spec_.base;
+    if (const YAML::Node m = Child(entry, "model"); m) {
+      v.model.reset(m);
+      Absorb(OverlayYaml(m, file_, vpath + ".model", scratch.mutable_model()));
+    }
+    if (const YAML::Node t = Child(entry, "train"); t) {
+      v.train.reset(t);
+      Absorb(OverlayYaml(t, file_, vpath + ".train", scratch.mutable_train()));
+    }
+    // `budget:` with nothing under it changes nothing, as an empty mapping does elsewhere: the
+    // sweep's rule applies.
+    if (const YAML::Node b = Child(entry, "budget"); b && !b.IsNull()) {
+      BudgetRule rule = spec_.budget;
+      rule.clear_apply_to();
+      Absorb(OverlayYaml(b, file_, vpath + ".budget", &rule));
+      if (b.IsMap() && Child(b, "apply_to")) {
+        Problem(YamlLine(Child(b, "apply_to")), vpath + ".budget.apply_to",
+                "only a sweep-level budget has apply_to");
+      }
+      v.budget = rule;
+    }
+    AddVariant(std::move(v), /*from_group=*/false);
   }
 
   bool HasVariant(const std::string& name) const {
@@ -790,8 +786,7 @@ class Parser {
 
   const std::string file_;
   SweepSpec spec_;
-  std::vector<std::string> problems_;
-  std::set<std::string> seen_;
+  SpecProblems problems_{file_};
 };
 
 }  // namespace

@@ -1,11 +1,10 @@
+// The `tune:` block: its parser (TuneParser, writing to the spec parser's SpecProblems) and the
+// plan of a tuned sweep (MakeTunePlan, TunePlanText).
 #include "orchestrator/sweep/tune.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <limits>
 #include <map>
-#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -15,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/text_format.h"
 #include "config/proto_yaml.h"
 #include "google/protobuf/descriptor.h"
 
@@ -23,8 +23,6 @@ namespace ablate {
 namespace pb = google::protobuf;
 
 namespace {
-
-constexpr double kNaNValue = std::numeric_limits<double>::quiet_NaN();
 
 const std::vector<std::string>& TuneKeys() {
   static const auto* keys = new std::vector<std::string>{
@@ -62,40 +60,36 @@ bool IsNumeric(const pb::FieldDescriptor* f) {
 
 class TuneParser {
  public:
-  TuneParser(const YAML::Node& node, SweepSpec* spec) : node_(node), spec_(*spec) {}
+  TuneParser(const YAML::Node& node, SweepSpec* spec, SpecProblems* problems)
+      : node_(node), spec_(*spec), problems_(*problems) {}
 
-  absl::Status Parse() {
+  void Parse() {
     TuneSpec tune;
     tune.line = YamlLine(node_);
     if (!node_.IsMap()) {
       Problem(tune.line, "tune", "expected a mapping with axis:, values: or range:, method:, ...");
-      return Done();
+      return;
     }
     CheckKeys();
-    if (!problems_.empty()) return Done();
+    if (!problems_.empty()) return;
     ParseAxis(&tune);
     ParseMethod(&tune);
     ParseMetric(&tune);
     ParseValues(&tune);
     ParseAsha(&tune);
     ParseBoundary(&tune);
-    if (!problems_.empty()) return Done();
+    if (!problems_.empty()) return;
     AxisSpec axis;
     axis.mode = AxisSpec::Mode::kProduct;
     axis.line = tune.line;
     for (const AxisAssignment& a : tune.values) axis.points.push_back({a});
     spec_.axes.push_back(std::move(axis));
     spec_.tune = std::move(tune);
-    return Done();
   }
 
  private:
   void Problem(int line, const std::string& path, const std::string& what) {
-    problems_.push_back(YamlProblem(spec_.file, line > 0 ? line : YamlLine(node_), path, what));
-  }
-  absl::Status Done() const {
-    if (problems_.empty()) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrJoin(problems_, "\n"));
+    problems_.Add(line > 0 ? line : YamlLine(node_), path, what);
   }
   YAML::Node Child(const char* key) const { return YamlChild(node_, key); }
   int LineOfKey(const char* key) const {
@@ -116,12 +110,7 @@ class TuneParser {
     for (auto it = node_.begin(); it != node_.end(); ++it) {
       const std::string key = it->first.IsScalar() ? it->first.Scalar() : "";
       if (std::find(TuneKeys().begin(), TuneKeys().end(), key) != TuneKeys().end()) continue;
-      const std::string best = ClosestName(key, TuneKeys());
-      Problem(YamlLine(it->first), "tune",
-              best.empty() ? absl::StrCat("unknown key \"", key, "\"; known keys: ",
-                                          absl::StrJoin(TuneKeys(), ", "))
-                           : absl::StrCat("unknown key \"", key, "\" (did you mean \"", best,
-                                          "\"?)"));
+      problems_.UnknownKey(YamlLine(it->first), "tune", key, TuneKeys());
     }
   }
 
@@ -154,8 +143,8 @@ class TuneParser {
     }
     // A variant's override wins over an axis value: it would flatten every tuned value.
     for (const VariantSpec& v : spec_.variants) {
-      for (const auto& [prefix, node] : {std::pair<std::string, const YAML::Node*>{"train.", &v.train},
-                                         {"model.", &v.model}}) {
+      using Overrides = std::pair<std::string, const YAML::Node*>;
+      for (const auto& [prefix, node] : {Overrides{"train.", &v.train}, {"model.", &v.model}}) {
         if (!*node || tune->axis.rfind(prefix, 0) != 0) continue;
         const int at = LineOfPath(*node, tune->axis.substr(prefix.size()), -1);
         if (at < 0) continue;
@@ -225,7 +214,7 @@ class TuneParser {
     RunConfig scratch = spec_.base;
     const absl::Status s = OverlayYamlAtPath(a.value, spec_.file, line, a.path, &scratch);
     if (!s.ok()) {
-      for (absl::string_view p : absl::StrSplit(s.message(), '\n')) problems_.emplace_back(p);
+      problems_.Absorb(s);
       return;
     }
     tune->values.push_back(std::move(a));
@@ -366,8 +355,9 @@ class TuneParser {
     if (Child("max_spike_score")) {
       double m = -1;
       if (!absl::SimpleAtod(Scalar("max_spike_score"), &m) || !(m >= 0) || !std::isfinite(m)) {
-        Problem(LineOfKey("max_spike_score"), "tune.max_spike_score",
-                "expected a number >= 0 (the fraction of steps with a spike a stable run may have)");
+        Problem(
+            LineOfKey("max_spike_score"), "tune.max_spike_score",
+            "expected a number >= 0 (the fraction of steps with a spike a stable run may have)");
       } else {
         tune->max_spike_score = m;
       }
@@ -427,31 +417,19 @@ class TuneParser {
 
   const YAML::Node node_;
   SweepSpec& spec_;
-  std::vector<std::string> problems_;
+  SpecProblems& problems_;
 };
-
-std::string Thousands(int64_t n) {
-  std::string digits = absl::StrCat(n < 0 ? -n : n);
-  for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(i, ",");
-  return n < 0 ? "-" + digits : digits;
-}
 
 }  // namespace
 
-absl::Status ParseTuneBlock(const YAML::Node& node, SweepSpec* spec) {
-  return TuneParser(node, spec).Parse();
+void ParseTuneBlock(const YAML::Node& node, SweepSpec* spec, SpecProblems* problems) {
+  TuneParser(node, spec, problems).Parse();
 }
 
 const std::vector<std::string>& TuneMetrics() {
   static const auto* metrics =
       new std::vector<std::string>{"val_loss", "val_ppl", "gate_score", "m_act", "f_attn"};
   return *metrics;
-}
-
-std::string FormatTuneValue(double value) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.6g", value);
-  return buf;
 }
 
 TunePlan MakeTunePlan(const TuneSpec& tune, const ExpandedSweep& sweep) {
@@ -542,273 +520,13 @@ std::string TunePlanText(const TunePlan& plan) {
                     plan.reduction_factor(), ", seeds ", plan.seeds(), ", by ",
                     plan.maximize() ? "highest " : "lowest ", plan.metric(), ")");
   }
-  absl::StrAppend(&out, "; at most ", plan.max_runs(), " runs, ", Thousands(plan.max_steps()),
+  absl::StrAppend(&out, "; at most ", plan.max_runs(), " runs, ", FormatCount(plan.max_steps()),
                   " steps");
   if (plan.method() == "asha" && plan.max_steps() > 0) {
-    absl::StrAppend(&out, "; expected ", Thousands(plan.expected_steps()), " steps (",
+    absl::StrAppend(&out, "; expected ", FormatCount(plan.expected_steps()), " steps (",
                     static_cast<int64_t>(std::lround(100.0 * plan.expected_steps() /
                                                      plan.max_steps())),
                     "% of the grid)");
-  }
-  return out;
-}
-
-// ---- Boundary ----
-
-BoundaryStep NextBoundaryStep(const std::vector<BoundaryProbe>& probes, double min, double max,
-                              double tolerance) {
-  BoundaryStep step;
-  std::vector<BoundaryProbe> sorted = probes;
-  std::sort(sorted.begin(), sorted.end(),
-            [](const BoundaryProbe& a, const BoundaryProbe& b) { return a.value < b.value; });
-  for (const BoundaryProbe& p : sorted) {
-    if (p.value == min && p.done && !p.failed && !p.stable) {
-      step.kind = BoundaryStep::Kind::kDone;
-      step.unstable = min;
-      step.note = absl::StrCat("unstable already at min ", FormatTuneValue(min));
-      return step;
-    }
-  }
-  for (const BoundaryProbe& p : sorted) {
-    if (p.done && p.failed) {
-      step.kind = BoundaryStep::Kind::kDone;
-      step.note = absl::StrCat("a run of probe ", FormatTuneValue(p.value),
-                               " failed: the bisection stopped there");
-      return step;
-    }
-  }
-  for (const BoundaryProbe& p : sorted) {
-    if (!p.done) return step;  // kWait: one probe at a time
-  }
-  std::optional<double> hi;
-  for (const BoundaryProbe& p : sorted) {
-    if (!p.stable) {
-      hi = p.value;
-      break;
-    }
-  }
-  if (!hi.has_value()) {
-    step.kind = BoundaryStep::Kind::kDone;
-    step.stable = sorted.empty() ? max : sorted.back().value;
-    step.note = absl::StrCat("still stable at max ", FormatTuneValue(max));
-    return step;
-  }
-  std::optional<double> lo;
-  for (const BoundaryProbe& p : sorted) {
-    if (p.value < *hi && p.stable) lo = p.value;
-  }
-  step.unstable = hi;
-  step.stable = lo;
-  if (!lo.has_value()) {  // min itself is not in the probes: nothing below hi is known stable
-    step.kind = BoundaryStep::Kind::kDone;
-    step.note = "no stable value below the first unstable one";
-    return step;
-  }
-  if (*hi / *lo <= tolerance * (1 + 1e-12)) {
-    step.kind = BoundaryStep::Kind::kDone;
-    return step;
-  }
-  double next = 0;
-  (void)absl::SimpleAtod(FormatTuneValue(std::sqrt(*lo * *hi)), &next);
-  if (next <= *lo || next >= *hi) {  // 6 significant digits cannot split it further
-    step.kind = BoundaryStep::Kind::kDone;
-    step.note = "the bracket is as narrow as 6 significant digits write it";
-    return step;
-  }
-  step.kind = BoundaryStep::Kind::kProbe;
-  step.next = next;
-  return step;
-}
-
-// ---- ASHA ----
-
-const char* AshaKindName(AshaDecision::Kind kind) {
-  switch (kind) {
-    case AshaDecision::Kind::kPromote: return "promote";
-    case AshaDecision::Kind::kStop: return "stop";
-    case AshaDecision::Kind::kChoose: return "choose";
-  }
-  return "";
-}
-
-namespace {
-
-bool Ended(RunState s) {
-  return s == SUCCEEDED || s == FAILED || s == DIVERGED || s == CANCELLED || s == STOPPED;
-}
-bool DroppedOut(RunState s) { return s == FAILED || s == CANCELLED; }
-
-// One value of a group, over its deciding runs (every seed, or the first alone).
-struct Trial {
-  double value = 0;
-  std::vector<const AshaRun*> seeds;  // deciding runs that did not fail
-  bool diverged = false;
-  int reached = 0;                    // rungs [0, reached) reached by every seed
-  bool alive = false;                 // some seed can still train (not ended)
-  double MetricAt(int k) const {      // NaN when any seed lacks a finite value
-    double sum = 0;
-    for (const AshaRun* r : seeds) {
-      auto it = r->at.find(k);
-      if (it == r->at.end() || !std::isfinite(it->second)) return kNaNValue;
-      sum += it->second;
-    }
-    return sum / static_cast<double>(seeds.size());
-  }
-  std::vector<int64_t> Held() const {
-    std::vector<int64_t> ids;
-    for (const AshaRun* r : seeds) {
-      if (r->held && r->state == PENDING) ids.push_back(r->run_id);
-    }
-    return ids;
-  }
-};
-
-std::string MetricText(double v) {
-  return std::isfinite(v) ? FormatTuneValue(v) : std::string("none");
-}
-
-}  // namespace
-
-std::vector<AshaDecision> DecideAsha(const AshaGroup& group, const AshaRule& rule) {
-  const int levels = static_cast<int>(rule.rungs.size());
-  // Rung k's metric, keyed by rung index rather than step inside the trials.
-  std::vector<AshaRun> runs = group.runs;
-  for (AshaRun& r : runs) {
-    std::map<int64_t, double> by_rung;
-    for (int k = 0; k < levels; ++k) {
-      if (auto it = r.at.find(rule.rungs[k]); it != r.at.end()) by_rung[k] = it->second;
-    }
-    r.at = std::move(by_rung);
-  }
-  std::map<double, Trial> trials;
-  std::map<double, std::vector<const AshaRun*>> followers;
-  for (const AshaRun& r : runs) {
-    if (r.follower) {
-      followers[r.value].push_back(&r);
-      continue;
-    }
-    Trial& t = trials[r.value];
-    t.value = r.value;
-    if (DroppedOut(r.state)) continue;
-    t.seeds.push_back(&r);
-    t.diverged = t.diverged || r.state == DIVERGED;
-    t.alive = t.alive || !Ended(r.state);
-  }
-  for (auto it = trials.begin(); it != trials.end();) {
-    if (it->second.seeds.empty()) {
-      it = trials.erase(it);
-      continue;
-    }
-    Trial& t = it->second;
-    while (t.reached < levels &&
-           std::all_of(t.seeds.begin(), t.seeds.end(),
-                       [&](const AshaRun* r) { return r->at.count(t.reached) > 0; })) {
-      ++t.reached;
-    }
-    ++it;
-  }
-  auto decided = [&](double value, int rung, AshaDecision::Kind kind) {
-    return group.decided.count({value, rung, AshaKindName(kind)}) > 0;
-  };
-  std::vector<AshaDecision> out;
-  for (int k = 0; k < levels; ++k) {
-    // The trials at rung k: those that reached it, and those that diverged on the way.
-    std::vector<std::pair<double, const Trial*>> at;  // (metric, trial); NaN ranks last
-    bool complete = true;
-    for (const auto& [value, t] : trials) {
-      if (t.reached > k) {
-        at.push_back({t.MetricAt(k), &t});
-      } else if (t.diverged && t.reached == k) {
-        at.push_back({kNaNValue, &t});  // diverged on the way: ranks last
-      } else if (t.alive && !t.diverged) {
-        // Below rung k, it may still get there: some seed trains, or waits at an earlier rung.
-        complete = false;
-      }
-    }
-    // A diverged trial that got past rung k still reached it; it ranks by its metric there
-    // (it was promoted, or not, then), and last only at the rung it did not reach.
-    std::stable_sort(at.begin(), at.end(), [&](const auto& a, const auto& b) {
-      const bool fa = std::isfinite(a.first), fb = std::isfinite(b.first);
-      if (fa != fb) return fa;
-      if (!fa) return a.second->value < b.second->value;
-      if (a.first != b.first) return rule.maximize ? a.first > b.first : a.first < b.first;
-      return a.second->value < b.second->value;
-    });
-    const int64_t n = static_cast<int64_t>(at.size());
-    int64_t top = static_cast<int64_t>(std::floor(static_cast<double>(n) / rule.reduction_factor));
-    if (complete && n > 0) top = std::max<int64_t>(top, 1);
-    const int64_t next_stop = k + 1 < levels ? rule.rungs[k + 1] : 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const Trial& t = *at[i].second;
-      const double metric = at[i].first;
-      const bool promotable = i < top && std::isfinite(metric) && !t.diverged;
-      // Promoted before: decided, or already past this rung (a seed evaluated further).
-      const bool promoted = decided(t.value, k, AshaDecision::Kind::kPromote) || t.reached > k + 1;
-      // A decision on the trial's held runs (none held: nothing to decide on).
-      const auto decide = [&](AshaDecision::Kind kind, int64_t next, std::string detail) {
-        AshaDecision d;
-        d.kind = kind;
-        d.value = t.value;
-        d.rung = k;
-        d.metric = metric;
-        d.runs = t.Held();
-        d.next_stop = next;
-        d.detail = std::move(detail);
-        if (!d.runs.empty()) out.push_back(std::move(d));
-      };
-      const std::string rank =
-          absl::StrCat(rule.metric, " ", MetricText(metric), t.diverged ? " (diverged)" : "",
-                       " is ", i + 1, " of ", n);
-      if (promotable && !promoted && t.reached == k + 1) {
-        decide(AshaDecision::Kind::kPromote, next_stop,
-               absl::StrCat("rung ", k, " (step ", rule.rungs[k], "): ", rank, ", in the top ", top,
-                            ": goes on to ",
-                            next_stop > 0 ? absl::StrCat("step ", next_stop) : "the end"));
-        continue;
-      }
-      if (!complete || promotable || promoted) continue;
-      if (decided(t.value, k, AshaDecision::Kind::kStop)) continue;
-      decide(AshaDecision::Kind::kStop, 0,
-             absl::StrCat("stopped at rung ", k, " (step ", rule.rungs[k], "): ", rank,
-                          ", not in the top ", top));
-    }
-  }
-  if (!rule.seeds_first || followers.empty()) return out;
-  // seeds first: once no first-seed run can train, the best finished trial takes every seed.
-  for (const auto& [value, t] : trials) {
-    if (t.alive) return out;
-  }
-  const AshaRun* best = nullptr;
-  for (const AshaRun& r : runs) {
-    if (r.follower || r.state != SUCCEEDED || !std::isfinite(r.final_metric)) continue;
-    if (best == nullptr || (rule.maximize ? r.final_metric > best->final_metric
-                                          : r.final_metric < best->final_metric)) {
-      best = &r;
-    }
-  }
-  for (const auto& [value, list] : followers) {
-    std::vector<int64_t> held;
-    for (const AshaRun* r : list) {
-      if (r->held && r->state == PENDING) held.push_back(r->run_id);
-    }
-    const bool chosen = best != nullptr && value == best->value;
-    const AshaDecision::Kind kind = chosen ? AshaDecision::Kind::kChoose : AshaDecision::Kind::kStop;
-    if (held.empty() || decided(value, -1, kind)) continue;
-    AshaDecision d;
-    d.kind = kind;
-    d.value = value;
-    d.rung = -1;
-    d.metric = best != nullptr ? best->final_metric : kNaNValue;
-    d.runs = std::move(held);
-    d.detail = best == nullptr
-                   ? std::string("stopped: no value trained to the end at the first seed")
-               : chosen ? absl::StrCat("the first seed chose ", FormatTuneValue(value), " (",
-                                       rule.metric, " ", MetricText(best->final_metric),
-                                       "): trains every seed")
-                        : absl::StrCat("stopped: the first seed chose ",
-                                       FormatTuneValue(best->value), " (", rule.metric, " ",
-                                       MetricText(best->final_metric), ")");
-    out.push_back(std::move(d));
   }
   return out;
 }

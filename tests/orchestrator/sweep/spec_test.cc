@@ -12,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/text_format.h"
 #include "common/version.h"
 #include "orchestrator/sweep/budget.h"
 #include "orchestrator/cli/cli.h"
@@ -217,14 +216,6 @@ TEST(BudgetTest, NoneChangesNothing) {
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->match(), BUDGET_NONE);
   EXPECT_EQ(c.ffn_dim(), TinyDense().ffn_dim());
-}
-
-TEST(FormatCountTest, Separators) {
-  EXPECT_EQ(FormatCount(0), "0");
-  EXPECT_EQ(FormatCount(999), "999");
-  EXPECT_EQ(FormatCount(1000), "1,000");
-  EXPECT_EQ(FormatCount(-57344), "-57,344");
-  EXPECT_EQ(FormatCount(15577227264), "15,577,227,264");
 }
 
 // ---- expansion counts --------------------------------------------------------------------------
