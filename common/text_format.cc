@@ -39,6 +39,47 @@ std::string Engineering(double v) {
   return fmt::format("{:.3g}{}", v, units[u]);
 }
 
+std::string FormatFlops(double flops) {
+  if (flops < 1000) return fmt::format("{:.0f}", flops);
+  // "3.40e+08" -> "3.40e8"
+  std::string s = fmt::format("{:.2e}", flops);
+  const size_t e = s.find('e');
+  std::string exponent = s.substr(e + 1);
+  if (!exponent.empty() && exponent[0] == '+') exponent.erase(0, 1);
+  exponent.erase(0, std::min(exponent.find_first_not_of('0'), exponent.size() - 1));
+  return s.substr(0, e + 1) + exponent;
+}
+
+std::string FormatBytes(double bytes) {
+  if (bytes >= 1e12) return fmt::format("{:.2f} TB", bytes / 1e12);
+  if (bytes >= 1e9) return fmt::format("{:.1f} GB", bytes / 1e9);
+  if (bytes >= 1e6) return fmt::format("{:.1f} MB", bytes / 1e6);
+  if (bytes >= 1e3) return fmt::format("{:.1f} kB", bytes / 1e3);
+  return fmt::format("{:.0f} B", bytes);
+}
+
+std::string FormatDuration(double seconds) {
+  if (seconds >= 3600) return fmt::format("{:.1f} h", seconds / 3600);
+  if (seconds >= 120) return fmt::format("{:.1f} min", seconds / 60);
+  return fmt::format("{:.0f} s", seconds);
+}
+
+std::string FormatDeviceTime(double seconds) {
+  const double hours = seconds / 3600;
+  if (hours >= 1000) {
+    return FormatCount(static_cast<int64_t>(std::llround(hours))) + " device-hours";
+  }
+  if (hours >= 1) return fmt::format("{:.3g} device-hours", hours);
+  if (seconds >= 60) return fmt::format("{:.3g} device-minutes", seconds / 60);
+  return fmt::format("{:.3g} device-seconds", seconds);
+}
+
+std::string MeanStdText(double mean, double std, int decimals) {
+  if (!std::isfinite(mean)) return "—";
+  if (!std::isfinite(std)) return fmt::format("{:.{}f}", mean, decimals);
+  return fmt::format("{:.{}f} ± {:.{}f}", mean, decimals, std, decimals);
+}
+
 std::string CsvField(absl::string_view s) {
   if (s.find_first_of(",\"\n\r") == absl::string_view::npos) return std::string(s);
   std::string out = "\"";

@@ -1,5 +1,7 @@
-// Text every output of ablate shares (`ablate expand`, `table`, `query`, `export`, the dashboard's
-// CSV): numbers as papers print them, CSV fields, aligned columns. Pure functions; thread-safe.
+// Text every output of ablate shares (`ablate expand`, `table`, `compare`, `query`, `export`,
+// `report`, the dashboard's CSV, the memory plan's refusals): counts, FLOPs, bytes and times as
+// papers print them, CSV fields, aligned columns. The one place for each of these: a library of
+// its own (ablate_text_format) that config/ links too. Pure functions; thread-safe.
 #ifndef ABLATE_COMMON_TEXT_FORMAT_H_
 #define ABLATE_COMMON_TEXT_FORMAT_H_
 
@@ -18,6 +20,19 @@ std::string SignedCount(int64_t n);
 std::string HumanCount(double count, bool sign = false);
 // Three significant digits and an SI prefix, for FLOPs: "6.93G", "983K".
 std::string Engineering(double v);
+// FLOPs as papers write them: three significant digits in e-notation without "+" or leading
+// zeros in the exponent ("3.40e8", "2.10e21"), whole below 1,000 ("999").
+std::string FormatFlops(double flops);
+// Bytes in decimal units: "1.23 TB", "80.0 GB", "35.8 MB", "10.0 kB", "512 B".
+std::string FormatBytes(double bytes);
+// Training time: "45 s" under two minutes, then "12.3 min", and "4.1 h" from an hour.
+std::string FormatDuration(double seconds);
+// Device time, to three significant digits: "2.38 device-hours" ("1,234 device-hours" from
+// 1,000), "12.5 device-minutes" under an hour, "42 device-seconds" under a minute.
+std::string FormatDeviceTime(double seconds);
+// A mean with its standard deviation at `decimals` decimals: "2.062 ± 0.013"; the mean alone
+// when std is not finite (one value), "—" when the mean is not (no value).
+std::string MeanStdText(double mean, double std, int decimals);
 
 // One CSV field (RFC 4180): quoted, with quotes doubled, when it holds a comma, a quote, or a line
 // break (\n or \r).

@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/text_format.h"
 #include "config/model_config.h"
 #include "config/param_count.h"
-#include "fmt/format.h"
 
 namespace ablate {
 
@@ -226,15 +226,6 @@ MemoryPlan PlanMemory(const RunConfig& config, int devices) {
   const double forward_end = t.activation_checkpointing() ? kept - layer + logits : kept + logits;
   plan.set_per_device(Round(resident + std::max({forward_end, kept, flat, optimizer_temp})));
   return plan;
-}
-
-std::string FormatBytes(int64_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (b >= 1e12) return fmt::format("{:.2f} TB", b / 1e12);
-  if (b >= 1e9) return fmt::format("{:.1f} GB", b / 1e9);
-  if (b >= 1e6) return fmt::format("{:.1f} MB", b / 1e6);
-  if (b >= 1e3) return fmt::format("{:.1f} kB", b / 1e3);
-  return fmt::format("{} B", bytes);
 }
 
 absl::StatusOr<int64_t> ParseMemorySize(const std::string& text) {

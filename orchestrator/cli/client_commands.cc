@@ -19,6 +19,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "common/token_flag.h"
 #include "common/version.h"
+#include "config/run_state.h"
 #include "orchestrator/cli/cli.h"
 #include "orchestrator/cli/cost.h"
 #include "orchestrator/sweep/expand.h"
@@ -98,9 +99,7 @@ std::string Loss(double v) { return v == 0 ? "-" : fmt::format("{:.4f}", v); }
 
 std::string Counts(const SweepStatus& s) {
   std::vector<std::string> parts;
-  for (const char* state :
-       {"PENDING", "RUNNING", "SUCCEEDED", "FAILED", "DIVERGED", "CANCELLED", "INTERRUPTED",
-        "STOPPED"}) {
+  for (const std::string& state : RunStateNames()) {
     auto it = s.runs_by_state().find(state);
     if (it != s.runs_by_state().end()) parts.push_back(absl::StrCat(it->second, " ", state));
   }

@@ -1,6 +1,5 @@
 #include "orchestrator/cli/cost.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -101,17 +100,6 @@ std::string FormatRate(double flops_per_s) {
   return fmt::format("{:.4g} {}FLOP/s", flops_per_s, prefixes[p]);
 }
 
-// "2.38 device-hours", "1,234 device-hours"; under an hour in minutes, under a minute in seconds.
-std::string FormatDeviceTime(double seconds) {
-  const double hours = seconds / 3600;
-  if (hours >= 1000) {
-    return FormatCount(static_cast<int64_t>(std::llround(hours))) + " device-hours";
-  }
-  if (hours >= 1) return fmt::format("{:.3g} device-hours", hours);
-  if (seconds >= 60) return fmt::format("{:.3g} device-minutes", seconds / 60);
-  return fmt::format("{:.3g} device-seconds", seconds);
-}
-
 std::string FormatPercent(double fraction) { return fmt::format("{:.3g}%", 100 * fraction); }
 
 }  // namespace
@@ -175,17 +163,6 @@ int64_t CostFlags::DeviceMemoryBytes() const {
   if (device_memory.empty()) return 0;
   absl::StatusOr<int64_t> bytes = ParseMemorySize(device_memory);
   return bytes.ok() ? *bytes : 0;  // the flag's validator refused anything else
-}
-
-std::string FormatFlops(double flops) {
-  if (flops < 1000) return fmt::format("{:.0f}", flops);
-  // "3.40e+08" -> "3.40e8"
-  std::string s = fmt::format("{:.2e}", flops);
-  const size_t e = s.find('e');
-  std::string exponent = s.substr(e + 1);
-  if (!exponent.empty() && exponent[0] == '+') exponent.erase(0, 1);
-  exponent.erase(0, std::min(exponent.find_first_not_of('0'), exponent.size() - 1));
-  return s.substr(0, e + 1) + exponent;
 }
 
 std::string FormatCostLine(const SweepCost& cost, const CostFlags& flags, absl::string_view runs) {

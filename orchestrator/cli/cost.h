@@ -86,9 +86,6 @@ void AddCostFlags(CLI::App* cmd, CostFlags* flags);
 // "3 of 4 runs to train (1 reused)". flags.device_peak must parse (AddCostFlags checks it).
 std::string FormatCostLine(const SweepCost& cost, const CostFlags& flags, absl::string_view runs);
 
-// FLOPs as "3.40e8" (three significant digits; below 1000 as an integer).
-std::string FormatFlops(double flops);
-
 }  // namespace ablate
 
 #endif  // ABLATE_ORCHESTRATOR_CLI_COST_H_

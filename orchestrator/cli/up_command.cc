@@ -17,6 +17,7 @@
 #include "fmt/format.h"
 #include "orchestrator/cli/process.h"
 #include "orchestrator/cli/serving.h"
+#include "orchestrator/cluster/process.h"
 #include "proto/tls.h"
 
 extern char** environ;

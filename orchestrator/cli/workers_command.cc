@@ -1,12 +1,49 @@
-#include "common/token_flag.h"
 #include "orchestrator/cli/workers_command.h"
 
+#include <functional>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "CLI/CLI.hpp"
-#include "orchestrator/cli/slurm.h"
+#include "absl/strings/str_cat.h"
+#include "common/token_flag.h"
+#include "orchestrator/cluster/launcher.h"
 
 namespace ablate {
+namespace {
+
+// A back end of `workers launch`, and whether its flag was given.
+struct BackEnd {
+  std::unique_ptr<ClusterLauncher> launcher;
+  bool named = false;
+};
+
+// The back end whose flag was given: NoBackEndNamed when none was, InvalidArgument for several.
+absl::StatusOr<ClusterLauncher*> NamedBackEnd(const std::vector<BackEnd>& back_ends) {
+  ClusterLauncher* named = nullptr;
+  for (const BackEnd& b : back_ends) {
+    if (!b.named) continue;
+    if (named != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("workers launch: name one back end, not --",
+                                                     named->name(), " and --", b.launcher->name()));
+    }
+    named = b.launcher.get();
+  }
+  if (named == nullptr) return NoBackEndNamed();
+  return named;
+}
+
+// `status` and `stop` ask every back end in turn.
+absl::Status ForEachBackEnd(const std::function<absl::Status(ClusterLauncher& launcher)>& ask) {
+  for (const std::unique_ptr<ClusterLauncher>& launcher : ClusterLaunchers()) {
+    if (absl::Status s = ask(*launcher); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 void AddWorkersCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* workers = app->add_subcommand(
@@ -27,35 +64,29 @@ void AddWorkersCommand(CLI::App* app, std::ostream* out, std::function<absl::Sta
         "the coordinator until the queue stays empty for --idle-exit seconds or SLURM "
         "signals the end of its time. See docs/cluster.md.");
     auto o = std::make_shared<WorkersOptions>();
-    PilotScriptOptions& p = o->pilot;
-    cmd->add_flag("--slurm", o->slurm, "submit through SLURM's sbatch (the only back end so far)");
-    cmd->add_option("--count,-n", p.count, "pilots to start (array tasks 0..N-1)")->required();
-    cmd->add_option("--partition", p.partition, "sbatch --partition");
-    cmd->add_option("--gres", p.gres, "sbatch --gres, e.g. gpu:1 (a GPU pilot trains on cuda)");
-    cmd->add_option("--time", p.time, "sbatch --time, e.g. 4:00:00");
-    cmd->add_option("--cpus-per-task", p.cpus_per_task, "sbatch --cpus-per-task")
-        ->capture_default_str();
-    cmd->add_option("--mem", p.mem, "sbatch --mem, e.g. 16G");
-    cmd->add_option("--extra", o->extra,
-                    "more sbatch arguments, after ours (they win): --extra=\"--qos=high "
-                    "--account=lab\"");
-    cmd->add_option("--signal-before", p.signal_before_s,
-                    "seconds before the time limit SLURM sends SIGTERM (the worker checkpoints "
-                    "and hands its run back)")
-        ->capture_default_str();
-    cmd->add_option("--idle-exit", p.idle_exit_s,
+    // Each back end: its flag (--slurm), then, after --count, its own options.
+    auto back_ends = std::make_shared<std::vector<BackEnd>>();
+    for (std::unique_ptr<ClusterLauncher>& launcher : ClusterLaunchers()) {
+      back_ends->push_back({std::move(launcher)});
+    }
+    for (BackEnd& b : *back_ends) {
+      cmd->add_flag("--" + b.launcher->name(), b.named, b.launcher->help());
+    }
+    cmd->add_option("--count,-n", o->count, "pilots to start (array tasks 0..N-1)")->required();
+    for (BackEnd& b : *back_ends) b.launcher->AddLaunchFlags(cmd);
+    cmd->add_option("--idle-exit", o->idle_exit_s,
                     "a pilot exits after this many seconds without a job (0: never)")
         ->capture_default_str();
-    cmd->add_option("--device", p.device,
+    cmd->add_option("--device", o->device,
                     "cpu, cuda or cuda:N for every pilot (default cpu; cuda when --gres asks for "
                     "a GPU)");
-    cmd->add_option("--slots", p.slots,
+    cmd->add_option("--slots", o->slots,
                     "devices each pilot offers to one run (e.g. 4 with --gres gpu:4): runs with "
                     "resources.devices up to this train data-parallel on one pilot")
         ->check(CLI::Range(1, 4096));
-    cmd->add_option("--checkpoint-root", p.checkpoint_root,
+    cmd->add_option("--checkpoint-root", o->checkpoint_root,
                     "where pilots keep checkpoints (a shared path; default: the coordinator's)");
-    cmd->add_option("--log-dir", p.log_dir,
+    cmd->add_option("--log-dir", o->log_dir,
                     "the pilots' logs, pilot-<job>_<task>.log (default STATE_DIR/slurm)");
     cmd->add_option("--worker-bin", o->worker_bin,
                     "the ablate-worker the pilots run, on a path every node sees (default: the "
@@ -71,7 +102,15 @@ void AddWorkersCommand(CLI::App* app, std::ostream* out, std::function<absl::Sta
                     "STATE_DIR/worker-token); passed to them in their environment");
     RefuseTokenOnCommandLine(cmd);
     state_dir_flag(cmd, o.get());
-    cmd->callback([out, action, o] { *action = [out, o] { return RunWorkersLaunch(*o, *out); }; });
+    cmd->callback([out, action, o, back_ends] {
+      *action = [out, o, back_ends]() -> absl::Status {
+        absl::StatusOr<ClusterLauncher*> launcher = NamedBackEnd(*back_ends);
+        if (!launcher.ok()) return launcher.status();
+        absl::StatusOr<PilotRequest> request = ResolvePilotRequest(*o);
+        if (!request.ok()) return request.status();
+        return (*launcher)->Launch(*request, *out);
+      };
+    });
   }
   // ---- status ----
   {
@@ -84,7 +123,11 @@ void AddWorkersCommand(CLI::App* app, std::ostream* out, std::function<absl::Sta
                     "time_limit, node, reason, active}], active, ended_unknown, sacct_note}")
         ->check(CLI::IsMember({"table", "json"}))
         ->capture_default_str();
-    cmd->callback([out, action, o] { *action = [out, o] { return RunWorkersStatus(*o, *out); }; });
+    cmd->callback([out, action, o] {
+      *action = [out, o] {
+        return ForEachBackEnd([&](ClusterLauncher& launcher) { return launcher.Status(*o, *out); });
+      };
+    });
   }
   // ---- stop ----
   {
@@ -94,7 +137,11 @@ void AddWorkersCommand(CLI::App* app, std::ostream* out, std::function<absl::Sta
         "running one checkpoints its run and hands it back (INTERRUPTED).");
     auto o = std::make_shared<WorkersOptions>();
     state_dir_flag(cmd, o.get());
-    cmd->callback([out, action, o] { *action = [out, o] { return RunWorkersStop(*o, *out); }; });
+    cmd->callback([out, action, o] {
+      *action = [out, o] {
+        return ForEachBackEnd([&](ClusterLauncher& launcher) { return launcher.Stop(*o, *out); });
+      };
+    });
   }
 }
 

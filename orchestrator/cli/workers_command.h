@@ -1,5 +1,6 @@
-// `ablate workers launch --slurm | status | stop`: the command line of the SLURM pilots of
-// slurm.h (docs/cluster.md).
+// `ablate workers launch --slurm | status | stop`: the command line of the pilot workers of a
+// cluster (docs/cluster.md), whose back ends (SLURM's) it knows only through
+// orchestrator/cluster/launcher.h.
 #ifndef ABLATE_ORCHESTRATOR_CLI_WORKERS_COMMAND_H_
 #define ABLATE_ORCHESTRATOR_CLI_WORKERS_COMMAND_H_
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "config/param_count.h"
 #include "google/protobuf/util/json_util.h"
+#include "orchestrator/stats/stats.h"
 
 namespace ablate {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "orchestrator/store/compare.h"
+#include "orchestrator/stats/comparison.h"
 
 namespace ablate {
 

@@ -124,19 +124,6 @@ std::string CsvLine(const std::vector<std::string>& cells) {
   return absl::StrCat(absl::StrJoin(cells, ","), "\n");
 }
 
-std::string MeanStdText(const MeanStd& m, int decimals) {
-  if (!std::isfinite(m.mean)) return "—";
-  if (!std::isfinite(m.std)) return fmt::format("{:.{}f}", m.mean, decimals);
-  return fmt::format("{:.{}f} ± {:.{}f}", m.mean, decimals, m.std, decimals);
-}
-
-std::string Count(double n) {
-  const double a = std::fabs(n);
-  if (a >= 1e9) return fmt::format("{:.2f}B", n / 1e9);
-  if (a >= 1e6) return fmt::format("{:.2f}M", n / 1e6);
-  if (a >= 1e3) return fmt::format("{:.1f}K", n / 1e3);
-  return fmt::format("{:.0f}", n);
-}
 
 std::string UtcTime(double unix_seconds) {
   if (unix_seconds <= 0) return "—";
@@ -365,8 +352,10 @@ std::string Markdown(const ReportData& d, const std::vector<ReportFigure>& figur
                       g.eval_step_min == g.eval_step_max
                           ? absl::StrCat(g.eval_step_max)
                           : absl::StrCat(g.eval_step_min, "–", g.eval_step_max),
-                      " | ", MeanStdText(g.val_loss, 4), " | ", MeanStdText(g.gate_score, 4), " | ",
-                      MeanStdText(g.m_act, 3), " | ", MeanStdText(g.f_attn, 4), " |\n");
+                      " | ", MeanStdText(g.val_loss.mean, g.val_loss.std, 4), " | ",
+                      MeanStdText(g.gate_score.mean, g.gate_score.std, 4), " | ",
+                      MeanStdText(g.m_act.mean, g.m_act.std, 3), " | ",
+                      MeanStdText(g.f_attn.mean, g.f_attn.std, 4), " |\n");
     }
     absl::StrAppend(&md, "\n");
   }
@@ -386,10 +375,10 @@ std::string Markdown(const ReportData& d, const std::vector<ReportFigure>& figur
     absl::StrAppend(&md, "| ", MarkdownText(v.name), " | ", MarkdownText(v.description), " | ",
                     MarkdownText(v.diff.empty() ? "—" : v.diff), " | ",
                     MarkdownText(v.budget.empty() ? "—" : v.budget), " | ",
-                    Count(static_cast<double>(v.params_total)), " | ",
-                    Count(static_cast<double>(v.params_activated)), " | ",
-                    v.params_added > 0 ? "+" : "", Count(static_cast<double>(v.params_added)),
-                    " | ", v.flops_per_token > 0 ? Count(v.flops_per_token) : "—", " |\n");
+                    HumanCount(static_cast<double>(v.params_total)), " | ",
+                    HumanCount(static_cast<double>(v.params_activated)), " | ",
+                    HumanCount(static_cast<double>(v.params_added), /*sign=*/true), " | ",
+                    v.flops_per_token > 0 ? HumanCount(v.flops_per_token) : "—", " |\n");
   }
   absl::StrAppend(&md, "\nExact counts in [tables/variants.csv](tables/variants.csv).\n\n");
 

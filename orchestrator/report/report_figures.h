@@ -1,14 +1,15 @@
 #pragma once
 // The SVG figures of `ablate report`: training loss, validation loss, the forest plot against the
 // reference, M-Act and F-Attn per layer, gate-score histograms and PPL against evaluation length,
-// each drawn from the numbers figures.h and compare.h compute, in the order report.md shows them.
+// each drawn from the numbers figures.h and comparison.h compute, in the order report.md shows them.
 
 #include <string>
 #include <vector>
 
 #include "orchestrator/report/figures.h"
 #include "orchestrator/report/tune_figures.h"
-#include "orchestrator/store/compare.h"
+#include "orchestrator/stats/comparison.h"
+#include "orchestrator/store/reader.h"
 
 namespace ablate {
 

@@ -1,20 +1,14 @@
-// `ablate compare` (docs/cli.md): each variant against the reference at the same axis point, over
-// the seeds both trained. Is it better, by how much, and would other seeds say the same?
-//
-// Per row: the pairs (seeds where both runs SUCCEEDED with a value of the metric), both means,
-// the mean difference (variant − reference) with its (1 − alpha) interval and p-value from the
-// paired t test, or from Welch's test when the seeds do not pair (fewer than two pairs, two or
-// more runs on each side), the p-value adjusted over the table's rows (Holm), the smallest
-// difference these seeds could detect (80% power at alpha), and a verdict. Pure functions;
-// thread-safe.
+// `ablate compare` over the store's results (docs/cli.md): the runs of one or more sweeps grouped
+// by variant and axis point, paired with the reference's by seed, and compared by the statistics
+// of orchestrator/stats/comparison.h (which this header brings: Comparison, FormatComparison).
+// Pure functions of a ResultSet; thread-safe.
 #ifndef ABLATE_ORCHESTRATOR_STORE_COMPARE_H_
 #define ABLATE_ORCHESTRATOR_STORE_COMPARE_H_
 
-#include <cstdint>
 #include <string>
-#include <vector>
 
 #include "absl/status/statusor.h"
+#include "orchestrator/stats/comparison.h"
 #include "orchestrator/store/reader.h"
 
 namespace ablate {
@@ -28,59 +22,9 @@ struct CompareOptions {
   std::string correction = "holm";  // "holm" or "none"
 };
 
-// The verdicts, from the adjusted p at alpha. A metric with a better direction (losses, PPL,
-// M-Act, F-Attn, spike score: lower) says better or worse; one without (gate score) says lower or
-// higher. `diverged` when one side DIVERGED at a seed where the other did not; `too few seeds`
-// when there is no interval (one pair, or no reference at that axis point).
-inline constexpr char kBetter[] = "better";
-inline constexpr char kWorse[] = "worse";
-inline constexpr char kLower[] = "lower";
-inline constexpr char kHigher[] = "higher";
-inline constexpr char kNoDifference[] = "no detectable difference";
-inline constexpr char kDiverged[] = "diverged";
-inline constexpr char kTooFewSeeds[] = "too few seeds";
-
-struct CompareRow {
-  std::string variant;
-  std::string axes;                // "" without axes
-  std::string test;                // "paired t", "Welch", or "" (no interval)
-  int64_t n_pairs = 0;
-  int64_t n_variant = 0, n_reference = 0;  // SUCCEEDED runs with a value, each side
-  int64_t seeds = 0;                       // seeds at which both have a run
-  // DIVERGED at a seed where the other side's run did not diverge.
-  int64_t variant_diverged = 0, reference_diverged = 0;
-  // Means over the pairs (paired t) or over every run with a value (Welch, or no interval).
-  double reference_mean = kNaN, variant_mean = kNaN, delta = kNaN;
-  double ci_low = kNaN, ci_high = kNaN, p_value = kNaN, p_adjusted = kNaN, min_detectable = kNaN;
-  std::string verdict;
-  std::string note;  // why there is no interval, or the diverged counts ("" when none)
-  // `compare --best`: the tuned value each side is at ("0.004"; "" when neither trained).
-  std::string value, reference_value;
-};
-
-struct Comparison {
-  std::string sweeps;     // the sweeps' names joined by "+"
-  std::string metric;     // as asked
-  std::string heading;    // as tables print it ("val loss", "PPL@256")
-  std::string reference;
-  double alpha = 0.05;
-  std::string correction;
-  bool lower_is_better = true;  // false: the metric has no better direction (gate score)
-  std::vector<CompareRow> rows;  // in order of each variant's first run
-  int64_t excluded = 0;          // runs left out for their tags
-  std::string best_axis;         // `compare --best`: the tuned axis; "" otherwise
-};
-
 // The comparison of `results`. InvalidArgument naming a bad metric, alpha or correction;
 // NotFound for a reference with no runs in the sweeps, or a length no run was evaluated at.
 absl::StatusOr<Comparison> CompareResults(const ResultSet& results, const CompareOptions& options);
-
-// "markdown" (a sentence saying what was tested, then the table), "csv" (the columns
-// variant,axes,metric,n_pairs,reference_mean,variant_mean,delta,ci_low,ci_high,p_value,
-// p_adjusted,verdict,min_detectable, and with best_axis value,reference_value; exact numbers,
-// empty when none) or "json" (every field).
-absl::StatusOr<std::string> FormatComparison(const Comparison& comparison,
-                                             const std::string& format);
 
 }  // namespace ablate
 

@@ -39,12 +39,6 @@ nlohmann::json NumberJson(double d) {
 }
 
 // Significant digits that keep a std readable: 3 decimals for values near 1, fewer above.
-std::string MeanStdText(const MeanStd& m, int decimals) {
-  if (!std::isfinite(m.mean)) return "—";
-  if (!std::isfinite(m.std)) return fmt::format("{:.{}f}", m.mean, decimals);
-  return fmt::format("{:.{}f} ± {:.{}f}", m.mean, decimals, m.std, decimals);
-}
-
 int DecimalsFor(const std::vector<ComparisonRow>& rows, const MeanStd ComparisonRow::*field) {
   double largest = 0;
   for (const ComparisonRow& r : rows) {
@@ -100,24 +94,13 @@ bool HasCosts(const ComparisonTable& table) {
   });
 }
 
-// A cost's mean for people: "81.2 MB", "45 s" / "12.3 min" / "4.1 h", "2.1e4", "8.94e12".
+// A cost's mean for people: "81.2 MB", "45 s" / "12.3 min" / "4.1 h", "28.8K", "4.23e11".
 std::string CostText(const CostColumn& c, const MeanStd& m) {
   if (!std::isfinite(m.mean)) return "—";
-  if (c.field == &ComparisonRow::peak_memory_bytes) {
-    const double b = m.mean;
-    if (b >= 1e9) return fmt::format("{:.1f} GB", b / 1e9);
-    if (b >= 1e6) return fmt::format("{:.1f} MB", b / 1e6);
-    return fmt::format("{:.0f} kB", b / 1e3);
-  }
-  if (c.field == &ComparisonRow::train_seconds) {
-    if (m.mean >= 3600) return fmt::format("{:.1f} h", m.mean / 3600);
-    if (m.mean >= 120) return fmt::format("{:.1f} min", m.mean / 60);
-    return fmt::format("{:.0f} s", m.mean);
-  }
+  if (c.field == &ComparisonRow::peak_memory_bytes) return FormatBytes(m.mean);
+  if (c.field == &ComparisonRow::train_seconds) return FormatDuration(m.mean);
   if (c.field == &ComparisonRow::tokens_per_s) return HumanCount(m.mean);
-  std::string e = fmt::format("{:.2e}", m.mean);  // "4.23e+11" -> "4.23e11", as FLOPs are written
-  e.erase(std::remove(e.begin(), e.end(), '+'), e.end());
-  return e;
+  return FormatFlops(m.mean);
 }
 
 // The union of every row's evaluation lengths (TrainConfig.eval_seq_lens), and whether any row
@@ -179,11 +162,12 @@ std::string MarkdownComparison(const ComparisonTable& table,
     for (size_t i = 0; i < MetricColumns().size(); ++i) {
       const MetricColumn& c = MetricColumns()[i];
       if (c.field == &ComparisonRow::train_loss) continue;
-      cells.push_back(MeanStdText(r.*(c.field), decimals[i]));
+      const MeanStd& m = r.*(c.field);
+      cells.push_back(MeanStdText(m.mean, m.std, decimals[i]));
     }
     for (const auto& [len, yarn] : lengths) {
       const LengthStat* l = LengthOf(r, len);
-      cells.push_back(l == nullptr ? "—" : MeanStdText(l->val_ppl, 3));
+      cells.push_back(l == nullptr ? "—" : MeanStdText(l->val_ppl.mean, l->val_ppl.std, 3));
     }
     if (has_costs) {
       for (const CostColumn& c : CostColumns()) cells.push_back(CostText(c, r.*(c.field)));

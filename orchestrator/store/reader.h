@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "orchestrator/stats/stats.h"
 #include "orchestrator/store/query.h"
 #include "proto/ablate.pb.h"
 
@@ -45,8 +46,6 @@ struct ReaderOptions {
   absl::Duration query_wait = absl::Seconds(2);
   absl::Duration busy_timeout = absl::Seconds(5);  // only while a WAL is being recovered
 };
-
-inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // One sweep with its run counts by state (the sweep_progress view).
 struct SweepInfo {
@@ -254,15 +253,6 @@ struct SeriesOptions {
   int max_points = 1000;                                    // target size; <= 0 = every point
   Downsample mode = Downsample::kMinMax;
 };
-
-// mean ± sample standard deviation (n - 1) of one metric over the SUCCEEDED runs of a group.
-struct MeanStd {
-  double mean = kNaN;  // NaN: no value
-  double std = kNaN;   // NaN when fewer than 2 values
-};
-
-// The sample mean and standard deviation (n - 1) of the finite values, in their order.
-MeanStd MeanAndStd(const std::vector<double>& values);
 
 // A variant's validation loss and PPL at one evaluation length (TrainConfig.eval_seq_lens): at the
 // last evaluation of each SUCCEEDED run, mean ± std over them (the length_table view).

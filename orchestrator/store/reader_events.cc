@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "config/run_state.h"
 #include "orchestrator/store/reader.h"
 #include "orchestrator/store/reader_internal.h"
 #include "orchestrator/store/sqlite.h"
@@ -78,10 +79,7 @@ absl::StatusOr<SweepChanges> StoreReader::ChangesSince(
 
 absl::StatusOr<StoreCounts> StoreReader::Counts() const {
   StoreCounts counts;
-  for (const char* state : {"PENDING", "RUNNING", "SUCCEEDED", "FAILED", "DIVERGED", "CANCELLED",
-                            "INTERRUPTED", "STOPPED"}) {
-    counts.runs_by_state[state] = 0;
-  }
+  for (const std::string& state : RunStateNames()) counts.runs_by_state[state] = 0;
   struct Table {
     const char* sql;
     std::map<std::string, int64_t>* by_state;

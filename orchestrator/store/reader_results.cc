@@ -118,26 +118,6 @@ ComparisonRow RowOf(const Group& g) {
 
 }  // namespace
 
-MeanStd MeanAndStd(const std::vector<double>& values) {
-  MeanStd out;
-  double sum = 0;
-  int64_t n = 0;
-  for (double v : values) {
-    if (!std::isfinite(v)) continue;
-    sum += v;
-    ++n;
-  }
-  if (n == 0) return out;
-  out.mean = sum / static_cast<double>(n);
-  if (n < 2) return out;
-  double squares = 0;
-  for (double v : values) {
-    if (std::isfinite(v)) squares += (v - out.mean) * (v - out.mean);
-  }
-  out.std = std::sqrt(squares / static_cast<double>(n - 1));
-  return out;
-}
-
 ComparisonTable ComparisonTableOf(const ResultSet& results) {
   std::vector<Group> groups;
   std::map<std::pair<std::string, std::string>, size_t> index;  // (variant, axes) -> group

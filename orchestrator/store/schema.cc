@@ -1,5 +1,6 @@
 #include "orchestrator/store/schema.h"
 
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,147 @@
 
 namespace ablate {
 namespace {
+
+// The views, each defined once in its current form (docs/schema.md). No migration creates or
+// changes one: MigrateStore drops them all in each migration's transaction, before its SQL, and
+// creates them again in the last one's, so a database at this build's version has exactly these,
+// whatever version it was migrated from. What a version changed in a view (its comment below
+// says) is in these definitions. Dropped in reverse order: a view may read an earlier one.
+struct View {
+  const char* name;
+  const char* select;  // what CREATE VIEW <name> AS runs
+};
+constexpr View kViews[] = {
+    {"run_summary", R"sql(
+SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.run_index, r.seed, r.axes,
+       r.state, r.attempts, w.name AS worker, r.steps_done, r.steps_total,
+       r.final_train_loss, r.val_loss, r.val_ppl, r.gate_score, r.m_act, r.f_attn,
+       r.spike_steps, r.spike_score, r.params_total, r.params_activated, r.params_added,
+       r.tokens_per_s, r.wall_s, r.reason, r.run_key, r.created_at, r.started_at,
+       r.finished_at, r.sweep_id, r.variant_id, r.reused_from,
+       coalesce((SELECT group_concat(t.text, ',') FROM
+                   (SELECT DISTINCT a.text FROM annotations a
+                    WHERE a.sweep_id = r.sweep_id AND a.kind = 'tag'
+                      AND (a.run_id IS NULL OR a.run_id = r.id)
+                    ORDER BY a.text) t), '') AS tags,
+       r.peak_memory_bytes, r.wall_s AS train_seconds, r.flops
+FROM runs r
+JOIN sweeps s ON s.id = r.sweep_id
+JOIN variants v ON v.id = r.variant_id
+LEFT JOIN workers w ON w.id = r.worker_id
+)sql"},
+    {"sweep_progress", R"sql(
+SELECT s.id AS sweep_id, s.name AS sweep, s.state, s.priority, s.created_at,
+       count(r.id) AS runs,
+       coalesce(sum(r.state = 'PENDING'), 0) AS pending,
+       coalesce(sum(r.state = 'RUNNING'), 0) AS running,
+       coalesce(sum(r.state = 'SUCCEEDED'), 0) AS succeeded,
+       coalesce(sum(r.state = 'FAILED'), 0) AS failed,
+       coalesce(sum(r.state = 'DIVERGED'), 0) AS diverged,
+       coalesce(sum(r.state = 'CANCELLED'), 0) AS cancelled,
+       coalesce(sum(r.state = 'INTERRUPTED'), 0) AS interrupted,
+       CAST(min(max(total(r.steps_done), 0), 9.2e18) AS INTEGER) AS steps_done,
+       CAST(min(max(total(r.steps_total), 0), 9.2e18) AS INTEGER) AS steps_total,
+       coalesce(sum(r.state = 'STOPPED'), 0) AS stopped
+FROM sweeps s LEFT JOIN runs r ON r.sweep_id = s.id
+GROUP BY s.id
+)sql"},
+    {"variant_table", R"sql(
+WITH grp AS (
+  SELECT sweep_id, variant_id, axes, min(run_index) AS first_index, count(*) AS runs,
+         sum(state = 'SUCCEEDED') AS n, sum(state = 'DIVERGED') AS diverged,
+         sum(state = 'FAILED') AS failed,
+         sum(state IN ('PENDING', 'RUNNING', 'INTERRUPTED')) AS unfinished,
+         avg(params_total) AS params_total, avg(params_activated) AS params_activated,
+         avg(params_added) AS params_added
+  FROM runs GROUP BY sweep_id, variant_id, axes),
+mean AS (
+  SELECT sweep_id, variant_id, axes,
+         avg(val_loss) AS val_loss, avg(val_ppl) AS val_ppl, avg(gate_score) AS gate_score,
+         avg(m_act) AS m_act, avg(f_attn) AS f_attn, avg(spike_score) AS spike_score,
+         avg(final_train_loss) AS train_loss
+  FROM runs WHERE state = 'SUCCEEDED' GROUP BY sweep_id, variant_id, axes),
+dev AS (
+  SELECT r.sweep_id, r.variant_id, r.axes,
+         CASE WHEN count(r.val_loss) > 1 THEN sqrt(sum((r.val_loss - m.val_loss) * (r.val_loss - m.val_loss)) / (count(r.val_loss) - 1)) END AS val_loss,
+         CASE WHEN count(r.val_ppl) > 1 THEN sqrt(sum((r.val_ppl - m.val_ppl) * (r.val_ppl - m.val_ppl)) / (count(r.val_ppl) - 1)) END AS val_ppl,
+         CASE WHEN count(r.gate_score) > 1 THEN sqrt(sum((r.gate_score - m.gate_score) * (r.gate_score - m.gate_score)) / (count(r.gate_score) - 1)) END AS gate_score,
+         CASE WHEN count(r.m_act) > 1 THEN sqrt(sum((r.m_act - m.m_act) * (r.m_act - m.m_act)) / (count(r.m_act) - 1)) END AS m_act,
+         CASE WHEN count(r.f_attn) > 1 THEN sqrt(sum((r.f_attn - m.f_attn) * (r.f_attn - m.f_attn)) / (count(r.f_attn) - 1)) END AS f_attn,
+         CASE WHEN count(r.spike_score) > 1 THEN sqrt(sum((r.spike_score - m.spike_score) * (r.spike_score - m.spike_score)) / (count(r.spike_score) - 1)) END AS spike_score,
+         CASE WHEN count(r.final_train_loss) > 1 THEN sqrt(sum((r.final_train_loss - m.train_loss) * (r.final_train_loss - m.train_loss)) / (count(r.final_train_loss) - 1)) END AS train_loss
+  FROM runs r JOIN mean m USING (sweep_id, variant_id, axes)
+  WHERE r.state = 'SUCCEEDED' GROUP BY r.sweep_id, r.variant_id, r.axes)
+SELECT s.name AS sweep, v.name AS variant, g.axes, v.position, g.first_index, v.description,
+       g.runs, g.n, g.diverged, g.failed, g.unfinished,
+       m.val_loss AS val_loss_mean, d.val_loss AS val_loss_std,
+       m.val_ppl AS val_ppl_mean, d.val_ppl AS val_ppl_std,
+       m.gate_score AS gate_score_mean, d.gate_score AS gate_score_std,
+       m.m_act AS m_act_mean, d.m_act AS m_act_std,
+       m.f_attn AS f_attn_mean, d.f_attn AS f_attn_std,
+       m.spike_score AS spike_score_mean, d.spike_score AS spike_score_std,
+       m.train_loss AS train_loss_mean, d.train_loss AS train_loss_std,
+       g.params_total, g.params_activated, g.params_added,
+       g.sweep_id, g.variant_id
+FROM grp g
+JOIN sweeps s ON s.id = g.sweep_id
+JOIN variants v ON v.id = g.variant_id
+LEFT JOIN mean m ON m.sweep_id = g.sweep_id AND m.variant_id = g.variant_id AND m.axes = g.axes
+LEFT JOIN dev d ON d.sweep_id = g.sweep_id AND d.variant_id = g.variant_id AND d.axes = g.axes
+)sql"},
+    {"latest_metrics", R"sql(
+SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.seed, r.axes, r.state,
+       r.steps_done, r.steps_total,
+       m.step, m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.aux_loss, m.skipped,
+       e.step AS eval_step, e.val_loss, e.val_ppl, e.gate_score, e.m_act, e.f_attn,
+       r.reused_from
+FROM runs r
+JOIN sweeps s ON s.id = r.sweep_id
+JOIN variants v ON v.id = r.variant_id
+LEFT JOIN step_metrics m
+  ON m.run_id = coalesce(r.reused_from, r.id)
+  AND m.step = (SELECT max(step) FROM step_metrics WHERE run_id = coalesce(r.reused_from, r.id))
+LEFT JOIN eval_metrics e
+  ON e.run_id = coalesce(r.reused_from, r.id)
+  AND e.step = (SELECT max(step) FROM eval_metrics WHERE run_id = coalesce(r.reused_from, r.id))
+)sql"},
+    {"spikes", R"sql(
+SELECT e.id, s.name AS sweep, v.name AS variant, r.seed, r.axes, e.run_id, e.attempt, e.step,
+       e.signal, e.value, e.baseline, e.kind, e.action, e.rollback_to_step
+FROM spike_events e
+JOIN runs r ON r.id = e.run_id
+JOIN sweeps s ON s.id = r.sweep_id
+JOIN variants v ON v.id = r.variant_id
+)sql"},
+    {"length_results", R"sql(
+SELECT r.id AS run_id, r.sweep_id, r.variant_id, r.axes, r.seed, r.state, l.step, l.seq_len,
+       l.yarn, l.val_loss, l.val_ppl
+FROM runs r
+JOIN eval_lengths l
+  ON l.run_id = coalesce(r.reused_from, r.id)
+  AND l.step = (SELECT max(step) FROM eval_lengths WHERE run_id = coalesce(r.reused_from, r.id))
+)sql"},
+    {"length_table", R"sql(
+WITH mean AS (
+  SELECT sweep_id, variant_id, axes, seq_len, max(yarn) AS yarn, count(val_ppl) AS n,
+         avg(val_loss) AS val_loss, avg(val_ppl) AS val_ppl
+  FROM length_results WHERE state = 'SUCCEEDED' GROUP BY sweep_id, variant_id, axes, seq_len),
+dev AS (
+  SELECT l.sweep_id, l.variant_id, l.axes, l.seq_len,
+         CASE WHEN count(l.val_loss) > 1 THEN sqrt(sum((l.val_loss - m.val_loss) * (l.val_loss - m.val_loss)) / (count(l.val_loss) - 1)) END AS val_loss,
+         CASE WHEN count(l.val_ppl) > 1 THEN sqrt(sum((l.val_ppl - m.val_ppl) * (l.val_ppl - m.val_ppl)) / (count(l.val_ppl) - 1)) END AS val_ppl
+  FROM length_results l JOIN mean m USING (sweep_id, variant_id, axes, seq_len)
+  WHERE l.state = 'SUCCEEDED' GROUP BY l.sweep_id, l.variant_id, l.axes, l.seq_len)
+SELECT s.name AS sweep, v.name AS variant, m.axes, m.seq_len, m.yarn, m.n,
+       m.val_loss AS val_loss_mean, d.val_loss AS val_loss_std,
+       m.val_ppl AS val_ppl_mean, d.val_ppl AS val_ppl_std, m.sweep_id, m.variant_id
+FROM mean m
+JOIN sweeps s ON s.id = m.sweep_id
+JOIN variants v ON v.id = m.variant_id
+LEFT JOIN dev d ON d.sweep_id = m.sweep_id AND d.variant_id = m.variant_id AND d.axes = m.axes
+  AND d.seq_len = m.seq_len
+)sql"},
+};
 
 // Version 1. Times are Unix seconds (REAL): datetime(t, 'unixepoch') reads them. States are the
 // enum names of proto/ablate.proto. Non-finite metric values are stored as NULL.
@@ -191,97 +333,6 @@ CREATE TABLE events (
 );
 CREATE INDEX events_by_sweep ON events (sweep_id, id);
 CREATE INDEX events_by_run ON events (run_id, id);
-
-CREATE VIEW run_summary AS
-SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.run_index, r.seed, r.axes,
-       r.state, r.attempts, w.name AS worker, r.steps_done, r.steps_total,
-       r.final_train_loss, r.val_loss, r.val_ppl, r.gate_score, r.m_act, r.f_attn,
-       r.spike_steps, r.spike_score, r.params_total, r.params_activated, r.params_added,
-       r.tokens_per_s, r.wall_s, r.reason, r.run_key, r.created_at, r.started_at,
-       r.finished_at, r.sweep_id, r.variant_id
-FROM runs r
-JOIN sweeps s ON s.id = r.sweep_id
-JOIN variants v ON v.id = r.variant_id
-LEFT JOIN workers w ON w.id = r.worker_id;
-
-CREATE VIEW sweep_progress AS
-SELECT s.id AS sweep_id, s.name AS sweep, s.state, s.priority, s.created_at,
-       count(r.id) AS runs,
-       coalesce(sum(r.state = 'PENDING'), 0) AS pending,
-       coalesce(sum(r.state = 'RUNNING'), 0) AS running,
-       coalesce(sum(r.state = 'SUCCEEDED'), 0) AS succeeded,
-       coalesce(sum(r.state = 'FAILED'), 0) AS failed,
-       coalesce(sum(r.state = 'DIVERGED'), 0) AS diverged,
-       coalesce(sum(r.state = 'CANCELLED'), 0) AS cancelled,
-       coalesce(sum(r.state = 'INTERRUPTED'), 0) AS interrupted,
-       coalesce(sum(r.steps_done), 0) AS steps_done,
-       coalesce(sum(r.steps_total), 0) AS steps_total
-FROM sweeps s LEFT JOIN runs r ON r.sweep_id = s.id
-GROUP BY s.id;
-
-CREATE VIEW variant_table AS
-WITH grp AS (
-  SELECT sweep_id, variant_id, axes, min(run_index) AS first_index, count(*) AS runs,
-         sum(state = 'SUCCEEDED') AS n, sum(state = 'DIVERGED') AS diverged,
-         sum(state = 'FAILED') AS failed,
-         sum(state IN ('PENDING', 'RUNNING', 'INTERRUPTED')) AS unfinished,
-         avg(params_total) AS params_total, avg(params_activated) AS params_activated,
-         avg(params_added) AS params_added
-  FROM runs GROUP BY sweep_id, variant_id, axes),
-mean AS (
-  SELECT sweep_id, variant_id, axes,
-         avg(val_loss) AS val_loss, avg(val_ppl) AS val_ppl, avg(gate_score) AS gate_score,
-         avg(m_act) AS m_act, avg(f_attn) AS f_attn, avg(spike_score) AS spike_score,
-         avg(final_train_loss) AS train_loss
-  FROM runs WHERE state = 'SUCCEEDED' GROUP BY sweep_id, variant_id, axes),
-dev AS (
-  SELECT r.sweep_id, r.variant_id, r.axes,
-         CASE WHEN count(r.val_loss) > 1 THEN sqrt(sum((r.val_loss - m.val_loss) * (r.val_loss - m.val_loss)) / (count(r.val_loss) - 1)) END AS val_loss,
-         CASE WHEN count(r.val_ppl) > 1 THEN sqrt(sum((r.val_ppl - m.val_ppl) * (r.val_ppl - m.val_ppl)) / (count(r.val_ppl) - 1)) END AS val_ppl,
-         CASE WHEN count(r.gate_score) > 1 THEN sqrt(sum((r.gate_score - m.gate_score) * (r.gate_score - m.gate_score)) / (count(r.gate_score) - 1)) END AS gate_score,
-         CASE WHEN count(r.m_act) > 1 THEN sqrt(sum((r.m_act - m.m_act) * (r.m_act - m.m_act)) / (count(r.m_act) - 1)) END AS m_act,
-         CASE WHEN count(r.f_attn) > 1 THEN sqrt(sum((r.f_attn - m.f_attn) * (r.f_attn - m.f_attn)) / (count(r.f_attn) - 1)) END AS f_attn,
-         CASE WHEN count(r.spike_score) > 1 THEN sqrt(sum((r.spike_score - m.spike_score) * (r.spike_score - m.spike_score)) / (count(r.spike_score) - 1)) END AS spike_score,
-         CASE WHEN count(r.final_train_loss) > 1 THEN sqrt(sum((r.final_train_loss - m.train_loss) * (r.final_train_loss - m.train_loss)) / (count(r.final_train_loss) - 1)) END AS train_loss
-  FROM runs r JOIN mean m USING (sweep_id, variant_id, axes)
-  WHERE r.state = 'SUCCEEDED' GROUP BY r.sweep_id, r.variant_id, r.axes)
-SELECT s.name AS sweep, v.name AS variant, g.axes, v.position, g.first_index, v.description,
-       g.runs, g.n, g.diverged, g.failed, g.unfinished,
-       m.val_loss AS val_loss_mean, d.val_loss AS val_loss_std,
-       m.val_ppl AS val_ppl_mean, d.val_ppl AS val_ppl_std,
-       m.gate_score AS gate_score_mean, d.gate_score AS gate_score_std,
-       m.m_act AS m_act_mean, d.m_act AS m_act_std,
-       m.f_attn AS f_attn_mean, d.f_attn AS f_attn_std,
-       m.spike_score AS spike_score_mean, d.spike_score AS spike_score_std,
-       m.train_loss AS train_loss_mean, d.train_loss AS train_loss_std,
-       g.params_total, g.params_activated, g.params_added,
-       g.sweep_id, g.variant_id
-FROM grp g
-JOIN sweeps s ON s.id = g.sweep_id
-JOIN variants v ON v.id = g.variant_id
-LEFT JOIN mean m ON m.sweep_id = g.sweep_id AND m.variant_id = g.variant_id AND m.axes = g.axes
-LEFT JOIN dev d ON d.sweep_id = g.sweep_id AND d.variant_id = g.variant_id AND d.axes = g.axes;
-
-CREATE VIEW latest_metrics AS
-SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.seed, r.axes, r.state,
-       r.steps_done, r.steps_total,
-       m.step, m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.aux_loss, m.skipped,
-       e.step AS eval_step, e.val_loss, e.val_ppl, e.gate_score, e.m_act, e.f_attn
-FROM runs r
-JOIN sweeps s ON s.id = r.sweep_id
-JOIN variants v ON v.id = r.variant_id
-LEFT JOIN step_metrics m
-  ON m.run_id = r.id AND m.step = (SELECT max(step) FROM step_metrics WHERE run_id = r.id)
-LEFT JOIN eval_metrics e
-  ON e.run_id = r.id AND e.step = (SELECT max(step) FROM eval_metrics WHERE run_id = r.id);
-
-CREATE VIEW spikes AS
-SELECT e.id, s.name AS sweep, v.name AS variant, r.seed, r.axes, e.run_id, e.attempt, e.step,
-       e.signal, e.value, e.baseline, e.kind, e.action, e.rollback_to_step
-FROM spike_events e
-JOIN runs r ON r.id = e.run_id
-JOIN sweeps s ON s.id = r.sweep_id
-JOIN variants v ON v.id = r.variant_id;
 )sql";
 
 // Version 2, for the writer's cost per dispatched job (docs/benchmarks.md):
@@ -310,34 +361,6 @@ constexpr char kSchemaV3[] = R"sql(
 ALTER TABLE runs ADD COLUMN reused_from INTEGER REFERENCES runs(id);
 UPDATE runs SET reused_from = CAST(substr(reason, 12) AS INTEGER)
 WHERE reason LIKE 'reused run %' AND CAST(substr(reason, 12) AS INTEGER) > 0;
-DROP VIEW run_summary;
-CREATE VIEW run_summary AS
-SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.run_index, r.seed, r.axes,
-       r.state, r.attempts, w.name AS worker, r.steps_done, r.steps_total,
-       r.final_train_loss, r.val_loss, r.val_ppl, r.gate_score, r.m_act, r.f_attn,
-       r.spike_steps, r.spike_score, r.params_total, r.params_activated, r.params_added,
-       r.tokens_per_s, r.wall_s, r.reason, r.run_key, r.created_at, r.started_at,
-       r.finished_at, r.sweep_id, r.variant_id, r.reused_from
-FROM runs r
-JOIN sweeps s ON s.id = r.sweep_id
-JOIN variants v ON v.id = r.variant_id
-LEFT JOIN workers w ON w.id = r.worker_id;
-DROP VIEW latest_metrics;
-CREATE VIEW latest_metrics AS
-SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.seed, r.axes, r.state,
-       r.steps_done, r.steps_total,
-       m.step, m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.aux_loss, m.skipped,
-       e.step AS eval_step, e.val_loss, e.val_ppl, e.gate_score, e.m_act, e.f_attn,
-       r.reused_from
-FROM runs r
-JOIN sweeps s ON s.id = r.sweep_id
-JOIN variants v ON v.id = r.variant_id
-LEFT JOIN step_metrics m
-  ON m.run_id = coalesce(r.reused_from, r.id)
-  AND m.step = (SELECT max(step) FROM step_metrics WHERE run_id = coalesce(r.reused_from, r.id))
-LEFT JOIN eval_metrics e
-  ON e.run_id = coalesce(r.reused_from, r.id)
-  AND e.step = (SELECT max(step) FROM eval_metrics WHERE run_id = coalesce(r.reused_from, r.id));
 )sql";
 
 // Version 4, hardening:
@@ -353,21 +376,6 @@ constexpr char kSchemaV4[] = R"sql(
 ALTER TABLE runs ADD COLUMN attempt_base INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE eval_layer_probes ADD COLUMN sdpa_mean_abs_before_gate REAL;
 ALTER TABLE eval_layer_probes ADD COLUMN sdpa_mean_abs_after_gate REAL;
-DROP VIEW sweep_progress;
-CREATE VIEW sweep_progress AS
-SELECT s.id AS sweep_id, s.name AS sweep, s.state, s.priority, s.created_at,
-       count(r.id) AS runs,
-       coalesce(sum(r.state = 'PENDING'), 0) AS pending,
-       coalesce(sum(r.state = 'RUNNING'), 0) AS running,
-       coalesce(sum(r.state = 'SUCCEEDED'), 0) AS succeeded,
-       coalesce(sum(r.state = 'FAILED'), 0) AS failed,
-       coalesce(sum(r.state = 'DIVERGED'), 0) AS diverged,
-       coalesce(sum(r.state = 'CANCELLED'), 0) AS cancelled,
-       coalesce(sum(r.state = 'INTERRUPTED'), 0) AS interrupted,
-       CAST(min(max(total(r.steps_done), 0), 9.2e18) AS INTEGER) AS steps_done,
-       CAST(min(max(total(r.steps_total), 0), 9.2e18) AS INTEGER) AS steps_total
-FROM sweeps s LEFT JOIN runs r ON r.sweep_id = s.id
-GROUP BY s.id;
 )sql";
 
 // Version 5, the paper's long-context table and Figure 2:
@@ -397,34 +405,6 @@ CREATE TABLE eval_attention_maps (
   probs   BLOB NOT NULL,
   PRIMARY KEY (run_id, step, layer, head)
 ) WITHOUT ROWID;
-
-CREATE VIEW length_results AS
-SELECT r.id AS run_id, r.sweep_id, r.variant_id, r.axes, r.seed, r.state, l.step, l.seq_len,
-       l.yarn, l.val_loss, l.val_ppl
-FROM runs r
-JOIN eval_lengths l
-  ON l.run_id = coalesce(r.reused_from, r.id)
-  AND l.step = (SELECT max(step) FROM eval_lengths WHERE run_id = coalesce(r.reused_from, r.id));
-
-CREATE VIEW length_table AS
-WITH mean AS (
-  SELECT sweep_id, variant_id, axes, seq_len, max(yarn) AS yarn, count(val_ppl) AS n,
-         avg(val_loss) AS val_loss, avg(val_ppl) AS val_ppl
-  FROM length_results WHERE state = 'SUCCEEDED' GROUP BY sweep_id, variant_id, axes, seq_len),
-dev AS (
-  SELECT l.sweep_id, l.variant_id, l.axes, l.seq_len,
-         CASE WHEN count(l.val_loss) > 1 THEN sqrt(sum((l.val_loss - m.val_loss) * (l.val_loss - m.val_loss)) / (count(l.val_loss) - 1)) END AS val_loss,
-         CASE WHEN count(l.val_ppl) > 1 THEN sqrt(sum((l.val_ppl - m.val_ppl) * (l.val_ppl - m.val_ppl)) / (count(l.val_ppl) - 1)) END AS val_ppl
-  FROM length_results l JOIN mean m USING (sweep_id, variant_id, axes, seq_len)
-  WHERE l.state = 'SUCCEEDED' GROUP BY l.sweep_id, l.variant_id, l.axes, l.seq_len)
-SELECT s.name AS sweep, v.name AS variant, m.axes, m.seq_len, m.yarn, m.n,
-       m.val_loss AS val_loss_mean, d.val_loss AS val_loss_std,
-       m.val_ppl AS val_ppl_mean, d.val_ppl AS val_ppl_std, m.sweep_id, m.variant_id
-FROM mean m
-JOIN sweeps s ON s.id = m.sweep_id
-JOIN variants v ON v.id = m.variant_id
-LEFT JOIN dev d ON d.sweep_id = m.sweep_id AND d.variant_id = m.variant_id AND d.axes = m.axes
-  AND d.seq_len = m.seq_len;
 )sql";
 
 // Version 6: runs.devices, the ranks a run trains on (Resources.devices), which the scheduler
@@ -610,23 +590,6 @@ CREATE TABLE annotations (
 CREATE UNIQUE INDEX annotations_tag_once ON annotations (sweep_id, coalesce(run_id, 0), text)
   WHERE kind = 'tag';
 CREATE INDEX annotations_by_sweep ON annotations (sweep_id, id);
-DROP VIEW run_summary;
-CREATE VIEW run_summary AS
-SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.run_index, r.seed, r.axes,
-       r.state, r.attempts, w.name AS worker, r.steps_done, r.steps_total,
-       r.final_train_loss, r.val_loss, r.val_ppl, r.gate_score, r.m_act, r.f_attn,
-       r.spike_steps, r.spike_score, r.params_total, r.params_activated, r.params_added,
-       r.tokens_per_s, r.wall_s, r.reason, r.run_key, r.created_at, r.started_at,
-       r.finished_at, r.sweep_id, r.variant_id, r.reused_from,
-       coalesce((SELECT group_concat(t.text, ',') FROM
-                   (SELECT DISTINCT a.text FROM annotations a
-                    WHERE a.sweep_id = r.sweep_id AND a.kind = 'tag'
-                      AND (a.run_id IS NULL OR a.run_id = r.id)
-                    ORDER BY a.text) t), '') AS tags
-FROM runs r
-JOIN sweeps s ON s.id = r.sweep_id
-JOIN variants v ON v.id = r.variant_id
-LEFT JOIN workers w ON w.id = r.worker_id;
 )sql";
 
 // Version 10, tuning (docs/spec.md, "Tuning"):
@@ -684,22 +647,6 @@ CREATE TABLE tune_decisions (
   time      REAL NOT NULL,
   UNIQUE (sweep_id, grp, value, rung, kind)
 );
-DROP VIEW sweep_progress;
-CREATE VIEW sweep_progress AS
-SELECT s.id AS sweep_id, s.name AS sweep, s.state, s.priority, s.created_at,
-       count(r.id) AS runs,
-       coalesce(sum(r.state = 'PENDING'), 0) AS pending,
-       coalesce(sum(r.state = 'RUNNING'), 0) AS running,
-       coalesce(sum(r.state = 'SUCCEEDED'), 0) AS succeeded,
-       coalesce(sum(r.state = 'FAILED'), 0) AS failed,
-       coalesce(sum(r.state = 'DIVERGED'), 0) AS diverged,
-       coalesce(sum(r.state = 'CANCELLED'), 0) AS cancelled,
-       coalesce(sum(r.state = 'INTERRUPTED'), 0) AS interrupted,
-       CAST(min(max(total(r.steps_done), 0), 9.2e18) AS INTEGER) AS steps_done,
-       CAST(min(max(total(r.steps_total), 0), 9.2e18) AS INTEGER) AS steps_total,
-       coalesce(sum(r.state = 'STOPPED'), 0) AS stopped
-FROM sweeps s LEFT JOIN runs r ON r.sweep_id = s.id
-GROUP BY s.id;
 )sql";
 
 // Version 11, what runs cost (issue 44):
@@ -712,24 +659,6 @@ constexpr char kSchemaV11[] = R"sql(
 ALTER TABLE runs ADD COLUMN peak_memory_bytes INTEGER;
 ALTER TABLE runs ADD COLUMN flops REAL;
 ALTER TABLE step_metrics ADD COLUMN elapsed_s REAL;
-DROP VIEW run_summary;
-CREATE VIEW run_summary AS
-SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.run_index, r.seed, r.axes,
-       r.state, r.attempts, w.name AS worker, r.steps_done, r.steps_total,
-       r.final_train_loss, r.val_loss, r.val_ppl, r.gate_score, r.m_act, r.f_attn,
-       r.spike_steps, r.spike_score, r.params_total, r.params_activated, r.params_added,
-       r.tokens_per_s, r.wall_s, r.reason, r.run_key, r.created_at, r.started_at,
-       r.finished_at, r.sweep_id, r.variant_id, r.reused_from,
-       coalesce((SELECT group_concat(t.text, ',') FROM
-                   (SELECT DISTINCT a.text FROM annotations a
-                    WHERE a.sweep_id = r.sweep_id AND a.kind = 'tag'
-                      AND (a.run_id IS NULL OR a.run_id = r.id)
-                    ORDER BY a.text) t), '') AS tags,
-       r.peak_memory_bytes, r.wall_s AS train_seconds, r.flops
-FROM runs r
-JOIN sweeps s ON s.id = r.sweep_id
-JOIN variants v ON v.id = r.variant_id
-LEFT JOIN workers w ON w.id = r.worker_id;
 )sql";
 
 // Version 12: alerts (orchestrator/alerts): the state an event's run or sweep entered, each alert
@@ -774,6 +703,26 @@ absl::Status AddStoppedToRunsCheck(sqlite3* db) {
   return RewriteTables(db, {{"runs", sql}});
 }
 
+// Drops every view of kViews the database has (a view of an older version included: none was
+// ever renamed or retired), the last first.
+absl::Status DropViews(sqlite3* db) {
+  for (auto view = std::rbegin(kViews); view != std::rend(kViews); ++view) {
+    if (absl::Status s = Exec(db, absl::StrCat("DROP VIEW IF EXISTS ", view->name)); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CreateViews(sqlite3* db) {
+  for (const View& view : kViews) {
+    absl::Status s = Exec(db, absl::StrCat("CREATE VIEW ", view.name, " AS",
+                                           absl::StripTrailingAsciiWhitespace(view.select)));
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const std::vector<Migration>& StoreMigrations() {
@@ -802,8 +751,10 @@ absl::Status MigrateStore(sqlite3* db) {
     absl::Status s = now.status();
     if (s.ok() && *now == v) {
       const Migration& m = StoreMigrations()[v];
-      s = Exec(db, m.sql);
+      s = DropViews(db);
+      if (s.ok()) s = Exec(db, m.sql);
       if (s.ok() && m.code != nullptr) s = m.code(db);
+      if (s.ok() && v + 1 == target) s = CreateViews(db);
       if (s.ok()) s = Exec(db, absl::StrCat("PRAGMA user_version = ", v + 1));
     }
     if (!s.ok()) {

@@ -10,8 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-
-#include "orchestrator/store/compare.h"
+#include "orchestrator/stats/comparison.h"
 #include "orchestrator/store/reader.h"
 
 namespace ablate {

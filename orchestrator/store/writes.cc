@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "config/proto_yaml.h"
+#include "config/run_state.h"
 #include "nlohmann/json.hpp"
 #include "orchestrator/store/reader.h"
 #include "orchestrator/store/store_internal.h"
@@ -20,10 +21,6 @@
 namespace ablate {
 namespace store_internal {
 namespace {
-
-bool IsTerminal(RunState s) {
-  return s == SUCCEEDED || s == FAILED || s == DIVERGED || s == CANCELLED || s == STOPPED;
-}
 
 bool EdgeAllowed(RunState from, RunState to) {
   if (to == RUN_STATE_UNSPECIFIED || from == to) return false;
@@ -429,7 +426,7 @@ absl::Status SetRunState(StoreWriter& w, const RunTransition& t, double now) {
                                     "attempt_base = CASE WHEN ?5 THEN attempts ELSE "
                                     "attempt_base END WHERE id = ?1"));
   run->Bind(1, t.run_id).Bind(2, RunStateName(t.to)).Bind(3, t.reason);
-  if (IsTerminal(t.to)) run->Bind(4, now);
+  if (RunEnded(t.to)) run->Bind(4, now);
   run->Bind(5, static_cast<int64_t>(t.rebase_attempts));
   return run->Run();
 }
@@ -448,7 +445,7 @@ absl::Status SetRunStateWithSummary(StoreWriter& w, const RunTransition& t, int3
                  "reason = CASE WHEN ?16 = '' THEN ?3 ELSE ?16 END, "
                  "peak_memory_bytes = ?17, flops = ?18 WHERE id = ?1"));
   run->Bind(1, t.run_id).Bind(2, RunStateName(t.to)).Bind(3, t.reason);
-  if (IsTerminal(t.to)) run->Bind(4, now);
+  if (RunEnded(t.to)) run->Bind(4, now);
   run->Bind(5, s.steps_done()).Bind(6, s.final_train_loss());
   if (s.has_final_eval()) {
     const EvalResult& e = s.final_eval();
@@ -670,7 +667,7 @@ absl::Status ApplyTransition(StoreWriter& w, const RunTransition& t, TransitionR
       InsertEvent(w, run.sweep_id, t.run_id, "run_state", message, RunStateName(t.to)));
   // Only a run entering or leaving a terminal state can change the sweep's: a start (PENDING ->
   // RUNNING) or the requeue of an interrupted run skips the check.
-  if (IsTerminal(run.state) != IsTerminal(t.to)) {
+  if (RunEnded(run.state) != RunEnded(t.to)) {
     STORE_RETURN_IF_ERROR(SettleSweepState(w, run.sweep_id, now));
   }
   result->attempt = attempt;

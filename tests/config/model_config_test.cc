@@ -5,6 +5,7 @@
 #include <cmath>
 #include <set>
 
+#include "common/text_format.h"
 #include "config/memory_plan.h"
 #include "config/model_config.h"
 #include "config/param_count.h"

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""The expected values of tests/orchestrator/store/stats_cases.json, recomputed with SciPy.
+"""The expected values of tests/orchestrator/stats/stats_cases.json, recomputed with SciPy.
 
-stats_test.cc checks ablate's statistics (orchestrator/store/stats.h) against that file; this
+stats_test.cc checks ablate's statistics (orchestrator/stats/stats.h) against that file; this
 checks the file against SciPy, so both sides agree with an implementation ablate does not share.
 Two cases are also published worked examples: R's `t.test(extra ~ group, data = sleep)`, paired
 and Welch (Student's sleep data), whose printed t, df, p and interval this checks too.

@@ -12,6 +12,7 @@
 #include "CLI/CLI.hpp"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/text_format.h"
 #include "orchestrator/cli/cost.h"
 #include "orchestrator/cli/serving.h"
 #include "orchestrator/sweep/expand.h"

@@ -1,20 +1,20 @@
-#include "orchestrator/cli/slurm.h"
+#include "orchestrator/cluster/slurm.h"
 
-#include <fcntl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
+#include <cstdint>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "CLI/CLI.hpp"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -26,10 +26,7 @@
 #include "absl/strings/strip.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
-#include "orchestrator/cli/client.h"
-#include "proto/tls.h"
-#include "common/credentials.h"
-#include "orchestrator/cli/process.h"
+#include "orchestrator/cluster/process.h"
 
 extern char** environ;
 
@@ -308,70 +305,6 @@ std::vector<std::string> ReadPilotJobs(const std::string& state_dir) {
 
 namespace {
 
-// Where the pilots dial (see WorkersOptions): --coordinator, else $ABLATE_COORDINATOR, else the
-// address file of the state dir `state`.
-absl::StatusOr<std::string> PilotCoordinator(const WorkersOptions& options, const fs::path& state) {
-  std::string coordinator = options.coordinator;
-  if (coordinator.empty()) coordinator = EnvOrEmpty("ABLATE_COORDINATOR");
-  if (coordinator.empty()) coordinator = ReadFirstLine(state / "address");
-  if (coordinator.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "workers launch: no coordinator address: pass --coordinator HOST:PORT, or start `ablate "
-        "serve --host 0.0.0.0` with this state dir (it writes ",
-        (state / "address").string(), ")"));
-  }
-  return coordinator;
-}
-
-// The token the pilots present: the worker credential, with which a pilot cannot submit, cancel
-// or read results. --token-file, else $ABLATE_TOKEN, else the state dir's worker-token file.
-absl::StatusOr<std::string> PilotToken(const WorkersOptions& options, const fs::path& state) {
-  std::string token;
-  if (!options.token_file.empty()) {
-    absl::StatusOr<std::string> read = ReadTokenFile(options.token_file);
-    if (!read.ok()) return read.status();
-    token = *read;
-  }
-  if (token.empty()) token = EnvOrEmpty("ABLATE_TOKEN");
-  if (token.empty()) token = ReadFirstLine(state / kWorkerTokenFile);
-  if (token.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "workers launch: no token for the pilots: pass --token-file, set ABLATE_TOKEN, or point "
-        "--state-dir at the coordinator's state dir (",
-        (state / kWorkerTokenFile).string(), ")"));
-  }
-  return token;
-}
-
-// Fills in what the compute nodes run and read: the worker binary, and the log dir, checkpoint
-// root and TLS CA as absolute paths (log dir default `dir`); a GPU pilot's device.
-absl::Status ResolvePilotFiles(const WorkersOptions& options, const fs::path& state,
-                               const fs::path& dir, PilotScriptOptions* pilot) {
-  absl::StatusOr<std::string> worker = FindWorkerBinary(options.worker_bin);
-  if (!worker.ok()) {
-    return absl::Status(worker.status().code(),
-                        absl::StrCat("workers launch: ", worker.status().message(),
-                                     " (a path the compute nodes see)"));
-  }
-  pilot->worker_bin = *worker;
-  pilot->log_dir = pilot->log_dir.empty() ? dir.string() : fs::absolute(pilot->log_dir).string();
-  if (pilot->device.empty() && absl::StrContains(absl::AsciiStrToLower(pilot->gres), "gpu")) {
-    pilot->device = "cuda";  // SLURM sets CUDA_VISIBLE_DEVICES: the allocated GPU is cuda:0
-  }
-  if (!pilot->checkpoint_root.empty()) {
-    pilot->checkpoint_root = fs::absolute(pilot->checkpoint_root).string();
-  }
-  pilot->tls_ca = ResolveTlsCa(options.tls_ca, state.string());
-  if (!pilot->tls_ca.empty()) {
-    if (::access(pilot->tls_ca.c_str(), R_OK) != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "workers launch: cannot read the TLS CA file ", pilot->tls_ca, " (--tls-ca)"));
-    }
-    pilot->tls_ca = fs::absolute(pilot->tls_ca).string();
-  }
-  return absl::OkStatus();
-}
-
 // Writes `script` to a file of this process's own in `dir` (created, with `log_dir`), to be
 // renamed after the job it becomes; returns its path.
 absl::StatusOr<fs::path> WritePendingScript(const fs::path& dir, const std::string& log_dir,
@@ -458,23 +391,55 @@ void PrintLaunched(const PilotScriptOptions& pilot, const std::string& job,
   }
 }
 
+// --slurm: sbatch's own options (flags_), the rest of each pilot from the request.
+class SlurmLauncher : public ClusterLauncher {
+ public:
+  std::string name() const override { return "slurm"; }
+  std::string help() const override {
+    return "submit through SLURM's sbatch (the only back end so far)";
+  }
+  void AddLaunchFlags(CLI::App* cmd) override {
+    cmd->add_option("--partition", flags_.partition, "sbatch --partition");
+    cmd->add_option("--gres", flags_.gres,
+                    "sbatch --gres, e.g. gpu:1 (a GPU pilot trains on cuda)");
+    cmd->add_option("--time", flags_.time, "sbatch --time, e.g. 4:00:00");
+    cmd->add_option("--cpus-per-task", flags_.cpus_per_task, "sbatch --cpus-per-task")
+        ->capture_default_str();
+    cmd->add_option("--mem", flags_.mem, "sbatch --mem, e.g. 16G");
+    cmd->add_option("--extra", extra_,
+                    "more sbatch arguments, after ours (they win): --extra=\"--qos=high "
+                    "--account=lab\"");
+    cmd->add_option("--signal-before", flags_.signal_before_s,
+                    "seconds before the time limit SLURM sends SIGTERM (the worker checkpoints "
+                    "and hands its run back)")
+        ->capture_default_str();
+  }
+  absl::Status Launch(const PilotRequest& request, std::ostream& out) override;
+  absl::Status Status(const WorkersOptions& options, std::ostream& out) override;
+  absl::Status Stop(const WorkersOptions& options, std::ostream& out) override;
+
+ private:
+  PilotScriptOptions flags_;  // partition, gres, time, cpus_per_task, mem, signal_before_s
+  std::string extra_;         // sbatch arguments after ours, split at whitespace
+};
+
 }  // namespace
 
-absl::Status RunWorkersLaunch(const WorkersOptions& options, std::ostream& out) {
-  if (!options.slurm) {
-    return absl::InvalidArgumentError(
-        "workers launch: name the back end with --slurm (the only one so far; for Kubernetes "
-        "see the Indexed Job in docs/cluster.md)");
+absl::Status SlurmLauncher::Launch(const PilotRequest& request, std::ostream& out) {
+  PilotScriptOptions pilot = flags_;
+  pilot.count = request.count;
+  pilot.coordinator = request.coordinator;
+  pilot.worker_bin = request.worker_bin;
+  pilot.checkpoint_root = request.checkpoint_root;
+  pilot.tls_ca = request.tls_ca;
+  pilot.idle_exit_s = request.idle_exit_s;
+  pilot.slots = request.slots;
+  const fs::path dir = SlurmDir(request.state_dir);
+  pilot.log_dir = request.log_dir.empty() ? dir.string() : request.log_dir;
+  pilot.device = request.device;
+  if (pilot.device.empty() && absl::StrContains(absl::AsciiStrToLower(pilot.gres), "gpu")) {
+    pilot.device = "cuda";  // SLURM sets CUDA_VISIBLE_DEVICES: the allocated GPU is cuda:0
   }
-  PilotScriptOptions pilot = options.pilot;
-  const fs::path state = fs::absolute(options.state_dir);
-  absl::StatusOr<std::string> coordinator = PilotCoordinator(options, state);
-  if (!coordinator.ok()) return coordinator.status();
-  pilot.coordinator = *coordinator;
-  absl::StatusOr<std::string> token = PilotToken(options, state);
-  if (!token.ok()) return token.status();
-  const fs::path dir = SlurmDir(options.state_dir);
-  if (absl::Status st = ResolvePilotFiles(options, state, dir, &pilot); !st.ok()) return st;
   absl::StatusOr<std::vector<std::string>> directives = PilotDirectives(pilot);
   if (!directives.ok()) return directives.status();
   absl::StatusOr<std::string> script = PilotScript(pilot);
@@ -482,7 +447,7 @@ absl::Status RunWorkersLaunch(const WorkersOptions& options, std::ostream& out) 
 
   absl::StatusOr<fs::path> pending = WritePendingScript(dir, pilot.log_dir, *script);
   if (!pending.ok()) return pending.status();
-  absl::StatusOr<std::string> job = SubmitPilots(*directives, options.extra, *pending, *token);
+  absl::StatusOr<std::string> job = SubmitPilots(*directives, extra_, *pending, request.token);
   if (!job.ok()) return job.status();
   const fs::path kept = dir / absl::StrCat("pilots-", *job, ".sbatch");
   std::error_code ec;
@@ -493,7 +458,7 @@ absl::Status RunWorkersLaunch(const WorkersOptions& options, std::ostream& out) 
   return absl::OkStatus();
 }
 
-absl::Status RunWorkersStatus(const WorkersOptions& options, std::ostream& out) {
+absl::Status SlurmLauncher::Status(const WorkersOptions& options, std::ostream& out) {
   const std::vector<std::string> jobs = ReadPilotJobs(options.state_dir);
   if (jobs.empty()) {
     if (options.format == "json") {
@@ -585,7 +550,7 @@ absl::Status RunWorkersStatus(const WorkersOptions& options, std::ostream& out) 
   return absl::OkStatus();
 }
 
-absl::Status RunWorkersStop(const WorkersOptions& options, std::ostream& out) {
+absl::Status SlurmLauncher::Stop(const WorkersOptions& options, std::ostream& out) {
   const std::vector<std::string> jobs = ReadPilotJobs(options.state_dir);
   absl::StatusOr<std::vector<PilotState>> pilots =
       jobs.empty() ? std::vector<PilotState>{}
@@ -610,5 +575,7 @@ absl::Status RunWorkersStop(const WorkersOptions& options, std::ostream& out) {
                      ids.size(), ids.size() == 1 ? "" : "s", absl::StrJoin(ids, ", "));
   return absl::OkStatus();
 }
+
+std::unique_ptr<ClusterLauncher> MakeSlurmLauncher() { return std::make_unique<SlurmLauncher>(); }
 
 }  // namespace ablate

@@ -1,14 +1,34 @@
-#include "orchestrator/store/stats.h"
+#include "orchestrator/stats/stats.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <numeric>
 
 namespace ablate {
-namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+MeanStd MeanAndStd(const std::vector<double>& values) {
+  MeanStd out;
+  double sum = 0;
+  int64_t n = 0;
+  for (double v : values) {
+    if (!std::isfinite(v)) continue;
+    sum += v;
+    ++n;
+  }
+  if (n == 0) return out;
+  out.mean = sum / static_cast<double>(n);
+  if (n < 2) return out;
+  double squares = 0;
+  for (double v : values) {
+    if (std::isfinite(v)) squares += (v - out.mean) * (v - out.mean);
+  }
+  out.std = std::sqrt(squares / static_cast<double>(n - 1));
+  return out;
+}
+
+namespace {
 
 // The continued fraction of the incomplete beta function (modified Lentz), which converges fast
 // for x < (a + 1) / (a + b + 2).

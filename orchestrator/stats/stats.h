@@ -1,16 +1,30 @@
-// The statistics behind `ablate compare` (docs/cli.md): Student's t distribution, the paired t
-// test and Welch's unequal-variance test with their confidence intervals, Holm's step-down
-// correction of a family of p-values, and the smallest difference a test of this size could
-// detect. Pure functions of their inputs; thread-safe.
+// The statistics behind `ablate table` and `ablate compare` (docs/cli.md): the mean and sample
+// standard deviation, Student's t distribution, the paired t test and Welch's unequal-variance
+// test with their confidence intervals, Holm's step-down correction of a family of p-values, and
+// the smallest difference a test of this size could detect. Numbers in, numbers out: no store,
+// no SQL (library ablate_stats). Pure functions of their inputs; thread-safe.
 //
-// Checked against SciPy on fixed inputs (tests/orchestrator/store/stats_cases.json is read by
+// Checked against SciPy on fixed inputs (tests/orchestrator/stats/stats_cases.json is read by
 // both stats_test.cc and tests/python/stats_scipy_test.py).
-#ifndef ABLATE_ORCHESTRATOR_STORE_STATS_H_
-#define ABLATE_ORCHESTRATOR_STORE_STATS_H_
+#ifndef ABLATE_ORCHESTRATOR_STATS_STATS_H_
+#define ABLATE_ORCHESTRATOR_STATS_STATS_H_
 
+#include <limits>
 #include <vector>
 
 namespace ablate {
+
+// No value: a metric a run did not report, a statistic of too few values.
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// The mean ± sample standard deviation (n - 1) of one metric over a group's values.
+struct MeanStd {
+  double mean = kNaN;  // NaN: no value
+  double std = kNaN;   // NaN when fewer than 2 values
+};
+
+// The sample mean and standard deviation (n - 1) of the finite values, in their order.
+MeanStd MeanAndStd(const std::vector<double>& values);
 
 // Student's t distribution with `df` > 0 degrees of freedom (not necessarily whole: Welch's
 // are not). NaN for df <= 0 or a NaN argument.
@@ -49,4 +63,4 @@ std::vector<double> HolmAdjust(const std::vector<double>& p_values);
 
 }  // namespace ablate
 
-#endif  // ABLATE_ORCHESTRATOR_STORE_STATS_H_
+#endif  // ABLATE_ORCHESTRATOR_STATS_STATS_H_

@@ -1,5 +1,5 @@
-// Pilot workers on a SLURM cluster (docs/cluster.md): what `ablate workers launch --slurm |
-// status | stop` (workers_command.h) do.
+// The SLURM back end of pilot workers (launcher.h, docs/cluster.md): what `ablate workers launch
+// --slurm | status | stop` (orchestrator/cli/workers_command.h) do on a SLURM cluster.
 //
 // launch writes an sbatch script and submits it as a job array of N pilots (`--array=0-(N-1)`).
 // Each array task `exec`s one `ablate-worker --coordinator HOST:PORT` that pulls runs until none
@@ -28,16 +28,16 @@
 //
 // Errors are one line naming what is wrong (a bad flag value, a missing ablate-worker, sbatch not
 // installed, sbatch's own complaint). The pure parts (script, parsers) are exposed for tests.
-#ifndef ABLATE_ORCHESTRATOR_CLI_SLURM_H_
-#define ABLATE_ORCHESTRATOR_CLI_SLURM_H_
+#ifndef ABLATE_ORCHESTRATOR_CLUSTER_SLURM_H_
+#define ABLATE_ORCHESTRATOR_CLUSTER_SLURM_H_
 
-#include <ostream>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "orchestrator/cluster/launcher.h"
 
 namespace ablate {
 
@@ -106,33 +106,10 @@ bool PilotActive(const PilotState& pilot);
 // The array job ids launch recorded in `state_dir`/slurm/jobs, oldest first (none: empty).
 std::vector<std::string> ReadPilotJobs(const std::string& state_dir);
 
-// What `launch`, `status` and `stop` need besides the pilot script.
-struct WorkersOptions {
-  std::string state_dir = ".ablate";
-  // The coordinator's address and the pilots' credential: flag (--coordinator, --token-file),
-  // else $ABLATE_COORDINATOR / $ABLATE_TOKEN, else STATE_DIR/address and STATE_DIR/worker-token
-  // (the order of orchestrator/cli/client.h, without its fallbacks: a pilot must not dial a
-  // guessed address or go without a token).
-  std::string coordinator, token_file;
-  // The CA bundle of a TLS coordinator: flag, else $ABLATE_TLS_CA, else STATE_DIR/tls-ca.pem when
-  // it exists (proto/tls.h); the pilots get its absolute path. "" everywhere: plaintext.
-  std::string tls_ca;
-  // "" = ablate-worker beside the running ablate (/proc/self/exe's directory).
-  std::string worker_bin;
-  // sbatch arguments added after the script's own directives (they win), split at whitespace.
-  std::string extra;
-  bool slurm = false;  // --slurm: the back end (the only one so far)
-  std::string format = "table";  // status: table, or json for programs
-  PilotScriptOptions pilot;
-};
-
-// Submits the pilot array; prints the job id, the script and log paths.
-absl::Status RunWorkersLaunch(const WorkersOptions& options, std::ostream& out);
-// Prints a line per pilot of this state dir and a summary line.
-absl::Status RunWorkersStatus(const WorkersOptions& options, std::ostream& out);
-// scancels every active pilot of this state dir; prints what it cancelled.
-absl::Status RunWorkersStop(const WorkersOptions& options, std::ostream& out);
+// The SLURM back end: --slurm, sbatch's options (--partition, --gres, --time, --cpus-per-task,
+// --mem, --extra, --signal-before), the pilots' script and jobs in STATE_DIR/slurm.
+std::unique_ptr<ClusterLauncher> MakeSlurmLauncher();
 
 }  // namespace ablate
 
-#endif  // ABLATE_ORCHESTRATOR_CLI_SLURM_H_
+#endif  // ABLATE_ORCHESTRATOR_CLUSTER_SLURM_H_

@@ -2,7 +2,7 @@
 // of sbatch, squeue and sacct output, and the command line's one-line errors for bad input
 // (count 0, an unknown flag, no --slurm, no coordinator, sbatch missing or failing).
 // tests/integration/slurm_test.cc runs the same commands against a real SLURM.
-#include "orchestrator/cli/slurm.h"
+#include "orchestrator/cluster/slurm.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
