@@ -439,7 +439,21 @@ class Store {
   // Enqueues an urgent op and waits for its outcome.
   absl::Status RunSync(std::function<absl::Status(StoreWriter&)> apply, int64_t rows,
                        bool keep_on_transient = false);
-  void WriterLoop();
+  void WriterLoop() ABSL_LOCKS_EXCLUDED(mu_, db_mu_);
+  // The writer thread's wait: until the queue is due (urgent, full, or its oldest write has
+  // waited flush_interval; never before a retry's backoff ends) or the store closes, then takes
+  // all of it into *batch (its rows in *rows; *stopping when the store is closing). false when
+  // the store closed with nothing queued: the thread ends.
+  bool TakeDueBatch(std::deque<Op>* batch, int64_t* rows, bool* stopping)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // After `batch` committed: counted in the stats, each waiter told its outcome.
+  void Committed(std::deque<Op>& batch, const std::vector<absl::Status>& outcomes, int64_t rows,
+                 bool reapplied, absl::Duration flush_time) ABSL_LOCKS_EXCLUDED(mu_);
+  // After `batch` was rolled back with `status`: every waiter told, the ingestion writes queued
+  // again ahead of the rest (unless `stopping`), the next flush backed off. false when the
+  // writer thread ends (stopping: what is left queued fails).
+  bool RolledBack(std::deque<Op>& batch, const absl::Status& status, bool reapplied,
+                  bool stopping) ABSL_LOCKS_EXCLUDED(mu_);
   // The checkpointer thread: a PASSIVE checkpoint on its own connection whenever the writer's
   // commits left checkpoint_pages or more in the WAL (OnWalCommit, SQLite's WAL hook).
   void CheckpointLoop();
@@ -449,12 +463,13 @@ class Store {
   // per-op outcomes are in `outcomes`. `*reapplied` is set when a write failed alone and the
   // batch was applied a second time (counted by the caller, which holds no db_mu_ then).
   absl::Status CommitBatch(std::deque<Op>& batch, std::vector<absl::Status>* outcomes,
-                           bool* reapplied);
+                           bool* reapplied) ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
   // One pass of CommitBatch: with `undo_points`, each write under a savepoint of its own, so a
   // write that fails alone is undone alone; without, such a failure rolls everything back and
   // sets `*failed_alone`.
   absl::Status ApplyBatch(std::deque<Op>& batch, bool undo_points,
-                          std::vector<absl::Status>* outcomes, bool* failed_alone);
+                          std::vector<absl::Status>* outcomes, bool* failed_alone)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
 
   // Constant after construction.
   const StoreOptions options_;

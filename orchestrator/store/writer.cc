@@ -92,37 +92,7 @@ void Store::WriterLoop() {
     std::deque<Op> batch;
     int64_t batch_rows = 0;
     bool stopping = false;
-    {
-      absl::MutexLock lock(&mu_);
-      while (true) {
-        const absl::Time now = absl::Now();
-        if (stop_) {
-          stopping = true;
-          break;
-        }
-        if (!queue_.empty()) {
-          absl::Time due = urgent_ > 0 || queued_rows_ >= options_.flush_max_rows
-                               ? now
-                               : oldest_enqueued_ + options_.flush_interval;
-          due = std::max(due, retry_at_);
-          if (now >= due) break;
-          work_cv_.WaitWithDeadline(&mu_, due);
-        } else {
-          work_cv_.Wait(&mu_);
-        }
-      }
-      if (stopping && queue_.empty()) {
-        writer_exited_ = true;
-        flush_cv_.SignalAll();
-        return;
-      }
-      batch.swap(queue_);
-      batch_rows = queued_rows_;
-      queued_rows_ = 0;
-      for (const Op& op : batch) {
-        if (op.urgent) --urgent_;
-      }
-    }
+    if (!TakeDueBatch(&batch, &batch_rows, &stopping)) return;
 
     std::vector<absl::Status> outcomes(batch.size());
     absl::Status status;
@@ -133,71 +103,109 @@ void Store::WriterLoop() {
       status = CommitBatch(batch, &outcomes, &reapplied);
     }
     const absl::Duration flush_time = absl::Now() - flush_start;
-
     if (status.ok()) {
-      {
-        // Counted before anyone is told: a caller whose write returned sees it in Stats().
-        absl::MutexLock lock(&mu_);
-        ++stats_.flushes;
-        stats_.reapplied_flushes += reapplied;
-        stats_.longest_flush = std::max(stats_.longest_flush, flush_time);
-        stats_.rows_committed += batch_rows;
-        for (const absl::Status& outcome : outcomes) stats_.dropped_writes += !outcome.ok();
-        stats_.last_error = absl::OkStatus();
-        backoff_ = options_.retry_min;
-        retry_at_ = absl::InfinitePast();
-      }
-      for (size_t i = 0; i < batch.size(); ++i) {
-        if (batch[i].done) batch[i].done(outcomes[i]);
-      }
-      absl::MutexLock lock(&mu_);
-      UpdateDurableTicket();
-      flush_cv_.SignalAll();
-      continue;
-    }
-
-    // Rolled back: report the failure once to whoever waits, keep the ingestion writes (in
-    // order, ahead of anything queued meanwhile), drop the synchronous ones.
-    {
-      absl::MutexLock lock(&mu_);
-      ++stats_.failed_flushes;
-      stats_.reapplied_flushes += reapplied;
-      stats_.last_error = status;
-    }
-    std::deque<Op> kept;
-    int64_t kept_rows = 0;
-    for (Op& op : batch) {
-      if (op.done) {
-        op.done(status);
-        op.done = nullptr;
-      }
-      if (op.keep_on_transient && !stopping) {
-        kept_rows += op.rows;
-        op.urgent = false;
-        kept.push_back(std::move(op));
-      }
-    }
-    absl::MutexLock lock(&mu_);
-    if (!kept.empty()) {
-      for (auto it = kept.rbegin(); it != kept.rend(); ++it) queue_.push_front(std::move(*it));
-      queued_rows_ += kept_rows;
-      oldest_enqueued_ = absl::Now();
-    }
-    UpdateDurableTicket();
-    retry_at_ = absl::Now() + backoff_;
-    backoff_ = std::min(backoff_ * 2, options_.retry_max);
-    flush_cv_.SignalAll();
-    if (stopping) {
-      // One last attempt was made for what was queued at close; fail the rest.
-      while (!queue_.empty()) {
-        Op op = std::move(queue_.front());
-        queue_.pop_front();
-        if (op.done) op.done(absl::UnavailableError("store: closed before the write committed"));
-      }
-      writer_exited_ = true;
+      Committed(batch, outcomes, batch_rows, reapplied, flush_time);
+    } else if (!RolledBack(batch, status, reapplied, stopping)) {
       return;
     }
   }
+}
+
+bool Store::TakeDueBatch(std::deque<Op>* batch, int64_t* rows, bool* stopping) {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    const absl::Time now = absl::Now();
+    if (stop_) {
+      *stopping = true;
+      break;
+    }
+    if (!queue_.empty()) {
+      absl::Time due = urgent_ > 0 || queued_rows_ >= options_.flush_max_rows
+                           ? now
+                           : oldest_enqueued_ + options_.flush_interval;
+      due = std::max(due, retry_at_);
+      if (now >= due) break;
+      work_cv_.WaitWithDeadline(&mu_, due);
+    } else {
+      work_cv_.Wait(&mu_);
+    }
+  }
+  if (*stopping && queue_.empty()) {
+    writer_exited_ = true;
+    flush_cv_.SignalAll();
+    return false;
+  }
+  batch->swap(queue_);
+  *rows = queued_rows_;
+  queued_rows_ = 0;
+  for (const Op& op : *batch) {
+    if (op.urgent) --urgent_;
+  }
+  return true;
+}
+
+void Store::Committed(std::deque<Op>& batch, const std::vector<absl::Status>& outcomes,
+                      int64_t rows, bool reapplied, absl::Duration flush_time) {
+  {
+    // Counted before anyone is told: a caller whose write returned sees it in Stats().
+    absl::MutexLock lock(&mu_);
+    ++stats_.flushes;
+    stats_.reapplied_flushes += reapplied;
+    stats_.longest_flush = std::max(stats_.longest_flush, flush_time);
+    stats_.rows_committed += rows;
+    for (const absl::Status& outcome : outcomes) stats_.dropped_writes += !outcome.ok();
+    stats_.last_error = absl::OkStatus();
+    backoff_ = options_.retry_min;
+    retry_at_ = absl::InfinitePast();
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].done) batch[i].done(outcomes[i]);
+  }
+  absl::MutexLock lock(&mu_);
+  UpdateDurableTicket();
+  flush_cv_.SignalAll();
+}
+
+bool Store::RolledBack(std::deque<Op>& batch, const absl::Status& status, bool reapplied,
+                       bool stopping) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.failed_flushes;
+    stats_.reapplied_flushes += reapplied;
+    stats_.last_error = status;
+  }
+  std::deque<Op> kept;
+  int64_t kept_rows = 0;
+  for (Op& op : batch) {
+    if (op.done) {
+      op.done(status);
+      op.done = nullptr;
+    }
+    if (op.keep_on_transient && !stopping) {
+      kept_rows += op.rows;
+      op.urgent = false;
+      kept.push_back(std::move(op));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (!kept.empty()) {
+    for (auto it = kept.rbegin(); it != kept.rend(); ++it) queue_.push_front(std::move(*it));
+    queued_rows_ += kept_rows;
+    oldest_enqueued_ = absl::Now();
+  }
+  UpdateDurableTicket();
+  retry_at_ = absl::Now() + backoff_;
+  backoff_ = std::min(backoff_ * 2, options_.retry_max);
+  flush_cv_.SignalAll();
+  if (!stopping) return true;
+  // One last attempt was made for what was queued at close; fail the rest.
+  while (!queue_.empty()) {
+    Op op = std::move(queue_.front());
+    queue_.pop_front();
+    if (op.done) op.done(absl::UnavailableError("store: closed before the write committed"));
+  }
+  writer_exited_ = true;
+  return false;
 }
 
 void Store::UpdateDurableTicket() {

@@ -67,9 +67,10 @@ class PipeObserver : public TrainerObserver {
     e.set_before_checkpoint(step);
     if (!Write(e)) return Directive::kStop;
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](PipeObserver* self) { return !self->answers_.empty() || self->control_closed_; },
-        this));
+    const auto answered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !answers_.empty() || control_closed_;
+    };
+    mu_.Await(absl::Condition(&answered));
     if (answers_.empty()) return Directive::kStop;  // the agent is gone
     const char answer = answers_.front();
     answers_.pop_front();
