@@ -5,8 +5,9 @@
 // ops keeps for the backward pass at the run's micro-batch (train.batch_size / devices rows of
 // train.seq_len tokens), on the path the run's device and precision take (worker/model:
 // the fused fp32 CPU kernels, LibTorch's fused attention on CUDA, the eager ops otherwise).
-// tests/worker/train/memory_plan_test.cc holds the plan against the allocator's peak of real
-// CPU runs (docs/training.md, "Memory"). Pure functions, thread-safe.
+// tests/worker/train/trainer_test.cc (TheMemoryPlanIsWithinTwentyPercentOfTheAllocatorsPeak)
+// holds the plan against the allocator's peak of real CPU runs (docs/training.md, "Memory").
+// Pure functions, thread-safe.
 #ifndef ABLATE_CONFIG_MEMORY_PLAN_H_
 #define ABLATE_CONFIG_MEMORY_PLAN_H_
 
@@ -27,9 +28,6 @@ inline constexpr int64_t kShardBucketElements = int64_t{1} << 24;
 // The plan of one run trained on `devices` data-parallel ranks (resources.devices; 0 is read as
 // 1). The config must be valid (ValidateRunConfig).
 MemoryPlan PlanMemory(const RunConfig& config, int devices);
-
-// "12.3 GB" (decimal units, as device makers and `resources.memory_gb` count).
-std::string FormatBytes(int64_t bytes);
 
 // "80GB", "80 GB", "80G", "141GiB", "512MB" or a plain number of GB: bytes. InvalidArgument
 // naming the text otherwise.

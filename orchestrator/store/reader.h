@@ -398,8 +398,6 @@ class StoreReader {
   // GetSweep(name_or_id) and RunsOfSweep of it.
   absl::StatusOr<SweepWithRuns> GetSweepWithRuns(const std::string& name_or_id) const;
   absl::StatusOr<RunInfo> GetRun(int64_t run_id) const;
-  // Runs with this run key (identical config, seed and code version), any sweep.
-  absl::StatusOr<std::vector<RunInfo>> RunsWithKey(const std::string& run_key) const;
   absl::StatusOr<std::vector<AttemptInfo>> Attempts(int64_t run_id) const;
   // The checkpoint a resumed attempt starts from: the latest checkpoint of any attempt
   // (path "" and step 0 when there is none).

@@ -169,12 +169,6 @@ absl::StatusOr<RunInfo> StoreReader::GetRun(int64_t run_id) const {
                                absl::StrCat("store: no run ", run_id));
 }
 
-absl::StatusOr<std::vector<RunInfo>> StoreReader::RunsWithKey(const std::string& run_key) const {
-  return ReadRows<RunInfo>(
-      absl::StrCat("SELECT ", kRunColumns, " WHERE r.run_key = ?1 ORDER BY r.id"),
-      [&](Stmt& q) { q.Bind(1, run_key); }, ReadRun);
-}
-
 absl::StatusOr<std::vector<AttemptInfo>> StoreReader::Attempts(int64_t run_id) const {
   return ReadRows<AttemptInfo>(
       absl::StrCat("SELECT ", kAttemptColumns, " WHERE run_id = ?1 ORDER BY attempt"),

@@ -5,52 +5,56 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
 
 namespace ablate {
 namespace {
 
+// Each value of `cases` through `format`, against the text it must print.
+template <typename Value, size_t N>
+void ExpectTexts(std::string (*format)(Value), const std::pair<Value, const char*> (&cases)[N]) {
+  for (const auto& [value, text] : cases) EXPECT_EQ(format(value), text) << value;
+}
+
 TEST(FormatCountTest, Separators) {
-  EXPECT_EQ(FormatCount(0), "0");
-  EXPECT_EQ(FormatCount(999), "999");
-  EXPECT_EQ(FormatCount(1000), "1,000");
-  EXPECT_EQ(FormatCount(-57344), "-57,344");
-  EXPECT_EQ(FormatCount(15577227264), "15,577,227,264");
+  const std::pair<int64_t, const char*> kCases[] = {{0, "0"},
+                                                    {999, "999"},
+                                                    {1000, "1,000"},
+                                                    {-57344, "-57,344"},
+                                                    {15577227264, "15,577,227,264"}};
+  ExpectTexts(FormatCount, kCases);
 }
 
 TEST(FormatFlopsTest, ThreeDigitsInENotation) {
-  EXPECT_EQ(FormatFlops(999), "999");
-  EXPECT_EQ(FormatFlops(1234), "1.23e3");
-  EXPECT_EQ(FormatFlops(2.1e21), "2.10e21");
-  EXPECT_EQ(FormatFlops(3.4e8), "3.40e8");
-  EXPECT_EQ(FormatFlops(4.23e11), "4.23e11");
+  const std::pair<double, const char*> kCases[] = {
+      {999, "999"}, {1234, "1.23e3"}, {2.1e21, "2.10e21"}, {3.4e8, "3.40e8"}, {4.23e11, "4.23e11"}};
+  ExpectTexts(FormatFlops, kCases);
 }
 
 TEST(FormatBytesTest, DecimalUnits) {
-  EXPECT_EQ(FormatBytes(1.5e12), "1.50 TB");
-  EXPECT_EQ(FormatBytes(80e9), "80.0 GB");
-  EXPECT_EQ(FormatBytes(35.8e6), "35.8 MB");
-  EXPECT_EQ(FormatBytes(200e6), "200.0 MB");
-  EXPECT_EQ(FormatBytes(10000), "10.0 kB");
-  EXPECT_EQ(FormatBytes(int64_t{512}), "512 B");
-  EXPECT_EQ(FormatBytes(0), "0 B");
+  const std::pair<double, const char*> kCases[] = {
+      {1.5e12, "1.50 TB"}, {80e9, "80.0 GB"},       {35.8e6, "35.8 MB"}, {200e6, "200.0 MB"},
+      {10000, "10.0 kB"},  {int64_t{512}, "512 B"}, {0, "0 B"}};
+  ExpectTexts(FormatBytes, kCases);
 }
 
 TEST(FormatDurationTest, SecondsMinutesHours) {
-  EXPECT_EQ(FormatDuration(7), "7 s");
-  EXPECT_EQ(FormatDuration(119), "119 s");
-  EXPECT_EQ(FormatDuration(120), "2.0 min");
-  EXPECT_EQ(FormatDuration(738), "12.3 min");
-  EXPECT_EQ(FormatDuration(3600), "1.0 h");
-  EXPECT_EQ(FormatDuration(14760), "4.1 h");
+  const std::pair<double, const char*> kCases[] = {{7, "7 s"},       {119, "119 s"},
+                                                   {120, "2.0 min"}, {738, "12.3 min"},
+                                                   {3600, "1.0 h"},  {14760, "4.1 h"}};
+  ExpectTexts(FormatDuration, kCases);
 }
 
 TEST(FormatDeviceTimeTest, HoursMinutesSeconds) {
-  EXPECT_EQ(FormatDeviceTime(1500 * 3600.0), "1,500 device-hours");
-  EXPECT_EQ(FormatDeviceTime(140048 * 3600.0), "140,048 device-hours");
-  EXPECT_EQ(FormatDeviceTime(2.38 * 3600), "2.38 device-hours");
-  EXPECT_EQ(FormatDeviceTime(90), "1.5 device-minutes");
-  EXPECT_EQ(FormatDeviceTime(42), "42 device-seconds");
+  const std::pair<double, const char*> kCases[] = {{1500 * 3600.0, "1,500 device-hours"},
+                                                   {140048 * 3600.0, "140,048 device-hours"},
+                                                   {2.38 * 3600, "2.38 device-hours"},
+                                                   {90, "1.5 device-minutes"},
+                                                   {42, "42 device-seconds"}};
+  ExpectTexts(FormatDeviceTime, kCases);
 }
 
 TEST(MeanStdTextTest, MeanWithItsDeviation) {

@@ -83,7 +83,7 @@ class Receiver {
   // Waits up to 20 s for `n` bodies.
   std::vector<json> WaitFor(size_t n) {
     absl::MutexLock lock(&mu_);
-    auto enough = [&] { return bodies_.size() >= n; };
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return bodies_.size() >= n; };
     mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(20));
     return bodies_;
   }
@@ -163,8 +163,10 @@ class AlertsTest : public ::testing::Test {
     store_ = *Store::Open(options);
   }
 
-  AlertOptions Options() {
+  // Fast polls and retries, the log kept for Log(), delivered to `webhooks`.
+  AlertOptions Options(std::vector<std::string> webhooks = {}) {
     AlertOptions o;
+    o.webhooks = std::move(webhooks);
     o.poll_interval = absl::Milliseconds(20);
     o.retry_backoff = absl::Milliseconds(20);
     o.timeout = absl::Seconds(5);
@@ -243,8 +245,7 @@ std::map<std::string, json> ByKind(const std::vector<json>& bodies) {
 
 TEST_F(AlertsTest, EachKindReachesTheWebhookOnceWithItsPayload) {
   Receiver receiver;
-  AlertOptions o = Options();
-  o.webhooks = {receiver.url()};
+  AlertOptions o = Options({receiver.url()});
   std::unique_ptr<Alerter> alerter = *Alerter::Start(store_.get(), o);
   TrainAndCancel();
   const std::vector<json> bodies = receiver.WaitFor(5);
@@ -283,8 +284,7 @@ TEST_F(AlertsTest, EachKindReachesTheWebhookOnceWithItsPayload) {
 
 TEST_F(AlertsTest, ARestartedAlerterSendsNothingTwiceAndGoesOn) {
   Receiver receiver;
-  AlertOptions o = Options();
-  o.webhooks = {receiver.url()};
+  AlertOptions o = Options({receiver.url()});
   {
     std::unique_ptr<Alerter> alerter = *Alerter::Start(store_.get(), o);
     TrainAndCancel();
@@ -343,8 +343,7 @@ TEST_F(AlertsTest, ACommandGetsThePayloadOnStdinAndTheFieldsInItsEnvironment) {
 TEST_F(AlertsTest, FailedTriesAreRetriedAndCountedWhenTheyAllFail) {
   Receiver flaky({503, 200});        // one 503, then fine
   Receiver gone({404});              // a wrong URL: not retried
-  AlertOptions o = Options();
-  o.webhooks = {flaky.url(), gone.url()};
+  AlertOptions o = Options({flaky.url(), gone.url()});
   o.commands = {"exit 3"};
   o.attempts = 3;
   std::unique_ptr<Alerter> alerter = *Alerter::Start(store_.get(), o);
@@ -374,8 +373,7 @@ TEST_F(AlertsTest, FailedTriesAreRetriedAndCountedWhenTheyAllFail) {
 TEST_F(AlertsTest, AReceiverThatHangsDelaysNoOtherTargetAndItsQueueStaysBounded) {
   Receiver hanging({200}, /*hang=*/true);
   Receiver fine;
-  AlertOptions o = Options();
-  o.webhooks = {hanging.url(), fine.url()};
+  AlertOptions o = Options({hanging.url(), fine.url()});
   o.timeout = absl::Seconds(60);  // the hang ends when the test releases it
   o.attempts = 1;
   o.queue_capacity = 3;
@@ -427,8 +425,7 @@ TEST_F(AlertsTest, AlertsSwitchedOnLaterStartFromThenAndWithoutTargetsNothingIsC
   ASSERT_TRUE(store_->Flush().ok());
   EXPECT_EQ(Count("SELECT count(*) FROM alerts"), 0);
   Receiver receiver;
-  AlertOptions o = Options();
-  o.webhooks = {receiver.url()};
+  AlertOptions o = Options({receiver.url()});
   std::unique_ptr<Alerter> alerter = *Alerter::Start(store_.get(), o);
   SweepIds t = *store_->CreateSweep(testing::MakeSweep("t", {"baseline"}, 1, 100));
   ASSERT_TRUE(store_->CancelSweep(t.sweep_id).ok());

@@ -3,7 +3,6 @@
 // the sweep ended (0 all SUCCEEDED, 3 some DIVERGED, 4 some FAILED or CANCELLED). In-process
 // (RunAblateCli) against a real coordinator on loopback.
 #include <algorithm>
-#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
@@ -15,34 +14,20 @@
 #include "gtest/gtest.h"
 #include "orchestrator/cli/cli.h"
 #include "tests/cli_util.h"
-#include "tests/orchestrator/coordinator/coordinator_test_util.h"
+#include "tests/orchestrator/cli/coordinator_cli_fixture.h"
 
 namespace ablate {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-using testing::CliResult;
 using testing::RunCli;
 
-class AnnotateExitCliTest : public CoordinatorFixture {
+class AnnotateExitCliTest : public CoordinatorCliFixture {
  protected:
   void SetUp() override {
-    CoordinatorFixture::SetUp();
+    CoordinatorCliFixture::SetUp();
     ASSERT_EQ(Cli({"submit", SpecFile("quick")}).code, 0);
-  }
-  // A client command with this coordinator's address and token.
-  CliResult Cli(std::vector<std::string> args) {
-    args.insert(args.end(),
-                {"--coordinator", server_->address(), "--token-file", state_dir_ + "/token"});
-    return RunCli(args);
-  }
-  // QuickSpec(name) in a file of its own; its path.
-  std::string SpecFile(const std::string& name) {
-    const std::string path = root_ + "/" + name + ".yaml";
-    std::ofstream(path) << QuickSpec(name);
-    return path;
   }
   // A fake worker takes every queued run and ends the i-th it takes as `ends[i]` (SUCCEEDED when
   // not named); a FAILED end is permanent, so the sweep ends without retries.

@@ -17,7 +17,7 @@
 #include "orchestrator/cli/serving.h"
 #include "orchestrator/sweep/expand.h"
 #include "tests/cli_util.h"
-#include "tests/orchestrator/coordinator/coordinator_test_util.h"
+#include "tests/orchestrator/cli/coordinator_cli_fixture.h"
 #include "tests/process_util.h"
 
 namespace ablate {
@@ -29,18 +29,11 @@ using ::testing::Not;
 using testing::CliResult;
 using testing::RunCli;
 
-class CoordinatorCliTest : public CoordinatorFixture {
+class CoordinatorCliTest : public CoordinatorCliFixture {
  protected:
   void SetUp() override {
-    CoordinatorFixture::SetUp();
-    spec_path_ = root_ + "/quick.yaml";
-    std::ofstream(spec_path_) << QuickSpec("quick");
-  }
-  // A client command with this coordinator's address and token.
-  CliResult Cli(std::vector<std::string> args) {
-    args.insert(args.end(),
-                {"--coordinator", server_->address(), "--token-file", state_dir_ + "/token"});
-    return RunCli(args);
+    CoordinatorCliFixture::SetUp();
+    spec_path_ = SpecFile("quick");
   }
   // A fake worker takes every queued run and finishes it (the second DIVERGED).
   void TrainAll() {

@@ -586,10 +586,7 @@ TEST_F(CoordinatorTest, LongPollWakesWhenWorkArrives) {
   const int64_t worker = RegisterWorker("w1");
   AcquireJobResponse got;
   std::thread poller([&] {
-    AcquireJobRequest request;
-    request.set_worker_id(worker);
-    request.set_worker_secret(SecretOf(worker));
-    request.set_wait_s(20);
+    const AcquireJobRequest request = AcquireRequest(worker, 20);
     auto ctx = Context(std::chrono::seconds(25));
     ASSERT_TRUE(worker_->AcquireJob(ctx.get(), request, &got).ok());
   });
@@ -1019,9 +1016,7 @@ TEST_F(CoordinatorTest, AWorkerWithFourSlotsTakesAndEndsSeveralJobsPerCall) {
   Submit(QuickSpec("first"), "first.yaml", false);
   Submit(QuickSpec("second"), "second.yaml", false);  // 8 runs in all
   const int64_t worker = RegisterWorker("four", 4);
-  AcquireJobRequest acquire;
-  acquire.set_worker_id(worker);
-  acquire.set_worker_secret(SecretOf(worker));
+  AcquireJobRequest acquire = AcquireRequest(worker);
   acquire.set_max_jobs(8);
   AcquireJobResponse got;
   {

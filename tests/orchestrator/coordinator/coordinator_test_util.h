@@ -122,6 +122,15 @@ class CoordinatorFixture : public ::testing::Test {
     ctx->AddMetadata("authorization", "Bearer " + token_);
     return ctx;
   }
+  // `method` of `stub` (client_ or worker_) with `request` under a fresh Context(): its status,
+  // the answer in *response.
+  template <typename Stub, typename Request, typename Response>
+  grpc::Status Call(Stub* stub,
+                    grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                    const Request& request, Response* response) {
+    auto ctx = Context();
+    return (stub->*method)(ctx.get(), request, response);
+  }
 
   // Submit of `spec` as the file `file`, its status (a test that expects a refusal).
   grpc::Status TrySubmit(const std::string& spec, const std::string& file,
@@ -175,11 +184,16 @@ class CoordinatorFixture : public ::testing::Test {
     return WorkerSecret(HmacSha256(token_), worker_id);
   }
 
-  AcquireJobResponse TryAcquire(int64_t worker_id) {
+  // An AcquireJob call of worker_id's, with its secret, that waits up to `wait_s` for a job.
+  AcquireJobRequest AcquireRequest(int64_t worker_id, int32_t wait_s = 0) const {
     AcquireJobRequest request;
     request.set_worker_id(worker_id);
     request.set_worker_secret(SecretOf(worker_id));
-    request.set_wait_s(0);
+    request.set_wait_s(wait_s);
+    return request;
+  }
+  AcquireJobResponse TryAcquire(int64_t worker_id) {
+    const AcquireJobRequest request = AcquireRequest(worker_id);
     AcquireJobResponse response;
     auto ctx = Context();
     grpc::Status s = worker_->AcquireJob(ctx.get(), request, &response);

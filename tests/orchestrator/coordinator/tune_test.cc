@@ -79,8 +79,7 @@ tune:
     q.set_sql(sql);
     q.set_format("csv");
     QueryResponse out;
-    auto ctx = Context();
-    grpc::Status s = client_->Query(ctx.get(), q, &out);
+    grpc::Status s = Call(client_.get(), &Coordinator::Stub::Query, q, &out);
     EXPECT_TRUE(s.ok()) << s.error_message();
     return out.formatted();
   }
@@ -143,8 +142,7 @@ TEST_F(TuneTest, AshaPromotesTheTopThirdAtEachRungAndStopsTheRestEvenAcrossARest
   table.set_best(true);
   table.set_format("csv");
   TableResponse best;
-  auto ctx = Context();
-  ASSERT_TRUE(client_->Table(ctx.get(), table, &best).ok());
+  ASSERT_TRUE(Call(client_.get(), &Coordinator::Stub::Table, table, &best).ok());
   // The tuned column after every other, then the costs (kept last: older tables keep their shape).
   EXPECT_THAT(best.formatted(), HasSubstr(",best,peak_memory_bytes_mean,"));
   EXPECT_THAT(best.formatted(), HasSubstr("train.optimizer.lr=5e-4"));
@@ -155,8 +153,7 @@ TEST_F(TuneTest, AFullRerunOfATunedSweepIsRefusedAndAnUntunedOneHasNoBestTable) 
   RerunRequest rerun;
   rerun.set_sweep("asha");
   RerunResponse response;
-  auto ctx = Context();
-  grpc::Status s = client_->Rerun(ctx.get(), rerun, &response);
+  grpc::Status s = Call(client_.get(), &Coordinator::Stub::Rerun, rerun, &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(s.error_message(), HasSubstr("its decisions are not redone"));
 
@@ -165,8 +162,7 @@ TEST_F(TuneTest, AFullRerunOfATunedSweepIsRefusedAndAnUntunedOneHasNoBestTable) 
   compare.add_sweeps("quick");
   compare.set_best(true);
   CompareResponse out;
-  auto ctx2 = Context();
-  s = client_->Compare(ctx2.get(), compare, &out);
+  s = Call(client_.get(), &Coordinator::Stub::Compare, compare, &out);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(s.error_message(), HasSubstr("sweep quick has no tune: block"));
 }
@@ -227,13 +223,11 @@ tune:
   table.set_stability(true);
   table.set_format("csv");
   TableResponse csv;
-  auto ctx = Context();
-  ASSERT_TRUE(client_->Table(ctx.get(), table, &csv).ok());
+  ASSERT_TRUE(Call(client_.get(), &Coordinator::Stub::Table, table, &csv).ok());
   EXPECT_EQ(csv.formatted(), "variant,axes,stable,unstable,probes\nbaseline,,0.0115478,0.0133352,5\n");
   table.set_format("markdown");
   TableResponse markdown;
-  auto ctx2 = Context();
-  ASSERT_TRUE(client_->Table(ctx2.get(), table, &markdown).ok());
+  ASSERT_TRUE(Call(client_.get(), &Coordinator::Stub::Table, table, &markdown).ok());
   EXPECT_THAT(markdown.formatted(),
               HasSubstr("| baseline | 0.0115478 | 0.0133352 | 5 | stable up to 0.0115478, "
                         "unstable from 0.0133352 |"));
@@ -278,8 +272,7 @@ tune:
   compare.set_best(true);
   compare.set_format("csv");
   CompareResponse out;
-  auto ctx = Context();
-  grpc::Status s = client_->Compare(ctx.get(), compare, &out);
+  grpc::Status s = Call(client_.get(), &Coordinator::Stub::Compare, compare, &out);
   ASSERT_TRUE(s.ok()) << s.error_message();
   const std::vector<std::string> lines = absl::StrSplit(out.formatted(), '\n');
   ASSERT_GE(lines.size(), 2u);
@@ -293,8 +286,7 @@ tune:
   table.set_sweep("grid");
   table.set_best(true);
   TableResponse markdown;
-  auto ctx2 = Context();
-  ASSERT_TRUE(client_->Table(ctx2.get(), table, &markdown).ok());
+  ASSERT_TRUE(Call(client_.get(), &Coordinator::Stub::Table, table, &markdown).ok());
   EXPECT_THAT(markdown.formatted(), HasSubstr("Same config (every value of train.optimizer.lr)"));
   EXPECT_THAT(markdown.formatted(), HasSubstr("| g1_elementwise | train.optimizer.lr=2e-3 | 3 |"));
   EXPECT_THAT(markdown.formatted(), HasSubstr("| baseline | train.optimizer.lr=1e-3 | 3 |"));

@@ -1086,6 +1086,15 @@ class DashboardLimitsTest : public DashboardServerTest {
     socket->connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
     return socket;
   }
+  // A connection to `port` with a 4 KB receive buffer, for a client that reads nothing: the
+  // server's writes to it block soon.
+  static std::unique_ptr<tcp::socket> ConnectWithSmallBuffer(asio::io_context& io, int port) {
+    auto socket = std::make_unique<tcp::socket>(io);
+    socket->open(tcp::v4());
+    socket->set_option(asio::socket_base::receive_buffer_size(4096));
+    socket->connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+    return socket;
+  }
 
   std::unique_ptr<DashboardServer> limited_;
 };
@@ -1193,15 +1202,12 @@ TEST_F(DashboardLimitsTest, AClientThatStopsReadingIsDroppedAtTheWriteDeadline) 
   const int port = Serve(o);
   ASSERT_NE(port, 0);
   asio::io_context io;
-  tcp::socket stuck(io);
-  stuck.open(tcp::v4());
-  stuck.set_option(asio::socket_base::receive_buffer_size(4096));
-  stuck.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  std::unique_ptr<tcp::socket> stuck = ConnectWithSmallBuffer(io, port);
   std::string requests;
   for (int i = 0; i < 300; ++i) {
     absl::StrAppend(&requests, "GET /vendor/uPlot.iife.min.js HTTP/1.1\r\nHost: x\r\n\r\n");
   }
-  asio::write(stuck, asio::buffer(requests));
+  asio::write(*stuck, asio::buffer(requests));
   const auto t0 = std::chrono::steady_clock::now();
   bool served = false;
   while (!served && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(8)) {
@@ -1230,15 +1236,12 @@ TEST_F(DashboardLimitsTest, HeavyAnswersAtOnceAreCapped) {
   ASSERT_GT(Get(port, metrics).body.size(), 20000u);
   // Pipelined, 200 answers of over 20 KB each, none read: the server blocks writing one.
   asio::io_context io;
-  tcp::socket stuck(io);
-  stuck.open(tcp::v4());
-  stuck.set_option(asio::socket_base::receive_buffer_size(4096));
-  stuck.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  std::unique_ptr<tcp::socket> stuck = ConnectWithSmallBuffer(io, port);
   std::string requests;
   for (int i = 0; i < 200; ++i) absl::StrAppend(&requests, ask, "\r\n");
   std::thread writer([&] {
     boost::system::error_code ec;  // fails once the server drops the connection
-    asio::write(stuck, asio::buffer(requests), ec);
+    asio::write(*stuck, asio::buffer(requests), ec);
   });
   std::string refused;
   const auto t0 = std::chrono::steady_clock::now();
@@ -1262,7 +1265,7 @@ TEST_F(DashboardLimitsTest, HeavyAnswersAtOnceAreCapped) {
   }
   EXPECT_TRUE(served);
   boost::system::error_code ignored;
-  stuck.close(ignored);
+  stuck->close(ignored);
   writer.join();
 }
 

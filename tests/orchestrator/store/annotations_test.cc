@@ -26,16 +26,10 @@ using Action = AnnotationEdit::Action;
 class AnnotationsTest : public testing::StoreFixture {
  protected:
   void SetUp() override {
-    OpenStore("annotations_test");
+    OpenStore("annotations_test", testing::MakeSweep("gates", {"baseline", "g1"}, 2, 100), &ids_);
     if (HasFatalFailure()) return;
-    absl::StatusOr<SweepIds> ids =
-        store_->CreateSweep(testing::MakeSweep("gates", {"baseline", "g1"}, 2, 100));
-    ASSERT_TRUE(ids.ok()) << ids.status();
-    ids_ = *ids;
-    absl::StatusOr<SweepIds> other =
-        store_->CreateSweep(testing::MakeSweep("other", {"baseline"}, 1, 100));
-    ASSERT_TRUE(other.ok()) << other.status();
-    other_ = *other;
+    ASSERT_NO_FATAL_FAILURE(
+        CreateSweep(testing::MakeSweep("other", {"baseline"}, 1, 100), &other_));
   }
 
   absl::StatusOr<AnnotationResult> Edit(Action action, int64_t run_id,

@@ -440,13 +440,19 @@ class AgentTest : public testing::CorpusTest {
     return job;
   }
 
-  AgentOptions Options(const TestServer& server) {
+  // Options for an agent of `server`'s, quick to report and to retry, that takes up to `max_jobs`
+  // jobs and offers `slots` slots (job processes of the worker binary when more than one).
+  AgentOptions Options(const TestServer& server, int max_jobs = 1, int slots = 1) {
     AgentOptions o;
     o.coordinator = server.address();
     o.token = "secret";
     o.report_interval = absl::Milliseconds(20);
     o.acquire_wait = absl::Seconds(1);
-    o.max_jobs = 1;
+    o.max_jobs = max_jobs;
+    if (slots > 1) {
+      o.slots = slots;
+      o.rank_binary = ABLATE_WORKER_BIN;
+    }
     o.call_deadline = absl::Seconds(2);
     o.backoff_min = absl::Milliseconds(20);
     o.backoff_max = absl::Milliseconds(300);
@@ -482,12 +488,8 @@ class AgentTest : public testing::CorpusTest {
   absl::StatusOr<AgentResult> RunLongJob(FakeCoordinator& c, int64_t run_id, int slots) {
     TestServer server(&c);
     c.AddJob(MakeJob(run_id, 1, Config(400, 200, 100)));
-    AgentOptions o = Options(server);
+    AgentOptions o = Options(server, 1, slots);
     o.report_interval = absl::Milliseconds(1);
-    if (slots > 1) {
-      o.slots = slots;
-      o.rank_binary = ABLATE_WORKER_BIN;
-    }
     return RunAgent(o);
   }
 
@@ -591,10 +593,7 @@ TEST_F(AgentTest, ADataParallelJobTrainsOnTwoSlotsAndReportsOnce) {
   Job wide = MakeJob(62, 1, Config(40));
   wide.set_world_size(3);
   for (const Job& j : {single, pair, wide}) c.AddJob(j);
-  AgentOptions o = Options(server);
-  o.max_jobs = 3;
-  o.slots = 2;
-  o.rank_binary = ABLATE_WORKER_BIN;
+  AgentOptions o = Options(server, 3, 2);
   auto result = RunAgent(o);
   ASSERT_TRUE(result.ok()) << result.status() << "\n" << Log();
   absl::MutexLock lock(&c.mu_);
@@ -628,9 +627,7 @@ TEST_F(AgentTest, ARankThatDiesFailsTheAttemptAndTheRetryResumes) {
   Job first = MakeJob(70, 1, Config(400));
   first.set_world_size(2);
   c.AddJob(first);
-  AgentOptions o = Options(server);
-  o.slots = 2;
-  o.rank_binary = ABLATE_WORKER_BIN;
+  AgentOptions o = Options(server, 1, 2);
   o.collective_timeout = absl::Seconds(600);
   std::thread killer([&] {
     for (int i = 0; i < 1200; ++i) {
@@ -682,10 +679,7 @@ TEST_F(AgentTest, TwoSlotsTrainTwoJobsSideBySideWithTheResultsOfOneAtATime) {
     TestServer server(&side);
     side.AddJob(MakeJob(80, 1, a));
     side.AddJob(MakeJob(81, 1, b));
-    AgentOptions o = Options(server);
-    o.max_jobs = 2;
-    o.slots = 2;
-    o.rank_binary = ABLATE_WORKER_BIN;
+    AgentOptions o = Options(server, 2, 2);
     // The job processes' CPUs, as the kernel has them, while they train.
     std::set<std::string> pinned;
     std::atomic<bool> done{false};
@@ -721,8 +715,7 @@ TEST_F(AgentTest, TwoSlotsTrainTwoJobsSideBySideWithTheResultsOfOneAtATime) {
     TestServer server(&one);
     one.AddJob(MakeJob(82, 1, a));
     one.AddJob(MakeJob(83, 1, b));
-    AgentOptions o = Options(server);
-    o.max_jobs = 2;
+    AgentOptions o = Options(server, 2);
     auto result = RunAgent(o);
     ASSERT_TRUE(result.ok()) << result.status() << "\n" << Log();
   }
@@ -757,9 +750,7 @@ TEST_F(AgentTest, AJobProcessThatDiesFailsTheAttemptNamingHowAndTheRetryResumes)
   FakeCoordinator c;
   TestServer server(&c);
   c.AddJob(MakeJob(90, 1, Config(400)));
-  AgentOptions o = Options(server);
-  o.slots = 2;
-  o.rank_binary = ABLATE_WORKER_BIN;
+  AgentOptions o = Options(server, 1, 2);
   std::thread killer([&] {
     c.WaitUntil([&] { return c.steps[K(90, 1)].size() >= 25; });
     for (pid_t pid : ChildrenWith("job-process")) kill(pid, SIGKILL);
@@ -790,8 +781,7 @@ TEST_F(AgentTest, EachFinishTakesTheNextJobWithoutAnotherAcquire) {
   FakeCoordinator c;
   TestServer server(&c);
   for (int64_t run : {41, 42, 43}) c.AddJob(MakeJob(run, 1, Config(10)));
-  AgentOptions options = Options(server);
-  options.max_jobs = 3;
+  AgentOptions options = Options(server, 3);
   auto result = RunAgent(options);
   ASSERT_TRUE(result.ok()) << result.status() << "\n" << Log();
   EXPECT_EQ(result->jobs, 3);
@@ -816,8 +806,7 @@ TEST_F(AgentTest, AJobHandedOverAsTheWorkerStopsIsGivenBackUntouched) {
   c.AddJob(MakeJob(51, 1, Config(10)));
   c.AddJob(MakeJob(52, 1, Config(10)));
   c.interrupt_on_handover = &interrupt_;
-  AgentOptions options = Options(server);
-  options.max_jobs = 0;
+  AgentOptions options = Options(server, 0);
   auto result = RunAgent(options);
   ASSERT_TRUE(result.ok()) << result.status() << "\n" << Log();
 
@@ -867,8 +856,7 @@ TEST_F(AgentTest, ATrainerErrorFinishesFailedWithTheErrorAndTheAgentGoesOn) {
   broken.mutable_train()->mutable_data()->set_path((dir_ / "no_such_corpus.txt").string());
   c.AddJob(MakeJob(13, 1, broken));
   c.AddJob(MakeJob(14, 1, Config(20)));
-  AgentOptions o = Options(server);
-  o.max_jobs = 2;
+  AgentOptions o = Options(server, 2);
   auto result = RunAgent(o);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->jobs, 2);
@@ -946,8 +934,7 @@ TEST_F(AgentTest, ATooLargeBatchIsSplitAndAPointNoBatchCarriesFailsTheAttempt) {
   TestServer second(&none);
   none.AddJob(MakeJob(22, 1, Config(20)));
   none.AddJob(MakeJob(23, 1, Config(20)));
-  AgentOptions two = Options(second);
-  two.max_jobs = 2;
+  AgentOptions two = Options(second, 2);
   auto after = RunAgent(two);
   ASSERT_TRUE(after.ok()) << after.status() << "\n" << Log();
   absl::MutexLock lock(&none.mu_);
@@ -1223,8 +1210,7 @@ TEST_F(AgentTest, NextAttemptResendsWhatADeadWorkerLeftUnacknowledged) {
 TEST_F(AgentTest, ExitsWhenIdleAndWhenTheCoordinatorStaysAway) {
   FakeCoordinator c;
   TestServer server(&c);
-  AgentOptions o = Options(server);
-  o.max_jobs = 0;
+  AgentOptions o = Options(server, 0);
   o.idle_exit = absl::Seconds(1);
   const absl::Time start = absl::Now();
   auto idle = RunAgent(o);
