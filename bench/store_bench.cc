@@ -36,6 +36,7 @@
 #include "config/model_config.h"
 #include "orchestrator/store/store.h"
 #include "orchestrator/store/format.h"
+#include "tests/orchestrator/store/test_sweeps.h"
 #include "tests/process_util.h"
 
 namespace ablate {
@@ -346,18 +347,11 @@ int main(int argc, char** argv) {
     absl::StatusOr<SweepIds> ids = (*store)->CreateSweep(MakeSweep("dispatch", 10, jobs / 10, 10));
     Die(ids.status(), "create sweep");
     const std::vector<int64_t>& runs = ids->run_ids;
-    auto start_of = [](int64_t run, int64_t worker) {
-      RunTransition t;
-      t.run_id = run;
-      t.from = {PENDING};
-      t.to = RUNNING;
-      t.worker_id = worker;
-      return t;
-    };
     // Each worker thread starts its first run, then ends each run while starting its next one
     // (the worker's runs are every 64th).
     for (int w = 0; w < kWorkers; ++w) {
-      Die((*store)->TransitionRun(start_of(runs[w], 0)).status(), "start run");
+      Die((*store)->TransitionRun(testing::MakeTransition(runs[w], {PENDING}, RUNNING)).status(),
+          "start run");
     }
     const int64_t flushes_before = (*store)->Stats().flushes;
     const absl::Time start = absl::Now();
@@ -369,14 +363,14 @@ int main(int argc, char** argv) {
         for (size_t i = w; i < runs.size(); i += kWorkers) {
           FinishWrite write;
           write.batch = MakeBatch(runs[i], 1, 1, 10);
-          write.end.run_id = runs[i];
-          write.end.from = {RUNNING};
-          write.end.to = SUCCEEDED;
+          write.end = testing::MakeTransition(runs[i], {RUNNING}, SUCCEEDED);
           write.end.expected_attempt = 1;
           write.end.has_summary = true;
           write.end.summary.set_state(SUCCEEDED);
           write.end.summary.set_steps_done(10);
-          if (i + kWorkers < runs.size()) write.start = start_of(runs[i + kWorkers], 0);
+          if (i + kWorkers < runs.size()) {
+            write.start = testing::MakeTransition(runs[i + kWorkers], {PENDING}, RUNNING);
+          }
           absl::StatusOr<FinishWriteResult> r = (*store)->FinishAttempt(write);
           Die(r.status(), "finish attempt");
           Die(r->start_status, "start next");

@@ -31,38 +31,34 @@ absl::StatusOr<ClientOptions> ResolveClientOptions(const ClientOptions& flags) {
 absl::Status FromGrpc(const grpc::Status& status, const std::string& address) {
   if (status.ok()) return absl::OkStatus();
   const absl::StatusCode code = FromGrpcStatus(status).code();
+  const std::string& message = status.error_message();
+  // A status of `code` whose message is `parts`, concatenated.
+  auto with = [code](const auto&... parts) { return absl::Status(code, absl::StrCat(parts...)); };
   switch (status.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
       // A TLS failure is the coordinator answering, not its absence: say which.
-      if (absl::StrContains(status.error_message(), "is not in peer certificate")) {
-        return absl::Status(
-            code, absl::StrCat("the coordinator at ", address, " serves a TLS certificate that does "
-                               "not name the address dialled: its subjectAltName must include it "
-                               "(docs/operations.md, TLS): ",
-                               status.error_message()));
+      if (absl::StrContains(message, "is not in peer certificate")) {
+        return with("the coordinator at ", address,
+                    " serves a TLS certificate that does not name the address dialled: its "
+                    "subjectAltName must include it (docs/operations.md, TLS): ",
+                    message);
       }
-      if (absl::StrContains(status.error_message(), "andshake failed")) {
-        return absl::Status(
-            code, absl::StrCat("TLS handshake with the coordinator at ", address, " failed: is "
-                               "--tls-ca (or STATE_DIR/tls-ca.pem) the certificate it serves, or "
-                               "the CA that signed it? ",
-                               status.error_message()));
+      if (absl::StrContains(message, "andshake failed")) {
+        return with("TLS handshake with the coordinator at ", address,
+                    " failed: is --tls-ca (or STATE_DIR/tls-ca.pem) the certificate it serves, or "
+                    "the CA that signed it? ",
+                    message);
       }
-      return absl::Status(code, absl::StrCat("cannot reach the coordinator at ", address, ": ",
-                                             status.error_message(),
-                                             " (is `ablate serve` running? --coordinator)"));
+      return with("cannot reach the coordinator at ", address, ": ", message,
+                  " (is `ablate serve` running? --coordinator)");
     case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return absl::Status(code, absl::StrCat("the coordinator at ", address,
-                                             " did not answer in time (--timeout)"));
+      return with("the coordinator at ", address, " did not answer in time (--timeout)");
     case grpc::StatusCode::UNAUTHENTICATED:
-      return absl::Status(code, absl::StrCat("the coordinator at ", address, " refused the token: ",
-                                             status.error_message(),
-                                             " (pass --token-file, set ABLATE_TOKEN, or give "
-                                             "the coordinator's --state-dir: its token file is "
-                                             "read)"));
+      return with("the coordinator at ", address, " refused the token: ", message,
+                  " (pass --token-file, set ABLATE_TOKEN, or give the coordinator's --state-dir: "
+                  "its token file is read)");
     case grpc::StatusCode::PERMISSION_DENIED:
-      return absl::Status(code, absl::StrCat("the coordinator at ", address, " refused: ",
-                                             status.error_message()));
+      return with("the coordinator at ", address, " refused: ", message);
     default:
       return FromGrpcStatus(status);
   }

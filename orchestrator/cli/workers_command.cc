@@ -84,22 +84,29 @@ void AddWorkersCommand(CLI::App* app, std::ostream* out, std::function<absl::Sta
                     "devices each pilot offers to one run (e.g. 4 with --gres gpu:4): runs with "
                     "resources.devices up to this train data-parallel on one pilot")
         ->check(CLI::Range(1, 4096));
-    cmd->add_option("--checkpoint-root", o->checkpoint_root,
-                    "where pilots keep checkpoints (a shared path; default: the coordinator's)");
-    cmd->add_option("--log-dir", o->log_dir,
-                    "the pilots' logs, pilot-<job>_<task>.log (default STATE_DIR/slurm)");
-    cmd->add_option("--worker-bin", o->worker_bin,
-                    "the ablate-worker the pilots run, on a path every node sees (default: the "
-                    "one beside ablate)");
-    cmd->add_option("--coordinator", o->coordinator,
-                    "HOST:PORT the pilots dial (default: $ABLATE_COORDINATOR, else "
-                    "STATE_DIR/address)");
-    cmd->add_option("--tls-ca", o->tls_ca,
-                    "CA bundle of a TLS coordinator, on a path the nodes see (default: "
-                    "$ABLATE_TLS_CA, else STATE_DIR/tls-ca.pem when present, else plaintext)");
-    cmd->add_option("--token-file", o->token_file,
-                    "the pilots' credential (default: $ABLATE_TOKEN, else "
-                    "STATE_DIR/worker-token); passed to them in their environment");
+    // Where the pilots find things: paths and an address, each as given.
+    const struct {
+      const char* flag;
+      std::string WorkersOptions::*field;
+      const char* help;
+    } kPilotPaths[] = {
+        {"--checkpoint-root", &WorkersOptions::checkpoint_root,
+         "where pilots keep checkpoints (a shared path; default: the coordinator's)"},
+        {"--log-dir", &WorkersOptions::log_dir,
+         "the pilots' logs, pilot-<job>_<task>.log (default STATE_DIR/slurm)"},
+        {"--worker-bin", &WorkersOptions::worker_bin,
+         "the ablate-worker the pilots run, on a path every node sees (default: the one beside "
+         "ablate)"},
+        {"--coordinator", &WorkersOptions::coordinator,
+         "HOST:PORT the pilots dial (default: $ABLATE_COORDINATOR, else STATE_DIR/address)"},
+        {"--tls-ca", &WorkersOptions::tls_ca,
+         "CA bundle of a TLS coordinator, on a path the nodes see (default: $ABLATE_TLS_CA, else "
+         "STATE_DIR/tls-ca.pem when present, else plaintext)"},
+        {"--token-file", &WorkersOptions::token_file,
+         "the pilots' credential (default: $ABLATE_TOKEN, else STATE_DIR/worker-token); passed to "
+         "them in their environment"},
+    };
+    for (const auto& f : kPilotPaths) cmd->add_option(f.flag, (*o).*(f.field), f.help);
     RefuseTokenOnCommandLine(cmd);
     state_dir_flag(cmd, o.get());
     cmd->callback([out, action, o, back_ends] {

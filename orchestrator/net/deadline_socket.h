@@ -23,15 +23,23 @@ template <class Stream>
 struct ThrowingOverloads {
   template <class MutableBuffers>
   size_t read_some(const MutableBuffers& buffers) {
-    boost::system::error_code ec;
-    const size_t n = static_cast<Stream*>(this)->read_some(buffers, ec);
-    if (ec) throw boost::system::system_error(ec);
-    return n;
+    return Throwing([&](boost::system::error_code& ec) {
+      return static_cast<Stream*>(this)->read_some(buffers, ec);
+    });
   }
   template <class ConstBuffers>
   size_t write_some(const ConstBuffers& buffers) {
+    return Throwing([&](boost::system::error_code& ec) {
+      return static_cast<Stream*>(this)->write_some(buffers, ec);
+    });
+  }
+
+ private:
+  // What `op(ec)` transferred; its error, if any, thrown as boost::system::system_error.
+  template <class Op>
+  static size_t Throwing(const Op& op) {
     boost::system::error_code ec;
-    const size_t n = static_cast<Stream*>(this)->write_some(buffers, ec);
+    const size_t n = op(ec);
     if (ec) throw boost::system::system_error(ec);
     return n;
   }

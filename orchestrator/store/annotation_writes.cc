@@ -30,20 +30,21 @@ absl::Status ApplyAnnotate(StoreWriter& w, const AnnotationEdit& edit, Annotatio
     }
     target = absl::StrCat("run ", edit.run_id, " of sweep ", sweep_name);
   }
-  auto bind_target = [&](Stmt* stmt) {
+  // Binds the target (?1 the sweep, ?2 the run or NULL) and `text` (?3) of the annotation.
+  auto bind_annotation = [&](Stmt* stmt, const std::string& text) -> Stmt& {
     stmt->Bind(1, edit.sweep_id);
     if (edit.run_id != 0) {
       stmt->Bind(2, edit.run_id);
     } else {
       stmt->BindNull(2);
     }
+    return stmt->Bind(3, text);
   };
   switch (edit.action) {
     case AnnotationEdit::Action::kNote: {
       STORE_ASSIGN_OR_RETURN(insert, w.Get("INSERT INTO annotations (sweep_id, run_id, kind, text, "
                                            "created_at) VALUES (?1, ?2, 'note', ?3, ?4)"));
-      bind_target(insert);
-      insert->Bind(3, edit.texts.front()).Bind(4, w.Now());
+      bind_annotation(insert, edit.texts.front()).Bind(4, w.Now());
       STORE_RETURN_IF_ERROR(insert->Run());
       result->note_id = sqlite3_last_insert_rowid(w.db());
       result->changed.push_back(edit.texts.front());
@@ -56,8 +57,7 @@ absl::Status ApplyAnnotate(StoreWriter& w, const AnnotationEdit& edit, Annotatio
                                            "kind, text, created_at) VALUES (?1, ?2, 'tag', ?3, "
                                            "?4)"));
       for (const std::string& tag : edit.texts) {
-        bind_target(insert);
-        insert->Bind(3, tag).Bind(4, w.Now());
+        bind_annotation(insert, tag).Bind(4, w.Now());
         STORE_RETURN_IF_ERROR(insert->Run());
         (sqlite3_changes(w.db()) > 0 ? result->changed : result->unchanged).push_back(tag);
       }
@@ -73,8 +73,7 @@ absl::Status ApplyAnnotate(StoreWriter& w, const AnnotationEdit& edit, Annotatio
                                         "coalesce(run_id, 0) = coalesce(?2, 0) AND kind = 'tag' "
                                         "AND text = ?3"));
       for (const std::string& tag : edit.texts) {
-        bind_target(has);
-        has->Bind(3, tag);
+        bind_annotation(has, tag);
         STORE_ASSIGN_OR_RETURN(found, has->Step());
         has->Reset();
         if (!found) {
@@ -86,8 +85,7 @@ absl::Status ApplyAnnotate(StoreWriter& w, const AnnotationEdit& edit, Annotatio
                                            "coalesce(run_id, 0) = coalesce(?2, 0) AND "
                                            "kind = 'tag' AND text = ?3"));
       for (const std::string& tag : edit.texts) {
-        bind_target(remove);
-        remove->Bind(3, tag);
+        bind_annotation(remove, tag);
         STORE_RETURN_IF_ERROR(remove->Run());
         // A tag named twice is removed once.
         if (sqlite3_changes(w.db()) > 0) result->changed.push_back(tag);

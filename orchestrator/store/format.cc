@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <vector>
 
@@ -50,41 +51,32 @@ int DecimalsFor(const std::vector<ComparisonRow>& rows, const MeanStd Comparison
   return 4;
 }
 
-struct MetricColumn {
-  const char* name;     // csv/json key prefix
-  const char* heading;  // markdown heading
-  MeanStd ComparisonRow::*field;
-};
-
-const std::vector<MetricColumn>& MetricColumns() {
-  static const auto* columns = new std::vector<MetricColumn>{
-      {"val_loss", "val loss", &ComparisonRow::val_loss},
-      {"val_ppl", "val PPL", &ComparisonRow::val_ppl},
-      {"gate_score", "gate score", &ComparisonRow::gate_score},
-      {"m_act", "M-Act", &ComparisonRow::m_act},
-      {"f_attn", "F-Attn", &ComparisonRow::f_attn},
-      {"spike_score", "spike score", &ComparisonRow::spike_score},
-      {"train_loss", "train loss", &ComparisonRow::train_loss},
-  };
-  return *columns;
-}
-
-// What runs cost (ComparisonRow), in the order the tables show them: csv/json name, heading.
-struct CostColumn {
+// A column of ComparisonRow's figures in the tables: its csv/json name (the key prefix of its mean
+// and std), its markdown heading, and the field it shows.
+struct Column {
   const char* name;
   const char* heading;
   MeanStd ComparisonRow::*field;
 };
 
-const std::vector<CostColumn>& CostColumns() {
-  static const auto* columns = new std::vector<CostColumn>{
-      {"peak_memory_bytes", "memory", &ComparisonRow::peak_memory_bytes},
-      {"train_seconds", "train time", &ComparisonRow::train_seconds},
-      {"tokens_per_s", "tokens/s", &ComparisonRow::tokens_per_s},
-      {"flops", "FLOPs", &ComparisonRow::flops},
-  };
-  return *columns;
-}
+// What runs score (ComparisonRow), in the order the tables show them.
+constexpr Column kMetricColumns[] = {
+    {"val_loss", "val loss", &ComparisonRow::val_loss},
+    {"val_ppl", "val PPL", &ComparisonRow::val_ppl},
+    {"gate_score", "gate score", &ComparisonRow::gate_score},
+    {"m_act", "M-Act", &ComparisonRow::m_act},
+    {"f_attn", "F-Attn", &ComparisonRow::f_attn},
+    {"spike_score", "spike score", &ComparisonRow::spike_score},
+    {"train_loss", "train loss", &ComparisonRow::train_loss},
+};
+
+// What runs cost (ComparisonRow), in the order the tables show them.
+constexpr Column kCostColumns[] = {
+    {"peak_memory_bytes", "memory", &ComparisonRow::peak_memory_bytes},
+    {"train_seconds", "train time", &ComparisonRow::train_seconds},
+    {"tokens_per_s", "tokens/s", &ComparisonRow::tokens_per_s},
+    {"flops", "FLOPs", &ComparisonRow::flops},
+};
 
 // Whether any row has a cost figure: tables of runs stored before costs were kept show none.
 bool HasCosts(const ComparisonTable& table) {
@@ -95,7 +87,7 @@ bool HasCosts(const ComparisonTable& table) {
 }
 
 // A cost's mean for people: "81.2 MB", "45 s" / "12.3 min" / "4.1 h", "28.8K", "4.23e11".
-std::string CostText(const CostColumn& c, const MeanStd& m) {
+std::string CostText(const Column& c, const MeanStd& m) {
   if (!std::isfinite(m.mean)) return "—";
   if (c.field == &ComparisonRow::peak_memory_bytes) return FormatBytes(m.mean);
   if (c.field == &ComparisonRow::train_seconds) return FormatDuration(m.mean);
@@ -133,19 +125,19 @@ std::string MarkdownComparison(const ComparisonTable& table,
   if (has_axes) header.push_back("axes");
   if (has_best) header.push_back("best value");
   header.push_back("n");
-  for (const MetricColumn& c : MetricColumns()) {
+  for (const Column& c : kMetricColumns) {
     if (c.field != &ComparisonRow::train_loss) header.push_back(c.heading);
   }
   for (const auto& [len, yarn] : lengths) {
     header.push_back(absl::StrCat("PPL@", len, yarn ? " (YaRN)" : ""));
   }
   if (has_costs) {
-    for (const CostColumn& c : CostColumns()) header.push_back(c.heading);
+    for (const Column& c : kCostColumns) header.push_back(c.heading);
   }
   for (const char* h : {"params", "added", "diverged", "failed"}) header.push_back(h);
   if (has_stopped) header.push_back("stopped");
   std::vector<int> decimals;
-  for (const MetricColumn& c : MetricColumns()) {
+  for (const Column& c : kMetricColumns) {
     decimals.push_back(DecimalsFor(table.rows, c.field));
   }
   std::string out = absl::StrCat("| ", absl::StrJoin(header, " | "), " |\n|");
@@ -159,8 +151,8 @@ std::string MarkdownComparison(const ComparisonTable& table,
     if (has_best) cells.push_back(r.best.empty() ? "—" : r.best);
     cells.push_back(r.unfinished > 0 ? absl::StrCat(r.n, " (", r.unfinished, " unfinished)")
                                      : absl::StrCat(r.n));
-    for (size_t i = 0; i < MetricColumns().size(); ++i) {
-      const MetricColumn& c = MetricColumns()[i];
+    for (size_t i = 0; i < std::size(kMetricColumns); ++i) {
+      const Column& c = kMetricColumns[i];
       if (c.field == &ComparisonRow::train_loss) continue;
       const MeanStd& m = r.*(c.field);
       cells.push_back(MeanStdText(m.mean, m.std, decimals[i]));
@@ -170,7 +162,7 @@ std::string MarkdownComparison(const ComparisonTable& table,
       cells.push_back(l == nullptr ? "—" : MeanStdText(l->val_ppl.mean, l->val_ppl.std, 3));
     }
     if (has_costs) {
-      for (const CostColumn& c : CostColumns()) cells.push_back(CostText(c, r.*(c.field)));
+      for (const Column& c : kCostColumns) cells.push_back(CostText(c, r.*(c.field)));
     }
     cells.push_back(HumanCount(r.params_total));
     cells.push_back(r.params_added == 0 ? "0" : HumanCount(r.params_added, /*sign=*/true));
@@ -185,7 +177,7 @@ std::string MarkdownComparison(const ComparisonTable& table,
 std::string CsvComparison(const ComparisonTable& table, const std::map<int64_t, bool>& lengths) {
   std::vector<std::string> header = {"sweep", "variant", "axes", "runs", "n", "diverged",
                                      "failed", "unfinished"};
-  for (const MetricColumn& c : MetricColumns()) {
+  for (const Column& c : kMetricColumns) {
     header.push_back(absl::StrCat(c.name, "_mean"));
     header.push_back(absl::StrCat(c.name, "_std"));
   }
@@ -202,7 +194,7 @@ std::string CsvComparison(const ComparisonTable& table, const std::map<int64_t, 
   if (has_stopped) header.push_back("stopped");
   if (has_best) header.push_back("best");
   // The costs last of all: a table of runs stored before them keeps its columns where they were.
-  for (const CostColumn& c : CostColumns()) {
+  for (const Column& c : kCostColumns) {
     header.push_back(absl::StrCat(c.name, "_mean"));
     header.push_back(absl::StrCat(c.name, "_std"));
   }
@@ -212,7 +204,7 @@ std::string CsvComparison(const ComparisonTable& table, const std::map<int64_t, 
                                       CsvField(r.axes),      absl::StrCat(r.runs),
                                       absl::StrCat(r.n),     absl::StrCat(r.diverged),
                                       absl::StrCat(r.failed), absl::StrCat(r.unfinished)};
-    for (const MetricColumn& c : MetricColumns()) {
+    for (const Column& c : kMetricColumns) {
       cells.push_back(CsvNumber((r.*(c.field)).mean));
       cells.push_back(CsvNumber((r.*(c.field)).std));
     }
@@ -226,7 +218,7 @@ std::string CsvComparison(const ComparisonTable& table, const std::map<int64_t, 
     }
     if (has_stopped) cells.push_back(absl::StrCat(r.stopped));
     if (has_best) cells.push_back(CsvField(r.best));
-    for (const CostColumn& c : CostColumns()) {
+    for (const Column& c : kCostColumns) {
       cells.push_back(CsvNumber((r.*(c.field)).mean));
       cells.push_back(CsvNumber((r.*(c.field)).std));
     }
@@ -254,11 +246,11 @@ std::string JsonComparison(const ComparisonTable& table) {
     o["unfinished"] = r.unfinished;
     o["stopped"] = r.stopped;
     if (!r.best.empty()) o["best"] = r.best;
-    for (const MetricColumn& c : MetricColumns()) o[c.name] = MeanStdObject(r.*(c.field));
+    for (const Column& c : kMetricColumns) o[c.name] = MeanStdObject(r.*(c.field));
     o["params_total"] = NumberJson(r.params_total);
     o["params_activated"] = NumberJson(r.params_activated);
     o["params_added"] = NumberJson(r.params_added);
-    for (const CostColumn& c : CostColumns()) o[c.name] = MeanStdObject(r.*(c.field));
+    for (const Column& c : kCostColumns) o[c.name] = MeanStdObject(r.*(c.field));
     nlohmann::json list = nlohmann::json::array();
     for (const LengthStat& l : r.lengths) {
       list.push_back({{"seq_len", l.seq_len},

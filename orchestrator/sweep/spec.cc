@@ -560,26 +560,35 @@ class Parser {
     return KeyedEntry{entry.begin()->first.Scalar(), entry.begin()->second};
   }
 
-  void ParseAxes(const YAML::Node& axes) {
-    if (!axes.IsSequence()) {
-      Problem(YamlLine(axes), "axes",
-              "expected a list of {product: ...}, {zip: ...} or {list: [...]} entries");
+  // fn(entry, path, its key and body) for each entry of `list` (at `name`, each at "NAME[i]") that
+  // is a mapping of one key; the problem `expected_list` when `list` is not a list, and
+  // `expected_entry` at each entry of another shape.
+  template <typename Fn>
+  void ForEachKeyedEntry(const YAML::Node& list, const std::string& name,
+                         const std::string& expected_list, const std::string& expected_entry,
+                         const Fn& fn) {
+    if (!list.IsSequence()) {
+      Problem(YamlLine(list), name, expected_list);
       return;
     }
-    for (size_t i = 0; i < axes.size(); ++i) {
-      const YAML::Node entry = axes[i];
-      const std::string path = absl::StrCat("axes[", i, "]");
-      const std::optional<KeyedEntry> keyed =
-          OneKeyEntry(entry, path, "expected exactly one of product:, zip: or list:");
-      if (!keyed) continue;
-      const std::string& mode = keyed->key;
+    for (size_t i = 0; i < list.size(); ++i) {
+      const YAML::Node entry = list[i];
+      const std::string path = absl::StrCat(name, "[", i, "]");
+      const std::optional<KeyedEntry> keyed = OneKeyEntry(entry, path, expected_entry);
+      if (keyed) fn(entry, path, *keyed);
+    }
+  }
+
+  void ParseAxes(const YAML::Node& axes) {
+    auto parse = [&](const YAML::Node& entry, const std::string& path, const KeyedEntry& keyed) {
+      const std::string& mode = keyed.key;
       AxisSpec axis;
       axis.line = YamlLine(entry);
       bool ok = false;
       if (mode == "product" || mode == "zip") {
-        ok = ParseColumnAxis(entry, mode, keyed->body, path, &axis);
+        ok = ParseColumnAxis(entry, mode, keyed.body, path, &axis);
       } else if (mode == "list") {
-        ok = ParseListAxis(entry, keyed->body, path, &axis);
+        ok = ParseListAxis(entry, keyed.body, path, &axis);
       } else {
         const std::string best = ClosestName(mode, {"product", "zip", "list"});
         Problem(YamlLine(entry.begin()->first), path,
@@ -588,7 +597,10 @@ class Parser {
                                           : absl::StrCat(" (did you mean \"", best, "\"?)")));
       }
       if (ok) spec_.axes.push_back(std::move(axis));
-    }
+    };
+    ForEachKeyedEntry(axes, "axes",
+                      "expected a list of {product: ...}, {zip: ...} or {list: [...]} entries",
+                      "expected exactly one of product:, zip: or list:", parse);
   }
 
   // A product: or zip: axis (`mode`) from its mapping of field paths to lists of values.
@@ -712,31 +724,22 @@ class Parser {
   }
 
   void ParseFilters(const YAML::Node& filters) {
-    if (!filters.IsSequence()) {
-      Problem(YamlLine(filters), "filters", "expected a list of {exclude: ...} or {only: ...}");
-      return;
-    }
-    for (size_t i = 0; i < filters.size(); ++i) {
-      const YAML::Node entry = filters[i];
-      const std::string path = absl::StrCat("filters[", i, "]");
-      const std::optional<KeyedEntry> keyed =
-          OneKeyEntry(entry, path, "expected exactly one of exclude: or only:");
-      if (!keyed) continue;
-      const std::string& kind = keyed->key;
-      const YAML::Node& body = keyed->body;
+    auto parse = [&](const YAML::Node& entry, const std::string& path, const KeyedEntry& keyed) {
+      const std::string& kind = keyed.key;
+      const YAML::Node& body = keyed.body;
       FilterSpec filter;
       filter.line = YamlLine(entry);
       if (kind != "exclude" && kind != "only") {
         Problem(YamlLine(entry.begin()->first), path,
                 absl::StrCat("unknown filter \"", kind, "\"; use exclude or only"));
-        continue;
+        return;
       }
       filter.exclude = kind == "exclude";
       const std::string fpath = absl::StrCat(path, ".", kind);
       if (!body.IsMap() || body.size() == 0) {
         Problem(LineOf(body, entry), fpath,
                 "expected a mapping of conditions (variant:, seed: or a field path)");
-        continue;
+        return;
       }
       bool ok = true;
       for (auto it = body.begin(); it != body.end(); ++it) {
@@ -781,7 +784,9 @@ class Parser {
         filter.conditions.push_back(std::move(c));
       }
       if (ok) spec_.filters.push_back(std::move(filter));
-    }
+    };
+    ForEachKeyedEntry(filters, "filters", "expected a list of {exclude: ...} or {only: ...}",
+                      "expected exactly one of exclude: or only:", parse);
   }
 
   const std::string file_;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <string>
@@ -335,43 +336,51 @@ class TuneParser {
     }
   }
 
-  void ParseBoundary(TuneSpec* tune) {
-    const bool boundary = tune->method == TuneSpec::Method::kBoundary;
-    for (const char* key : {"tolerance", "max_spike_score"}) {
-      if (!boundary && Child(key)) {
-        Problem(LineOfKey(key), absl::StrCat("tune.", key), "only with method: boundary");
+  // Whether `tune` is of `method` (named `name`); when not, each of `keys` given is a problem.
+  bool KeysOfMethod(const TuneSpec& tune, TuneSpec::Method method, const char* name,
+                    std::initializer_list<const char*> keys) {
+    if (tune.method == method) return true;
+    for (const char* key : keys) {
+      if (Child(key)) {
+        Problem(LineOfKey(key), absl::StrCat("tune.", key),
+                absl::StrCat("only with method: ", name));
       }
     }
-    if (!boundary) return;
-    if (Child("tolerance")) {
-      double t = 0;
-      if (!absl::SimpleAtod(Scalar("tolerance"), &t) || !(t > 1) || !std::isfinite(t)) {
-        Problem(LineOfKey("tolerance"), "tune.tolerance",
-                "expected a number > 1 (1.25: stop once unstable / stable <= 1.25)");
-      } else {
-        tune->tolerance = t;
-      }
-    }
-    if (Child("max_spike_score")) {
-      double m = -1;
-      if (!absl::SimpleAtod(Scalar("max_spike_score"), &m) || !(m >= 0) || !std::isfinite(m)) {
-        Problem(
-            LineOfKey("max_spike_score"), "tune.max_spike_score",
-            "expected a number >= 0 (the fraction of steps with a spike a stable run may have)");
-      } else {
-        tune->max_spike_score = m;
-      }
+    return false;
+  }
+
+  // The finite number `key` gives, when it is there, in *value if `valid`; else a problem that
+  // says what was `expected`.
+  template <typename Valid>
+  void ParseNumber(const char* key, const Valid& valid, const char* expected, double* value) {
+    if (!Child(key)) return;
+    double v = 0;
+    if (!absl::SimpleAtod(Scalar(key), &v) || !valid(v) || !std::isfinite(v)) {
+      Problem(LineOfKey(key), absl::StrCat("tune.", key), expected);
+    } else {
+      *value = v;
     }
   }
 
-  void ParseAsha(TuneSpec* tune) {
-    const bool asha = tune->method == TuneSpec::Method::kAsha;
-    for (const char* key : {"rungs", "reduction_factor", "seeds"}) {
-      if (!asha && Child(key)) {
-        Problem(LineOfKey(key), absl::StrCat("tune.", key), "only with method: asha");
-      }
+  void ParseBoundary(TuneSpec* tune) {
+    if (!KeysOfMethod(*tune, TuneSpec::Method::kBoundary, "boundary",
+                      {"tolerance", "max_spike_score"})) {
+      return;
     }
-    if (!asha) return;
+    ParseNumber(
+        "tolerance", [](double t) { return t > 1; },
+        "expected a number > 1 (1.25: stop once unstable / stable <= 1.25)", &tune->tolerance);
+    ParseNumber(
+        "max_spike_score", [](double m) { return m >= 0; },
+        "expected a number >= 0 (the fraction of steps with a spike a stable run may have)",
+        &tune->max_spike_score);
+  }
+
+  void ParseAsha(TuneSpec* tune) {
+    if (!KeysOfMethod(*tune, TuneSpec::Method::kAsha, "asha",
+                      {"rungs", "reduction_factor", "seeds"})) {
+      return;
+    }
     const YAML::Node rungs = Child("rungs");
     tune->rungs_line = LineOfKey("rungs");
     if (!rungs) {
@@ -395,15 +404,9 @@ class TuneParser {
         tune->rungs.push_back(step);
       }
     }
-    if (Child("reduction_factor")) {
-      double f = 0;
-      if (!absl::SimpleAtod(Scalar("reduction_factor"), &f) || !(f > 1) || !std::isfinite(f)) {
-        Problem(LineOfKey("reduction_factor"), "tune.reduction_factor",
-                "expected a number > 1 (3: the top third of each rung goes on)");
-      } else {
-        tune->reduction_factor = f;
-      }
-    }
+    ParseNumber(
+        "reduction_factor", [](double f) { return f > 1; },
+        "expected a number > 1 (3: the top third of each rung goes on)", &tune->reduction_factor);
     if (Child("seeds")) {
       const std::string seeds = Scalar("seeds");
       if (seeds == "first") {
