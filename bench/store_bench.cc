@@ -34,8 +34,8 @@
 #include "absl/time/clock.h"
 #include "common/binary_init.h"
 #include "config/model_config.h"
-#include "orchestrator/store/store.h"
 #include "orchestrator/store/format.h"
+#include "orchestrator/store/store.h"
 #include "tests/orchestrator/store/test_sweeps.h"
 #include "tests/process_util.h"
 
@@ -167,8 +167,9 @@ int main(int argc, char** argv) {
   ablate::InitBinary();
   using namespace ablate;
   Args args;
-  CLI::App app{"bench_store: the results store's ingestion rate, comparison-table latency and "
-               "dispatch writes, against their targets"};
+  CLI::App app{
+      "bench_store: the results store's ingestion rate, comparison-table latency and "
+      "dispatch writes, against their targets"};
   app.add_option("--dir", args.dir, "where the databases go (default: a fresh temp dir)");
   app.add_option("--phases", args.phases, "the phases to run, comma-separated")
       ->capture_default_str()
@@ -182,18 +183,25 @@ int main(int argc, char** argv) {
       });
   // The table sweep has 10 variants and the ingestion sweep 8: fewer runs would be no runs.
   app.add_option("--runs", args.runs, "runs of the table sweep (10 variants x runs/10 seeds)")
-      ->capture_default_str()->check(CLI::Range(10, 1 << 30));
-  app.add_option("--steps", args.steps, "steps per run of the table sweep")->capture_default_str()
+      ->capture_default_str()
+      ->check(CLI::Range(10, 1 << 30));
+  app.add_option("--steps", args.steps, "steps per run of the table sweep")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--ingest_runs", args.ingest_runs, "runs reporting at once (8 variants x "
+  app.add_option("--ingest_runs", args.ingest_runs,
+                 "runs reporting at once (8 variants x "
                  "ingest_runs/8 seeds)")
-      ->capture_default_str()->check(CLI::Range(8, 1 << 20));
+      ->capture_default_str()
+      ->check(CLI::Range(8, 1 << 20));
   app.add_option("--ingest_batches", args.ingest_batches, "batches per ingesting run")
-      ->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--batch", args.batch, "steps per batch")->capture_default_str()
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--batch", args.batch, "steps per batch")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--dispatch_jobs", args.dispatch_jobs, "jobs of the dispatch measurement")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   bool own_dir = false;
   if (args.dir.empty()) {
@@ -212,8 +220,7 @@ int main(int argc, char** argv) {
     Die(store.status(), "open");
     std::vector<int64_t> runs =
         SubmitAndStart(**store, MakeSweep("ingest", 8, args.ingest_runs / 8, 1 << 30), false);
-    const int64_t points =
-        static_cast<int64_t>(runs.size()) * args.ingest_batches * args.batch;
+    const int64_t points = static_cast<int64_t>(runs.size()) * args.ingest_batches * args.batch;
 
     // 1a. One reporter thread per run, each waiting for every ack (group commit).
     absl::Time start = absl::Now();
@@ -221,8 +228,9 @@ int main(int argc, char** argv) {
     for (int64_t run : runs) {
       reporters.emplace_back([&, run] {
         for (int b = 0; b < args.ingest_batches; ++b) {
-          Die((*store)->ReportMetrics(MakeBatch(run, b + 1, 1 + int64_t{b} * args.batch,
-                                                args.batch)).status(),
+          Die((*store)
+                  ->ReportMetrics(MakeBatch(run, b + 1, 1 + int64_t{b} * args.batch, args.batch))
+                  .status(),
               "report");
         }
       });
@@ -230,10 +238,11 @@ int main(int argc, char** argv) {
     for (std::thread& t : reporters) t.join();
     double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     sync_rate = points / seconds;
-    std::printf("ingest (ack per batch): %zu runs x %d batches x %d points = %ld points in "
-                "%.3f s: %.0f points/s\n",
-                runs.size(), args.ingest_batches, args.batch, static_cast<long>(points), seconds,
-                sync_rate);
+    std::printf(
+        "ingest (ack per batch): %zu runs x %d batches x %d points = %ld points in "
+        "%.3f s: %.0f points/s\n",
+        runs.size(), args.ingest_batches, args.batch, static_cast<long>(points), seconds,
+        sync_rate);
 
     // 1b. Asynchronous: everything enqueued from one thread, then one Flush.
     start = absl::Now();
@@ -254,9 +263,10 @@ int main(int argc, char** argv) {
     seconds = absl::ToDoubleSeconds(absl::Now() - start);
     async_rate = points / seconds;
     StoreStats stats = (*store)->Stats();
-    std::printf("ingest (async + Flush):  %ld points in %.3f s: %.0f points/s (%ld flushes in "
-                "all)\n",
-                static_cast<long>(points), seconds, async_rate, static_cast<long>(stats.flushes));
+    std::printf(
+        "ingest (async + Flush):  %ld points in %.3f s: %.0f points/s (%ld flushes in "
+        "all)\n",
+        static_cast<long>(points), seconds, async_rate, static_cast<long>(stats.flushes));
     absl::StatusOr<QueryResult> count =
         (*store)->reader().ReadOnlyQuery("SELECT count(*) FROM step_metrics");
     Die(count.status(), "count");
@@ -279,21 +289,25 @@ int main(int argc, char** argv) {
     // The fastest path for 10M rows: one INSERT ... SELECT on the writer connection, in key order.
     start = absl::Now();
     Die((*store)->RunOnWriterForTesting([&](sqlite3* db) {
-          return Exec(db, absl::StrCat(
-              "BEGIN; WITH RECURSIVE s(step) AS (SELECT 1 UNION ALL SELECT step + 1 FROM s "
-              "WHERE step < ", args.steps, ") "
-              "INSERT INTO step_metrics (run_id, step, attempt, loss, grad_norm, lr, "
-              "tokens_per_s, aux_loss, skipped) "
-              "SELECT r.id, s.step, 1, 2.0 + 3.0 / (1.0 + 0.01 * s.step) + (r.id % 7) * 0.001, "
-              "0.5, 0.003, 120000.0, 0.0, 0 FROM runs r CROSS JOIN s ORDER BY r.id, s.step; "
-              "COMMIT; PRAGMA wal_checkpoint(TRUNCATE);"));
-        }),
+      return Exec(
+          db, absl::StrCat(
+                  "BEGIN; WITH RECURSIVE s(step) AS (SELECT 1 UNION ALL SELECT step + 1 FROM s "
+                  "WHERE step < ",
+                  args.steps,
+                  ") "
+                  "INSERT INTO step_metrics (run_id, step, attempt, loss, grad_norm, lr, "
+                  "tokens_per_s, aux_loss, skipped) "
+                  "SELECT r.id, s.step, 1, 2.0 + 3.0 / (1.0 + 0.01 * s.step) + (r.id % 7) * 0.001, "
+                  "0.5, 0.003, 120000.0, 0.0, 0 FROM runs r CROSS JOIN s ORDER BY r.id, s.step; "
+                  "COMMIT; PRAGMA wal_checkpoint(TRUNCATE);"));
+    }),
         "generate steps");
     const double generate_s = absl::ToDoubleSeconds(absl::Now() - start);
-    std::printf("table data: %zu runs (submitted, started, finished in %.2f s), %ld step rows "
-                "generated in %.2f s, database %.1f MB\n",
-                runs.size(), submit_s, static_cast<long>(runs.size()) * args.steps, generate_s,
-                (FileSize(path) + FileSize(path + "-wal")) / 1e6);
+    std::printf(
+        "table data: %zu runs (submitted, started, finished in %.2f s), %ld step rows "
+        "generated in %.2f s, database %.1f MB\n",
+        runs.size(), submit_s, static_cast<long>(runs.size()) * args.steps, generate_s,
+        (FileSize(path) + FileSize(path + "-wal")) / 1e6);
 
     // A fresh reader, as `ablate table` opens one.
     ReaderOptions reader_options;
@@ -315,8 +329,8 @@ int main(int argc, char** argv) {
     std::sort(ms.begin(), ms.end());
     table_ms = ms[ms.size() / 2];
     std::printf("ablate table (%zu rows): first %.2f ms, median %.2f ms, max %.2f ms\n",
-                static_cast<size_t>(std::count(markdown.begin(), markdown.end(), '\n') - 2),
-                first, table_ms, ms.back());
+                static_cast<size_t>(std::count(markdown.begin(), markdown.end(), '\n') - 2), first,
+                table_ms, ms.back());
     std::printf("%s", markdown.c_str());
 
     // Related reads the dashboard makes over the same data.
@@ -325,8 +339,8 @@ int main(int argc, char** argv) {
     series.max_points = 1000;
     absl::StatusOr<std::vector<StepMetrics>> points = (*reader)->MetricSeries(runs[0], series);
     Die(points.status(), "series");
-    std::printf("metric series of one run (%d steps -> %zu points, min/max): %.2f ms\n",
-                args.steps, points->size(), absl::ToDoubleMilliseconds(absl::Now() - start));
+    std::printf("metric series of one run (%d steps -> %zu points, min/max): %.2f ms\n", args.steps,
+                points->size(), absl::ToDoubleMilliseconds(absl::Now() - start));
     start = absl::Now();
     absl::StatusOr<QueryResult> latest = (*reader)->ReadOnlyQuery(
         "SELECT run_id, step, loss FROM latest_metrics WHERE sweep = 'table'");
@@ -383,12 +397,13 @@ int main(int argc, char** argv) {
     const double writer_cpu = testing::CpuSeconds(getpid(), kWriterThreadName) - writer_start;
     if (fsync) dispatch_rate = runs.size() / seconds;
     const int64_t flushes = (*store)->Stats().flushes - flushes_before;
-    std::printf("dispatch writes, %s (FinishAttempt: 10 points + end + next start, 64 threads): "
-                "%zu jobs in %.2f s = %.0f jobs/s, %.0f us of CPU per job (the writer thread "
-                "%.0f us), %.1f jobs per transaction\n",
-                fsync ? "fsync" : "no fsync", runs.size(), seconds, runs.size() / seconds,
-                1e6 * cpu / runs.size(), 1e6 * writer_cpu / runs.size(),
-                static_cast<double>(runs.size()) / std::max<int64_t>(flushes, 1));
+    std::printf(
+        "dispatch writes, %s (FinishAttempt: 10 points + end + next start, 64 threads): "
+        "%zu jobs in %.2f s = %.0f jobs/s, %.0f us of CPU per job (the writer thread "
+        "%.0f us), %.1f jobs per transaction\n",
+        fsync ? "fsync" : "no fsync", runs.size(), seconds, runs.size() / seconds,
+        1e6 * cpu / runs.size(), 1e6 * writer_cpu / runs.size(),
+        static_cast<double>(runs.size()) / std::max<int64_t>(flushes, 1));
   }
 
   std::printf("\nsummary (target ratio > 1 is better):\n");

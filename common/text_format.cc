@@ -103,17 +103,30 @@ std::string MarkdownText(absl::string_view s) {
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
     switch (c) {
-      case '|': out += "\\|"; break;
-      case '[': out += "\\["; break;
-      case ']': out += "\\]"; break;
-      case '<': out += "&lt;"; break;  // no tag can start (a lone '>' starts none)
-      case '&': out += "&amp;"; break;
+      case '|':
+        out += "\\|";
+        break;
+      case '[':
+        out += "\\[";
+        break;
+      case ']':
+        out += "\\]";
+        break;
+      case '<':
+        out += "&lt;";
+        break;  // no tag can start (a lone '>' starts none)
+      case '&':
+        out += "&amp;";
+        break;
       case '\r':
         if (i + 1 < s.size() && s[i + 1] == '\n') ++i;
         out += ' ';
         break;
-      case '\n': out += ' '; break;
-      default: out += c;
+      case '\n':
+        out += ' ';
+        break;
+      default:
+        out += c;
     }
   }
   return out;

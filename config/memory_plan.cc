@@ -42,9 +42,12 @@ double LayerBytesPerToken(const ModelConfig& c, OpPath path, const Precisions& p
   // or autocast) its input, the scale and the normalised product.
   const auto norm = [&](double width, double rows_per_token, double in_bytes) {
     switch (path) {
-      case OpPath::kCpuFused: return width * in_bytes + rows_per_token * f32;
-      case OpPath::kEager: return width * (f32 + a) + rows_per_token * f32;
-      case OpPath::kCuda: return width * 2 * in_bytes + rows_per_token * f32;
+      case OpPath::kCpuFused:
+        return width * in_bytes + rows_per_token * f32;
+      case OpPath::kEager:
+        return width * (f32 + a) + rows_per_token * f32;
+      case OpPath::kCuda:
+        return width * 2 * in_bytes + rows_per_token * f32;
     }
     return 0.0;
   };
@@ -54,8 +57,8 @@ double LayerBytesPerToken(const ModelConfig& c, OpPath path, const Precisions& p
   const SwitchHeadConfig& sh = c.switchhead();
   if (sh.target() != SWITCHHEAD_NONE) {
     const double e = sh.num_experts(), mixed = sh.target() == SWITCHHEAD_KV ? 2 : 1;
-    bytes += 2 * kv_heads * e * a;                       // router scores and the top-k mask
-    bytes += mixed * (kv * e + kv_heads * e) * a;        // each mixture's expert outputs, scores
+    bytes += 2 * kv_heads * e * a;                 // router scores and the top-k mask
+    bytes += mixed * (kv * e + kv_heads * e) * a;  // each mixture's expert outputs, scores
   }
   if (c.qk_norm()) bytes += norm(q, heads, a) + norm(kv, kv_heads, a);  // contiguous copies
   switch (path) {
@@ -113,10 +116,12 @@ double LayerBytesPerToken(const ModelConfig& c, OpPath path, const Precisions& p
 double LayerBytesPerMicroBatch(const ModelConfig& c, OpPath path, int64_t rows, int64_t seq) {
   const double t = static_cast<double>(seq);
   switch (path) {
-    case OpPath::kCpuFused: return t * t * 4;
+    case OpPath::kCpuFused:
+      return t * t * 4;
     case OpPath::kEager:  // the mask, fp32 probabilities and their bf16 copy, per head
       return t * t * 4 + static_cast<double>(rows) * c.num_heads() * t * t * (4 + 2);
-    case OpPath::kCuda: return 0;
+    case OpPath::kCuda:
+      return 0;
   }
   return 0;
 }
@@ -154,9 +159,10 @@ MemoryPlan PlanMemory(const RunConfig& config, int devices) {
   if (autocast || (bf16 && !t.activation_checkpointing())) copies = params * 2;
   if (bf16 && t.activation_checkpointing()) {
     const ParamBreakdown& b = count.breakdown();
-    const double per_layer = static_cast<double>(b.attention() + b.gate() + b.ffn()) /
-                             std::max(1, c.num_layers());
-    copies = (per_layer + static_cast<double>(c.tie_embeddings() ? b.embedding() : b.lm_head())) * 2;
+    const double per_layer =
+        static_cast<double>(b.attention() + b.gate() + b.ffn()) / std::max(1, c.num_layers());
+    copies =
+        (per_layer + static_cast<double>(c.tie_embeddings() ? b.embedding() : b.lm_head())) * 2;
   }
   plan.set_parameters(Round(params * 4 + copies));
   const int shards = t.shard_optimizer() ? ranks : 1;
@@ -181,15 +187,15 @@ MemoryPlan PlanMemory(const RunConfig& config, int devices) {
   const int64_t rows = std::max<int64_t>(1, t.batch_size() / ranks);
   const int64_t seq = t.seq_len();
   const double tokens = static_cast<double>(rows) * static_cast<double>(seq);
-  const double layer = LayerBytesPerToken(c, path, p) * tokens +
-                       LayerBytesPerMicroBatch(c, path, rows, seq);
+  const double layer =
+      LayerBytesPerToken(c, path, p) * tokens + LayerBytesPerMicroBatch(c, path, rows, seq);
   const double layers = c.num_layers();
   // Outside the layers: the token ids and targets, the final norm and its output, and the fp32
   // log-probabilities the loss keeps (a chunked loss keeps none: its logsumexp per token).
   const double vocab = c.vocab_size();
   const int64_t chunk = t.loss_chunk_tokens();
-  const double outside = tokens * (2 * 8 + (c.d_model() * (p.residual + p.act) + 4) +
-                                   (chunk > 0 ? 4 : vocab * 4));
+  const double outside =
+      tokens * (2 * 8 + (c.d_model() * (p.residual + p.act) + 4) + (chunk > 0 ? 4 : vocab * 4));
   plan.set_activations(Round(layers * layer + outside));
   // Checkpointed: each block's input, and one block's activations at a time in the backward.
   plan.set_activations_checkpointed(
@@ -221,8 +227,9 @@ MemoryPlan PlanMemory(const RunConfig& config, int devices) {
   // the blocks' inputs, no block's activations yet); a checkpointed backward then holds one
   // block's at a time, the logits gone; the all-reduce and the optimizer's temporaries come
   // after the backward has freed them.
-  const double kept = t.activation_checkpointing() ? static_cast<double>(plan.activations_checkpointed())
-                                                   : static_cast<double>(plan.activations());
+  const double kept = t.activation_checkpointing()
+                          ? static_cast<double>(plan.activations_checkpointed())
+                          : static_cast<double>(plan.activations());
   const double forward_end = t.activation_checkpointing() ? kept - layer + logits : kept + logits;
   plan.set_per_device(Round(resident + std::max({forward_end, kept, flat, optimizer_temp})));
   return plan;
@@ -235,10 +242,14 @@ absl::StatusOr<int64_t> ParseMemorySize(const std::string& text) {
     const char* suffix;
     double scale;
   };
-  static const Unit kUnits[] = {{"TIB", 1099511627776.0}, {"GIB", 1073741824.0},
-                                {"MIB", 1048576.0},       {"TB", 1e12},
-                                {"GB", 1e9},              {"MB", 1e6},
-                                {"T", 1e12},              {"G", 1e9},
+  static const Unit kUnits[] = {{"TIB", 1099511627776.0},
+                                {"GIB", 1073741824.0},
+                                {"MIB", 1048576.0},
+                                {"TB", 1e12},
+                                {"GB", 1e9},
+                                {"MB", 1e6},
+                                {"T", 1e12},
+                                {"G", 1e9},
                                 {"M", 1e6}};
   double scale = 1e9;  // a plain number is GB, as resources.memory_gb
   for (const Unit& u : kUnits) {
@@ -250,9 +261,10 @@ absl::StatusOr<int64_t> ParseMemorySize(const std::string& text) {
   s = absl::StripAsciiWhitespace(s);
   double value = 0;
   if (!absl::SimpleAtod(s, &value) || !(value > 0) || value * scale > 9.0e18) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "memory size \"", text, "\": expected a positive number with an optional unit (80GB, "
-        "141GiB, 512MB)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory size \"", text,
+                     "\": expected a positive number with an optional unit (80GB, "
+                     "141GiB, 512MB)"));
   }
   return static_cast<int64_t>(value * scale);
 }
@@ -328,11 +340,13 @@ absl::Status CheckMemoryFits(const std::string& run, const RunConfig& config, in
   if (!fixes.empty()) {
     absl::StrAppend(&message, "; try ", absl::StrJoin(fixes, ", or "));
   } else {
-    absl::StrAppend(&message, "; neither checkpointing, a smaller micro-batch, a chunked loss nor "
-                    "sharding the optimizer's state and the gradients lowers it: its weights alone take ",
-                    FormatBytes(plan.parameters()),
-                    ", which only sharding them (ZeRO-3) or its experts (expert parallelism) "
-                    "would shrink, and ablate does neither");
+    absl::StrAppend(
+        &message,
+        "; neither checkpointing, a smaller micro-batch, a chunked loss nor "
+        "sharding the optimizer's state and the gradients lowers it: its weights alone take ",
+        FormatBytes(plan.parameters()),
+        ", which only sharding them (ZeRO-3) or its experts (expert parallelism) "
+        "would shrink, and ablate does neither");
   }
   return absl::InvalidArgumentError(message);
 }

@@ -7,8 +7,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "proto/tls.h"
 #include "proto/grpc_status.h"
+#include "proto/tls.h"
 
 namespace ablate {
 absl::StatusOr<ClientOptions> ResolveClientOptions(const ClientOptions& flags) {
@@ -128,8 +128,7 @@ absl::StatusOr<CancelResponse> CoordinatorClient::Cancel(const std::string& swee
   return Unary(&ablate::Coordinator::Stub::Cancel, request);
 }
 
-absl::StatusOr<RerunResponse> CoordinatorClient::Rerun(const std::string& sweep,
-                                                       bool failed_only) {
+absl::StatusOr<RerunResponse> CoordinatorClient::Rerun(const std::string& sweep, bool failed_only) {
   RerunRequest request;
   request.set_sweep(sweep);
   request.set_failed_only(failed_only);

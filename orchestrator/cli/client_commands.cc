@@ -15,16 +15,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "fmt/format.h"
-#include "google/protobuf/util/json_util.h"
 #include "common/token_flag.h"
 #include "common/version.h"
 #include "config/run_state.h"
+#include "fmt/format.h"
+#include "google/protobuf/util/json_util.h"
 #include "orchestrator/cli/cli.h"
 #include "orchestrator/cli/cost.h"
+#include "orchestrator/store/reader.h"
 #include "orchestrator/sweep/expand.h"
 #include "orchestrator/sweep/tune.h"
-#include "orchestrator/store/reader.h"
 
 namespace ablate {
 namespace {
@@ -90,8 +90,8 @@ struct WatchFlags {
 
 // Adds them to `cmd`; with `needs`, each flag is refused unless that one is given too.
 void AddWatchFlags(CLI::App* cmd, WatchFlags* flags, CLI::Option* needs = nullptr) {
-  CLI::Option* plain = cmd->add_flag(
-      "--plain", flags->plain, "a line per event, no redrawn bars (default off a terminal)");
+  CLI::Option* plain = cmd->add_flag("--plain", flags->plain,
+                                     "a line per event, no redrawn bars (default off a terminal)");
   if (needs != nullptr) plain->needs(needs);
 }
 
@@ -111,17 +111,16 @@ std::string Bar(const RunStatus& r) {
   const double frac =
       r.total_steps() > 0 ? std::min(1.0, static_cast<double>(r.step()) / r.total_steps()) : 0;
   const int filled = static_cast<int>(std::round(frac * kWidth));
-  std::string line = fmt::format("run {:>4} {:<18} [{}{}] {:>6}/{:<6} loss {:<8} {}", r.run_id(),
-                                 r.variant(), std::string(filled, '#'),
-                                 std::string(kWidth - filled, '.'), r.step(), r.total_steps(),
-                                 Loss(r.last_loss()), RunStateName(r.state()));
+  std::string line =
+      fmt::format("run {:>4} {:<18} [{}{}] {:>6}/{:<6} loss {:<8} {}", r.run_id(), r.variant(),
+                  std::string(filled, '#'), std::string(kWidth - filled, '.'), r.step(),
+                  r.total_steps(), Loss(r.last_loss()), RunStateName(r.state()));
   if (r.spike_count() > 0) absl::StrAppend(&line, "  spikes ", r.spike_count());
   return line;
 }
 
 std::string StateLine(const RunStatus& r) {
-  std::string line = fmt::format("run {} {}: {}", r.run_id(), r.variant(),
-                                 RunStateName(r.state()));
+  std::string line = fmt::format("run {} {}: {}", r.run_id(), r.variant(), RunStateName(r.state()));
   if (r.state() == RUNNING) {
     absl::StrAppend(&line, " (attempt ", r.attempts());
     if (!r.worker().empty()) absl::StrAppend(&line, ", worker ", r.worker());
@@ -163,10 +162,10 @@ absl::Status SweepOutcome(const SweepStatus& done) {
   };
   const int failed = count("FAILED") + count("CANCELLED");
   if (failed > 0) {
-    return WithExitCode(absl::AbortedError(fmt::format(
-                            "watch: {} of {} runs of sweep {} FAILED or were CANCELLED", failed,
-                            done.total_runs(), done.name())),
-                        kExitRunsFailed);
+    return WithExitCode(
+        absl::AbortedError(fmt::format("watch: {} of {} runs of sweep {} FAILED or were CANCELLED",
+                                       failed, done.total_runs(), done.name())),
+        kExitRunsFailed);
   }
   // A boundary sweep diverges by design: its divergences are where the boundary lies.
   if (const int diverged = count("DIVERGED"); diverged > 0 && done.tune_method() != "boundary") {
@@ -242,16 +241,17 @@ namespace {
 absl::Status PrintSubmitted(CoordinatorClient& client, const SubmitResponse& r,
                             const CostFlags& cost, std::ostream& out) {
   if (r.already_exists()) {
-    out << fmt::format("sweep {} (id {}) already exists with these {} runs: nothing new "
-                       "was queued (ablate status {})\n",
-                       r.sweep(), r.sweep_id(), r.runs(), r.sweep());
+    out << fmt::format(
+        "sweep {} (id {}) already exists with these {} runs: nothing new "
+        "was queued (ablate status {})\n",
+        r.sweep(), r.sweep_id(), r.runs(), r.sweep());
     return absl::OkStatus();
   }
   // The coordinator expanded it: its build is the one the runs are keyed to.
-  out << fmt::format("sweep {} (id {}): {} runs, {} queued, {} reused; code {}\n", r.sweep(),
-                     r.sweep_id(), r.runs(), r.queued(), r.reused(),
-                     r.expanded().build().empty() ? r.expanded().code_version()
-                                                  : r.expanded().build());
+  out << fmt::format(
+      "sweep {} (id {}): {} runs, {} queued, {} reused; code {}\n", r.sweep(), r.sweep_id(),
+      r.runs(), r.queued(), r.reused(),
+      r.expanded().build().empty() ? r.expanded().code_version() : r.expanded().build());
   // As `expand` says it, before the cost: the coordinator was built from uncommitted changes.
   if (const std::string note = UncommittedSourcesNote(
           {r.expanded().uncommitted().begin(), r.expanded().uncommitted().end()});
@@ -277,9 +277,10 @@ absl::Status PrintSubmitted(CoordinatorClient& client, const SubmitResponse& r,
 
 // `ablate submit SPEC [--watch] [--force]`.
 void AddSubmitCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
-  CLI::App* cmd = app->add_subcommand(
-      "submit", "Queue a sweep on the coordinator. Runs identical to one that already "
-                "succeeded (same run key) reuse its result unless --force.");
+  CLI::App* cmd =
+      app->add_subcommand("submit",
+                          "Queue a sweep on the coordinator. Runs identical to one that already "
+                          "succeeded (same run key) reuse its result unless --force.");
   auto spec = std::make_shared<std::string>();
   auto watch = std::make_shared<bool>(false);
   auto watch_flags = std::make_shared<WatchFlags>();
@@ -379,18 +380,17 @@ absl::Status PrintSweepRuns(CoordinatorClient& client, const std::string& sweep,
     out << (a.run_id() == 0 ? "note: " : fmt::format("note on run {}: ", a.run_id())) << a.text()
         << "\n";
   }
-  out << fmt::format(kRunRow, "RUN", "VARIANT", "SEED", "STATE", "TRY", "STEP", "LOSS",
-                     "VAL LOSS", "WORKER / REASON");
+  out << fmt::format(kRunRow, "RUN", "VARIANT", "SEED", "STATE", "TRY", "STEP", "LOSS", "VAL LOSS",
+                     "WORKER / REASON");
   for (const RunStatus& run : r->runs()) {
     const std::string where =
         run.state() == RUNNING
             ? absl::StrCat(run.worker(),
                            run.devices() > 1 ? absl::StrCat(" (", run.devices(), " ranks)") : "")
             : run.reason();
-    out << fmt::format(kRunRow, run.run_id(), run.variant(), run.seed(),
-                       RunStateName(run.state()), run.attempts(),
-                       absl::StrCat(run.step(), "/", run.total_steps()), Loss(run.last_loss()),
-                       Loss(run.val_loss()), WithTags(where, run.tags()));
+    out << fmt::format(kRunRow, run.run_id(), run.variant(), run.seed(), RunStateName(run.state()),
+                       run.attempts(), absl::StrCat(run.step(), "/", run.total_steps()),
+                       Loss(run.last_loss()), Loss(run.val_loss()), WithTags(where, run.tags()));
   }
   return absl::OkStatus();
 }
@@ -409,13 +409,15 @@ std::string ProtoJson(const google::protobuf::Message& message) {
 // `ablate status [SWEEP] [--format table|json]`.
 void AddStatusCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
-      "status", "Sweeps and their run counts, and the workers with their slots in use; with "
-                "SWEEP, every run of it.");
+      "status",
+      "Sweeps and their run counts, and the workers with their slots in use; with "
+      "SWEEP, every run of it.");
   std::shared_ptr<std::string> sweep = AddSweepArgument(cmd, /*required=*/false);
   auto format = std::make_shared<std::string>("table");
-  cmd->add_option("--format,-f", *format,
-                  "table (for people), or json: the coordinator's ListSweepsResponse (GetSweepResponse "
-                  "with SWEEP), every field, proto names (proto/ablate.proto)")
+  cmd->add_option(
+         "--format,-f", *format,
+         "table (for people), or json: the coordinator's ListSweepsResponse (GetSweepResponse "
+         "with SWEEP), every field, proto names (proto/ablate.proto)")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
   SetClientAction(cmd, action, [=](CoordinatorClient& client) -> absl::Status {
@@ -437,9 +439,10 @@ void AddStatusCommand(CLI::App* app, std::ostream* out, std::function<absl::Stat
 
 // `ablate watch SWEEP [--plain]`.
 void AddWatchCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
-  CLI::App* cmd = app->add_subcommand(
-      "watch", "Live progress of every run of a sweep, spikes and divergences as they "
-               "happen; exits when the sweep ends.");
+  CLI::App* cmd =
+      app->add_subcommand("watch",
+                          "Live progress of every run of a sweep, spikes and divergences as they "
+                          "happen; exits when the sweep ends.");
   std::shared_ptr<std::string> sweep = AddSweepArgument(cmd);
   auto watch_flags = std::make_shared<WatchFlags>();
   AddWatchFlags(cmd, watch_flags.get());
@@ -470,8 +473,9 @@ void AddCancelCommand(CLI::App* app, std::ostream* out, std::function<absl::Stat
 // `ablate rerun SWEEP --failed`.
 void AddRerunCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
-      "rerun", "Queue a sweep's FAILED and CANCELLED runs again, resuming from their last "
-               "checkpoints. DIVERGED runs are results and are not rerun.");
+      "rerun",
+      "Queue a sweep's FAILED and CANCELLED runs again, resuming from their last "
+      "checkpoints. DIVERGED runs are results and are not rerun.");
   auto failed = std::make_shared<bool>(false);
   std::shared_ptr<std::string> sweep = AddSweepArgument(cmd);
   cmd->add_flag("--failed", *failed, "the failed and cancelled runs (required)")->required();
@@ -505,8 +509,9 @@ void AddTagCommand(CLI::App* app, bool untag, std::ostream* out,
   CLI::App* cmd =
       untag ? app->add_subcommand("untag", "Remove tags from a sweep or from one run of it.")
             : app->add_subcommand(
-                  "tag", "Tag a sweep or one run of it (e.g. `bugged`, left out of the means "
-                         "with --exclude-tag). A tag is 1 to 64 of A-Z a-z 0-9 _ . : -.");
+                  "tag",
+                  "Tag a sweep or one run of it (e.g. `bugged`, left out of the means "
+                  "with --exclude-tag). A tag is 1 to 64 of A-Z a-z 0-9 _ . : -.");
   auto target = std::make_shared<std::string>();
   auto tags = std::make_shared<std::vector<std::string>>();
   cmd->add_option("target", *target, "SWEEP, or SWEEP/RUN_ID for one run of it")->required();
@@ -536,8 +541,9 @@ void AddTagCommand(CLI::App* app, bool untag, std::ostream* out,
 // `ablate note SWEEP[/RUN_ID] "TEXT"`.
 void AddNoteCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
-      "note", "Add a note to a sweep or one run of it (shown by status, export, the report and "
-              "the dashboard).");
+      "note",
+      "Add a note to a sweep or one run of it (shown by status, export, the report and "
+      "the dashboard).");
   auto target = std::make_shared<std::string>();
   auto text = std::make_shared<std::string>();
   cmd->add_option("target", *target, "SWEEP, or SWEEP/RUN_ID for one run of it")->required();
@@ -614,8 +620,9 @@ std::shared_ptr<std::vector<std::string>> AddExcludeTagOption(CLI::App* cmd) {
 // `ablate table SWEEP... [--format markdown|csv|json] [--exclude-tag TAG] [--best|--stability]`.
 void AddTableCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
-      "table", "The paper-style comparison of a sweep: one row per variant, mean ± std over "
-               "seeds of val loss/PPL, gate score, M-Act, F-Attn, spike score, and params.");
+      "table",
+      "The paper-style comparison of a sweep: one row per variant, mean ± std over "
+      "seeds of val loss/PPL, gate score, M-Act, F-Attn, spike score, and params.");
   auto format = std::make_shared<std::string>("markdown");
   std::shared_ptr<std::vector<std::string>> sweeps = AddSweepsArgument(cmd);
   cmd->add_option("--format,-f", *format, "output format")
@@ -661,9 +668,10 @@ void AddTableCommand(CLI::App* app, std::ostream* out, std::function<absl::Statu
 // [--correction holm|none] [--exclude-tag TAG] [--best]`.
 void AddCompareCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
-      "compare", "Each variant against the reference at the same axis point, paired by seed: "
-                 "the difference with its interval, p-values adjusted over the rows, the "
-                 "smallest difference the seeds can detect, and a verdict.");
+      "compare",
+      "Each variant against the reference at the same axis point, paired by seed: "
+      "the difference with its interval, p-values adjusted over the rows, the "
+      "smallest difference the seeds can detect, and a verdict.");
   std::shared_ptr<std::vector<std::string>> sweeps = AddSweepsArgument(cmd);
   auto metric = std::make_shared<std::string>("val_loss");
   auto reference = std::make_shared<std::string>();
@@ -722,8 +730,8 @@ std::string ExportSql(int64_t id, bool steps) {
         "SELECT r.run_id, r.variant, r.seed, r.axes, m.step, m.attempt, m.loss, "
         "m.grad_norm, m.lr, m.tokens_per_s, m.aux_loss, m.skipped, r.reused_from "
         "FROM run_summary r JOIN step_metrics m ON m.run_id = "
-        "coalesce(r.reused_from, r.run_id) WHERE r.sweep_id = ", id,
-        " ORDER BY r.run_index, m.step");
+        "coalesce(r.reused_from, r.run_id) WHERE r.sweep_id = ",
+        id, " ORDER BY r.run_index, m.step");
   }
   return absl::StrCat("SELECT * FROM run_summary WHERE sweep_id = ", id, " ORDER BY run_index");
 }
@@ -731,8 +739,9 @@ std::string ExportSql(int64_t id, bool steps) {
 // `ablate export SWEEP [--format csv|json] [--steps]`.
 void AddExportCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
-      "export", "Every run of a sweep with its final metrics (the run_summary view), or with "
-                "--steps every reported step, as CSV or JSON.");
+      "export",
+      "Every run of a sweep with its final metrics (the run_summary view), or with "
+      "--steps every reported step, as CSV or JSON.");
   auto format = std::make_shared<std::string>("csv");
   auto steps = std::make_shared<bool>(false);
   std::shared_ptr<std::string> sweep = AddSweepArgument(cmd);

@@ -8,11 +8,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/text_format.h"
 #include "config/memory_plan.h"
 #include "config/model_config.h"
-#include "fmt/format.h"
 #include "config/param_count.h"
-#include "common/text_format.h"
+#include "fmt/format.h"
 
 namespace ablate {
 
@@ -166,8 +166,8 @@ int64_t CostFlags::DeviceMemoryBytes() const {
 }
 
 std::string FormatCostLine(const SweepCost& cost, const CostFlags& flags, absl::string_view runs) {
-  std::string line = absl::StrCat("total: ", runs, ", ", FormatFlops(cost.total()), " FLOPs: ",
-                                  FormatFlops(cost.train_flops), " training (",
+  std::string line = absl::StrCat("total: ", runs, ", ", FormatFlops(cost.total()),
+                                  " FLOPs: ", FormatFlops(cost.train_flops), " training (",
                                   kTrainingFlopsPerForwardFlop, " x forward) + ",
                                   FormatFlops(cost.eval_flops), " evaluation (forward)");
   if (flags.device_peak.empty()) {

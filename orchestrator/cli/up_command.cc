@@ -42,16 +42,18 @@ absl::Status RunUp(const UpOptions& options, std::ostream& out) {
   if (!served.ok()) return served.status();
   const CoordinatorServer& server = (*served)->server();
   const fs::path state(options.server.state_dir);
-  out << fmt::format("ablate up: coordinator on {} (database {}, token {}); {} worker{}; Ctrl-C "
-                     "stops all\n",
-                     server.address(), (state / "ablate.db").string(), (state / "token").string(),
-                     options.workers, options.workers == 1 ? "" : "s")
+  out << fmt::format(
+             "ablate up: coordinator on {} (database {}, token {}); {} worker{}; Ctrl-C "
+             "stops all\n",
+             server.address(), (state / "ablate.db").string(), (state / "token").string(),
+             options.workers, options.workers == 1 ? "" : "s")
       << std::flush;
 
   // The workers' environment: ours, with the coordinator's token and no stale address.
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
-    if (absl::StartsWith(*e, "ABLATE_TOKEN=") || absl::StartsWith(*e, "ABLATE_COORDINATOR=")) continue;
+    if (absl::StartsWith(*e, "ABLATE_TOKEN=") || absl::StartsWith(*e, "ABLATE_COORDINATOR="))
+      continue;
     env.emplace_back(*e);
   }
   env.push_back("ABLATE_TOKEN=" + server.credentials().worker);
@@ -61,8 +63,8 @@ absl::Status RunUp(const UpOptions& options, std::ostream& out) {
     const std::string name = absl::StrCat("up-", i);
     // Every worker is on this machine: a gang's rendezvous (a run wider than one worker) is
     // reached on loopback.
-    std::vector<std::string> args = {worker_bin, "--coordinator", server.address(), "--name", name,
-                                     "--rendezvous-host", "127.0.0.1"};
+    std::vector<std::string> args = {worker_bin, "--coordinator",     server.address(), "--name",
+                                     name,       "--rendezvous-host", "127.0.0.1"};
     if (!options.server.tls_cert_file.empty()) {
       args.insert(args.end(), {"--tls-ca", (state / kTlsCaFile).string()});
     }
@@ -87,8 +89,7 @@ absl::Status RunUp(const UpOptions& options, std::ostream& out) {
         continue;
       }
       if (announce) {
-        out << fmt::format("ablate up: worker {} (pid {}) {}\n", it->second, pid,
-                           ExitText(status))
+        out << fmt::format("ablate up: worker {} (pid {}) {}\n", it->second, pid, ExitText(status))
             << std::flush;
       }
       it = running.erase(it);
@@ -97,10 +98,11 @@ absl::Status RunUp(const UpOptions& options, std::ostream& out) {
 
   int signal = 0;
   while ((signal = signals.Wait()) == SIGCHLD) reap(/*announce=*/true);
-  out << fmt::format("ablate up: {}: stopping {} worker{} (each checkpoints its run), then the "
-                     "coordinator\n",
-                     signal == SIGINT ? "SIGINT" : "SIGTERM", running.size(),
-                     running.size() == 1 ? "" : "s")
+  out << fmt::format(
+             "ablate up: {}: stopping {} worker{} (each checkpoints its run), then the "
+             "coordinator\n",
+             signal == SIGINT ? "SIGINT" : "SIGTERM", running.size(),
+             running.size() == 1 ? "" : "s")
       << std::flush;
   for (const auto& [pid, name] : running) ::kill(pid, SIGTERM);
   const absl::Time give_up = absl::Now() + options.stop_grace;
@@ -110,12 +112,13 @@ absl::Status RunUp(const UpOptions& options, std::ostream& out) {
     if (running.empty()) break;
     const absl::Duration left = give_up - absl::Now();
     if (!killed && left <= absl::ZeroDuration()) {
-      out << "ablate up: workers still running after the grace period: killing them\n" << std::flush;
+      out << "ablate up: workers still running after the grace period: killing them\n"
+          << std::flush;
       for (const auto& [pid, name] : running) ::kill(pid, SIGKILL);
       killed = true;
     }
-    const int got = signals.WaitFor(
-        std::min(std::max(left, absl::Milliseconds(10)), absl::Milliseconds(200)));
+    const int got =
+        signals.WaitFor(std::min(std::max(left, absl::Milliseconds(10)), absl::Milliseconds(200)));
     if ((got == SIGINT || got == SIGTERM) && !killed) {
       out << "ablate up: second signal: killing the workers\n" << std::flush;
       for (const auto& [pid, name] : running) ::kill(pid, SIGKILL);
@@ -129,8 +132,9 @@ absl::Status RunUp(const UpOptions& options, std::ostream& out) {
 
 void AddUpCommand(CLI::App* app, std::ostream* out, std::function<absl::Status()>* action) {
   CLI::App* cmd = app->add_subcommand(
-      "up", "Run the coordinator and N local workers in one command; Ctrl-C stops all (runs in "
-            "progress are checkpointed and resume on the next start).");
+      "up",
+      "Run the coordinator and N local workers in one command; Ctrl-C stops all (runs in "
+      "progress are checkpointed and resume on the next start).");
   auto options = std::make_shared<UpOptions>();
   auto seconds = std::make_shared<ServerFlagSeconds>();
   cmd->add_option("--workers,-w", options->workers, "local ablate-worker processes")

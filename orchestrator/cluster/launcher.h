@@ -56,9 +56,9 @@ struct PilotRequest {
   // The worker credential, with which a pilot cannot submit, cancel or read results. A back end
   // hands it to the pilots in their environment: never on a command line, in a script or a log.
   std::string token;
-  std::string worker_bin;       // absolute
-  std::string tls_ca;           // absolute; "" = plaintext
-  std::string device;           // as given ("" = the back end's choice)
+  std::string worker_bin;  // absolute
+  std::string tls_ca;      // absolute; "" = plaintext
+  std::string device;      // as given ("" = the back end's choice)
   int slots = 0;
   std::string checkpoint_root;  // absolute; "" = each job's checkpoint dir
   std::string log_dir;          // absolute; "" = the back end's default

@@ -141,7 +141,6 @@ absl::Status CommandFailed(const std::string& what, const ProgramResult& r) {
       absl::StrCat(what, " failed (exit ", r.exit_code, "): ", absl::StrJoin(lines, "; ")));
 }
 
-
 fs::path SlurmDir(const std::string& state_dir) { return fs::absolute(state_dir) / "slurm"; }
 
 // (array job, task) as numbers for sorting; ids that are not numbers sort last, as text.
@@ -158,9 +157,10 @@ std::pair<int64_t, int64_t> PilotOrder(const PilotState& p) {
 
 // Every line of `out` split at '|' into exactly `fields` fields, each line a pilot that `fill`
 // makes of its fields.
-absl::StatusOr<std::vector<PilotState>> ParsePilotRows(
-    absl::string_view out, size_t fields, const char* program,
-    void (*fill)(std::vector<std::string>& f, PilotState* p)) {
+absl::StatusOr<std::vector<PilotState>> ParsePilotRows(absl::string_view out, size_t fields,
+                                                       const char* program,
+                                                       void (*fill)(std::vector<std::string>& f,
+                                                                    PilotState* p)) {
   std::vector<PilotState> pilots;
   for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipWhitespace())) {
     line = absl::StripTrailingAsciiWhitespace(line);
@@ -178,9 +178,9 @@ absl::StatusOr<std::vector<PilotState>> ParsePilotRows(
 
 // The pilots of `jobs` in squeue (pending, running and recently ended ones).
 absl::StatusOr<std::vector<PilotState>> SqueuePilots(const std::set<std::string>& jobs) {
-  absl::StatusOr<ProgramResult> r = RunSlurm({"squeue", "--noheader", "--array", "--states=all",
-                                                absl::StrCat("--name=", kPilotJobName),
-                                                absl::StrCat("--format=", kSqueueFormat)});
+  absl::StatusOr<ProgramResult> r =
+      RunSlurm({"squeue", "--noheader", "--array", "--states=all",
+                absl::StrCat("--name=", kPilotJobName), absl::StrCat("--format=", kSqueueFormat)});
   if (!r.ok()) return r.status();
   if (r->exit_code != 0) return CommandFailed("squeue", *r);
   absl::StatusOr<std::vector<PilotState>> all = ParseSqueue(r->out);
@@ -194,10 +194,9 @@ absl::StatusOr<std::vector<PilotState>> SqueuePilots(const std::set<std::string>
 
 // The pilots of `jobs` in SLURM's accounting (unavailable where accounting is not configured).
 absl::StatusOr<std::vector<PilotState>> SacctPilots(const std::vector<std::string>& jobs) {
-  absl::StatusOr<ProgramResult> r =
-      RunSlurm({"sacct", "--noheader", "--parsable2", "--allocations",
-                  absl::StrCat("--jobs=", absl::StrJoin(jobs, ",")),
-                  absl::StrCat("--format=", kSacctFormat)});
+  absl::StatusOr<ProgramResult> r = RunSlurm({"sacct", "--noheader", "--parsable2", "--allocations",
+                                              absl::StrCat("--jobs=", absl::StrJoin(jobs, ",")),
+                                              absl::StrCat("--format=", kSacctFormat)});
   if (!r.ok()) return r.status();
   if (r->exit_code != 0) return CommandFailed("sacct", *r);
   return ParseSacct(r->out);
@@ -346,8 +345,7 @@ absl::StatusOr<std::string> SubmitPilots(const std::vector<std::string>& directi
                                          const std::string& token) {
   std::vector<std::string> args = {"sbatch", "--parsable"};
   args.insert(args.end(), directives.begin(), directives.end());
-  for (absl::string_view arg :
-       absl::StrSplit(extra, absl::ByAnyChar(" \t\n"), absl::SkipEmpty())) {
+  for (absl::string_view arg : absl::StrSplit(extra, absl::ByAnyChar(" \t\n"), absl::SkipEmpty())) {
     args.emplace_back(arg);
   }
   args.push_back(script.string());
@@ -374,8 +372,8 @@ absl::Status RecordPilotJob(const fs::path& dir, const std::string& job, int cou
 
 // What launch submitted: the job, its script and logs, and a note when the pilots are told to
 // dial an address only this machine reaches.
-void PrintLaunched(const PilotScriptOptions& pilot, const std::string& job,
-                   const fs::path& script, std::ostream& out) {
+void PrintLaunched(const PilotScriptOptions& pilot, const std::string& job, const fs::path& script,
+                   std::ostream& out) {
   out << fmt::format(
              "ablate workers: submitted SLURM job {}: {} pilot{} (array 0-{}) dialling {}\n", job,
              pilot.count, pilot.count == 1 ? "" : "s", pilot.count - 1, pilot.coordinator)
@@ -463,7 +461,8 @@ absl::Status SlurmLauncher::Status(const WorkersOptions& options, std::ostream& 
   if (jobs.empty()) {
     if (options.format == "json") {
       out << nlohmann::json({{"jobs", nlohmann::json::array()},
-                             {"pilots", nlohmann::json::array()}, {"active", 0}})
+                             {"pilots", nlohmann::json::array()},
+                             {"active", 0}})
                  .dump(1)
           << "\n";
       return absl::OkStatus();
@@ -507,13 +506,19 @@ absl::Status SlurmLauncher::Status(const WorkersOptions& options, std::ostream& 
     }
   }
   if (options.format == "json") {
-    nlohmann::json j = {{"jobs", jobs}, {"pilots", nlohmann::json::array()},
-                        {"ended_unknown", ended}, {"sacct_note", sacct_note}};
+    nlohmann::json j = {{"jobs", jobs},
+                        {"pilots", nlohmann::json::array()},
+                        {"ended_unknown", ended},
+                        {"sacct_note", sacct_note}};
     int active = 0;
     for (const PilotState& p : *pilots) {
-      j["pilots"].push_back({{"pilot", p.job}, {"job", p.array_job}, {"state", p.state},
-                             {"elapsed", p.time}, {"time_limit", p.time_limit},
-                             {"node", p.nodes}, {"reason", p.reason},
+      j["pilots"].push_back({{"pilot", p.job},
+                             {"job", p.array_job},
+                             {"state", p.state},
+                             {"elapsed", p.time},
+                             {"time_limit", p.time_limit},
+                             {"node", p.nodes},
+                             {"reason", p.reason},
                              {"active", PilotActive(p)}});
       active += PilotActive(p);
     }

@@ -19,12 +19,12 @@
 #include "orchestrator/coordinator/core.h"
 #include "orchestrator/coordinator/core_internal.h"
 #include "orchestrator/coordinator/door.h"
-#include "orchestrator/sweep/expand.h"
-#include "orchestrator/sweep/spec.h"
 #include "orchestrator/store/compare.h"
 #include "orchestrator/store/format.h"
 #include "orchestrator/store/reader.h"
 #include "orchestrator/store/tune_results.h"
+#include "orchestrator/sweep/expand.h"
+#include "orchestrator/sweep/spec.h"
 
 namespace ablate {
 
@@ -45,8 +45,8 @@ SweepStatus ToSweepStatus(const SweepInfo& s) {
   out.set_created_unix_ms(static_cast<int64_t>(s.created_at * 1000));
   auto& by_state = *out.mutable_runs_by_state();
   const std::pair<RunState, int64_t> counts[] = {
-      {PENDING, s.pending},     {RUNNING, s.running},     {SUCCEEDED, s.succeeded},
-      {FAILED, s.failed},       {DIVERGED, s.diverged},   {CANCELLED, s.cancelled},
+      {PENDING, s.pending},         {RUNNING, s.running},   {SUCCEEDED, s.succeeded},
+      {FAILED, s.failed},           {DIVERGED, s.diverged}, {CANCELLED, s.cancelled},
       {INTERRUPTED, s.interrupted}, {STOPPED, s.stopped}};
   for (const auto& [state, n] : counts) {
     if (n > 0) by_state[RunStateName(state)] = static_cast<int32_t>(n);
@@ -76,10 +76,10 @@ absl::Status CheckTag(absl::string_view verb, const std::string& tag) {
                     return absl::ascii_isalnum(c) || c == '_' || c == '.' || c == ':' || c == '-';
                   });
   if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      verb, ": \"", absl::CHexEscape(tag.substr(0, kMaxTagLength + 1)),
-      tag.size() > kMaxTagLength + 1 ? "..." : "", "\" is not a tag (1 to ", kMaxTagLength,
-      " of A-Z a-z 0-9 _ . : -)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(verb, ": \"", absl::CHexEscape(tag.substr(0, kMaxTagLength + 1)),
+                   tag.size() > kMaxTagLength + 1 ? "..." : "", "\" is not a tag (1 to ",
+                   kMaxTagLength, " of A-Z a-z 0-9 _ . : -)"));
 }
 
 // The tune of a selection's first sweep; FailedPrecondition naming `verb` when it has none.
@@ -123,9 +123,9 @@ absl::StatusOr<bool> SameRuns(const StoreReader& reader, const SweepInfo& existi
 
 absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& request) {
   if (static_cast<int64_t>(request.spec_yaml().size()) > options_.max_spec_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "submit: the spec is ", request.spec_yaml().size(), " bytes; the limit is ",
-        options_.max_spec_bytes));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("submit: the spec is ", request.spec_yaml().size(), " bytes; the limit is ",
+                     options_.max_spec_bytes));
   }
   const std::string file = request.spec_file().empty() ? "<spec>" : request.spec_file();
   absl::StatusOr<SweepSpec> spec = ParseSweepSpecText(request.spec_yaml(), file);
@@ -154,9 +154,9 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
     absl::StatusOr<bool> same = SameRuns(reader, *existing, *expanded);
     if (!same.ok()) return same.status();
     if (!*same) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          file, ": a sweep named ", expanded->name(),
-          " exists with different runs; give this one another `sweep:` name"));
+      return absl::AlreadyExistsError(
+          absl::StrCat(file, ": a sweep named ", expanded->name(),
+                       " exists with different runs; give this one another `sweep:` name"));
     }
     response.set_sweep_id(existing->id);
     response.set_already_exists(true);
@@ -219,15 +219,14 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
 }
 
 absl::Status CoordinatorCore::ResolveInitFrom(const std::string& file, ExpandedSweep* sweep,
-                                             std::vector<std::string>* config_json) {
+                                              std::vector<std::string>* config_json) {
   const StoreReader& reader = store_->reader();
   for (int i = 0; i < sweep->runs_size(); ++i) {
     RunSpec* run = sweep->mutable_runs(i);
     InitFrom* from = run->mutable_config()->mutable_train()->mutable_init_from();
     if (from->sweep().empty()) continue;
-    const std::string where =
-        absl::StrCat(file, ": run ", i, " (", run->variant(), ", seed ", run->seed(),
-                     "): train.init_from");
+    const std::string where = absl::StrCat(file, ": run ", i, " (", run->variant(), ", seed ",
+                                           run->seed(), "): train.init_from");
     if (!from->checkpoint().empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": give a checkpoint or a sweep, variant and seed, not both"));
@@ -236,8 +235,9 @@ absl::Status CoordinatorCore::ResolveInitFrom(const std::string& file, ExpandedS
     // variant and no seed, that variant's run of its own seed.
     if (from->variant().empty() && from->has_seed()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, ": a seed without a variant; name the variant, or leave both out to continue "
-                 "each run's own variant and seed"));
+          where,
+          ": a seed without a variant; name the variant, or leave both out to continue "
+          "each run's own variant and seed"));
     }
     const std::string variant = from->variant().empty() ? run->variant() : from->variant();
     const uint64_t seed = from->has_seed() ? from->seed() : run->seed();
@@ -405,7 +405,8 @@ absl::StatusOr<RerunResponse> CoordinatorCore::Rerun(const RerunRequest& request
     if (!tune.ok()) return tune.status();
     if (tune->has_value() && (*tune)->method != "grid") {
       return absl::FailedPreconditionError(absl::StrCat(
-          "rerun: sweep ", sweep->name, " is tuned (", (*tune)->method, "): its decisions are "
+          "rerun: sweep ", sweep->name, " is tuned (", (*tune)->method,
+          "): its decisions are "
           "not redone; rerun its failed runs with --failed, or submit the spec under another "
           "name"));
     }
@@ -478,9 +479,8 @@ absl::StatusOr<AnnotateResponse> CoordinatorCore::Annotate(const AnnotateRequest
       edit.texts.push_back(request.note());
       break;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("annotate: action must be TAG, UNTAG or NOTE, not ",
-                       static_cast<int>(request.action())));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "annotate: action must be TAG, UNTAG or NOTE, not ", static_cast<int>(request.action())));
   }
   if (request.run_id() < 0) {
     return absl::InvalidArgumentError(
@@ -505,14 +505,15 @@ absl::StatusOr<AnnotateResponse> CoordinatorCore::Annotate(const AnnotateRequest
 }
 
 absl::Status CoordinatorCore::Watch(const WatchRequest& request,
-                                const std::function<bool(const WatchEvent&)>& write,
-                                const std::function<bool()>& cancelled) {
+                                    const std::function<bool(const WatchEvent&)>& write,
+                                    const std::function<bool()>& cancelled) {
   {
     absl::MutexLock lock(&mu_);
     if (watches_ >= options_.max_watches) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "watch: ", watches_, " watches are open, the most this coordinator serves at once; "
-          "try again when one ends"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("watch: ", watches_,
+                       " watches are open, the most this coordinator serves at once; "
+                       "try again when one ends"));
     }
     ++watches_;
   }
@@ -634,8 +635,8 @@ absl::StatusOr<TableResponse> CoordinatorCore::Table(const TableRequest& request
                           request.more_sweeps().end());
   selection.exclude_tags.assign(request.exclude_tags().begin(), request.exclude_tags().end());
   if (request.at_tokens() < 0 || request.at_flops() < 0 ||
-      (request.at_tokens() > 0 && request.at_flops() > 0) ||
-      !std::isfinite(request.at_tokens()) || !std::isfinite(request.at_flops())) {
+      (request.at_tokens() > 0 && request.at_flops() > 0) || !std::isfinite(request.at_tokens()) ||
+      !std::isfinite(request.at_flops())) {
     return absl::InvalidArgumentError(
         "table: give at most one of --at-tokens and --at-flops, a positive number");
   }
@@ -657,9 +658,9 @@ absl::StatusOr<TableResponse> CoordinatorCore::Table(const TableRequest& request
     absl::StatusOr<TuneInfo> tune = TuneOfResults(store_->reader(), *results, "table --stability");
     if (!tune.ok()) return tune.status();
     if (tune->method != "boundary") {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "table --stability: sweep ", results->sweeps.front().name, " tunes by ", tune->method,
-          ", not boundary: it has no stability brackets"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("table --stability: sweep ", results->sweeps.front().name, " tunes by ",
+                       tune->method, ", not boundary: it has no stability brackets"));
     }
     absl::StatusOr<std::vector<BracketInfo>> brackets =
         store_->reader().TuneBrackets(results->sweeps.front().id);
@@ -681,10 +682,10 @@ absl::StatusOr<TableResponse> CoordinatorCore::Table(const TableRequest& request
     }
     absl::StatusOr<std::string> same = FormatComparisonTable(table, format);
     if (!same.ok()) return same.status();
-    response.set_formatted(absl::StrCat(
-        "Same config (every value of ", tune->axis, "):\n\n", *same, "\nEach variant at its own best ",
-        tune->axis, " (by ", tune->maximize ? "highest" : "lowest", " mean ", tune->metric,
-        " over seeds):\n\n", *formatted));
+    response.set_formatted(absl::StrCat("Same config (every value of ", tune->axis, "):\n\n", *same,
+                                        "\nEach variant at its own best ", tune->axis, " (by ",
+                                        tune->maximize ? "highest" : "lowest", " mean ",
+                                        tune->metric, " over seeds):\n\n", *formatted));
     return response;
   }
   absl::StatusOr<std::string> formatted = FormatComparisonTable(table, format);

@@ -135,8 +135,9 @@ absl::Status CoordinatorCore::Rebuild() {
       t.expected_attempt = run.attempts;
       t.attempt_end = "LOST";
       t.to = PENDING;
-      t.reason = "the coordinator restarted during this gang-scheduled attempt; it resumes from "
-                 "its checkpoint";
+      t.reason =
+          "the coordinator restarted during this gang-scheduled attempt; it resumes from "
+          "its checkpoint";
       if (absl::StatusOr<TransitionResult> r = store_->TransitionRun(t); !r.ok()) {
         return r.status();
       }

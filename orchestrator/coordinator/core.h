@@ -88,9 +88,9 @@ struct CoordinatorOptions {
   // The longest an AcquireJob long poll waits (a worker's wait_s is capped to this).
   absl::Duration max_acquire_wait = absl::Seconds(30);
   // Limits on what clients and workers send.
-  int64_t max_spec_bytes = 1 << 20;     // SubmitRequest.spec_yaml
+  int64_t max_spec_bytes = 1 << 20;    // SubmitRequest.spec_yaml
   int64_t max_runs_per_sweep = 10000;  // runs after filters (as kDefaultMaxRuns, sweep/spec.h)
-  int64_t max_batch_rows = 200000;      // MetricBatch::Rows() of one report
+  int64_t max_batch_rows = 200000;     // MetricBatch::Rows() of one report
   // The coordinator's secret: every Job's lease secret is derived from it (common/credentials.h),
   // so a restarted coordinator with the same secret accepts the leases it handed out before.
   std::string lease_key;
@@ -115,7 +115,7 @@ class CoordinatorCore : private TunerPort {
  public:
   // Rebuilds the scheduler from the store (see above) and starts the lease checker.
   static absl::StatusOr<std::unique_ptr<CoordinatorCore>> Create(Store* store,
-                                                             const CoordinatorOptions& options);
+                                                                 const CoordinatorOptions& options);
   ~CoordinatorCore() override;  // Shutdown() and join
 
   CoordinatorCore(const CoordinatorCore&) = delete;
@@ -200,13 +200,12 @@ class CoordinatorCore : private TunerPort {
   absl::Status CheckWorkerSecret(absl::string_view what, absl::string_view presented,
                                  int64_t worker_id) const;
   // PermissionDenied unless `presented` is the lease secret of (run, attempt, worker).
-  absl::Status CheckLeaseSecret(absl::string_view what, absl::string_view presented,
-                                int64_t run_id, int32_t attempt, int64_t worker_id) const;
+  absl::Status CheckLeaseSecret(absl::string_view what, absl::string_view presented, int64_t run_id,
+                                int32_t attempt, int64_t worker_id) const;
   // The metric batch of a report (a Report's, or a Finish's final_report) for (run, attempt);
   // ResourceExhausted "<what> N rows; the limit is M: <advice>" past max_batch_rows.
-  absl::StatusOr<MetricBatch> BatchOf(const ReportRequest& report, int64_t run_id,
-                                      int32_t attempt, absl::string_view what,
-                                      absl::string_view advice) const;
+  absl::StatusOr<MetricBatch> BatchOf(const ReportRequest& report, int64_t run_id, int32_t attempt,
+                                      absl::string_view what, absl::string_view advice) const;
   // After the store started (or refused to start) `run`, picked from the scheduler for
   // worker_id: records the lease's attempt and makes the job. nullopt when the start failed and
   // another pick may succeed (the run was cancelled, or queued again after a store hiccup);
@@ -240,8 +239,7 @@ class CoordinatorCore : private TunerPort {
                            FinishResponse* response) ABSL_LOCKS_EXCLUDED(mu_);
   // The jobs of the next runs whose starts rode on the first write (`r`), into `response`.
   void StartNextJobs(int64_t worker_id, const std::vector<QueuedRun>& next,
-                     const FinishWriteResult& r, FinishResponse* response)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                     const FinishWriteResult& r, FinishResponse* response) ABSL_LOCKS_EXCLUDED(mu_);
   RunStatus ToRunStatus(const RunInfo& run) ABSL_LOCKS_EXCLUDED(mu_);
   // ---- TunerPort (core.cc): what the tuner may ask of the core ----
   bool SweepCancelled(int64_t sweep_id) override ABSL_LOCKS_EXCLUDED(mu_);
@@ -280,7 +278,7 @@ class CoordinatorCore : private TunerPort {
   // Attempts a run had when it was last queued by a user (rerun): retries count from there.
   std::map<int64_t, int> attempt_base_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
-  int watches_ ABSL_GUARDED_BY(mu_) = 0;  // Watch calls in progress (options_.max_watches)
+  int watches_ ABSL_GUARDED_BY(mu_) = 0;      // Watch calls in progress (options_.max_watches)
   int registering_ ABSL_GUARDED_BY(mu_) = 0;  // Register calls between the cap and the store
 
   // Decides in tuned sweeps after their runs' ends; calls back through TunerPort, so it is

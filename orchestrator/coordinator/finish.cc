@@ -26,8 +26,8 @@ namespace ablate {
 using core_internal::ToQueued;
 
 absl::Status CoordinatorCore::EndAttemptAndRetry(int64_t run_id, int64_t sweep_id, int32_t attempt,
-                                             const std::string& attempt_end,
-                                             const std::string& reason, bool retry) {
+                                                 const std::string& attempt_end,
+                                                 const std::string& reason, bool retry) {
   RetryDecision decision;
   bool cancelled = false;
   std::optional<QueuedRun> queued;
@@ -95,8 +95,7 @@ absl::StatusOr<PreparedFinish> CoordinatorCore::PrepareFinish(const FinishReques
     absl::MutexLock lock(&mu_);
     lease = scheduler_.GetLease(request.run_id());
   }
-  if (!lease.has_value() || lease->attempt != request.attempt() ||
-      lease->worker_id != worker_id) {
+  if (!lease.has_value() || lease->attempt != request.attempt() || lease->worker_id != worker_id) {
     // A retried Finish whose first try was applied is acknowledged again (without a next job:
     // one leased by the first try comes back when its lease expires).
     absl::StatusOr<RunInfo> run = store_->scheduling_reader().GetRun(request.run_id());
@@ -107,8 +106,8 @@ absl::StatusOr<PreparedFinish> CoordinatorCore::PrepareFinish(const FinishReques
     }
     return absl::FailedPreconditionError(
         absl::StrCat("finish: run ", request.run_id(), " attempt ", request.attempt(),
-                     " is not leased to worker ", worker_id, " (it is ",
-                     RunStateName(run->state), ", attempt ", run->attempts, ")"));
+                     " is not leased to worker ", worker_id, " (it is ", RunStateName(run->state),
+                     ", attempt ", run->attempts, ")"));
   }
   p.lease = *lease;
   p.rung_pause = IsRungPause(request, *lease);
@@ -134,8 +133,7 @@ absl::StatusOr<PreparedFinish> CoordinatorCore::PrepareFinish(const FinishReques
       return s;
     }
   }
-  p.reason =
-      BoundedText(!request.error().empty() ? request.error() : request.summary().reason());
+  p.reason = BoundedText(!request.error().empty() ? request.error() : request.summary().reason());
   return p;
 }
 
@@ -206,8 +204,8 @@ absl::StatusOr<FinishResponse> CoordinatorCore::Finish(const FinishRequest& requ
   std::vector<PreparedFinish> items = {*std::move(first)};
   std::vector<absl::Status> errors(request.more_size() + 1);
   PrepareMoreFinishes(
-      request, worker_id,
-      [&](const FinishRequest& more) { return PrepareFinish(more, worker_id); }, &items, &errors);
+      request, worker_id, [&](const FinishRequest& more) { return PrepareFinish(more, worker_id); },
+      &items, &errors);
   // Failed attempts first, on their own path; the rest end in one store transaction with the
   // starts of the next jobs.
   std::vector<PreparedFinish*> ending;
@@ -250,9 +248,8 @@ void CoordinatorCore::AcquireNextJobs(int64_t worker_id, int max_jobs, FinishRes
 }
 
 void CoordinatorCore::EndAttemptsTogether(int64_t worker_id,
-                                          const std::vector<PreparedFinish*>& ending,
-                                          int freeing, int max_next,
-                                          std::vector<absl::Status>* errors,
+                                          const std::vector<PreparedFinish*>& ending, int freeing,
+                                          int max_next, std::vector<absl::Status>* errors,
                                           FinishResponse* response) {
   std::vector<FinishWrite> writes;
   for (PreparedFinish* p : ending) writes.push_back(FinishWriteOf(*p));

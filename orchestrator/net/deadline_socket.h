@@ -18,7 +18,8 @@
 namespace ablate {
 
 // The throwing read_some/write_some that Asio's SyncReadStream and SyncWriteStream also require,
-// from a stream's boost::system::error_code ones (Stream declares `using ThrowingOverloads<Stream>::...`).
+// from a stream's boost::system::error_code ones (Stream declares `using
+// ThrowingOverloads<Stream>::...`).
 template <class Stream>
 struct ThrowingOverloads {
   template <class MutableBuffers>
@@ -46,11 +47,11 @@ struct ThrowingOverloads {
 };
 
 // A connected socket as a SyncReadStream and SyncWriteStream whose every read_some and write_some
-// fails with boost::asio::error::timed_out once the deadline has passed. The socket is non-blocking:
-// an operation that would block waits in poll() for at most the time left, so a client that
-// trickles bytes, or stops reading, holds its thread no longer than the deadline. (SO_RCVTIMEO
-// would not do: asio's synchronous operations go back to polling forever after EAGAIN.)
-// shutdown(2) on the socket (the dashboard's Stop()) wakes the wait.
+// fails with boost::asio::error::timed_out once the deadline has passed. The socket is
+// non-blocking: an operation that would block waits in poll() for at most the time left, so a
+// client that trickles bytes, or stops reading, holds its thread no longer than the deadline.
+// (SO_RCVTIMEO would not do: asio's synchronous operations go back to polling forever after
+// EAGAIN.) shutdown(2) on the socket (the dashboard's Stop()) wakes the wait.
 class DeadlineSocket : public ThrowingOverloads<DeadlineSocket> {
  public:
   using ThrowingOverloads::read_some;

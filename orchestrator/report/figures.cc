@@ -99,7 +99,7 @@ struct SweepReads {
   std::vector<RunInfo> runs;
   std::map<int64_t, EvalResult> evals;  // the latest of each run, with its layers
   std::vector<SweepSpike> spikes;
-  std::map<int64_t, Curve> curves;  // by run id, on the grid
+  std::map<int64_t, Curve> curves;                 // by run id, on the grid
   std::map<int64_t, std::vector<double>> seconds;  // by run id: each curve point's elapsed_s
 
   const Curve& CurveOf(int64_t run_id) const {
@@ -429,23 +429,22 @@ json SweepFiguresJson(const SweepFigures& f) {
       histogram = json{{"lo", g.gate_lo}, {"hi", g.gate_hi}, {"counts", g.gate_counts}};
     }
     json group = GroupSummaryJson(g, MeanStd7);
-    group.update(
-        json{{"label", g.label},
-             {"interim", g.interim},
-             {"eval_runs", g.eval_runs},
-             {"eval_step_min", g.eval_step_min},
-             {"eval_step_max", g.eval_step_max},
-             {"layers", std::move(layers)},
-             {"gate_histogram", std::move(histogram)},
-             {"band_runs", g.band_runs},
-             {"tokens_per_step", Number(g.tokens_per_step)},
-             {"flops_per_step", Number(g.flops_per_step)},
-             {"loss", json{{"n", g.loss_n},
-                           {"mean", std::move(mean)},
-                           {"std", std::move(stdev)},
-                           {"seconds", std::move(seconds)}}},
-             {"diverged_curves", std::move(diverged)},
-             {"spikes", std::move(spikes)}});
+    group.update(json{{"label", g.label},
+                      {"interim", g.interim},
+                      {"eval_runs", g.eval_runs},
+                      {"eval_step_min", g.eval_step_min},
+                      {"eval_step_max", g.eval_step_max},
+                      {"layers", std::move(layers)},
+                      {"gate_histogram", std::move(histogram)},
+                      {"band_runs", g.band_runs},
+                      {"tokens_per_step", Number(g.tokens_per_step)},
+                      {"flops_per_step", Number(g.flops_per_step)},
+                      {"loss", json{{"n", g.loss_n},
+                                    {"mean", std::move(mean)},
+                                    {"std", std::move(stdev)},
+                                    {"seconds", std::move(seconds)}}},
+                      {"diverged_curves", std::move(diverged)},
+                      {"spikes", std::move(spikes)}});
     groups.push_back(std::move(group));
   }
   return json{{"sweep", f.sweep.name},

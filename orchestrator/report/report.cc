@@ -49,7 +49,7 @@ struct ReportData {
   std::optional<TuneInfo> tune;
   std::optional<ComparisonTable> best_table;
   std::optional<Comparison> best_comparison;
-  std::vector<BracketInfo> brackets;  // a boundary sweep's
+  std::vector<BracketInfo> brackets;        // a boundary sweep's
   std::optional<TuneFigures> tune_figures;  // its chart's numbers (figures/tune.svg, index.html)
 };
 
@@ -123,7 +123,6 @@ std::string Num(double v) { return std::isfinite(v) ? fmt::format("{:.7g}", v) :
 std::string CsvLine(const std::vector<std::string>& cells) {
   return absl::StrCat(absl::StrJoin(cells, ","), "\n");
 }
-
 
 std::string UtcTime(double unix_seconds) {
   if (unix_seconds <= 0) return "—";
@@ -281,10 +280,12 @@ std::string Markdown(const ReportData& d, const std::vector<ReportFigure>& figur
   std::string md = absl::StrCat("# Report: ", s.name, "\n\n", generated, "\n\n");
   absl::StrAppend(&md, "| | |\n|---|---|\n");
   absl::StrAppend(&md, "| sweep | ", MarkdownText(s.name), " (id ", s.id, ")",
-                  s.description.empty() ? "" : absl::StrCat(": ", MarkdownText(s.description)), " |\n");
+                  s.description.empty() ? "" : absl::StrCat(": ", MarkdownText(s.description)),
+                  " |\n");
   absl::StrAppend(&md, "| state | ", s.state, ": ", StatesText(s), " |\n");
   absl::StrAppend(&md, "| code version | ",
-                  MarkdownText(d.source.code_version.empty() ? "—" : d.source.code_version), " |\n");
+                  MarkdownText(d.source.code_version.empty() ? "—" : d.source.code_version),
+                  " |\n");
   absl::StrAppend(&md, "| spec file | ",
                   MarkdownText(d.source.spec_file.empty() ? "—" : d.source.spec_file),
                   " ([as submitted](spec.yaml)) |\n");
@@ -321,10 +322,14 @@ std::string Markdown(const ReportData& d, const std::vector<ReportFigure>& figur
   if (!d.brackets.empty()) {
     absl::StatusOr<std::string> stability = FormatStability(d.brackets, "markdown");
     absl::StrAppend(&md, "## Stability boundary\n\n", stability.ok() ? *stability : "", "\n",
-                    "The largest value of ", d.tune->axis, " at which every seed trained without "
-                    "diverging or a spike score above ", d.tune->plan.max_spike_score(),
+                    "The largest value of ", d.tune->axis,
+                    " at which every seed trained without "
+                    "diverging or a spike score above ",
+                    d.tune->plan.max_spike_score(),
                     " (stable), and the smallest above it at which one did not (unstable). As "
-                    "`ablate table ", s.name, " --stability`; [tables/stability.csv]"
+                    "`ablate table ",
+                    s.name,
+                    " --stability`; [tables/stability.csv]"
                     "(tables/stability.csv).\n\n");
   }
   if (d.best_table) {
@@ -336,9 +341,10 @@ std::string Markdown(const ReportData& d, const std::vector<ReportFigure>& figur
                     s.name, " --best`; every number in [tables/best.csv](tables/best.csv).\n\n");
     if (d.best_comparison) {
       absl::StatusOr<std::string> paired = FormatComparison(*d.best_comparison, "markdown");
-      absl::StrAppend(&md, paired.ok() ? *paired : "", "\n", "As `ablate compare ", s.name,
-                      " --best`; every number in [tables/compare_best.csv](tables/compare_best.csv)."
-                      "\n\n");
+      absl::StrAppend(
+          &md, paired.ok() ? *paired : "", "\n", "As `ablate compare ", s.name,
+          " --best`; every number in [tables/compare_best.csv](tables/compare_best.csv)."
+          "\n\n");
     }
   }
   if (AnyInterim(d.figures)) {
@@ -387,13 +393,13 @@ std::string Markdown(const ReportData& d, const std::vector<ReportFigure>& figur
                   "| tags |\n",
                   "|---:|---|---:|---|---:|---:|---:|---|---|\n");
   for (const RunInfo& r : d.runs) {
-    absl::StrAppend(&md, "| ", r.id, " | ",
-                    MarkdownText(r.axes.empty() ? r.variant : absl::StrCat(r.variant, " (", r.axes, ")")),
-                    " | ", r.seed, " | ", RunStateName(r.state), " | ", r.steps_done, "/",
-                    r.steps_total, " | ",
-                    std::isfinite(r.val_loss) ? fmt::format("{:.4f}", r.val_loss) : "—", " | ",
-                    r.spike_steps, " | ", MarkdownText(r.reason), " | ",
-                    MarkdownText(absl::StrJoin(TagsOf(d, r.id), ", ")), " |\n");
+    absl::StrAppend(
+        &md, "| ", r.id, " | ",
+        MarkdownText(r.axes.empty() ? r.variant : absl::StrCat(r.variant, " (", r.axes, ")")),
+        " | ", r.seed, " | ", RunStateName(r.state), " | ", r.steps_done, "/", r.steps_total, " | ",
+        std::isfinite(r.val_loss) ? fmt::format("{:.4f}", r.val_loss) : "—", " | ", r.spike_steps,
+        " | ", MarkdownText(r.reason), " | ", MarkdownText(absl::StrJoin(TagsOf(d, r.id), ", ")),
+        " |\n");
   }
 
   absl::StrAppend(&md, "\n## Spec\n\n`",
@@ -572,8 +578,8 @@ absl::StatusOr<std::map<std::string, std::string>> RenderReport(const StoreReade
       options.generated_at.empty()
           ? absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::Now(), absl::UTCTimeZone())
           : options.generated_at;
-  const std::string generated = absl::StrCat(kGeneratedAtMarker, when, " by ablate ", BuildVersion(),
-                                             " from ", options.db_label, ".");
+  const std::string generated = absl::StrCat(kGeneratedAtMarker, when, " by ablate ",
+                                             BuildVersion(), " from ", options.db_label, ".");
   std::map<std::string, std::string> files = Tables(*data);
   const std::map<std::string, std::string> tables = files;
   const std::vector<ReportFigure> figures =
@@ -634,9 +640,10 @@ absl::StatusOr<ReportFiles> WriteReport(const StoreReader& reader, const ReportO
     // Inside --out nothing is followed: a planted link would steer the writes, and --force's
     // removals, elsewhere.
     if (*dir != '\0' && fs::is_symlink(fs::symlink_status(p, ec))) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "report: ", p.lexically_normal().string(),
-          " is a symbolic link: refusing to write through it (remove it, or choose another --out)"));
+      return absl::PermissionDeniedError(
+          absl::StrCat("report: ", p.lexically_normal().string(),
+                       " is a symbolic link: refusing to write through it (remove it, or choose "
+                       "another --out)"));
     }
     fs::create_directories(p, ec);
     if (ec) {

@@ -1,7 +1,8 @@
 #pragma once
 // The SVG figures of `ablate report`: training loss, validation loss, the forest plot against the
 // reference, M-Act and F-Attn per layer, gate-score histograms and PPL against evaluation length,
-// each drawn from the numbers figures.h and comparison.h compute, in the order report.md shows them.
+// each drawn from the numbers figures.h and comparison.h compute, in the order report.md shows
+// them.
 
 #include <string>
 #include <vector>
@@ -25,7 +26,8 @@ bool AnyInterim(const SweepFigures& figures);
 
 // Every figure that has something to show; `comparison` may be null (no reference in the sweep),
 // `tune` null (a sweep without `tune:`).
-std::vector<ReportFigure> DrawReportFigures(const SweepFigures& figures, const ComparisonTable& table,
+std::vector<ReportFigure> DrawReportFigures(const SweepFigures& figures,
+                                            const ComparisonTable& table,
                                             const Comparison* comparison,
                                             const TuneFigures* tune = nullptr);
 

@@ -20,8 +20,8 @@ void SetVerdict(const Comparison& c, CompareRow* row) {
   if (row->variant_diverged > 0 || row->reference_diverged > 0) {
     row->verdict = kDiverged;
     const std::string counts =
-        fmt::format("at {} of {} seeds, the reference at {}", row->variant_diverged,
-                    row->seeds, row->reference_diverged);
+        fmt::format("at {} of {} seeds, the reference at {}", row->variant_diverged, row->seeds,
+                    row->reference_diverged);
     row->note = row->note.empty() ? counts : absl::StrCat(counts, "; ", row->note);
     return;
   }
@@ -125,7 +125,8 @@ std::string Markdown(const Comparison& c) {
       c.correction == "holm" ? "Holm-adjusted" : "unadjusted", c.alpha);
   const bool best = !c.best_axis.empty();
   if (best) {
-    absl::StrAppend(&out, "Each side at its own best ", c.best_axis, " (`at`, `reference at`).\n\n");
+    absl::StrAppend(&out, "Each side at its own best ", c.best_axis,
+                    " (`at`, `reference at`).\n\n");
   }
   std::vector<std::string> header = {"variant"};
   if (has_axes) header.push_back("axes");
@@ -133,11 +134,10 @@ std::string Markdown(const Comparison& c) {
     header.push_back("at");
     header.push_back("reference at");
   }
-  for (const std::string& h :
-       {std::string("pairs"), c.reference, std::string("mean"), std::string("Δ"),
-        absl::StrCat(level, "% CI"), std::string("p"),
-        std::string(c.correction == "holm" ? "p (Holm)" : "p (unadjusted)"),
-        std::string("verdict"), std::string("detectable")}) {
+  for (const std::string& h : {std::string("pairs"), c.reference, std::string("mean"),
+                               std::string("Δ"), absl::StrCat(level, "% CI"), std::string("p"),
+                               std::string(c.correction == "holm" ? "p (Holm)" : "p (unadjusted)"),
+                               std::string("verdict"), std::string("detectable")}) {
     header.push_back(h);
   }
   absl::StrAppend(&out, "| ", absl::StrJoin(header, " | "), " |\n|");
@@ -153,9 +153,9 @@ std::string Markdown(const Comparison& c) {
       cells.push_back(r.value.empty() ? "—" : r.value);
       cells.push_back(r.reference_value.empty() ? "—" : r.reference_value);
     }
-    cells.push_back(r.test == "Welch" ? absl::StrCat(r.n_pairs, " (Welch ", r.n_variant, "/",
-                                                     r.n_reference, ")")
-                                      : absl::StrCat(r.n_pairs));
+    cells.push_back(r.test == "Welch"
+                        ? absl::StrCat(r.n_pairs, " (Welch ", r.n_variant, "/", r.n_reference, ")")
+                        : absl::StrCat(r.n_pairs));
     cells.push_back(Fixed(r.reference_mean, decimals));
     cells.push_back(Fixed(r.variant_mean, decimals));
     cells.push_back(Fixed(r.delta, decimals + 1, /*sign=*/true));
@@ -166,13 +166,14 @@ std::string Markdown(const Comparison& c) {
     cells.push_back(PText(r.p_value));
     cells.push_back(PText(r.p_adjusted));
     cells.push_back(r.note.empty() ? r.verdict : absl::StrCat(r.verdict, " (", r.note, ")"));
-    cells.push_back(std::isfinite(r.min_detectable) ? Fixed(r.min_detectable, decimals + 1)
-                                                    : "—");
+    cells.push_back(std::isfinite(r.min_detectable) ? Fixed(r.min_detectable, decimals + 1) : "—");
     absl::StrAppend(&out, "| ", absl::StrJoin(cells, " | "), " |\n");
   }
   if (c.rows.empty()) out += "\n(no variant besides the reference)\n";
-  absl::StrAppend(&out, "\n`detectable`: the smallest difference these seeds could tell apart "
-                        "from none with 80% power at alpha ", c.alpha, ".");
+  absl::StrAppend(&out,
+                  "\n`detectable`: the smallest difference these seeds could tell apart "
+                  "from none with 80% power at alpha ",
+                  c.alpha, ".");
   if (c.excluded > 0) {
     absl::StrAppend(&out, " ", c.excluded, c.excluded == 1 ? " run was" : " runs were",
                     " left out for their tags.");
@@ -188,12 +189,13 @@ std::string Csv(const Comparison& c) {
   const bool best = !c.best_axis.empty();
   out += best ? ",value,reference_value\n" : "\n";
   for (const CompareRow& r : c.rows) {
-    std::vector<std::string> cells = {
-        CsvField(r.variant),         CsvField(r.axes),         CsvField(c.metric),
-        absl::StrCat(r.n_pairs),     CsvNumber(r.reference_mean), CsvNumber(r.variant_mean),
-        CsvNumber(r.delta),          CsvNumber(r.ci_low),      CsvNumber(r.ci_high),
-        CsvNumber(r.p_value),        CsvNumber(r.p_adjusted),  CsvField(r.verdict),
-        CsvNumber(r.min_detectable)};
+    std::vector<std::string> cells = {CsvField(r.variant),         CsvField(r.axes),
+                                      CsvField(c.metric),          absl::StrCat(r.n_pairs),
+                                      CsvNumber(r.reference_mean), CsvNumber(r.variant_mean),
+                                      CsvNumber(r.delta),          CsvNumber(r.ci_low),
+                                      CsvNumber(r.ci_high),        CsvNumber(r.p_value),
+                                      CsvNumber(r.p_adjusted),     CsvField(r.verdict),
+                                      CsvNumber(r.min_detectable)};
     if (best) {
       cells.push_back(CsvField(r.value));
       cells.push_back(CsvField(r.reference_value));

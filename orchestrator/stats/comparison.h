@@ -35,8 +35,8 @@ inline constexpr char kTooFewSeeds[] = "too few seeds";
 
 struct CompareRow {
   std::string variant;
-  std::string axes;                // "" without axes
-  std::string test;                // "paired t", "Welch", or "" (no interval)
+  std::string axes;  // "" without axes
+  std::string test;  // "paired t", "Welch", or "" (no interval)
   int64_t n_pairs = 0;
   int64_t n_variant = 0, n_reference = 0;  // SUCCEEDED runs with a value, each side
   int64_t seeds = 0;                       // seeds at which both have a run
@@ -52,13 +52,13 @@ struct CompareRow {
 };
 
 struct Comparison {
-  std::string sweeps;     // the sweeps' names joined by "+"
-  std::string metric;     // as asked
-  std::string heading;    // as tables print it ("val loss", "PPL@256")
+  std::string sweeps;   // the sweeps' names joined by "+"
+  std::string metric;   // as asked
+  std::string heading;  // as tables print it ("val loss", "PPL@256")
   std::string reference;
   double alpha = 0.05;
   std::string correction;
-  bool lower_is_better = true;  // false: the metric has no better direction (gate score)
+  bool lower_is_better = true;   // false: the metric has no better direction (gate score)
   std::vector<CompareRow> rows;  // in order of each variant's first run
   int64_t excluded = 0;          // runs left out for their tags
   std::string best_axis;         // `compare --best`: the tuned axis; "" otherwise

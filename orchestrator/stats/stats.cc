@@ -123,8 +123,8 @@ double StudentTQuantile(double p, double df) {
   return (lo + hi) / 2;
 }
 
-DifferenceTest PairedTTest(const std::vector<double>& variant,
-                           const std::vector<double>& reference, double alpha) {
+DifferenceTest PairedTTest(const std::vector<double>& variant, const std::vector<double>& reference,
+                           double alpha) {
   if (variant.size() != reference.size() || variant.size() < 2) return {};
   std::vector<double> differences(variant.size());
   for (size_t i = 0; i < variant.size(); ++i) differences[i] = variant[i] - reference[i];

@@ -34,12 +34,12 @@ double StudentTQuantile(double p, double df);
 
 // A test of whether a difference (variant − reference) is zero, with its interval.
 struct DifferenceTest {
-  int n = 0;              // paired: the pairs; Welch: the smaller sample
-  double delta = 0;       // the mean difference
-  double se = 0;          // its standard error
-  double df = 0;          // degrees of freedom
+  int n = 0;                       // paired: the pairs; Welch: the smaller sample
+  double delta = 0;                // the mean difference
+  double se = 0;                   // its standard error
+  double df = 0;                   // degrees of freedom
   double ci_low = 0, ci_high = 0;  // the (1 − alpha) interval of delta
-  double p_value = 1;     // two-sided
+  double p_value = 1;              // two-sided
   // The smallest true |delta| this test would find at `alpha` with 80% power:
   // (t_{1−alpha/2} + t_{0.8}) · se, the usual normal-shift approximation on the t scale.
   double min_detectable = 0;
@@ -48,8 +48,8 @@ struct DifferenceTest {
 // The paired t test of variant[i] − reference[i], i < n. Needs n >= 2 equal-length samples
 // (nullopt-like: n = 0 otherwise). When every difference is the same the standard error is zero:
 // p is 0 (or 1 when that difference is 0) and the interval is that one point.
-DifferenceTest PairedTTest(const std::vector<double>& variant,
-                           const std::vector<double>& reference, double alpha);
+DifferenceTest PairedTTest(const std::vector<double>& variant, const std::vector<double>& reference,
+                           double alpha);
 
 // Welch's t test of mean(variant) − mean(reference), samples of any sizes >= 2 (n = 0
 // otherwise), with the Welch–Satterthwaite degrees of freedom.

@@ -77,8 +77,7 @@ absl::Status ApplyAnnotate(StoreWriter& w, const AnnotationEdit& edit, Annotatio
         STORE_ASSIGN_OR_RETURN(found, has->Step());
         has->Reset();
         if (!found) {
-          return absl::NotFoundError(
-              absl::StrCat("store: ", target, " has no tag \"", tag, "\""));
+          return absl::NotFoundError(absl::StrCat("store: ", target, " has no tag \"", tag, "\""));
         }
       }
       STORE_ASSIGN_OR_RETURN(remove, w.Get("DELETE FROM annotations WHERE sweep_id = ?1 AND "

@@ -54,13 +54,12 @@ absl::StatusOr<Metric> ParseMetric(const std::string& name, const ResultSet& res
   Metric m;
   m.ppl = absl::ConsumePrefix(&rest, "ppl@");
   if (!m.ppl && !absl::ConsumePrefix(&rest, "loss@")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("compare: unknown metric \"", name, "\" (expected one of ", kMetricNames,
-                     ")"));
+    return absl::InvalidArgumentError(absl::StrCat("compare: unknown metric \"", name,
+                                                   "\" (expected one of ", kMetricNames, ")"));
   }
   if (!absl::SimpleAtoi(rest, &m.seq_len) || m.seq_len <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compare: metric \"", name, "\" needs an evaluation length, e.g. ppl@256"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("compare: metric \"", name, "\" needs an evaluation length, e.g. ppl@256"));
   }
   std::set<int64_t> measured;
   for (const ResultRun& r : results.runs) {
@@ -69,9 +68,9 @@ absl::StatusOr<Metric> ParseMetric(const std::string& name, const ResultSet& res
   if (measured.count(m.seq_len) == 0) {
     return absl::NotFoundError(absl::StrCat(
         "compare: no run of ", results.label, " was evaluated at length ", m.seq_len,
-        measured.empty() ? " (none has TrainConfig.eval_seq_lens)"
-                         : absl::StrCat(" (lengths measured: ", absl::StrJoin(measured, ", "),
-                                        ")")));
+        measured.empty()
+            ? " (none has TrainConfig.eval_seq_lens)"
+            : absl::StrCat(" (lengths measured: ", absl::StrJoin(measured, ", "), ")")));
   }
   m.heading = absl::StrCat(m.ppl ? "PPL@" : "loss@", m.seq_len);
   return m;
@@ -126,16 +125,14 @@ CompareRow Row(const Group& variant, const Group* reference, const Metric& metri
 
 }  // namespace
 
-absl::StatusOr<Comparison> CompareResults(const ResultSet& results,
-                                          const CompareOptions& options) {
+absl::StatusOr<Comparison> CompareResults(const ResultSet& results, const CompareOptions& options) {
   if (!(options.alpha > 0 && options.alpha < 0.5)) {
     return absl::InvalidArgumentError(
         absl::StrCat("compare: --alpha must be between 0 and 0.5, not ", options.alpha));
   }
   if (options.correction != "holm" && options.correction != "none") {
-    return absl::InvalidArgumentError(absl::StrCat("compare: unknown correction \"",
-                                                   options.correction,
-                                                   "\" (expected holm or none)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compare: unknown correction \"", options.correction, "\" (expected holm or none)"));
   }
   absl::StatusOr<Metric> metric = ParseMetric(options.metric, results);
   if (!metric.ok()) return metric.status();
@@ -159,15 +156,15 @@ absl::StatusOr<Comparison> CompareResults(const ResultSet& results,
     variants.insert(r.run.variant);
   }
   if (variants.count(c.reference) == 0) {
-    return absl::NotFoundError(absl::StrCat("compare: no runs of reference variant \"",
-                                            c.reference, "\" in ", results.label,
+    return absl::NotFoundError(absl::StrCat("compare: no runs of reference variant \"", c.reference,
+                                            "\" in ", results.label,
                                             " (variants: ", absl::StrJoin(variants, ", "), ")"));
   }
   for (const Group& g : groups) {
     if (g.variant == c.reference) continue;
     auto ref = index.find({c.reference, g.axes});
-    c.rows.push_back(Row(g, ref == index.end() ? nullptr : &groups[ref->second], *metric,
-                         options.alpha));
+    c.rows.push_back(
+        Row(g, ref == index.end() ? nullptr : &groups[ref->second], *metric, options.alpha));
   }
   JudgeRows(&c);
   return c;

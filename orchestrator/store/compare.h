@@ -17,8 +17,8 @@ struct CompareOptions {
   // val_loss, val_ppl, gate_score, m_act, f_attn, spike_score, train_loss, or ppl@L / loss@L:
   // PPL or loss at evaluation length L (TrainConfig.eval_seq_lens).
   std::string metric = "val_loss";
-  std::string reference;        // a variant name; "" = the first sweep's reference
-  double alpha = 0.05;          // the test's level, 0 < alpha < 0.5; intervals are 1 − alpha
+  std::string reference;            // a variant name; "" = the first sweep's reference
+  double alpha = 0.05;              // the test's level, 0 < alpha < 0.5; intervals are 1 − alpha
   std::string correction = "holm";  // "holm" or "none"
 };
 

@@ -175,8 +175,8 @@ std::string MarkdownComparison(const ComparisonTable& table,
 }
 
 std::string CsvComparison(const ComparisonTable& table, const std::map<int64_t, bool>& lengths) {
-  std::vector<std::string> header = {"sweep", "variant", "axes", "runs", "n", "diverged",
-                                     "failed", "unfinished"};
+  std::vector<std::string> header = {"sweep", "variant",  "axes",   "runs",
+                                     "n",     "diverged", "failed", "unfinished"};
   for (const Column& c : kMetricColumns) {
     header.push_back(absl::StrCat(c.name, "_mean"));
     header.push_back(absl::StrCat(c.name, "_std"));
@@ -200,9 +200,9 @@ std::string CsvComparison(const ComparisonTable& table, const std::map<int64_t, 
   }
   std::string out = absl::StrJoin(header, ",") + "\n";
   for (const ComparisonRow& r : table.rows) {
-    std::vector<std::string> cells = {CsvField(table.sweep), CsvField(r.variant),
-                                      CsvField(r.axes),      absl::StrCat(r.runs),
-                                      absl::StrCat(r.n),     absl::StrCat(r.diverged),
+    std::vector<std::string> cells = {CsvField(table.sweep),  CsvField(r.variant),
+                                      CsvField(r.axes),       absl::StrCat(r.runs),
+                                      absl::StrCat(r.n),      absl::StrCat(r.diverged),
                                       absl::StrCat(r.failed), absl::StrCat(r.unfinished)};
     for (const Column& c : kMetricColumns) {
       cells.push_back(CsvNumber((r.*(c.field)).mean));
@@ -334,9 +334,9 @@ absl::StatusOr<std::string> FormatQueryResult(const QueryResult& result,
       row_width += width + 2;
     }
     if (row_width * (rows.size() + 1) > kMaxTableBytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "query: the aligned table would be ", row_width * (rows.size() + 1),
-          " bytes (the limit is ", kMaxTableBytes, "); use --format csv or json"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("query: the aligned table would be ", row_width * (rows.size() + 1),
+                       " bytes (the limit is ", kMaxTableBytes, "); use --format csv or json"));
     }
     std::string out = AlignedTable(result.columns, rows, right, /*rule=*/true);
     absl::StrAppend(&out, "(", result.rows.size(), result.rows.size() == 1 ? " row" : " rows",

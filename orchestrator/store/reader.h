@@ -37,8 +37,8 @@
 namespace ablate {
 
 struct ReaderOptions {
-  std::string path;          // the database file (it must exist: the coordinator creates it)
-  int max_connections = 4;   // pool size of the typed reads: callers beyond this wait
+  std::string path;         // the database file (it must exist: the coordinator creates it)
+  int max_connections = 4;  // pool size of the typed reads: callers beyond this wait
   // Users' SQL (ReadOnlyQuery) has a pool of its own, so that runaway queries never hold the
   // connections scheduling and the dashboard read with: at most this many run at once, and a
   // query that waits longer than query_wait for one is Unavailable.
@@ -83,8 +83,8 @@ struct RunInfo {
   int64_t params_total = 0, params_activated = 0, params_added = 0;
   double created_at = 0, started_at = 0, finished_at = 0;  // 0 = not yet
   int64_t steps_total = 0, steps_done = 0;
-  double final_train_loss = kNaN, val_loss = kNaN, val_ppl = kNaN, gate_score = kNaN,
-         m_act = kNaN, f_attn = kNaN, spike_score = kNaN;
+  double final_train_loss = kNaN, val_loss = kNaN, val_ppl = kNaN, gate_score = kNaN, m_act = kNaN,
+         f_attn = kNaN, spike_score = kNaN;
   int64_t spike_steps = 0;
   double tokens_per_s = kNaN, wall_s = kNaN;  // mean tokens/s; training seconds, all attempts
   // What it cost (RunSummary): its last attempt's peak of tensor memory (0 = unknown) and the
@@ -92,8 +92,8 @@ struct RunInfo {
   int64_t peak_memory_bytes = 0;
   double flops = kNaN;
   std::string reason;
-  int64_t reused_from = 0;  // the run whose results this one reused (its curves too); 0 = none
-  int attempt_base = 0;     // attempts when a user last queued it again: retries count from here
+  int64_t reused_from = 0;   // the run whose results this one reused (its curves too); 0 = none
+  int attempt_base = 0;      // attempts when a user last queued it again: retries count from here
   std::string code_version;  // its sweep's (sweeps.code_version): the build it is keyed to
   // Of a tuned sweep's run (tune_runs): its group, its value of the tuned axis, the step it
   // pauses at next (0 = its end) and whether it waits for the tuner (PENDING, not queued).
@@ -107,9 +107,9 @@ struct RunInfo {
 // A tuned sweep's `tune:` block as stored (the tunes table).
 struct TuneInfo {
   int64_t sweep_id = 0;
-  std::string axis;      // "train.optimizer.lr"
-  std::string method;    // "grid" or "asha"
-  std::string metric;    // an eval_metrics column: val_loss, val_ppl, gate_score, m_act, f_attn
+  std::string axis;    // "train.optimizer.lr"
+  std::string method;  // "grid" or "asha"
+  std::string metric;  // an eval_metrics column: val_loss, val_ppl, gate_score, m_act, f_attn
   bool maximize = false;
   TunePlan plan;
 };
@@ -122,7 +122,7 @@ struct TuneGroupRun {
   RunState state = RUN_STATE_UNSPECIFIED;
   bool held = false;
   int64_t steps_done = 0, steps_total = 0;
-  double final_metric = kNaN;    // runs.<metric>: its last evaluation
+  double final_metric = kNaN;  // runs.<metric>: its last evaluation
   double spike_score = kNaN;
   std::map<int64_t, double> at;  // eval_metrics.<metric> at each rung step evaluated
 };
@@ -130,9 +130,9 @@ struct TuneGroupRun {
 // A boundary sweep's bracket of one group (tune_brackets).
 struct BracketInfo {
   std::string group, variant, axes;
-  std::string state;                 // OPEN while it bisects, then DONE
+  std::string state;                      // OPEN while it bisects, then DONE
   double stable = kNaN, unstable = kNaN;  // NaN: none (unstable at min, stable at max)
-  int64_t probes = 0;                // values tried after min and max
+  int64_t probes = 0;                     // values tried after min and max
   std::string note;
 };
 
@@ -170,9 +170,9 @@ struct StoreCounts {
 };
 
 struct RunFilter {
-  int64_t sweep_id = 0;            // 0 = every sweep
-  std::vector<RunState> states;    // empty = every state
-  int64_t limit = 0;               // 0 = no limit
+  int64_t sweep_id = 0;          // 0 = every sweep
+  std::vector<RunState> states;  // empty = every state
+  int64_t limit = 0;             // 0 = no limit
 };
 
 // A sweep and its runs in every state, in run order: what the figures and the dashboard's
@@ -200,7 +200,7 @@ struct WorkerInfo {
   std::string name;
   std::string resources_json;
   double registered_at = 0, last_seen = 0;
-  std::string state;  // IDLE, BUSY, GONE
+  std::string state;     // IDLE, BUSY, GONE
   int slots_in_use = 0;  // the devices of its RUNNING runs, summed
   int running = 0;       // its RUNNING runs
 };
@@ -248,9 +248,9 @@ enum class Downsample {
 };
 
 struct SeriesOptions {
-  int64_t from_step = 0;                                    // inclusive
-  int64_t to_step = std::numeric_limits<int64_t>::max();    // inclusive
-  int max_points = 1000;                                    // target size; <= 0 = every point
+  int64_t from_step = 0;                                  // inclusive
+  int64_t to_step = std::numeric_limits<int64_t>::max();  // inclusive
+  int max_points = 1000;                                  // target size; <= 0 = every point
   Downsample mode = Downsample::kMinMax;
 };
 
@@ -268,9 +268,9 @@ struct LengthStat {
 struct ComparisonRow {
   std::string variant;
   std::string description;
-  std::string axes;      // "" without axes
-  int64_t runs = 0;      // every run of the group
-  int64_t n = 0;         // SUCCEEDED runs: the sample size of every mean
+  std::string axes;  // "" without axes
+  int64_t runs = 0;  // every run of the group
+  int64_t n = 0;     // SUCCEEDED runs: the sample size of every mean
   int64_t diverged = 0;
   int64_t failed = 0;
   int64_t unfinished = 0;  // PENDING, RUNNING or INTERRUPTED
@@ -302,8 +302,9 @@ struct RunLength {
 // sweeps (a study split over init_from phases, or submitted again), less those tagged to leave
 // out.
 struct ResultSelection {
-  std::vector<std::string> sweeps;        // names or ids, at least one
-  std::vector<std::string> exclude_tags;  // a run tagged so (itself, or through its sweep) is left out
+  std::vector<std::string> sweeps;  // names or ids, at least one
+  std::vector<std::string>
+      exclude_tags;  // a run tagged so (itself, or through its sweep) is left out
   // A compute budget (0: none; at most one of them): each run's results are those of its last
   // evaluation at or below this many tokens trained (step x batch_size x seq_len x grad_accum),
   // or training FLOPs spent (those tokens x TrainingFlopsPerToken), instead of its final one; a
@@ -322,13 +323,14 @@ struct ResultRun {
 // (SUCCEEDED or DIVERGED) stands over one without, and between two alike, the later sweep's (in
 // the order named) stands: a resubmission replaces what it repeats.
 struct ResultSet {
-  std::string label;                 // the sweeps' names joined by "+"
-  std::vector<SweepInfo> sweeps;     // in the order named
-  std::string reference;             // the first sweep's reference variant
-  std::vector<ResultRun> runs;       // the first sweep's runs in run order, then the others'
-  std::map<std::string, std::string> descriptions;  // by variant, from the sweep that named it first
-  int64_t excluded = 0;              // runs left out for exclude_tags
-  int64_t replaced = 0;              // runs another sweep's run stood over
+  std::string label;              // the sweeps' names joined by "+"
+  std::vector<SweepInfo> sweeps;  // in the order named
+  std::string reference;          // the first sweep's reference variant
+  std::vector<ResultRun> runs;    // the first sweep's runs in run order, then the others'
+  std::map<std::string, std::string>
+      descriptions;      // by variant, from the sweep that named it first
+  int64_t excluded = 0;  // runs left out for exclude_tags
+  int64_t replaced = 0;  // runs another sweep's run stood over
 };
 
 // The comparison table of a set of runs: one row per (variant, axes) in order of first run, means
@@ -340,10 +342,10 @@ ComparisonTable ComparisonTableOf(const ResultSet& results);
 // table's columns that SweepInfo leaves out).
 struct SweepSource {
   int64_t sweep_id = 0;
-  std::string spec_file;     // the path it was submitted from
-  std::string spec_yaml;     // the spec text as submitted
-  std::string reference;     // the variant added parameters are counted against
-  std::string code_version;  // "0.1.0+abc1234"
+  std::string spec_file;                   // the path it was submitted from
+  std::string spec_yaml;                   // the spec text as submitted
+  std::string reference;                   // the variant added parameters are counted against
+  std::string code_version;                // "0.1.0+abc1234"
   double created_at = 0, finished_at = 0;  // 0 = not yet finished
 };
 
@@ -448,15 +450,14 @@ class StoreReader {
   // out). What `ablate report` averages over seeds, and the interim values the dashboard shows for
   // runs still training.
   absl::StatusOr<std::map<int64_t, EvalResult>> LatestEvals(int64_t sweep_id,
-                                                             bool with_layers) const;
+                                                            bool with_layers) const;
 
   // ---- Live streams ----
   // The cursor of a stream that starts now: the newest event-log and spike rows.
   absl::StatusOr<ChangeCursor> LatestCursor() const;
   // What changed in the sweep since `cursor`: at most `limit` events and `limit` spikes (the
   // rest come with the next call), and its runs in `run_states` (empty: every run) as they are.
-  absl::StatusOr<SweepChanges> ChangesSince(int64_t sweep_id, const ChangeCursor& cursor,
-                                            int limit,
+  absl::StatusOr<SweepChanges> ChangesSince(int64_t sweep_id, const ChangeCursor& cursor, int limit,
                                             const std::vector<RunState>& run_states = {}) const;
   absl::StatusOr<StoreCounts> Counts() const;
 

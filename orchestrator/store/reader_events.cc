@@ -42,8 +42,7 @@ absl::StatusOr<ChangeCursor> StoreReader::LatestCursor() const {
   absl::Status read = ForEachRow(
       "SELECT (SELECT coalesce(max(id), 0) FROM events), "
       "(SELECT coalesce(max(id), 0) FROM spike_events)",
-      NoParameters,
-      [&](const Stmt& r) {
+      NoParameters, [&](const Stmt& r) {
         cursor.event_id = r.ColumnInt(0);
         cursor.spike_id = r.ColumnInt(1);
       });
@@ -91,12 +90,10 @@ absl::StatusOr<StoreCounts> StoreReader::Counts() const {
       {"SELECT state, count(*), 0 FROM sweeps GROUP BY state", &counts.sweeps_by_state},
       {"SELECT state, count(*), 0 FROM workers GROUP BY state", &counts.workers_by_state}};
   for (const Table& t : tables) {
-    absl::Status read = ForEachRow(
-        t.sql, NoParameters,
-        [&](const Stmt& r) {
-          (*t.by_state)[r.ColumnText(0)] = r.ColumnInt(1);
-          counts.steps_done += r.ColumnDouble(2);
-        });
+    absl::Status read = ForEachRow(t.sql, NoParameters, [&](const Stmt& r) {
+      (*t.by_state)[r.ColumnText(0)] = r.ColumnInt(1);
+      counts.steps_done += r.ColumnDouble(2);
+    });
     if (!read.ok()) return read;
   }
   return counts;
@@ -134,9 +131,10 @@ absl::StatusOr<std::vector<SweepSpike>> StoreReader::SpikesSince(int64_t after_i
 
 absl::StatusOr<std::optional<ChangeCursor>> StoreReader::AlertCursorRow() const {
   std::optional<ChangeCursor> cursor;
-  absl::Status read = ForEachRow(
-      "SELECT event_id, spike_id FROM alert_cursor WHERE id = 1", NoParameters,
-      [&](const Stmt& r) { cursor = ChangeCursor{r.ColumnInt(0), r.ColumnInt(1)}; });
+  absl::Status read = ForEachRow("SELECT event_id, spike_id FROM alert_cursor WHERE id = 1",
+                                 NoParameters, [&](const Stmt& r) {
+                                   cursor = ChangeCursor{r.ColumnInt(0), r.ColumnInt(1)};
+                                 });
   if (!read.ok()) return read;
   return cursor;
 }

@@ -202,13 +202,14 @@ absl::StatusOr<ResultSet> StoreReader::ReadResults(const ResultSelection& select
       ResultRun result{std::move(run), {}};
       auto l = lengths.find(result.run.id);
       if (l != lengths.end()) result.lengths = std::move(l->second);
-      auto [it, added] = held.try_emplace(
-          {result.run.variant, result.run.seed, result.run.axes}, set.runs.size());
+      auto [it, added] =
+          held.try_emplace({result.run.variant, result.run.seed, result.run.axes}, set.runs.size());
       if (added) {
         set.runs.push_back(std::move(result));
       } else {
         ++set.replaced;
-        if (Replaces(result.run, set.runs[it->second].run)) set.runs[it->second] = std::move(result);
+        if (Replaces(result.run, set.runs[it->second].run))
+          set.runs[it->second] = std::move(result);
       }
     }
   }
@@ -232,16 +233,18 @@ absl::Status StoreReader::AtBudget(const ResultSelection& selection, ResultRun* 
   }
   const TrainConfig& t = config.train();
   const double tokens_per_step = TokensPerStep(t);
-  const double per_step = selection.at_tokens > 0
-                              ? tokens_per_step
-                              : tokens_per_step * TrainingFlopsPerToken(config.model(), t.seq_len());
+  const double per_step =
+      selection.at_tokens > 0
+          ? tokens_per_step
+          : tokens_per_step * TrainingFlopsPerToken(config.model(), t.seq_len());
   const double budget = selection.at_tokens > 0 ? selection.at_tokens : selection.at_flops;
   if (!(per_step > 0)) return absl::OkStatus();
   const auto last_step = static_cast<int64_t>(std::min(9.0e18, std::floor(budget / per_step)));
   return ForEachRow(
-      absl::StrCat("SELECT val_loss, val_ppl, gate_score, m_act, f_attn FROM eval_metrics WHERE "
-                   "run_id = (SELECT coalesce(reused_from, id) FROM runs WHERE id = ?1) AND step > 0 AND "
-                   "step <= ?2 ORDER BY step DESC LIMIT 1"),
+      absl::StrCat(
+          "SELECT val_loss, val_ppl, gate_score, m_act, f_attn FROM eval_metrics WHERE "
+          "run_id = (SELECT coalesce(reused_from, id) FROM runs WHERE id = ?1) AND step > 0 AND "
+          "step <= ?2 ORDER BY step DESC LIMIT 1"),
       [&](Stmt& q) { q.Bind(1, run.id).Bind(2, last_step); },
       [&](const Stmt& s) {
         for (int i = 0; i < 5; ++i) {

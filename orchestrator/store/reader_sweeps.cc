@@ -31,10 +31,10 @@ constexpr char kSweepColumns[] =
 
 SweepInfo ReadSweep(const Stmt& s) {
   SweepInfo info;
-  ReadColumns(s, 0, &info.id, &info.name, &info.state, &info.priority, &info.created_at,
-              &info.runs, &info.pending, &info.running, &info.succeeded, &info.failed,
-              &info.diverged, &info.cancelled, &info.interrupted, &info.steps_done,
-              &info.steps_total, &info.description, &info.stopped, &info.tune_method);
+  ReadColumns(s, 0, &info.id, &info.name, &info.state, &info.priority, &info.created_at, &info.runs,
+              &info.pending, &info.running, &info.succeeded, &info.failed, &info.diverged,
+              &info.cancelled, &info.interrupted, &info.steps_done, &info.steps_total,
+              &info.description, &info.stopped, &info.tune_method);
   return info;
 }
 
@@ -66,8 +66,8 @@ RunInfo ReadRun(const Stmt& s) {
   r.finished_at = ZeroIfNull(s, 21);
   // Metrics stay NaN when unset (NULL); reused_from reads 0 when it is NULL.
   ReadColumns(s, 22, &r.steps_total, &r.steps_done, &r.final_train_loss, &r.val_loss, &r.val_ppl,
-              &r.gate_score, &r.m_act, &r.f_attn, &r.spike_score, &r.spike_steps,
-              &r.tokens_per_s, &r.wall_s, &r.reason, &r.reused_from, &r.attempt_base);
+              &r.gate_score, &r.m_act, &r.f_attn, &r.spike_score, &r.spike_steps, &r.tokens_per_s,
+              &r.wall_s, &r.reason, &r.reused_from, &r.attempt_base);
   r.devices = std::max(1, static_cast<int>(s.ColumnInt(37)));
   r.code_version = s.ColumnText(38);
   ReadColumns(s, 39, &r.tuned, &r.tune_group, &r.tune_value, &r.stop_at_step, &r.held);
@@ -123,12 +123,11 @@ absl::StatusOr<SweepInfo> StoreReader::GetSweep(const std::string& name_or_id) c
 absl::StatusOr<SweepInfo> StoreReader::GetSweepById(int64_t sweep_id) const {
   return ReadFirstRow<SweepInfo>(
       absl::StrCat("SELECT ", kSweepColumns, " FROM sweep_progress WHERE sweep_id = ?1"),
-      [&](Stmt& q) { q.Bind(1, sweep_id); }, ReadSweep,
-      absl::StrCat("store: no sweep ", sweep_id));
+      [&](Stmt& q) { q.Bind(1, sweep_id); }, ReadSweep, absl::StrCat("store: no sweep ", sweep_id));
 }
 
-absl::StatusOr<std::vector<RunInfo>> StoreReader::RunsOfSweep(
-    int64_t sweep_id, std::vector<RunState> states) const {
+absl::StatusOr<std::vector<RunInfo>> StoreReader::RunsOfSweep(int64_t sweep_id,
+                                                              std::vector<RunState> states) const {
   RunFilter filter;
   filter.sweep_id = sweep_id;
   filter.states = std::move(states);
@@ -151,9 +150,9 @@ absl::StatusOr<std::vector<RunInfo>> StoreReader::ListRuns(const RunFilter& filt
     for (RunState s : filter.states) names.push_back(absl::StrCat("'", RunStateName(s), "'"));
     where.push_back(absl::StrCat("r.state IN (", absl::StrJoin(names, ", "), ")"));
   }
-  std::string sql = absl::StrCat("SELECT ", kRunColumns,
-                                 where.empty() ? "" : " WHERE ", absl::StrJoin(where, " AND "),
-                                 " ORDER BY r.sweep_id, r.run_index LIMIT ?2");
+  std::string sql =
+      absl::StrCat("SELECT ", kRunColumns, where.empty() ? "" : " WHERE ",
+                   absl::StrJoin(where, " AND "), " ORDER BY r.sweep_id, r.run_index LIMIT ?2");
   return ReadRows<RunInfo>(
       sql,
       [&](Stmt& q) {
@@ -164,9 +163,9 @@ absl::StatusOr<std::vector<RunInfo>> StoreReader::ListRuns(const RunFilter& filt
 }
 
 absl::StatusOr<RunInfo> StoreReader::GetRun(int64_t run_id) const {
-  return ReadFirstRow<RunInfo>(absl::StrCat("SELECT ", kRunColumns, " WHERE r.id = ?1"),
-                               [&](Stmt& q) { q.Bind(1, run_id); }, ReadRun,
-                               absl::StrCat("store: no run ", run_id));
+  return ReadFirstRow<RunInfo>(
+      absl::StrCat("SELECT ", kRunColumns, " WHERE r.id = ?1"), [&](Stmt& q) { q.Bind(1, run_id); },
+      ReadRun, absl::StrCat("store: no run ", run_id));
 }
 
 absl::StatusOr<std::vector<AttemptInfo>> StoreReader::Attempts(int64_t run_id) const {

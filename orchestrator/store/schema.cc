@@ -462,8 +462,8 @@ absl::Status WriteTableTexts(sqlite3* db,
                              int64_t version) {
   if (absl::Status s = Exec(db, "PRAGMA writable_schema = ON"); !s.ok()) return s;
   for (const auto& [table, sql] : rewritten) {
-    absl::StatusOr<Stmt> write = Stmt::Prepare(
-        db, "UPDATE sqlite_schema SET sql = ?2 WHERE type = 'table' AND name = ?1");
+    absl::StatusOr<Stmt> write =
+        Stmt::Prepare(db, "UPDATE sqlite_schema SET sql = ?2 WHERE type = 'table' AND name = ?1");
     absl::Status s = write.status();
     if (s.ok()) s = write->Bind(1, table).Bind(2, sql).Run();
     if (!s.ok()) {
@@ -546,10 +546,10 @@ CREATE INDEX runs_by_sweep_state ON runs (sweep_id, state)
 // Version 8: runs.worker_id without its REFERENCES workers(id). A run's start sets it in the
 // UPDATE that marks the run RUNNING, and SQLite checks a foreign key that an UPDATE changes by
 // giving the statement a statement journal: every page the UPDATE touched was copied (in memory)
-// first, and the parent row looked up, on the path of every dispatched job. Nothing is lost: the same start
-// inserts the attempt with the same worker_id first, and attempts.worker_id keeps its foreign
-// key, so a run still names only a worker that exists (workers are never deleted). Rewritten in
-// place as version 7 was: rebuilding runs would copy every run.
+// first, and the parent row looked up, on the path of every dispatched job. Nothing is lost: the
+// same start inserts the attempt with the same worker_id first, and attempts.worker_id keeps its
+// foreign key, so a run still names only a worker that exists (workers are never deleted).
+// Rewritten in place as version 7 was: rebuilding runs would copy every run.
 constexpr char kRunsWorkerReference[] = " REFERENCES workers(id)";
 
 // Whether `text` ends with `word` once trailing spaces are dropped; `text` loses both.
@@ -565,9 +565,9 @@ absl::Status DropRunsWorkerReference(sqlite3* db) {
   absl::string_view before = absl::string_view(*create).substr(0, at);
   if (at == std::string::npos || create->find(kRunsWorkerReference, at + 1) != std::string::npos ||
       !ConsumeTrailingWord(before, "INTEGER") || !ConsumeTrailingWord(before, "worker_id")) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "store: migration 8: table runs has no single \"worker_id INTEGER", kRunsWorkerReference,
-        "\" column"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("store: migration 8: table runs has no single \"worker_id INTEGER",
+                     kRunsWorkerReference, "\" column"));
   }
   std::string sql = *create;
   sql.erase(at, sizeof(kRunsWorkerReference) - 1);
@@ -726,10 +726,19 @@ absl::Status CreateViews(sqlite3* db) {
 }  // namespace
 
 const std::vector<Migration>& StoreMigrations() {
-  static const std::vector<Migration>* migrations = new std::vector<Migration>{
-      {kSchemaV1}, {kSchemaV2}, {kSchemaV3}, {kSchemaV4}, {kSchemaV5}, {kSchemaV6},
-      {"", RewriteStateChecks}, {kSchemaV8, DropRunsWorkerReference}, {kSchemaV9},
-      {kSchemaV10, AddStoppedToRunsCheck}, {kSchemaV11}, {kSchemaV12}};
+  static const std::vector<Migration>* migrations =
+      new std::vector<Migration>{{kSchemaV1},
+                                 {kSchemaV2},
+                                 {kSchemaV3},
+                                 {kSchemaV4},
+                                 {kSchemaV5},
+                                 {kSchemaV6},
+                                 {"", RewriteStateChecks},
+                                 {kSchemaV8, DropRunsWorkerReference},
+                                 {kSchemaV9},
+                                 {kSchemaV10, AddStoppedToRunsCheck},
+                                 {kSchemaV11},
+                                 {kSchemaV12}};
   return *migrations;
 }
 
@@ -740,9 +749,9 @@ absl::Status MigrateStore(sqlite3* db) {
   if (!version.ok()) return version.status();
   const int64_t target = StoreSchemaVersion();
   if (*version > target) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "store: the database has schema version ", *version, ", newer than this build's ", target,
-        " (written by a newer ablate)"));
+    return absl::FailedPreconditionError(absl::StrCat("store: the database has schema version ",
+                                                      *version, ", newer than this build's ",
+                                                      target, " (written by a newer ablate)"));
   }
   for (int64_t v = *version; v < target; ++v) {
     if (absl::Status s = Exec(db, "BEGIN IMMEDIATE"); !s.ok()) return s;

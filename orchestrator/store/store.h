@@ -85,7 +85,7 @@ struct StoreOptions {
   // checkpointer fell behind) the writer waits for its pass and copies the rest itself, and the
   // WAL starts over. 1 to 2^24.
   int checkpoint_pages = 10000;
-  int reader_connections = 4;    // StoreReader pool size
+  int reader_connections = 4;  // StoreReader pool size
   // The pool of scheduling_reader(): the reads a worker's calls make.
   int scheduling_connections = 2;
   // The clock stamped on rows (created_at, last_seen, event times). Tests inject one.
@@ -163,13 +163,13 @@ struct TuneDecisionWrite {
   int64_t sweep_id = 0;
   std::string group;
   struct Decision {
-    std::string kind;            // "promote", "stop", "choose"
+    std::string kind;  // "promote", "stop", "choose"
     double value = 0;
-    int rung = 0;                // -1: a seeds-first choice
-    double metric = 0;           // NaN: none
+    int rung = 0;       // -1: a seeds-first choice
+    double metric = 0;  // NaN: none
     std::string detail;
-    std::vector<int64_t> runs;   // held runs it applies to
-    int64_t next_stop = 0;       // promote, choose: tune_runs.stop_at_step from now on
+    std::vector<int64_t> runs;  // held runs it applies to
+    int64_t next_stop = 0;      // promote, choose: tune_runs.stop_at_step from now on
   };
   std::vector<Decision> decisions;
 };
@@ -221,12 +221,12 @@ struct TransitionResult {
 struct FinishWrite {
   std::optional<MetricBatch> batch;
   RunTransition end;
-  std::optional<RunTransition> start;  // -> RUNNING of another run on the same worker
+  std::optional<RunTransition> start;      // -> RUNNING of another run on the same worker
   std::vector<RunTransition> more_starts;  // further runs started on it (a worker's free slots)
 };
 
 struct FinishWriteResult {
-  ReportResult report;      // of the batch, when there was one
+  ReportResult report;  // of the batch, when there was one
   TransitionResult end;
   // The start's own outcome: a start that fails (FailedPrecondition: cancelled meanwhile) is
   // undone alone; the batch and the end commit.
@@ -277,18 +277,18 @@ enum class AlertOutcome { kDelivered, kFailed, kDropped };
 struct StoreStats {
   int64_t queued_writes = 0;
   int64_t queued_rows = 0;
-  int64_t flushes = 0;          // committed transactions
-  int64_t failed_flushes = 0;   // rolled back and retried
+  int64_t flushes = 0;         // committed transactions
+  int64_t failed_flushes = 0;  // rolled back and retried
   int64_t rows_committed = 0;
-  int64_t dropped_writes = 0;   // writes refused inside a transaction (bad run, stale attempt)
+  int64_t dropped_writes = 0;  // writes refused inside a transaction (bad run, stale attempt)
   // Transactions applied a second time, with a savepoint per write, because a write failed
   // alone in the first pass (CommitBatch).
   int64_t reapplied_flushes = 0;
   // The longest a committed transaction took, from BEGIN to the end of COMMIT: every write
   // queued meanwhile (a report, a finish) waited that long.
   absl::Duration longest_flush = absl::ZeroDuration();
-  absl::Status last_error;      // of the last failed flush (OK after a success)
-  int64_t checkpoints = 0;      // checkpointer passes that copied pages into the database
+  absl::Status last_error;        // of the last failed flush (OK after a success)
+  int64_t checkpoints = 0;        // checkpointer passes that copied pages into the database
   absl::Status checkpoint_error;  // of the last checkpoint (OK after a success)
   // Times the checkpointer paused users' queries to copy back a WAL they held (kWalPressure).
   int64_t query_pauses = 0;
@@ -444,16 +444,15 @@ class Store {
   // waited flush_interval; never before a retry's backoff ends) or the store closes, then takes
   // all of it into *batch (its rows in *rows; *stopping when the store is closing). false when
   // the store closed with nothing queued: the thread ends.
-  bool TakeDueBatch(std::deque<Op>* batch, int64_t* rows, bool* stopping)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  bool TakeDueBatch(std::deque<Op>* batch, int64_t* rows, bool* stopping) ABSL_LOCKS_EXCLUDED(mu_);
   // After `batch` committed: counted in the stats, each waiter told its outcome.
   void Committed(std::deque<Op>& batch, const std::vector<absl::Status>& outcomes, int64_t rows,
                  bool reapplied, absl::Duration flush_time) ABSL_LOCKS_EXCLUDED(mu_);
   // After `batch` was rolled back with `status`: every waiter told, the ingestion writes queued
   // again ahead of the rest (unless `stopping`), the next flush backed off. false when the
   // writer thread ends (stopping: what is left queued fails).
-  bool RolledBack(std::deque<Op>& batch, const absl::Status& status, bool reapplied,
-                  bool stopping) ABSL_LOCKS_EXCLUDED(mu_);
+  bool RolledBack(std::deque<Op>& batch, const absl::Status& status, bool reapplied, bool stopping)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The checkpointer thread: a PASSIVE checkpoint on its own connection whenever the writer's
   // commits left checkpoint_pages or more in the WAL (OnWalCommit, SQLite's WAL hook).
   void CheckpointLoop();

@@ -29,10 +29,10 @@ absl::Status Store::Enqueue(Op op) {
 absl::Status Store::EnqueueLocked(Op op) {
   if (stop_) return absl::UnavailableError("store: closed");
   if (queued_rows_ + op.rows > options_.max_queued_rows && !queue_.empty()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "store: ", queued_rows_, " rows are waiting to be written (",
-        stats_.last_error.ok() ? "the writer is behind" : stats_.last_error.message(),
-        "); retry later"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("store: ", queued_rows_, " rows are waiting to be written (",
+                     stats_.last_error.ok() ? "the writer is behind" : stats_.last_error.message(),
+                     "); retry later"));
   }
   if (queue_.empty()) oldest_enqueued_ = absl::Now();
   op.ticket = next_ticket_++;

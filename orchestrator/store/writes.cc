@@ -1,8 +1,8 @@
 // The SQL of each write of the store (store_internal.h): a sweep's submission, its state and its
-// cancellation (tags and notes: annotation_writes.cc), a run's state transitions and a worker's Finish, metric
-// batches with their evaluations and spikes, workers, checkpoints, and the batched event rows.
-// Each runs on the writer's connection inside the flush transaction (writer.cc) and returns a
-// transient error to abort the flush or any other error to fail its write alone.
+// cancellation (tags and notes: annotation_writes.cc), a run's state transitions and a worker's
+// Finish, metric batches with their evaluations and spikes, workers, checkpoints, and the batched
+// event rows. Each runs on the writer's connection inside the flush transaction (writer.cc) and
+// returns a transient error to abort the flush or any other error to fail its write alone.
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -52,8 +52,8 @@ std::string HistogramJson(const LayerProbes& p) {
   nlohmann::json j;
   j["lo"] = p.gate_histogram().lo();
   j["hi"] = p.gate_histogram().hi();
-  j["counts"] = std::vector<int64_t>(p.gate_histogram().counts().begin(),
-                                     p.gate_histogram().counts().end());
+  j["counts"] =
+      std::vector<int64_t>(p.gate_histogram().counts().begin(), p.gate_histogram().counts().end());
   return j.dump();
 }
 
@@ -72,8 +72,9 @@ absl::Status RunForEach(StoreWriter& w, absl::string_view sql, const Rows& rows,
 
 absl::Status UpsertEval(StoreWriter& w, int64_t run_id, int32_t attempt, const EvalResult& e) {
   STORE_ASSIGN_OR_RETURN(
-      stmt, w.Get("INSERT OR REPLACE INTO eval_metrics (run_id, step, attempt, val_loss, val_ppl, "
-                  "gate_score, m_act, f_attn, tokens) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"));
+      stmt,
+      w.Get("INSERT OR REPLACE INTO eval_metrics (run_id, step, attempt, val_loss, val_ppl, "
+            "gate_score, m_act, f_attn, tokens) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"));
   stmt->Bind(1, run_id).Bind(2, e.step()).Bind(3, attempt).Bind(4, e.val_loss());
   stmt->Bind(5, e.val_ppl()).Bind(7, e.probes().m_act());
   if (e.probes().has_gate_score_mean()) {
@@ -302,9 +303,8 @@ struct RunStatements {
 
 // Inserts the runs row of `run` (PENDING) and its config; returns the run's id.
 absl::StatusOr<int64_t> InsertRun(StoreWriter& w, const RunStatements& s,
-                                  const ExpandedSweep& sweep, const RunSpec& run,
-                                  int64_t sweep_id, int64_t variant_id,
-                                  const std::string& config_json, double now) {
+                                  const ExpandedSweep& sweep, const RunSpec& run, int64_t sweep_id,
+                                  int64_t variant_id, const std::string& config_json, double now) {
   Stmt& stmt = *s.run;
   stmt.Bind(1, sweep_id).Bind(2, variant_id).Bind(3, run.index());
   stmt.Bind(4, run.run_key()).Bind(5, static_cast<int64_t>(run.seed()));
@@ -526,8 +526,8 @@ absl::Status ApplyStart(StoreWriter& w, const RunTransition& start, absl::Status
 
 }  // namespace
 
-absl::StatusOr<int64_t> InsertRunRow(StoreWriter& w, const ExpandedSweep& sweep,
-                                     const RunSpec& run, int64_t sweep_id, int64_t variant_id,
+absl::StatusOr<int64_t> InsertRunRow(StoreWriter& w, const ExpandedSweep& sweep, const RunSpec& run,
+                                     int64_t sweep_id, int64_t variant_id,
                                      const std::string& config_json, double now) {
   STORE_ASSIGN_OR_RETURN(statements, RunStatements::Prepare(w));
   return InsertRun(w, statements, sweep, run, sweep_id, variant_id, config_json, now);
@@ -593,8 +593,8 @@ absl::Status ApplySetSweepState(StoreWriter& w, int64_t sweep_id, const std::str
   if (sqlite3_changes(w.db()) == 0) {
     return absl::NotFoundError(absl::StrCat("store: no sweep ", sweep_id));
   }
-  return InsertEvent(w, sweep_id, 0, "sweep_state",
-                     absl::StrCat("sweep ", sweep_id, " is ", state), state);
+  return InsertEvent(w, sweep_id, 0, "sweep_state", absl::StrCat("sweep ", sweep_id, " is ", state),
+                     state);
 }
 
 absl::Status ApplyCancelSweep(StoreWriter& w, int64_t sweep_id, SweepCancellation* result) {
@@ -618,8 +618,7 @@ absl::Status ApplyCancelSweep(StoreWriter& w, int64_t sweep_id, SweepCancellatio
   for (;;) {
     STORE_ASSIGN_OR_RETURN(row, list->Step());
     if (!row) break;
-    (list->ColumnText(1) == "RUNNING" ? result->running : unstarted)
-        .push_back(list->ColumnInt(0));
+    (list->ColumnText(1) == "RUNNING" ? result->running : unstarted).push_back(list->ColumnInt(0));
   }
   list->Reset();
   for (int64_t run_id : unstarted) {
@@ -699,8 +698,8 @@ absl::Status ApplyFinish(StoreWriter& w, const FinishWrite& write, FinishWriteRe
 
 // ---- Metrics --------------------------------------------------------------------------------
 
-absl::Status ApplyMetrics(StoreWriter& w, const MetricBatch& b, ReportResult* result,
-                          bool ending, int64_t* seq_for_end) {
+absl::Status ApplyMetrics(StoreWriter& w, const MetricBatch& b, ReportResult* result, bool ending,
+                          int64_t* seq_for_end) {
   STORE_ASSIGN_OR_RETURN(check, w.Get("SELECT state, report_seq FROM attempts "
                                       "WHERE run_id = ?1 AND attempt = ?2"));
   check->Bind(1, b.run_id).Bind(2, b.attempt);
@@ -751,8 +750,8 @@ absl::Status ApplyMetrics(StoreWriter& w, const MetricBatch& b, ReportResult* re
   seq->Bind(1, b.run_id).Bind(2, b.attempt).Bind(3, b.seq);
   STORE_RETURN_IF_ERROR(seq->Run());
   if (max_step > 0) {
-    STORE_ASSIGN_OR_RETURN(
-        progress, w.Get("UPDATE runs SET steps_done = max(steps_done, ?2) WHERE id = ?1"));
+    STORE_ASSIGN_OR_RETURN(progress,
+                           w.Get("UPDATE runs SET steps_done = max(steps_done, ?2) WHERE id = ?1"));
     progress->Bind(1, b.run_id).Bind(2, max_step);
     STORE_RETURN_IF_ERROR(progress->Run());
   }

@@ -9,12 +9,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "orchestrator/sweep/budget.h"
-#include "orchestrator/sweep/problems.h"
-#include "orchestrator/sweep/tune.h"
 #include "config/model_config.h"
 #include "config/presets.h"
 #include "config/proto_yaml.h"
+#include "orchestrator/sweep/budget.h"
+#include "orchestrator/sweep/problems.h"
+#include "orchestrator/sweep/tune.h"
 
 namespace ablate {
 
@@ -22,14 +22,14 @@ namespace {
 
 const std::vector<std::string>& TopLevelKeys() {
   static const auto* keys = new std::vector<std::string>{
-      "sweep", "description", "base",     "variants",  "axes",    "seeds",
-      "filters", "budget",    "spike",    "resources", "priority", "tune"};
+      "sweep",   "description", "base",  "variants",  "axes",     "seeds",
+      "filters", "budget",      "spike", "resources", "priority", "tune"};
   return *keys;
 }
 
 const std::vector<std::string>& VariantKeys() {
-  static const auto* keys = new std::vector<std::string>{
-      "name", "preset", "group", "description", "model", "train", "budget"};
+  static const auto* keys = new std::vector<std::string>{"name",  "preset", "group", "description",
+                                                         "model", "train",  "budget"};
   return *keys;
 }
 
@@ -207,7 +207,8 @@ class Parser {
     if (!(res.memory_gb() >= 0)) {
       Problem(LineOfPath(r, "memory_gb", line), "resources.memory_gb", "must be >= 0");
     }
-    if (res.threads() < 0) Problem(LineOfPath(r, "threads", line), "resources.threads", "must be >= 0");
+    if (res.threads() < 0)
+      Problem(LineOfPath(r, "threads", line), "resources.threads", "must be >= 0");
     if (res.devices() < 0 || res.devices() > kMaxDevices) {
       Problem(LineOfPath(r, "devices", line), "resources.devices",
               absl::StrCat("must be in [1, ", kMaxDevices, "], got ", res.devices()));
@@ -225,8 +226,8 @@ class Parser {
         return false;
       }
       Problem(v.line, absl::StrCat("variants[", v.name, "]"),
-              absl::StrCat("duplicate variant name \"", v.name, "\" (first at line ",
-                           existing.line, ")"));
+              absl::StrCat("duplicate variant name \"", v.name, "\" (first at line ", existing.line,
+                           ")"));
       return false;
     }
     spec_.variants.push_back(std::move(v));
@@ -304,8 +305,9 @@ class Parser {
       CheckKeys(entry, path, VariantKeys());
       if (const YAML::Node g = Child(entry, "group"); g) {
         if (entry.size() != 1) {
-          Problem(line, path, "a group entry takes no other keys; list the variant separately "
-                              "to override it");
+          Problem(line, path,
+                  "a group entry takes no other keys; list the variant separately "
+                  "to override it");
         }
         const std::string name = Scalar(g, path + ".group");
         if (const PresetGroup* group = FindPresetGroup(name)) {
@@ -391,8 +393,9 @@ class Parser {
     const std::string best = ClosestName(name, VariantNames());
     Problem(line, path,
             absl::StrCat("no variant named \"", name, "\" in this sweep",
-                         best.empty() ? absl::StrCat("; variants: ", absl::StrJoin(VariantNames(), ", "))
-                                      : absl::StrCat(" (did you mean \"", best, "\"?)")));
+                         best.empty()
+                             ? absl::StrCat("; variants: ", absl::StrJoin(VariantNames(), ", "))
+                             : absl::StrCat(" (did you mean \"", best, "\"?)")));
   }
 
   // Checks a rule's values and names; `node` is where it is written.
@@ -487,7 +490,8 @@ class Parser {
   bool ParseSeed(const YAML::Node& node, const std::string& path, uint64_t* out) {
     if (!node.IsScalar() || !absl::SimpleAtoi(node.Scalar(), out) ||
         node.Scalar().find('-') != std::string::npos) {
-      Problem(YamlLine(node), path, absl::StrCat("expected a seed (an integer >= 0), got ", Text(node)));
+      Problem(YamlLine(node), path,
+              absl::StrCat("expected a seed (an integer >= 0), got ", Text(node)));
       return false;
     }
     return true;
@@ -502,8 +506,9 @@ class Parser {
     if (seeds.IsScalar()) {
       int n;
       if (!absl::SimpleAtoi(seeds.Scalar(), &n) || n < 1 || n > 100000) {
-        Problem(YamlLine(seeds), "seeds",
-                absl::StrCat("expected a list of seeds or a count in [1, 100000], got ", Text(seeds)));
+        Problem(
+            YamlLine(seeds), "seeds",
+            absl::StrCat("expected a list of seeds or a count in [1, 100000], got ", Text(seeds)));
         return;
       }
       for (int i = 0; i < n; ++i) spec_.seeds.push_back(i);
@@ -643,8 +648,8 @@ class Parser {
   }
 
   // The j-th point takes the j-th value of every column, which must all be as long.
-  bool ZipColumns(const std::vector<std::vector<AxisAssignment>>& columns,
-                  const std::string& path, AxisSpec* axis) {
+  bool ZipColumns(const std::vector<std::vector<AxisAssignment>>& columns, const std::string& path,
+                  AxisSpec* axis) {
     bool ok = true;
     for (const auto& column : columns) {
       if (column.size() != columns.front().size()) {
@@ -767,11 +772,17 @@ class Parser {
           if (v.IsSequence()) {
             for (size_t j = 0; j < v.size(); ++j) {
               uint64_t s;
-              if (ParseSeed(v[j], cpath, &s)) c.seeds.push_back(s); else ok = false;
+              if (ParseSeed(v[j], cpath, &s))
+                c.seeds.push_back(s);
+              else
+                ok = false;
             }
           } else {
             uint64_t s;
-            if (ParseSeed(v, cpath, &s)) c.seeds.push_back(s); else ok = false;
+            if (ParseSeed(v, cpath, &s))
+              c.seeds.push_back(s);
+            else
+              ok = false;
           }
         } else {
           AxisAssignment a = Assignment(it->first, v);

@@ -27,8 +27,8 @@ namespace {
 
 const std::vector<std::string>& TuneKeys() {
   static const auto* keys = new std::vector<std::string>{
-      "axis", "values", "range", "method", "metric", "mode", "rungs", "reduction_factor",
-      "seeds", "tolerance", "max_spike_score"};
+      "axis",  "values",           "range", "method",    "metric",         "mode",
+      "rungs", "reduction_factor", "seeds", "tolerance", "max_spike_score"};
   return *keys;
 }
 
@@ -173,9 +173,8 @@ class TuneParser {
   void ParseMetric(TuneSpec* tune) {
     if (Child("metric")) {
       tune->metric = Scalar("metric");
-      if (!tune->metric.empty() &&
-          std::find(TuneMetrics().begin(), TuneMetrics().end(), tune->metric) ==
-              TuneMetrics().end()) {
+      if (!tune->metric.empty() && std::find(TuneMetrics().begin(), TuneMetrics().end(),
+                                             tune->metric) == TuneMetrics().end()) {
         Problem(LineOfKey("metric"), "tune.metric",
                 absl::StrCat("unknown metric \"", tune->metric, "\"; use ",
                              absl::StrJoin(TuneMetrics(), ", ")));
@@ -290,7 +289,7 @@ class TuneParser {
       }
       if (!ok) {
         Problem(at, path,
-                key == "scale" ? absl::StrCat("expected log or linear, got \"", text, "\"")
+                key == "scale"    ? absl::StrCat("expected log or linear, got \"", text, "\"")
                 : key == "points" ? "expected a whole number"
                                   : "expected a number");
       }
@@ -526,10 +525,10 @@ std::string TunePlanText(const TunePlan& plan) {
   absl::StrAppend(&out, "; at most ", plan.max_runs(), " runs, ", FormatCount(plan.max_steps()),
                   " steps");
   if (plan.method() == "asha" && plan.max_steps() > 0) {
-    absl::StrAppend(&out, "; expected ", FormatCount(plan.expected_steps()), " steps (",
-                    static_cast<int64_t>(std::lround(100.0 * plan.expected_steps() /
-                                                     plan.max_steps())),
-                    "% of the grid)");
+    absl::StrAppend(
+        &out, "; expected ", FormatCount(plan.expected_steps()), " steps (",
+        static_cast<int64_t>(std::lround(100.0 * plan.expected_steps() / plan.max_steps())),
+        "% of the grid)");
   }
   return out;
 }

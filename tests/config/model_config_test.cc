@@ -86,8 +86,8 @@ TEST(ParamCountTest, ModelsAtTheDimensionBoundsCountExactly) {
   // The same sum in floating point (exact enough to catch a wrapped int64).
   const double d = kMaxDModel, L = kMaxNumLayers, h = kMaxNumHeads, dk = kMaxHeadDim;
   const double kv_proj = d * h * dk;
-  const double attention = 2 * d * h * dk + 2 * kMaxSwitchHeadExperts * kv_proj +
-                           d * h * kMaxSwitchHeadExperts + 2 * dk;
+  const double attention =
+      2 * d * h * dk + 2 * kMaxSwitchHeadExperts * kv_proj + d * h * kMaxSwitchHeadExperts + 2 * dk;
   const double ffn = d * kMaxExperts + kMaxExperts * 3.0 * d * kMaxFfnDim;
   const double total = 2.0 * kMaxVocabSize * d + L * (attention + d * h * dk + ffn + 2 * d) + d;
   EXPECT_GT(p.total(), 0);
@@ -228,11 +228,11 @@ TEST(MemoryPlanTest, ShardedGradientsHoldAnEighthAndWhatTheBackwardHasNotReduced
   const MemoryPlan zero2 = PlanMemory(config, 8);
   const ParamCount count = CountParams(m);
   const double params = static_cast<double>(count.total());
-  const double outside = static_cast<double>(count.breakdown().embedding() +
-                                             count.breakdown().lm_head()) + 2 * 512;
-  const double expected =
-      (std::ceil(params / 8) + outside + (params - outside) / 16 +
-       std::min(params, static_cast<double>(kShardBucketElements))) * 4;
+  const double outside =
+      static_cast<double>(count.breakdown().embedding() + count.breakdown().lm_head()) + 2 * 512;
+  const double expected = (std::ceil(params / 8) + outside + (params - outside) / 16 +
+                           std::min(params, static_cast<double>(kShardBucketElements))) *
+                          4;
   EXPECT_EQ(zero1.gradients(), static_cast<int64_t>(params * 4));
   EXPECT_NEAR(static_cast<double>(zero2.gradients()), std::min(expected, params * 4), 1.0);
   EXPECT_EQ(zero2.parameters(), zero1.parameters());

@@ -145,8 +145,8 @@ int RunJobProcess(const JobProcessOptions& options) {
     trainer_options.world_size = options.world_size;
     trainer_options.rank = 0;
     trainer_options.rendezvous = options.rendezvous;
-    trainer_options.collective_timeout = std::chrono::milliseconds(
-        static_cast<int64_t>(options.collective_timeout_s * 1000));
+    trainer_options.collective_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(options.collective_timeout_s * 1000));
   }
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*config, trainer_options);
   if (!trainer.ok()) {
@@ -171,7 +171,7 @@ int RunJobProcess(const JobProcessOptions& options) {
 // ---- The agent's side ----
 
 absl::StatusOr<std::unique_ptr<JobProcess>> JobProcess::Start(std::string binary,
-                                                             const JobProcessOptions& options) {
+                                                              const JobProcessOptions& options) {
   if (binary.empty()) {
     std::error_code ec;
     binary = std::filesystem::read_symlink("/proc/self/exe", ec).string();
@@ -274,9 +274,8 @@ void JobProcess::ReadEvents() {
 std::optional<JobProcessEvent> JobProcess::Next(absl::Duration timeout, bool* timed_out) {
   *timed_out = false;
   absl::MutexLock lock(&mu_);
-  const auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !events_.empty() || closed_;
-  };
+  const auto ready = [this]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !events_.empty() || closed_; };
   if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
     *timed_out = true;
     return std::nullopt;
@@ -382,8 +381,7 @@ absl::StatusOr<RunSummary> JobProcess::Run(TrainerObserver* observer,
       case JobProcessEvent::kError:
         step_ = std::max(step_, e->error().steps_done());
         Reap(absl::Seconds(30));
-        return absl::Status(static_cast<absl::StatusCode>(e->error().code()),
-                            e->error().message());
+        return absl::Status(static_cast<absl::StatusCode>(e->error().code()), e->error().message());
       case JobProcessEvent::kStartedStep:
       case JobProcessEvent::EVENT_NOT_SET:
         break;

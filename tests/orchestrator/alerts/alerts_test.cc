@@ -111,7 +111,8 @@ class Receiver {
         const ssize_t n = ::recv(c, buffer, sizeof(buffer), 0);
         if (n <= 0) break;
         request.append(buffer, n);
-        if (body_at == std::string::npos && (body_at = request.find("\r\n\r\n")) != std::string::npos) {
+        if (body_at == std::string::npos &&
+            (body_at = request.find("\r\n\r\n")) != std::string::npos) {
           body_at += 4;
           const size_t at = request.find("Content-Length: ");
           const size_t end = request.find("\r\n", at);
@@ -124,8 +125,8 @@ class Receiver {
         status = statuses_[std::min(answered_++, statuses_.size() - 1)];
         if (status == 200) bodies_.push_back(json::parse(request.substr(body_at)));
       }
-      const std::string answer =
-          absl::StrCat("HTTP/1.1 ", status, " X\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+      const std::string answer = absl::StrCat(
+          "HTTP/1.1 ", status, " X\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
       ::send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
       ::close(c);
     }
@@ -314,8 +315,9 @@ TEST_F(AlertsTest, ARestartedAlerterSendsNothingTwiceAndGoesOn) {
 
 TEST_F(AlertsTest, ACommandGetsThePayloadOnStdinAndTheFieldsInItsEnvironment) {
   AlertOptions o = Options();
-  o.commands = {absl::StrCat("cat > ", dir_, "/$ABLATE_ALERT_KIND.json; env | grep ^ABLATE_ALERT_ | sort > ",
-                             dir_, "/$ABLATE_ALERT_KIND.env")};
+  o.commands = {absl::StrCat("cat > ", dir_,
+                             "/$ABLATE_ALERT_KIND.json; env | grep ^ABLATE_ALERT_ | sort > ", dir_,
+                             "/$ABLATE_ALERT_KIND.env")};
   std::unique_ptr<Alerter> alerter = *Alerter::Start(store_.get(), o);
   SweepIds s = *store_->CreateSweep(testing::MakeSweep("s", {"baseline", "gated"}, 1, 100));
   Start(s.run_ids[1]);
@@ -341,8 +343,8 @@ TEST_F(AlertsTest, ACommandGetsThePayloadOnStdinAndTheFieldsInItsEnvironment) {
 }
 
 TEST_F(AlertsTest, FailedTriesAreRetriedAndCountedWhenTheyAllFail) {
-  Receiver flaky({503, 200});        // one 503, then fine
-  Receiver gone({404});              // a wrong URL: not retried
+  Receiver flaky({503, 200});  // one 503, then fine
+  Receiver gone({404});        // a wrong URL: not retried
   AlertOptions o = Options({flaky.url(), gone.url()});
   o.commands = {"exit 3"};
   o.attempts = 3;

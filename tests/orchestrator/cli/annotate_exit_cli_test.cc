@@ -133,16 +133,16 @@ TEST_F(AnnotateExitCliTest, BadTagsTargetsAndNotesAreRefusedNamingWhatIsWrong) {
 TEST_F(AnnotateExitCliTest, ABadCommandLineExitsTwoOnEveryCommand) {
   const std::vector<std::vector<std::string>> bad = {
       {"status", "--no-such-flag"},
-      {"submit"},                                       // a missing argument
-      {"query", "SELECT 1", "--max-rows", "-5"},        // a value out of range
-      {"query", "SELECT 1", "--format", "xml"},         // a value not among the choices
+      {"submit"},                                 // a missing argument
+      {"query", "SELECT 1", "--max-rows", "-5"},  // a value out of range
+      {"query", "SELECT 1", "--format", "xml"},   // a value not among the choices
       {"export", "quick", "--format", "parquet"},
       {"watch"},
-      {"tag", "quick"},                                 // no tag
-      {"note", "quick"},                                // no text
-      {"rerun", "quick"},                               // --failed is required
-      {"cancel", "quick", "--timeout", "soon"},          // not a number
-      {"status", "--token", token_},                    // a token on the command line
+      {"tag", "quick"},                          // no tag
+      {"note", "quick"},                         // no text
+      {"rerun", "quick"},                        // --failed is required
+      {"cancel", "quick", "--timeout", "soon"},  // not a number
+      {"status", "--token", token_},             // a token on the command line
   };
   for (const std::vector<std::string>& args : bad) {
     CliResult r = Cli(args);

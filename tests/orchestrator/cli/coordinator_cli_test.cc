@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "common/text_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/text_format.h"
 #include "orchestrator/cli/cost.h"
 #include "orchestrator/cli/serving.h"
 #include "orchestrator/sweep/expand.h"
@@ -328,16 +328,18 @@ TEST(ServeProcessTest, ServesUntilSigtermAndClientsNeedNoFlags) {
   // A second coordinator exits 1: on the same state dir (naming the first's pid), and on the
   // same port (gRPC's SO_REUSEPORT is off, so it cannot listen beside the first).
   const std::string second_log = dir + "/second.log";
-  EXPECT_EQ(testing::WaitExit(testing::Spawn(ABLATE_BIN, {"serve", "--port", "0", "--state-dir",
-                                                          state, "--dashboard-port", "0"},
+  EXPECT_EQ(testing::WaitExit(testing::Spawn(ABLATE_BIN,
+                                             {"serve", "--port", "0", "--state-dir", state,
+                                              "--dashboard-port", "0"},
                                              second_log),
                               std::chrono::seconds(30)),
             1);
   EXPECT_THAT(testing::Slurp(second_log),
               HasSubstr("another coordinator (pid " + std::to_string(pid) + ")"));
   const std::string port = address.substr(address.rfind(':') + 1);
-  EXPECT_EQ(testing::WaitExit(testing::Spawn(ABLATE_BIN, {"serve", "--port", port, "--state-dir",
-                                                          dir + "/other", "--dashboard-port", "0"},
+  EXPECT_EQ(testing::WaitExit(testing::Spawn(ABLATE_BIN,
+                                             {"serve", "--port", port, "--state-dir",
+                                              dir + "/other", "--dashboard-port", "0"},
                                              second_log),
                               std::chrono::seconds(30)),
             1);
@@ -449,7 +451,6 @@ TEST(ServeProcessTest, SigkillLosesNoMetricAndCompletesOnce) {
   std::filesystem::remove_all(dir);
 }
 
-
 // True when a TCP connection to ADDRESS:port is accepted.
 bool Accepts(const char* address, int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -530,9 +531,9 @@ class TlsTest : public ::testing::Test {
   }
   // `ablate ARGS --coordinator ADDRESS --token-file FILE`, nothing else taken from the state dir.
   CliResult Cli(std::vector<std::string> args) {
-    args.insert(args.end(), {"--coordinator", server_->address(), "--token-file",
-                             root_ + "/state/token", "--state-dir", root_ + "/elsewhere",
-                             "--timeout", "5"});
+    args.insert(args.end(),
+                {"--coordinator", server_->address(), "--token-file", root_ + "/state/token",
+                 "--state-dir", root_ + "/elsewhere", "--timeout", "5"});
     return RunCli(args);
   }
   std::string root_;
@@ -611,8 +612,8 @@ TEST_F(TlsTest, BadCertificateFlagsAreClearErrors) {
   // Nothing was created for a server that did not start.
   EXPECT_FALSE(std::filesystem::exists(root_ + "/state/ablate.db"));
   // The CLI refuses one flag without the other before starting anything.
-  CliResult half = RunCli({"serve", "--tls-cert", root_ + "/server.pem", "--state-dir",
-                           root_ + "/state"});
+  CliResult half =
+      RunCli({"serve", "--tls-cert", root_ + "/server.pem", "--state-dir", root_ + "/state"});
   EXPECT_NE(half.code, 0);
   EXPECT_THAT(half.out + half.err, HasSubstr("--tls-key"));
 }

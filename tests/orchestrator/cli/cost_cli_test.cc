@@ -4,9 +4,9 @@
 #include <fstream>
 #include <string>
 
+#include "config/memory_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "config/memory_plan.h"
 #include "orchestrator/cli/cost.h"
 #include "orchestrator/sweep/expand.h"
 #include "tests/cli_util.h"
@@ -15,10 +15,10 @@
 namespace ablate {
 namespace {
 
+using testing::CliResult;
 using ::testing::EndsWith;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using testing::CliResult;
 using testing::RunCli;
 
 constexpr char kTinySpec[] = R"(sweep: tiny
@@ -133,8 +133,8 @@ TEST_F(CostTest, ANamedDeviceClassUsesItsDatasheetPeak) {
   CostFlags flags;
   flags.device_peak = "mi300x-bf16";
   flags.mfu = 0.4;
-  EXPECT_THAT(r.out, EndsWith(FormatCostLine(cost, flags,
-                                             std::to_string(sweep->runs_size()) + " runs")));
+  EXPECT_THAT(r.out,
+              EndsWith(FormatCostLine(cost, flags, std::to_string(sweep->runs_size()) + " runs")));
   EXPECT_THAT(r.out, HasSubstr("mi300x-bf16 (1.307 PFLOP/s)"));
 }
 
@@ -227,7 +227,7 @@ TEST_F(CostTest, RunsThatDoNotFitTheDevicesMemoryAreRefusedWithWhatWouldFit) {
   EXPECT_THAT(small.err, HasSubstr("tiny.yaml:7: variant baseline: needs "));
   EXPECT_THAT(small.err, HasSubstr("per device by the memory plan, over the 10.0 kB it may use"));
   EXPECT_THAT(small.err, HasSubstr("train.grad_accum: 6 with train.batch_size: 1 (the same "
-                                 "tokens per step) ("));
+                                   "tokens per step) ("));
   // Even one layer checkpointed peaks lower: its activations and the logits no longer meet.
   // One rank has nothing to shard.
   EXPECT_THAT(small.err, HasSubstr("try train.activation_checkpointing: true ("));

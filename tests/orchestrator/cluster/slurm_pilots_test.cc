@@ -24,9 +24,9 @@ namespace ablate {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::CliResult;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using testing::CliResult;
 using testing::RunCli;
 
 PilotScriptOptions Pilots() {
@@ -97,8 +97,9 @@ TEST_F(WorkersCommandTest, ScriptAsksSlurmForTheArrayAndExecsTheWorkerWithoutThe
   for (const char* line :
        {"#SBATCH --job-name=ablate-pilot\n", "#SBATCH --array=0-2\n",
         "#SBATCH --output=/shared/ablate/slurm/pilot-%A_%a.log\n", "#SBATCH --signal=B:TERM@300\n",
-        "#SBATCH --export=ABLATE_TOKEN,PATH,HOME,", "#SBATCH --cpus-per-task=2\n", "#SBATCH --partition=gpu\n",
-        "#SBATCH --gres=gpu:1\n", "#SBATCH --time=4:00:00\n", "#SBATCH --mem=16G\n"}) {
+        "#SBATCH --export=ABLATE_TOKEN,PATH,HOME,", "#SBATCH --cpus-per-task=2\n",
+        "#SBATCH --partition=gpu\n", "#SBATCH --gres=gpu:1\n", "#SBATCH --time=4:00:00\n",
+        "#SBATCH --mem=16G\n"}) {
     EXPECT_THAT(*script, HasSubstr(line));
   }
   EXPECT_THAT(*script, HasSubstr("exec '/opt/ablate'\\''s build/ablate-worker'"));
@@ -137,9 +138,8 @@ TEST_F(WorkersCommandTest, ScriptLeavesOutWhatWasNotAsked) {
   EXPECT_THAT(*script, HasSubstr("#SBATCH --array=0-0\n"));
   EXPECT_THAT(*script, HasSubstr("#SBATCH --signal=B:TERM@120\n"));
   EXPECT_THAT(*script, HasSubstr("#SBATCH --cpus-per-task=1\n"));
-  for (const char* absent :
-       {"--partition", "--gres", "--time", "--mem", "--device", "--slots", "--checkpoint-root",
-        "--tls-ca"}) {
+  for (const char* absent : {"--partition", "--gres", "--time", "--mem", "--device", "--slots",
+                             "--checkpoint-root", "--tls-ca"}) {
     EXPECT_THAT(*script, Not(HasSubstr(absent))) << absent;
   }
 }
@@ -297,7 +297,7 @@ TEST_F(WorkersCommandTest, LaunchErrorsAreOneLineNamingTheProblem) {
 TEST_F(WorkersCommandTest, LaunchNeedsACoordinatorAndAToken) {
   const fs::path empty = dir_ / "empty";
   CliResult r = RunCli({"workers", "launch", "--slurm", "--count", "1", "--worker-bin", "/bin/true",
-                     "--state-dir", empty.string()});
+                        "--state-dir", empty.string()});
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("workers launch: no coordinator address: pass --coordinator"));
   r = RunCli({"workers", "launch", "--slurm", "--count", "1", "--worker-bin", "/bin/true",
@@ -312,7 +312,7 @@ TEST_F(WorkersCommandTest, LaunchWithoutSbatchSaysSo) {
   fs::create_directories(dir_ / "empty-bin");
   ::setenv("PATH", (dir_ / "empty-bin").c_str(), 1);
   const CliResult r = RunCli({"workers", "launch", "--slurm", "--count", "2", "--worker-bin",
-                           "/bin/true", "--state-dir", state});
+                              "/bin/true", "--state-dir", state});
   ::setenv("PATH", path.c_str(), 1);
   EXPECT_EQ(r.code, 1);
   EXPECT_EQ(r.err,
@@ -331,7 +331,7 @@ TEST_F(WorkersCommandTest, LaunchReportsWhySbatchFailed) {
   std::ofstream(dir_ / "bad-slurm.conf") << "NoSuchSlurmKey=1\n";
   ::setenv("SLURM_CONF", (dir_ / "bad-slurm.conf").c_str(), 1);
   const CliResult r = RunCli({"workers", "launch", "--slurm", "--count", "2", "--worker-bin",
-                           "/bin/true", "--state-dir", state});
+                              "/bin/true", "--state-dir", state});
   const CliResult status = RunCli({"workers", "status", "--state-dir", state});
   ::unsetenv("SLURM_CONF");
   EXPECT_EQ(r.code, 1);

@@ -102,9 +102,9 @@ TEST_F(CoordinatorTest, FinishStoresTheLastBatchAndHandsOverTheNextJob) {
   EXPECT_EQ(next.attempt(), 1);
   EXPECT_EQ(next.config().train().steps(), 200);
   EXPECT_EQ(StateOf(next.run_id()), RUNNING);
-  EXPECT_EQ(Scalar("SELECT worker_id FROM attempts WHERE run_id = " +
-                   std::to_string(next.run_id())),
-            std::to_string(worker));
+  EXPECT_EQ(
+      Scalar("SELECT worker_id FROM attempts WHERE run_id = " + std::to_string(next.run_id())),
+      std::to_string(worker));
 
   // The same Finish again (its reply was lost): acknowledged, nothing stored twice, and no
   // second job is leased.
@@ -328,8 +328,8 @@ TEST_F(CoordinatorTest, DuplicateSubmissionIsDeduplicated) {
   ASSERT_TRUE(curve.ok()) << curve.status();
   EXPECT_EQ(curve->size(), 3u);
   EXPECT_GT(reused.last_loss(), 0);
-  EXPECT_EQ(CountRows(absl::StrCat("runs WHERE id = ", reused.run_id(), " AND reused_from = ",
-                                   reused.reused_from())),
+  EXPECT_EQ(CountRows(absl::StrCat("runs WHERE id = ", reused.run_id(),
+                                   " AND reused_from = ", reused.reused_from())),
             1);
   // --force trains them again.
   SubmitResponse forced = Submit(QuickSpec("quick_forced"), "forced.yaml", true);
@@ -342,9 +342,10 @@ TEST_F(CoordinatorTest, BadInputIsAClearErrorAndChangesNothing) {
   const std::string before = DatabaseDigest();
 
   SubmitResponse reply;
-  grpc::Status s = TrySubmit("sweep: bad\nbase:\n  model: {d_model: 64, num_heads: 5}\nvariants:\n"
-                             "  - baseline\n  - no_such_preset\n",
-                             "bad.yaml", &reply);
+  grpc::Status s = TrySubmit(
+      "sweep: bad\nbase:\n  model: {d_model: 64, num_heads: 5}\nvariants:\n"
+      "  - baseline\n  - no_such_preset\n",
+      "bad.yaml", &reply);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), HasSubstr("bad.yaml:6"));
 
@@ -362,9 +363,10 @@ TEST_F(CoordinatorTest, BadInputIsAClearErrorAndChangesNothing) {
         << method;
   }
 
-  for (const char* sql : {"DELETE FROM runs", "UPDATE runs SET state = 'FAILED'",
-                          "DROP TABLE runs", "INSERT INTO sweeps (name, created_at) VALUES "
-                          "('x', 0)", "SELECT 1; DELETE FROM runs", "PRAGMA user_version = 9"}) {
+  for (const char* sql : {"DELETE FROM runs", "UPDATE runs SET state = 'FAILED'", "DROP TABLE runs",
+                          "INSERT INTO sweeps (name, created_at) VALUES "
+                          "('x', 0)",
+                          "SELECT 1; DELETE FROM runs", "PRAGMA user_version = 9"}) {
     QueryRequest q;
     q.set_sql(sql);
     QueryResponse out;
@@ -626,8 +628,10 @@ TEST_F(CoordinatorTest, DispatchWithThousandsQueued) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("coordinator: %d acquire+finish cycles over gRPC with ~2,000 queued: %.2f s "
-              "(%.0f jobs/s)\n", kJobs, seconds, kJobs / seconds);
+  std::printf(
+      "coordinator: %d acquire+finish cycles over gRPC with ~2,000 queued: %.2f s "
+      "(%.0f jobs/s)\n",
+      kJobs, seconds, kJobs / seconds);
   EXPECT_NEAR(served["high"], 150, 2);
   EXPECT_NEAR(served["low"], 50, 2);
 }
@@ -836,7 +840,8 @@ TEST_F(CoordinatorTest, APermanentFailureFailsTheRunAtOnce) {
   SubmitQuick();
   const int64_t worker = RegisterWorker("w");
   const Job first = Acquire(worker);
-  FinishRequest permanent = MakeFinish(worker, first, FAILED, "NOT_FOUND: data/kjv.txt: no such file");
+  FinishRequest permanent =
+      MakeFinish(worker, first, FAILED, "NOT_FOUND: data/kjv.txt: no such file");
   permanent.set_permanent(true);
   FinishResponse response;
   ASSERT_TRUE(CallFinish(permanent, &response).ok());
@@ -845,8 +850,8 @@ TEST_F(CoordinatorTest, APermanentFailureFailsTheRunAtOnce) {
               HasSubstr("data/kjv.txt: no such file (not retried"));
 
   const Job second = Acquire(worker);
-  ASSERT_TRUE(CallFinish(MakeFinish(worker, second, FAILED, "INTERNAL: out of memory"), &response)
-                  .ok());
+  ASSERT_TRUE(
+      CallFinish(MakeFinish(worker, second, FAILED, "INTERNAL: out of memory"), &response).ok());
   EXPECT_EQ(StateOf(second.run_id()), PENDING);  // retried after backoff
 }
 
@@ -964,7 +969,8 @@ TEST_F(CoordinatorTest, InitFromAVariantWithoutASeedContinuesThatVariantsRunOfEa
   const SubmitResponse response = Submit(added, "added.yaml", true);
   ASSERT_EQ(response.expanded().runs_size(), 8);
   for (const RunSpec& run : response.expanded().runs()) {
-    EXPECT_EQ(run.config().train().init_from().checkpoint(), checkpoint_of[std::make_pair(std::string("baseline"), run.seed())])
+    EXPECT_EQ(run.config().train().init_from().checkpoint(),
+              checkpoint_of[std::make_pair(std::string("baseline"), run.seed())])
         << run.variant() << " seed " << run.seed();
   }
   std::string pinned = added;
@@ -972,7 +978,8 @@ TEST_F(CoordinatorTest, InitFromAVariantWithoutASeedContinuesThatVariantsRunOfEa
   pinned.replace(pinned.find("sweep: added"), 12, "sweep: pinned");
   const SubmitResponse one = Submit(pinned, "pinned.yaml", true);
   for (const RunSpec& run : one.expanded().runs()) {
-    EXPECT_EQ(run.config().train().init_from().checkpoint(), checkpoint_of[std::make_pair(std::string("baseline"), uint64_t{1})]);
+    EXPECT_EQ(run.config().train().init_from().checkpoint(),
+              checkpoint_of[std::make_pair(std::string("baseline"), uint64_t{1})]);
   }
 }
 
@@ -992,7 +999,8 @@ TEST_F(CoordinatorTest, ARunOfTwoDevicesGoesToAWorkerWithTwoSlots) {
   EXPECT_EQ(got.job().world_size(), 2);
   const GetSweepResponse pairs = GetSweep("pairs");
   for (const RunStatus& run : pairs.runs()) EXPECT_EQ(run.devices(), 2);
-  EXPECT_EQ(Scalar("SELECT devices FROM runs WHERE id = " + std::to_string(got.job().run_id())), "2");
+  EXPECT_EQ(Scalar("SELECT devices FROM runs WHERE id = " + std::to_string(got.job().run_id())),
+            "2");
   // Restarted, the coordinator still knows what the queued runs need and what workers offer.
   Restart();
   EXPECT_FALSE(TryAcquire(RegisterWorker("one-again", 1)).has_job());
@@ -1069,7 +1077,8 @@ TEST_F(CoordinatorTest, AWorkerWithFourSlotsTakesAndEndsSeveralJobsPerCall) {
   std::vector<Job> running = {jobs[2], response.next_job()};
   for (const Job& j : response.more_next_jobs()) running.push_back(j);
   FinishRequest rest = MakeFinish(worker, running[0], SUCCEEDED);
-  for (size_t i = 1; i < running.size(); ++i) *rest.add_more() = MakeFinish(0, running[i], SUCCEEDED);
+  for (size_t i = 1; i < running.size(); ++i)
+    *rest.add_more() = MakeFinish(0, running[i], SUCCEEDED);
   rest.set_acquire_next(true);
   rest.set_acquire_max(4);
   FinishResponse last;
@@ -1136,10 +1145,10 @@ TEST_F(GangTest, ARunWiderThanEveryWorkerIsLeasedToAGangOfThem) {
   EXPECT_EQ(part.rendezvous(), primary.rendezvous());
   EXPECT_NE(part.lease_secret(), primary.lease_secret());
   EXPECT_EQ(CountRows("attempts"), 1);
-  EXPECT_THAT(Scalar("SELECT message FROM events WHERE kind = 'gang'"),
-              HasSubstr(" attempt 1 is a gang of 2 workers: ranks 0-0 on b (worker " +
-                        std::to_string(b) + "), ranks 1-1 on a (worker " + std::to_string(a) +
-                        "); rendezvous 10.0.0.7:"));
+  EXPECT_THAT(
+      Scalar("SELECT message FROM events WHERE kind = 'gang'"),
+      HasSubstr(" attempt 1 is a gang of 2 workers: ranks 0-0 on b (worker " + std::to_string(b) +
+                "), ranks 1-1 on a (worker " + std::to_string(a) + "); rendezvous 10.0.0.7:"));
   const GetSweepResponse sweep = GetSweep("gang");
   for (const RunStatus& run : sweep.runs()) {
     if (run.run_id() == primary.run_id()) {
@@ -1172,9 +1181,9 @@ TEST_F(GangTest, ARunWiderThanEveryWorkerIsLeasedToAGangOfThem) {
   failed.set_member(true);
   ASSERT_TRUE(CallFinish(failed, &response).ok());
   EXPECT_EQ(StateOf(primary2.run_id()), PENDING);  // retried after its backoff
-  EXPECT_THAT(Scalar("SELECT reason FROM attempts WHERE run_id = " +
-                     std::to_string(primary2.run_id())),
-              HasSubstr("ranks from 1 on worker a: rank 1 of 2 ended with signal 9"));
+  EXPECT_THAT(
+      Scalar("SELECT reason FROM attempts WHERE run_id = " + std::to_string(primary2.run_id())),
+      HasSubstr("ranks from 1 on worker a: rank 1 of 2 ended with signal 9"));
   EXPECT_EQ(CallFinish(b, primary2, FAILED).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 
   // A member that goes silent loses the attempt for all of its gang.
@@ -1228,9 +1237,8 @@ TEST_F(CoordinatorTest, SubmitOfAVariantWithAnEmptyBudgetIsAnOrdinarySweep) {
 // An exception escaping a handler's body is INTERNAL naming the method, not gRPC's
 // "Unexpected error in RPC handling", and not a dead process.
 TEST(GrpcStatusTest, AnEscapedExceptionIsInternalNamingTheMethod) {
-  const grpc::Status s = GuardHandler("Coordinator.Submit", []() -> grpc::Status {
-    throw std::out_of_range("map::at");
-  });
+  const grpc::Status s = GuardHandler("Coordinator.Submit",
+                                      []() -> grpc::Status { throw std::out_of_range("map::at"); });
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INTERNAL);
   EXPECT_EQ(s.error_message(), "Coordinator.Submit: internal error: map::at (a bug in ablate)");
   EXPECT_TRUE(GuardHandler("m", [] { return grpc::Status::OK; }).ok());

@@ -17,8 +17,8 @@
 #include "common/version.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "orchestrator/coordinator/server.h"
 #include "orchestrator/coordinator/scheduler.h"
+#include "orchestrator/coordinator/server.h"
 #include "orchestrator/store/reader.h"
 #include "proto/ablate.grpc.pb.h"
 #include "tests/test_dir.h"
@@ -133,8 +133,8 @@ class CoordinatorFixture : public ::testing::Test {
   }
 
   // Submit of `spec` as the file `file`, its status (a test that expects a refusal).
-  grpc::Status TrySubmit(const std::string& spec, const std::string& file,
-                         SubmitResponse* response, bool force = false) {
+  grpc::Status TrySubmit(const std::string& spec, const std::string& file, SubmitResponse* response,
+                         bool force = false) {
     SubmitRequest request;
     request.set_spec_yaml(spec);
     request.set_spec_file(file);
@@ -343,7 +343,7 @@ class CoordinatorFixture : public ::testing::Test {
   }
 
   FakeClock clock_;
-  int max_watches_ = 64;  // Options(): a test that lowers it restarts
+  int max_watches_ = 64;    // Options(): a test that lowers it restarts
   int max_workers_ = 4096;  // likewise
   std::string root_, state_dir_, token_;
   std::unique_ptr<CoordinatorServer> server_;

@@ -224,7 +224,8 @@ tune:
   table.set_format("csv");
   TableResponse csv;
   ASSERT_TRUE(Call(client_.get(), &Coordinator::Stub::Table, table, &csv).ok());
-  EXPECT_EQ(csv.formatted(), "variant,axes,stable,unstable,probes\nbaseline,,0.0115478,0.0133352,5\n");
+  EXPECT_EQ(csv.formatted(),
+            "variant,axes,stable,unstable,probes\nbaseline,,0.0115478,0.0133352,5\n");
   table.set_format("markdown");
   TableResponse markdown;
   ASSERT_TRUE(Call(client_.get(), &Coordinator::Stub::Table, table, &markdown).ok());

@@ -8,6 +8,7 @@
 #include <sqlite3.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
@@ -15,7 +16,6 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -196,12 +196,11 @@ class StreamReader {
  public:
   StreamReader(int port, const std::string& target) : socket_(io_) {
     socket_.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
-    asio::write(socket_, asio::buffer(absl::StrCat("GET ", target,
-                                                   " HTTP/1.1\r\nHost: x\r\n\r\n")));
+    asio::write(socket_,
+                asio::buffer(absl::StrCat("GET ", target, " HTTP/1.1\r\nHost: x\r\n\r\n")));
   }
   // Reads until `needle` appears after `from`, or `timeout`. The position after it, or npos.
-  size_t ReadUntil(const std::string& needle, std::chrono::milliseconds timeout,
-                   size_t from = 0) {
+  size_t ReadUntil(const std::string& needle, std::chrono::milliseconds timeout, size_t from = 0) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (true) {
       const size_t at = data_.find(needle, from);
@@ -333,8 +332,7 @@ TEST_F(DashboardServerTest, TokenInTheQueryOnlyOpensTheStream) {
   StreamReader stream(port_, absl::StrCat("/api/stream?sweep=gates&token=", kToken));
   EXPECT_NE(stream.ReadUntil("event: hello\n", std::chrono::seconds(5)), std::string::npos)
       << stream.data();
-  StreamReader admin_in_query(port_,
-                              absl::StrCat("/api/stream?sweep=gates&token=", kAdminToken));
+  StreamReader admin_in_query(port_, absl::StrCat("/api/stream?sweep=gates&token=", kAdminToken));
   EXPECT_NE(admin_in_query.ReadUntil("HTTP/1.1 401", std::chrono::seconds(5)), std::string::npos)
       << admin_in_query.data();
 }
@@ -367,10 +365,10 @@ TEST_F(DashboardServerTest, ServesTheEmbeddedApp) {
   EXPECT_TRUE(absl::StartsWith(uplot.content_type, "text/javascript"));
   EXPECT_GT(uplot.body.size(), 20000u);
   EXPECT_EQ(Get(port_, "/vendor/uPlot.min.css", "").status, 200);
-  for (const char* module : {"/js/app.js", "/js/api.js", "/js/charts.js", "/js/format.js",
-                             "/js/pages/sweeps.js", "/js/pages/sweep.js", "/js/pages/run.js",
-                             "/js/pages/compare.js", "/js/figures.js", "/js/report.js",
-                             "/style.css"}) {
+  for (const char* module :
+       {"/js/app.js", "/js/api.js", "/js/charts.js", "/js/format.js", "/js/pages/sweeps.js",
+        "/js/pages/sweep.js", "/js/pages/run.js", "/js/pages/compare.js", "/js/figures.js",
+        "/js/report.js", "/style.css"}) {
     EXPECT_EQ(Get(port_, module, "").status, 200) << module;
   }
   EXPECT_EQ(Get(port_, "/nope.js", "").status, 404);
@@ -655,9 +653,8 @@ TEST_F(DashboardServerTest, TableCarriesLengthsPerVariant) {
   EXPECT_EQ(baseline[2]["yarn"], true);
   EXPECT_EQ(baseline[0]["yarn"], false);
   EXPECT_EQ(baseline[2]["n"], 1);
-  EXPECT_DOUBLE_EQ(baseline[2]["val_ppl"]["mean"].get<double>(),
-                   last_eval_.lengths(2).val_ppl());
-  EXPECT_TRUE(baseline[2]["val_ppl"]["std"].is_null());  // n = 1: NaN -> null
+  EXPECT_DOUBLE_EQ(baseline[2]["val_ppl"]["mean"].get<double>(), last_eval_.lengths(2).val_ppl());
+  EXPECT_TRUE(baseline[2]["val_ppl"]["std"].is_null());   // n = 1: NaN -> null
   EXPECT_EQ(gates["rows"][1]["lengths"], json::array());  // g1: diverged, nothing succeeded
 
   // Three seeds of two variants, each with an earlier evaluation that must not count.
@@ -783,7 +780,8 @@ TEST_F(DashboardServerTest, SweepFigures) {
   EXPECT_NEAR(live["val_loss"]["mean"].get<double>(), Eval(200, 3, true).val_loss(), 1e-6);
   EXPECT_EQ(live["layers"].size(), 3u);
   // The table keeps no value for it: the page shows these in its place, marked interim.
-  EXPECT_TRUE(Get(port_, "/api/sweeps/gates/table").Json()["rows"][1]["val_loss"]["mean"].is_null());
+  EXPECT_TRUE(
+      Get(port_, "/api/sweeps/gates/table").Json()["rows"][1]["val_loss"]["mean"].is_null());
 }
 
 // A tuned sweep's chart (dashboard_test_util.h, WriteTunedSweep): per variant and value the mean
@@ -930,7 +928,8 @@ TEST_F(DashboardServerTest, PrometheusMetrics) {
   EXPECT_TRUE(absl::StrContains(text, "ablate_store_queued_rows 7\n"));
   EXPECT_TRUE(absl::StrContains(text, "ablate_workers_connected{kind=\"cpu\"} 2\n"));
   // Every line is a comment or `name{labels} value` (the text exposition format).
-  const std::regex sample(R"(^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? [-+0-9.eEInfNa]+$)");
+  const std::regex sample(
+      R"(^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? [-+0-9.eEInfNa]+$)");
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     if (absl::StartsWith(line, "# HELP ") || absl::StartsWith(line, "# TYPE ")) continue;
     EXPECT_TRUE(std::regex_match(std::string(line), sample)) << line;
@@ -958,8 +957,8 @@ TEST_F(DashboardServerTest, StreamDeliversPointsSpikesAndDivergenceWithinOneSeco
   ASSERT_TRUE(store_->ReportMetrics(StepBatch(runs_[2], 1, 2, 501, 1)).ok());
   pos = stream.ReadUntil("\"step\":[501]", std::chrono::seconds(1), pos);
   ASSERT_NE(pos, std::string::npos) << stream.data();
-  const double latency_ms = std::chrono::duration<double, std::milli>(
-                                std::chrono::steady_clock::now() - t0).count();
+  const double latency_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(latency_ms, 1000);
   EXPECT_TRUE(absl::StrContains(stream.data(), "event: points\n"));
   EXPECT_TRUE(absl::StrContains(stream.data(), absl::StrCat("\"run\":", runs_[2])));
@@ -988,8 +987,7 @@ TEST_F(DashboardServerTest, StreamDeliversPointsSpikesAndDivergenceWithinOneSeco
   // A run that starts after the stream opened streams from its first step.
   ASSERT_TRUE(StartRun(store_.get(), runs_[3]).ok());
   ASSERT_TRUE(store_->ReportMetrics(StepBatch(runs_[3], 1, 1, 1, 3)).ok());
-  EXPECT_NE(stream.ReadUntil("\"step\":[1,2,3]", std::chrono::seconds(1), pos),
-            std::string::npos)
+  EXPECT_NE(stream.ReadUntil("\"step\":[1,2,3]", std::chrono::seconds(1), pos), std::string::npos)
       << stream.data();
 
   // Stop closes open streams promptly.
@@ -1184,10 +1182,10 @@ TEST_F(DashboardLimitsTest, SlowClientsAreDroppedAtTheRequestDeadline) {
   // Every flood connection was closed by the server (not one slot is still held).
   const auto closed_by = std::chrono::steady_clock::now() + std::chrono::seconds(3);
   for (auto& socket : flood) {
-    EXPECT_TRUE(ClosedByServerWithin(
-        *socket, std::max(std::chrono::milliseconds(0),
-                          std::chrono::duration_cast<std::chrono::milliseconds>(
-                              closed_by - std::chrono::steady_clock::now()))));
+    EXPECT_TRUE(ClosedByServerWithin(*socket,
+                                     std::max(std::chrono::milliseconds(0),
+                                              std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                  closed_by - std::chrono::steady_clock::now()))));
   }
   stop = true;
   trickle.join();
@@ -1279,13 +1277,15 @@ TEST_F(DashboardLimitsTest, ConnectionsPerClientAddressAreCapped) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const std::string third = RawWithin(port, "", std::chrono::seconds(3));
   EXPECT_TRUE(absl::StartsWith(third, "HTTP/1.1 503")) << third;
-  EXPECT_TRUE(absl::StrContains(third, "too many connections from 127.0.0.1 (the limit is 2 per "
-                                       "client)"))
+  EXPECT_TRUE(absl::StrContains(third,
+                                "too many connections from 127.0.0.1 (the limit is 2 per "
+                                "client)"))
       << third;
   // Another address is served meanwhile (127.0.0.2 is this machine too).
   std::unique_ptr<tcp::socket> other = Connect(io, port, "127.0.0.2");
-  asio::write(*other, asio::buffer(std::string(
-                          "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")));
+  asio::write(
+      *other,
+      asio::buffer(std::string("GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")));
   std::string answer;
   boost::system::error_code ec;
   char buf[4096];
@@ -1365,10 +1365,11 @@ TEST_F(DashboardServerTest, ServesHttpsWithTheGivenCertificate) {
 
   // Plain HTTP gets no data, only a 400 that says to use HTTPS.
   for (const std::string target : {"/healthz", "/api/sweeps", "/"}) {
-    const std::string plain = RawWithin(
-        port, absl::StrCat("GET ", target, " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ",
-                           kToken, "\r\n\r\n"),
-        std::chrono::seconds(5));
+    const std::string plain =
+        RawWithin(port,
+                  absl::StrCat("GET ", target, " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ",
+                               kToken, "\r\n\r\n"),
+                  std::chrono::seconds(5));
     EXPECT_FALSE(absl::StrContains(plain, "200 OK")) << plain;
     EXPECT_FALSE(absl::StrContains(plain, "gates")) << plain;
     EXPECT_TRUE(plain.empty() || absl::StrContains(plain, "serves HTTPS only")) << plain;

@@ -82,9 +82,8 @@ TEST_F(AnnotationsTest, ASweepsAndARunsTagsAndNotesAreReadBackOldestFirst) {
   EXPECT_TRUE(none->empty());
 
   // Each run shows its own tags and the sweep's, sorted.
-  EXPECT_THAT(SummaryTags(),
-              ElementsAre("lr:3e-4,phase1", "bugged,lr:3e-4,phase1", "lr:3e-4,phase1",
-                          "lr:3e-4,phase1"));
+  EXPECT_THAT(SummaryTags(), ElementsAre("lr:3e-4,phase1", "bugged,lr:3e-4,phase1",
+                                         "lr:3e-4,phase1", "lr:3e-4,phase1"));
   absl::StatusOr<QueryResult> event = store_->reader().ReadOnlyQuery(
       "SELECT message FROM events WHERE kind = 'annotation' ORDER BY id");
   ASSERT_TRUE(event.ok()) << event.status();

@@ -19,7 +19,7 @@ using ::testing::HasSubstr;
 
 // A run of `variant` at `seed` in `state` with val loss `loss` (and PPL at 256 of exp(loss)).
 ResultRun MakeRun(const std::string& variant, uint64_t seed, RunState state, double loss,
-              const std::string& axes = "") {
+                  const std::string& axes = "") {
   ResultRun r;
   r.run.variant = variant;
   r.run.seed = seed;
@@ -50,8 +50,8 @@ const CompareRow& RowOf(const Comparison& c, const std::string& variant,
 
 TEST(CompareTest, PairsBySeedAndAdjustsOverTheRows) {
   const double base[] = {1.921, 1.944, 1.934};
-  const double g1[] = {1.872, 1.905, 1.896};   // clearly lower
-  const double g2[] = {1.925, 1.939, 1.936};   // the same, give or take
+  const double g1[] = {1.872, 1.905, 1.896};  // clearly lower
+  const double g2[] = {1.925, 1.939, 1.936};  // the same, give or take
   std::vector<ResultRun> runs;
   for (int s = 0; s < 3; ++s) {
     runs.push_back(MakeRun("baseline", 100 + s, SUCCEEDED, base[s]));
@@ -64,8 +64,8 @@ TEST(CompareTest, PairsBySeedAndAdjustsOverTheRows) {
   const CompareRow& a = RowOf(*c, "g1");
   EXPECT_EQ(a.test, "paired t");
   EXPECT_EQ(a.n_pairs, 3);
-  const DifferenceTest expected = PairedTTest({g1[0], g1[1], g1[2]}, {base[0], base[1], base[2]},
-                                              0.05);
+  const DifferenceTest expected =
+      PairedTTest({g1[0], g1[1], g1[2]}, {base[0], base[1], base[2]}, 0.05);
   EXPECT_DOUBLE_EQ(a.delta, expected.delta);
   EXPECT_DOUBLE_EQ(a.p_value, expected.p_value);
   EXPECT_DOUBLE_EQ(a.ci_low, expected.ci_low);
@@ -107,13 +107,19 @@ TEST(CompareTest, PairsBySeedAndAdjustsOverTheRows) {
 TEST(CompareTest, DivergedOnePairWelchAndAxisPoints) {
   std::vector<ResultRun> runs = {
       // g1 diverged at seed 2 where the baseline trained.
-      MakeRun("baseline", 1, SUCCEEDED, 3.0), MakeRun("g1", 1, SUCCEEDED, 2.9),
-      MakeRun("baseline", 2, SUCCEEDED, 3.1), MakeRun("g1", 2, DIVERGED, 0),
-      MakeRun("baseline", 3, SUCCEEDED, 3.2), MakeRun("g1", 3, SUCCEEDED, 3.0),
+      MakeRun("baseline", 1, SUCCEEDED, 3.0),
+      MakeRun("g1", 1, SUCCEEDED, 2.9),
+      MakeRun("baseline", 2, SUCCEEDED, 3.1),
+      MakeRun("g1", 2, DIVERGED, 0),
+      MakeRun("baseline", 3, SUCCEEDED, 3.2),
+      MakeRun("g1", 3, SUCCEEDED, 3.0),
       // g2: one pair only.
-      MakeRun("g2", 1, SUCCEEDED, 3.05), MakeRun("g2", 4, FAILED, 0),
+      MakeRun("g2", 1, SUCCEEDED, 3.05),
+      MakeRun("g2", 4, FAILED, 0),
       // g3 at other seeds: nothing pairs, Welch over every value.
-      MakeRun("g3", 7, SUCCEEDED, 2.95), MakeRun("g3", 8, SUCCEEDED, 3.0), MakeRun("g3", 9, SUCCEEDED, 2.9),
+      MakeRun("g3", 7, SUCCEEDED, 2.95),
+      MakeRun("g3", 8, SUCCEEDED, 3.0),
+      MakeRun("g3", 9, SUCCEEDED, 2.9),
       // An axis point where the reference never ran.
       MakeRun("g1", 1, SUCCEEDED, 2.0, "lr=0.01"),
   };
@@ -153,8 +159,8 @@ TEST(CompareTest, MetricsReferencesAndBadInput) {
   absl::StatusOr<Comparison> c = CompareResults(Results(runs), ppl);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->heading, "PPL@256");
-  EXPECT_NEAR(RowOf(*c, "g1").reference_mean,
-              (std::exp(3.0) + std::exp(3.01) + std::exp(3.02)) / 3, 1e-9);
+  EXPECT_NEAR(RowOf(*c, "g1").reference_mean, (std::exp(3.0) + std::exp(3.01) + std::exp(3.02)) / 3,
+              1e-9);
   // Another reference: the old one becomes a row.
   CompareOptions against_g1;
   against_g1.reference = "g1";
@@ -163,7 +169,8 @@ TEST(CompareTest, MetricsReferencesAndBadInput) {
   EXPECT_EQ(c->rows[0].variant, "baseline");
   EXPECT_EQ(c->rows[0].verdict, kWorse);
   // The gate score has no better direction.
-  for (ResultRun& r : runs) r.run.gate_score = r.run.variant == "g1" ? 0.1 + r.run.seed : 0.5 + r.run.seed;
+  for (ResultRun& r : runs)
+    r.run.gate_score = r.run.variant == "g1" ? 0.1 + r.run.seed : 0.5 + r.run.seed;
   CompareOptions gate;
   gate.metric = "gate_score";
   gate.correction = "none";

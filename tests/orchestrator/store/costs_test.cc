@@ -138,8 +138,7 @@ TEST_F(CostsTest, AtTokensAndAtFlopsReadEachRunsEvaluationBelowTheBudget) {
   ResultSelection at;
   at.sweeps = {"costs"};
   at.at_tokens = 250 * TokensPerStep();  // the evaluation of step 200
-  absl::StatusOr<ComparisonTable> table =
-      store_->reader().GetComparisonTable(at);
+  absl::StatusOr<ComparisonTable> table = store_->reader().GetComparisonTable(at);
   ASSERT_TRUE(table.ok()) << table.status();
   EXPECT_NEAR(table->rows[0].val_loss.mean, 2.0 - 0.2, 1e-12);
   EXPECT_NEAR(table->rows[1].val_loss.mean, 1.9 - 0.2, 1e-12);

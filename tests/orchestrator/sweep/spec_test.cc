@@ -13,13 +13,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/version.h"
-#include "orchestrator/sweep/budget.h"
-#include "orchestrator/cli/cli.h"
-#include "orchestrator/sweep/expand.h"
-#include "orchestrator/cli/expand_command.h"
 #include "config/param_count.h"
 #include "config/presets.h"
 #include "config/proto_yaml.h"
+#include "orchestrator/cli/cli.h"
+#include "orchestrator/cli/expand_command.h"
+#include "orchestrator/sweep/budget.h"
+#include "orchestrator/sweep/expand.h"
 #include "orchestrator/sweep/spec.h"
 #include "tests/test_configs.h"
 
@@ -65,8 +65,7 @@ TEST(ExpandTest, RunsAreKeyedToTheCodeVersionOfTheBuild) {
             UncommittedSources());
   ExpandOptions other;
   other.code_version = "0.1.0+src-0123456789abcdef";
-  absl::StatusOr<ExpandedSweep> there =
-      ExpandSweepFile(kSource + "/experiments/quick.yaml", other);
+  absl::StatusOr<ExpandedSweep> there = ExpandSweepFile(kSource + "/experiments/quick.yaml", other);
   ASSERT_TRUE(there.ok()) << there.status();
   EXPECT_EQ(there->build(), "");
   ASSERT_EQ(here->runs_size(), there->runs_size());
@@ -179,8 +178,7 @@ TEST(BudgetTest, KvHeadsMustDivideQueryHeads) {
   ModelConfig anchor = TinyDense();
   anchor.set_ffn_dim(64 + 16);  // + 16 * 192 = 3072 over TinyDense
   ModelConfig kv = TinyDense();
-  absl::StatusOr<BudgetSolution> s =
-      SolveBudget(Rule(BUDGET_HEADS, 0.5), anchor, "anchor", &kv);
+  absl::StatusOr<BudgetSolution> s = SolveBudget(Rule(BUDGET_HEADS, 0.5), anchor, "anchor", &kv);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(kv.num_kv_heads(), 4);
   EXPECT_EQ(s->residual(), 2 * 1024 - 3072);
@@ -196,8 +194,9 @@ TEST(BudgetTest, ExpertsAreAddedOnlyOnMoe) {
   EXPECT_EQ(moe.moe().num_experts(), 9);
   EXPECT_EQ(s->residual(), 3136 - 4096);
   ModelConfig dense = TinyDense();
-  EXPECT_THAT(std::string(SolveBudget(Rule(BUDGET_EXPERTS), target, "g1", &dense).status().message()),
-              HasSubstr("needs an MoE base"));
+  EXPECT_THAT(
+      std::string(SolveBudget(Rule(BUDGET_EXPERTS), target, "g1", &dense).status().message()),
+      HasSubstr("needs an MoE base"));
 }
 
 TEST(BudgetTest, ImpossibleToleranceNamesTheClosestWidth) {
@@ -267,8 +266,9 @@ TEST(ExpandTest, AxisModesAndSeedsMultiply) {
        6},
   };
   for (const Case& c : cases) {
-    absl::StatusOr<ExpandedSweep> s = Expand(absl::StrCat(
-        "sweep: a\n", kMoeBase, "variants: [baseline, g1_elementwise]\nseeds: [0, 1, 7]\n", c.axes));
+    absl::StatusOr<ExpandedSweep> s =
+        Expand(absl::StrCat("sweep: a\n", kMoeBase,
+                            "variants: [baseline, g1_elementwise]\nseeds: [0, 1, 7]\n", c.axes));
     ASSERT_TRUE(s.ok()) << c.axes << s.status();
     EXPECT_EQ(s->runs_size(), 2 * 3 * c.points) << c.axes;
     std::set<std::string> keys;
@@ -278,9 +278,9 @@ TEST(ExpandTest, AxisModesAndSeedsMultiply) {
 }
 
 TEST(ExpandTest, ZipAppliesValuesTogetherAndRunOrderIsSeedMajor) {
-  absl::StatusOr<ExpandedSweep> s = Expand(absl::StrCat(
-      "sweep: z\n", kMoeBase, "variants: [baseline, g1_headwise]\nseeds: 2\n",
-      "axes:\n  - zip: {model.num_layers: [1, 3], model.d_model: [32, 48]}\n"));
+  absl::StatusOr<ExpandedSweep> s =
+      Expand(absl::StrCat("sweep: z\n", kMoeBase, "variants: [baseline, g1_headwise]\nseeds: 2\n",
+                          "axes:\n  - zip: {model.num_layers: [1, 3], model.d_model: [32, 48]}\n"));
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_EQ(s->runs_size(), 8);
   EXPECT_EQ(s->runs(0).seed(), 0u);
@@ -315,8 +315,7 @@ TEST(ExpandTest, FiltersDropRuns) {
 
 TEST(ExpandTest, BudgetPerSweepAndPerVariant) {
   absl::StatusOr<ExpandedSweep> s = Expand(absl::StrCat(
-      "sweep: b\n", kMoeBase,
-      "budget: {match: ffn, apply_to: [g1_elementwise], tolerance: 0.05}\n",
+      "sweep: b\n", kMoeBase, "budget: {match: ffn, apply_to: [g1_elementwise], tolerance: 0.05}\n",
       "variants:\n  - baseline\n  - g1_elementwise\n  - g1_headwise\n"
       "  - name: more_experts\n    preset: baseline\n"
       "    budget: {match: experts, target: g1_elementwise, tolerance: 0.05}\n"));
@@ -470,18 +469,19 @@ TEST(ShippedSpecsTest, PaperMoeSweepListsEveryPaperVariant) {
   // "Add 4 Experts": 4 x 3 x 2048 x 768 x 24 + 4 x 2048 x 24 = 453,181,440, printed 400
   // (docs/model.md). Its 4 experts are activated too (128 top-8 -> 132 top-12, §3.2.1).
   const std::map<std::string, std::pair<int64_t, double>> table1 = {
-      {"kv_heads_x2", {50331648, 50}},      {"q_heads_x1.5", {201326592, 201}},
-      {"experts_plus4", {453181440, 400}},  {"g1_elementwise", {201326592, 201}},
-      {"g2_elementwise", {25165824, 25}},   {"g5_elementwise", {100663296, 100}},
+      {"kv_heads_x2", {50331648, 50}},     {"q_heads_x1.5", {201326592, 201}},
+      {"experts_plus4", {453181440, 400}}, {"g1_elementwise", {201326592, 201}},
+      {"g2_elementwise", {25165824, 25}},  {"g5_elementwise", {100663296, 100}},
       {"g1_headwise", {1572864, 1.6}}};
   // SwitchHead (appendix A.1) as Csordás et al. build it: per KV head, E experts of d_model x d_k
   // in place of the dense projection, one sigmoid router d_model -> kv x E shared by K and V,
   // top-k per head (added = m (E-1) d_model kv d_k + d_model kv E per layer). docs/model.md says
   // why the appendix's smaller figures, as a review read them, cannot come from such experts.
-  const std::map<std::string, int64_t> switchhead = {
-      {"switchhead_kv_e8k8", 353894400}, {"switchhead_kv_e4k4", 151781376},
-      {"switchhead_v_e4k4", 76283904},   {"switchhead_v_e8k2", 177733632},
-      {"switchhead_v_e1k1", 196608}};
+  const std::map<std::string, int64_t> switchhead = {{"switchhead_kv_e8k8", 353894400},
+                                                     {"switchhead_kv_e4k4", 151781376},
+                                                     {"switchhead_v_e4k4", 76283904},
+                                                     {"switchhead_v_e8k2", 177733632},
+                                                     {"switchhead_v_e1k1", 196608}};
   for (const RunSpec& r : s->runs()) {
     if (auto it = switchhead.find(r.variant()); it != switchhead.end()) {
       EXPECT_EQ(r.added_params(), it->second) << r.variant();
@@ -521,20 +521,18 @@ TEST(ShippedSpecsTest, DenseStabilityIsTable2RowForRowAndMatchesTheBaselineTotal
     const TrainConfig& t = r.config().train();
     EXPECT_LE(r.memory().per_device(), 80e9) << r.variant();
     rows.push_back(absl::StrCat(r.config().model().num_layers(), "L bs",
-                                t.batch_size() * t.grad_accum(), " ",
-                                t.steps(), " ", t.optimizer().lr(), " ", r.variant()));
+                                t.batch_size() * t.grad_accum(), " ", t.steps(), " ",
+                                t.optimizer().lr(), " ", r.variant()));
   }
-  EXPECT_THAT(rows, ::testing::ElementsAre(
-                        "28L bs1024 95367 0.004 baseline", "28L bs1024 95367 0.004 g1_elementwise",
-                        "28L bs2048 417232 0.0045 baseline",
-                        "28L bs2048 417232 0.0045 g1_elementwise",
-                        "48L bs1024 95367 0.004 baseline", "48L bs1024 95367 0.004 g1_elementwise",
-                        "48L bs1024 95367 0.004 g1_headwise", "48L bs1024 95367 0.008 baseline",
-                        "48L bs1024 95367 0.008 g1_elementwise",
-                        "48L bs1024 95367 0.008 sandwich_norm",
-                        "48L bs4096 59605 0.0053 baseline",
-                        "48L bs4096 59605 0.0053 g1_elementwise",
-                        "48L bs4096 59605 0.008 baseline", "48L bs4096 59605 0.008 g1_elementwise"));
+  EXPECT_THAT(rows,
+              ::testing::ElementsAre(
+                  "28L bs1024 95367 0.004 baseline", "28L bs1024 95367 0.004 g1_elementwise",
+                  "28L bs2048 417232 0.0045 baseline", "28L bs2048 417232 0.0045 g1_elementwise",
+                  "48L bs1024 95367 0.004 baseline", "48L bs1024 95367 0.004 g1_elementwise",
+                  "48L bs1024 95367 0.004 g1_headwise", "48L bs1024 95367 0.008 baseline",
+                  "48L bs1024 95367 0.008 g1_elementwise", "48L bs1024 95367 0.008 sandwich_norm",
+                  "48L bs4096 59605 0.0053 baseline", "48L bs4096 59605 0.0053 g1_elementwise",
+                  "48L bs4096 59605 0.008 baseline", "48L bs4096 59605 0.008 g1_elementwise"));
   for (const RunSpec& r : s->runs()) {
     // The paper's AdamW ("default" hyperparameters), not ablate's CPU defaults.
     EXPECT_EQ(r.config().train().optimizer().beta2(), 0.999);
@@ -584,8 +582,8 @@ TEST(CliTest, ExpandFormats) {
     const char* argv[] = {"ablate", "expand", quick.c_str(), "--format", format};
     ASSERT_EQ(RunAblateCli(5, argv, out, err), 0) << err.str();
     EXPECT_THAT(out.str(), HasSubstr("g1_elementwise")) << format;
-    EXPECT_THAT(out.str(), HasSubstr(std::string(format) == "json" ? "\"to\": \"235\""
-                                                                   : "ffn 256 -> 235"))
+    EXPECT_THAT(out.str(),
+                HasSubstr(std::string(format) == "json" ? "\"to\": \"235\"" : "ffn 256 -> 235"))
         << format;
   }
 }
@@ -609,12 +607,12 @@ TEST(CliTest, HelpAndErrors) {
 TEST(CliTest, AnExceptionFromACommandIsOneLineAndExitOne) {
   std::ostringstream err;
   const int code = RunCommandAction(
-      "ablate expand",
-      []() -> absl::Status { throw std::out_of_range("map::at"); }, err);
+      "ablate expand", []() -> absl::Status { throw std::out_of_range("map::at"); }, err);
   EXPECT_EQ(code, 1);
   EXPECT_EQ(err.str(), "ablate expand: internal error: map::at (a bug in ablate)\n");
   std::ostringstream err2;
-  EXPECT_EQ(RunCommandAction("ablate x", [] { return absl::NotFoundError("no such sweep"); }, err2),
+  EXPECT_EQ(RunCommandAction(
+                "ablate x", [] { return absl::NotFoundError("no such sweep"); }, err2),
             1);
   EXPECT_EQ(err2.str(), "no such sweep\n");
 }

@@ -117,8 +117,7 @@ TEST(TuneSpecTest, BadBlocksNameTheLineAndField) {
         ParseSweepSpecText(absl::StrCat("sweep: s", kBase, "tune:\n", tune), "s.yaml");
     return spec.ok() ? std::string("parsed") : std::string(spec.status().message());
   };
-  EXPECT_THAT(error("  axis: train.optimizer.lr\n"),
-              HasSubstr("tune: missing: the values to try"));
+  EXPECT_THAT(error("  axis: train.optimizer.lr\n"), HasSubstr("tune: missing: the values to try"));
   EXPECT_THAT(error("  axis: train.optimizer.lr\n  values: [1e-3]\n  methd: asha\n"),
               HasSubstr("unknown key \"methd\" (did you mean \"method\"?)"));
   EXPECT_THAT(error("  axis: train.optimizer.lr\n  values: [1e-3, 1e-3]\n"),

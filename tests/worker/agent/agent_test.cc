@@ -37,8 +37,8 @@
 #include "config/model_config.h"
 #include "config/presets.h"
 #include "proto/ablate.grpc.pb.h"
-#include "tests/test_configs.h"
 #include "tests/process_util.h"
+#include "tests/test_configs.h"
 #include "tests/worker/corpus_fixture.h"
 #include "tests/worker/tiny_run_config.h"
 #include "worker/agent/agent.h"
@@ -72,7 +72,8 @@ class FakeCoordinator {
     jobs_.push_back(job);
   }
 
-  grpc::Status Register(grpc::ServerContext* ctx, const RegisterRequest* req, RegisterResponse* resp) {
+  grpc::Status Register(grpc::ServerContext* ctx, const RegisterRequest* req,
+                        RegisterResponse* resp) {
     if (grpc::Status s = Authorize(ctx); !s.ok()) return s;
     absl::MutexLock lock(&mu_);
     registrations.push_back(*req);
@@ -175,8 +176,10 @@ class FakeCoordinator {
         checkpoints[key].push_back(req->checkpoint_step());
         checkpoint_paths[key] = req->checkpoint_path();
         // A checkpoint notice comes with or after every step it covers.
-        if (steps[key].empty() || req->checkpoint_step() > *std::max_element(steps[key].begin(), steps[key].end())) {
-          errors.push_back("checkpoint " + std::to_string(req->checkpoint_step()) + " before its steps");
+        if (steps[key].empty() ||
+            req->checkpoint_step() > *std::max_element(steps[key].begin(), steps[key].end())) {
+          errors.push_back("checkpoint " + std::to_string(req->checkpoint_step()) +
+                           " before its steps");
         }
       }
     }
@@ -184,7 +187,8 @@ class FakeCoordinator {
       if (stop_sent_at_step == 0) stop_sent_at_step = max_step;
       resp->set_directive(DIRECTIVE_STOP);
     }
-    if (lose_reply_calls.count(call)) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "reply lost");
+    if (lose_reply_calls.count(call))
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "reply lost");
     return grpc::Status::OK;
   }
 
@@ -221,7 +225,7 @@ class FakeCoordinator {
   std::vector<RegisterRequest> registrations;
   std::vector<int64_t> deregistrations;  // worker ids
   std::vector<std::string> authorizations;
-  std::vector<ReportRequest> received;             // every Report call, as received
+  std::vector<ReportRequest> received;                // every Report call, as received
   std::map<Key, std::vector<ReportRequest>> applied;  // batch seq-1 -> the batch
   std::map<Key, std::vector<int64_t>> steps, evals, checkpoints;
   std::map<Key, std::vector<SpikeEvent>> spikes;
@@ -241,7 +245,8 @@ class FakeCoordinator {
     const std::string got = it == md.end() ? "" : std::string(it->second.data(), it->second.size());
     absl::MutexLock lock(&mu_);
     authorizations.push_back(got);
-    if (got != "Bearer " + token) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid token");
+    if (got != "Bearer " + token)
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid token");
     return grpc::Status::OK;
   }
 
@@ -253,10 +258,12 @@ class FakeCoordinator {
 class FakeService final : public WorkerService::Service {
  public:
   explicit FakeService(FakeCoordinator* c) : c_(c) {}
-  grpc::Status Register(grpc::ServerContext* x, const RegisterRequest* q, RegisterResponse* r) override {
+  grpc::Status Register(grpc::ServerContext* x, const RegisterRequest* q,
+                        RegisterResponse* r) override {
     return c_->Register(x, q, r);
   }
-  grpc::Status AcquireJob(grpc::ServerContext* x, const AcquireJobRequest* q, AcquireJobResponse* r) override {
+  grpc::Status AcquireJob(grpc::ServerContext* x, const AcquireJobRequest* q,
+                          AcquireJobResponse* r) override {
     return c_->AcquireJob(x, q, r);
   }
   grpc::Status Report(grpc::ServerContext* x, const ReportRequest* q, ReportResponse* r) override {
@@ -282,7 +289,8 @@ class TestServer {
   void Start(int port) {
     service_ = std::make_unique<FakeService>(coordinator_);
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials(),
+                             &port_);
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
@@ -334,7 +342,10 @@ class CuttableProxy {
     ::close(listener_);
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-  void SetCut(Cut cut) { cut_ = cut; ++generation_; }
+  void SetCut(Cut cut) {
+    cut_ = cut;
+    ++generation_;
+  }
 
  private:
   void Accept() {
@@ -375,8 +386,7 @@ class CuttableProxy {
       const bool current = generation_ == generation;
       if (!current && cut_ != Cut::kBlackhole) break;
       const bool forwarding = current && server >= 0;
-      pollfd p[2] = {{client, static_cast<short>(forwarding ? POLLIN : 0), 0},
-                     {server, POLLIN, 0}};
+      pollfd p[2] = {{client, static_cast<short>(forwarding ? POLLIN : 0), 0}, {server, POLLIN, 0}};
       if (::poll(p, forwarding ? 2 : 1, 20) <= 0) continue;
       if ((p[0].revents & (POLLHUP | POLLERR)) != 0 && !forwarding) break;
       if (!forwarding) continue;
@@ -552,7 +562,7 @@ TEST_F(AgentTest, RegistersTrainsReportsEveryStepOnceAndFinishes) {
   for (const std::string& a : c.authorizations) EXPECT_EQ(a, "Bearer secret");
 
   const FakeCoordinator::Key key{7, 1};
-  EXPECT_EQ(c.steps[key], Range(1, 40));             // every step once, in order
+  EXPECT_EQ(c.steps[key], Range(1, 40));                // every step once, in order
   EXPECT_EQ(c.received.size(), c.applied[key].size());  // nothing was resent
   for (const ReportRequest& b : c.received) EXPECT_EQ(b.worker_id(), 101);
   EXPECT_EQ(c.evals[key], (std::vector<int64_t>{20, 40}));
@@ -612,8 +622,8 @@ TEST_F(AgentTest, ADataParallelJobTrainsOnTwoSlotsAndReportsOnce) {
   EXPECT_NEAR(two.final_eval().val_loss(), one.final_eval().val_loss(),
               1e-4 * one.final_eval().val_loss());
   EXPECT_EQ(by_run[62].state(), FAILED);
-  EXPECT_TRUE(absl::StrContains(by_run[62].reason(),
-                                "the job trains on 3 ranks; this worker has 2 slots"))
+  EXPECT_TRUE(
+      absl::StrContains(by_run[62].reason(), "the job trains on 3 ranks; this worker has 2 slots"))
       << by_run[62].reason();
   EXPECT_TRUE(ChildrenWith("--rank").empty());
 }
@@ -642,13 +652,15 @@ TEST_F(AgentTest, ARankThatDiesFailsTheAttemptAndTheRetryResumes) {
   const auto started = std::chrono::steady_clock::now();
   auto result = RunAgent(o);
   killer.join();
-  const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double took_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   ASSERT_TRUE(result.ok()) << result.status() << "\n" << Log();
   {
     absl::MutexLock lock(&c.mu_);
     ASSERT_EQ(c.finishes.size(), 1u);
     EXPECT_EQ(c.finishes[0].summary().state(), FAILED);
-    EXPECT_TRUE(absl::StrContains(c.finishes[0].summary().reason(), "rank 1 of 2 ended with signal 9"))
+    EXPECT_TRUE(
+        absl::StrContains(c.finishes[0].summary().reason(), "rank 1 of 2 ended with signal 9"))
         << c.finishes[0].summary().reason();
     EXPECT_FALSE(c.finishes[0].permanent());
   }
@@ -686,13 +698,13 @@ TEST_F(AgentTest, TwoSlotsTrainTwoJobsSideBySideWithTheResultsOfOneAtATime) {
     std::thread sampler([&] {
       while (!done.load()) {
         for (pid_t pid : ChildrenWith("job-process")) {
-          const std::string status = ablate::testing::Slurp(
-              fs::path("/proc") / std::to_string(pid) / "status");
+          const std::string status =
+              ablate::testing::Slurp(fs::path("/proc") / std::to_string(pid) / "status");
           const size_t at = status.find("Cpus_allowed_list:");
           if (at == std::string::npos) continue;
           const size_t end = status.find('\n', at);
-          pinned.insert(std::string(absl::StripAsciiWhitespace(
-              status.substr(at + 18, end - at - 18))));
+          pinned.insert(
+              std::string(absl::StripAsciiWhitespace(status.substr(at + 18, end - at - 18))));
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
@@ -865,7 +877,8 @@ TEST_F(AgentTest, ATrainerErrorFinishesFailedWithTheErrorAndTheAgentGoesOn) {
   ASSERT_EQ(c.finishes.size(), 2u);
   EXPECT_EQ(c.finishes[0].run_id(), 13);
   EXPECT_EQ(c.finishes[0].summary().state(), FAILED);
-  EXPECT_TRUE(absl::StrContains(c.finishes[0].error(), "no_such_corpus.txt")) << c.finishes[0].error();
+  EXPECT_TRUE(absl::StrContains(c.finishes[0].error(), "no_such_corpus.txt"))
+      << c.finishes[0].error();
   EXPECT_TRUE(absl::StrContains(c.finishes[0].summary().reason(), "no_such_corpus.txt"));
   EXPECT_TRUE(c.finishes[0].permanent());  // missing data: no worker will do better
   EXPECT_EQ(c.finishes[1].run_id(), 14);
@@ -1285,9 +1298,10 @@ TEST_F(AgentTest, SigtermFinishesInterruptedWithACheckpointAndExitsZero) {
   TestServer server(&c);
   const RunConfig config = Config(5000, 5000, 0);  // only the interrupt writes a checkpoint
   c.AddJob(MakeJob(31, 1, config));
-  const pid_t pid = Spawn({"--coordinator", server.address(), "--max-jobs", "1", "--report-interval",
-                           "0.05", "--checkpoint-root", (dir_ / "root").string(), "--name", "w1"},
-                          {"ABLATE_TOKEN=secret"}, dir_ / "out", dir_ / "err");
+  const pid_t pid =
+      Spawn({"--coordinator", server.address(), "--max-jobs", "1", "--report-interval", "0.05",
+             "--checkpoint-root", (dir_ / "root").string(), "--name", "w1"},
+            {"ABLATE_TOKEN=secret"}, dir_ / "out", dir_ / "err");
   ASSERT_GT(pid, 0);
   const bool training = c.WaitUntil([&] { return c.max_step >= 5; });
   kill(pid, SIGTERM);
@@ -1325,14 +1339,13 @@ TEST_F(AgentTest, JobProcessesStopOnTheDirectiveAndCheckpointOnSigterm) {
   const RunConfig config = Config(5000, 5000, 0);  // only the interrupt writes a checkpoint
   c.AddJob(MakeJob(32, 1, config));
   c.AddJob(MakeJob(33, 1, config));
-  const pid_t pid = Spawn({"--coordinator", server.address(), "--max-jobs", "2", "--slots", "2",
-                           "--report-interval", "0.05", "--checkpoint-root",
-                           (dir_ / "root").string(), "--name", "w2"},
-                          {"ABLATE_TOKEN=secret"}, dir_ / "out", dir_ / "err");
+  const pid_t pid = Spawn(
+      {"--coordinator", server.address(), "--max-jobs", "2", "--slots", "2", "--report-interval",
+       "0.05", "--checkpoint-root", (dir_ / "root").string(), "--name", "w2"},
+      {"ABLATE_TOKEN=secret"}, dir_ / "out", dir_ / "err");
   ASSERT_GT(pid, 0);
-  const bool training = c.WaitUntil([&] {
-    return c.steps[K(32, 1)].size() >= 5 && c.steps[K(33, 1)].size() >= 5;
-  });
+  const bool training =
+      c.WaitUntil([&] { return c.steps[K(32, 1)].size() >= 5 && c.steps[K(33, 1)].size() >= 5; });
   kill(pid, SIGTERM);
   const int code = WaitExit(pid);
   ASSERT_TRUE(training) << Slurp(dir_ / "err");
@@ -1361,8 +1374,9 @@ TEST_F(AgentTest, WrongTokenExitsNonZeroWithAClearMessage) {
   FakeCoordinator c;
   TestServer server(&c);
   std::ofstream(dir_ / "token") << "not-the-secret\n";
-  const pid_t pid = Spawn({"--coordinator", server.address(), "--token-file", (dir_ / "token").string()},
-                          {}, dir_ / "out", dir_ / "err");
+  const pid_t pid =
+      Spawn({"--coordinator", server.address(), "--token-file", (dir_ / "token").string()}, {},
+            dir_ / "out", dir_ / "err");
   ASSERT_GT(pid, 0);
   EXPECT_EQ(WaitExit(pid), 1);
   const std::string err = Slurp(dir_ / "err");
@@ -1374,7 +1388,8 @@ TEST_F(AgentTest, WrongTokenExitsNonZeroWithAClearMessage) {
   // No coordinator at all is a usage error, not a hang.
   const pid_t none = Spawn({}, {}, dir_ / "out", dir_ / "err");
   EXPECT_EQ(WaitExit(none), 2);  // as getopt tools exit on a usage error
-  EXPECT_TRUE(absl::StrContains(Slurp(dir_ / "err"), "--coordinator HOST:PORT")) << Slurp(dir_ / "err");
+  EXPECT_TRUE(absl::StrContains(Slurp(dir_ / "err"), "--coordinator HOST:PORT"))
+      << Slurp(dir_ / "err");
 }
 
 }  // namespace
