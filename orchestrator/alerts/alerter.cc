@@ -61,8 +61,6 @@ struct Found {
   int64_t step = -1;        // a spike's step (-1: the run's steps_done)
 };
 
-std::string Seconds(double s) { return fmt::format("{:.3f}", s); }
-
 }  // namespace
 
 struct Alerter::Impl {

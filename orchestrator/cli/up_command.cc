@@ -26,6 +26,52 @@ namespace ablate {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// The workers' environment: ours, with the coordinator's worker token and no stale address.
+std::vector<std::string> WorkerEnvironment(const std::string& token) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (absl::StartsWith(*e, "ABLATE_TOKEN=") || absl::StartsWith(*e, "ABLATE_COORDINATOR="))
+      continue;
+    env.emplace_back(*e);
+  }
+  env.push_back("ABLATE_TOKEN=" + token);
+  return env;
+}
+
+// Starts options.workers workers of `worker_bin` against the coordinator at `address`, saying so
+// on `out`: pid -> name of each that started (one that cannot start is said and left out).
+std::map<pid_t, std::string> StartWorkers(const UpOptions& options, const std::string& worker_bin,
+                                          const std::string& address, const std::string& token,
+                                          std::ostream& out) {
+  const fs::path state(options.server.state_dir);
+  const std::vector<std::string> env = WorkerEnvironment(token);
+  std::map<pid_t, std::string> running;
+  for (int i = 1; i <= options.workers; ++i) {
+    const std::string name = absl::StrCat("up-", i);
+    // Every worker is on this machine: a gang's rendezvous (a run wider than one worker) is
+    // reached on loopback.
+    std::vector<std::string> args = {worker_bin, "--coordinator",     address,    "--name",
+                                     name,       "--rendezvous-host", "127.0.0.1"};
+    if (!options.server.tls_cert_file.empty()) {
+      args.insert(args.end(), {"--tls-ca", (state / kTlsCaFile).string()});
+    }
+    if (!options.device.empty()) args.insert(args.end(), {"--device", options.device});
+    if (options.slots > 0) args.insert(args.end(), {"--slots", std::to_string(options.slots)});
+    const pid_t pid = SpawnChild(args, env);
+    if (pid < 0) {
+      out << fmt::format("ablate up: cannot start worker {}: {}\n", name, std::strerror(errno));
+      continue;
+    }
+    out << fmt::format("ablate up: worker {}: pid {}\n", name, pid) << std::flush;
+    running[pid] = name;
+  }
+  return running;
+}
+
+}  // namespace
+
 absl::Status RunUp(const UpOptions& options, std::ostream& out) {
   if (options.workers < 0) return absl::InvalidArgumentError("--workers must be >= 0");
   std::string worker_bin;
@@ -49,35 +95,8 @@ absl::Status RunUp(const UpOptions& options, std::ostream& out) {
              options.workers, options.workers == 1 ? "" : "s")
       << std::flush;
 
-  // The workers' environment: ours, with the coordinator's token and no stale address.
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (absl::StartsWith(*e, "ABLATE_TOKEN=") || absl::StartsWith(*e, "ABLATE_COORDINATOR="))
-      continue;
-    env.emplace_back(*e);
-  }
-  env.push_back("ABLATE_TOKEN=" + server.credentials().worker);
-
-  std::map<pid_t, std::string> running;  // pid -> the worker's name
-  for (int i = 1; i <= options.workers; ++i) {
-    const std::string name = absl::StrCat("up-", i);
-    // Every worker is on this machine: a gang's rendezvous (a run wider than one worker) is
-    // reached on loopback.
-    std::vector<std::string> args = {worker_bin, "--coordinator",     server.address(), "--name",
-                                     name,       "--rendezvous-host", "127.0.0.1"};
-    if (!options.server.tls_cert_file.empty()) {
-      args.insert(args.end(), {"--tls-ca", (state / kTlsCaFile).string()});
-    }
-    if (!options.device.empty()) args.insert(args.end(), {"--device", options.device});
-    if (options.slots > 0) args.insert(args.end(), {"--slots", std::to_string(options.slots)});
-    const pid_t pid = SpawnChild(args, env);
-    if (pid < 0) {
-      out << fmt::format("ablate up: cannot start worker {}: {}\n", name, std::strerror(errno));
-      continue;
-    }
-    out << fmt::format("ablate up: worker {}: pid {}\n", name, pid) << std::flush;
-    running[pid] = name;
-  }
+  std::map<pid_t, std::string> running =  // pid -> the worker's name
+      StartWorkers(options, worker_bin, server.address(), server.credentials().worker, out);
   auto reap = [&](bool announce) {
     // Its own workers only: waitpid(-1) would also reap an alert command (orchestrator/alerts)
     // from under the thread that waits for it.

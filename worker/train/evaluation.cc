@@ -10,17 +10,28 @@
 
 namespace ablate {
 
-AutocastGuard::AutocastGuard(bool enabled) : enabled_(enabled) {
-  if (enabled_) compat::SetCudaAutocast(true, at::kBFloat16);
-}
+namespace {
 
-AutocastGuard::~AutocastGuard() {
-  if (enabled_) compat::SetCudaAutocast(false);  // clears autocast's cast cache too
-}
+// bf16 autocast on CUDA while it lives, when enabled.
+class AutocastGuard {
+ public:
+  explicit AutocastGuard(bool enabled) : enabled_(enabled) {
+    if (enabled_) compat::SetCudaAutocast(true, at::kBFloat16);
+  }
+  ~AutocastGuard() {
+    if (enabled_) compat::SetCudaAutocast(false);  // clears autocast's cast cache too
+  }
+
+ private:
+  const bool enabled_;
+};
+
+}  // namespace
 
 torch::Tensor ModelLoss(TransformerImpl& model, const torch::Tensor& x, const torch::Tensor& y,
                         int64_t loss_chunk_tokens, bool autocast, ProbeRecorder* probes,
                         torch::Tensor* aux) {
+  AutocastGuard autocast_guard(autocast);
   const int64_t chunk = loss_chunk_tokens;
   TransformerImpl::Output out = model.forward(x, probes, /*logits=*/chunk == 0);
   if (aux != nullptr) *aux = out.aux_loss.to(torch::kFloat32);
@@ -63,7 +74,6 @@ LengthEval EvaluateLength(TransformerImpl& model, const TokenData& data, const R
   double sum = 0;  // summed over tokens: windows of one batch and of the last may differ
   for (int64_t first = 0; first < windows; first += t.batch_size()) {
     const int64_t rows = std::min<int64_t>(t.batch_size(), windows - first);
-    AutocastGuard autocast_guard(autocast);
     sum += ModelLoss(model, x.slice(0, first, first + rows).to(device),
                      y.slice(0, first, first + rows).to(device), t.loss_chunk_tokens(), autocast)
                .item<double>() *
@@ -89,7 +99,6 @@ EvalResult Evaluate(TransformerImpl& model, const TokenData& data, const RunConf
   double loss_sum = 0;
   for (int64_t i = 0; i < t.eval_batches(); ++i) {
     auto [x, y] = GetBatch(data, t, TokenData::Split::kVal, i, device);
-    AutocastGuard autocast_guard(autocast);
     loss_sum += ModelLoss(model, x, y, t.loss_chunk_tokens(), autocast, &recorder).item<double>();
   }
   EvalResult r;

@@ -18,23 +18,11 @@
 
 namespace ablate {
 
-// bf16 autocast on CUDA for the forward pass while it lives; a no-op when not `enabled` (CPU
-// bf16 matmuls are slower than fp32 on most CPUs, so the trainer enables it on CUDA only).
-class AutocastGuard {
- public:
-  explicit AutocastGuard(bool enabled);
-  ~AutocastGuard();
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
-
- private:
-  bool enabled_;
-};
-
 // The model's mean cross-entropy on tokens x against targets y (and its auxiliary loss into
 // *aux when given), recording probes into `probes` when given: from the whole logits, or
-// `loss_chunk_tokens` of them at a time (train.loss_chunk_tokens; 0: whole), in the dtype
-// autocast gives the logits when `autocast`.
+// `loss_chunk_tokens` of them at a time (train.loss_chunk_tokens; 0: whole). With `autocast`,
+// the forward pass runs under CUDA's bf16 autocast (the trainer asks for it on CUDA only: CPU
+// bf16 matmuls are slower than fp32 on most CPUs); a backward pass of the result runs outside it.
 torch::Tensor ModelLoss(TransformerImpl& model, const torch::Tensor& x, const torch::Tensor& y,
                         int64_t loss_chunk_tokens, bool autocast, ProbeRecorder* probes = nullptr,
                         torch::Tensor* aux = nullptr);

@@ -205,11 +205,9 @@ struct Trainer::State {
     double loss_sum = 0, aux_sum = 0;
     for (int micro = 0; micro < t.grad_accum(); ++micro) {
       auto [x, y] = GetTrainBatch((step - 1) * t.grad_accum() + micro + progress.data_offset);
-      torch::Tensor loss, aux;
-      {
-        AutocastGuard autocast_guard(autocast);
-        loss = ModelLoss(*model, x, y, t.loss_chunk_tokens(), autocast, nullptr, &aux);
-      }
+      torch::Tensor aux;
+      const torch::Tensor loss =
+          ModelLoss(*model, x, y, t.loss_chunk_tokens(), autocast, nullptr, &aux);
       ((loss + aux) / t.grad_accum()).backward();
       optimizer->BackwardDone();
       loss_sum += loss.item<double>();
