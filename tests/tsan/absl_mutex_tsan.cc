@@ -35,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "absl/base/config.h"
 #include "absl/base/macros.h"
@@ -63,6 +64,13 @@ void* Original(const char* rest, bool is_const = false) {
   return f;
 }
 
+// Whether `address` is in the code of one of gRPC's shared libraries.
+bool InGrpc(void* address) {
+  Dl_info info;
+  return dladdr(address, &info) != 0 && info.dli_fname != nullptr &&
+         std::strstr(info.dli_fname, "/libgrpc") != nullptr;
+}
+
 thread_local int depth = 0;
 
 // Calls the original with annotations only at the outermost interposed call of this thread.
@@ -84,6 +92,45 @@ void ReleaseForWait(void* mu, unsigned flags) {
   __tsan_mutex_pre_lock(mu, flags);
 }
 
+// post_lock of `mu` when it goes out of scope: after the original has returned, whatever it
+// returned (the *WithTimeout and *WithDeadline variants hold the mutex on return either way).
+struct PostLock {
+  ~PostLock() {
+    if (outer) __tsan_mutex_post_lock(mu, flags, 0);
+  }
+  bool outer;
+  void* mu;
+  unsigned flags;
+};
+
+// `original(self, args...)` annotated as taking `mu` in mode `flags` (0, or kRead).
+template <typename R, typename Self, typename... P, typename... A>
+R Locking(R (*original)(Self*, P...), Self* self, void* mu, unsigned flags, A&&... args) {
+  Scope s;
+  if (s.outer) __tsan_mutex_pre_lock(mu, flags);
+  PostLock post{s.outer, mu, flags};
+  return original(self, std::forward<A>(args)...);
+}
+
+// `original(self, args...)` annotated as releasing `mu` in mode `flags`.
+template <typename Self>
+void Unlocking(void (*original)(Self*), Self* self, void* mu, unsigned flags) {
+  Scope s;
+  if (s.outer) __tsan_mutex_pre_unlock(mu, flags);
+  original(self);
+  if (s.outer) __tsan_mutex_post_unlock(mu, flags);
+}
+
+// `original(self, args...)` of a wait that releases `mu` (held exclusively) while it waits and
+// holds it again when it returns.
+template <typename R, typename Self, typename... P, typename... A>
+R Waiting(R (*original)(Self*, P...), Self* self, void* mu, A&&... args) {
+  Scope s;
+  if (s.outer) ReleaseForWait(mu, 0);
+  PostLock post{s.outer, mu, 0};
+  return original(self, std::forward<A>(args)...);
+}
+
 }  // namespace
 
 #define ABLATE_ORIGINAL(type, ...) \
@@ -93,42 +140,34 @@ namespace absl {
 ABSL_NAMESPACE_BEGIN
 
 // ---- Mutex ---------------------------------------------------------------------------------
+// A mutex a gRPC object holds is destroyed when gRPC's own refcount (uninstrumented) drops to 0,
+// after another thread's last unlock: TSan would see the destroy but not what orders it. So the
+// destroy is annotated (a destroy racing a use is reported) only when the destructor is not called
+// from gRPC's code.
 Mutex::~Mutex() {
   ABLATE_ORIGINAL(void (*)(Mutex*), "5MutexD1Ev");
-  __tsan_mutex_destroy(this, 0);
+  if (!InGrpc(__builtin_return_address(0))) __tsan_mutex_destroy(this, 0);
   original(this);
 }
 
 void Mutex::Lock() {
   ABLATE_ORIGINAL(void (*)(Mutex*), "5Mutex4LockEv");
-  Scope s;
-  if (s.outer) __tsan_mutex_pre_lock(this, 0);
-  original(this);
-  if (s.outer) __tsan_mutex_post_lock(this, 0, 0);
+  Locking(original, this, this, 0);
 }
 
 void Mutex::ReaderLock() {
   ABLATE_ORIGINAL(void (*)(Mutex*), "5Mutex10ReaderLockEv");
-  Scope s;
-  if (s.outer) __tsan_mutex_pre_lock(this, kRead);
-  original(this);
-  if (s.outer) __tsan_mutex_post_lock(this, kRead, 0);
+  Locking(original, this, this, kRead);
 }
 
 void Mutex::Unlock() {
   ABLATE_ORIGINAL(void (*)(Mutex*), "5Mutex6UnlockEv");
-  Scope s;
-  if (s.outer) __tsan_mutex_pre_unlock(this, 0);
-  original(this);
-  if (s.outer) __tsan_mutex_post_unlock(this, 0);
+  Unlocking(original, this, this, 0);
 }
 
 void Mutex::ReaderUnlock() {
   ABLATE_ORIGINAL(void (*)(Mutex*), "5Mutex12ReaderUnlockEv");
-  Scope s;
-  if (s.outer) __tsan_mutex_pre_unlock(this, kRead);
-  original(this);
-  if (s.outer) __tsan_mutex_post_unlock(this, kRead);
+  Unlocking(original, this, this, kRead);
 }
 
 bool Mutex::TryLock() {
@@ -151,117 +190,73 @@ bool Mutex::ReaderTryLock() {
 
 void Mutex::LockWhen(const Condition& cond) {
   ABLATE_ORIGINAL(void (*)(Mutex*, const Condition&), "5Mutex8LockWhenERKNS0_9ConditionE");
-  Scope s;
-  if (s.outer) __tsan_mutex_pre_lock(this, 0);
-  original(this, cond);
-  if (s.outer) __tsan_mutex_post_lock(this, 0, 0);
+  Locking(original, this, this, 0, cond);
 }
 
 void Mutex::ReaderLockWhen(const Condition& cond) {
   ABLATE_ORIGINAL(void (*)(Mutex*, const Condition&), "5Mutex14ReaderLockWhenERKNS0_9ConditionE");
-  Scope s;
-  if (s.outer) __tsan_mutex_pre_lock(this, kRead);
-  original(this, cond);
-  if (s.outer) __tsan_mutex_post_lock(this, kRead, 0);
+  Locking(original, this, this, kRead, cond);
 }
 
 // The *WithTimeout/*WithDeadline variants hold the mutex on return whatever they return.
 bool Mutex::LockWhenWithTimeout(const Condition& cond, absl::Duration timeout) {
   ABLATE_ORIGINAL(bool (*)(Mutex*, const Condition&, absl::Duration),
                   "5Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  Scope s;
-  if (s.outer) __tsan_mutex_pre_lock(this, 0);
-  const bool res = original(this, cond, timeout);
-  if (s.outer) __tsan_mutex_post_lock(this, 0, 0);
-  return res;
+  return Locking(original, this, this, 0, cond, timeout);
 }
 
 bool Mutex::LockWhenWithDeadline(const Condition& cond, absl::Time deadline) {
   ABLATE_ORIGINAL(bool (*)(Mutex*, const Condition&, absl::Time),
                   "5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  Scope s;
-  if (s.outer) __tsan_mutex_pre_lock(this, 0);
-  const bool res = original(this, cond, deadline);
-  if (s.outer) __tsan_mutex_post_lock(this, 0, 0);
-  return res;
+  return Locking(original, this, this, 0, cond, deadline);
 }
 
 bool Mutex::ReaderLockWhenWithTimeout(const Condition& cond, absl::Duration timeout) {
   ABLATE_ORIGINAL(bool (*)(Mutex*, const Condition&, absl::Duration),
                   "5Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  Scope s;
-  if (s.outer) __tsan_mutex_pre_lock(this, kRead);
-  const bool res = original(this, cond, timeout);
-  if (s.outer) __tsan_mutex_post_lock(this, kRead, 0);
-  return res;
+  return Locking(original, this, this, kRead, cond, timeout);
 }
 
 bool Mutex::ReaderLockWhenWithDeadline(const Condition& cond, absl::Time deadline) {
   ABLATE_ORIGINAL(bool (*)(Mutex*, const Condition&, absl::Time),
                   "5Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  Scope s;
-  if (s.outer) __tsan_mutex_pre_lock(this, kRead);
-  const bool res = original(this, cond, deadline);
-  if (s.outer) __tsan_mutex_post_lock(this, kRead, 0);
-  return res;
+  return Locking(original, this, this, kRead, cond, deadline);
 }
 
 // Await* is called holding the mutex exclusively (abseil: "must be held in write mode").
 void Mutex::Await(const Condition& cond) {
   ABLATE_ORIGINAL(void (*)(Mutex*, const Condition&), "5Mutex5AwaitERKNS0_9ConditionE");
-  Scope s;
-  if (s.outer) ReleaseForWait(this, 0);
-  original(this, cond);
-  if (s.outer) __tsan_mutex_post_lock(this, 0, 0);
+  Waiting(original, this, this, cond);
 }
 
 bool Mutex::AwaitWithTimeout(const Condition& cond, absl::Duration timeout) {
   ABLATE_ORIGINAL(bool (*)(Mutex*, const Condition&, absl::Duration),
                   "5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  Scope s;
-  if (s.outer) ReleaseForWait(this, 0);
-  const bool res = original(this, cond, timeout);
-  if (s.outer) __tsan_mutex_post_lock(this, 0, 0);
-  return res;
+  return Waiting(original, this, this, cond, timeout);
 }
 
 bool Mutex::AwaitWithDeadline(const Condition& cond, absl::Time deadline) {
   ABLATE_ORIGINAL(bool (*)(Mutex*, const Condition&, absl::Time),
                   "5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  Scope s;
-  if (s.outer) ReleaseForWait(this, 0);
-  const bool res = original(this, cond, deadline);
-  if (s.outer) __tsan_mutex_post_lock(this, 0, 0);
-  return res;
+  return Waiting(original, this, this, cond, deadline);
 }
 
 // ---- CondVar: Wait* releases *mu and holds it again on return --------------------------------
 void CondVar::Wait(Mutex* mu) {
   ABLATE_ORIGINAL(void (*)(CondVar*, Mutex*), "7CondVar4WaitEPNS0_5MutexE");
-  Scope s;
-  if (s.outer) ReleaseForWait(mu, 0);
-  original(this, mu);
-  if (s.outer) __tsan_mutex_post_lock(mu, 0, 0);
+  Waiting(original, this, mu, mu);
 }
 
 bool CondVar::WaitWithTimeout(Mutex* mu, absl::Duration timeout) {
   ABLATE_ORIGINAL(bool (*)(CondVar*, Mutex*, absl::Duration),
                   "7CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
-  Scope s;
-  if (s.outer) ReleaseForWait(mu, 0);
-  const bool res = original(this, mu, timeout);
-  if (s.outer) __tsan_mutex_post_lock(mu, 0, 0);
-  return res;
+  return Waiting(original, this, mu, mu, timeout);
 }
 
 bool CondVar::WaitWithDeadline(Mutex* mu, absl::Time deadline) {
   ABLATE_ORIGINAL(bool (*)(CondVar*, Mutex*, absl::Time),
                   "7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
-  Scope s;
-  if (s.outer) ReleaseForWait(mu, 0);
-  const bool res = original(this, mu, deadline);
-  if (s.outer) __tsan_mutex_post_lock(mu, 0, 0);
-  return res;
+  return Waiting(original, this, mu, mu, deadline);
 }
 
 // ---- Notification: Notify releases, a Wait that returns notified acquires ------------------
