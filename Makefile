@@ -170,12 +170,13 @@ fuzz-corpus: fuzz-build
 
 # ---- Lock contracts (docs/development.md) -----------------------------------------------------
 # `make check-thread-safety` (part of `make test`): clang's thread-safety analysis, as errors, over
-# every library that carries ABSL_GUARDED_BY and friends and every test source that does (or
-# includes the coordinator's test helpers, which do). Compiled in $(THREADS_BUILD), not linked.
+# every library that carries ABSL_GUARDED_BY and friends and every test source that does or
+# includes a test header that does (directly or through up to two more headers). Compiled in
+# $(THREADS_BUILD), not linked.
 THREADS_BUILD ?= build-threads
 THREAD_SAFETY_LIBS := ablate_store ablate_coordinator ablate_alerts ablate_dashboard ablate_agent \
                       ablate_model
-THREAD_SAFETY_PATTERN := ABSL_(GUARDED_BY|PT_GUARDED_BY|EXCLUSIVE_LOCKS_REQUIRED|LOCKS_EXCLUDED|ACQUIRED_BEFORE|ACQUIRED_AFTER)|coordinator_test_util\.h
+THREAD_SAFETY_PATTERN := ABSL_(GUARDED_BY|PT_GUARDED_BY|EXCLUSIVE_LOCKS_REQUIRED|LOCKS_EXCLUDED|ACQUIRED_BEFORE|ACQUIRED_AFTER)
 
 $(THREADS_BUILD)/build.ninja: CMakeLists.txt
 	@mkdir -p $(THREADS_BUILD)
@@ -187,7 +188,13 @@ check-thread-safety: deps-test $(THREADS_BUILD)/build.ninja
 	@echo "check-thread-safety: clang -Wthread-safety over $(THREAD_SAFETY_LIBS) and the tests that lock"
 	@cmake --build $(THREADS_BUILD) -j $(JOBS) --target $(THREAD_SAFETY_LIBS) -- -k 0 \
 	  > $(THREADS_BUILD)/libs.log 2>&1 || { grep -A4 "error:" $(THREADS_BUILD)/libs.log | head -200; exit 1; }
-	@sources=$$(grep -rlE '$(THREAD_SAFETY_PATTERN)' tests --include='*.cc'); \
+	@pattern='$(THREAD_SAFETY_PATTERN)'; \
+	  for round in 1 2 3; do \
+	    headers=$$(grep -rlE "$$pattern" tests --include='*.h' | xargs -r -n1 basename | \
+	      sort -u | sed 's/[.]/[.]/g' | paste -sd'|'); \
+	    [ -z "$$headers" ] || pattern='$(THREAD_SAFETY_PATTERN)'"|$$headers"; \
+	  done; \
+	  sources=$$(grep -rlE "$$pattern" tests --include='*.cc'); \
 	  objects=$$(for f in $$sources; do ninja -C $(THREADS_BUILD) -t targets all | \
 	    grep -oE "^tests/CMakeFiles/[^/]+\.dir/$${f#tests/}\.o" ; done | sort -u); \
 	  [ -n "$$objects" ] || { echo "check-thread-safety: no test objects found"; exit 1; }; \
