@@ -13,7 +13,7 @@ SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PACKAGES := cmake ninja-build g++ pkg-config \
   libtorch-dev libopenblas0-openmp libgloo-dev \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-  libsqlite3-dev libssl-dev libfmt-dev libboost-dev libyaml-cpp-dev nlohmann-json3-dev \
+  libsqlite3-dev libssl-dev libre2-dev libfmt-dev libboost-dev libyaml-cpp-dev nlohmann-json3-dev \
   libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev \
   bible-kjv nodejs
 # What only the tests need on top (`make deps-test`, run by `make test`):
@@ -25,9 +25,11 @@ PACKAGES := cmake ninja-build g++ pkg-config \
 # - sqlite3 and openssl: the docs' examples and the TLS tests' certificates;
 # - python3-pandas, python3-grpcio, python3-protobuf: docs/python.md's examples
 #   (tests/python/docs_python_test.py; the gRPC stubs come from protobuf-compiler-grpc above);
-# - python3-scipy: the check of `ablate compare`'s statistics (tests/python/stats_scipy_test.py).
+# - python3-scipy: the check of `ablate compare`'s statistics (tests/python/stats_scipy_test.py);
+# - python3-torch: the example program run as a program (experiments/programs/gated_gpt.py, its
+#   tests and docs/program.md's examples).
 TEST_PACKAGES := chromium slurmctld slurmd slurm-client munge clang libclang-rt-14-dev \
-  sqlite3 openssl python3-pandas python3-grpcio python3-protobuf python3-scipy
+  sqlite3 openssl python3-pandas python3-grpcio python3-protobuf python3-scipy python3-torch
 # Only for `make bench`: Debian's PyTorch (same kernels as our LibTorch) as the reference.
 BENCH_PACKAGES := python3-torch
 
@@ -174,7 +176,7 @@ fuzz-corpus: fuzz-build
 # includes a test header that does (directly or through up to two more headers). Compiled in
 # $(THREADS_BUILD), not linked.
 THREADS_BUILD ?= build-threads
-THREAD_SAFETY_LIBS := ablate_store ablate_coordinator ablate_alerts ablate_dashboard ablate_agent \
+THREAD_SAFETY_LIBS := ablate_store ablate_coordinator ablate_alerts ablate_dashboard ablate_agent ablate_program \
                       ablate_model
 THREAD_SAFETY_PATTERN := ABSL_(GUARDED_BY|PT_GUARDED_BY|EXCLUSIVE_LOCKS_REQUIRED|LOCKS_EXCLUDED|ACQUIRED_BEFORE|ACQUIRED_AFTER)
 
@@ -268,8 +270,11 @@ install: build-bin data
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/ablate
 	install -m 0755 $(BUILD)/ablate $(BUILD)/ablate-worker $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 $(DATA_DIR)/kjv.txt $(DESTDIR)$(PREFIX)/share/ablate/kjv.txt
+	install -d $(DESTDIR)$(PREFIX)/lib/ablate/python
+	install -m 0644 python/ablate_report.py $(DESTDIR)$(PREFIX)/lib/ablate/python/
 	@echo "install: ablate and ablate-worker in $(DESTDIR)$(PREFIX)/bin, the default corpus in \
-	$(DESTDIR)$(PREFIX)/share/ablate"
+	$(DESTDIR)$(PREFIX)/share/ablate, the program helper (ablate_report.py) in \
+	$(DESTDIR)$(PREFIX)/lib/ablate/python (ablate-worker puts it on its programs' PYTHONPATH)"
 
 clean:
 	rm -rf $(BUILD)

@@ -12,12 +12,14 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
+#include "config/program_config.h"
 #include "nlohmann/json.hpp"
 #include "config/model_config.h"
 
@@ -214,6 +216,10 @@ class Overlayer {
         Problem(key_line, Join(path, name), "duplicate key");
         continue;
       }
+      if (name == "params" && d == RunConfig::descriptor()) {
+        Params(it->second, key_line, Join(path, name), static_cast<RunConfig*>(m));
+        continue;
+      }
       const pb::FieldDescriptor* f = d->FindFieldByName(name);
       if (f == nullptr) f = d->FindFieldByCamelcaseName(name);
       if (f == nullptr) {
@@ -253,6 +259,35 @@ class Overlayer {
     } else {
       Scalar(value, line, path, m, f);
     }
+  }
+
+  // A RunConfig's `params:` (a program's, docs/program.md): each entry one param, overlaid.
+  void Params(const YAML::Node& value, int line, const std::string& path, RunConfig* config) {
+    if (!value.IsDefined() || value.IsNull()) return;
+    if (!value.IsMap()) {
+      Problem(line_or(value, line), path,
+              absl::StrCat("expected a mapping of param names to values, got ", YamlKindName(value)));
+      return;
+    }
+    for (auto it = value.begin(); it != value.end(); ++it) {
+      const YAML::Node key = it->first;
+      const std::string name = key.IsScalar() ? key.Scalar() : "";
+      Param(name, it->second, line_or(key, line), Join(path, name), config);
+    }
+  }
+
+  void Param(const std::string& name, const YAML::Node& value, int line, const std::string& path,
+             RunConfig* config) {
+    if (absl::Status s = CheckParamName(name); !s.ok()) {
+      Problem(line, path, std::string(s.message()));
+      return;
+    }
+    absl::StatusOr<std::string> json = YamlToJson(value);
+    if (!json.ok()) {
+      Problem(line_or(value, line), path, std::string(json.status().message()));
+      return;
+    }
+    SetProgramParam(name, *std::move(json), config->mutable_program());
   }
 
   const std::vector<std::string>& problems() const { return problems_; }
@@ -484,6 +519,8 @@ void TouchSubmessages(pb::Message* m, int depth) {
   for (int i = 0; i < d->field_count(); ++i) {
     const pb::FieldDescriptor* f = d->field(i);
     if (f->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE || f->is_map()) continue;
+    // A built-in run's config has no program: its JSON (and run key) stays as it was.
+    if (f->message_type() == ProgramConfig::descriptor() && !r->HasField(*m, f)) continue;
     if (f->is_repeated()) {
       for (int j = 0; j < r->FieldSize(*m, f); ++j) {
         TouchSubmessages(r->MutableRepeatedMessage(m, f, j), depth + 1);
@@ -509,6 +546,14 @@ absl::Status OverlayYaml(const YAML::Node& node, const std::string& file, const 
 
 absl::Status OverlayYamlAtPath(const YAML::Node& value, const std::string& file, int line,
                                const std::string& dotted_path, pb::Message* message) {
+  if (message->GetDescriptor() == RunConfig::descriptor() &&
+      absl::StartsWith(dotted_path, kParamsPrefix)) {
+    // A program param: its name is everything after "params." (dots allowed).
+    Overlayer overlayer(file);
+    overlayer.Param(dotted_path.substr(sizeof(kParamsPrefix) - 1), value, line, dotted_path,
+                    static_cast<RunConfig*>(message));
+    return ProblemsStatus(overlayer.problems());
+  }
   const std::vector<std::string> parts = absl::StrSplit(dotted_path, '.');
   pb::Message* m = message;
   std::string path;

@@ -13,6 +13,7 @@
 #include "orchestrator/cli/client_commands.h"
 #include "orchestrator/cli/dashboard_command.h"
 #include "orchestrator/cli/expand_command.h"
+#include "orchestrator/cli/logs_command.h"
 #include "orchestrator/cli/report_command.h"
 #include "orchestrator/cli/serve_command.h"
 #include "orchestrator/cli/up_command.h"
@@ -33,6 +34,7 @@ int RunAblateCli(int argc, const char* const* argv, std::ostream& out, std::ostr
   AddDashboardCommand(&app, &out, &action);
   AddWorkersCommand(&app, &out, &action);
   AddReportCommand(&app, &out, &action);
+  AddLogsCommand(&app, &out, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

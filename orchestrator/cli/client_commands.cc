@@ -296,6 +296,13 @@ void AddSubmitCommand(CLI::App* app, std::ostream* out, std::function<absl::Stat
     SubmitRequest request;
     if (absl::Status s = ReadFile(*spec, request.mutable_spec_yaml()); !s.ok()) return s;
     request.set_spec_file(*spec);
+    // A program's code is read here, where its directory is: the coordinator keeps the copy.
+    if (absl::StatusOr<SweepSpec> parsed = ParseSweepSpecText(request.spec_yaml(), *spec);
+        parsed.ok() && parsed->base.has_program()) {
+      absl::StatusOr<ProgramSnapshot> code = ReadSpecProgram(*parsed);
+      if (!code.ok()) return code.status();
+      *request.mutable_program() = *std::move(code);
+    }
     if (const int64_t memory = cost->DeviceMemoryBytes(); memory > 0) {
       // Checked here, before anything is sent: the coordinator checks resources.memory_gb.
       ExpandOptions options;

@@ -45,6 +45,10 @@ SweepCost EstimateSweepCost(const ExpandedSweep& sweep, const std::set<std::stri
   SweepCost cost;
   for (const RunSpec& run : sweep.runs()) {
     if (skip.count(run.run_key()) > 0) continue;
+    if (run.config().has_program()) {
+      ++cost.programs;
+      continue;
+    }
     const RunFlops f = EstimateRunFlops(run.config());
     ++cost.runs;
     cost.train_flops += f.train;
@@ -166,6 +170,11 @@ int64_t CostFlags::DeviceMemoryBytes() const {
 }
 
 std::string FormatCostLine(const SweepCost& cost, const CostFlags& flags, absl::string_view runs) {
+  if (cost.programs > 0 && cost.runs == 0) {
+    return absl::StrCat("total: ", cost.programs,
+                        " program runs to train: what they compute is the program's own (no "
+                        "FLOPs or device-hours estimated)\n");
+  }
   std::string line = absl::StrCat("total: ", runs, ", ", FormatFlops(cost.total()),
                                   " FLOPs: ", FormatFlops(cost.train_flops), " training (",
                                   kTrainingFlopsPerForwardFlop, " x forward) + ",

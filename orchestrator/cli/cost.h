@@ -47,6 +47,7 @@ struct SweepCost {
   double train_flops = 0;
   double eval_flops = 0;
   double total() const { return train_flops + eval_flops; }
+  int64_t programs = 0;  // program runs: their FLOPs are their own, not estimated
 };
 SweepCost EstimateSweepCost(const ExpandedSweep& sweep, const std::set<std::string>& skip = {});
 

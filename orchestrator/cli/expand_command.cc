@@ -57,12 +57,16 @@ std::string FormatExpandTable(const ExpandedSweep& sweep) {
                                     std::to_string(run.seed())};
     for (const std::string& path : axes) row.push_back(AxisValueOf(run, path));
     row.push_back(run.diff().empty() ? "-" : run.diff());
-    row.push_back(FormatCount(run.params().total()));
-    row.push_back(FormatCount(run.params().activated()));
-    row.push_back(SignedCount(run.added_params()));
-    row.push_back(run.budget().text().empty() ? "-" : run.budget().text());
-    row.push_back(Engineering(run.flops_per_token()));
-    row.push_back(FormatBytes(run.memory().per_device()));
+    if (run.config().has_program()) {  // counted by the program itself (its params report)
+      for (int i = 0; i < 6; ++i) row.push_back("-");
+    } else {
+      row.push_back(FormatCount(run.params().total()));
+      row.push_back(FormatCount(run.params().activated()));
+      row.push_back(SignedCount(run.added_params()));
+      row.push_back(run.budget().text().empty() ? "-" : run.budget().text());
+      row.push_back(Engineering(run.flops_per_token()));
+      row.push_back(FormatBytes(run.memory().per_device()));
+    }
     row.push_back(run.run_key());
     rows.push_back(std::move(row));
   }

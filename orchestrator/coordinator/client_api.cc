@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "config/program_snapshot.h"
 #include "config/proto_yaml.h"
 #include "orchestrator/coordinator/core.h"
 #include "orchestrator/coordinator/core_internal.h"
@@ -133,6 +134,18 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
   std::vector<std::string> config_json;
   ExpandOptions expand;
   expand.max_runs = options_.max_runs_per_sweep;  // counted before any run is built
+  if (spec->base.has_program()) {
+    // The code as the client read it: checked against its hash, kept with the sweep.
+    if (request.program().code_hash().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file, ": program: the request carries no code; submit with the ablate CLI, which "
+                "reads program.code from the spec's directory"));
+    }
+    if (absl::Status s = CheckSnapshot(request.program()); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(file, ": ", s.message()));
+    }
+    expand.program_code_hash = request.program().code_hash();
+  }
   absl::StatusOr<ExpandedSweep> expanded = ExpandSweep(*spec, expand, &config_json);
   if (!expanded.ok()) return absl::InvalidArgumentError(expanded.status().message());
   if (expanded->runs_size() == 0) {
@@ -170,6 +183,7 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
   record.expanded = *expanded;
   record.spec_yaml = request.spec_yaml();
   record.config_json = std::move(config_json);
+  if (spec->base.has_program()) record.program = request.program();
   // A tuned sweep compares runs at rung steps: a reused run has no evaluation there.
   record.reuse = !request.force() && !(expanded->has_tune() && expanded->tune().method() == "asha");
   absl::StatusOr<SweepIds> ids = store_->CreateSweep(record);

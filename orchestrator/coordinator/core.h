@@ -277,6 +277,9 @@ class CoordinatorCore : private TunerPort {
   std::map<int64_t, ReportShape> shapes_ ABSL_GUARDED_BY(mu_);
   // Attempts a run had when it was last queued by a user (rerun): retries count from there.
   std::map<int64_t, int> attempt_base_ ABSL_GUARDED_BY(mu_);
+  // Program code by hash (the store's program_code), read once: every job of a program run
+  // carries it.
+  std::map<std::string, std::shared_ptr<const ProgramSnapshot>> program_code_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int watches_ ABSL_GUARDED_BY(mu_) = 0;      // Watch calls in progress (options_.max_watches)
   int registering_ ABSL_GUARDED_BY(mu_) = 0;  // Register calls between the cap and the store

@@ -131,7 +131,8 @@ absl::Status CheckEval(absl::string_view what, const std::string& at, const Eval
 ReportShape ReportShapeOf(const RunConfig& config) {
   ReportShape shape;
   shape.total_steps = config.train().steps();
-  shape.eval_every = std::max(0, config.train().eval_every());
+  // A program evaluates when it likes: its worker checked the steps against the run's length.
+  shape.eval_every = config.has_program() ? 0 : std::max(0, config.train().eval_every());
   shape.num_layers = config.model().num_layers();
   shape.num_heads = config.model().num_heads();
   shape.map_heads = config.train().attention_map_heads();

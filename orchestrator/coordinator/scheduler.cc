@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "config/program_config.h"
+
 namespace ablate {
 
 std::string DeviceKind(const std::string& device) {
@@ -12,7 +14,10 @@ std::string DeviceKind(const std::string& device) {
 }
 
 bool FitsRanks(const RunNeeds& needs, const WorkerOffer& offer) {
-  if (needs.code_version != offer.code_version) return false;
+  // A program run needs the program's code (its job carries it), not a build of ablate's.
+  if (needs.code_version != offer.code_version && !IsProgramCodeVersion(needs.code_version)) {
+    return false;
+  }
   if (DeviceKind(needs.device) != DeviceKind(offer.device)) return false;
   if (needs.memory_gb > 0 && needs.memory_gb > offer.memory_gb) return false;
   if (needs.threads > 0 && needs.threads > offer.cores) return false;
@@ -160,7 +165,9 @@ std::string Scheduler::OtherBuildNeeded(const WorkerOffer& offer) const {
     for (const auto& [needs, bucket] : sweep.buckets) {
       rebuilt.code_version = needs.code_version;
       if (!FitsRanks(needs, rebuilt)) continue;  // not for this worker whatever its build
-      if (needs.code_version == offer.code_version) return "";
+      if (needs.code_version == offer.code_version || IsProgramCodeVersion(needs.code_version)) {
+        return "";
+      }
       const std::pair<int64_t, std::pair<int, int64_t>> at = {sweep_id, *bucket.begin()};
       if (needed.empty() || at < first) {
         needed = needs.code_version;

@@ -174,6 +174,22 @@ absl::StatusOr<Job> CoordinatorCore::MakeJob(const QueuedRun& run, int32_t attem
   }
   job.set_sweep(made->sweep);
   job.set_variant(made->variant);
+  if (made->config.has_program()) {
+    const std::string& hash = made->config.program().code_hash();
+    std::shared_ptr<const ProgramSnapshot> code;
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto it = program_code_.find(hash); it != program_code_.end()) code = it->second;
+    }
+    if (code == nullptr) {
+      absl::StatusOr<ProgramSnapshot> read = store_->scheduling_reader().GetProgramCode(hash);
+      if (!read.ok()) return read.status();
+      code = std::make_shared<const ProgramSnapshot>(*std::move(read));
+      absl::MutexLock lock(&mu_);
+      program_code_.emplace(hash, code);
+    }
+    *job.mutable_program() = *code;
+  }
   job.set_lease_secret(LeaseSecret(lease_mac_, run.run_id, attempt, worker_id));
   job.set_world_size(std::max(1, run.needs.devices));
   job.set_stop_at_step(run.stop_at_step);

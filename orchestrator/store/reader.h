@@ -440,6 +440,8 @@ class StoreReader {
   absl::StatusOr<std::vector<VariantInfo>> ListVariants(int64_t sweep_id) const;
   // The spec and code version of a sweep. NotFound for an unknown id.
   absl::StatusOr<SweepSource> GetSweepSource(int64_t sweep_id) const;
+  // A program's code as submitted (SweepRecord::program); NotFound when no sweep stored it.
+  absl::StatusOr<ProgramSnapshot> GetProgramCode(const std::string& code_hash) const;
   // A sweep's tags and notes, its own and its runs', oldest first.
   absl::StatusOr<std::vector<Annotation>> Annotations(int64_t sweep_id) const;
   // The ids of the sweep's runs that carry any of `tags`, on the run itself or on the sweep.

@@ -208,6 +208,19 @@ absl::StatusOr<SweepSource> StoreReader::GetSweepSource(int64_t sweep_id) const 
       absl::StrCat("store: no sweep ", sweep_id));
 }
 
+absl::StatusOr<ProgramSnapshot> StoreReader::GetProgramCode(const std::string& code_hash) const {
+  absl::StatusOr<std::string> bytes = ReadFirstRow<std::string>(
+      "SELECT snapshot FROM program_code WHERE code_hash = ?1",
+      [&](Stmt& q) { q.Bind(1, code_hash); }, [](const Stmt& r) { return r.ColumnBlob(0); },
+      absl::StrCat("store: no program code ", code_hash));
+  if (!bytes.ok()) return bytes.status();
+  ProgramSnapshot snapshot;
+  if (!snapshot.ParseFromString(*bytes)) {
+    return absl::DataLossError(absl::StrCat("store: program code ", code_hash, " does not parse"));
+  }
+  return snapshot;
+}
+
 absl::StatusOr<std::vector<Annotation>> StoreReader::Annotations(int64_t sweep_id) const {
   return ReadRows<Annotation>(
       "SELECT id, sweep_id, coalesce(run_id, 0), kind, text, created_at FROM annotations "

@@ -687,6 +687,18 @@ CREATE TABLE alert_cursor (
 );
 )sql";
 
+// Version 13: program runs (docs/program.md): each program's code as submitted, once per code
+// hash (a ProgramSnapshot, binary), which every job of its runs carries to its worker.
+constexpr char kSchemaV13[] = R"sql(
+CREATE TABLE program_code (
+  code_hash   TEXT PRIMARY KEY,
+  snapshot    BLOB NOT NULL,
+  files       INTEGER NOT NULL,
+  bytes       INTEGER NOT NULL,
+  created_at  REAL NOT NULL
+);
+)sql";
+
 // Version 10: STOPPED joins the runs state CHECK, the last of its chain of equalities.
 constexpr char kLastRunState[] = "state = 'INTERRUPTED')";
 
@@ -738,7 +750,8 @@ const std::vector<Migration>& StoreMigrations() {
                                  {kSchemaV9},
                                  {kSchemaV10, AddStoppedToRunsCheck},
                                  {kSchemaV11},
-                                 {kSchemaV12}};
+                                 {kSchemaV12},
+                                 {kSchemaV13}};
   return *migrations;
 }
 

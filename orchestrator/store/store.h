@@ -103,6 +103,9 @@ struct SweepRecord {
   // A run identical to one that SUCCEEDED by training (same run_key, itself not reused) is stored
   // SUCCEEDED with that run's results and reused_from = its id, in the same transaction.
   bool reuse = true;
+  // A program sweep's code (config/program_snapshot.h), kept once per code hash in the same
+  // transaction. Empty for the built-in model.
+  ProgramSnapshot program;
 };
 
 struct SweepIds {

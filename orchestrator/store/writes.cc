@@ -547,6 +547,16 @@ absl::Status ApplyCreateSweep(StoreWriter& w, const SweepRecord& record,
   const double now = w.Now();
   STORE_ASSIGN_OR_RETURN(sweep_id, InsertSweep(w, record, now));
   ids->sweep_id = sweep_id;
+  if (!record.program.code_hash().empty()) {
+    STORE_ASSIGN_OR_RETURN(
+        code, w.Get("INSERT INTO program_code (code_hash, snapshot, files, bytes, created_at) "
+                    "VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (code_hash) DO NOTHING"));
+    const std::string bytes = record.program.SerializeAsString();
+    code->Bind(1, record.program.code_hash()).BindBlob(2, bytes);
+    code->Bind(3, static_cast<int64_t>(record.program.files_size()));
+    code->Bind(4, static_cast<int64_t>(bytes.size())).Bind(5, now);
+    STORE_RETURN_IF_ERROR(code->Run());
+  }
   std::map<std::string, const RunSpec*> first_run;
   const std::vector<std::string> names = VariantNames(sweep, &first_run);
   std::map<std::string, int64_t> variant_ids;

@@ -3,6 +3,7 @@
 #include <openssl/sha.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
@@ -24,6 +25,8 @@
 #include "config/model_config.h"
 #include "config/param_count.h"
 #include "config/presets.h"
+#include "config/program_config.h"
+#include "config/program_snapshot.h"
 #include "config/proto_yaml.h"
 
 namespace ablate {
@@ -96,10 +99,11 @@ void Diff(const pb::Message& a, const pb::Message& b, const std::string& prefix,
 
 class Expander {
  public:
-  Expander(const SweepSpec& spec, std::string code_version, int64_t max_runs,
-           int64_t device_memory, std::vector<std::string>* config_json)
+  Expander(const SweepSpec& spec, std::string code_version, std::string program_code_hash,
+           int64_t max_runs, int64_t device_memory, std::vector<std::string>* config_json)
       : spec_(spec),
         code_version_(std::move(code_version)),
+        program_code_hash_(std::move(program_code_hash)),
         max_runs_(max_runs),
         device_memory_(device_memory),
         config_json_(config_json) {
@@ -134,6 +138,7 @@ class Expander {
     const int devices = std::max(1, spec_.resources.devices());
     for (size_t a = 0; a < grid.size() && problems_.empty(); ++a) {
       for (size_t v = 0; v < spec_.variants.size(); ++v) {
+        if (prepared[a][v].post.has_program()) continue;
         const absl::Status split =
             CheckBatchSplits(prepared[a][v].post.train(), devices, "ranks (resources.devices)");
         if (split.ok()) continue;
@@ -154,7 +159,13 @@ class Expander {
     sweep.set_spec_file(spec_.file);
     sweep.set_priority(spec_.priority);
     sweep.set_reference(spec_.reference);
-    sweep.set_code_version(code_version_);
+    if (spec_.base.has_program()) {
+      ProgramConfig code;
+      code.set_code_hash(program_code_hash_);
+      sweep.set_code_version(ProgramCodeVersion(code));
+    } else {
+      sweep.set_code_version(code_version_);
+    }
     for (const VariantSpec& v : spec_.variants) sweep.add_variants(v.name);
     for (uint64_t seed : spec_.seeds) {
       for (size_t a = 0; a < grid.size(); ++a) {
@@ -162,6 +173,10 @@ class Expander {
           const Prepared& p = prepared[a][v];
           RunConfig config = p.post;
           config.mutable_train()->set_seed(seed);
+          if (config.has_program() && !config.program().seed().empty()) {
+            SetProgramParam(config.program().seed(), absl::StrCat(seed),
+                            config.mutable_program());
+          }
           if (!Keep(spec_.variants[v].name, seed, config)) continue;
           RunSpec* run = sweep.add_runs();
           run->set_index(sweep.runs_size() - 1);
@@ -182,11 +197,18 @@ class Expander {
           run->set_diff(p.diff);
           run->set_priority(spec_.priority);
           *run->mutable_resources() = spec_.resources;
-          run->set_code_version(code_version_);
           run->set_spec_file(spec_.file);
           run->set_spec_line(spec_.variants[v].line);
           std::string json = CanonicalJson(config);
-          run->set_run_key(RunKeyOfJson(json, code_version_));
+          if (config.has_program()) {
+            // The program's code, command and params: not ablate's build.
+            run->set_code_version(ProgramCodeVersion(config.program()));
+            run->set_run_key(RunKeyOfJson(
+                ProgramRunKeyText(config.program(), seed, devices), run->code_version()));
+          } else {
+            run->set_code_version(code_version_);
+            run->set_run_key(RunKeyOfJson(json, code_version_));
+          }
           *run->mutable_config() = std::move(config);
           if (config_json_ != nullptr) config_json_->push_back(std::move(json));
           if (spec_.tune) SetTuneRun(grid[a], spec_.variants[v], seed, run);
@@ -331,7 +353,14 @@ class Expander {
     if (v.train) {
       ok = Absorb(OverlayYaml(v.train, spec_.file, path + ".train", c.mutable_train())) && ok;
     }
-    if (ok) {
+    if (v.params) {
+      YAML::Node wrapped;
+      wrapped["params"] = v.params;
+      ok = Absorb(OverlayYaml(wrapped, spec_.file, path, &c)) && ok;
+    }
+    if (ok && c.has_program()) {
+      ok = PrepareProgram(v, point, &c);
+    } else if (ok) {
       const absl::Status s = ValidateRunConfig(c);
       if (!s.ok()) {
         ReportInvalid(s, v, point);
@@ -342,6 +371,47 @@ class Expander {
     p.ok = ok;
     p.pre = std::move(c);
     return p;
+  }
+
+  // A program run's config after its overlays: checked, its length (train.steps) from its steps
+  // param and its code hash set. False, with the problems reported, when it is not valid.
+  bool PrepareProgram(const VariantSpec& v, const AxisPoint& point, RunConfig* c) {
+    ProgramConfig* program = c->mutable_program();
+    program->set_code_hash(program_code_hash_);
+    const absl::Status s = ValidateProgramConfig(*program);
+    if (!s.ok()) {
+      ReportInvalid(s, v, point);
+      return false;
+    }
+    // nanoGPT counts its iterations from 0 to max_iters, both included: one more update.
+    const int64_t extra = program->report() == PROGRAM_REPORT_NANOGPT ? 1 : 0;
+    c->mutable_train()->set_steps(
+        static_cast<int32_t>(*ProgramParamNumber(*program, program->steps()) + extra));
+    bool ok = true;
+    const SpikePolicy policy = c->train().spike().policy();
+    if (policy == SPIKE_SKIP) {
+      Problem(v.line, "spike.policy",
+              "SKIP needs a per-step handshake a program does not have: use RECORD or STOP");
+      ok = false;
+    } else if (policy == SPIKE_ROLLBACK) {
+      Problem(v.line, "spike.policy",
+              "ROLLBACK of program runs is not supported yet: use RECORD or STOP");
+      ok = false;
+    }
+    if (spec_.resources.devices() > 1) {
+      Problem(v.line, "resources.devices",
+              "program runs train on one device for now (the torchrun contract is not "
+              "supported yet)");
+      ok = false;
+    }
+    if (spec_.tune && spec_.tune->method == TuneSpec::Method::kAsha &&
+        !HasCapability(*program, "pause")) {
+      Problem(spec_.tune->line, "tune.method",
+              "asha pauses runs at rungs: the program must declare capabilities: [pause] (exit 0 "
+              "after a ckpt at ABLATE_STOP_AT_STEP)");
+      ok = false;
+    }
+    return ok;
   }
 
   std::vector<Prepared> PreparePoint(const AxisPoint& point) {
@@ -357,6 +427,16 @@ class Expander {
       Prepared& p = out[i];
       if (!p.ok) continue;
       p.post = p.pre;
+      if (p.post.has_program()) {
+        if (RuleFor(v) != nullptr) {
+          Problem(spec_.budget_line > 0 ? spec_.budget_line : v.line,
+                  absl::StrCat("variants[", v.name, "].budget"),
+                  "budget matching of program runs (program.count) is not supported yet: "
+                  "set the matched param in each variant's params:");
+          p.ok = false;
+        }
+        continue;
+      }
       if (const BudgetRule* rule = RuleFor(v)) {
         const bool ffn = rule->match() == BUDGET_FFN;
         const std::string& anchor = ffn ? rule->reference() : rule->target();
@@ -403,6 +483,20 @@ class Expander {
       Prepared& p = out[i];
       if (!p.ok || !ref.ok || i == reference_) continue;
       std::vector<std::string> items;
+      if (p.post.has_program()) {
+        for (const ProgramParam& param : p.post.program().params()) {
+          const std::optional<std::string> theirs =
+              ProgramParamJson(ref.post.program(), param.name());
+          if (theirs != param.json()) items.push_back(absl::StrCat("params.", param.name(), "=", param.json()));
+        }
+        for (const ProgramParam& param : ref.post.program().params()) {
+          if (!ProgramParamJson(p.post.program(), param.name())) {
+            items.push_back(absl::StrCat("params.", param.name(), "=(unset)"));
+          }
+        }
+        p.diff = absl::StrJoin(items, " ");
+        continue;
+      }
       Diff(ref.post.model(), p.post.model(), "", &items);
       Diff(ref.post.train(), p.post.train(), "train.", &items);
       p.diff = absl::StrJoin(items, " ");
@@ -437,7 +531,7 @@ class Expander {
     for (size_t a = 0; a < grid.size(); ++a) {
       for (size_t v = 0; v < spec_.variants.size(); ++v) {
         const Prepared& p = prepared[a][v];
-        if (!p.ok) continue;
+        if (!p.ok || p.post.has_program()) continue;  // a program's memory is its own
         const std::string run =
             absl::StrCat("variant ", spec_.variants[v].name,
                          grid[a].empty() ? "" : absl::StrCat(" (at ", PointText(grid[a]), ")"));
@@ -499,6 +593,7 @@ class Expander {
 
   const SweepSpec& spec_;
   const std::string code_version_;
+  const std::string program_code_hash_;  // ExpandOptions::program_code_hash
   const int64_t max_runs_;       // ExpandOptions::max_runs
   const int64_t device_memory_;  // ExpandOptions::device_memory_bytes
   std::vector<std::string>* const config_json_;  // may be null
@@ -514,15 +609,21 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec, const ExpandOpt
                                           std::vector<std::string>* config_json) {
   if (config_json != nullptr) config_json->clear();
   const bool this_build = options.code_version.empty();
+  if (spec.base.has_program() && options.program_code_hash.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec.file, ": program: the code was not snapshotted; submit or expand the spec with the "
+                   "ablate CLI, which reads program.code from the spec's directory"));
+  }
   absl::StatusOr<ExpandedSweep> sweep =
-      Expander(spec, this_build ? CodeVersion() : options.code_version, options.max_runs,
-               options.device_memory_bytes, config_json)
+      Expander(spec, this_build ? CodeVersion() : options.code_version,
+               options.program_code_hash, options.max_runs, options.device_memory_bytes,
+               config_json)
           .Run();
   if (!sweep.ok()) {
     if (config_json != nullptr) config_json->clear();
     return sweep;
   }
-  if (this_build) {
+  if (this_build && !spec.base.has_program()) {  // a program's runs are keyed to its code
     sweep->set_build(BuildVersion());
     for (std::string& file : UncommittedSources()) sweep->add_uncommitted(std::move(file));
   }
@@ -559,11 +660,31 @@ absl::StatusOr<std::vector<RunSpec>> ExpandTuneProbe(const SweepSpec& spec,
   return runs;
 }
 
+absl::StatusOr<ProgramSnapshot> ReadSpecProgram(const SweepSpec& spec) {
+  const ProgramConfig& program = spec.base.program();
+  std::filesystem::path dir = program.dir().empty() ? "." : program.dir();
+  if (dir.is_relative()) dir = std::filesystem::path(spec.file).parent_path() / dir;
+  absl::StatusOr<ProgramSnapshot> snapshot = ReadProgramCode(
+      dir.lexically_normal().string(), {program.code().begin(), program.code().end()});
+  if (!snapshot.ok()) {
+    return absl::Status(snapshot.status().code(),
+                        absl::StrCat(spec.file, ": ", snapshot.status().message()));
+  }
+  return snapshot;
+}
+
 absl::StatusOr<ExpandedSweep> ExpandSweepFile(const std::string& path,
                                               const ExpandOptions& options) {
   absl::StatusOr<SweepSpec> spec = LoadSweepSpecFile(path);
   if (!spec.ok()) return spec.status();
-  return ExpandSweep(*spec, options);
+  if (!spec->base.has_program() || !options.program_code_hash.empty()) {
+    return ExpandSweep(*spec, options);
+  }
+  absl::StatusOr<ProgramSnapshot> code = ReadSpecProgram(*spec);
+  if (!code.ok()) return code.status();
+  ExpandOptions with_code = options;
+  with_code.program_code_hash = code->code_hash();
+  return ExpandSweep(*spec, with_code);
 }
 
 }  // namespace ablate

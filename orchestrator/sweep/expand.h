@@ -40,6 +40,9 @@ struct ExpandOptions {
   // resources.memory_gb, is refused: InvalidArgument "FILE:LINE: variant V ...: needs X per
   // device ...", with the settings that would make it fit.
   int64_t device_memory_bytes = 0;
+  // A `program:` spec's code hash (SnapshotHash of the files its code: globs matched, read by
+  // the CLI): every run's ProgramConfig.code_hash and part of its run key. Required for one.
+  std::string program_code_hash;
 };
 
 // `config_json` (optional) receives each run's CanonicalJson(config), in run order: what its run
@@ -56,7 +59,12 @@ absl::StatusOr<std::vector<RunSpec>> ExpandTuneProbe(const SweepSpec& spec,
                                                      const ExpandOptions& options,
                                                      std::vector<std::string>* config_json);
 
-// LoadSweepSpecFile + ExpandSweep.
+// A `program:` spec's code (config/program_snapshot.h): program.dir resolved against the
+// directory of the spec file (spec.file), its code: globs read. What `ablate submit` sends and
+// ExpandSweepFile hashes. InvalidArgument "FILE: program.code: ..." when a glob matches nothing.
+absl::StatusOr<ProgramSnapshot> ReadSpecProgram(const SweepSpec& spec);
+
+// LoadSweepSpecFile + ExpandSweep (a program's code read by ReadSpecProgram).
 absl::StatusOr<ExpandedSweep> ExpandSweepFile(const std::string& path,
                                               const ExpandOptions& options = {});
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "config/model_config.h"
 #include "config/presets.h"
+#include "config/program_config.h"
 #include "config/proto_yaml.h"
 #include "orchestrator/sweep/budget.h"
 #include "orchestrator/sweep/problems.h"
@@ -23,13 +24,13 @@ namespace {
 const std::vector<std::string>& TopLevelKeys() {
   static const auto* keys = new std::vector<std::string>{
       "sweep",   "description", "base",  "variants",  "axes",     "seeds",
-      "filters", "budget",      "spike", "resources", "priority", "tune"};
+      "filters", "budget",      "spike", "resources", "priority", "tune", "program"};
   return *keys;
 }
 
 const std::vector<std::string>& VariantKeys() {
   static const auto* keys = new std::vector<std::string>{"name",  "preset", "group", "description",
-                                                         "model", "train",  "budget"};
+                                                         "model", "train",  "budget", "params"};
   return *keys;
 }
 
@@ -66,6 +67,13 @@ class Parser {
       CheckLength(d, "description", spec_.description, kMaxDescriptionBytes);
     }
     ParseBase(root);
+    if (const YAML::Node program = Child(root, "program"); program) {
+      has_program_ = true;
+      ParseProgram(program, root);
+    } else if (spec_.base.has_program()) {
+      Problem(LineOfPath(spec_.base_node, "params", YamlLine(root)), "base.params",
+              "params: are a program's settings; this sweep has no program: block");
+    }
     if (const YAML::Node p = Child(root, "priority"); p) ParsePriority(p);
     ParseResources(Child(root, "resources"));
     const YAML::Node budget = Child(root, "budget");
@@ -178,6 +186,69 @@ class Parser {
         problems_.AddLine(std::move(text));
       }
     }
+  }
+
+  // `program:` (docs/program.md): the command and how ablate talks to it. Its params come from
+  // `base: params:` and the variants'; the base's model: and train: do not apply.
+  void ParseProgram(const YAML::Node& node, const YAML::Node& root) {
+    const int line = LineOf(node, root);
+    if (!node.IsMap()) {
+      Problem(line, "program", "expected a mapping with command:, steps:, ...");
+      return;
+    }
+    ProgramConfig* program = spec_.base.mutable_program();
+    program->set_grace_s(kDefaultGraceSeconds);
+    program->set_max_log_bytes(kDefaultMaxLogBytes);
+    YAML::Node fields;  // every key but patterns:, overlaid by reflection
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      const std::string key = it->first.IsScalar() ? it->first.Scalar() : Text(it->first);
+      if (key == "patterns") continue;
+      if (key == "params" || key == "code_hash") {
+        Problem(YamlLine(it->first), absl::StrCat("program.", key),
+                key == "params" ? "params go in base: params: and the variants' params:"
+                                : "is computed from code: at submit, not written");
+        continue;
+      }
+      fields[key] = it->second;
+    }
+    Absorb(OverlayYaml(fields, file_, "program", program));
+    if (const YAML::Node patterns = Child(node, "patterns"); patterns) {
+      if (!patterns.IsMap()) {
+        Problem(YamlLine(patterns), "program.patterns",
+                "expected a mapping {step: REGEX, eval: REGEX}");
+      } else {
+        for (auto it = patterns.begin(); it != patterns.end(); ++it) {
+          ProgramPattern* p = program->add_patterns();
+          p->set_kind(it->first.Scalar());
+          p->set_regex(Scalar(it->second, absl::StrCat("program.patterns.", p->kind())));
+        }
+      }
+    }
+    if (program->code().empty()) {
+      Problem(line, "program.code",
+              "missing: the files that are the program (e.g. [\"*.py\"]), hashed into every run key");
+    }
+    // A program takes no settings of the built-in model; its length and seed are params.
+    for (const char* key : {"model", "train"}) {
+      if (const YAML::Node n = YamlChild(spec_.base_node, key); n) {
+        Problem(YamlLine(n), absl::StrCat("base.", key),
+                "a program: sweep has no built-in model; its settings are base: params:");
+      }
+    }
+    if (HasProblems()) return;
+    if (absl::Status s = ValidateProgramConfig(*program); !s.ok()) {
+      for (absl::string_view problem : absl::StrSplit(s.message(), "; ")) {
+        const size_t colon = problem.find(": ");
+        const std::string path(problem.substr(0, colon));
+        const std::string field = path.substr(std::string("program.").size());
+        int at = LineOfPath(node, field, -1);
+        if (at < 0 && field == "steps") at = LineOfPath(spec_.base_node, "params", line);
+        Problem(at < 0 ? line : at, path, std::string(problem.substr(colon + 2)));
+      }
+      return;
+    }
+    const std::optional<double> steps = ProgramParamNumber(*program, program->steps());
+    spec_.base.mutable_train()->set_steps(static_cast<int32_t>(*steps));
   }
 
   void ParsePriority(const YAML::Node& p) {
@@ -360,6 +431,23 @@ class Parser {
     if (const YAML::Node t = Child(entry, "train"); t) {
       v.train.reset(t);
       Absorb(OverlayYaml(t, file_, vpath + ".train", scratch.mutable_train()));
+    }
+    if (const YAML::Node params = Child(entry, "params"); params) {
+      v.params.reset(params);
+      YAML::Node wrapped;
+      wrapped["params"] = params;
+      Absorb(OverlayYaml(wrapped, file_, vpath, &scratch));
+    }
+    if (has_program_) {
+      for (const char* key : {"preset", "model", "train"}) {
+        if (const YAML::Node n = Child(entry, key); n) {
+          Problem(YamlLine(n), absl::StrCat(vpath, ".", key),
+                  "a program: sweep's variants set params:, not the built-in model's settings");
+        }
+      }
+    } else if (const YAML::Node n = Child(entry, "params"); n) {
+      Problem(YamlLine(n), vpath + ".params",
+              "params: are a program's settings; this sweep has no program: block");
     }
     // `budget:` with nothing under it changes nothing, as an empty mapping does elsewhere: the
     // sweep's rule applies.
@@ -801,6 +889,7 @@ class Parser {
   }
 
   const std::string file_;
+  bool has_program_ = false;  // the spec has a program: block
   SweepSpec spec_;
   SpecProblems problems_{file_};
 };

@@ -27,6 +27,7 @@ struct VariantSpec {
   std::string description;  // the preset's one-liner, the entry's `description`, or "custom"
   YAML::Node model;         // overrides overlaid after the preset (null when none)
   YAML::Node train;         // overrides of the training config (null when none)
+  YAML::Node params;        // a program's params it overrides (null when none)
   std::optional<BudgetRule> budget;  // the entry's own rule, replacing the sweep's
   YAML::Node node;          // the entry itself (for error lines); null for a group member
   int line = 0;             // where the entry (or its group) is written

@@ -2,6 +2,9 @@
 // plan of a tuned sweep (MakeTunePlan, TunePlanText).
 #include "orchestrator/sweep/tune.h"
 
+#include "absl/strings/match.h"
+#include "config/program_config.h"
+
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
@@ -125,7 +128,9 @@ class TuneParser {
     if (tune->axis.empty()) return;
     const int line = LineOfKey("axis");
     const pb::FieldDescriptor* f = FieldAtPath(tune->axis);
-    if (f == nullptr || f->is_repeated() || !IsNumeric(f)) {
+    // A program's param (params.lr) takes whatever numbers the values give.
+    const bool param = absl::StartsWith(tune->axis, kParamsPrefix) && spec_.base.has_program();
+    if (!param && (f == nullptr || f->is_repeated() || !IsNumeric(f))) {
       Problem(line, "tune.axis",
               absl::StrCat("\"", tune->axis, "\" is not a numeric field of the run config ",
                            "(a path such as train.optimizer.lr or train.optimizer.warmup_steps)"));
@@ -228,7 +233,11 @@ class TuneParser {
                      : "missing: the values to try (values: [...] or range: {min, max, points})");
       return;
     }
-    if (tune->axis.empty() || FieldAtPath(tune->axis) == nullptr) return;
+    if (tune->axis.empty()) return;
+    if (FieldAtPath(tune->axis) == nullptr &&
+        !(absl::StartsWith(tune->axis, kParamsPrefix) && spec_.base.has_program())) {
+      return;
+    }
     if (tune->method == TuneSpec::Method::kBoundary && values) {
       Problem(YamlLine(values), "tune.values",
               "boundary bisects a range: give range: {min: X, max: Y} instead");

@@ -74,6 +74,8 @@ Agent::Impl::Impl(AgentOptions options)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::max(1, min_ms));
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::max(1, min_ms));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(1, max_ms));
+  // A program run's job carries its code (up to kMaxProgramCodeBytes each, several per reply).
+  args.SetMaxReceiveMessageSize(64 << 20);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       MakeChannelCredentials(options_.tls_ca);
   if (!credentials.ok()) {

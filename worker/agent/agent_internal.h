@@ -29,6 +29,7 @@
 #include "worker/agent/calls.h"
 #include "worker/agent/job_process.h"
 #include "worker/agent/reporter.h"
+#include "worker/program/program_process.h"
 #include "worker/train/collective.h"
 #include "worker/train/rank_processes.h"
 #include "worker/train/trainer.h"
@@ -132,6 +133,8 @@ class Agent::Impl {
   // resumes from.
   absl::StatusOr<int64_t> StartProcess(const JobAttempt& a, const OtherRanks& ranks, Training* t);
   absl::StatusOr<int64_t> StartTrainer(const JobAttempt& a, const OtherRanks& ranks, Training* t);
+  // A program run's command, from its code's snapshot: the step it resumes from.
+  absl::StatusOr<int64_t> StartProgram(const JobAttempt& a, Training* t);
   // Resends what an earlier attempt left unacknowledged, then trains to the end.
   void TrainFrom(int64_t step, const JobAttempt& a, agent::JobReporter* reporter, Training* t);
   // Waits until every report was acknowledged. nullopt: on to the Finish (a point no report can
@@ -251,6 +254,7 @@ struct Agent::Impl::JobAttempt {
 struct Agent::Impl::Training {
   std::unique_ptr<Trainer> trainer;     // in this process
   std::unique_ptr<JobProcess> process;  // or in one of its own
+  std::unique_ptr<ProgramProcess> program;  // or a program run's command (docs/program.md)
   int64_t step = 0;                     // the trainer's, for the log and a failed summary
   absl::StatusOr<RunSummary> summary;
   bool permanent = false;  // a failure that retries cannot mend

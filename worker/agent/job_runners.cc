@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/durable_file.h"
+#include "config/program_snapshot.h"
 #include "config/proto_yaml.h"
 #include "proto/grpc_status.h"
 #include "worker/agent/agent_internal.h"
@@ -98,7 +99,7 @@ absl::Status Agent::Impl::RunJob(const Job& job, std::optional<Job>* next) {
     }
     a.taken = *std::move(got);
   }
-  a.own_process = slots() > 1;
+  a.own_process = slots() > 1 && !job.config().has_program();  // a program is its own process
   a.config = ConfigFor(a);
   a.dir = CheckpointDir(job);
   // A gang's members share the checkpoint dir: each its own config (its device and threads).
@@ -116,6 +117,7 @@ absl::Status Agent::Impl::RunJob(const Job& job, std::optional<Job>* next) {
   Train(a, &reporter, &ranks, &t);
   ranks.WaitForOthers(&t.summary);
   t.process.reset();
+  t.program.reset();
   if (t.trainer != nullptr) {
     // A job trained here kept its freed memory in the heap (KeepFreedMemoryInHeap): give it back
     // now that the job is done, not when the agent exits.
@@ -185,6 +187,20 @@ void Agent::Impl::Train(const JobAttempt& a, JobReporter* reporter, OtherRanks* 
                         Training* t) {
   std::error_code ec;
   fs::create_directories(a.dir, ec);
+  if (a.config.has_program() && !ec) {
+    absl::StatusOr<int64_t> resumed =
+        a.world > 1 ? absl::FailedPreconditionError(
+                          "program runs train on one rank (resources.devices: 1)")
+                    : StartProgram(a, t);
+    if (!resumed.ok()) {
+      t->summary = resumed.status();
+      if (a.world > 1) t->permanent = true;
+      reporter->Start({});
+      return;
+    }
+    TrainFrom(*resumed, a, reporter, t);
+    return;
+  }
   absl::Status ready;
   if (ec) {
     ready = absl::InternalError(absl::StrCat("checkpoint dir ", a.dir, ": ", ec.message()));
@@ -255,6 +271,39 @@ absl::StatusOr<int64_t> Agent::Impl::StartTrainer(const JobAttempt& a, const Oth
   return t->trainer->step();
 }
 
+absl::StatusOr<int64_t> Agent::Impl::StartProgram(const JobAttempt& a, Training* t) {
+  const Job& job = a.job;
+  if (job.program().code_hash() != a.config.program().code_hash()) {
+    t->permanent = true;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job carries program code ", job.program().code_hash().substr(0, 16),
+        ", its config names ", a.config.program().code_hash().substr(0, 16)));
+  }
+  // Snapshots beside the checkpoint dirs, one per code hash, shared by the runs of that code.
+  absl::StatusOr<std::string> code =
+      MaterializeSnapshot(job.program(), (fs::path(a.dir).parent_path() / "programs").string());
+  if (!code.ok()) {
+    t->permanent = absl::IsInvalidArgument(code.status());
+    return code.status();
+  }
+  ProgramAttempt p;
+  p.config = a.config;
+  p.run_id = job.run_id();
+  p.attempt = job.attempt();
+  p.code_dir = *code;
+  p.checkpoint_dir = a.dir;
+  p.log_path = (fs::path(a.dir) / "logs" / absl::StrCat("attempt-", job.attempt(), ".log")).string();
+  p.resume_from_step = job.resume_from_step();
+  p.stop_at_step = job.stop_at_step();
+  p.device = a.config.train().device();
+  absl::StatusOr<std::unique_ptr<ProgramProcess>> started = ProgramProcess::Start(p, &t->permanent);
+  if (!started.ok()) return started.status();
+  log_(absl::StrCat(a.run, ": program ", a.config.program().command(), " (pid ",
+                    (*started)->pid(), ", code ", *code, "), output in ", p.log_path));
+  t->program = *std::move(started);
+  return p.resume_from_step;
+}
+
 void Agent::Impl::TrainFrom(int64_t step, const JobAttempt& a, JobReporter* reporter,
                             Training* t) {
   const Job& job = a.job;
@@ -277,7 +326,11 @@ void Agent::Impl::TrainFrom(int64_t step, const JobAttempt& a, JobReporter* repo
   }
   reporter->Start(std::move(journalled));
   ReportingObserver observer(reporter);
-  if (t->process != nullptr) {
+  if (t->program != nullptr) {
+    t->summary = t->program->Run(
+        &observer, &interrupt_, [reporter] { return reporter->ShouldStop(); }, &t->permanent);
+    t->step = t->program->step();
+  } else if (t->process != nullptr) {
     t->summary =
         t->process->Run(&observer, &interrupt_, [reporter] { return reporter->ShouldStop(); });
     t->step = t->process->step();

@@ -1,0 +1,267 @@
+// Program runs end to end (docs/program.md): a real `ablate serve` and a real `ablate-worker`
+// run a small real trainer (tests/integration/programs/line_fit.py, standard library only,
+// through python/ablate_report.py) and each way a user's program can misbehave: one that crashes
+// after a checkpoint resumes from it, one that reports nonsense has it dropped with notices, one
+// that never reports, fails permanently, forks a child and exits, diverges, or is not found at
+// all each ends as docs/program.md says, and the worker serves on throughout.
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tests/process_util.h"
+#include "tests/test_dir.h"
+
+namespace ablate::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The first column of the first row of `sql`, as text ("" for none or NULL).
+std::string QueryText(const fs::path& db_path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  std::string out;
+  if (sqlite3_open_v2(db_path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) == SQLITE_OK &&
+        sqlite3_step(stmt) == SQLITE_ROW && sqlite3_column_text(stmt, 0) != nullptr) {
+      out = reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0));
+    }
+    sqlite3_finalize(stmt);
+  }
+  sqlite3_close(db);
+  return out;
+}
+
+class ProgramRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = FreshTestDir("ablate_program");
+    state_ = dir_ / "state";
+    fs::copy_file(fs::path(ABLATE_SOURCE_DIR) / "tests/integration/programs/line_fit.py",
+                  dir_ / "line_fit.py");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  fs::path WriteSpec(const std::string& name, const std::string& command,
+                     const std::vector<std::string>& modes) {
+    std::string text = "sweep: " + name + "\nprogram:\n  code: [\"*.py\"]\n  command: " + command +
+                       "\n  args: none\n  steps: steps\n  grace_s: 5\n"
+                       "base:\n  params: {steps: 40, lr: 0.05, mode: good}\nvariants:\n";
+    for (const std::string& m : modes) text += "  - {name: " + m + ", params: {mode: " + m + "}}\n";
+    const fs::path spec = dir_ / (name + ".yaml");
+    std::ofstream(spec) << text;
+    return spec;
+  }
+
+  int Ablate(std::vector<std::string> args, const std::string& log) {
+    args.insert(args.end(), {"--state-dir", state_.string()});
+    return WaitExit(Spawn(ABLATE_BIN, args, dir_ / log), std::chrono::seconds(60));
+  }
+
+  std::string Of(const std::string& variant, const std::string& column) const {
+    return QueryText(state_ / "ablate.db",
+                     "SELECT " + column + " FROM run_summary WHERE variant = '" + variant + "'");
+  }
+
+  fs::path dir_, state_;
+};
+
+TEST_F(ProgramRunTest, ProgramsTrainResumeAndFailAsDocumented) {
+  const pid_t serve = Spawn(ABLATE_BIN,
+                            {"serve", "--port", "0", "--state-dir", state_.string(),
+                             "--retry-backoff", "0", "--max-attempts", "2"},
+                            dir_ / "serve.log");
+  ASSERT_GT(serve, 0);
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)))
+      << Slurp(dir_ / "serve.log");
+  std::string address = Slurp(state_ / "address");
+  while (!address.empty() && std::isspace(static_cast<unsigned char>(address.back()))) {
+    address.pop_back();
+  }
+  const fs::path spec =
+      WriteSpec("prog", "/usr/bin/python3 line_fit.py",
+                {"good", "crash_once", "misreports", "never_reports", "permanent", "fork", "nan"});
+  ASSERT_EQ(Ablate({"submit", spec.string()}, "submit.log"), 0) << Slurp(dir_ / "submit.log");
+  const fs::path missing = WriteSpec("missing", "no-such-program-ablate-test {args}", {"good"});
+  ASSERT_EQ(Ablate({"submit", missing.string()}, "submit2.log"), 0) << Slurp(dir_ / "submit2.log");
+  // Expand shows what runs: program runs keyed to the program's code.
+  ASSERT_EQ(Ablate({"status", "prog"}, "status.log"), 0) << Slurp(dir_ / "status.log");
+
+  const pid_t worker =
+      Spawn(ABLATE_WORKER_BIN,
+            {"--coordinator", address, "--token-file", (state_ / "worker-token").string(), "--name",
+             "w", "--idle-exit", "4", "--report-interval", "0.2"},
+            dir_ / "worker.log");
+  ASSERT_GT(worker, 0);
+  // The worker serves every run and leaves cleanly: no program took it down.
+  EXPECT_EQ(WaitExit(worker, std::chrono::seconds(240)), 0) << Slurp(dir_ / "worker.log");
+
+  EXPECT_EQ(Of("good", "state"), "SUCCEEDED") << Slurp(dir_ / "worker.log");
+  EXPECT_EQ(Of("good", "steps_done"), "40");
+  EXPECT_NE(Of("good", "val_loss"), "");
+  EXPECT_EQ(Of("good", "gate_score"), "0.5");
+  const fs::path db = state_ / "ablate.db";
+  const std::string good_id = Of("good", "run_id");
+  EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM step_metrics WHERE run_id = " + good_id), 40);
+
+  // Crashed after the checkpoint of step 20, resumed from it on the second attempt: every step
+  // stored once.
+  EXPECT_EQ(Of("crash_once", "state"), "SUCCEEDED") << Of("crash_once", "reason");
+  EXPECT_EQ(Of("crash_once", "attempts"), "2");
+  const std::string crash_id = Of("crash_once", "run_id");
+  EXPECT_EQ(
+      QueryInt(db, "SELECT count(DISTINCT step) FROM step_metrics WHERE run_id = " + crash_id), 40);
+
+  // Nonsense is dropped with notices, never stored; the run still succeeds.
+  const std::string mis_id = Of("misreports", "run_id");
+  EXPECT_EQ(Of("misreports", "state"), "SUCCEEDED") << Of("misreports", "reason");
+  EXPECT_EQ(QueryInt(db, "SELECT max(step) FROM step_metrics WHERE run_id = " + mis_id), 40);
+  EXPECT_GE(QueryInt(db, "SELECT count(*) FROM events WHERE run_id = " + mis_id +
+                             " AND message LIKE '%step 2 dropped: not after step 4%'"),
+            1);
+  EXPECT_GE(QueryInt(db, "SELECT count(*) FROM events WHERE run_id = " + mis_id +
+                             " AND message LIKE '%a report was not read%'"),
+            1);
+  EXPECT_GE(QueryInt(db, "SELECT count(*) FROM events WHERE run_id = " + mis_id +
+                             " AND message LIKE '%past the run''s 40 steps%'"),
+            1);
+
+  EXPECT_EQ(Of("never_reports", "state"), "FAILED");
+  EXPECT_EQ(Of("never_reports", "attempts"), "1");  // it would do it again: not retried
+  EXPECT_NE(Of("never_reports", "reason").find("exited 0 without reporting the end"),
+            std::string::npos)
+      << Of("never_reports", "reason");
+  EXPECT_NE(Of("never_reports", "reason").find("this program reports nothing"), std::string::npos);
+
+  EXPECT_EQ(Of("permanent", "state"), "FAILED");
+  EXPECT_EQ(Of("permanent", "attempts"), "1");
+  EXPECT_NE(Of("permanent", "reason").find("dataset missing"), std::string::npos);
+
+  EXPECT_EQ(Of("fork", "state"), "FAILED");
+  EXPECT_EQ(Of("fork", "attempts"), "2");  // retried, then FAILED
+  EXPECT_NE(Of("fork", "reason").find("exited with code 1"), std::string::npos);
+  // Its child went with its process group.
+  for (const auto& proc : fs::directory_iterator("/proc")) {
+    EXPECT_EQ(Slurp(proc.path() / "cmdline").find("time.sleep(600)"), std::string::npos);
+  }
+
+  EXPECT_EQ(Of("nan", "state"), "DIVERGED") << Of("nan", "reason");
+
+  const std::string missing_state =
+      QueryText(db,
+                "SELECT state || ' ' || attempts || ' ' || reason FROM run_summary WHERE sweep = "
+                "'missing'");
+  EXPECT_NE(missing_state.find("FAILED 1 "), std::string::npos) << missing_state;
+  EXPECT_NE(missing_state.find("no-such-program-ablate-test not found on PATH"), std::string::npos)
+      << missing_state;
+
+  // `ablate logs` shows what the program printed.
+  ASSERT_EQ(Ablate({"logs", good_id}, "logs.log"), 0) << Slurp(dir_ / "logs.log");
+  EXPECT_NE(Slurp(dir_ / "logs.log").find("{\"t\":\"end\"}"), std::string::npos)
+      << Slurp(dir_ / "logs.log");
+  EXPECT_EQ(Ablate({"logs", "999"}, "nologs.log"), 1);
+  EXPECT_NE(Slurp(dir_ / "nologs.log").find("no output of run 999"), std::string::npos);
+
+  kill(serve, SIGTERM);
+  EXPECT_EQ(WaitExit(serve, std::chrono::seconds(30)), 0) << Slurp(dir_ / "serve.log");
+}
+
+// karpathy/nanoGPT's train.py, unmodified, as a program (docs/program.md, "nanoGPT"): its
+// directory comes from ABLATE_NANOGPT_DIR (never vendored here). A sweep of two variants trains
+// on CPU with Debian's python3-torch on the default corpus as bytes; the worker is SIGKILLed
+// once a run has a checkpoint, and a second worker resumes it from nanoGPT's own ckpt.pt
+// (resume_args: --init_from=resume).
+TEST_F(ProgramRunTest, NanoGptTrainsUnmodifiedAndResumesAfterAKill) {
+  const char* nanogpt = std::getenv("ABLATE_NANOGPT_DIR");
+  if (nanogpt == nullptr || !fs::exists(fs::path(nanogpt) / "train.py")) {
+    GTEST_SKIP() << "set ABLATE_NANOGPT_DIR to a checkout of karpathy/nanoGPT to run this test";
+  }
+  // The corpus as nanoGPT's bytes-as-tokens dataset: train.bin, val.bin (uint16), meta.pkl.
+  const fs::path data = dir_ / "kjv";
+  fs::create_directories(data);
+  const std::string prepare =
+      "import numpy as np, pickle, sys\n"
+      "raw = np.frombuffer(open(sys.argv[1], 'rb').read()[:2000000], dtype=np.uint8)\n"
+      "n = int(len(raw) * 0.9)\n"
+      "raw[:n].astype(np.uint16).tofile(sys.argv[2] + '/train.bin')\n"
+      "raw[n:].astype(np.uint16).tofile(sys.argv[2] + '/val.bin')\n"
+      "pickle.dump({'vocab_size': 256}, open(sys.argv[2] + '/meta.pkl', 'wb'))\n";
+  std::ofstream(dir_ / "prepare.py") << prepare;
+  ASSERT_EQ(WaitExit(Spawn("/usr/bin/python3",
+                           {(dir_ / "prepare.py").string(),
+                            (fs::path(ABLATE_SOURCE_DIR) / "data/kjv.txt").string(), data.string()},
+                           dir_ / "prepare.log"),
+                     std::chrono::seconds(60)),
+            0)
+      << Slurp(dir_ / "prepare.log");
+  const fs::path spec = dir_ / "nanogpt.yaml";
+  std::ofstream(spec) << "sweep: nanogpt\nprogram:\n  dir: " << nanogpt
+                      << "\n  code: [\"*.py\", \"config/*.py\"]\n"
+                         "  command: /usr/bin/python3 train.py --device=cpu --compile=False "
+                         "--out_dir={checkpoint_dir} {args}\n"
+                         "  args: dashdash\n  report: nanogpt\n"
+                         "  resume_args: --init_from=resume\n  steps: max_iters\n  grace_s: 10\n"
+                         "base:\n  params: {dataset: "
+                      << data.string()
+                      << ", n_layer: 2, n_head: 2, n_embd: 64, block_size: 64, batch_size: 8, "
+                         "max_iters: 60, lr_decay_iters: 60, eval_interval: 20, eval_iters: 5, "
+                         "log_interval: 1, dropout: 0.0, learning_rate: 1.0e-3}\n"
+                         "variants:\n  - {name: h2}\n  - {name: h4, params: {n_head: 4}}\n";
+  const pid_t serve = Spawn(ABLATE_BIN,
+                            {"serve", "--port", "0", "--state-dir", state_.string(),
+                             "--retry-backoff", "0", "--lease-timeout", "4"},
+                            dir_ / "serve.log");
+  ASSERT_GT(serve, 0);
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)));
+  std::string address = Slurp(state_ / "address");
+  while (!address.empty() && std::isspace(static_cast<unsigned char>(address.back()))) {
+    address.pop_back();
+  }
+  ASSERT_EQ(Ablate({"submit", spec.string()}, "submit.log"), 0) << Slurp(dir_ / "submit.log");
+  auto start_worker = [&](const std::string& name) {
+    return Spawn(ABLATE_WORKER_BIN,
+                 {"--coordinator", address, "--token-file", (state_ / "worker-token").string(),
+                  "--name", name, "--idle-exit", "5", "--report-interval", "0.2"},
+                 dir_ / (name + ".log"));
+  };
+  const fs::path db = state_ / "ablate.db";
+  const pid_t first = start_worker("w1");
+  // Killed once the first run has nanoGPT's checkpoint of step 20 and is training on.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return QueryInt(db, "SELECT count(*) FROM step_metrics WHERE run_id = 1 AND step > 25") > 0;
+      },
+      std::chrono::seconds(180)))
+      << Slurp(dir_ / "w1.log");
+  kill(first, SIGKILL);
+  WaitExit(first, std::chrono::seconds(10));
+  const pid_t second = start_worker("w2");
+  EXPECT_EQ(WaitExit(second, std::chrono::seconds(400)), 0) << Slurp(dir_ / "w2.log");
+  for (const char* variant : {"h2", "h4"}) {
+    EXPECT_EQ(Of(variant, "state"), "SUCCEEDED") << variant << ": " << Of(variant, "reason");
+    EXPECT_EQ(Of(variant, "steps_done"), "61");  // iterations 0..max_iters
+    EXPECT_NE(Of(variant, "val_loss"), "");
+  }
+  EXPECT_EQ(Of("h2", "attempts"), "2");
+  EXPECT_NE(Slurp(dir_ / "w2.log").find("resuming from the checkpoint of step 20"),
+            std::string::npos)
+      << Slurp(dir_ / "w2.log");
+  // nanoGPT's own resume message, in the second attempt's output.
+  ASSERT_EQ(Ablate({"logs", "1"}, "logs.log"), 0);
+  EXPECT_NE(Slurp(dir_ / "logs.log").find("Resuming training from"), std::string::npos);
+  ASSERT_EQ(Ablate({"compare", "nanogpt"}, "compare.log"), 0) << Slurp(dir_ / "compare.log");
+  EXPECT_NE(Slurp(dir_ / "compare.log").find("| h4 |"), std::string::npos)
+      << Slurp(dir_ / "compare.log");
+  kill(serve, SIGTERM);
+  EXPECT_EQ(WaitExit(serve, std::chrono::seconds(30)), 0);
+}
+
+}  // namespace
+}  // namespace ablate::testing

@@ -1,0 +1,525 @@
+#include "worker/program/program_process.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/durable_file.h"
+#include "config/program_config.h"
+#include "worker/train/data.h"
+#include "worker/train/spike.h"
+
+extern char** environ;
+
+namespace ablate {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Kind = ProgramEvent::Kind;
+
+// Notices of one kind (an invalid report, a step out of order...) sent per attempt.
+constexpr int kMaxNoticesPerKind = 5;
+// Events read but not yet handled: past this the reader waits (the program's pipe fills).
+constexpr size_t kMaxQueuedEvents = 20000;
+// Bytes of one line kept in the tail.
+constexpr size_t kTailLineBytes = 400;
+
+// `name` as execvp would find it: a path with a '/' relative to `dir`, else the first executable
+// of that name on PATH. "" when there is none.
+std::string FindExecutable(const std::string& name, const std::string& dir) {
+  if (name.find('/') != std::string::npos) {
+    const fs::path p = fs::path(name).is_absolute() ? fs::path(name) : fs::path(dir) / name;
+    return access(p.c_str(), X_OK) == 0 ? p.string() : "";
+  }
+  const char* path = getenv("PATH");
+  for (absl::string_view d : absl::StrSplit(path ? path : "/usr/local/bin:/usr/bin:/bin", ':')) {
+    const fs::path p = fs::path(std::string(d.empty() ? "." : d)) / name;
+    if (access(p.c_str(), X_OK) == 0 && !fs::is_directory(p)) return p.string();
+  }
+  return "";
+}
+
+std::string ExitText(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with code ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
+                        strsignal(WTERMSIG(status)), ")");
+  }
+  return "ended";
+}
+
+}  // namespace
+
+std::string ProgramHelperDir() {
+  std::vector<fs::path> candidates;
+#ifdef ABLATE_SOURCE_PYTHON_DIR
+  candidates.push_back(ABLATE_SOURCE_PYTHON_DIR);
+#endif
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) candidates.push_back(exe.parent_path().parent_path() / "lib" / "ablate" / "python");
+  for (const fs::path& c : candidates) {
+    if (fs::exists(c / "ablate_report.py", ec)) return c.string();
+  }
+  return "";
+}
+
+ProgramProcess::ProgramProcess(const ProgramAttempt& attempt)
+    : a_(attempt),
+      grace_(absl::Seconds(attempt.config.program().grace_s())),
+      parser_(attempt.config.program()),
+      log_limit_(attempt.config.program().max_log_bytes() > 0
+                     ? attempt.config.program().max_log_bytes()
+                     : kDefaultMaxLogBytes),
+      spikes_(std::make_unique<SpikeMonitor>(attempt.config.train().spike(),
+                                             attempt.config.train().steps())) {}
+
+absl::StatusOr<std::unique_ptr<ProgramProcess>> ProgramProcess::Start(const ProgramAttempt& attempt,
+                                                                      bool* permanent) {
+  *permanent = true;  // until the process runs, every failure would recur
+  const ProgramConfig& program = attempt.config.program();
+  CommandContext ctx;
+  ctx.checkpoint_dir = attempt.checkpoint_dir;
+  ctx.seed = attempt.config.train().seed();
+  ctx.steps = attempt.config.train().steps();
+  ctx.run_id = attempt.run_id;
+  ctx.resume = attempt.resume_from_step > 0;
+  absl::StatusOr<std::vector<std::string>> argv = ProgramArgv(program, ctx);
+  if (!argv.ok()) return argv.status();
+  const std::string exe = FindExecutable(argv->front(), attempt.code_dir);
+  if (exe.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "program: ", argv->front(), " not found",
+        argv->front().find('/') == std::string::npos ? " on PATH" : " in the program's code",
+        " (program.command: ", program.command(), ")"));
+  }
+  std::unique_ptr<ProgramProcess> p(new ProgramProcess(attempt));
+  std::error_code ec;
+  fs::create_directories(fs::path(attempt.log_path).parent_path(), ec);
+  const std::string config_path =
+      (fs::path(attempt.checkpoint_dir) / "ablate_params.json").string();
+  if (absl::Status s = WriteFileAtomically(config_path, ProgramParamsJson(program) + "\n", 0600);
+      !s.ok()) {
+    *permanent = false;
+    return s;
+  }
+  p->log_fd_ = open(attempt.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (p->log_fd_ < 0) {
+    *permanent = false;
+    return absl::InternalError(
+        absl::StrCat("program log ", attempt.log_path, ": ", strerror(errno)));
+  }
+
+  // The environment, built before fork (the agent has gRPC threads).
+  std::vector<std::string> env;
+  std::set<std::string> ours;
+  std::vector<std::string> add = {absl::StrCat("ABLATE_RUN_ID=", attempt.run_id),
+                                  absl::StrCat("ABLATE_ATTEMPT=", attempt.attempt),
+                                  absl::StrCat("ABLATE_SEED=", attempt.config.train().seed()),
+                                  absl::StrCat("ABLATE_CONFIG=", config_path),
+                                  absl::StrCat("ABLATE_CHECKPOINT_DIR=", attempt.checkpoint_dir),
+                                  absl::StrCat("ABLATE_STEPS=", attempt.config.train().steps()),
+                                  "PYTHONUNBUFFERED=1"};
+  if (attempt.resume_from_step > 0) {
+    add.push_back(absl::StrCat("ABLATE_RESUME_FROM=", attempt.resume_from_step));
+  }
+  if (attempt.stop_at_step > 0) {
+    add.push_back(absl::StrCat("ABLATE_STOP_AT_STEP=", attempt.stop_at_step));
+  }
+  // The corpus ablate's own model trains on by default, for a program that wants it too.
+  if (const std::string corpus = DefaultCorpusPath(); !corpus.empty()) {
+    add.push_back(absl::StrCat("ABLATE_DEFAULT_CORPUS=", corpus));
+  }
+  if (absl::StartsWith(attempt.device, "cuda:")) {
+    add.push_back(absl::StrCat("CUDA_VISIBLE_DEVICES=", attempt.device.substr(5)));
+  }
+  std::string pythonpath = ProgramHelperDir();
+  if (const char* existing = getenv("PYTHONPATH"); existing != nullptr && *existing) {
+    pythonpath = pythonpath.empty() ? existing : absl::StrCat(pythonpath, ":", existing);
+  }
+  if (!pythonpath.empty()) add.push_back(absl::StrCat("PYTHONPATH=", pythonpath));
+  for (const std::string& e : attempt.env) add.push_back(e);
+  for (const std::string& e : add) ours.insert(e.substr(0, e.find('=')));
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    if (!ours.count(entry.substr(0, entry.find('=')))) env.push_back(entry);
+  }
+  env.insert(env.end(), add.begin(), add.end());
+  std::vector<char*> argv_c, env_c;
+  for (std::string& s : *argv) argv_c.push_back(s.data());
+  argv_c.push_back(nullptr);
+  for (std::string& s : env) env_c.push_back(s.data());
+  env_c.push_back(nullptr);
+
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+    *permanent = false;
+    return absl::InternalError(absl::StrCat("program: pipe: ", strerror(errno)));
+  }
+  const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    *permanent = false;
+    return absl::InternalError(absl::StrCat("program: fork: ", strerror(errno)));
+  }
+  if (pid == 0) {
+    // The child: async-signal-safe calls only until exec.
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int s = 1; s < NSIG; ++s) signal(s, SIG_DFL);
+    dup2(devnull, 0);
+    dup2(out[1], 1);
+    dup2(out[1], 2);
+    int error = 0;
+    if (chdir(attempt.code_dir.c_str()) != 0) {
+      error = errno;
+    } else {
+      execve(exe.c_str(), argv_c.data(), env_c.data());
+      error = errno;
+    }
+    (void)!write(err[1], &error, sizeof(error));
+    _exit(127);
+  }
+  setpgid(pid, pid);  // as the child does: no race on who is first
+  close(out[1]);
+  close(err[1]);
+  close(devnull);
+  int error = 0;
+  const ssize_t got = read(err[0], &error, sizeof(error));
+  close(err[0]);
+  if (got == sizeof(error)) {
+    close(out[0]);
+    waitpid(pid, nullptr, 0);
+    return absl::FailedPreconditionError(
+        absl::StrCat("program: cannot run ", exe, " in ", attempt.code_dir, ": ", strerror(error)));
+  }
+  p->pid_ = pid;
+  p->out_fd_ = out[0];
+  p->started_ = absl::Now();
+  p->last_step_time_ = p->started_;
+  p->reader_ = std::thread([raw = p.get()] { raw->ReadOutput(); });
+  *permanent = false;
+  return p;
+}
+
+ProgramProcess::~ProgramProcess() {
+  if (pid_ > 0) {
+    kill(-pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (reader_.joinable()) reader_.join();
+  if (out_fd_ >= 0) close(out_fd_);
+  if (log_fd_ >= 0) close(log_fd_);
+}
+
+void ProgramProcess::ReadOutput() {
+  std::string partial;
+  bool cut = false;  // the current line was longer than kMaxProgramLineBytes
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = read(out_fd_, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    WriteLog(absl::string_view(buf, static_cast<size_t>(n)));
+    absl::string_view chunk(buf, static_cast<size_t>(n));
+    while (!chunk.empty()) {
+      const size_t nl = chunk.find('\n');
+      const absl::string_view piece = chunk.substr(0, nl);
+      if (!cut) {
+        const size_t room = kMaxProgramLineBytes - partial.size();
+        partial.append(piece.data(), std::min(room, piece.size()));
+        if (piece.size() > room) cut = true;
+      }
+      if (nl == absl::string_view::npos) break;
+      Line(partial);
+      partial.clear();
+      cut = false;
+      chunk.remove_prefix(nl + 1);
+    }
+  }
+  if (!partial.empty()) Line(partial);
+  absl::MutexLock lock(&mu_);
+  eof_ = true;
+  cv_.SignalAll();
+}
+
+void ProgramProcess::Line(absl::string_view line) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  std::vector<ProgramEvent> events = parser_.Parse(line);
+  absl::MutexLock lock(&mu_);
+  tail_.emplace_back(line.substr(0, kTailLineBytes));
+  if (line.size() > kTailLineBytes) tail_.back() += " [...]";
+  while (tail_.size() > kProgramTailLines) tail_.pop_front();
+  if (events.empty()) return;
+  // Backpressure: the program blocks on a full pipe while the run loop catches up.
+  auto room = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return events_.size() < kMaxQueuedEvents; };
+  mu_.Await(absl::Condition(&room));
+  for (ProgramEvent& e : events) events_.push_back(std::move(e));
+  cv_.SignalAll();
+}
+
+void ProgramProcess::WriteLog(absl::string_view bytes) {
+  if (log_fd_ < 0) return;
+  if (log_bytes_ + static_cast<int64_t>(bytes.size()) > log_limit_ / 2) {
+    // Keep at most the limit: the older half moves to LOG.1, replacing the half before it.
+    close(log_fd_);
+    std::error_code ec;
+    fs::rename(a_.log_path, a_.log_path + ".1", ec);
+    log_fd_ = open(a_.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    log_bytes_ = 0;
+    if (log_fd_ < 0) return;
+    if (static_cast<int64_t>(bytes.size()) > log_limit_ / 2) {
+      bytes = bytes.substr(bytes.size() - static_cast<size_t>(log_limit_ / 2));
+    }
+  }
+  while (!bytes.empty()) {
+    const ssize_t n = write(log_fd_, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    log_bytes_ += n;
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+void ProgramProcess::Notice(TrainerObserver* observer, const std::string& kind,
+                            const std::string& line) {
+  const int n = ++notices_[kind];
+  if (n > kMaxNoticesPerKind) return;
+  observer->OnNotice(absl::StrCat(
+      "program: ", line, n == kMaxNoticesPerKind ? " (further ones are not reported)" : ""));
+}
+
+void ProgramProcess::Handle(const ProgramEvent& e, TrainerObserver* observer) {
+  const int64_t total = a_.config.train().steps();
+  switch (e.kind) {
+    case Kind::kStep: {
+      const int64_t step = e.step.step();
+      if (step <= last_step_ || step < 1 || step > total) {
+        Notice(observer, "step",
+               absl::StrCat("step ", step, " dropped: ",
+                            step > total ? absl::StrCat("past the run's ", total, " steps")
+                                         : absl::StrCat("not after step ", last_step_)));
+        return;
+      }
+      StepMetrics m = e.step;
+      const absl::Time now = absl::Now();
+      if (e.tokens > 0) {
+        tokens_ += e.tokens;
+        const double dt = absl::ToDoubleSeconds(now - last_step_time_);
+        // Steps between two lines (a program that reports every 10th) trained alike.
+        const int64_t steps = last_step_ > 0 ? step - last_step_ : 1;
+        if (dt > 0) m.set_tokens_per_s(static_cast<double>(e.tokens * steps) / dt);
+      }
+      if (!std::isfinite(m.lr()) || m.lr() < 0) m.set_lr(0);
+      last_step_time_ = now;
+      last_step_ = step;
+      recent_losses_.push_back(m.loss());
+      if (recent_losses_.size() > 50) recent_losses_.pop_front();
+      const double grad = m.grad_norm();
+      SpikeMonitor::Verdict verdict = spikes_->Observe(step, m.loss(), grad);
+      const SpikePolicy policy = a_.config.train().spike().policy();
+      for (SpikeEvent& s : verdict.events) {
+        // A program's update happened: nothing was skipped; STOP makes a spike a divergence.
+        const bool stops = verdict.diverged || (policy == SPIKE_STOP && verdict.spike);
+        s.set_action(stops ? SPIKE_ACTION_STOPPED : SPIKE_ACTION_RECORDED);
+      }
+      if (observer->OnStep(m) == TrainerObserver::Directive::kStop && stop_ == Stop::kNone) {
+        stop_ = Stop::kCancel;
+        Terminate();
+      }
+      for (const SpikeEvent& s : verdict.events) observer->OnSpike(s);
+      if ((verdict.diverged || (policy == SPIKE_STOP && verdict.spike)) && stop_ == Stop::kNone) {
+        stop_ = Stop::kDiverged;
+        diverged_ = verdict.reason.empty()
+                        ? absl::StrCat("a loss spike at step ", step, " (spike.policy STOP)")
+                        : verdict.reason;
+        Terminate();
+      }
+      return;
+    }
+    case Kind::kEval: {
+      if (e.eval.step() < 0 || e.eval.step() > total) {
+        Notice(observer, "eval",
+               absl::StrCat("evaluation of step ", e.eval.step(), " dropped: past the run's ",
+                            total, " steps"));
+        return;
+      }
+      last_eval_ = e.eval;
+      has_eval_ = true;
+      observer->OnEval(e.eval);
+      return;
+    }
+    case Kind::kCheckpoint:
+      if (e.checkpoint_step < last_checkpoint_ || e.checkpoint_step > total) {
+        Notice(observer, "ckpt",
+               absl::StrCat("checkpoint of step ", e.checkpoint_step,
+                            " dropped: before the last or past the end"));
+        return;
+      }
+      last_checkpoint_ = e.checkpoint_step;
+      observer->OnCheckpoint(e.checkpoint_step, a_.checkpoint_dir);
+      return;
+    case Kind::kParams:
+      params_ = e.params;
+      return;
+    case Kind::kEnd:
+      saw_end_ = true;
+      return;
+    case Kind::kError:
+      error_message_ = e.message.substr(0, 4096);
+      error_permanent_ = error_permanent_ || e.permanent;
+      return;
+    case Kind::kInvalid:
+      Notice(observer, "invalid", absl::StrCat("a report was not read: ", e.message));
+      return;
+  }
+}
+
+void ProgramProcess::Terminate() {
+  if (pid_ <= 0 || kill_at_ != absl::InfiniteFuture()) return;
+  kill(-pid_, SIGTERM);
+  kill_at_ = absl::Now() + grace_;
+}
+
+void ProgramProcess::KillIfDue() {
+  if (pid_ > 0 && absl::Now() >= kill_at_) kill(-pid_, SIGKILL);
+}
+
+std::string ProgramProcess::Tail() {
+  absl::MutexLock lock(&mu_);
+  if (tail_.empty()) return "; it printed nothing";
+  return absl::StrCat("; its last lines:\n  ", absl::StrJoin(tail_, "\n  "));
+}
+
+RunSummary ProgramProcess::Summary(RunState state, const std::string& reason) const {
+  RunSummary s;
+  s.set_state(state);
+  s.set_reason(reason);
+  s.set_steps_done(last_step_);
+  if (!recent_losses_.empty()) {
+    s.set_final_train_loss(std::accumulate(recent_losses_.begin(), recent_losses_.end(), 0.0) /
+                           static_cast<double>(recent_losses_.size()));
+  }
+  if (has_eval_) *s.mutable_final_eval() = last_eval_;
+  s.set_spike_steps(0);
+  const double wall = absl::ToDoubleSeconds(absl::Now() - started_);
+  s.set_wall_s(wall);
+  if (wall > 0 && tokens_ > 0) s.set_tokens_per_s(static_cast<double>(tokens_) / wall);
+  if (params_.total() > 0) *s.mutable_params() = params_;
+  return s;
+}
+
+absl::StatusOr<RunSummary> ProgramProcess::Run(TrainerObserver* observer,
+                                               const std::atomic<bool>* interrupt,
+                                               const std::function<bool()>& should_stop,
+                                               bool* permanent) {
+  *permanent = false;
+  int status = 0;
+  bool exited = false;
+  while (true) {
+    std::deque<ProgramEvent> batch;
+    bool eof = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (events_.empty() && !eof_) cv_.WaitWithTimeout(&mu_, absl::Milliseconds(50));
+      batch.swap(events_);
+      eof = eof_;
+      if (!batch.empty()) cv_.SignalAll();  // room for the reader
+    }
+    for (const ProgramEvent& e : batch) Handle(e, observer);
+    if (stop_ == Stop::kNone) {
+      if (interrupt != nullptr && interrupt->load()) {
+        stop_ = Stop::kInterrupt;
+        Terminate();
+      } else if (should_stop && should_stop()) {
+        stop_ = Stop::kCancel;
+        Terminate();
+      }
+    }
+    KillIfDue();
+    if (!exited) {
+      const pid_t r = waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        exited = true;
+        // Whatever it left behind in its group goes with it (and closes the pipe).
+        kill(-pid_, SIGKILL);
+      }
+    }
+    if (exited && eof) {
+      absl::MutexLock lock(&mu_);
+      if (events_.empty()) break;
+    }
+  }
+  pid_ = -1;
+  reader_.join();
+
+  const std::string how = ExitText(status);
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  switch (stop_) {
+    case Stop::kInterrupt:
+      return Summary(INTERRUPTED, absl::StrCat("the worker stopped; the program ", how));
+    case Stop::kCancel:
+      return Summary(CANCELLED, "stopped by the coordinator");
+    case Stop::kDiverged:
+      return Summary(DIVERGED, diverged_);
+    case Stop::kNone:
+      break;
+  }
+  // A program read by nanogpt or regex patterns has no `end` line: an exit 0 after its last step
+  // is its end.
+  const bool own_end = a_.config.program().report() != PROGRAM_REPORT_ABLATE &&
+                       last_step_ >= a_.config.train().steps();
+  if (code == 0 && (saw_end_ || own_end)) return Summary(SUCCEEDED, "");
+  if (code == 0 && a_.stop_at_step > 0 && last_checkpoint_ >= a_.stop_at_step) {
+    RunSummary paused = Summary(INTERRUPTED, absl::StrCat("paused at rung ", a_.stop_at_step));
+    paused.set_steps_done(a_.stop_at_step);
+    return paused;
+  }
+  if (code == 3) {
+    return Summary(DIVERGED, absl::StrCat("the program exited with code 3 (diverged)",
+                                          error_message_.empty() ? "" : ": ", error_message_));
+  }
+  std::string why;
+  if (!error_message_.empty()) {
+    why = absl::StrCat("the program reported an error: ", error_message_, "; it ", how);
+  } else if (code == 0) {
+    why = a_.config.program().report() == PROGRAM_REPORT_ABLATE
+              ? absl::StrCat(
+                    "the program exited 0 without reporting the end",
+                    last_step_ == 0 ? " (it reported no step: is program.report right?)" : "")
+              : absl::StrCat("the program exited 0 at step ", last_step_, " of ",
+                             a_.config.train().steps());
+  } else {
+    why = absl::StrCat("the program ", how);
+  }
+  *permanent = code == 0 || code == 2 || error_permanent_;
+  return absl::Status(
+      *permanent ? absl::StatusCode::kFailedPrecondition : absl::StatusCode::kAborted,
+      absl::StrCat(why, Tail()));
+}
+
+}  // namespace ablate

@@ -1,0 +1,140 @@
+// One attempt at a program run (docs/program.md): the command started in a process group of its
+// own, in its code's snapshot directory, with the ABLATE_* environment; its output read line by
+// line (OutputParser), kept in the attempt's log (capped, the oldest half dropped) and fed to the
+// same TrainerObserver a built-in run feeds, after the spike detectors ran on what it reported.
+//
+// How an attempt ends (RunSummary state, or a failed status):
+//   `end` reported and exit 0                       SUCCEEDED
+//   exit 0 at a rung (ABLATE_STOP_AT_STEP) after a `ckpt` at or past it     INTERRUPTED (paused)
+//   exit 3, or a divergence the detectors saw (the group is stopped)        DIVERGED
+//   exit 2, or an `error` reported permanent        FAILED, permanent (never retried)
+//   exit 0 without `end`                            FAILED, permanent
+//   any other exit or a signal                      FAILED (retried from the last `ckpt`)
+//   the agent's interrupt / the coordinator's stop  INTERRUPTED / CANCELLED (SIGTERM, then
+//                                                   SIGKILL of the group after grace_s)
+// A failure's reason ends with the last 20 lines of output. When the program's own process ends,
+// whatever it left in its group is killed, so a forked child cannot outlive its attempt.
+//
+// Steps must increase within an attempt and stay within the run's length; a report that breaks
+// that, or cannot be read, is dropped with a notice (the first few of each kind), never stored.
+// No LibTorch, no gRPC. One thread uses a ProgramProcess (besides its own reader thread).
+#ifndef ABLATE_WORKER_PROGRAM_PROGRAM_PROCESS_H_
+#define ABLATE_WORKER_PROGRAM_PROGRAM_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/ablate.pb.h"
+#include "worker/program/output_parser.h"
+#include "worker/train/trainer.h"
+
+namespace ablate {
+
+// Lines of output a failure's reason ends with.
+inline constexpr int kProgramTailLines = 20;
+
+struct ProgramAttempt {
+  RunConfig config;  // config.program set; train.steps the length, train.spike
+  int64_t run_id = 0;
+  int32_t attempt = 1;
+  std::string code_dir;          // the snapshot: the working directory
+  std::string checkpoint_dir;    // ABLATE_CHECKPOINT_DIR, stable across attempts
+  std::string log_path;          // this attempt's output (and LOG.1 once it was rotated)
+  int64_t resume_from_step = 0;  // > 0: resume (resume_args, ABLATE_RESUME_FROM)
+  int64_t stop_at_step = 0;      // a rung: ABLATE_STOP_AT_STEP
+  std::string device;            // "cuda:N": CUDA_VISIBLE_DEVICES=N
+  std::vector<std::string> env;  // NAME=VALUE set on top of the worker's environment
+};
+
+class ProgramProcess {
+ public:
+  // Starts the attempt. A command that cannot be run (not found, not executable, a bad
+  // placeholder) is an error with *permanent set.
+  static absl::StatusOr<std::unique_ptr<ProgramProcess>> Start(const ProgramAttempt& attempt,
+                                                               bool* permanent);
+  ~ProgramProcess();  // kills (SIGKILL) and reaps a group still running
+
+  ProgramProcess(const ProgramProcess&) = delete;
+  ProgramProcess& operator=(const ProgramProcess&) = delete;
+
+  // Feeds what the program reports to `observer` until it ends (above). Stops it when the
+  // observer or `should_stop` says so (asked every 50 ms), interrupts it when `interrupt` is set.
+  // A failure is an error status with *permanent saying whether a retry could help.
+  absl::StatusOr<RunSummary> Run(TrainerObserver* observer, const std::atomic<bool>* interrupt,
+                                 const std::function<bool()>& should_stop, bool* permanent);
+
+  int64_t step() const { return last_step_; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  explicit ProgramProcess(const ProgramAttempt& attempt);
+
+  void ReadOutput();                  // the reader thread
+  void Line(absl::string_view line);  // one line: log, tail, parse
+  void WriteLog(absl::string_view bytes);
+  // What the run loop does with one event; false once the run must end (set *ending).
+  void Handle(const ProgramEvent& e, TrainerObserver* observer);
+  void Notice(TrainerObserver* observer, const std::string& kind, const std::string& line);
+  // SIGTERM to the group now, SIGKILL once grace_s passed (KillIfDue).
+  void Terminate();
+  void KillIfDue();
+  // The tail of the output, for a failure's reason.
+  std::string Tail();
+  RunSummary Summary(RunState state, const std::string& reason) const;
+
+  const ProgramAttempt a_;
+  const absl::Duration grace_;
+  OutputParser parser_;
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  int log_fd_ = -1;
+  int64_t log_bytes_ = 0;
+  int64_t log_limit_ = 0;
+  std::thread reader_;
+  absl::Time started_;
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::deque<ProgramEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> tail_ ABSL_GUARDED_BY(mu_);
+  bool eof_ ABSL_GUARDED_BY(mu_) = false;
+
+  // The run loop's (one thread).
+  int64_t last_step_ = 0;
+  int64_t last_checkpoint_ = 0;
+  absl::Time last_step_time_;
+  std::deque<double> recent_losses_;
+  EvalResult last_eval_;
+  bool has_eval_ = false;
+  ParamCount params_;
+  int64_t tokens_ = 0;
+  bool saw_end_ = false;
+  bool error_permanent_ = false;
+  std::string error_message_;
+  std::string diverged_;  // why the detectors stopped it
+  enum class Stop { kNone, kCancel, kInterrupt, kDiverged } stop_ = Stop::kNone;
+  absl::Time kill_at_ = absl::InfiniteFuture();
+  std::map<std::string, int> notices_;  // by kind: how many were sent
+  std::unique_ptr<class SpikeMonitor> spikes_;
+};
+
+// The Python helper's directory (python/ablate_report.py) for PYTHONPATH: beside the sources of
+// this build, or below an install prefix (lib/ablate/python); "" when neither exists.
+std::string ProgramHelperDir();
+
+}  // namespace ablate
+
+#endif  // ABLATE_WORKER_PROGRAM_PROGRAM_PROCESS_H_
