@@ -263,6 +263,7 @@ bench: deps-bench build data
 	$(BUILD)/bench_store
 	$(BUILD)/bench_scheduler
 	$(BUILD)/bench_query_isolation
+	$(BUILD)/bench_program $(if $(NANOGPT_DIR),--nanogpt $(NANOGPT_DIR))
 
 # The binaries and the default corpus, where `ablate up` and the workers find them from any
 # directory: PREFIX/bin/ablate, PREFIX/bin/ablate-worker, PREFIX/share/ablate/kjv.txt.

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 #include "re2/re2.h"
 
@@ -289,7 +290,7 @@ absl::StatusOr<std::vector<std::string>> ProgramArgv(const ProgramConfig& config
     if (std::string name = UnknownPlaceholder(out); !name.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("program.command: unknown placeholder ", name,
-                       "; known: {checkpoint_dir}, {seed}, {steps}, {run_id}, {args}"));
+                       " (known: {checkpoint_dir}, {seed}, {steps}, {run_id}, {args})"));
     }
     argv.push_back(std::move(out));
   }
@@ -350,7 +351,8 @@ absl::Status ValidateProgramConfig(const ProgramConfig& config) {
   if (absl::StripAsciiWhitespace(config.command()).empty()) {
     problem("command", "missing: the command that trains (e.g. python3 train.py {args})");
   } else if (absl::StatusOr<std::vector<std::string>> argv = ProgramArgv(config, {}); !argv.ok()) {
-    problem("command", std::string(argv.status().message()));
+    problem("command",
+            std::string(absl::StripPrefix(argv.status().message(), "program.command: ")));
   }
   if (!config.resume_args().empty()) {
     if (absl::Status s = SplitCommandWords(config.resume_args()).status(); !s.ok()) {

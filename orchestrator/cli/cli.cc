@@ -14,6 +14,7 @@
 #include "orchestrator/cli/dashboard_command.h"
 #include "orchestrator/cli/expand_command.h"
 #include "orchestrator/cli/logs_command.h"
+#include "orchestrator/cli/program_command.h"
 #include "orchestrator/cli/report_command.h"
 #include "orchestrator/cli/serve_command.h"
 #include "orchestrator/cli/up_command.h"
@@ -35,6 +36,7 @@ int RunAblateCli(int argc, const char* const* argv, std::ostream& out, std::ostr
   AddWorkersCommand(&app, &out, &action);
   AddReportCommand(&app, &out, &action);
   AddLogsCommand(&app, &out, &action);
+  AddProgramCommand(&app, &out, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -301,6 +301,22 @@ void AddSubmitCommand(CLI::App* app, std::ostream* out, std::function<absl::Stat
         parsed.ok() && parsed->base.has_program()) {
       absl::StatusOr<ProgramSnapshot> code = ReadSpecProgram(*parsed);
       if (!code.ok()) return code.status();
+      if (!parsed->base.program().count().empty()) {
+        // Its count: command runs here, where the code is; the coordinator gets the answers.
+        auto record = std::make_shared<std::map<std::string, ParamCount>>();
+        ExpandOptions options;
+        options.program_code_hash = code->code_hash();
+        options.program_count = SpecProgramCounter(*parsed, record);
+        if (absl::StatusOr<ExpandedSweep> counted = ExpandSweep(*parsed, options); !counted.ok()) {
+          return counted.status();
+        }
+        for (const auto& [json, count] : *record) {
+          ProgramCount* c = request.add_program_counts();
+          c->set_params_json(json);
+          c->set_total(count.total());
+          c->set_activated(count.activated());
+        }
+      }
       *request.mutable_program() = *std::move(code);
     }
     if (const int64_t memory = cost->DeviceMemoryBytes(); memory > 0) {

@@ -57,8 +57,14 @@ std::string FormatExpandTable(const ExpandedSweep& sweep) {
                                     std::to_string(run.seed())};
     for (const std::string& path : axes) row.push_back(AxisValueOf(run, path));
     row.push_back(run.diff().empty() ? "-" : run.diff());
-    if (run.config().has_program()) {  // counted by the program itself (its params report)
-      for (int i = 0; i < 6; ++i) row.push_back("-");
+    if (run.config().has_program()) {  // counted by its count: command, if it has one
+      const bool counted = run.params().total() > 0;
+      row.push_back(counted ? FormatCount(run.params().total()) : "-");
+      row.push_back(counted ? FormatCount(run.params().activated()) : "-");
+      row.push_back(counted ? SignedCount(run.added_params()) : "-");
+      row.push_back(run.budget().text().empty() ? "-" : run.budget().text());
+      row.push_back("-");  // what a program computes is its own
+      row.push_back("-");
     } else {
       row.push_back(FormatCount(run.params().total()));
       row.push_back(FormatCount(run.params().activated()));

@@ -145,6 +145,16 @@ absl::StatusOr<SubmitResponse> CoordinatorCore::Submit(const SubmitRequest& requ
       return absl::InvalidArgumentError(absl::StrCat(file, ": ", s.message()));
     }
     expand.program_code_hash = request.program().code_hash();
+    if (!spec->base.program().count().empty()) {
+      // The counts the client's run of program.count answered: the coordinator runs no code.
+      auto known = std::make_shared<std::map<std::string, ParamCount>>();
+      for (const ProgramCount& c : request.program_counts()) {
+        ParamCount& count = (*known)[c.params_json()];
+        count.set_total(c.total());
+        count.set_activated(c.activated());
+      }
+      expand.program_count = RecordedCounter(known);
+    }
   }
   absl::StatusOr<ExpandedSweep> expanded = ExpandSweep(*spec, expand, &config_json);
   if (!expanded.ok()) return absl::InvalidArgumentError(expanded.status().message());

@@ -10,16 +10,12 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "google/protobuf/descriptor.h"
-#include "google/protobuf/util/message_differencer.h"
-#include "orchestrator/sweep/budget.h"
-#include "orchestrator/sweep/tune.h"
 #include "common/version.h"
 #include "config/memory_plan.h"
 #include "config/model_config.h"
@@ -28,6 +24,10 @@
 #include "config/program_config.h"
 #include "config/program_snapshot.h"
 #include "config/proto_yaml.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "orchestrator/sweep/budget.h"
+#include "orchestrator/sweep/tune.h"
 
 namespace ablate {
 
@@ -61,16 +61,26 @@ struct Prepared {
 std::string FieldValue(const pb::Message& m, const pb::FieldDescriptor* f) {
   const pb::Reflection* r = m.GetReflection();
   switch (f->cpp_type()) {
-    case pb::FieldDescriptor::CPPTYPE_INT32: return absl::StrCat(r->GetInt32(m, f));
-    case pb::FieldDescriptor::CPPTYPE_INT64: return absl::StrCat(r->GetInt64(m, f));
-    case pb::FieldDescriptor::CPPTYPE_UINT32: return absl::StrCat(r->GetUInt32(m, f));
-    case pb::FieldDescriptor::CPPTYPE_UINT64: return absl::StrCat(r->GetUInt64(m, f));
-    case pb::FieldDescriptor::CPPTYPE_DOUBLE: return absl::StrCat(r->GetDouble(m, f));
-    case pb::FieldDescriptor::CPPTYPE_FLOAT: return absl::StrCat(r->GetFloat(m, f));
-    case pb::FieldDescriptor::CPPTYPE_BOOL: return r->GetBool(m, f) ? "true" : "false";
-    case pb::FieldDescriptor::CPPTYPE_ENUM: return EnumShortName(r->GetEnum(m, f));
-    case pb::FieldDescriptor::CPPTYPE_STRING: return absl::StrCat("\"", r->GetString(m, f), "\"");
-    default: return "";
+    case pb::FieldDescriptor::CPPTYPE_INT32:
+      return absl::StrCat(r->GetInt32(m, f));
+    case pb::FieldDescriptor::CPPTYPE_INT64:
+      return absl::StrCat(r->GetInt64(m, f));
+    case pb::FieldDescriptor::CPPTYPE_UINT32:
+      return absl::StrCat(r->GetUInt32(m, f));
+    case pb::FieldDescriptor::CPPTYPE_UINT64:
+      return absl::StrCat(r->GetUInt64(m, f));
+    case pb::FieldDescriptor::CPPTYPE_DOUBLE:
+      return absl::StrCat(r->GetDouble(m, f));
+    case pb::FieldDescriptor::CPPTYPE_FLOAT:
+      return absl::StrCat(r->GetFloat(m, f));
+    case pb::FieldDescriptor::CPPTYPE_BOOL:
+      return r->GetBool(m, f) ? "true" : "false";
+    case pb::FieldDescriptor::CPPTYPE_ENUM:
+      return EnumShortName(r->GetEnum(m, f));
+    case pb::FieldDescriptor::CPPTYPE_STRING:
+      return absl::StrCat("\"", r->GetString(m, f), "\"");
+    default:
+      return "";
   }
 }
 
@@ -99,13 +109,14 @@ void Diff(const pb::Message& a, const pb::Message& b, const std::string& prefix,
 
 class Expander {
  public:
-  Expander(const SweepSpec& spec, std::string code_version, std::string program_code_hash,
-           int64_t max_runs, int64_t device_memory, std::vector<std::string>* config_json)
+  Expander(const SweepSpec& spec, std::string code_version, const ExpandOptions& options,
+           std::vector<std::string>* config_json)
       : spec_(spec),
         code_version_(std::move(code_version)),
-        program_code_hash_(std::move(program_code_hash)),
-        max_runs_(max_runs),
-        device_memory_(device_memory),
+        program_code_hash_(options.program_code_hash),
+        program_count_(options.program_count),
+        max_runs_(options.max_runs),
+        device_memory_(options.device_memory_bytes),
         config_json_(config_json) {
     for (size_t i = 0; i < spec_.variants.size(); ++i) index_[spec_.variants[i].name] = i;
   }
@@ -174,8 +185,7 @@ class Expander {
           RunConfig config = p.post;
           config.mutable_train()->set_seed(seed);
           if (config.has_program() && !config.program().seed().empty()) {
-            SetProgramParam(config.program().seed(), absl::StrCat(seed),
-                            config.mutable_program());
+            SetProgramParam(config.program().seed(), absl::StrCat(seed), config.mutable_program());
           }
           if (!Keep(spec_.variants[v].name, seed, config)) continue;
           RunSpec* run = sweep.add_runs();
@@ -203,8 +213,8 @@ class Expander {
           if (config.has_program()) {
             // The program's code, command and params: not ablate's build.
             run->set_code_version(ProgramCodeVersion(config.program()));
-            run->set_run_key(RunKeyOfJson(
-                ProgramRunKeyText(config.program(), seed, devices), run->code_version()));
+            run->set_run_key(RunKeyOfJson(ProgramRunKeyText(config.program(), seed, devices),
+                                          run->code_version()));
           } else {
             run->set_code_version(code_version_);
             run->set_run_key(RunKeyOfJson(json, code_version_));
@@ -245,8 +255,8 @@ class Expander {
     for (int64_t rung : tune.rungs) {
       if (rung > steps) {
         Problem(tune.rungs_line, "tune.rungs",
-                absl::StrCat("rung ", rung, " is past train.steps ", steps, " of variant ",
-                             v.name, "; a rung equal to train.steps is the end"));
+                absl::StrCat("rung ", rung, " is past train.steps ", steps, " of variant ", v.name,
+                             "; a rung equal to train.steps is the end"));
         return;
       }
       if (rung < steps && t->stop_at_step() == 0) t->set_stop_at_step(rung);
@@ -284,7 +294,8 @@ class Expander {
     for (absl::string_view problem : absl::StrSplit(s.message(), "; ", absl::SkipEmpty())) {
       const size_t colon = problem.find(": ");
       const std::string path(colon == absl::string_view::npos ? "" : problem.substr(0, colon));
-      const std::string what(colon == absl::string_view::npos ? problem : problem.substr(colon + 2));
+      const std::string what(colon == absl::string_view::npos ? problem
+                                                              : problem.substr(colon + 2));
       int line = LineOfPath(v.node, path, -1);
       for (const AxisAssignment& a : point) {
         if (line < 0 && (path == a.path || absl::StartsWith(path, a.path + "."))) line = a.line;
@@ -302,8 +313,8 @@ class Expander {
     std::vector<std::string> names;
     for (const VariantSpec& v : spec_.variants) names.push_back(v.name);
     Problem(line, path,
-            absl::StrCat("no variant named \"", name, "\" in this sweep; variants: ",
-                         absl::StrJoin(names, ", ")));
+            absl::StrCat("no variant named \"", name,
+                         "\" in this sweep; variants: ", absl::StrJoin(names, ", ")));
     return std::nullopt;
   }
 
@@ -414,6 +425,59 @@ class Expander {
     return ok;
   }
 
+  // A program variant's budget (a param solved with program.count) and its counts.
+  void PrepareProgramBudget(const VariantSpec& v, const std::vector<Prepared>& out, Prepared* p) {
+    const ProgramCounter& count = program_count_;
+    const BudgetRule* rule = RuleFor(v);
+    const YAML::Node own = YamlChild(v.node, "budget");
+    const int rule_line = own ? YamlLine(own) : v.budget ? v.line : spec_.budget_line;
+    const std::string field = absl::StrCat("variants[", v.name, "].budget");
+    if (rule != nullptr) {
+      if (rule->param().empty()) {
+        Problem(rule_line, field,
+                "a program's runs are matched on a param: budget: {match: params.NAME}");
+        p->ok = false;
+        return;
+      }
+      if (!count) {
+        Problem(rule_line, field, "solving a param needs program.count");
+        p->ok = false;
+        return;
+      }
+      const std::optional<size_t> anchor_index =
+          VariantIndex(rule->reference(), rule_line, field + ".reference");
+      if (!anchor_index) {
+        p->ok = false;
+        return;
+      }
+      const Prepared& a = out[*anchor_index];
+      if (!a.ok) return;
+      absl::StatusOr<std::vector<ParamCount>> anchor = count({ProgramParamsJson(a.pre.program())});
+      absl::StatusOr<BudgetSolution> solution =
+          anchor.ok() ? SolveProgramBudget(*rule, (*anchor)[0].total(), rule->reference(), count,
+                                           p->post.mutable_program())
+                      : absl::StatusOr<BudgetSolution>(anchor.status());
+      if (!solution.ok()) {
+        Problem(rule_line, field,
+                std::string(absl::StripPrefix(solution.status().message(), "budget: ")));
+        p->ok = false;
+        return;
+      }
+      p->budget = *solution;
+    }
+    if (count) {
+      absl::StatusOr<std::vector<ParamCount>> counted =
+          count({ProgramParamsJson(p->post.program())});
+      if (!counted.ok()) {
+        Problem(v.line, absl::StrCat("variants[", v.name, "]"),
+                std::string(counted.status().message()));
+        p->ok = false;
+        return;
+      }
+      p->params = (*counted)[0];
+    }
+  }
+
   std::vector<Prepared> PreparePoint(const AxisPoint& point) {
     const std::string context = point.empty() ? "" : absl::StrCat(" (at ", PointText(point), ")");
     std::vector<Prepared> out(spec_.variants.size());
@@ -428,13 +492,7 @@ class Expander {
       if (!p.ok) continue;
       p.post = p.pre;
       if (p.post.has_program()) {
-        if (RuleFor(v) != nullptr) {
-          Problem(spec_.budget_line > 0 ? spec_.budget_line : v.line,
-                  absl::StrCat("variants[", v.name, "].budget"),
-                  "budget matching of program runs (program.count) is not supported yet: "
-                  "set the matched param in each variant's params:");
-          p.ok = false;
-        }
+        PrepareProgramBudget(v, out, &p);
         continue;
       }
       if (const BudgetRule* rule = RuleFor(v)) {
@@ -487,7 +545,8 @@ class Expander {
         for (const ProgramParam& param : p.post.program().params()) {
           const std::optional<std::string> theirs =
               ProgramParamJson(ref.post.program(), param.name());
-          if (theirs != param.json()) items.push_back(absl::StrCat("params.", param.name(), "=", param.json()));
+          if (theirs != param.json())
+            items.push_back(absl::StrCat("params.", param.name(), "=", param.json()));
         }
         for (const ProgramParam& param : ref.post.program().params()) {
           if (!ProgramParamJson(p.post.program(), param.name())) {
@@ -548,8 +607,8 @@ class Expander {
   // built, so that a spec of many seeds with a long description cannot make gigabytes first.
   absl::Status CheckKeptRuns(size_t points, const std::vector<std::vector<Prepared>>& prepared) {
     if (max_runs_ <= 0) return absl::OkStatus();
-    const int64_t candidates = static_cast<int64_t>(spec_.seeds.size() * points *
-                                                    spec_.variants.size());
+    const int64_t candidates =
+        static_cast<int64_t>(spec_.seeds.size() * points * spec_.variants.size());
     if (candidates <= max_runs_) return absl::OkStatus();
     int64_t kept = candidates;
     if (!spec_.filters.empty()) {
@@ -570,11 +629,12 @@ class Expander {
                      : spec_.seeds_line > 0 ? spec_.seeds_line
                                             : 1;
     const bool filtered = !spec_.filters.empty();
-    return absl::InvalidArgumentError(absl::StrCat(
-        spec_.file, ":", line, ": the sweep has ", kept, " runs", filtered ? " after filters" : "",
-        " (", spec_.seeds.size(), " seeds x ", points, points == 1 ? " axis point x " : " axis points x ", spec_.variants.size(),
-        " variants", filtered ? " before them" : "", "); the limit is ", max_runs_,
-        ": split it into several sweeps"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec_.file, ":", line, ": the sweep has ", kept, " runs",
+                     filtered ? " after filters" : "", " (", spec_.seeds.size(), " seeds x ",
+                     points, points == 1 ? " axis point x " : " axis points x ",
+                     spec_.variants.size(), " variants", filtered ? " before them" : "",
+                     "); the limit is ", max_runs_, ": split it into several sweeps"));
   }
 
   bool Keep(const std::string& variant, uint64_t seed, const RunConfig& config) const {
@@ -593,9 +653,10 @@ class Expander {
 
   const SweepSpec& spec_;
   const std::string code_version_;
-  const std::string program_code_hash_;  // ExpandOptions::program_code_hash
-  const int64_t max_runs_;       // ExpandOptions::max_runs
-  const int64_t device_memory_;  // ExpandOptions::device_memory_bytes
+  const std::string program_code_hash_;          // ExpandOptions::program_code_hash
+  const ProgramCounter program_count_;           // ExpandOptions::program_count
+  const int64_t max_runs_;                       // ExpandOptions::max_runs
+  const int64_t device_memory_;                  // ExpandOptions::device_memory_bytes
   std::vector<std::string>* const config_json_;  // may be null
   std::map<std::string, size_t> index_;
   size_t reference_ = 0;
@@ -610,15 +671,13 @@ absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec, const ExpandOpt
   if (config_json != nullptr) config_json->clear();
   const bool this_build = options.code_version.empty();
   if (spec.base.has_program() && options.program_code_hash.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        spec.file, ": program: the code was not snapshotted; submit or expand the spec with the "
-                   "ablate CLI, which reads program.code from the spec's directory"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec.file,
+                     ": program: the code was not snapshotted; submit or expand the spec with the "
+                     "ablate CLI, which reads program.code from the spec's directory"));
   }
   absl::StatusOr<ExpandedSweep> sweep =
-      Expander(spec, this_build ? CodeVersion() : options.code_version,
-               options.program_code_hash, options.max_runs, options.device_memory_bytes,
-               config_json)
-          .Run();
+      Expander(spec, this_build ? CodeVersion() : options.code_version, options, config_json).Run();
   if (!sweep.ok()) {
     if (config_json != nullptr) config_json->clear();
     return sweep;
@@ -660,17 +719,33 @@ absl::StatusOr<std::vector<RunSpec>> ExpandTuneProbe(const SweepSpec& spec,
   return runs;
 }
 
+namespace {
+
+// program.dir, relative to the spec file's directory.
+std::filesystem::path ProgramDir(const SweepSpec& spec) {
+  std::filesystem::path dir = spec.base.program().dir().empty() ? "." : spec.base.program().dir();
+  if (dir.is_relative()) dir = std::filesystem::path(spec.file).parent_path() / dir;
+  dir = dir.lexically_normal();
+  return dir.empty() ? "." : dir;
+}
+
+}  // namespace
+
 absl::StatusOr<ProgramSnapshot> ReadSpecProgram(const SweepSpec& spec) {
   const ProgramConfig& program = spec.base.program();
-  std::filesystem::path dir = program.dir().empty() ? "." : program.dir();
-  if (dir.is_relative()) dir = std::filesystem::path(spec.file).parent_path() / dir;
-  absl::StatusOr<ProgramSnapshot> snapshot = ReadProgramCode(
-      dir.lexically_normal().string(), {program.code().begin(), program.code().end()});
+  absl::StatusOr<ProgramSnapshot> snapshot =
+      ReadProgramCode(ProgramDir(spec).string(), {program.code().begin(), program.code().end()});
   if (!snapshot.ok()) {
     return absl::Status(snapshot.status().code(),
                         absl::StrCat(spec.file, ": ", snapshot.status().message()));
   }
   return snapshot;
+}
+
+ProgramCounter SpecProgramCounter(const SweepSpec& spec,
+                                  std::shared_ptr<std::map<std::string, ParamCount>> record) {
+  return CommandCounter(spec.base.program().count(), ProgramDir(spec).string(),
+                        kProgramCountTimeout, std::move(record));
 }
 
 absl::StatusOr<ExpandedSweep> ExpandSweepFile(const std::string& path,
@@ -684,6 +759,9 @@ absl::StatusOr<ExpandedSweep> ExpandSweepFile(const std::string& path,
   if (!code.ok()) return code.status();
   ExpandOptions with_code = options;
   with_code.program_code_hash = code->code_hash();
+  if (!with_code.program_count && !spec->base.program().count().empty()) {
+    with_code.program_count = SpecProgramCounter(*spec, nullptr);
+  }
   return ExpandSweep(*spec, with_code);
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "orchestrator/sweep/program_budget.h"
 #include "orchestrator/sweep/spec.h"
 #include "proto/ablate.pb.h"
 
@@ -43,6 +44,10 @@ struct ExpandOptions {
   // A `program:` spec's code hash (SnapshotHash of the files its code: globs matched, read by
   // the CLI): every run's ProgramConfig.code_hash and part of its run key. Required for one.
   std::string program_code_hash;
+  // A `program:` spec with `count:`: what counts its configs' parameters (the CLI's runs the
+  // command, the coordinator's answers from what the CLI sent; program_budget.h). Without it,
+  // program runs have no counts and a budget on a param is refused.
+  ProgramCounter program_count;
 };
 
 // `config_json` (optional) receives each run's CanonicalJson(config), in run order: what its run
@@ -64,7 +69,16 @@ absl::StatusOr<std::vector<RunSpec>> ExpandTuneProbe(const SweepSpec& spec,
 // ExpandSweepFile hashes. InvalidArgument "FILE: program.code: ..." when a glob matches nothing.
 absl::StatusOr<ProgramSnapshot> ReadSpecProgram(const SweepSpec& spec);
 
-// LoadSweepSpecFile + ExpandSweep (a program's code read by ReadSpecProgram).
+// How long a program's count: command may take for one call.
+inline constexpr absl::Duration kProgramCountTimeout = absl::Seconds(120);
+
+// A `program:` spec's count: command as a counter (CommandCounter in program.dir), recording its
+// answers in `record` when not null (what `ablate submit` sends).
+ProgramCounter SpecProgramCounter(const SweepSpec& spec,
+                                  std::shared_ptr<std::map<std::string, ParamCount>> record);
+
+// LoadSweepSpecFile + ExpandSweep (a program's code read by ReadSpecProgram, its counts by
+// SpecProgramCounter).
 absl::StatusOr<ExpandedSweep> ExpandSweepFile(const std::string& path,
                                               const ExpandOptions& options = {});
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "config/model_config.h"
 #include "config/presets.h"
 #include "config/program_config.h"
@@ -23,13 +24,13 @@ namespace {
 
 const std::vector<std::string>& TopLevelKeys() {
   static const auto* keys = new std::vector<std::string>{
-      "sweep",   "description", "base",  "variants",  "axes",     "seeds",
-      "filters", "budget",      "spike", "resources", "priority", "tune", "program"};
+      "sweep",  "description", "base",      "variants", "axes", "seeds",  "filters",
+      "budget", "spike",       "resources", "priority", "tune", "program"};
   return *keys;
 }
 
 const std::vector<std::string>& VariantKeys() {
-  static const auto* keys = new std::vector<std::string>{"name",  "preset", "group", "description",
+  static const auto* keys = new std::vector<std::string>{"name",  "preset", "group",  "description",
                                                          "model", "train",  "budget", "params"};
   return *keys;
 }
@@ -79,7 +80,7 @@ class Parser {
     const YAML::Node budget = Child(root, "budget");
     if (budget) {
       spec_.budget_line = LineOf(budget, root);
-      Absorb(OverlayYaml(budget, file_, "budget", &spec_.budget));
+      OverlayBudget(budget, "budget", &spec_.budget);
     }
     ParseVariants(Child(root, "variants"), YamlLine(root));
     ParseReferenceAndBudget(budget);
@@ -225,8 +226,9 @@ class Parser {
       }
     }
     if (program->code().empty()) {
-      Problem(line, "program.code",
-              "missing: the files that are the program (e.g. [\"*.py\"]), hashed into every run key");
+      Problem(
+          line, "program.code",
+          "missing: the files that are the program (e.g. [\"*.py\"]), hashed into every run key");
     }
     // A program takes no settings of the built-in model; its length and seed are params.
     for (const char* key : {"model", "train"}) {
@@ -239,8 +241,12 @@ class Parser {
     if (absl::Status s = ValidateProgramConfig(*program); !s.ok()) {
       for (absl::string_view problem : absl::StrSplit(s.message(), "; ")) {
         const size_t colon = problem.find(": ");
+        if (colon == absl::string_view::npos) {
+          Problem(line, "program", std::string(problem));
+          continue;
+        }
         const std::string path(problem.substr(0, colon));
-        const std::string field = path.substr(std::string("program.").size());
+        const std::string field(absl::StripPrefix(path, "program."));
         int at = LineOfPath(node, field, -1);
         if (at < 0 && field == "steps") at = LineOfPath(spec_.base_node, "params", line);
         Problem(at < 0 ? line : at, path, std::string(problem.substr(colon + 2)));
@@ -249,6 +255,39 @@ class Parser {
     }
     const std::optional<double> steps = ProgramParamNumber(*program, program->steps());
     spec_.base.mutable_train()->set_steps(static_cast<int32_t>(*steps));
+  }
+
+  // `budget:` onto *rule. `match: params.NAME` (a program's param, solved with its count:
+  // command) sets rule->param and matches the reference's total.
+  void OverlayBudget(const YAML::Node& b, const std::string& path, BudgetRule* rule) {
+    const YAML::Node match = b.IsMap() ? Child(b, "match") : YAML::Node();
+    if (!match || !match.IsScalar() || match.Scalar().rfind(kParamsPrefix, 0) != 0) {
+      rule->clear_param();
+      Absorb(OverlayYaml(b, file_, path, rule));
+      return;
+    }
+    const std::string name = match.Scalar().substr(sizeof(kParamsPrefix) - 1);
+    if (!has_program_) {
+      Problem(YamlLine(match), path + ".match",
+              "params.NAME is a program's param; this sweep has no program: block");
+      return;
+    }
+    if (absl::Status s = CheckParamName(name); !s.ok()) {
+      Problem(YamlLine(match), path + ".match", std::string(s.message()));
+      return;
+    }
+    if (spec_.base.program().count().empty()) {
+      Problem(YamlLine(match), path + ".match",
+              "solving a param needs program.count: the command that counts parameters");
+      return;
+    }
+    YAML::Node rest;
+    for (auto it = b.begin(); it != b.end(); ++it) {
+      if (it->first.Scalar() != "match") rest[it->first] = it->second;
+    }
+    Absorb(OverlayYaml(rest, file_, path, rule));
+    rule->set_match(BUDGET_FFN);
+    rule->set_param(name);
   }
 
   void ParsePriority(const YAML::Node& p) {
@@ -454,7 +493,7 @@ class Parser {
     if (const YAML::Node b = Child(entry, "budget"); b && !b.IsNull()) {
       BudgetRule rule = spec_.budget;
       rule.clear_apply_to();
-      Absorb(OverlayYaml(b, file_, vpath + ".budget", &rule));
+      OverlayBudget(b, vpath + ".budget", &rule);
       if (b.IsMap() && Child(b, "apply_to")) {
         Problem(YamlLine(Child(b, "apply_to")), vpath + ".budget.apply_to",
                 "only a sweep-level budget has apply_to");
