@@ -36,15 +36,23 @@ struct Attempt {
 
 class Collector : public TrainerObserver {
  public:
-  explicit Collector(Attempt* a) : a_(a) {}
+  // stop_at > 0: SIGTERM as soon as a step at or past it is read (*stopped: when).
+  Collector(Attempt* a, int64_t stop_at, absl::Time* stopped)
+      : a_(a), stop_at_(stop_at), stopped_(stopped) {}
   Directive OnStep(const StepMetrics& m) override {
     a_->losses[m.step()] = m.loss();
+    if (stop_at_ > 0 && m.step() >= stop_at_) {
+      if (*stopped_ == absl::InfiniteFuture()) *stopped_ = absl::Now();
+      return Directive::kStop;
+    }
     return Directive::kContinue;
   }
   void OnCheckpoint(int64_t step, const std::string&) override { a_->checkpoints.push_back(step); }
 
  private:
   Attempt* a_;
+  const int64_t stop_at_;
+  absl::Time* stopped_;
 };
 
 class Checker {
@@ -76,19 +84,10 @@ class Checker {
       a.summary = process.status();
       return a;
     }
-    Collector collector(&a);
-    std::atomic<bool> interrupt{false};
     absl::Time stopped = absl::InfiniteFuture();
-    a.summary = (*process)->Run(
-        &collector, &interrupt,
-        [&] {
-          if (stop_at > 0 && stopped == absl::InfiniteFuture() && !a.losses.empty() &&
-              a.losses.rbegin()->first >= stop_at) {
-            stopped = absl::Now();
-          }
-          return stopped != absl::InfiniteFuture();
-        },
-        &permanent);
+    Collector collector(&a, stop_at, &stopped);
+    std::atomic<bool> interrupt{false};
+    a.summary = (*process)->Run(&collector, &interrupt, nullptr, &permanent);
     if (stopped != absl::InfiniteFuture())
       a.stop_seconds = absl::ToDoubleSeconds(absl::Now() - stopped);
     return a;
@@ -204,15 +203,23 @@ absl::Status CheckProgram(const ProgramCheckOptions& options, std::ostream& out)
   const Attempt stopped = c.Run("stopped", config, 1, half, 0, 0);
   const int64_t ckpt = stopped.checkpoints.empty() ? 0 : stopped.checkpoints.back();
   const double grace = config.program().grace_s();
-  c.Item("checkpoints on SIGTERM",
-         ckpt >= half && stopped.stop_seconds >= 0 && stopped.stop_seconds <= grace,
-         absl::StrCat("SIGTERM after step ", half, ": ",
-                      ckpt > 0 ? absl::StrCat("checkpoint of step ", ckpt) : "no checkpoint",
-                      ", ended after ", fmt::format("{:.1f}", stopped.stop_seconds), " s (grace_s ",
-                      grace, ")"));
+  const bool too_fast = stopped.summary.ok() && stopped.summary->state() == SUCCEEDED;
+  if (too_fast) {
+    c.Skip("checkpoints on SIGTERM",
+           absl::StrCat("the program ended before SIGTERM reached it (", stopped.losses.size(),
+                        " steps): give it more --steps"));
+    c.Skip("resumes", "nothing was stopped to resume");
+  } else
+    c.Item("checkpoints on SIGTERM",
+           ckpt >= half && stopped.stop_seconds >= 0 && stopped.stop_seconds <= grace,
+           absl::StrCat("SIGTERM after step ", half, ": ",
+                        ckpt > 0 ? absl::StrCat("checkpoint of step ", ckpt) : "no checkpoint",
+                        ", ended after ", fmt::format("{:.1f}", stopped.stop_seconds),
+                        " s (grace_s ", grace, ")"));
 
   // 4. Resumed from that checkpoint: the losses of the uninterrupted run.
-  if (ckpt > 0) {
+  if (too_fast) {
+  } else if (ckpt > 0) {
     const Attempt resumed = c.Run("stopped", config, 2, 0, ckpt, 0);
     const double resume_diff = Checker::Difference(first, resumed, ckpt, &n);
     const bool resumed_ok = resumed.summary.ok() && resumed.summary->state() == SUCCEEDED &&

@@ -404,9 +404,10 @@ class Expander {
       Problem(v.line, "spike.policy",
               "SKIP needs a per-step handshake a program does not have: use RECORD or STOP");
       ok = false;
-    } else if (policy == SPIKE_ROLLBACK) {
+    } else if (policy == SPIKE_ROLLBACK && !HasCapability(*program, "rollback")) {
       Problem(v.line, "spike.policy",
-              "ROLLBACK of program runs is not supported yet: use RECORD or STOP");
+              "ROLLBACK relaunches the program from its checkpoint with ABLATE_ROLLBACK: it must "
+              "declare capabilities: [rollback]");
       ok = false;
     }
     if (spec_.resources.devices() > 1) {

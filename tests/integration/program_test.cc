@@ -50,10 +50,11 @@ class ProgramRunTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   fs::path WriteSpec(const std::string& name, const std::string& command,
-                     const std::vector<std::string>& modes) {
+                     const std::vector<std::string>& modes, const std::string& extra = "") {
     std::string text = "sweep: " + name + "\nprogram:\n  code: [\"*.py\"]\n  command: " + command +
                        "\n  args: none\n  steps: steps\n  grace_s: 5\n"
-                       "base:\n  params: {steps: 40, lr: 0.05, mode: good}\nvariants:\n";
+                       "  capabilities: [rollback]\n" +
+                       extra + "base:\n  params: {steps: 40, lr: 0.05, mode: good}\nvariants:\n";
     for (const std::string& m : modes) text += "  - {name: " + m + ", params: {mode: " + m + "}}\n";
     const fs::path spec = dir_ / (name + ".yaml");
     std::ofstream(spec) << text;
@@ -89,6 +90,11 @@ TEST_F(ProgramRunTest, ProgramsTrainResumeAndFailAsDocumented) {
       WriteSpec("prog", "/usr/bin/python3 line_fit.py",
                 {"good", "crash_once", "misreports", "never_reports", "permanent", "fork", "nan"});
   ASSERT_EQ(Ablate({"submit", spec.string()}, "submit.log"), 0) << Slurp(dir_ / "submit.log");
+  // A loss spike at step 25 under spike.policy ROLLBACK: relaunched from the checkpoint of
+  // step 20 with ABLATE_ROLLBACK=20-25, within the same attempt.
+  const fs::path rollback = WriteSpec("rollback", "/usr/bin/python3 line_fit.py", {"spike"},
+                                      "spike: {policy: ROLLBACK, catastrophic_warmup: 5}\n");
+  ASSERT_EQ(Ablate({"submit", rollback.string()}, "submit3.log"), 0) << Slurp(dir_ / "submit3.log");
   const fs::path missing = WriteSpec("missing", "no-such-program-ablate-test {args}", {"good"});
   ASSERT_EQ(Ablate({"submit", missing.string()}, "submit2.log"), 0) << Slurp(dir_ / "submit2.log");
   // Expand shows what runs: program runs keyed to the program's code.
@@ -153,6 +159,24 @@ TEST_F(ProgramRunTest, ProgramsTrainResumeAndFailAsDocumented) {
   }
 
   EXPECT_EQ(Of("nan", "state"), "DIVERGED") << Of("nan", "reason");
+
+  EXPECT_EQ(Of("spike", "state"), "SUCCEEDED") << Of("spike", "reason");
+  EXPECT_EQ(Of("spike", "attempts"), "1");
+  const std::string spike_id = Of("spike", "run_id");
+  EXPECT_EQ(
+      QueryInt(
+          db,
+          "SELECT count(*) FROM spike_events WHERE run_id = " + spike_id +
+              " AND step = 25 AND action = 'SPIKE_ACTION_ROLLED_BACK' AND rollback_to_step = 20"),
+      1)
+      << QueryText(db,
+                   "SELECT group_concat(step || ' ' || action || ' ' || rollback_to_step) "
+                   "FROM spike_events WHERE run_id = " +
+                       spike_id);
+  EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM events WHERE run_id = " + spike_id +
+                             " AND message LIKE '%rolled back to the checkpoint of step 20%'"),
+            1);
+  EXPECT_EQ(QueryInt(db, "SELECT max(step) FROM step_metrics WHERE run_id = " + spike_id), 40);
 
   const std::string missing_state =
       QueryText(db,

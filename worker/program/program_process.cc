@@ -94,14 +94,38 @@ ProgramProcess::ProgramProcess(const ProgramAttempt& attempt)
 
 absl::StatusOr<std::unique_ptr<ProgramProcess>> ProgramProcess::Start(const ProgramAttempt& attempt,
                                                                       bool* permanent) {
+  *permanent = false;
+  std::unique_ptr<ProgramProcess> p(new ProgramProcess(attempt));
+  std::error_code ec;
+  fs::create_directories(fs::path(attempt.log_path).parent_path(), ec);
+  const std::string config_path =
+      (fs::path(attempt.checkpoint_dir) / "ablate_params.json").string();
+  if (absl::Status s = WriteFileAtomically(
+          config_path, ProgramParamsJson(attempt.config.program()) + "\n", 0600);
+      !s.ok()) {
+    return s;
+  }
+  p->log_fd_ = open(attempt.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (p->log_fd_ < 0) {
+    return absl::InternalError(
+        absl::StrCat("program log ", attempt.log_path, ": ", strerror(errno)));
+  }
+  p->started_ = absl::Now();
+  if (absl::Status s = p->Launch(attempt.resume_from_step, "", permanent); !s.ok()) return s;
+  return p;
+}
+
+absl::Status ProgramProcess::Launch(int64_t resume_from, const std::string& rollback,
+                                    bool* permanent) {
   *permanent = true;  // until the process runs, every failure would recur
+  const ProgramAttempt& attempt = a_;
   const ProgramConfig& program = attempt.config.program();
   CommandContext ctx;
   ctx.checkpoint_dir = attempt.checkpoint_dir;
   ctx.seed = attempt.config.train().seed();
   ctx.steps = attempt.config.train().steps();
   ctx.run_id = attempt.run_id;
-  ctx.resume = attempt.resume_from_step > 0;
+  ctx.resume = resume_from > 0;
   absl::StatusOr<std::vector<std::string>> argv = ProgramArgv(program, ctx);
   if (!argv.ok()) return argv.status();
   const std::string exe = FindExecutable(argv->front(), attempt.code_dir);
@@ -111,22 +135,8 @@ absl::StatusOr<std::unique_ptr<ProgramProcess>> ProgramProcess::Start(const Prog
         argv->front().find('/') == std::string::npos ? " on PATH" : " in the program's code",
         " (program.command: ", program.command(), ")"));
   }
-  std::unique_ptr<ProgramProcess> p(new ProgramProcess(attempt));
-  std::error_code ec;
-  fs::create_directories(fs::path(attempt.log_path).parent_path(), ec);
   const std::string config_path =
       (fs::path(attempt.checkpoint_dir) / "ablate_params.json").string();
-  if (absl::Status s = WriteFileAtomically(config_path, ProgramParamsJson(program) + "\n", 0600);
-      !s.ok()) {
-    *permanent = false;
-    return s;
-  }
-  p->log_fd_ = open(attempt.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (p->log_fd_ < 0) {
-    *permanent = false;
-    return absl::InternalError(
-        absl::StrCat("program log ", attempt.log_path, ": ", strerror(errno)));
-  }
 
   // The environment, built before fork (the agent has gRPC threads).
   std::vector<std::string> env;
@@ -138,9 +148,8 @@ absl::StatusOr<std::unique_ptr<ProgramProcess>> ProgramProcess::Start(const Prog
                                   absl::StrCat("ABLATE_CHECKPOINT_DIR=", attempt.checkpoint_dir),
                                   absl::StrCat("ABLATE_STEPS=", attempt.config.train().steps()),
                                   "PYTHONUNBUFFERED=1"};
-  if (attempt.resume_from_step > 0) {
-    add.push_back(absl::StrCat("ABLATE_RESUME_FROM=", attempt.resume_from_step));
-  }
+  if (resume_from > 0) add.push_back(absl::StrCat("ABLATE_RESUME_FROM=", resume_from));
+  if (!rollback.empty()) add.push_back(absl::StrCat("ABLATE_ROLLBACK=", rollback));
   if (attempt.stop_at_step > 0) {
     add.push_back(absl::StrCat("ABLATE_STOP_AT_STEP=", attempt.stop_at_step));
   }
@@ -169,18 +178,15 @@ absl::StatusOr<std::unique_ptr<ProgramProcess>> ProgramProcess::Start(const Prog
   for (std::string& s : env) env_c.push_back(s.data());
   env_c.push_back(nullptr);
 
+  *permanent = false;
   int out[2], err[2];
   if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
-    *permanent = false;
     return absl::InternalError(absl::StrCat("program: pipe: ", strerror(errno)));
   }
   const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
   const pid_t parent = getpid();
   const pid_t pid = fork();
-  if (pid < 0) {
-    *permanent = false;
-    return absl::InternalError(absl::StrCat("program: fork: ", strerror(errno)));
-  }
+  if (pid < 0) return absl::InternalError(absl::StrCat("program: fork: ", strerror(errno)));
   if (pid == 0) {
     // The child: async-signal-safe calls only until exec.
     setpgid(0, 0);
@@ -213,16 +219,19 @@ absl::StatusOr<std::unique_ptr<ProgramProcess>> ProgramProcess::Start(const Prog
   if (got == sizeof(error)) {
     close(out[0]);
     waitpid(pid, nullptr, 0);
+    *permanent = true;
     return absl::FailedPreconditionError(
         absl::StrCat("program: cannot run ", exe, " in ", attempt.code_dir, ": ", strerror(error)));
   }
-  p->pid_ = pid;
-  p->out_fd_ = out[0];
-  p->started_ = absl::Now();
-  p->last_step_time_ = p->started_;
-  p->reader_ = std::thread([raw = p.get()] { raw->ReadOutput(); });
-  *permanent = false;
-  return p;
+  pid_ = pid;
+  out_fd_ = out[0];
+  last_step_time_ = absl::Now();
+  {
+    absl::MutexLock lock(&mu_);
+    eof_ = false;
+  }
+  reader_ = std::thread([this] { ReadOutput(); });
+  return absl::OkStatus();
 }
 
 ProgramProcess::~ProgramProcess() {
@@ -315,6 +324,7 @@ void ProgramProcess::Notice(TrainerObserver* observer, const std::string& kind,
 
 void ProgramProcess::Handle(const ProgramEvent& e, TrainerObserver* observer) {
   const int64_t total = a_.config.train().steps();
+  if (stop_ == Stop::kRollback) return;  // the rest of a process being rolled back
   switch (e.kind) {
     case Kind::kStep: {
       const int64_t step = e.step.step();
@@ -349,6 +359,20 @@ void ProgramProcess::Handle(const ProgramEvent& e, TrainerObserver* observer) {
       }
       if (observer->OnStep(m) == TrainerObserver::Directive::kStop && stop_ == Stop::kNone) {
         stop_ = Stop::kCancel;
+        Terminate();
+      }
+      const bool roll_back = policy == SPIKE_ROLLBACK && verdict.spike && !verdict.diverged &&
+                             rollbacks_ < kMaxRollbacks && last_checkpoint_ > 0 &&
+                             stop_ == Stop::kNone;
+      if (roll_back) {
+        // Relaunched from the checkpoint before the spike, past the spike's batches (Run).
+        rollback_from_ = last_checkpoint_;
+        rollback_to_ = step + a_.config.train().spike().rollback_skip_batches();
+        for (SpikeEvent& s : verdict.events) {
+          s.set_action(SPIKE_ACTION_ROLLED_BACK);
+          s.set_rollback_to_step(rollback_from_);
+        }
+        stop_ = Stop::kRollback;
         Terminate();
       }
       for (const SpikeEvent& s : verdict.events) observer->OnSpike(s);
@@ -401,6 +425,12 @@ void ProgramProcess::Handle(const ProgramEvent& e, TrainerObserver* observer) {
 
 void ProgramProcess::Terminate() {
   if (pid_ <= 0 || kill_at_ != absl::InfiniteFuture()) return;
+  if (stop_ == Stop::kRollback) {
+    // No checkpoint of the weights past the spike may be written: killed, not asked.
+    kill(-pid_, SIGKILL);
+    kill_at_ = absl::Now();
+    return;
+  }
   kill(-pid_, SIGTERM);
   kill_at_ = absl::Now() + grace_;
 }
@@ -470,8 +500,29 @@ absl::StatusOr<RunSummary> ProgramProcess::Run(TrainerObserver* observer,
       }
     }
     if (exited && eof) {
-      absl::MutexLock lock(&mu_);
-      if (events_.empty()) break;
+      {
+        absl::MutexLock lock(&mu_);
+        if (!events_.empty()) continue;
+      }
+      if (stop_ != Stop::kRollback) break;
+      // A rollback: relaunched from the checkpoint before the spike, told which steps to skip.
+      reader_.join();
+      close(out_fd_);
+      out_fd_ = -1;
+      ++rollbacks_;
+      stop_ = Stop::kNone;
+      kill_at_ = absl::InfiniteFuture();
+      exited = false;
+      last_step_ = rollback_from_;
+      const std::string skip = absl::StrCat(rollback_from_, "-", rollback_to_);
+      observer->OnNotice(absl::StrCat("program: rolled back to the checkpoint of step ",
+                                      rollback_from_, ", skipping the batches of steps ",
+                                      rollback_from_ + 1, "-", rollback_to_,
+                                      " (ABLATE_ROLLBACK=", skip, ")"));
+      if (absl::Status s = Launch(rollback_from_, skip, permanent); !s.ok()) {
+        pid_ = -1;
+        return s;
+      }
     }
   }
   pid_ = -1;

@@ -12,6 +12,9 @@
 //   any other exit or a signal                      FAILED (retried from the last `ckpt`)
 //   the agent's interrupt / the coordinator's stop  INTERRUPTED / CANCELLED (SIGTERM, then
 //                                                   SIGKILL of the group after grace_s)
+// With spike.policy ROLLBACK (the program declares `rollback`), a spike kills the group and
+// relaunches the command from its last checkpoint with ABLATE_ROLLBACK=A-B (resume from step A,
+// skip the batches of steps A+1..B), within the same attempt, at most kMaxRollbacks times.
 // A failure's reason ends with the last 20 lines of output. When the program's own process ends,
 // whatever it left in its group is killed, so a forked child cannot outlive its attempt.
 //
@@ -82,7 +85,10 @@ class ProgramProcess {
  private:
   explicit ProgramProcess(const ProgramAttempt& attempt);
 
-  void ReadOutput();                  // the reader thread
+  // Starts the command (resumed from `resume_from` > 0; ABLATE_ROLLBACK=`rollback` when not
+  // empty) and its reader thread. *permanent as Start's.
+  absl::Status Launch(int64_t resume_from, const std::string& rollback, bool* permanent);
+  void ReadOutput();  // the reader thread
   void Line(absl::string_view line);  // one line: log, tail, parse
   void WriteLog(absl::string_view bytes);
   // What the run loop does with one event; false once the run must end (set *ending).
@@ -125,7 +131,11 @@ class ProgramProcess {
   bool error_permanent_ = false;
   std::string error_message_;
   std::string diverged_;  // why the detectors stopped it
-  enum class Stop { kNone, kCancel, kInterrupt, kDiverged } stop_ = Stop::kNone;
+  enum class Stop { kNone, kCancel, kInterrupt, kDiverged, kRollback } stop_ = Stop::kNone;
+  // spike.policy ROLLBACK with capabilities [rollback]: relaunched from rollback_from_ (the last
+  // checkpoint), skipping the batches up to rollback_to_; at most kMaxRollbacks times.
+  int64_t rollbacks_ = 0;
+  int64_t rollback_from_ = 0, rollback_to_ = 0;
   absl::Time kill_at_ = absl::InfiniteFuture();
   std::map<std::string, int> notices_;  // by kind: how many were sent
   std::unique_ptr<class SpikeMonitor> spikes_;

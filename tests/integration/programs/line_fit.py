@@ -42,6 +42,9 @@ if latest is not None:
     with open(os.path.join(path, "weights.json")) as f:
         w, b = json.load(f)
 report.params(total=2)
+rollback = report.rollback()  # (A, B): resumed from step A, the batches of A+1..B skipped
+if rollback is not None:
+    start = max(start, rollback[1])
 
 
 def loss_and_grads(w, b):
@@ -68,6 +71,8 @@ for step in range(start + 1, steps + 1):
         sys.stdout.buffer.write(bytes(range(256)) * 64 + b"\n")                  # binary output
         sys.stdout.flush()
         print("@ablate " + json.dumps({"t": "step", "step": 10 ** 9, "loss": 1.0}))  # past the end
+    if mode == "spike" and step == 25 and rollback is None:
+        loss = 1000.0  # a bad batch: ablate rolls back past it
     report.step(step, loss, grad_norm=math.hypot(gw, gb), lr=lr, tokens=len(data))
     if step % 10 == 0 or step == steps:
         report.eval(step, loss_and_grads(w, b)[0], metrics={"gate_score": 0.5})
