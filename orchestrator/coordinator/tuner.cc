@@ -1,5 +1,8 @@
 #include "orchestrator/coordinator/tuner.h"
 
+#include "config/program_config.h"
+#include "google/protobuf/util/json_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -203,7 +206,24 @@ absl::Status Tuner::AddProbe(const TuneInfo& tune, const std::string& group,
   // The next probe's runs, expanded from the stored spec as the sweep's own were.
   absl::StatusOr<SweepSource> source = reader.GetSweepSource(tune.sweep_id);
   if (!source.ok()) return source.status();
-  if (source->code_version != CodeVersion()) {
+  ExpandOptions options;
+  options.code_version = source->code_version;
+  if (IsProgramCodeVersion(source->code_version)) {
+    // A program's probe is its code's, whatever builds this coordinator: the code hash is any
+    // of the sweep's runs' (expand refuses a boundary over a program with count:).
+    absl::StatusOr<std::vector<RunInfo>> runs = reader.RunsOfSweep(tune.sweep_id, {});
+    if (!runs.ok()) return runs.status();
+    RunConfig config;
+    google::protobuf::util::JsonParseOptions parse;
+    parse.ignore_unknown_fields = true;
+    if (runs->empty() ||
+        !google::protobuf::util::JsonStringToMessage(runs->front().config_json, &config, parse)
+             .ok()) {
+      return absl::InternalError(
+          absl::StrCat("sweep ", tune.sweep_id, ": no run config to take the program's code from"));
+    }
+    options.program_code_hash = config.program().code_hash();
+  } else if (source->code_version != CodeVersion()) {
     // Another build could expand the probe differently (its defaults, its budget matching).
     return absl::FailedPreconditionError(
         absl::StrCat("the next probe of ", group, " (", FormatTuneValue(step.next),
@@ -219,8 +239,6 @@ absl::Status Tuner::AddProbe(const TuneInfo& tune, const std::string& group,
   write.detail =
       absl::StrCat("bisecting [", FormatTuneValue(*step.stable), ", ",
                    FormatTuneValue(*step.unstable), "]: next ", FormatTuneValue(step.next));
-  ExpandOptions options;
-  options.code_version = source->code_version;
   absl::StatusOr<std::vector<RunSpec>> made =
       ExpandTuneProbe(*spec, group, step.next, options, &write.config_json);
   if (!made.ok()) return made.status();

@@ -410,6 +410,13 @@ class Expander {
               "declare capabilities: [rollback]");
       ok = false;
     }
+    if (spec_.tune && spec_.tune->method == TuneSpec::Method::kBoundary &&
+        !program->count().empty()) {
+      Problem(spec_.tune->line, "tune.method",
+              "boundary probes are expanded by the coordinator, which cannot run program.count: "
+              "not supported for a program with count: yet");
+      ok = false;
+    }
     if (spec_.resources.devices() > 1) {
       Problem(v.line, "resources.devices",
               "program runs train on one device for now (the torchrun contract is not "

@@ -8,7 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "config/program_config.h"
+#include "config/program_snapshot.h"
 #include "gmock/gmock.h"
 #include "tests/orchestrator/coordinator/coordinator_test_util.h"
 
@@ -291,6 +294,63 @@ tune:
   EXPECT_THAT(markdown.formatted(), HasSubstr("Same config (every value of train.optimizer.lr)"));
   EXPECT_THAT(markdown.formatted(), HasSubstr("| g1_elementwise | train.optimizer.lr=2e-3 | 3 |"));
   EXPECT_THAT(markdown.formatted(), HasSubstr("| baseline | train.optimizer.lr=1e-3 | 3 |"));
+}
+
+// The same bisection over a program's param: the coordinator expands each probe from the stored
+// spec with the program's code hash (not its own build's), every probe's job carries the code,
+// and a program with count: is refused for boundary (the coordinator cannot run it).
+TEST_F(TuneTest, BoundaryProbesAProgramsParamWithItsCode) {
+  const std::string spec = R"(sweep: program-boundary
+program: {code: ["*.py"], command: "python3 train.py", args: none, steps: steps}
+base:
+  params: {steps: 90, lr: 0.001}
+variants: [{name: mine}]
+seeds: [0, 1]
+tune:
+  axis: params.lr
+  range: {min: 1e-3, max: 1e-1}
+  method: boundary
+  tolerance: 1.25
+)";
+  SubmitRequest request;
+  request.set_spec_yaml(spec);
+  request.set_spec_file("program-boundary.yaml");
+  ProgramFile* file = request.mutable_program()->add_files();
+  file->set_path("train.py");
+  file->set_content("print('training')\n");
+  request.mutable_program()->set_code_hash(SnapshotHash(request.program()));
+  SubmitResponse submitted;
+  ASSERT_TRUE(Call(client_.get(), &Coordinator::Stub::Submit, request, &submitted).ok());
+  ASSERT_EQ(submitted.runs(), 4);
+  std::vector<std::string> tried;
+  const auto drive = [&](int64_t worker, int max_jobs) {
+    for (int i = 0; i < max_jobs; ++i) {
+      AcquireJobResponse r = TryAcquire(worker);
+      if (!r.has_job()) return;
+      ASSERT_EQ(r.job().program().code_hash(), request.program().code_hash());
+      ASSERT_EQ(r.job().program().files(0).content(), "print('training')\n");
+      const double lr = *ProgramParamNumber(r.job().config().program(), "lr");
+      if (r.job().config().train().seed() == 0) tried.push_back(absl::StrCat(lr));
+      const bool diverges = lr > 0.0123;
+      FinishRequest f = MakeFinish(worker, r.job(), diverges ? DIVERGED : SUCCEEDED);
+      f.mutable_summary()->set_steps_done(diverges ? 40 : 90);
+      f.mutable_summary()->mutable_final_eval()->set_step(diverges ? 0 : 90);
+      FinishResponse response;
+      ASSERT_TRUE(CallFinish(f, &response).ok());
+    }
+  };
+  drive(RegisterWorker("w"), 4);
+  Restart();
+  drive(RegisterWorker("w2"), 40);
+  EXPECT_EQ(absl::StrJoin(tried, " "), "0.001 0.1 0.01 0.0316228 0.0177828 0.0133352 0.0115478");
+  EXPECT_EQ(GetSweep("program-boundary").sweep().state(), "DONE");
+
+  std::string with_count = spec;
+  with_count.replace(with_count.find("args: none"), 10, "args: none, count: python3 count.py");
+  request.set_spec_yaml(absl::StrReplaceAll(with_count, {{"program-boundary", "counted"}}));
+  grpc::Status refused = Call(client_.get(), &Coordinator::Stub::Submit, request, &submitted);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("cannot run program.count"));
 }
 
 }  // namespace
