@@ -95,6 +95,10 @@ TEST_F(ProgramRunTest, ProgramsTrainResumeAndFailAsDocumented) {
   const fs::path rollback = WriteSpec("rollback", "/usr/bin/python3 line_fit.py", {"spike"},
                                       "spike: {policy: ROLLBACK, catastrophic_warmup: 5}\n");
   ASSERT_EQ(Ablate({"submit", rollback.string()}, "submit3.log"), 0) << Slurp(dir_ / "submit3.log");
+  // Floods its output past max_log_bytes.
+  const fs::path flood =
+      WriteSpec("flood", "/usr/bin/python3 line_fit.py", {"flood"}, "  max_log_bytes: 1048576\n");
+  ASSERT_EQ(Ablate({"submit", flood.string()}, "submit4.log"), 0) << Slurp(dir_ / "submit4.log");
   const fs::path missing = WriteSpec("missing", "no-such-program-ablate-test {args}", {"good"});
   ASSERT_EQ(Ablate({"submit", missing.string()}, "submit2.log"), 0) << Slurp(dir_ / "submit2.log");
   // Expand shows what runs: program runs keyed to the program's code.
@@ -186,12 +190,48 @@ TEST_F(ProgramRunTest, ProgramsTrainResumeAndFailAsDocumented) {
   EXPECT_NE(missing_state.find("no-such-program-ablate-test not found on PATH"), std::string::npos)
       << missing_state;
 
+  // The flood's output kept to max_log_bytes (two halves at most), the run unharmed.
+  EXPECT_EQ(Of("flood", "state"), "SUCCEEDED") << Of("flood", "reason");
+  const fs::path flood_logs = state_ / "checkpoints" / ("run-" + Of("flood", "run_id")) / "logs";
+  uintmax_t kept = 0;
+  for (const auto& f : fs::directory_iterator(flood_logs)) kept += fs::file_size(f.path());
+  EXPECT_LE(kept, 1048576u);
+  EXPECT_GT(kept, 256u * 1024);
+
   // `ablate logs` shows what the program printed.
   ASSERT_EQ(Ablate({"logs", good_id}, "logs.log"), 0) << Slurp(dir_ / "logs.log");
   EXPECT_NE(Slurp(dir_ / "logs.log").find("{\"t\":\"end\"}"), std::string::npos)
       << Slurp(dir_ / "logs.log");
   EXPECT_EQ(Ablate({"logs", "999"}, "nologs.log"), 1);
   EXPECT_NE(Slurp(dir_ / "nologs.log").find("no output of run 999"), std::string::npos);
+
+  // One that ignores SIGTERM, cancelled while it runs: SIGKILLed after grace_s (5 s here).
+  const fs::path stubborn = WriteSpec("stubborn", "/usr/bin/python3 line_fit.py", {"stubborn"});
+  ASSERT_EQ(Ablate({"submit", stubborn.string()}, "submit5.log"), 0) << Slurp(dir_ / "submit5.log");
+  const pid_t again =
+      Spawn(ABLATE_WORKER_BIN,
+            {"--coordinator", address, "--token-file", (state_ / "worker-token").string(), "--name",
+             "w2", "--idle-exit", "4", "--report-interval", "0.2"},
+            dir_ / "worker2.log");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return QueryInt(db,
+                        "SELECT count(*) FROM step_metrics s JOIN run_summary r ON "
+                        "r.run_id = s.run_id WHERE r.variant = 'stubborn'") >= 3;
+      },
+      std::chrono::seconds(60)))
+      << Slurp(dir_ / "worker2.log");
+  const auto cancelled = std::chrono::steady_clock::now();
+  ASSERT_EQ(Ablate({"cancel", "stubborn"}, "cancel.log"), 0) << Slurp(dir_ / "cancel.log");
+  EXPECT_EQ(WaitExit(again, std::chrono::seconds(60)), 0) << Slurp(dir_ / "worker2.log");
+  EXPECT_EQ(Of("stubborn", "state"), "CANCELLED");
+  EXPECT_LT(std::chrono::steady_clock::now() - cancelled, std::chrono::seconds(30));
+  for (const auto& proc : fs::directory_iterator("/proc")) {
+    const std::string cmdline = Slurp(proc.path() / "cmdline");
+    EXPECT_FALSE(cmdline.find("line_fit.py") != std::string::npos &&
+                 Slurp(proc.path() / "environ").find("ABLATE_RUN_ID") != std::string::npos)
+        << "a stubborn program outlived its attempt: " << cmdline;
+  }
 
   kill(serve, SIGTERM);
   EXPECT_EQ(WaitExit(serve, std::chrono::seconds(30)), 0) << Slurp(dir_ / "serve.log");

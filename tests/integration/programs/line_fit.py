@@ -29,6 +29,20 @@ if mode == "never_reports":
 if mode == "permanent":
     report.error("dataset missing: /nonexistent", permanent=True)
     sys.exit(2)
+if mode == "stubborn":
+    # Ignores SIGTERM and never ends: the worker kills its group after grace_s.
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    step = 0
+    while True:
+        step = min(step + 1, steps)
+        report.step(step, 1.0)
+        time.sleep(0.1)
+if mode == "flood":
+    # 32 MB of output against max_log_bytes 1 MiB: the oldest is dropped, the run unharmed.
+    line = "x" * 1023
+    for _ in range(32 * 1024):
+        print(line)
 if mode == "fork":
     # A child that would outlive its parent: the worker kills the process group.
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
