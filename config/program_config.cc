@@ -1,10 +1,15 @@
 #include "config/program_config.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <set>
+#include <system_error>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -12,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 #include "re2/re2.h"
@@ -303,6 +309,21 @@ absl::StatusOr<std::vector<std::string>> ProgramArgv(const ProgramConfig& config
     for (std::string& a : *extra) argv.push_back(std::move(a));
   }
   return argv;
+}
+
+std::string FindProgramExecutable(const std::string& name, const std::string& dir) {
+  namespace fs = std::filesystem;
+  if (name.find('/') != std::string::npos) {
+    const fs::path p = fs::path(name).is_absolute() ? fs::path(name) : fs::path(dir) / name;
+    return access(p.c_str(), X_OK) == 0 ? p.string() : "";
+  }
+  const char* path = getenv("PATH");
+  for (absl::string_view d : absl::StrSplit(path ? path : "/usr/local/bin:/usr/bin:/bin", ':')) {
+    const fs::path p = fs::path(std::string(d.empty() ? "." : d)) / name;
+    std::error_code ec;
+    if (access(p.c_str(), X_OK) == 0 && !fs::is_directory(p, ec)) return p.string();
+  }
+  return "";
 }
 
 std::string ProgramParamsJson(const ProgramConfig& config) {

@@ -70,6 +70,11 @@ absl::StatusOr<std::vector<std::string>> ProgramArgv(const ProgramConfig& config
 // `text` split into words as ProgramArgv splits the command (no placeholders substituted).
 absl::StatusOr<std::vector<std::string>> SplitCommandWords(const std::string& text);
 
+// `name` as execvp would find it: a path with a '/' relative to `dir` (the program's), else the
+// first executable file of that name on PATH. "" when there is none. The worker's command and
+// the CLI's count: command alike.
+std::string FindProgramExecutable(const std::string& name, const std::string& dir);
+
 // The params as one JSON object (ABLATE_CONFIG's file): {"n_head": 8, ...}.
 std::string ProgramParamsJson(const ProgramConfig& config);
 

@@ -31,21 +31,11 @@ constexpr int kProbesPerCall = 16;
 // The most calls one search makes.
 constexpr int kMaxCalls = 24;
 
-std::string FindOnPath(const std::string& name) {
-  if (name.find('/') != std::string::npos) return name;
-  const char* path = getenv("PATH");
-  for (absl::string_view d : absl::StrSplit(path ? path : "/usr/bin:/bin", ':')) {
-    const std::string p = absl::StrCat(d.empty() ? "." : d, "/", name);
-    if (access(p.c_str(), X_OK) == 0) return p;
-  }
-  return "";
-}
-
 // Runs argv in dir with `input` on stdin; its stdout, or why not.
 absl::StatusOr<std::string> RunWithInput(const std::vector<std::string>& argv,
                                          const std::string& dir, const std::string& input,
                                          absl::Duration timeout, const std::string& what) {
-  const std::string exe = FindOnPath(argv.front());
+  const std::string exe = FindProgramExecutable(argv.front(), dir);
   if (exe.empty())
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", argv.front(), " not found"));
   std::vector<std::string> args = argv;

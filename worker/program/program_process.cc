@@ -42,21 +42,6 @@ constexpr size_t kMaxQueuedEvents = 20000;
 // Bytes of one line kept in the tail.
 constexpr size_t kTailLineBytes = 400;
 
-// `name` as execvp would find it: a path with a '/' relative to `dir`, else the first executable
-// of that name on PATH. "" when there is none.
-std::string FindExecutable(const std::string& name, const std::string& dir) {
-  if (name.find('/') != std::string::npos) {
-    const fs::path p = fs::path(name).is_absolute() ? fs::path(name) : fs::path(dir) / name;
-    return access(p.c_str(), X_OK) == 0 ? p.string() : "";
-  }
-  const char* path = getenv("PATH");
-  for (absl::string_view d : absl::StrSplit(path ? path : "/usr/local/bin:/usr/bin:/bin", ':')) {
-    const fs::path p = fs::path(std::string(d.empty() ? "." : d)) / name;
-    if (access(p.c_str(), X_OK) == 0 && !fs::is_directory(p)) return p.string();
-  }
-  return "";
-}
-
 std::string ExitText(int status) {
   if (WIFEXITED(status)) return absl::StrCat("exited with code ", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
@@ -128,7 +113,7 @@ absl::Status ProgramProcess::Launch(int64_t resume_from, const std::string& roll
   ctx.resume = resume_from > 0;
   absl::StatusOr<std::vector<std::string>> argv = ProgramArgv(program, ctx);
   if (!argv.ok()) return argv.status();
-  const std::string exe = FindExecutable(argv->front(), attempt.code_dir);
+  const std::string exe = FindProgramExecutable(argv->front(), attempt.code_dir);
   if (exe.empty()) {
     return absl::NotFoundError(absl::StrCat(
         "program: ", argv->front(), " not found",
