@@ -386,7 +386,8 @@ TEST_F(AlertsTest, AReceiverThatHangsDelaysNoOtherTargetAndItsQueueStaysBounded)
   for (int64_t r : s.run_ids) Start(r);
   for (size_t i = 0; i < s.run_ids.size(); ++i) {
     End(s.run_ids[i], DIVERGED, "nan");
-    ASSERT_EQ(fine.WaitFor(i + 1).size(), i + 1) << Log();
+    // The last run's end also ends the sweep: its alert may already be there (i + 2).
+    ASSERT_GE(fine.WaitFor(i + 1).size(), i + 1) << Log();
   }
   ASSERT_EQ(fine.WaitFor(7).size(), 7u) << Log();
   EXPECT_EQ(hanging.connections(), 1);
