@@ -8,10 +8,11 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/credentials.h"
+#include "common/run_logs.h"
+#include "common/state_dir.h"
 #include "fmt/format.h"
 #include "orchestrator/cli/process.h"
-#include "common/credentials.h"
-#include "common/state_dir.h"
 #include "orchestrator/dashboard/server.h"
 
 namespace ablate {
@@ -20,7 +21,8 @@ namespace {
 
 struct DashboardCommandOptions {
   std::string state_dir = ".ablate";
-  std::string db;  // "" = STATE_DIR/ablate.db
+  std::string db;               // "" = STATE_DIR/ablate.db
+  std::string checkpoint_root;  // "" = STATE_DIR/checkpoints (program runs' logs)
   std::string host = "127.0.0.1";
   int port = 8080;
   std::string tls_cert, tls_key;  // HTTPS when both are given
@@ -36,6 +38,7 @@ absl::Status RunDashboard(const DashboardCommandOptions& options, std::ostream& 
   o.db_path = options.db.empty()
                   ? (std::filesystem::path(options.state_dir) / "ablate.db").string()
                   : options.db;
+  o.checkpoint_root = CheckpointRootOf(options.state_dir, options.checkpoint_root);
   if (!std::filesystem::exists(o.db_path)) {  // before a token is created for nothing
     return absl::NotFoundError(absl::StrCat("dashboard: no database at ", o.db_path));
   }
@@ -65,6 +68,9 @@ void AddDashboardCommand(CLI::App* app, std::ostream* out, std::function<absl::S
                   "serves unless --db)")
       ->capture_default_str();
   cmd->add_option("--db", options->db, "the database file to serve (default STATE_DIR/ablate.db)");
+  cmd->add_option("--checkpoint-root", options->checkpoint_root,
+                  "where runs' checkpoints live, for program runs' logs on the run page (default "
+                  "STATE_DIR/checkpoints)");
   cmd->add_option("--host,--dashboard-host", options->host,
                   "address to listen on (0.0.0.0: every interface)")
       ->capture_default_str();

@@ -1,64 +1,23 @@
 #include "orchestrator/cli/logs_command.h"
 
-#include <algorithm>
-#include <deque>
-#include <filesystem>
-#include <fstream>
 #include <memory>
-#include <vector>
+#include <string>
 
 #include "CLI/CLI.hpp"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
+#include "absl/status/statusor.h"
+#include "common/run_logs.h"
 
 namespace ablate {
 
-namespace fs = std::filesystem;
-
 absl::Status PrintRunLogs(const LogsOptions& options, std::ostream& out) {
-  const fs::path root = options.checkpoint_root.empty()
-                            ? fs::path(options.state_dir) / "checkpoints"
-                            : fs::path(options.checkpoint_root);
-  const fs::path dir = root / absl::StrCat("run-", options.run_id) / "logs";
-  std::error_code ec;
-  int attempt = options.attempt;
-  if (attempt == 0) {
-    for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
-         it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      int n = 0;
-      if (name.rfind("attempt-", 0) == 0 && name.size() > 12 &&
-          name.compare(name.size() - 4, 4, ".log") == 0 &&
-          absl::SimpleAtoi(name.substr(8, name.size() - 12), &n)) {
-        attempt = std::max(attempt, n);
-      }
-    }
-  }
-  const fs::path log = dir / absl::StrCat("attempt-", attempt, ".log");
-  if (attempt == 0 || !fs::exists(log, ec)) {
-    return absl::NotFoundError(absl::StrCat(
-        "logs: no output of run ", options.run_id,
-        options.attempt > 0 ? absl::StrCat(" attempt ", options.attempt) : "", " in ", dir.string(),
-        " (only program runs keep their output; a worker on another machine keeps it there "
-        "unless the checkpoint root is shared: --checkpoint-root)"));
-  }
-  out << "==> " << log.string() << " <==\n";
-  std::deque<std::string> kept;
-  auto emit = [&](const std::string& line) {
-    if (options.tail <= 0) {
-      out << line << "\n";
-      return;
-    }
-    kept.push_back(line);
-    if (static_cast<int64_t>(kept.size()) > options.tail) kept.pop_front();
-  };
-  for (const fs::path& part : {fs::path(log.string() + ".1"), log}) {
-    std::ifstream in(part, std::ios::binary);
-    if (!in) continue;
-    std::string line;
-    while (std::getline(in, line)) emit(line);
-  }
-  for (const std::string& line : kept) out << line << "\n";
+  RunLogOptions read;
+  read.attempt = options.attempt;
+  read.tail = options.tail;
+  absl::StatusOr<RunLog> log = ReadRunLog(
+      CheckpointRootOf(options.state_dir, options.checkpoint_root), options.run_id, read);
+  if (!log.ok()) return log.status();
+  out << "==> " << log->path << " <==\n";
+  for (const std::string& line : log->lines) out << line << "\n";
   out << std::flush;
   return absl::OkStatus();
 }

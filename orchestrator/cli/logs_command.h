@@ -2,7 +2,8 @@
 // the run's checkpoint directory: CHECKPOINT_ROOT/run-<id>/logs/attempt-<n>.log (and the older
 // half in attempt-<n>.log.1 once the output passed program.max_log_bytes / 2). Read from the
 // filesystem: on the coordinator's machine (`ablate up`), or wherever the checkpoint root is
-// shared (a cluster's filesystem).
+// shared (a cluster's filesystem). Read by ReadRunLog (common/run_logs.h), which the dashboard's
+// run page reads them with too.
 #ifndef ABLATE_ORCHESTRATOR_CLI_LOGS_COMMAND_H_
 #define ABLATE_ORCHESTRATOR_CLI_LOGS_COMMAND_H_
 

@@ -9,6 +9,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/run_logs.h"
 #include "fmt/format.h"
 #include "orchestrator/cli/process.h"
 #include "orchestrator/cli/serving.h"
@@ -29,8 +30,7 @@ absl::Status RunServe(const ServerOptions& options, std::ostream& out,
              options.host, server.port(), options.tls_cert_file.empty() ? "" : " with TLS",
              server.address(), (dir / "ablate.db").string(), (dir / "token").string(),
              (dir / kWorkerTokenFile).string(), (dir / kReadTokenFile).string(),
-             options.checkpoint_root.empty() ? (dir / "checkpoints").string()
-                                             : options.checkpoint_root)
+             CheckpointRootOf(options.state_dir, options.checkpoint_root))
       << std::flush;
   const int signal = signals.Wait();
   out << fmt::format("ablate serve: {}: shutting down\n", signal == SIGINT ? "SIGINT" : "SIGTERM")

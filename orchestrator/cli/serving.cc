@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/run_logs.h"
 #include "fmt/format.h"
 #include "orchestrator/alerts/delivery.h"
 #include "orchestrator/dashboard/metrics.h"
@@ -132,6 +133,8 @@ std::unique_ptr<DashboardServer> StartDashboard(CoordinatorServer* server,
   o.tls_cert_file = options.tls_cert_file;
   o.tls_key_file = options.tls_key_file;
   o.reader = &server->store()->reader();
+  // The run page's logs: where this machine's workers (`ablate up`'s among them) keep them.
+  o.checkpoint_root = CheckpointRootOf(options.state_dir, options.checkpoint_root);
   Store* store = server->store();
   o.operator_stats = [store, alerter] {
     std::vector<DashboardMetric> metrics = StoreMetrics(store->Stats());

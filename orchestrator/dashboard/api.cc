@@ -2,7 +2,7 @@
 // a sweep overlay, the comparison table and its figures (orchestrator/report/figures.h), a tuned
 // sweep's chart (tune_figures.h), the event log; a run, its metric series, evaluations, per-layer
 // probes, attention maps and spikes; the workers. Every read goes through StoreReader's typed
-// reads.
+// reads, but a program run's log, read from the checkpoint root (common/run_logs.h).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/run_logs.h"
 #include "config/param_count.h"
 #include "google/protobuf/util/json_util.h"
 #include "orchestrator/dashboard/internal.h"
@@ -194,6 +195,7 @@ Response DashboardServer::Impl::HandleApi(const Request& r) {
       if (seg[3] == "probes") return RunProbes(id, r);
       if (seg[3] == "attention") return RunAttention(id, r);
       if (seg[3] == "spikes") return RunSpikes(id);
+      if (seg[3] == "log") return RunLogLines(id, r);
     }
   }
   if (seg.size() >= 3 && seg[1] == "table") return Table(r);
@@ -642,6 +644,40 @@ Response DashboardServer::Impl::RunSpikes(int64_t id) {
   json list = json::array();
   for (const SpikeEvent& s : *spikes) list.push_back(SpikeJson(id, s));
   return JsonResponse(200, json{{"run", id}, {"spikes", list}});
+}
+
+// ?attempt=N (0 or none: the last) &tail=N (1..kMaxLogLines, larger is capped): the run's output
+// as its worker keeps it under options.checkpoint_root, at most kMaxLogBytes of its newest lines.
+// The lines are the program's bytes: Dump() turns what is not UTF-8 into U+FFFD.
+Response DashboardServer::Impl::RunLogLines(int64_t id, const Request& r) {
+  std::string error;
+  std::optional<int64_t> attempt = IntParam(r, "attempt", 0, &error);
+  std::optional<int64_t> tail =
+      attempt ? IntParam(r, "tail", kDefaultLogLines, &error) : std::nullopt;
+  if (!attempt || !tail) return Error(400, error);
+  if (*attempt < 0 || *attempt > std::numeric_limits<int32_t>::max()) {
+    return Error(400, "parameter 'attempt' must be an attempt number (0 or none: the last)");
+  }
+  if (*tail < 1) return Error(400, "parameter 'tail' must be at least 1");
+  absl::StatusOr<RunInfo> run = reader->GetRun(id);  // 404 for an unknown run
+  if (!run.ok()) return FromStatus(run.status());
+  if (options.checkpoint_root.empty()) {
+    return Error(404, absl::StrCat("no output of run ", id,
+                                   ": this dashboard was started without a checkpoint root"));
+  }
+  RunLogOptions read;
+  read.attempt = static_cast<int>(*attempt);
+  read.tail = std::min<int64_t>(*tail, kMaxLogLines);
+  read.max_bytes = kMaxLogBytes;
+  absl::StatusOr<ablate::RunLog> log = ReadRunLog(options.checkpoint_root, id, read);
+  if (!log.ok()) return FromStatus(log.status());
+  return JsonResponse(200, json{{"run", id},
+                                {"attempt", log->attempt},
+                                {"attempts", log->attempts},
+                                {"path", log->path},
+                                {"tail", read.tail},
+                                {"truncated", log->truncated},
+                                {"lines", log->lines}});
 }
 
 Response DashboardServer::Impl::Workers() {

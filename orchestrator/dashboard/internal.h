@@ -50,6 +50,10 @@ constexpr int kDefaultRunPoints = 2000;
 constexpr int kDefaultCurvePoints = 600;
 constexpr int kMaxCurvePoints = 5000;  // per run, on the sweep overlay
 constexpr int kMaxEventsPerPage = 1000;
+// A program run's log (/api/runs/ID/log): its last lines, at most so many lines and bytes.
+constexpr int kDefaultLogLines = 200;
+constexpr int kMaxLogLines = 5000;
+constexpr int64_t kMaxLogBytes = 2 << 20;
 constexpr size_t kMaxHeaderBytes = 16 << 10;
 constexpr absl::Duration kIdleTimeout = absl::Seconds(30);  // between keep-alive requests
 
@@ -143,11 +147,14 @@ using dashboard::IntParam;
 using dashboard::json;
 using dashboard::JsonResponse;
 using dashboard::kDefaultCurvePoints;
+using dashboard::kDefaultLogLines;
 using dashboard::kDefaultRunPoints;
 using dashboard::kIdleTimeout;
 using dashboard::kMaxCurvePoints;
 using dashboard::kMaxEventsPerPage;
 using dashboard::kMaxHeaderBytes;
+using dashboard::kMaxLogBytes;
+using dashboard::kMaxLogLines;
 using dashboard::kMaxSeriesPoints;
 using dashboard::LayerJson;
 using dashboard::LengthEvalJson;
@@ -222,6 +229,7 @@ struct DashboardServer::Impl {
   Response RunProbes(int64_t id, const Request& r);
   Response RunAttention(int64_t id, const Request& r);
   Response RunSpikes(int64_t id);
+  Response RunLogLines(int64_t id, const Request& r);
   Response Workers();
   Response Table(const Request& r);
   Response Compare(const Request& r);

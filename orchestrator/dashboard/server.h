@@ -70,6 +70,10 @@ struct DashboardOptions {
   // database file `db_path`, opened read-only.
   const StoreReader* reader = nullptr;
   std::string db_path;
+  // Where runs' checkpoints live on this machine (`ablate serve`'s CHECKPOINT_ROOT): a program
+  // run's output is read from CHECKPOINT_ROOT/run-<id>/logs (GET /api/runs/ID/log,
+  // common/run_logs.h). "": no run has a log here (404).
+  std::string checkpoint_root;
   // Live operator statistics added to /metrics (queue depth, workers, writer backlog...).
   // Called on the connection's thread for every scrape; may be empty.
   std::function<std::vector<DashboardMetric>()> operator_stats;

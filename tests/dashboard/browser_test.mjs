@@ -7,7 +7,8 @@
 //    variant's latest evaluation marked interim, and follows new evaluations; the run table
 //    fills, the curves grow without a reload, the divergence alert shows, a run page draws its
 //    attention maps (pixels read back) and follows new evaluations, a run that stored none says
-//    so, no console errors. Screenshots of the sweep, run, compare and sweeps pages.
+//    so; a program run's page shows its log as text and follows it, and another attempt's on
+//    request; no console errors. Screenshots of the sweep, run, run log, compare and sweeps pages.
 // 2. Without the token: the API answers 401 and the page says how to get in.
 // 3. Load time: a finished sweep of 40 runs x 10,000 steps, navigation to curves drawn; its
 //    compare page draws parallel coordinates of the runs (brushing filters the table that follows),
@@ -238,6 +239,32 @@ async function livePhase() {
   await page.selectOption('#eval-step', '100');
   await page.waitForSelector('#attention[data-step="100"] #attention-maps canvas', { timeout: 5000 });
   check(await page.locator('#attention-maps canvas.heatmap').count() === 8, 'choosing an evaluation shows its maps (step 100)');
+  check(await page.locator('#log').count() === 0, 'a run of the built-in model has no Log section');
+
+  // A program run's page: the last lines of its log, as text (markup not interpreted, bytes that
+  // are not UTF-8 replaced), growing while it trains; its lost first attempt on request.
+  await page.goto(`${base}/#/run/${sim.program_run}`);
+  await page.waitForSelector('#log-text', { timeout: 10000 });
+  const logText = await page.locator('#log-text').textContent();
+  const markup = logText.split('\n').find((l) => l.includes('<b>')) || '';
+  check(markup.includes(': <b>markup stays text</b>, ') && await page.locator('#log-text *').count() === 0,
+    `a program run's page shows its log as text, markup and all ("${markup}")`);
+  check(markup.endsWith('not UTF-8: \uFFFD\uFFFD'), 'bytes that are not UTF-8 show as U+FFFD');
+  check(/\nstep \d+: loss /.test(logText) && await page.getAttribute('#log', 'data-attempt') === '2',
+    `the log is the last attempt's, a line per step (${await page.getAttribute('#log', 'data-lines')} lines)`);
+  const lastLogLine = () => page.evaluate(() => document.querySelector('#log-text').textContent.split('\n').pop());
+  const logBefore = await lastLogLine();
+  const grew = await page.waitForFunction((l) => document.querySelector('#log-text').textContent.split('\n').pop() !== l,
+    logBefore, { timeout: 10000 }).then(() => true, () => false);
+  check(grew, `the log grows in place while the run trains ("${logBefore}" -> "${await lastLogLine()}")`);
+  const attemptOptions = await page.locator('#log-attempt option').allTextContents();
+  check(attemptOptions.join('|') === 'attempt 2 (the last)|attempt 1', `an attempt menu lists both attempts (${attemptOptions.join(', ')})`);
+  await page.selectOption('#log-attempt', '1');
+  await page.waitForFunction(() => document.querySelector('#log').dataset.attempt === '1', null, { timeout: 5000 });
+  const firstAttempt = await page.locator('#log-text').textContent();
+  check(firstAttempt.startsWith('attempt 1: training from step 0'), `choosing attempt 1 shows its output ("${firstAttempt.split('\n')[0]}")`);
+  await page.locator('#log').scrollIntoViewIfNeeded();
+  await page.screenshot({ path: join(OUT, 'run_log.png'), fullPage: true });
 
   await page.goto(`${base}/#/run/${sim.diverging_run}`);
   await page.waitForSelector('#spikes tbody tr', { timeout: 10000 });

@@ -13,13 +13,23 @@
 // 256), growing with length by variant and a little by seed. Live, they also carry 2 attention
 // maps per layer, except the diverging run's (it stands for a run that stores none).
 //
-// Prints one JSON line {"url", "port", "sweep", "diverging_run"} once serving, then runs until
-// SIGINT/SIGTERM or --duration seconds. SIGUSR1 (live): the third run spikes, then DIVERGES, soon.
+// Live, the second run is a program run (its config has a `program:` block): its first attempt
+// was lost, its second trains a step a tick after its first (slower than the others: it is still
+// RUNNING when the browser test reaches its page), and its output goes where a worker keeps it,
+// CHECKPOINT_ROOT/run-<id>/logs/attempt-N.log (--checkpoint-root, default beside the database),
+// a line per step and every 20 steps one of markup and bytes that are not UTF-8. The dashboard
+// reads that checkpoint root.
+//
+// Prints one JSON line {"url", "port", "sweep", "diverging_run", "program_run"} once serving,
+// then runs until SIGINT/SIGTERM or --duration seconds. SIGUSR1 (live): the third run spikes,
+// then DIVERGES, soon.
 #include <signal.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -44,6 +54,7 @@ void OnDivergeSignal(int) { g_diverge_now = true; }
 
 struct LiveRun {
   int64_t id = 0;
+  int32_t attempt = 1;
   int64_t step = 0;
   int64_t seq = 0;
 };
@@ -123,8 +134,14 @@ class LiveSweep {
     for (size_t i = 0; i < pending_.size(); ++i) variant_of_[pending_[i]] = i % variants_;
   }
   int64_t diverging() const { return diverging_; }
+  int64_t program_run() const { return program_run_; }
   // The worker its runs are started on (0: none).
   void set_worker(int64_t worker) { worker_ = worker; }
+  // The program run, and the directory its worker keeps its output in.
+  void set_program_run(int64_t id, std::filesystem::path logs) {
+    program_run_ = id;
+    program_logs_ = std::move(logs);
+  }
 
   // SIGUSR1: the diverging run spikes 10 steps from now and goes non-finite 60 steps from now.
   void DivergeSoon() {
@@ -139,12 +156,26 @@ class LiveSweep {
       const int64_t id = pending_.front();
       pending_.erase(pending_.begin());
       if (auto r = StartRun(store_, id, worker_); !r.ok()) return r.status();
-      running_[id] = LiveRun{id, 0, 0};
+      running_[id] = LiveRun{id, 1, 0, 0};
+      if (id == program_run_) {
+        if (absl::Status s = StartProgramRun(&running_[id]); !s.ok()) return s;
+      }
     }
     for (auto it = running_.begin(); it != running_.end();) {
       LiveRun& run = it->second;
-      const int64_t n = std::min(per_tick, steps_ - run.step);
-      MetricBatch b = StepBatch(run.id, 1, ++run.seq, run.step + 1, n);
+      // The program run, after its first tick: a step a tick.
+      const int64_t stride = run.id == program_run_ && run.step > 0 ? 1 : per_tick;
+      const int64_t n = std::min(stride, steps_ - run.step);
+      MetricBatch b = StepBatch(run.id, run.attempt, ++run.seq, run.step + 1, n);
+      if (run.id == program_run_) {
+        std::ofstream log(program_logs_ / "attempt-2.log", std::ios::app | std::ios::binary);
+        for (const StepMetrics& m : b.steps) {
+          log << "step " << m.step() << ": loss " << m.loss() << "\n";
+          if (m.step() % 20 == 0) {
+            log << "step " << m.step() << ": <b>markup stays text</b>, not UTF-8: \xff\xfe\n";
+          }
+        }
+      }
       bool diverged = false;
       for (StepMetrics& m : b.steps) {
         if (m.step() % 100 == 0) {
@@ -201,6 +232,23 @@ class LiveSweep {
   }
 
  private:
+  // The program run's first attempt, lost with its worker after a few lines of output, then its
+  // second.
+  absl::Status StartProgramRun(LiveRun* run) {
+    std::filesystem::create_directories(program_logs_);
+    std::ofstream(program_logs_ / "attempt-1.log", std::ios::binary)
+        << "attempt 1: training from step 0\nstep 1: loss 5.1\n";
+    RunTransition lost = testing::MakeTransition(run->id, {RUNNING}, PENDING);
+    lost.attempt_end = "LOST";
+    lost.reason = "worker lost (simulated)";
+    if (auto r = store_->TransitionRun(lost); !r.ok()) return r.status();
+    if (auto r = StartRun(store_, run->id, worker_); !r.ok()) return r.status();
+    run->attempt = 2;
+    std::ofstream(program_logs_ / "attempt-2.log", std::ios::binary)
+        << "attempt 2: resuming from step 1\n";
+    return absl::OkStatus();
+  }
+
   Store* store_;
   std::vector<int64_t> pending_;
   const size_t variants_;
@@ -209,13 +257,15 @@ class LiveSweep {
   const int64_t steps_;
   const int parallel_;
   int64_t worker_ = 0;
+  int64_t program_run_ = 0;
+  std::filesystem::path program_logs_;
   int64_t spike_step_, diverge_step_;
   int64_t diverging_ = 0;
 };
 
 int Main(int argc, char** argv) {
   CLI::App app("Simulated sweep + dashboard server for the dashboard's browser test and bench");
-  std::string db, token = "dashboard-sim-token", mode = "live";
+  std::string db, token = "dashboard-sim-token", mode = "live", checkpoint_root;
   int runs = 40, parallel = 4, port = 0;
   int64_t steps = 10000, per_tick = 5;
   int64_t spike_step = std::numeric_limits<int64_t>::max() / 2, diverge_step = spike_step;
@@ -232,11 +282,17 @@ int Main(int argc, char** argv) {
   app.add_option("--steps-per-tick", per_tick);
   app.add_option("--tick", tick_s, "live: seconds between reports");
   app.add_option("--duration", duration_s, "seconds before exiting by itself");
+  app.add_option(
+      "--checkpoint-root", checkpoint_root,
+      "live: where the program run's output is kept (default DB's directory/checkpoints)");
   CLI11_PARSE(app, argc, argv);
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
   signal(SIGUSR1, OnDivergeSignal);
 
+  if (checkpoint_root.empty()) {
+    checkpoint_root = (std::filesystem::path(db).parent_path() / "checkpoints").string();
+  }
   StoreOptions so;
   so.path = db;
   so.synchronous_full = false;
@@ -254,10 +310,16 @@ int Main(int argc, char** argv) {
     sweep = "quick";
     if (mode == "live" && steps == 10000) steps = 600;
     const std::vector<std::string> variants = {"baseline", "g1_elementwise", "g1_headwise"};
-    absl::StatusOr<SweepIds> ids = (*store)->CreateSweep(MakeSweep(sweep, variants, 2, steps));
+    SweepRecord record = MakeSweep(sweep, variants, 2, steps);
+    ProgramConfig* program = record.expanded.mutable_runs(1)->mutable_config()->mutable_program();
+    program->set_command("python3 train.py {args}");
+    program->set_steps("max_iters");
+    absl::StatusOr<SweepIds> ids = (*store)->CreateSweep(record);
     if (!Check(ids.status()).ok()) return 1;
     live = std::make_unique<LiveSweep>(store->get(), ids->run_ids, variants.size(), steps, parallel,
                                        spike_step, diverge_step);
+    live->set_program_run(ids->run_ids[1], std::filesystem::path(checkpoint_root) /
+                                               absl::StrCat("run-", ids->run_ids[1]) / "logs");
     // One worker of `parallel` slots trains them (the sweeps page lists its slots in use).
     absl::StatusOr<int64_t> worker = (*store)->RegisterWorker(
         "sim-worker", absl::StrCat("{\"device\":\"cpu\",\"slots\":", parallel, "}"));
@@ -272,12 +334,14 @@ int Main(int argc, char** argv) {
   o.port = port;
   o.token = token;
   o.db_path = db;
+  o.checkpoint_root = checkpoint_root;
   absl::StatusOr<std::unique_ptr<DashboardServer>> server = DashboardServer::Start(o);
   if (!Check(server.status()).ok()) return 1;
   std::cout << nlohmann::json{{"url", (*server)->Url()},
                               {"port", (*server)->port()},
                               {"sweep", sweep},
-                              {"diverging_run", live ? live->diverging() : 0}}
+                              {"diverging_run", live ? live->diverging() : 0},
+                              {"program_run", live ? live->program_run() : 0}}
                    .dump()
             << std::endl;
 

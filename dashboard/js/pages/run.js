@@ -1,13 +1,16 @@
 // #/run/ID : loss, validation loss, gradient norm and learning rate against steps, tokens seen,
 // FLOPs spent or training seconds (a selector, as on the sweep page); per-layer M-Act,
 // F-Attn, the gate-score histogram and the stored attention maps at each evaluation; spike
-// events; the config. While the run trains, everything is refreshed in place every few seconds.
-import { api } from '../api.js';
+// events; the config. A program run's page shows its output too (the last lines of an attempt's
+// log, read from the coordinator machine's checkpoint root). While the run trains, everything is
+// refreshed in place every few seconds.
+import { api, Unauthorized } from '../api.js';
 import { attentionHeatmap, attentionLegend, barChart, lineChart } from '../charts.js';
 import { X_AXES } from './sweep.js';
 import { el, num, count, time, stateBadge, tagList, noteItem } from '../format.js';
 
 const REFRESH_MS = 3000;
+const LOG_LINES = 200;
 
 function headerNodes(run) {
   return [
@@ -30,6 +33,72 @@ function headerNodes(run) {
   ].filter((n) => n);
 }
 
+// A program run's output (docs/program.md, "Logs"), the last LOG_LINES lines of an attempt: the
+// last one, following new ones, or the one chosen. The lines are the program's, untrusted: they
+// are only ever set as text. load() is quiet about a run that has not started; a log the
+// coordinator's machine does not have (a worker elsewhere) shows the server's message.
+function logView(run, id) {
+  const box = el('div', { id: 'log' });
+  const attemptSelect = el('select', { id: 'log-attempt', 'aria-label': 'attempt' });
+  const note = el('p', { class: 'muted', id: 'log-note' });
+  const text = el('pre', { class: 'log', id: 'log-text' });
+  let shown = null;  // the attempts of the last answer, or null before one
+  let chosen = null;  // the attempt asked for; null: the last one
+  let missing = false;
+  let loading = 0;  // when a refresh and a choice cross, the last one asked for is shown
+  const load = async () => {
+    if (run.attempts === 0) {
+      box.replaceChildren(el('p', { class: 'muted', id: 'no-log' }, 'No output yet: the run has not started.'));
+      return;
+    }
+    const ticket = ++loading;
+    let body;
+    try {
+      body = await api(`runs/${id}/log`, chosen === null ? { tail: LOG_LINES } : { tail: LOG_LINES, attempt: chosen });
+    } catch (err) {
+      if (err instanceof Unauthorized) throw err;
+      if (ticket !== loading) return;
+      missing = true;
+      box.replaceChildren(el('p', { class: 'muted', id: 'no-log' }, String(err.message || err)));
+      return;
+    }
+    if (ticket !== loading) return;
+    missing = false;
+    if (shown === null || shown.join() !== body.attempts.join()) {
+      shown = body.attempts;
+      attemptSelect.replaceChildren(...[...shown].reverse().map((a, i) =>
+        el('option', { value: String(a) }, i === 0 ? `attempt ${a} (the last)` : `attempt ${a}`)));
+    }
+    attemptSelect.value = String(body.attempt);
+    const atEnd = text.scrollHeight - text.scrollTop - text.clientHeight < 8;
+    text.textContent = body.lines.join('\n');
+    note.textContent = `Attempt ${body.attempt}: ${body.truncated ? `the last ${body.lines.length} lines` : `${body.lines.length} lines`} of ${body.path}`;
+    box.dataset.attempt = body.attempt;
+    box.dataset.lines = body.lines.length;
+    if (!box.contains(text)) {
+      box.replaceChildren(el('div', { class: 'controls' }, note, shown.length > 1 ? el('label', {}, 'attempt', attemptSelect) : null), text);
+    } else if (shown.length > 1 && !box.contains(attemptSelect)) {
+      note.after(el('label', {}, 'attempt', attemptSelect));
+    }
+    if (atEnd || !text.dataset.shown) text.scrollTop = text.scrollHeight;
+    text.dataset.shown = '1';
+  };
+  attemptSelect.addEventListener('change', () => {
+    chosen = attemptSelect.selectedIndex === 0 ? null : Number(attemptSelect.value);
+    load();
+  });
+  return {
+    box,
+    load,
+    // Asked again while the run trains (its output grows) or when it moved to another state or
+    // attempt; not while the coordinator's machine has no log of it.
+    async refresh(moved) {
+      if (moved || (run.state === 'RUNNING' && !missing)) await load();
+    },
+    set run(r) { run = r; },
+  };
+}
+
 function spikeTable(spikes) {
   if (spikes.length === 0) return el('p', { class: 'muted' }, 'No spike event.');
   return el('table', { id: 'spikes' },
@@ -49,8 +118,11 @@ export async function render(view, ctx, idText) {
   const attentionBox = el('div', { id: 'attention' });
   const spikeBox = el('div');
   const trainingControls = el('div', { class: 'controls' });
+  // A program run (its config has a `program` block) has a log; the built-in model's runs none.
+  const log = run.config && typeof run.config === 'object' && run.config.program ? logView(run, id) : null;
   view.replaceChildren(header,
     el('h2', {}, 'Training'), trainingControls, charts,
+    ...(log ? [el('h2', {}, 'Log'), log.box] : []),
     el('h2', {}, 'Probes per layer'), probeBox,
     el('h2', {}, 'Attention maps'), attentionBox,
     el('h2', {}, 'Spike events'), spikeBox,
@@ -202,11 +274,17 @@ export async function render(view, ctx, idText) {
   stepSelect.addEventListener('change', loadEvaluation);
   layerSelect.addEventListener('change', drawProbes);
   spikeBox.replaceChildren(spikeTable(spikes));
+  if (log) await log.load();
 
   if (run.state !== 'RUNNING' && run.state !== 'PENDING') return;
   ctx.every(REFRESH_MS, async () => {
     const before = `${run.state}|${run.steps_done}`;
+    const attemptBefore = `${run.state}|${run.attempts}`;
     ({ run } = await api(`runs/${id}`));
+    if (log) {
+      log.run = run;
+      await log.refresh(`${run.state}|${run.attempts}` !== attemptBefore);
+    }
     if (`${run.state}|${run.steps_done}` === before) return;
     header.replaceChildren(...headerNodes(run));
     [metrics, { evals }, { spikes }] = await load();

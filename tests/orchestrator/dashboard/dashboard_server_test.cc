@@ -18,6 +18,7 @@
 #include <boost/beast/http.hpp>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <thread>
@@ -240,6 +241,7 @@ class DashboardServerTest : public ::testing::Test {
     o.port = 0;
     o.token = kToken;
     o.db_path = so.path;  // its own read-only connections, as `ablate dashboard` has
+    o.checkpoint_root = dir_ + "/checkpoints";  // program runs' logs (ProgramRunLog)
     o.poll_interval = absl::Milliseconds(50);
     o.also_accepted = {kAdminToken};
     o.max_connections = 1000;  // ManyConcurrentClients: threads of a loaded machine linger
@@ -554,6 +556,84 @@ TEST_F(DashboardServerTest, RunEndpoints) {
   ASSERT_EQ(spikes["spikes"].size(), 1u);
   EXPECT_EQ(spikes["spikes"][0]["kind"], "SPIKE_STATISTICAL");
   EXPECT_EQ(spikes["spikes"][0]["value"], 9.5);
+}
+
+// A program run's output as its worker keeps it under the checkpoint root (common/run_logs.h):
+// the last attempt's by default, the older half first, its last lines; another attempt; what
+// is not UTF-8 replaced, the JSON still valid; bad parameters a 400 naming them; no log a 404.
+TEST_F(DashboardServerTest, ProgramRunLog) {
+  const std::filesystem::path logs =
+      std::filesystem::path(dir_) / "checkpoints" / absl::StrCat("run-", runs_[2]) / "logs";
+  std::filesystem::create_directories(logs);
+  std::ofstream(logs / "attempt-1.log") << "attempt 1 was lost\n";
+  std::ofstream(logs / "attempt-2.log.1") << "old 0\nold 1\nold 2\nold 3\nold 4\n";
+  // Not UTF-8: bytes that start nothing, and a sequence cut short at the end of the line.
+  const std::string bad = "\xff\xfe<b>not markup</b> \xc3";
+  std::ofstream(logs / "attempt-2.log", std::ios::binary) << "new 0\nnew 1\nnew 2\nnew 3\nnew 4\n"
+                                                          << bad << "\n";
+  const std::string base = absl::StrCat("/api/runs/", runs_[2], "/log");
+
+  HttpResult r = Get(port_, base);
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = r.Json();
+  ASSERT_FALSE(j.is_discarded()) << r.body;
+  EXPECT_EQ(j["run"], runs_[2]);
+  EXPECT_EQ(j["attempt"], 2);
+  EXPECT_EQ(j["attempts"], json::array({1, 2}));
+  EXPECT_EQ(j["path"], (logs / "attempt-2.log").string());
+  EXPECT_EQ(j["tail"], 200);
+  EXPECT_EQ(j["truncated"], false);
+  ASSERT_EQ(j["lines"].size(), 11u);
+  EXPECT_EQ(j["lines"][0], "old 0");  // the older half first
+  EXPECT_EQ(j["lines"][5], "new 0");
+  // Each byte that is not UTF-8 is U+FFFD; the rest as written (the page shows it as text).
+  EXPECT_EQ(j["lines"][10], "\uFFFD\uFFFD<b>not markup</b> \uFFFD");
+
+  j = Get(port_, base + "?tail=7").Json();
+  EXPECT_EQ(j["tail"], 7);
+  EXPECT_EQ(j["truncated"], true);
+  EXPECT_EQ(j["lines"], json::array({"old 4", "new 0", "new 1", "new 2", "new 3", "new 4",
+                                     "\uFFFD\uFFFD<b>not markup</b> \uFFFD"}));
+  j = Get(port_, base + "?tail=2&attempt=2").Json();
+  EXPECT_EQ(j["lines"].size(), 2u);
+  EXPECT_EQ(j["lines"][0], "new 4");
+  EXPECT_EQ(Get(port_, base + "?tail=999999").Json()["tail"], 5000);  // capped
+
+  j = Get(port_, base + "?attempt=1").Json();
+  EXPECT_EQ(j["attempt"], 1);
+  EXPECT_EQ(j["attempts"], json::array({1, 2}));
+  EXPECT_EQ(j["lines"], json::array({"attempt 1 was lost"}));
+  EXPECT_EQ(Get(port_, base + "?attempt=0").Json()["attempt"], 2);  // 0: the last
+
+  for (const auto& [query, name] : std::vector<std::pair<std::string, std::string>>{
+           {"?tail=0", "tail"},
+           {"?tail=-3", "tail"},
+           {"?tail=abc", "tail"},
+           {"?tail=1e3", "tail"},
+           {"?attempt=-1", "attempt"},
+           {"?attempt=x", "attempt"},
+           {"?attempt=99999999999", "attempt"},
+           {"?attempt=99999999999999999999999", "attempt"}}) {
+    HttpResult bad_request = Get(port_, base + query);
+    EXPECT_EQ(bad_request.status, 400) << query << ": " << bad_request.body;
+    EXPECT_TRUE(absl::StrContains(bad_request.Json().value("error", ""), "'" + name + "'"))
+        << query << ": " << bad_request.body;
+  }
+
+  HttpResult missing = Get(port_, base + "?attempt=3");
+  EXPECT_EQ(missing.status, 404) << missing.body;
+  EXPECT_TRUE(absl::StrContains(
+      missing.Json().value("error", ""),
+      absl::StrCat("no output of run ", runs_[2], " attempt 3 in ", logs.string())))
+      << missing.body;
+  // A run with no log (built-in, or trained on another machine's disk): the same message.
+  missing = Get(port_, absl::StrCat("/api/runs/", runs_[0], "/log"));
+  EXPECT_EQ(missing.status, 404) << missing.body;
+  EXPECT_TRUE(
+      absl::StrContains(missing.Json().value("error", ""), "only program runs keep their output"))
+      << missing.body;
+  EXPECT_EQ(Get(port_, "/api/runs/424242/log").status, 404);  // no such run
+  EXPECT_EQ(Get(port_, base, "").status, 401);
 }
 
 // An evaluation that stored no per-layer probes is an evaluation still: its probes are an empty
@@ -1127,6 +1207,16 @@ TEST_F(DashboardLimitsTest, WorkersShowTheCoordinatorsLiveSlotCounts) {
   EXPECT_EQ(workers[0]["slots_in_use"], 2);  // the store alone says 1 (TableEventsWorkers)
   EXPECT_EQ(workers[0]["running"], 1);
   EXPECT_EQ(asked, std::vector<int64_t>{workers[0]["id"].get<int64_t>()});
+}
+
+// A dashboard given no checkpoint root (over a results file alone) has no logs, and says why.
+TEST_F(DashboardLimitsTest, NoCheckpointRootNoLogs) {
+  const int port = Serve(DashboardOptions());
+  ASSERT_NE(port, 0);
+  HttpResult r = Get(port, absl::StrCat("/api/runs/", runs_[2], "/log"));
+  EXPECT_EQ(r.status, 404) << r.body;
+  EXPECT_TRUE(absl::StrContains(r.Json().value("error", ""), "without a checkpoint root"))
+      << r.body;
 }
 
 // Slowloris: every connection slot held by a client that trickles a request's headers a byte at a
