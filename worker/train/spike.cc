@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace ablate {
 
@@ -14,7 +15,8 @@ std::optional<double> CatastrophicSpikeDetector::Observe(double value) {
     ++seen_;
     return std::nullopt;
   }
-  if (value >= factor_ * max_) return factor_ * max_;
+  // A warmup maximum of 0 or less is no scale to compare with (a signal that stays 0).
+  if (max_ > 0 && value >= factor_ * max_) return factor_ * max_;
   return std::nullopt;
 }
 
@@ -71,7 +73,11 @@ SpikeMonitor::SpikeMonitor(const SpikeConfig& c, int64_t total_steps)
       grad_statistical_(c.stat_window(), c.stat_sigmas()),
       divergence_(c.divergence_factor(), c.divergence_patience(), DivergenceWindow(c, total_steps)) {}
 
-SpikeMonitor::Verdict SpikeMonitor::Observe(int64_t step, double loss, double grad_norm) {
+SpikeMonitor::Verdict SpikeMonitor::Observe(int64_t step, double loss,
+                                            std::optional<double> reported_grad_norm) {
+  // Not reported (a program's step line without one): its detectors see nothing.
+  const bool has_grad = reported_grad_norm.has_value();
+  const double grad_norm = reported_grad_norm.value_or(0);
   Verdict v;
   auto add = [&](const char* signal, double value, double baseline, SpikeKind kind) {
     SpikeEvent e;
@@ -83,7 +89,7 @@ SpikeMonitor::Verdict SpikeMonitor::Observe(int64_t step, double loss, double gr
     v.events.push_back(std::move(e));
   };
 
-  v.nonfinite = !std::isfinite(loss) || !std::isfinite(grad_norm);
+  v.nonfinite = !std::isfinite(loss) || (has_grad && !std::isfinite(grad_norm));
   if (v.nonfinite) {
     add(std::isfinite(loss) ? "grad_norm" : "loss", std::isfinite(loss) ? grad_norm : loss, 0.0,
         SPIKE_NONFINITE);
@@ -99,6 +105,7 @@ SpikeMonitor::Verdict SpikeMonitor::Observe(int64_t step, double loss, double gr
   for (const auto& [signal, value, catastrophic, statistical] :
        {std::tuple{"loss", loss, &loss_catastrophic_, &loss_statistical_},
         std::tuple{"grad_norm", grad_norm, &grad_catastrophic_, &grad_statistical_}}) {
+    if (!has_grad && absl::string_view(signal) == "grad_norm") continue;
     if (auto base = catastrophic->Observe(value)) {
       add(signal, value, *base, SPIKE_CATASTROPHIC);
       v.spike = true;

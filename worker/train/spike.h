@@ -76,7 +76,8 @@ class SpikeMonitor {
     bool diverged = false;           // the run must end DIVERGED
     std::string reason;              // why, when diverged
   };
-  Verdict Observe(int64_t step, double loss, double grad_norm);
+  // `grad_norm` nullopt: not measured (a program that reports none); only the loss is watched.
+  Verdict Observe(int64_t step, double loss, std::optional<double> grad_norm);
 
  private:
   SpikeConfig config_;

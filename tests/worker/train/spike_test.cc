@@ -97,6 +97,21 @@ TEST(SpikeMonitorTest, ReportsGradNormSpikesWithBaseline) {
   EXPECT_EQ(v.events[0].step(), 3);
 }
 
+TEST(SpikeMonitorTest, AGradNormNotReportedOrStuckAtZeroIsNoSpike) {
+  // A program that reports no grad norm (nanoGPT's lines): only the loss is watched. Before,
+  // its 0 made every step after the warmup a catastrophic spike (0 >= 10 x 0).
+  SpikeMonitor m(DefaultTrainConfig().spike(), 1000);
+  for (int64_t step = 1; step <= 300; ++step) {
+    const SpikeMonitor::Verdict v = m.Observe(step, 2.0, std::nullopt);
+    ASSERT_TRUE(v.events.empty()) << "step " << step << ": " << v.events[0].DebugString();
+  }
+  // A loss spike is still seen.
+  EXPECT_TRUE(m.Observe(301, 200.0, std::nullopt).spike);
+  // A reported grad norm that stays 0 has no scale to spike against.
+  CatastrophicSpikeDetector d(10.0, 5);
+  for (int i = 0; i < 50; ++i) EXPECT_FALSE(d.Observe(0.0).has_value()) << i;
+}
+
 TEST(SpikeMonitorTest, DivergenceWindowIsFivePercentOfTheRunAtLeastHundred) {
   SpikeConfig c = DefaultTrainConfig().spike();
   c.set_divergence_min_window(10);
