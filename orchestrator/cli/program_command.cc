@@ -244,7 +244,8 @@ absl::Status CheckProgram(const ProgramCheckOptions& options, std::ostream& out)
     c.Item("pauses at a rung", ok,
            absl::StrCat("ABLATE_STOP_AT_STEP=", half, ": ", Checker::Ended(paused)));
   } else {
-    c.Skip("pauses at a rung", "capabilities has no pause (method: asha needs it)");
+    c.Skip("pauses at a rung",
+           "capabilities has no pause (method: asha stops losers while they train)");
   }
   if (options.keep.empty()) fs::remove_all(dir);
   if (!c.failed().empty()) {

@@ -48,6 +48,13 @@ struct Trial {
     }
     return sum / static_cast<double>(seeds.size());
   }
+  std::vector<int64_t> Live() const {  // runs that can still train: PENDING or RUNNING
+    std::vector<int64_t> ids;
+    for (const AshaRun* r : seeds) {
+      if (r->state == PENDING || r->state == RUNNING) ids.push_back(r->run_id);
+    }
+    return ids;
+  }
   std::vector<int64_t> Held() const {
     std::vector<int64_t> ids;
     for (const AshaRun* r : seeds) {
@@ -199,6 +206,41 @@ void DecideRung(const AshaGroup& group, const AshaRule& rule, int k, const Stand
   }
 }
 
+// Rung k's decisions for runs that train through it: each trial that arrived there is judged
+// once, against the trials there so far.
+void DecideArrivals(const AshaGroup& group, const AshaRule& rule, int k, const Standing& standing,
+                    std::vector<AshaDecision>* out) {
+  const int64_t n = static_cast<int64_t>(standing.ranked.size());
+  const int64_t top = std::max<int64_t>(
+      1, static_cast<int64_t>(std::floor(static_cast<double>(n) / rule.reduction_factor)));
+  for (int64_t i = 0; i < n; ++i) {
+    const Trial& t = *standing.ranked[i].second;
+    if (t.reached <= k || Decided(group, t.value, k, AshaDecision::Kind::kPromote) ||
+        Decided(group, t.value, k, AshaDecision::Kind::kStop)) {
+      continue;  // diverged on the way (its runs ended), or judged before
+    }
+    const double metric = standing.ranked[i].first;
+    const std::string rank =
+        absl::StrCat(rule.metric, " ", MetricText(metric), t.diverged ? " (diverged)" : "", " is ",
+                     i + 1, " of ", n, " at rung ", k, " (step ", rule.rungs[k], ")");
+    AshaDecision d;
+    d.value = t.value;
+    d.rung = k;
+    d.metric = metric;
+    if (i < top && std::isfinite(metric) && !t.diverged) {
+      d.kind = AshaDecision::Kind::kPromote;
+      d.detail = absl::StrCat(rank, ", in the top ", top, ": trains on");
+      out->push_back(std::move(d));
+      continue;
+    }
+    d.runs = t.Live();
+    if (d.runs.empty()) continue;  // ended already: nothing to stop
+    d.kind = AshaDecision::Kind::kStop;
+    d.detail = absl::StrCat("stopped while training: ", rank, ", not in the top ", top);
+    out->push_back(std::move(d));
+  }
+}
+
 // The first-seed run that trained to its end with the best final metric, or null.
 const AshaRun* BestFirstSeed(const std::vector<AshaRun>& runs, bool maximize) {
   const AshaRun* best = nullptr;
@@ -253,7 +295,12 @@ std::vector<AshaDecision> DecideAsha(const AshaGroup& group, const AshaRule& rul
   const Trials trials = TrialsOf(runs, levels);
   std::vector<AshaDecision> out;
   for (int k = 0; k < levels; ++k) {
-    DecideRung(group, rule, k, StandingAt(trials.by_value, k, rule.maximize), &out);
+    const Standing standing = StandingAt(trials.by_value, k, rule.maximize);
+    if (rule.trains_through) {
+      DecideArrivals(group, rule, k, standing, &out);
+    } else {
+      DecideRung(group, rule, k, standing, &out);
+    }
   }
   if (rule.seeds_first && !trials.followers.empty()) {
     DecideFollowers(group, rule, runs, trials, &out);

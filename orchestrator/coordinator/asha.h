@@ -48,6 +48,10 @@ struct AshaRule {
   bool maximize = false;
   bool seeds_first = false;
   std::string metric = "val_loss";
+  // The runs train on past their rungs (a program that cannot pause, TunePlan.trains_through):
+  // `at` holds each run's first evaluation at or after each rung, and trials are judged as they
+  // arrive (below).
+  bool trains_through = false;
 };
 
 struct AshaDecision {
@@ -56,7 +60,7 @@ struct AshaDecision {
   double value = 0;
   int rung = 0;               // index into rungs; -1 for a seeds-first choice
   double metric = 0;          // the trial's metric there (NaN: diverged or none)
-  std::vector<int64_t> runs;  // the held runs it applies to
+  std::vector<int64_t> runs;  // the held runs it applies to (trains through: the live ones)
   int64_t next_stop = 0;      // kPromote, kChoose: the step they pause at next (0 = the end)
   std::string detail;         // why, in words ("val_loss 2.31 in the top 3 of 9")
 };
@@ -76,6 +80,12 @@ const char* AshaKindName(AshaDecision::Kind kind);  // "promote", "stop", "choos
 //  - seeds first: the first seed decides as above; once every first-seed run has ended, the
 //    trial with the best final metric is chosen and its other seeds train straight through;
 //    the other trials' other seeds are stopped.
+//  - trains through (nothing is held; the stopping variant of ASHA, as in Ray Tune's
+//    AsyncHyperBandScheduler): a trial that reached rung k and has no decision there is judged
+//    against every trial that reached rung k so far (a diverged one ranked last): in their top
+//    max(1, floor(n / reduction_factor)) it goes on (a promote decision with no run to
+//    release); otherwise its runs still PENDING or RUNNING are stopped. A trial that already
+//    ended is left alone.
 std::vector<AshaDecision> DecideAsha(const AshaGroup& group, const AshaRule& rule);
 
 }  // namespace ablate

@@ -202,6 +202,23 @@ void CoordinatorCore::EnqueueRun(const RunInfo& run, const RunConfig* config) {
   work_cv_.SignalAll();
 }
 
+void CoordinatorCore::StopRun(int64_t run_id, const std::string& why) {
+  bool was_queued = false;
+  {
+    absl::MutexLock lock(&mu_);
+    was_queued = scheduler_.Remove(run_id);
+    if (!was_queued && !why.empty()) scheduler_.Stop(run_id, why);
+  }
+  if (!was_queued || why.empty()) return;
+  // Queued again after the decision was made (its lease was lost meanwhile): stopped there.
+  RunTransition t;
+  t.run_id = run_id;
+  t.from = {PENDING};
+  t.to = STOPPED;
+  t.reason = why;
+  (void)store_->TransitionRun(t);
+}
+
 std::string CoordinatorCore::WorkerName(int64_t worker_id) const {
   auto it = worker_names_.find(worker_id);
   return it != worker_names_.end() ? it->second : absl::StrCat("#", worker_id);

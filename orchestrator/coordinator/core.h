@@ -244,6 +244,7 @@ class CoordinatorCore : private TunerPort {
   // ---- TunerPort (core.cc): what the tuner may ask of the core ----
   bool SweepCancelled(int64_t sweep_id) override ABSL_LOCKS_EXCLUDED(mu_);
   void EnqueueRun(const RunInfo& run, const RunConfig* config) override ABSL_LOCKS_EXCLUDED(mu_);
+  void StopRun(int64_t run_id, const std::string& why) override ABSL_LOCKS_EXCLUDED(mu_);
   // A worker's registered name, or "#ID" for one this coordinator does not know.
   std::string WorkerName(int64_t worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records in the store that a worker was seen IDLE or BUSY: at once when its state changed,

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "config/model_config.h"
+#include "config/program_config.h"
 
 namespace ablate {
 namespace {
@@ -87,6 +88,22 @@ absl::Status CheckEval(absl::string_view what, const std::string& at, const Eval
     }
   }
   if (absl::Status s = CheckProbes(what, at, e.probes()); !s.ok()) return s;
+  if (e.metrics_size() > kMaxEvalMetrics) {
+    return Refuse(what, at + ".metrics",
+                  absl::StrCat("has ", e.metrics_size(), " entries; the limit is ",
+                               kMaxEvalMetrics));
+  }
+  for (const auto& [name, value] : e.metrics()) {
+    if (name.empty() || name.size() > kMaxEvalMetricName) {
+      return Refuse(what, at + ".metrics",
+                    absl::StrCat("has a name of ", name.size(), " bytes; it must be 1 to ",
+                                 kMaxEvalMetricName));
+    }
+    if (!std::isfinite(value)) {
+      return Refuse(what, absl::StrCat(at, ".metrics[", BoundedText(name, 40), "]"),
+                    "is not a finite number");
+    }
+  }
   if (e.lengths_size() > kMaxEvalSeqLens) {
     return Refuse(what, at + ".lengths",
                   absl::StrCat("has ", e.lengths_size(), " entries; the limit is ",
@@ -194,6 +211,14 @@ absl::Status CheckReportAtDoor(const ReportRequest& r, const ReportShape& shape,
                     absl::StrCat("is ", r.notices(i).size(), " bytes; the limit is ",
                                  kMaxTextBytes));
     }
+  }
+  if (r.has_params() &&
+      (r.params().total() < 0 || r.params().total() > kMaxReportedParams ||
+       r.params().activated() < 0 || r.params().activated() > r.params().total())) {
+    return Refuse(what, "params",
+                  absl::StrCat("is total ", r.params().total(), ", activated ",
+                               r.params().activated(), "; counts must satisfy 0 <= activated <= "
+                               "total <= ", kMaxReportedParams));
   }
   if (r.checkpoint_path().size() > kMaxTextBytes) {
     return Refuse(what, "checkpoint_path",

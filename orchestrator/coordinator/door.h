@@ -23,6 +23,7 @@ inline constexpr size_t kMaxTextBytes = 4096;  // reasons, errors, checkpoint pa
 inline constexpr int kMaxProbeLayers = 4096;
 inline constexpr int kMaxHistogramBins = 4096;
 inline constexpr int64_t kMaxReportedSeqLen = 1 << 24;  // an evaluation length
+inline constexpr int64_t kMaxReportedParams = int64_t{1} << 50;  // a reported parameter count
 inline constexpr size_t kMaxSignalBytes = 64;
 inline constexpr int kMaxNotices = 16;  // a worker's notices in one batch
 // A run's notices stored in all (per coordinator lifetime); further ones are dropped, once

@@ -30,6 +30,7 @@ absl::Status CoordinatorCore::EndAttemptAndRetry(int64_t run_id, int64_t sweep_i
                                                  const std::string& reason, bool retry) {
   RetryDecision decision;
   bool cancelled = false;
+  std::string tune_stop;  // the tuner stopped it (it trained through a rung): not retried
   std::optional<QueuedRun> queued;
   {
     absl::MutexLock lock(&mu_);
@@ -38,14 +39,17 @@ absl::Status CoordinatorCore::EndAttemptAndRetry(int64_t run_id, int64_t sweep_i
     const int before_rerun = base == attempt_base_.end() ? 0 : base->second;
     if (retry) decision = scheduler_.RetryAfterLoss(attempt - before_rerun);
     queued = scheduler_.LeasedRun(run_id);
+    const std::optional<Lease> lease = scheduler_.GetLease(run_id);
+    if (lease.has_value() && !lease->tune_stop.empty()) tune_stop = lease->tune_stop;
   }
   RunTransition t;
   t.run_id = run_id;
   t.from = {RUNNING};
   t.expected_attempt = attempt;
   t.attempt_end = attempt_end;
-  t.to = cancelled ? CANCELLED : decision.retry ? PENDING : FAILED;
-  t.reason = reason;
+  t.to = cancelled ? CANCELLED : !tune_stop.empty() ? STOPPED : decision.retry ? PENDING : FAILED;
+  t.reason =
+      t.to == STOPPED ? absl::StrCat(tune_stop, " (its attempt ended: ", reason, ")") : reason;
   if (t.to == FAILED) {
     absl::StrAppend(&t.reason, retry ? absl::StrCat(" (gave up after ", attempt, " attempts)")
                                      : " (not retried: it would fail again on any worker)");
@@ -119,7 +123,7 @@ absl::StatusOr<PreparedFinish> CoordinatorCore::PrepareFinish(const FinishReques
       return s;
     }
   }
-  if (state != FAILED && (state != INTERRUPTED || p.rung_pause)) {
+  if (state != FAILED && (state != INTERRUPTED || p.rung_pause || !lease->tune_stop.empty())) {
     if (absl::Status s = CheckSummaryAtDoor(request.summary(), lease->total_steps); !s.ok()) {
       return s;
     }

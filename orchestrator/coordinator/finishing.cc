@@ -90,6 +90,15 @@ FinishWrite FinishWriteOf(PreparedFinish& p) {
     t.summary = request.summary();
     t.summary.set_reason(BoundedText(t.summary.reason()));
     t.tune_hold = true;
+  } else if (!p.lease.tune_stop.empty() &&
+             (request.summary().state() == CANCELLED || request.summary().state() == INTERRUPTED)) {
+    // Stopped by the tuner while it trained through a rung: its results so far are the run's.
+    t.attempt_end = "CANCELLED";  // the attempt was stopped; the run ends STOPPED
+    t.to = STOPPED;
+    t.has_summary = true;
+    t.summary = request.summary();
+    t.summary.set_reason(BoundedText(p.lease.tune_stop));
+    t.reason = t.summary.reason();
   } else if (request.summary().state() == INTERRUPTED) {
     // Resumable: queued again at once (or cancelled with its sweep).
     t.attempt_end = "INTERRUPTED";

@@ -344,8 +344,11 @@ std::optional<QueuedRun> Scheduler::Acquire(int64_t worker_id, const WorkerOffer
     for (const auto& [needs, bucket] : sweep.buckets) {
       if (!FitsRanks(needs, offer)) continue;
       // Wider than this worker: a gang, when no known worker is wide enough and together
-      // they are.
-      if (std::max(1, needs.devices) > std::max(1, offer.slots) && !GangFor(needs)) continue;
+      // they are; never for a program, whose ranks the worker starts itself (one worker).
+      if (std::max(1, needs.devices) > std::max(1, offer.slots) &&
+          (IsProgramCodeVersion(needs.code_version) || !GangFor(needs))) {
+        continue;
+      }
       if (best == nullptr || *bucket.begin() < *best) {
         best = &*bucket.begin();
         best_needs = &needs;
@@ -513,10 +516,11 @@ bool Scheduler::ReleaseMember(int64_t run_id, int32_t attempt, int64_t worker_id
   return false;
 }
 
-bool Scheduler::Stop(int64_t run_id) {
+bool Scheduler::Stop(int64_t run_id, const std::string& tune_stop) {
   auto it = leases_.find(run_id);
   if (it == leases_.end()) return false;
   it->second.stop = true;
+  if (!tune_stop.empty()) it->second.tune_stop = tune_stop;
   return true;
 }
 

@@ -142,6 +142,9 @@ struct Lease {
   int32_t attempt = 0;
   absl::Time expiry;
   bool stop = false;  // the run was cancelled: the next report says DIRECTIVE_STOP
+  // Set with stop by a tuner's decision (a run that trains through its rungs): why, and the run
+  // ends STOPPED rather than CANCELLED.
+  std::string tune_stop;
   int64_t total_steps = 0;  // the run's QueuedRun::total_steps
   int64_t stop_at_step = 0;  // and its QueuedRun::stop_at_step and tuned
   bool tuned = false;
@@ -241,8 +244,9 @@ class Scheduler {
   // A gang member (not rank 0's worker) finished its part of (run, attempt): its slots are
   // free, its part no longer renewed. False when it holds no such part.
   bool ReleaseMember(int64_t run_id, int32_t attempt, int64_t worker_id);
-  // Sets the stop flag of a running run's lease. False when it has none.
-  bool Stop(int64_t run_id);
+  // Sets the stop flag of a running run's lease (and its tune_stop reason when not empty).
+  // False when it has none.
+  bool Stop(int64_t run_id, const std::string& tune_stop = "");
   // Ends a lease (the attempt finished) and forgets its run. Returns the lease, nullopt when
   // there was none.
   std::optional<Lease> Release(int64_t run_id);

@@ -59,6 +59,7 @@ AshaRule AshaRuleOf(const TuneInfo& tune, const std::vector<int64_t>& rungs, int
   rule.maximize = tune.maximize;
   rule.seeds_first = tune.plan.seeds() == "first";
   rule.metric = tune.metric;
+  rule.trains_through = tune.plan.trains_through();
   return rule;
 }
 
@@ -116,6 +117,17 @@ absl::Status Tuner::TuneSweep(int64_t sweep_id) {
   return absl::OkStatus();
 }
 
+void Tuner::TuneAfterEval(int64_t run_id) {
+  absl::StatusOr<RunInfo> run = store_->scheduling_reader().GetRun(run_id);
+  if (!run.ok() || !run->tuned) return;
+  absl::StatusOr<std::optional<TuneInfo>> tune = store_->scheduling_reader().GetTune(run->sweep_id);
+  if (!tune.ok() || !tune->has_value() || !(*tune)->plan.trains_through()) return;
+  if (const absl::Status s = DecideGroup(**tune, run->tune_group); !s.ok()) {
+    (void)store_->EnqueueEvent(run->sweep_id, 0, "tune_error",
+                               absl::StrCat("tuning ", run->tune_group, ": ", s.message()));
+  }
+}
+
 void Tuner::TuneAfter(const std::vector<int64_t>& run_ids) {
   std::set<std::pair<int64_t, std::string>> groups;
   for (int64_t id : run_ids) {
@@ -168,6 +180,9 @@ absl::Status Tuner::TuneGroup(const TuneInfo& tune, const std::string& group) {
       if (!run.ok()) return run.status();
       port_->EnqueueRun(*run, /*config=*/nullptr);
     }
+    // Trains through: a stopped run may be queued (dropped), or training (stopped by its worker).
+    for (int64_t id : applied->stopped) port_->StopRun(id, "");
+    for (const auto& [id, why] : applied->stopping) port_->StopRun(id, why);
     if (applied->released.empty() && applied->stopped.empty()) return absl::OkStatus();
   }
   return absl::OkStatus();

@@ -49,6 +49,10 @@ class TunerPort {
   // and wakes the workers waiting for a job. `config`: the run's config as just expanded (it
   // saves parsing the stored one at dispatch); null: read from the store at dispatch.
   virtual void EnqueueRun(const RunInfo& run, const RunConfig* config) = 0;
+  // A stop decision on a run of a plan that trains through its rungs: dropped from the queue
+  // when it waits there (STOPPED in the store already; `why` empty), or, RUNNING, told to stop
+  // (DIRECTIVE_STOP) and ended STOPPED with `why` when its worker finishes.
+  virtual void StopRun(int64_t run_id, const std::string& why) = 0;
 };
 
 class Tuner {
@@ -65,6 +69,9 @@ class Tuner {
   // The same for the groups of these tuned runs, which just paused at a rung or ended. A group
   // whose decision fails gets a "tune_error" event and is decided at its next end or a restart.
   void TuneAfter(const std::vector<int64_t>& run_ids) ABSL_LOCKS_EXCLUDED(mu_);
+  // After a tuned run reported an evaluation: its group's decisions, when its plan trains
+  // through its rungs (it never pauses, so the evaluations are the only moments to decide).
+  void TuneAfterEval(int64_t run_id) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // The decisions due in one group (DecideAsha), written in one store transaction, until none is

@@ -403,6 +403,7 @@ absl::StatusOr<MetricBatch> CoordinatorCore::BatchOf(const ReportRequest& r, int
   batch.steps.assign(r.steps().begin(), r.steps().end());
   batch.evals.assign(r.evals().begin(), r.evals().end());
   batch.spikes.assign(r.spikes().begin(), r.spikes().end());
+  if (r.has_params()) batch.params = r.params();
   if (batch.Rows() > options_.max_batch_rows) {
     return absl::ResourceExhaustedError(absl::StrCat(what, " ", batch.Rows(),
                                                      " rows; the limit is ",
@@ -482,6 +483,14 @@ absl::StatusOr<ReportResponse> CoordinatorCore::Report(const ReportRequest& requ
     lease = scheduler_.GetLease(request.run_id());
   }
   if (lease.has_value() && lease->stop) response.set_directive(DIRECTIVE_STOP);
+  // A tuned run that trains through its rungs is decided on as its evaluations arrive.
+  if (lease.has_value() && lease->tuned && !lease->stop && !batch.evals.empty() &&
+      !response.duplicate()) {
+    tuner_.TuneAfterEval(request.run_id());
+    absl::MutexLock lock(&mu_);
+    lease = scheduler_.GetLease(request.run_id());
+    if (lease.has_value() && lease->stop) response.set_directive(DIRECTIVE_STOP);
+  }
   // The worker's notices (an unreadable checkpoint moved aside...) go to the event log once: not
   // again with a duplicate batch, never from a heartbeat.
   if (request.seq() > 0 && !response.duplicate() && request.notices_size() > 0) {

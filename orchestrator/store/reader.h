@@ -477,7 +477,8 @@ class StoreReader {
   absl::StatusOr<std::optional<TuneInfo>> GetTune(int64_t sweep_id) const;
   // The groups of a tuned sweep, sorted.
   absl::StatusOr<std::vector<std::string>> TuneGroups(int64_t sweep_id) const;
-  // The runs of one group with `tune.metric` at each of `rungs` they were evaluated at.
+  // The runs of one group with `tune.metric` at each of `rungs` they were evaluated at (a plan
+  // that trains through its rungs: at the first evaluation at or after each rung).
   absl::StatusOr<std::vector<TuneGroupRun>> ReadTuneGroup(const TuneInfo& tune,
                                                           const std::string& group,
                                                           const std::vector<int64_t>& rungs) const;

@@ -49,8 +49,9 @@ void ReadEval(const Stmt& s, int first, EvalResult* e) {
   if (!s.ColumnIsNull(first + 3)) {
     e->mutable_probes()->set_gate_score_mean(s.ColumnDouble(first + 3));  // NULL: no gate
   }
-  e->mutable_probes()->set_m_act(s.ColumnDouble(first + 4));
-  e->mutable_probes()->set_f_attn(s.ColumnDouble(first + 5));
+  // NULL: not measured (a program that does not report them).
+  if (!s.ColumnIsNull(first + 4)) e->mutable_probes()->set_m_act(s.ColumnDouble(first + 4));
+  if (!s.ColumnIsNull(first + 5)) e->mutable_probes()->set_f_attn(s.ColumnDouble(first + 5));
   e->mutable_probes()->set_tokens(s.ColumnInt(first + 6));
 }
 

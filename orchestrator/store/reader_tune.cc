@@ -2,6 +2,7 @@
 // tuned metric at the rung steps, and the decisions stored (the tunes, tune_runs and
 // tune_decisions tables, schema version 10).
 #include <algorithm>
+#include <limits>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -79,17 +80,24 @@ absl::StatusOr<std::vector<TuneGroupRun>> StoreReader::ReadTuneGroup(
   std::map<int64_t, TuneGroupRun*> by_id;
   for (TuneGroupRun& r : *runs) by_id[r.run_id] = &r;
   const int64_t first = *std::min_element(rungs.begin(), rungs.end());
-  const int64_t last = *std::max_element(rungs.begin(), rungs.end());
+  const bool through = tune.plan.trains_through();
+  const int64_t last =
+      through ? std::numeric_limits<int64_t>::max() : *std::max_element(rungs.begin(), rungs.end());
+  // Trains through: each rung's value is the run's first evaluation at or after it (ascending
+  // steps: the first one seen for a rung wins).
   absl::Status read = ForEachRow(
       absl::StrCat("SELECT e.run_id, e.step, e.", tune.metric,
                    " FROM tune_runs t JOIN eval_metrics e ON e.run_id = t.run_id "
-                   "WHERE t.sweep_id = ?1 AND t.grp = ?2 AND e.step BETWEEN ?3 AND ?4"),
+                   "WHERE t.sweep_id = ?1 AND t.grp = ?2 AND e.step BETWEEN ?3 AND ?4 "
+                   "ORDER BY e.run_id, e.step"),
       [&](Stmt& q) { q.Bind(1, tune.sweep_id).Bind(2, group).Bind(3, first).Bind(4, last); },
       [&](const Stmt& s) {
         const int64_t step = s.ColumnInt(1);
-        if (std::find(rungs.begin(), rungs.end(), step) == rungs.end()) return;
         auto it = by_id.find(s.ColumnInt(0));
-        if (it != by_id.end()) it->second->at[step] = s.ColumnDouble(2);
+        if (it == by_id.end()) return;
+        for (int64_t rung : rungs) {
+          if (through ? rung <= step : rung == step) it->second->at.emplace(rung, s.ColumnDouble(2));
+        }
       });
   if (!read.ok()) return read;
   return runs;

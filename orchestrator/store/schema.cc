@@ -152,6 +152,17 @@ JOIN variants v ON v.id = m.variant_id
 LEFT JOIN dev d ON d.sweep_id = m.sweep_id AND d.variant_id = m.variant_id AND d.axes = m.axes
   AND d.seq_len = m.seq_len
 )sql"},
+    {"eval_results", R"sql(
+SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.seed, r.axes, r.state, e.name,
+       e.value, e.step, r.sweep_id, r.variant_id
+FROM runs r
+JOIN sweeps s ON s.id = r.sweep_id
+JOIN variants v ON v.id = r.variant_id
+JOIN eval_values e
+  ON e.run_id = coalesce(r.reused_from, r.id)
+  AND e.step = (SELECT max(step) FROM eval_values
+                WHERE run_id = coalesce(r.reused_from, r.id) AND name = e.name)
+)sql"},
 };
 
 // Version 1. Times are Unix seconds (REAL): datetime(t, 'unixepoch') reads them. States are the
@@ -699,6 +710,18 @@ CREATE TABLE program_code (
 );
 )sql";
 
+// Version 14: evaluation metrics by name (EvalResult.metrics): what a program reports that has
+// no column of eval_metrics, one row per (run, step, name).
+constexpr char kSchemaV14[] = R"sql(
+CREATE TABLE eval_values (
+  run_id  INTEGER NOT NULL,
+  step    INTEGER NOT NULL,
+  name    TEXT NOT NULL,
+  value   REAL,
+  PRIMARY KEY (run_id, step, name)
+) WITHOUT ROWID;
+)sql";
+
 // Version 10: STOPPED joins the runs state CHECK, the last of its chain of equalities.
 constexpr char kLastRunState[] = "state = 'INTERRUPTED')";
 
@@ -751,7 +774,8 @@ const std::vector<Migration>& StoreMigrations() {
                                  {kSchemaV10, AddStoppedToRunsCheck},
                                  {kSchemaV11},
                                  {kSchemaV12},
-                                 {kSchemaV13}};
+                                 {kSchemaV13},
+                                 {kSchemaV14}};
   return *migrations;
 }
 

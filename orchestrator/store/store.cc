@@ -36,7 +36,7 @@ using store_internal::InsertEvent;
 
 int64_t MetricBatch::Rows() const {
   int64_t rows = 2 + static_cast<int64_t>(steps.size() + spikes.size());
-  for (const EvalResult& e : evals) rows += 1 + e.probes().layers_size();
+  for (const EvalResult& e : evals) rows += 1 + e.probes().layers_size() + e.metrics_size();
   return rows;
 }
 

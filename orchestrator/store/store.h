@@ -122,6 +122,7 @@ struct MetricBatch {
   std::vector<StepMetrics> steps;
   std::vector<EvalResult> evals;  // with per-layer probes
   std::vector<SpikeEvent> spikes;
+  std::optional<ParamCount> params;  // the trainer's counts (a program's `params` report)
   int64_t Rows() const;
 };
 
@@ -136,8 +137,9 @@ struct ReportResult {
 //   -> PENDING      queues the run again (after a lost lease, or a forced rerun).
 //   terminal X      (SUCCEEDED, FAILED, DIVERGED, CANCELLED) sets finished_at; when no run of
 //                   the sweep is left PENDING/RUNNING/INTERRUPTED the sweep becomes DONE.
-//   STOPPED         (a tuner's decision, PENDING -> STOPPED) is terminal too, with no way out.
-// Allowed edges: PENDING -> RUNNING | CANCELLED | STOPPED; RUNNING -> any other state but STOPPED;
+//   STOPPED         (a tuner's decision: PENDING -> STOPPED at a rung, RUNNING -> STOPPED for a
+//                   run training through its rungs) is terminal too, with no way out.
+// Allowed edges: PENDING -> RUNNING | CANCELLED | STOPPED; RUNNING -> any other state;
 // INTERRUPTED | FAILED | CANCELLED | SUCCEEDED | DIVERGED -> PENDING; INTERRUPTED -> CANCELLED.
 struct RunTransition {
   int64_t run_id = 0;
@@ -206,7 +208,10 @@ struct TuneDecisionResult {
   // Runs released to train on (promote, choose): PENDING, no longer held, attempt_base rebased.
   std::vector<int64_t> released;
   std::vector<int64_t> stopped;  // PENDING -> STOPPED
-  int skipped = 0;               // decisions stored before
+  // Stop decisions on RUNNING runs (a program that trains through its rungs): (run, why). The
+  // coordinator stops them; each ends STOPPED when its worker finishes.
+  std::vector<std::pair<int64_t, std::string>> stopping;
+  int skipped = 0;  // decisions stored before
 };
 
 struct SweepCancellation {
@@ -364,7 +369,8 @@ class Store {
   absl::StatusOr<AnnotationResult> Annotate(const AnnotationEdit& edit);
 
   // A TuneDecisionWrite in one transaction, with a "tune_decision" event per decision applied.
-  // A stop moves each of its runs PENDING -> STOPPED (a run no longer PENDING is left alone);
+  // A stop moves each of its runs PENDING -> STOPPED (a RUNNING one is returned in `stopping`
+  // for the coordinator to stop; one that ended is left alone);
   // a promote or choose releases its held runs with the next stop step and attempt_base =
   // attempts, so that rung pauses do not use up retries.
   absl::StatusOr<TuneDecisionResult> ApplyTuneDecisions(const TuneDecisionWrite& write);

@@ -178,7 +178,16 @@ absl::Status ApplyTuneDecisions(StoreWriter& w, const TuneDecisionWrite& write,
         t.reason = d.detail;
         TransitionResult r;
         absl::Status s = ApplyTransition(w, t, &r);
-        if (absl::IsFailedPrecondition(s)) continue;  // no longer PENDING: left alone
+        if (absl::IsFailedPrecondition(s)) {
+          // Training through its rungs: the coordinator stops it. Ended meanwhile: left alone.
+          STORE_ASSIGN_OR_RETURN(state, w.Get("SELECT state FROM runs WHERE id = ?1"));
+          state->Bind(1, run_id);
+          STORE_ASSIGN_OR_RETURN(found, state->Step());
+          const bool running = found && state->ColumnText(0) == RunStateName(RUNNING);
+          state->Reset();
+          if (running) result->stopping.push_back({run_id, d.detail});
+          continue;
+        }
         STORE_RETURN_IF_ERROR(s);
         STORE_ASSIGN_OR_RETURN(unhold, w.Get("UPDATE tune_runs SET held = 0 WHERE run_id = ?1"));
         unhold->Bind(1, run_id);

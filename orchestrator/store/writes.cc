@@ -27,8 +27,8 @@ bool EdgeAllowed(RunState from, RunState to) {
   switch (from) {
     case PENDING:  // STOPPED: a tuner's decision on a run held at a rung
       return to == RUNNING || to == CANCELLED || to == STOPPED;
-    case RUNNING:
-      return to != STOPPED;  // a run stops at a rung, where it is PENDING
+    case RUNNING:  // STOPPED: a tuner's decision on a run training through its rungs
+      return true;
     case INTERRUPTED:
       return to == PENDING || to == CANCELLED;
     case SUCCEEDED:
@@ -70,20 +70,36 @@ absl::Status RunForEach(StoreWriter& w, absl::string_view sql, const Rows& rows,
   return absl::OkStatus();
 }
 
+// Binds gate_score, m_act and f_attn from `first` on: NULL where the probe was not measured
+// (no gate: no score, not a score of 0; a program that does not report M-Act or F-Attn).
+void BindProbeMeans(Stmt& stmt, int first, const Probes& p) {
+  const std::pair<bool, double> means[] = {{p.has_gate_score_mean(), p.gate_score_mean()},
+                                           {p.has_m_act(), p.m_act()},
+                                           {p.has_f_attn(), p.f_attn()}};
+  for (int i = 0; i < 3; ++i) {
+    if (means[i].first) {
+      stmt.Bind(first + i, means[i].second);
+    } else {
+      stmt.BindNull(first + i);
+    }
+  }
+}
+
 absl::Status UpsertEval(StoreWriter& w, int64_t run_id, int32_t attempt, const EvalResult& e) {
   STORE_ASSIGN_OR_RETURN(
       stmt,
       w.Get("INSERT OR REPLACE INTO eval_metrics (run_id, step, attempt, val_loss, val_ppl, "
             "gate_score, m_act, f_attn, tokens) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"));
   stmt->Bind(1, run_id).Bind(2, e.step()).Bind(3, attempt).Bind(4, e.val_loss());
-  stmt->Bind(5, e.val_ppl()).Bind(7, e.probes().m_act());
-  if (e.probes().has_gate_score_mean()) {
-    stmt->Bind(6, e.probes().gate_score_mean());
-  } else {
-    stmt->BindNull(6);  // no gate: no score, not a score of 0
-  }
-  stmt->Bind(8, e.probes().f_attn()).Bind(9, e.probes().tokens());
+  stmt->Bind(5, e.val_ppl());
+  BindProbeMeans(*stmt, 6, e.probes());
+  stmt->Bind(9, e.probes().tokens());
   STORE_RETURN_IF_ERROR(stmt->Run());
+  STORE_RETURN_IF_ERROR(RunForEach(
+      w, "INSERT OR REPLACE INTO eval_values (run_id, step, name, value) VALUES (?1, ?2, ?3, ?4)",
+      e.metrics(), [&](Stmt& value, const auto& named) {
+        value.Bind(1, run_id).Bind(2, e.step()).Bind(3, named.first).Bind(4, named.second);
+      }));
   STORE_ASSIGN_OR_RETURN(
       layer, w.Get("INSERT OR REPLACE INTO eval_layer_probes (run_id, step, layer, has_gate, "
                    "gate_mean, gate_std, gate_min, gate_max, gate_histogram, attn_out_max_abs, "
@@ -431,6 +447,16 @@ absl::Status SetRunState(StoreWriter& w, const RunTransition& t, double now) {
   return run->Run();
 }
 
+// The run's params columns from the counts its trainer reported, where expand left them empty
+// (a program without program.count); counts from expand are never replaced.
+absl::Status FillParams(StoreWriter& w, int64_t run_id, const ParamCount& p) {
+  if (p.total() <= 0) return absl::OkStatus();
+  STORE_ASSIGN_OR_RETURN(fill, w.Get("UPDATE runs SET params_total = ?2, params_activated = ?3 "
+                                     "WHERE id = ?1 AND coalesce(params_total, 0) = 0"));
+  fill->Bind(1, run_id).Bind(2, p.total()).Bind(3, p.activated() > 0 ? p.activated() : p.total());
+  return fill->Run();
+}
+
 // Moves the run to t.to (not RUNNING) with t.summary, its final results; the final evaluation
 // is stored under attempt `attempt`.
 absl::Status SetRunStateWithSummary(StoreWriter& w, const RunTransition& t, int32_t attempt,
@@ -450,18 +476,14 @@ absl::Status SetRunStateWithSummary(StoreWriter& w, const RunTransition& t, int3
   if (s.has_final_eval()) {
     const EvalResult& e = s.final_eval();
     run->Bind(7, e.val_loss()).Bind(8, e.val_ppl());
-    if (e.probes().has_gate_score_mean()) {
-      run->Bind(9, e.probes().gate_score_mean());
-    } else {
-      run->BindNull(9);
-    }
-    run->Bind(10, e.probes().m_act()).Bind(11, e.probes().f_attn());
+    BindProbeMeans(*run, 9, e.probes());
   }
   run->Bind(12, s.spike_steps()).Bind(13, s.spike_score()).Bind(14, s.tokens_per_s());
   run->Bind(15, s.wall_s()).Bind(16, s.reason());
   if (s.peak_memory_bytes() > 0) run->Bind(17, s.peak_memory_bytes());  // else NULL: unknown
   if (s.flops() > 0) run->Bind(18, s.flops());
   STORE_RETURN_IF_ERROR(run->Run());
+  STORE_RETURN_IF_ERROR(FillParams(w, t.run_id, s.params()));
   if (s.has_final_eval() && s.final_eval().step() > 0) {
     STORE_RETURN_IF_ERROR(UpsertEval(w, t.run_id, attempt, s.final_eval()));
   }
@@ -742,6 +764,7 @@ absl::Status ApplyMetrics(StoreWriter& w, const MetricBatch& b, ReportResult* re
     STORE_RETURN_IF_ERROR(inserted);
   }
   for (const EvalResult& e : b.evals) STORE_RETURN_IF_ERROR(UpsertEval(w, b.run_id, b.attempt, e));
+  if (b.params.has_value()) STORE_RETURN_IF_ERROR(FillParams(w, b.run_id, *b.params));
   STORE_RETURN_IF_ERROR(RunForEach(
       w,
       "INSERT OR IGNORE INTO spike_events (run_id, attempt, step, signal, value, baseline, kind, "

@@ -143,6 +143,7 @@ class Expander {
       grid = std::move(next);
     }
 
+    count_ = SiblingCounter(program_count_, ParamsPoints(grid));
     std::vector<std::vector<Prepared>> prepared(grid.size());
     for (size_t a = 0; a < grid.size(); ++a) prepared[a] = PreparePoint(grid[a]);
     // A data-parallel run divides the global batch between its ranks.
@@ -251,6 +252,9 @@ class Expander {
     }
     t->set_group(absl::StrJoin(group, " "));
     if (tune.method != TuneSpec::Method::kAsha) return;
+    // A program that cannot pause trains on past its rungs (TunePlan.trains_through).
+    const bool pauses =
+        !run->config().has_program() || HasCapability(run->config().program(), "pause");
     const int64_t steps = run->config().train().steps();
     for (int64_t rung : tune.rungs) {
       if (rung > steps) {
@@ -259,7 +263,7 @@ class Expander {
                              "; a rung equal to train.steps is the end"));
         return;
       }
-      if (rung < steps && t->stop_at_step() == 0) t->set_stop_at_step(rung);
+      if (pauses && rung < steps && t->stop_at_step() == 0) t->set_stop_at_step(rung);
     }
     if (tune.seeds == TuneSpec::Seeds::kFirst && seed != spec_.seeds.front()) {
       t->set_held(true);
@@ -279,6 +283,26 @@ class Expander {
       if (seen_.insert(std::string(line)).second) problems_.emplace_back(line);
     }
     return false;
+  }
+
+  // The distinct values the grid's points give program params (name -> JSON), for a counter
+  // that asks about every point at once (SiblingCounter); none when the axes set no param, or
+  // set so many combinations that asking about each at once would cost more than it saves.
+  static std::vector<std::map<std::string, std::string>> ParamsPoints(
+      const std::vector<AxisPoint>& grid) {
+    constexpr size_t kMaxSiblings = 64;
+    std::set<std::map<std::string, std::string>> points;
+    for (const AxisPoint& point : grid) {
+      std::map<std::string, std::string> params;
+      for (const AxisAssignment& a : point) {
+        if (!absl::StartsWith(a.path, kParamsPrefix)) continue;
+        absl::StatusOr<std::string> json = YamlToJson(a.value);
+        if (json.ok()) params[a.path.substr(sizeof(kParamsPrefix) - 1)] = *std::move(json);
+      }
+      if (!params.empty()) points.insert(std::move(params));
+    }
+    if (points.size() < 2 || points.size() > kMaxSiblings) return {};
+    return {points.begin(), points.end()};
   }
 
   static std::string PointText(const AxisPoint& point) {
@@ -417,25 +441,12 @@ class Expander {
               "not supported for a program with count: yet");
       ok = false;
     }
-    if (spec_.resources.devices() > 1) {
-      Problem(v.line, "resources.devices",
-              "program runs train on one device for now (the torchrun contract is not "
-              "supported yet)");
-      ok = false;
-    }
-    if (spec_.tune && spec_.tune->method == TuneSpec::Method::kAsha &&
-        !HasCapability(*program, "pause")) {
-      Problem(spec_.tune->line, "tune.method",
-              "asha pauses runs at rungs: the program must declare capabilities: [pause] (exit 0 "
-              "after a ckpt at ABLATE_STOP_AT_STEP)");
-      ok = false;
-    }
     return ok;
   }
 
   // A program variant's budget (a param solved with program.count) and its counts.
   void PrepareProgramBudget(const VariantSpec& v, const std::vector<Prepared>& out, Prepared* p) {
-    const ProgramCounter& count = program_count_;
+    const ProgramCounter& count = count_;
     const BudgetRule* rule = RuleFor(v);
     const YAML::Node own = YamlChild(v.node, "budget");
     const int rule_line = own ? YamlLine(own) : v.budget ? v.line : spec_.budget_line;
@@ -663,6 +674,7 @@ class Expander {
   const std::string code_version_;
   const std::string program_code_hash_;          // ExpandOptions::program_code_hash
   const ProgramCounter program_count_;           // ExpandOptions::program_count
+  ProgramCounter count_;  // program_count_, asked about every axis point at once (Run)
   const int64_t max_runs_;                       // ExpandOptions::max_runs
   const int64_t device_memory_;                  // ExpandOptions::device_memory_bytes
   std::vector<std::string>* const config_json_;  // may be null

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -130,6 +131,33 @@ ProgramCounter Cached(
 }
 
 }  // namespace
+
+ProgramCounter SiblingCounter(ProgramCounter inner,
+                              std::vector<std::map<std::string, std::string>> siblings) {
+  if (siblings.empty() || !inner) return inner;
+  return [inner = std::move(inner), siblings = std::move(siblings)](
+             const std::vector<std::string>& objects) -> absl::StatusOr<std::vector<ParamCount>> {
+    std::vector<std::string> all = objects;
+    std::set<std::string> asked(objects.begin(), objects.end());
+    for (const std::string& o : objects) {
+      const nlohmann::json params = nlohmann::json::parse(o, nullptr, /*allow_exceptions=*/false);
+      if (!params.is_object()) continue;
+      ProgramConfig config;
+      for (const auto& [name, value] : params.items()) SetProgramParam(name, value.dump(), &config);
+      for (const std::map<std::string, std::string>& sibling : siblings) {
+        ProgramConfig other = config;
+        for (const auto& [name, json] : sibling) SetProgramParam(name, json, &other);
+        std::string text = ProgramParamsJson(other);
+        if (asked.insert(text).second) all.push_back(std::move(text));
+      }
+    }
+    if (all.size() > objects.size()) {
+      absl::StatusOr<std::vector<ParamCount>> got = inner(all);
+      if (got.ok()) return std::vector<ParamCount>(got->begin(), got->begin() + objects.size());
+    }
+    return inner(objects);
+  };
+}
 
 ProgramCounter CommandCounter(const std::string& command, const std::string& dir,
                               absl::Duration timeout,

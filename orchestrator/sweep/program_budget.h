@@ -35,6 +35,15 @@ ProgramCounter CommandCounter(const std::string& command, const std::string& dir
 // answered at submit); InvalidArgument for an object it does not know.
 ProgramCounter RecordedCounter(std::shared_ptr<const std::map<std::string, ParamCount>> known);
 
+// A counter that asks `inner` about every object together with its siblings: the same object
+// with each entry of `siblings` (param name -> JSON value) set on it, the other axis points of a
+// sweep. A counter that caches (CommandCounter) then answers the other points from one call
+// instead of a call each: a budget's search at every point asks about the same values. Answers
+// `objects` only; when the call with the siblings fails, asks about `objects` alone (its error is
+// then theirs). With no siblings (or no inner counter), `inner` itself.
+ProgramCounter SiblingCounter(ProgramCounter inner,
+                              std::vector<std::map<std::string, std::string>> siblings);
+
 // Solves `rule.param()` of *program (an integer param) so that its count matches
 // `anchor_total` (the count of `anchor`), a multiple of rule.multiple() >= that multiple, and
 // sets it. InvalidArgument when the param is not an integer, the count is not monotone in it

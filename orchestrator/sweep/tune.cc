@@ -495,6 +495,16 @@ TunePlan MakeTunePlan(const TuneSpec& tune, const ExpandedSweep& sweep) {
     plan.set_expected_steps(max_steps);
     return plan;
   }
+  plan.set_trains_through(
+      sweep.runs_size() > 0 &&
+      std::all_of(sweep.runs().begin(), sweep.runs().end(), [](const RunSpec& run) {
+        return run.config().has_program() && !HasCapability(run.config().program(), "pause");
+      }));
+  if (plan.trains_through()) {
+    // Who is stopped, and when, depends on the order trials arrive at their rungs: no estimate.
+    plan.set_expected_steps(max_steps);
+    return plan;
+  }
   int64_t expected = 0;
   for (const auto& [name, g] : groups) {
     const int64_t seeds = static_cast<int64_t>(g.seeds.size());
@@ -533,7 +543,12 @@ std::string TunePlanText(const TunePlan& plan) {
   }
   absl::StrAppend(&out, "; at most ", plan.max_runs(), " runs, ", FormatCount(plan.max_steps()),
                   " steps");
-  if (plan.method() == "asha" && plan.max_steps() > 0) {
+  if (plan.method() == "asha" && plan.trains_through()) {
+    absl::StrAppend(&out,
+                    "; the program cannot pause (no pause in capabilities): runs train on past "
+                    "their rungs, and a value that arrives at a rung outside the top 1/",
+                    plan.reduction_factor(), " of the values there so far is stopped there");
+  } else if (plan.method() == "asha" && plan.max_steps() > 0) {
     absl::StrAppend(
         &out, "; expected ", FormatCount(plan.expected_steps()), " steps (",
         static_cast<int64_t>(std::lround(100.0 * plan.expected_steps() / plan.max_steps())),

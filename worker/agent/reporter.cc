@@ -118,7 +118,8 @@ absl::Status JobReporter::Flush() {
 }
 
 void JobReporter::Push(OutboxItem item) {
-  if (!std::holds_alternative<CheckpointNotice>(item) && !std::holds_alternative<Notice>(item)) {
+  if (!std::holds_alternative<CheckpointNotice>(item) && !std::holds_alternative<Notice>(item) &&
+      !std::holds_alternative<ParamCount>(item)) {
     ++points_;
   }
   outbox_.push_back(std::move(item));
@@ -149,6 +150,8 @@ ReportRequest JobReporter::TakeBatch() {
       batch.set_checkpoint_path(std::move(c->path));
     } else if (auto* n = std::get_if<Notice>(&item)) {
       batch.add_notices(std::move(n->line));
+    } else if (auto* c = std::get_if<ParamCount>(&item)) {
+      *batch.mutable_params() = std::move(*c);
     }
     outbox_.pop_front();
   }
@@ -195,6 +198,7 @@ bool JobReporter::SplitInflight() {
   for (const EvalResult& e : batch.evals()) back.push_back(e);
   for (const SpikeEvent& s : batch.spikes()) back.push_back(s);
   for (const std::string& line : batch.notices()) back.push_back(Notice{line});
+  if (batch.has_params()) back.push_back(batch.params());
   if (batch.checkpoint_step() > 0) {
     back.push_back(CheckpointNotice{batch.checkpoint_step(), batch.checkpoint_path()});
   }

@@ -43,7 +43,8 @@ struct CheckpointNotice {
 struct Notice {
   std::string line;
 };
-using OutboxItem = std::variant<StepMetrics, EvalResult, SpikeEvent, CheckpointNotice, Notice>;
+using OutboxItem =
+    std::variant<StepMetrics, EvalResult, SpikeEvent, CheckpointNotice, Notice, ParamCount>;
 
 // Everything the coordinator is told about one attempt: the outbox and its sender thread.
 //
@@ -171,6 +172,7 @@ class ReportingObserver : public TrainerObserver {
     reporter_->Add(CheckpointNotice{step, path});
   }
   void OnNotice(const std::string& line) override { reporter_->AddNotice(line); }
+  void OnParams(const ParamCount& params) override { reporter_->Add(params); }
 
  private:
   JobReporter* const reporter_;

@@ -7,6 +7,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "config/program_config.h"
 #include "nlohmann/json.hpp"
 #include "re2/re2.h"
 
@@ -72,8 +74,9 @@ std::optional<int64_t> StepOf(const Json& o) {
   return std::nullopt;
 }
 
-// Known evaluation metrics land in their columns (Probes' means); others are not stored yet.
-void SetKnownMetric(const std::string& name, double value, EvalResult* eval) {
+// Known evaluation metrics land in their columns (Probes' means); others are kept by name (up
+// to kMaxEvalMetrics of them, finite values only). False when the metric was dropped.
+bool SetMetric(const std::string& name, double value, EvalResult* eval) {
   Probes* p = eval->mutable_probes();
   if (name == "gate_score" || name == "gate_score_mean") {
     p->set_gate_score_mean(value);
@@ -81,7 +84,13 @@ void SetKnownMetric(const std::string& name, double value, EvalResult* eval) {
     p->set_m_act(value);
   } else if (name == "f_attn") {
     p->set_f_attn(value);
+  } else if (name.empty() || name.size() > kMaxEvalMetricName || !std::isfinite(value) ||
+             eval->metrics_size() >= kMaxEvalMetrics) {
+    return false;
+  } else {
+    (*eval->mutable_metrics())[name] = value;
   }
+  return true;
 }
 
 void SetValLoss(double loss, EvalResult* eval) {
@@ -149,7 +158,10 @@ void OutputParser::ParseAblate(absl::string_view line, std::vector<ProgramEvent>
     e.kind = Kind::kStep;
     e.step.set_step(*step);
     e.step.set_loss(*loss);
-    if (auto v = Field(o, "grad_norm", &bad)) e.step.set_grad_norm(*v);
+    if (auto v = Field(o, "grad_norm", &bad)) {
+      e.step.set_grad_norm(*v);
+      e.grad_norm_reported = true;
+    }
     if (auto v = Field(o, "lr", &bad)) e.step.set_lr(*v);
     if (auto v = Field(o, "tokens", &bad); v && std::isfinite(*v) && *v > 0 && *v < 9e18) {
       e.tokens = static_cast<int64_t>(*v);
@@ -169,9 +181,19 @@ void OutputParser::ParseAblate(absl::string_view line, std::vector<ProgramEvent>
     e.eval.set_step(*step);
     SetValLoss(*loss, &e.eval);
     if (auto m = o.find("metrics"); m != o.end() && m->is_object()) {
+      std::vector<std::string> dropped;
       for (auto it = m->begin(); it != m->end(); ++it) {
-        if (it.key().size() > kMaxProgramMetricName) continue;
-        if (std::optional<double> v = Number(it.value())) SetKnownMetric(it.key(), *v, &e.eval);
+        const std::optional<double> v = Number(it.value());
+        if (!v || !SetMetric(it.key(), *v, &e.eval)) {
+          dropped.push_back(it.key().size() > 40 ? it.key().substr(0, 40) + "..." : it.key());
+        }
+      }
+      if (!dropped.empty()) {
+        e.message = absl::StrCat(
+            "metric", dropped.size() > 1 ? "s " : " ", absl::StrJoin(dropped, ", "),
+            " of the evaluation of step ", *step, " dropped: a name must be 1 to ",
+            kMaxEvalMetricName, " bytes, a value a finite number, at most ", kMaxEvalMetrics,
+            " per evaluation");
       }
     }
   } else if (type == "ckpt") {
@@ -272,7 +294,10 @@ void OutputParser::ParseRegex(absl::string_view line, std::vector<ProgramEvent>*
         e.kind = Kind::kStep;
         e.step.set_step(static_cast<int64_t>(step));
         e.step.set_loss(loss);
-        if (number(*g, "grad_norm", &v)) e.step.set_grad_norm(v);
+        if (number(*g, "grad_norm", &v)) {
+          e.step.set_grad_norm(v);
+          e.grad_norm_reported = true;
+        }
         if (number(*g, "lr", &v)) e.step.set_lr(v);
         if (number(*g, "tokens", &v) && v > 0 && v < 9e18) e.tokens = static_cast<int64_t>(v);
         out->push_back(std::move(e));

@@ -33,19 +33,18 @@ namespace ablate {
 
 // The longest line the parser reads (a longer one is cut there: its report, if any, is invalid).
 inline constexpr size_t kMaxProgramLineBytes = 64 << 10;
-// The longest metric name kept; a longer one is dropped with a notice.
-inline constexpr size_t kMaxProgramMetricName = 128;
 
 // One thing a line reported.
 struct ProgramEvent {
   enum class Kind { kStep, kEval, kCheckpoint, kParams, kEnd, kError, kInvalid };
   Kind kind = Kind::kInvalid;
   StepMetrics step;             // kStep: step, loss, grad_norm, lr
+  bool grad_norm_reported = false;  // kStep: the line had a grad norm (else step's 0 is none)
   int64_t tokens = 0;           // kStep: tokens trained in the step (0: not reported)
   EvalResult eval;              // kEval: step, val_loss, val_ppl, probes' known means
   int64_t checkpoint_step = 0;  // kCheckpoint
   ParamCount params;            // kParams: total, activated
-  std::string message;          // kError: its msg; kInvalid: what is wrong with the line
+  std::string message;  // kError: its msg; kInvalid: what is wrong; kEval: metrics dropped
   bool permanent = false;       // kError
 };
 

@@ -46,6 +46,8 @@ class TrainerObserver {
   // One line about the run that belongs in its event log: an unreadable checkpoint moved aside
   // and the step training resumed from instead (at the start of Run, or at a rollback).
   virtual void OnNotice(const std::string& line) {}
+  // The model's parameter counts, as a program reported them (`params`).
+  virtual void OnParams(const ParamCount& params) {}
 };
 
 struct TrainerOptions {

@@ -17,6 +17,7 @@ params = ablate_report.report().config()
 mode = params.get("mode", "good")
 steps = int(params.get("steps", 40))
 lr = float(params.get("lr", 0.05))
+delay = float(params.get("delay", 0))  # seconds per step: slow enough to be stopped mid-run
 report = ablate_report.report()
 seed = report.seed() or 0
 
@@ -73,6 +74,9 @@ def loss_and_grads(w, b):
 
 
 for step in range(start + 1, steps + 1):
+    if report.should_stop():
+        sys.exit(ablate_report.EXIT_TERMINATED)
+    time.sleep(delay)
     loss, gw, gb = loss_and_grads(w, b)
     w -= lr * gw
     b -= lr * gb
@@ -89,7 +93,8 @@ for step in range(start + 1, steps + 1):
         loss = 1000.0  # a bad batch: ablate rolls back past it
     report.step(step, loss, grad_norm=math.hypot(gw, gb), lr=lr, tokens=len(data))
     if step % 10 == 0 or step == steps:
-        report.eval(step, loss_and_grads(w, b)[0], metrics={"gate_score": 0.5})
+        report.eval(step, loss_and_grads(w, b)[0],
+                    metrics={"gate_score": 0.5, "slope_error": abs(w - 3)})
         with report.checkpoint(step) as d:
             with open(os.path.join(d, "weights.json"), "w") as f:
                 json.dump([w, b], f)

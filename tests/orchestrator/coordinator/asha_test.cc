@@ -157,5 +157,74 @@ TEST(AshaTest, WithSeedsFirstTheBestFinishedValueTakesTheOtherSeeds) {
   EXPECT_THAT(d[1].detail, HasSubstr("the first seed chose 2"));
 }
 
+
+// Trains through (a program that cannot pause): runs RUNNING past their rungs, nothing held.
+AshaRule ThroughRule() {
+  AshaRule rule = Rule();
+  rule.trains_through = true;
+  return rule;
+}
+
+AshaRun Running(int64_t id, double value) {
+  AshaRun r;
+  r.run_id = id;
+  r.value = value;
+  r.state = RUNNING;
+  return r;
+}
+
+TEST(AshaTest, TrainingThroughEachArrivalIsJudgedAgainstThoseThereBeforeIt) {
+  AshaGroup g;
+  g.runs.push_back(Running(1, 1));
+  g.runs[0].at[10] = 2.0;
+  g.runs.push_back(Running(2, 2));  // not at rung 0 yet
+  // Alone at the rung: max(1, floor(1 / 3)) = 1, it trains on.
+  std::vector<AshaDecision> d = DecideAsha(g, ThroughRule());
+  ASSERT_THAT(Summary(d), ElementsAre("promote 1@0 -> 0"));
+  EXPECT_TRUE(d[0].runs.empty());  // nothing to release: it never paused
+  EXPECT_THAT(d[0].detail, HasSubstr("val_loss 2 is 1 of 1 at rung 0 (step 10), in the top 1: "
+                                     "trains on"));
+  g.decided.insert({1.0, 0, "promote"});
+  // The second arrives worse: not in the top 1 of 2, stopped while it trains.
+  g.runs[1].at[10] = 3.0;
+  d = DecideAsha(g, ThroughRule());
+  ASSERT_THAT(Summary(d), ElementsAre("stop 2@0 -> 0"));
+  EXPECT_THAT(d[0].runs, ElementsAre(2));
+  EXPECT_THAT(d[0].detail, HasSubstr("stopped while training: val_loss 3 is 2 of 2"));
+  // A third arrives best: it goes on; the first is not judged again.
+  g.decided.insert({2.0, 0, "stop"});
+  g.runs[1].state = STOPPED;
+  g.runs.push_back(Running(3, 3));
+  g.runs[2].at[10] = 1.0;
+  EXPECT_THAT(Summary(DecideAsha(g, ThroughRule())), ElementsAre("promote 3@0 -> 0"));
+}
+
+TEST(AshaTest, TrainingThroughATrialThatEndedIsNotStoppedAndADivergedOneIsNotJudged) {
+  AshaGroup g;
+  g.runs.push_back(Running(1, 1));
+  g.runs[0].at[10] = 1.0;
+  g.decided.insert({1.0, 0, "promote"});
+  g.runs.push_back(Running(2, 2));
+  g.runs[1].at[10] = 5.0;
+  g.runs[1].state = SUCCEEDED;  // finished before its rung was decided: nothing to stop
+  g.runs.push_back(Running(3, 3));
+  g.runs[2].state = DIVERGED;  // before rung 0: ranks last there, its runs ended
+  EXPECT_TRUE(DecideAsha(g, ThroughRule()).empty());
+}
+
+TEST(AshaTest, TrainingThroughEverySeedOfALosingTrialThatCanStillTrainIsStopped) {
+  AshaGroup g;
+  for (int64_t id = 1; id <= 4; ++id) {
+    g.runs.push_back(Running(id, id <= 2 ? 1 : 2));  // trials 1 and 2, two seeds each
+    g.runs.back().seed = static_cast<uint64_t>(id % 2);
+    g.runs.back().at[10] = id <= 2 ? 1.0 : 4.0;
+  }
+  g.runs[3].state = PENDING;  // trial 2's second seed crashed past the rung: queued again
+  g.decided.insert({1.0, 0, "promote"});
+  const std::vector<AshaDecision> d = DecideAsha(g, ThroughRule());
+  ASSERT_THAT(Summary(d), ElementsAre("stop 2@0 -> 0"));
+  EXPECT_THAT(d[0].runs, ElementsAre(3, 4));
+}
+
 }  // namespace
 }  // namespace ablate

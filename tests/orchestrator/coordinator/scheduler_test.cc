@@ -537,6 +537,29 @@ TEST_F(GangTest, AWorkerWideEnoughTakesTheRunWholeInstead) {
   EXPECT_TRUE(s_.GetLease(11)->members.empty());
 }
 
+TEST_F(SchedulerTest, AProgramRunWiderThanEveryWorkerWaitsForOneWideEnough) {
+  // A program's ranks are started by one worker: never a gang's, whatever waits behind it.
+  Scheduler s(Options(), &clock_);
+  s.AddWorker(1, Cpu());
+  s.AddWorker(2, Cpu());
+  s.AddSweep(1, 1);
+  QueuedRun program = Wide(11, 1, 0, 2);
+  program.needs.code_version = "program+0123456789abcdef";
+  ASSERT_TRUE(s.Enqueue(program));
+  ASSERT_TRUE(s.Enqueue(MakeRun(12, 1, 1)));
+  std::optional<QueuedRun> narrow = s.Acquire(1, Cpu());
+  ASSERT_TRUE(narrow.has_value());
+  EXPECT_EQ(narrow->run_id, 12);  // the program run forms no gang and holds no slot
+  EXPECT_EQ(s.SlotsReserved(1), 0);
+  EXPECT_FALSE(s.Acquire(2, Cpu()).has_value());
+  EXPECT_EQ(s.SlotsReserved(2), 0);
+  s.AddWorker(3, Cpu(16, 2));
+  std::optional<QueuedRun> whole = s.Acquire(3, Cpu(16, 2));
+  ASSERT_TRUE(whole.has_value());
+  EXPECT_EQ(whole->run_id, 11);
+  EXPECT_TRUE(s.GetLease(11)->members.empty());
+}
+
 TEST_F(GangTest, ACancelledRunDissolvesItsFormingGang) {
   EXPECT_FALSE(s_.Acquire(1, Cpu()).has_value());
   EXPECT_EQ(s_.CancelSweep(1).size(), 3u);

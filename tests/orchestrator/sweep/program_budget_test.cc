@@ -188,5 +188,60 @@ TEST_F(CommandCounterTest, RefusesTooFewLinesBadLinesFailuresAndHangs) {
               HasSubstr("no-such-counter-x not found"));
 }
 
+TEST(ProgramBudgetTest, ASiblingCounterAsksAboutEveryAxisPointInOneCall) {
+  // The search at four learning rates: the first point's calls answer the other three's.
+  int calls = 0;
+  auto cache = std::make_shared<std::map<std::string, ParamCount>>();
+  std::vector<std::map<std::string, std::string>> lrs;
+  for (const char* lr : {"0.001", "0.003", "0.01", "0.03"}) lrs.push_back({{"lr", lr}});
+  // A caching counter in front of the affine one, as CommandCounter caches.
+  ProgramCounter inner = [&](const std::vector<std::string>& objects)
+      -> absl::StatusOr<std::vector<ParamCount>> {
+    std::vector<std::string> missing;
+    for (const std::string& o : objects) {
+      if (!cache->count(o)) missing.push_back(o);
+    }
+    if (!missing.empty()) {
+      absl::StatusOr<std::vector<ParamCount>> got = AffineCounter(&calls)(missing);
+      if (!got.ok()) return got.status();
+      for (size_t i = 0; i < missing.size(); ++i) (*cache)[missing[i]] = (*got)[i];
+    }
+    std::vector<ParamCount> out;
+    for (const std::string& o : objects) out.push_back(cache->at(o));
+    return out;
+  };
+  ProgramCounter count = SiblingCounter(inner, lrs);
+  int first = 0;
+  for (const auto& point : lrs) {
+    ProgramConfig p = Gated(256);
+    SetProgramParam("lr", point.at("lr"), &p);
+    absl::StatusOr<BudgetSolution> s = SolveProgramBudget(Rule("ffn"), 1000 + 128 * 256,
+                                                          "baseline", count, &p);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->to(), 224);
+    if (first == 0) first = calls;
+  }
+  EXPECT_GT(first, 0);
+  EXPECT_EQ(calls, first);  // the other points asked nothing new
+  // Answers are the objects' own, in order, whatever was asked besides.
+  ProgramConfig a = Gated(10), b = Gated(20);
+  absl::StatusOr<std::vector<ParamCount>> got =
+      count({ProgramParamsJson(a), ProgramParamsJson(b)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 2u);
+  EXPECT_EQ((*got)[0].total(), 1000 + 128 * 10 + 4096);
+  EXPECT_EQ((*got)[1].total(), 1000 + 128 * 20 + 4096);
+  // A counter that fails on a sibling still answers the objects alone.
+  ProgramCounter picky = [&](const std::vector<std::string>& objects)
+      -> absl::StatusOr<std::vector<ParamCount>> {
+    if (objects.size() > 1) return absl::InvalidArgumentError("too many");
+    return AffineCounter(&calls)(objects);
+  };
+  got = SiblingCounter(picky, lrs)({ProgramParamsJson(a)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[0].total(), 1000 + 128 * 10 + 4096);
+  EXPECT_FALSE(SiblingCounter(ProgramCounter(), lrs));  // no counter stays no counter
+}
+
 }  // namespace
 }  // namespace ablate
