@@ -22,6 +22,17 @@ checkpoint continues exactly as if it had not stopped, and ABLATE_ROLLBACK="A-B"
 continuing at step B+1: the batches of steps A+1..B are never trained on, and the learning-rate
 schedule continues at B+1. A step whose loss or gradient norm is not finite is reported but
 leaves the weights unchanged; three in a row end the run as diverged (exit 3).
+
+Data parallel: with WORLD_SIZE > 1 (the torchrun variables ablate sets for `resources: {devices:
+N}`, or torchrun's own) every rank joins a process group (init_method env://; gloo on the CPU,
+nccl on CUDA) and trains a DistributedDataParallel copy on its own rows of each step's batch:
+rank r takes rows r*B/N..(r+1)*B/N-1 of the batch_size B rows a one-process run draws, so the
+global batch, the averaged gradient and the reported loss (averaged over the ranks) are a
+one-process run's, up to float summation order. batch_size must be a multiple of WORLD_SIZE.
+Rank 0 alone reports, evaluates and writes checkpoints (the same state.pt as one process: a run
+may resume on another number of ranks); every rank resumes from the checkpoint, and the ranks
+agree before each step whether to stop (SIGTERM on any rank, the rung), so they stop together.
+On CUDA a rank trains on its visible device (ablate gives each rank one: device "cuda").
 """
 import ast
 import contextlib
@@ -39,6 +50,7 @@ except ImportError:
     import ablate_report
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -223,9 +235,14 @@ class Batches:
         self.block, self.batch, self.seed = p["block_size"], p["batch_size"], p["seed"]
         self.offsets = torch.arange(self.block + 1)
 
-    def get(self, index, device):
+    def get(self, index, device, shard=None):
+        """Batch `index` as (inputs, targets); `shard` (rank, world): that rank's rows only."""
         g = torch.Generator().manual_seed(stream_seed(self.seed, self.stream, index))
         starts = torch.randint(len(self.data) - self.block, (self.batch,), generator=g)
+        if shard is not None:
+            rank, world = shard
+            rows_per_rank = self.batch // world
+            starts = starts[rank * rows_per_rank:(rank + 1) * rows_per_rank]
         rows = self.data[starts[:, None] + self.offsets].long()
         return rows[:, :-1].to(device), rows[:, 1:].to(device)
 
@@ -259,8 +276,9 @@ def lr_at(step, p):
 
 
 class Trainer:
-    def __init__(self, p, rep, device):
+    def __init__(self, p, rep, device, rank=0, world=1):
         self.p, self.rep, self.device = p, rep, device
+        self.rank, self.world = rank, world
         train, val = load_dataset(p)
         self.train_batches, self.val_batches = Batches(train, p, "train"), Batches(val, p, "val")
         torch.manual_seed(p["seed"])
@@ -277,6 +295,8 @@ class Trainer:
         self.step = 0
         self.resumed_step = None  # the checkpoint's step when this attempt resumed
         self.last_ckpt = self.last_eval = None
+        self.trained = self.model  # what a step runs: the model, or its DDP wrapper (run)
+        self.terminated = False    # SIGTERM reached some rank (several ranks: agreed on)
 
     def autocast(self):
         if self.p["dtype"] == "float32":
@@ -311,13 +331,20 @@ class Trainer:
         lr = lr_at(self.step, self.p)
         for group in self.opt.param_groups:
             group["lr"] = lr
-        x, y = self.train_batches.get(self.step, self.device)
+        shard = (self.rank, self.world) if self.world > 1 else None
+        x, y = self.train_batches.get(self.step, self.device, shard)
         with self.autocast():
-            loss = self.model(x, y)
+            loss = self.trained(x, y)
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # with several ranks DDP averages the gradients: the global batch's
         clip = self.p["grad_clip"] if self.p["grad_clip"] > 0 else float("inf")
         norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        if self.world > 1:
+            # The global batch's loss: the mean of the ranks' (equal shards). Every rank gets the
+            # same value and the same norm, so all of them step, or skip, alike.
+            loss = loss.detach().float().clone()
+            dist.all_reduce(loss)
+            loss /= self.world
         loss = loss.item()
         finite = math.isfinite(loss) and math.isfinite(norm)
         if finite:
@@ -326,6 +353,9 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self):
+        self.last_eval = self.step
+        if self.rank != 0:
+            return  # rank 0 evaluates and reports: the other ranks' weights are the same
         self.model.eval()
         losses, gates = [], []
         for i in range(self.p["eval_iters"]):
@@ -338,20 +368,37 @@ class Trainer:
         self.model.train()
         metrics = {"gate_score": sum(gates) / len(gates)} if gates else None
         self.rep.eval(self.step, sum(losses) / len(losses), metrics)
-        self.last_eval = self.step
 
     def checkpoint(self):
+        if self.rank != 0:
+            self.last_ckpt = self.step
+            return  # rank 0 writes the checkpoint every rank resumes from
         state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                  "step": self.step, "arch": {k: self.p[k] for k in ARCH_KEYS}}
         with self.rep.checkpoint(self.step) as directory:
             torch.save(state, str(directory / "state.pt"))
         self.last_ckpt = self.step
 
+    def should_stop(self):
+        """Whether to stop before the next step: SIGTERM, or the rung. With several ranks they
+        agree (a SIGTERM on any rank stops all), so that every rank stops at the same step."""
+        if self.world == 1:
+            self.terminated = self.rep.sigterm_received()
+            return self.rep.should_stop(self.step)
+        flag = torch.tensor([1.0 if self.rep.sigterm_received() else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self.terminated = flag.item() > 0
+        return self.terminated or self.rep.at_rung(self.step)
+
     def run(self):
         p, rep = self.p, self.rep
         self.resume()
+        if self.world > 1:
+            # After resuming: every rank starts from the same weights (the checkpoint, or the
+            # same seed's initialisation), which DDP checks by broadcasting rank 0's.
+            self.trained = torch.nn.parallel.DistributedDataParallel(self.model)
         nonfinite = 0
-        while self.step < p["max_iters"] and not rep.should_stop(self.step):
+        while self.step < p["max_iters"] and not self.should_stop():
             self.step += 1
             loss, norm, lr, finite = self.train_step()
             rep.step(self.step, loss, grad_norm=norm, lr=lr,
@@ -367,7 +414,7 @@ class Trainer:
                 self.checkpoint()
 
         finished = self.step >= p["max_iters"]
-        if rep.sigterm_received() and not finished:
+        if (self.terminated or rep.sigterm_received()) and not finished:
             if self.last_ckpt != self.step:
                 self.checkpoint()
             return ablate_report.EXIT_TERMINATED
@@ -401,6 +448,22 @@ def count_main(stdin, stdout, stderr):
     return ablate_report.EXIT_OK
 
 
+def ranks(p, rep):
+    """(rank, world size) from torchrun's RANK and WORLD_SIZE; (0, 1) when WORLD_SIZE is unset."""
+    text = os.environ.get("WORLD_SIZE", "").strip() or "1"
+    try:
+        world = int(text)
+    except ValueError:
+        raise ConfigError("WORLD_SIZE must be an integer, got %r" % text) from None
+    rank = rep.rank()
+    if world < 1 or not 0 <= rank < world:
+        raise ConfigError("RANK %d and WORLD_SIZE %d: need 0 <= RANK < WORLD_SIZE" % (rank, world))
+    if p["batch_size"] % world:
+        raise ConfigError("batch_size %d must be a multiple of WORLD_SIZE %d (each rank trains "
+                          "batch_size / WORLD_SIZE rows of each batch)" % (p["batch_size"], world))
+    return rank, world
+
+
 def main(argv):
     if "--count" in argv:
         if len(argv) != 1:
@@ -423,8 +486,16 @@ def main(argv):
         if device.type == "cuda" and not torch.cuda.is_available():
             rep.error("device %r requested but CUDA is not available" % p["device"])
             return 1
-        trainer = Trainer(p, rep, device)
-        return trainer.run()
+        rank, world = ranks(p, rep)
+        if world == 1:
+            return Trainer(p, rep, device).run()
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://")
+        try:
+            return Trainer(p, rep, device, rank, world).run()
+        finally:
+            dist.destroy_process_group()
     except ConfigError as e:
         rep.error(str(e), permanent=True)
         print("gated_gpt: %s" % e, file=sys.stderr)

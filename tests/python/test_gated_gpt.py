@@ -5,6 +5,7 @@ Run from the repository root: /usr/bin/python3 -m unittest discover -s tests/pyt
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,16 @@ def of_kind(recs, kind):
     return [r for r in recs if r["t"] == kind]
 
 
+# torchrun's variables, which ablate sets for a program run of resources.devices > 1.
+TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @unittest.skipIf(torch is None, "torch is not importable (install python3-torch)")
 class GatedGptTest(unittest.TestCase):
     @classmethod
@@ -80,6 +91,43 @@ class GatedGptTest(unittest.TestCase):
 
     def losses(self, recs):
         return {r["step"]: r["loss"] for r in of_kind(recs, "step")}
+
+    def start_ranks(self, params, ckdir, world, **env):
+        """The program's `world` ranks as ablate starts them (torchrun's variables), running."""
+        base = {k: v for k, v in os.environ.items()
+                if not k.startswith("ABLATE_") and k not in TORCHRUN}
+        base.update(PYTHONUNBUFFERED="1", ABLATE_CHECKPOINT_DIR=str(ckdir), MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
+                    LOCAL_WORLD_SIZE=str(world))
+        base.update({k: str(v) for k, v in env.items()})
+        return [subprocess.Popen([sys.executable, str(PROGRAM)] + argv(params),
+                                 env=dict(base, RANK=str(rank), LOCAL_RANK=str(rank)),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 universal_newlines=True, cwd=str(self.tmp))
+                for rank in range(world)]
+
+    def finish_ranks(self, procs):
+        """[(returncode, records, stdout, stderr)] of started ranks, by rank."""
+        out = []
+        try:
+            for proc in procs:
+                stdout, stderr = proc.communicate(timeout=300)
+                out.append((proc.returncode, records(stdout), stdout, stderr))
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        return out
+
+    def run_ranks(self, params, ckdir, world, **env):
+        return self.finish_ranks(self.start_ranks(params, ckdir, world, **env))
+
+    def assert_close_losses(self, got, expected, rel):
+        self.assertEqual(sorted(got), sorted(expected))
+        for step in expected:
+            self.assertLessEqual(abs(got[step] - expected[step]), rel * abs(expected[step]),
+                                 "step %d: %r vs %r" % (step, got[step], expected[step]))
 
     # ---- parameter counts -----------------------------------------------------------------------
 
@@ -253,6 +301,102 @@ class GatedGptTest(unittest.TestCase):
         self.assertEqual(recs[-1], {"t": "ckpt", "step": last_step})
         self.assertNotIn({"t": "end"}, recs)
         self.assertEqual((ck / "latest" / "ablate_step").read_text(), "%d\n" % last_step)
+
+    # ---- data parallel (WORLD_SIZE > 1: resources.devices, docs/program.md) -------------------
+
+    def test_two_ranks_train_the_global_batch_of_one_process(self):
+        # The same global batch split between 2 ranks (gloo on the CPU): the same losses as one
+        # process up to float summation order, reported by rank 0 alone. Tolerance: a relative
+        # 1e-4 on every step's loss and on the evaluations (measured: under 1e-6 over 30 steps).
+        params = self.params(gate="g1", max_iters=30, eval_every=10, ckpt_every=10)
+        rc, one, _, err = self.run_program(params, self.tmp / "ck-dp-one")
+        self.assertEqual(rc, 0, err)
+        (rc0, recs0, _, err0), (rc1, recs1, out1, err1) = self.run_ranks(
+            params, self.tmp / "ck-dp-two", 2)
+        self.assertEqual((rc0, rc1), (0, 0), err0 + err1)
+        self.assertEqual(recs1, [], out1)  # only rank 0 reports
+        self.assert_close_losses(self.losses(recs0), self.losses(one), 1e-4)
+        self.assertEqual([r["tokens"] for r in of_kind(recs0, "step")], [4 * 32] * 30)
+        evals = {r["step"]: r["val_loss"] for r in of_kind(recs0, "eval")}
+        self.assert_close_losses(evals, {r["step"]: r["val_loss"] for r in of_kind(one, "eval")},
+                                 1e-4)
+        self.assertEqual(of_kind(recs0, "ckpt"), of_kind(one, "ckpt"))
+        self.assertEqual(recs0[-1], {"t": "end"})
+        # Rank 0 alone wrote the checkpoint, where one process would.
+        self.assertEqual((self.tmp / "ck-dp-two" / "latest" / "ablate_step").read_text(), "30\n")
+        self.assertEqual(sorted(p.name for p in (self.tmp / "ck-dp-two").iterdir()), ["latest"])
+
+    def test_two_ranks_pause_together_and_resume_on_any_number_of_ranks(self):
+        params = self.params(max_iters=30, eval_every=10, ckpt_every=10)
+        (rc0, straight, _, err0), (rc1, _, _, err1) = self.run_ranks(
+            params, self.tmp / "ck-dp-straight", 2)
+        self.assertEqual((rc0, rc1), (0, 0), err0 + err1)
+
+        ck = self.tmp / "ck-dp-paused"
+        (rc0, first, _, err0), (rc1, _, _, err1) = self.run_ranks(
+            params, ck, 2, ABLATE_STOP_AT_STEP=15)
+        self.assertEqual((rc0, rc1), (0, 0), err0 + err1)  # both ranks pause at the rung
+        self.assertEqual(max(self.losses(first)), 15)
+        self.assertEqual(of_kind(first, "ckpt")[-1], {"t": "ckpt", "step": 15})
+        self.assertNotIn({"t": "end"}, first)
+
+        # Both ranks resume from rank 0's checkpoint: exactly the uninterrupted run's losses.
+        (rc0, second, _, err0), (rc1, _, _, err1) = self.run_ranks(
+            params, ck, 2, ABLATE_RESUME_FROM=15, ABLATE_ATTEMPT=2)
+        self.assertEqual((rc0, rc1), (0, 0), err0 + err1)
+        expected = {s: v for s, v in self.losses(straight).items() if s > 15}
+        self.assertEqual(self.losses(second), expected)
+        self.assertEqual(second[-1], {"t": "end"})
+
+        # The checkpoint is a one-process run's: one process resumes from it too.
+        ck_one = self.tmp / "ck-dp-to-one"
+        self.finish_ranks(self.start_ranks(params, ck_one, 2, ABLATE_STOP_AT_STEP=15))
+        rc, third, _, err = self.run_program(params, ck_one, ABLATE_RESUME_FROM=15)
+        self.assertEqual(rc, 0, err)
+        self.assert_close_losses(self.losses(third), expected, 1e-4)
+
+    def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(self):
+        ck = self.tmp / "ck-dp-sigterm"
+        procs = self.start_ranks(self.params(max_iters=10**6, ckpt_every=0, eval_every=0), ck, 2)
+        seen = []
+        try:
+            for line in procs[0].stdout:
+                seen.append(line)
+                if '"t":"step"' in line:
+                    procs[1].send_signal(signal.SIGTERM)  # rank 1 alone: the ranks agree
+                    break
+        finally:
+            (rc0, rest, _, err0), (rc1, recs1, _, err1) = self.finish_ranks(procs)
+        self.assertEqual((rc0, rc1), (143, 143), err0 + err1)
+        recs = records("".join(seen)) + rest
+        last_step = of_kind(recs, "step")[-1]["step"]
+        self.assertEqual(recs[-1], {"t": "ckpt", "step": last_step})
+        self.assertEqual(recs1, [])
+        self.assertEqual((ck / "latest" / "ablate_step").read_text(), "%d\n" % last_step)
+
+    def test_the_ranks_train_together_a_dead_rank_fails_the_others(self):
+        # One process group: rank 0's next collective fails once rank 1 is gone.
+        procs = self.start_ranks(self.params(max_iters=10**6, ckpt_every=0, eval_every=0),
+                                 self.tmp / "ck-dp-dead", 2)
+        try:
+            for line in procs[0].stdout:
+                if '"t":"step"' in line:
+                    procs[1].kill()
+                    break
+        finally:
+            (rc0, _, _, err0), (rc1, _, _, _) = self.finish_ranks(procs)
+        self.assertEqual(rc1, -signal.SIGKILL)
+        self.assertNotIn(rc0, (0, 2, 3, 143), err0)
+
+    def test_batch_size_must_split_between_the_ranks(self):
+        (rc0, recs0, _, _), (rc1, recs1, _, err1) = self.run_ranks(
+            self.params(batch_size=3), self.tmp / "ck-dp-bad", 2)
+        self.assertEqual((rc0, rc1), (2, 2))
+        self.assertEqual([r["t"] for r in recs0], ["error"])
+        self.assertIs(recs0[0]["permanent"], True)
+        self.assertIn("batch_size 3 must be a multiple of WORLD_SIZE 2", recs0[0]["msg"])
+        self.assertEqual(recs1, [])
+        self.assertIn("batch_size 3", err1)
 
     def test_divergence_exits_3(self):
         rc, recs, _, _ = self.run_program(self.params(lr=1e30, min_lr=1e30, warmup=0,

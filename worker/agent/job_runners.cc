@@ -188,13 +188,23 @@ void Agent::Impl::Train(const JobAttempt& a, JobReporter* reporter, OtherRanks* 
   std::error_code ec;
   fs::create_directories(a.dir, ec);
   if (a.config.has_program() && !ec) {
+    // A program's ranks are its own processes on this worker (ProgramProcess): never a gang's.
+    const bool fits = a.local == a.world && a.job.rank_offset() == 0 && a.local <= slots();
     absl::StatusOr<int64_t> resumed =
-        a.world > 1 ? absl::FailedPreconditionError(
-                          "program runs train on one rank (resources.devices: 1)")
-                    : StartProgram(a, t);
+        fits
+            ? StartProgram(a, t)
+            : absl::FailedPreconditionError(absl::StrCat(
+                  "a program run's ranks must fit one worker: resources.devices is ", a.world,
+                  ", this worker has ", slots(), " slot", slots() == 1 ? "" : "s",
+                  a.local < a.world ? absl::StrCat(" (it was given ranks ", a.job.rank_offset(),
+                                                   "-", a.job.rank_offset() + a.local - 1,
+                                                   " of a gang: the coordinator gangs a run "
+                                                   "across workers when none has enough slots)")
+                                    : "",
+                  "; start a worker with --slots ", a.world, " or ", a.world, " --device entries"));
     if (!resumed.ok()) {
       t->summary = resumed.status();
-      if (a.world > 1) t->permanent = true;
+      if (!fits) t->permanent = true;
       reporter->Start({});
       return;
     }
@@ -296,10 +306,21 @@ absl::StatusOr<int64_t> Agent::Impl::StartProgram(const JobAttempt& a, Training*
   p.resume_from_step = job.resume_from_step();
   p.stop_at_step = job.stop_at_step();
   p.device = a.config.train().device();
+  p.world_size = a.world;
+  if (a.world > 1) {
+    // Each rank on its slot's device: CUDA_VISIBLE_DEVICES of its own.
+    for (int slot : a.taken) {
+      p.rank_devices.push_back(DeviceOf(slot, job.config().train().device()));
+    }
+  }
   absl::StatusOr<std::unique_ptr<ProgramProcess>> started = ProgramProcess::Start(p, &t->permanent);
   if (!started.ok()) return started.status();
-  log_(absl::StrCat(a.run, ": program ", a.config.program().command(), " (pid ",
-                    (*started)->pid(), ", code ", *code, "), output in ", p.log_path));
+  log_(absl::StrCat(a.run, ": program ", a.config.program().command(),
+                    a.world > 1 ? absl::StrCat(" (", a.world, " ranks, pids ",
+                                               absl::StrJoin((*started)->pids(), ", "))
+                                : absl::StrCat(" (pid ", (*started)->pid()),
+                    ", code ", *code, "), output in ", p.log_path,
+                    a.world > 1 ? " (rank R's in attempt-N.rank-R.log)" : ""));
   t->program = *std::move(started);
   return p.resume_from_step;
 }

@@ -1,13 +1,17 @@
 #include "worker/program/program_process.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -41,6 +45,8 @@ constexpr int kMaxNoticesPerKind = 5;
 constexpr size_t kMaxQueuedEvents = 20000;
 // Bytes of one line kept in the tail.
 constexpr size_t kTailLineBytes = 400;
+// Where the ranks of a data-parallel program meet (MASTER_ADDR): they all run on this machine.
+constexpr char kMasterAddr[] = "127.0.0.1";
 
 std::string ExitText(int status) {
   if (WIFEXITED(status)) return absl::StrCat("exited with code ", WEXITSTATUS(status));
@@ -49,6 +55,39 @@ std::string ExitText(int status) {
                         strsignal(WTERMSIG(status)), ")");
   }
   return "ended";
+}
+
+bool ExitedZero(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+// Rank `rank`'s log beside rank 0's: "attempt-2.log" -> "attempt-2.rank-1.log" (not a name
+// `ablate logs` takes for an attempt's).
+std::string RankLogPath(const std::string& log_path, int rank) {
+  if (rank == 0) return log_path;
+  absl::string_view base = log_path;
+  const bool log = absl::ConsumeSuffix(&base, ".log");
+  return absl::StrCat(base, ".rank-", rank, log ? ".log" : "");
+}
+
+// A TCP port free on the loopback interface just now, for MASTER_PORT: bound with port 0 and
+// released, as torchrun picks its own. Another process may take it before rank 0 listens on it:
+// the attempt then fails and its retry picks another.
+absl::StatusOr<int> FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("program: socket: ", strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int error = errno;
+    close(fd);
+    return absl::InternalError(
+        absl::StrCat("program: no free loopback port for MASTER_PORT: ", strerror(error)));
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
 }
 
 }  // namespace
@@ -71,9 +110,14 @@ ProgramProcess::ProgramProcess(const ProgramAttempt& attempt)
     : a_(attempt),
       grace_(absl::Seconds(attempt.config.program().grace_s())),
       parser_(attempt.config.program()),
+      world_(std::max(1, attempt.world_size)),
+      pids_(static_cast<size_t>(world_), -1),
+      status_(static_cast<size_t>(world_), 0),
+      out_(static_cast<size_t>(world_)),
       log_limit_(attempt.config.program().max_log_bytes() > 0
                      ? attempt.config.program().max_log_bytes()
                      : kDefaultMaxLogBytes),
+      tails_(static_cast<size_t>(world_)),
       spikes_(std::make_unique<SpikeMonitor>(attempt.config.train().spike(),
                                              attempt.config.train().steps())) {}
 
@@ -90,10 +134,13 @@ absl::StatusOr<std::unique_ptr<ProgramProcess>> ProgramProcess::Start(const Prog
       !s.ok()) {
     return s;
   }
-  p->log_fd_ = open(attempt.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (p->log_fd_ < 0) {
-    return absl::InternalError(
-        absl::StrCat("program log ", attempt.log_path, ": ", strerror(errno)));
+  for (int rank = 0; rank < p->world_; ++rank) {
+    Output& out = p->out_[rank];
+    out.log_path = RankLogPath(attempt.log_path, rank);
+    out.log_fd = open(out.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out.log_fd < 0) {
+      return absl::InternalError(absl::StrCat("program log ", out.log_path, ": ", strerror(errno)));
+    }
   }
   p->started_ = absl::Now();
   if (absl::Status s = p->Launch(attempt.resume_from_step, "", permanent); !s.ok()) return s;
@@ -123,9 +170,8 @@ absl::Status ProgramProcess::Launch(int64_t resume_from, const std::string& roll
   const std::string config_path =
       (fs::path(attempt.checkpoint_dir) / "ablate_params.json").string();
 
-  // The environment, built before fork (the agent has gRPC threads).
-  std::vector<std::string> env;
-  std::set<std::string> ours;
+  // The environment, built before fork (the agent has gRPC threads): what every rank gets, then
+  // each rank's own.
   std::vector<std::string> add = {absl::StrCat("ABLATE_RUN_ID=", attempt.run_id),
                                   absl::StrCat("ABLATE_ATTEMPT=", attempt.attempt),
                                   absl::StrCat("ABLATE_SEED=", attempt.config.train().seed()),
@@ -142,102 +188,196 @@ absl::Status ProgramProcess::Launch(int64_t resume_from, const std::string& roll
   if (const std::string corpus = DefaultCorpusPath(); !corpus.empty()) {
     add.push_back(absl::StrCat("ABLATE_DEFAULT_CORPUS=", corpus));
   }
-  if (absl::StartsWith(attempt.device, "cuda:")) {
-    add.push_back(absl::StrCat("CUDA_VISIBLE_DEVICES=", attempt.device.substr(5)));
-  }
   std::string pythonpath = ProgramHelperDir();
   if (const char* existing = getenv("PYTHONPATH"); existing != nullptr && *existing) {
     pythonpath = pythonpath.empty() ? existing : absl::StrCat(pythonpath, ":", existing);
   }
   if (!pythonpath.empty()) add.push_back(absl::StrCat("PYTHONPATH=", pythonpath));
-  for (const std::string& e : attempt.env) add.push_back(e);
-  for (const std::string& e : add) ours.insert(e.substr(0, e.find('=')));
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry = *e;
-    if (!ours.count(entry.substr(0, entry.find('=')))) env.push_back(entry);
+  // A data-parallel run: torchrun's variables, all ranks on this machine. Never for one rank: a
+  // program such as nanoGPT takes RANK as the sign of a data-parallel run.
+  std::string master_port;
+  if (world_ > 1) {
+    *permanent = false;
+    absl::StatusOr<int> port = FreeLoopbackPort();
+    if (!port.ok()) return port.status();
+    master_port = absl::StrCat(*port);
+    *permanent = true;
   }
-  env.insert(env.end(), add.begin(), add.end());
-  std::vector<char*> argv_c, env_c;
+  std::vector<std::vector<std::string>> envs;  // by rank
+  for (int rank = 0; rank < world_; ++rank) {
+    std::vector<std::string> own = add;
+    const std::string& device = static_cast<size_t>(rank) < attempt.rank_devices.size()
+                                    ? attempt.rank_devices[rank]
+                                    : attempt.device;
+    if (absl::StartsWith(device, "cuda:")) {
+      own.push_back(absl::StrCat("CUDA_VISIBLE_DEVICES=", device.substr(5)));
+    }
+    if (world_ > 1) {
+      own.insert(
+          own.end(),
+          {absl::StrCat("RANK=", rank), absl::StrCat("LOCAL_RANK=", rank),
+           absl::StrCat("WORLD_SIZE=", world_), absl::StrCat("LOCAL_WORLD_SIZE=", world_),
+           absl::StrCat("MASTER_ADDR=", kMasterAddr), absl::StrCat("MASTER_PORT=", master_port)});
+    }
+    for (const std::string& e : attempt.env) own.push_back(e);
+    std::set<std::string> ours;
+    for (const std::string& e : own) ours.insert(e.substr(0, e.find('=')));
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string entry = *e;
+      if (!ours.count(entry.substr(0, entry.find('=')))) env.push_back(entry);
+    }
+    env.insert(env.end(), own.begin(), own.end());
+    envs.push_back(std::move(env));
+  }
+  std::vector<char*> argv_c;
   for (std::string& s : *argv) argv_c.push_back(s.data());
   argv_c.push_back(nullptr);
-  for (std::string& s : env) env_c.push_back(s.data());
-  env_c.push_back(nullptr);
+  std::vector<std::vector<char*>> envs_c(envs.size());
+  for (size_t r = 0; r < envs.size(); ++r) {
+    for (std::string& s : envs[r]) envs_c[r].push_back(s.data());
+    envs_c[r].push_back(nullptr);
+  }
 
   *permanent = false;
-  int out[2], err[2];
-  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrCat("program: pipe: ", strerror(errno)));
-  }
+  // What a launch that fails part way leaves: the ranks started so far killed and reaped.
+  auto abandon = [this] {
+    if (pid_ > 0) kill(-pid_, SIGKILL);
+    for (int r = 0; r < world_; ++r) {
+      if (pids_[r] > 0) waitpid(pids_[r], nullptr, 0);
+      pids_[r] = -1;
+      if (out_[r].fd >= 0) close(out_[r].fd);
+      out_[r].fd = -1;
+    }
+    pid_ = -1;
+  };
   const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
   const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("program: fork: ", strerror(errno)));
-  if (pid == 0) {
-    // The child: async-signal-safe calls only until exec.
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) _exit(127);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    for (int s = 1; s < NSIG; ++s) signal(s, SIG_DFL);
-    dup2(devnull, 0);
-    dup2(out[1], 1);
-    dup2(out[1], 2);
-    int error = 0;
-    if (chdir(attempt.code_dir.c_str()) != 0) {
-      error = errno;
-    } else {
-      execve(exe.c_str(), argv_c.data(), env_c.data());
-      error = errno;
+  for (int rank = 0; rank < world_; ++rank) {
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0) {
+      const int error = errno;
+      close(devnull);
+      abandon();
+      return absl::InternalError(absl::StrCat("program: pipe: ", strerror(error)));
     }
-    (void)!write(err[1], &error, sizeof(error));
-    _exit(127);
+    if (pipe2(err, O_CLOEXEC) != 0) {
+      const int error = errno;
+      close(out[0]);
+      close(out[1]);
+      close(devnull);
+      abandon();
+      return absl::InternalError(absl::StrCat("program: pipe: ", strerror(error)));
+    }
+    // Rank 0 leads a process group of its own; every other rank joins it, so that one signal to
+    // the group reaches every rank and whatever they started.
+    const pid_t group = rank == 0 ? 0 : pid_;
+    char* const* env_c = envs_c[rank].data();
+    const pid_t pid = fork();
+    if (pid < 0) {
+      const int error = errno;
+      for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
+      close(devnull);
+      abandon();
+      return absl::InternalError(absl::StrCat("program: fork: ", strerror(error)));
+    }
+    if (pid == 0) {
+      // The child: async-signal-safe calls only until exec.
+      int error = 0;
+      if (setpgid(0, group) != 0) {  // never a rank outside the group: it could outlive it
+        error = errno;
+        (void)!write(err[1], &error, sizeof(error));
+        _exit(127);
+      }
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != parent) _exit(127);
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      for (int s = 1; s < NSIG; ++s) signal(s, SIG_DFL);
+      dup2(devnull, 0);
+      dup2(out[1], 1);
+      dup2(out[1], 2);
+      if (chdir(attempt.code_dir.c_str()) != 0) {
+        error = errno;
+      } else {
+        execve(exe.c_str(), argv_c.data(), env_c);
+        error = errno;
+      }
+      (void)!write(err[1], &error, sizeof(error));
+      _exit(127);
+    }
+    setpgid(pid, rank == 0 ? pid : pid_);  // as the child does: no race on who is first
+    close(out[1]);
+    close(err[1]);
+    int error = 0;
+    const ssize_t got = read(err[0], &error, sizeof(error));
+    close(err[0]);
+    if (got == sizeof(error)) {
+      close(out[0]);
+      waitpid(pid, nullptr, 0);
+      close(devnull);
+      abandon();
+      if (rank > 0) {  // rank 0 ran the same command: this one could start next time
+        return absl::InternalError(absl::StrCat("program: cannot start rank ", rank, " of ", world_,
+                                                ": ", strerror(error)));
+      }
+      *permanent = true;
+      return absl::FailedPreconditionError(absl::StrCat("program: cannot run ", exe, " in ",
+                                                        attempt.code_dir, ": ", strerror(error)));
+    }
+    pids_[rank] = pid;
+    status_[rank] = 0;
+    if (rank == 0) pid_ = pid;
+    out_[rank].fd = out[0];
   }
-  setpgid(pid, pid);  // as the child does: no race on who is first
-  close(out[1]);
-  close(err[1]);
   close(devnull);
-  int error = 0;
-  const ssize_t got = read(err[0], &error, sizeof(error));
-  close(err[0]);
-  if (got == sizeof(error)) {
-    close(out[0]);
-    waitpid(pid, nullptr, 0);
-    *permanent = true;
-    return absl::FailedPreconditionError(
-        absl::StrCat("program: cannot run ", exe, " in ", attempt.code_dir, ": ", strerror(error)));
-  }
-  pid_ = pid;
-  out_fd_ = out[0];
   last_step_time_ = absl::Now();
   {
     absl::MutexLock lock(&mu_);
-    eof_ = false;
+    open_outputs_ = world_;
   }
-  reader_ = std::thread([this] { ReadOutput(); });
+  for (int rank = 0; rank < world_; ++rank) {
+    out_[rank].reader = std::thread([this, rank] { ReadOutput(rank); });
+  }
   return absl::OkStatus();
 }
 
 ProgramProcess::~ProgramProcess() {
-  if (pid_ > 0) {
-    kill(-pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;  // rank 0's reader stops waiting for room for its events
   }
-  if (reader_.joinable()) reader_.join();
-  if (out_fd_ >= 0) close(out_fd_);
-  if (log_fd_ >= 0) close(log_fd_);
+  KillAndReap();
+  for (Output& out : out_) {
+    if (out.log_fd >= 0) close(out.log_fd);
+  }
 }
 
-void ProgramProcess::ReadOutput() {
+void ProgramProcess::KillAndReap() {
+  if (pid_ > 0) kill(-pid_, SIGKILL);
+  for (pid_t& pid : pids_) {
+    if (pid > 0) waitpid(pid, nullptr, 0);
+    pid = -1;
+  }
+  pid_ = -1;
+  for (Output& out : out_) {
+    if (out.reader.joinable()) out.reader.join();
+    if (out.fd >= 0) close(out.fd);
+    out.fd = -1;
+  }
+}
+
+void ProgramProcess::ReadOutput(int rank) {
+  Output& out = out_[rank];
   std::string partial;
   bool cut = false;  // the current line was longer than kMaxProgramLineBytes
   char buf[1 << 16];
   while (true) {
-    const ssize_t n = read(out_fd_, buf, sizeof(buf));
+    const ssize_t n = read(out.fd, buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
-    WriteLog(absl::string_view(buf, static_cast<size_t>(n)));
+    WriteLog(&out, absl::string_view(buf, static_cast<size_t>(n)));
     absl::string_view chunk(buf, static_cast<size_t>(n));
     while (!chunk.empty()) {
       const size_t nl = chunk.find('\n');
@@ -248,53 +388,57 @@ void ProgramProcess::ReadOutput() {
         if (piece.size() > room) cut = true;
       }
       if (nl == absl::string_view::npos) break;
-      Line(partial);
+      Line(rank, partial);
       partial.clear();
       cut = false;
       chunk.remove_prefix(nl + 1);
     }
   }
-  if (!partial.empty()) Line(partial);
+  if (!partial.empty()) Line(rank, partial);
   absl::MutexLock lock(&mu_);
-  eof_ = true;
+  --open_outputs_;
   cv_.SignalAll();
 }
 
-void ProgramProcess::Line(absl::string_view line) {
+void ProgramProcess::Line(int rank, absl::string_view line) {
   if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-  std::vector<ProgramEvent> events = parser_.Parse(line);
+  // Only rank 0 reports: the other ranks' lines are kept in their logs and tails, never read.
+  std::vector<ProgramEvent> events;
+  if (rank == 0) events = parser_.Parse(line);
   absl::MutexLock lock(&mu_);
-  tail_.emplace_back(line.substr(0, kTailLineBytes));
-  if (line.size() > kTailLineBytes) tail_.back() += " [...]";
-  while (tail_.size() > kProgramTailLines) tail_.pop_front();
+  std::deque<std::string>& tail = tails_[rank];
+  tail.emplace_back(line.substr(0, kTailLineBytes));
+  if (line.size() > kTailLineBytes) tail.back() += " [...]";
+  while (tail.size() > kProgramTailLines) tail.pop_front();
   if (events.empty()) return;
   // Backpressure: the program blocks on a full pipe while the run loop catches up.
-  auto room = [this]()
-                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return events_.size() < kMaxQueuedEvents; };
+  auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return events_.size() < kMaxQueuedEvents || closing_;
+  };
   mu_.Await(absl::Condition(&room));
   for (ProgramEvent& e : events) events_.push_back(std::move(e));
   cv_.SignalAll();
 }
 
-void ProgramProcess::WriteLog(absl::string_view bytes) {
-  if (log_fd_ < 0) return;
-  if (log_bytes_ + static_cast<int64_t>(bytes.size()) > log_limit_ / 2) {
+void ProgramProcess::WriteLog(Output* out, absl::string_view bytes) {
+  if (out->log_fd < 0) return;
+  if (out->log_bytes + static_cast<int64_t>(bytes.size()) > log_limit_ / 2) {
     // Keep at most the limit: the older half moves to LOG.1, replacing the half before it.
-    close(log_fd_);
+    close(out->log_fd);
     std::error_code ec;
-    fs::rename(a_.log_path, a_.log_path + ".1", ec);
-    log_fd_ = open(a_.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    log_bytes_ = 0;
-    if (log_fd_ < 0) return;
+    fs::rename(out->log_path, out->log_path + ".1", ec);
+    out->log_fd = open(out->log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    out->log_bytes = 0;
+    if (out->log_fd < 0) return;
     if (static_cast<int64_t>(bytes.size()) > log_limit_ / 2) {
       bytes = bytes.substr(bytes.size() - static_cast<size_t>(log_limit_ / 2));
     }
   }
   while (!bytes.empty()) {
-    const ssize_t n = write(log_fd_, bytes.data(), bytes.size());
+    const ssize_t n = write(out->log_fd, bytes.data(), bytes.size());
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return;
-    log_bytes_ += n;
+    out->log_bytes += n;
     bytes.remove_prefix(static_cast<size_t>(n));
   }
 }
@@ -334,8 +478,9 @@ void ProgramProcess::Handle(const ProgramEvent& e, TrainerObserver* observer) {
       last_step_ = step;
       recent_losses_.push_back(m.loss());
       if (recent_losses_.size() > 50) recent_losses_.pop_front();
-      const double grad = m.grad_norm();
-      SpikeMonitor::Verdict verdict = spikes_->Observe(step, m.loss(), grad);
+      SpikeMonitor::Verdict verdict = spikes_->Observe(
+          step, m.loss(),
+          e.grad_norm_reported ? std::optional<double>(m.grad_norm()) : std::nullopt);
       const SpikePolicy policy = a_.config.train().spike().policy();
       for (SpikeEvent& s : verdict.events) {
         // A program's update happened: nothing was skipped; STOP makes a spike a divergence.
@@ -377,6 +522,7 @@ void ProgramProcess::Handle(const ProgramEvent& e, TrainerObserver* observer) {
                             total, " steps"));
         return;
       }
+      if (!e.message.empty()) Notice(observer, "metrics", e.message);
       last_eval_ = e.eval;
       has_eval_ = true;
       observer->OnEval(e.eval);
@@ -393,6 +539,9 @@ void ProgramProcess::Handle(const ProgramEvent& e, TrainerObserver* observer) {
       observer->OnCheckpoint(e.checkpoint_step, a_.checkpoint_dir);
       return;
     case Kind::kParams:
+      if (e.params.total() != params_.total() || e.params.activated() != params_.activated()) {
+        observer->OnParams(e.params);
+      }
       params_ = e.params;
       return;
     case Kind::kEnd:
@@ -424,10 +573,11 @@ void ProgramProcess::KillIfDue() {
   if (pid_ > 0 && absl::Now() >= kill_at_) kill(-pid_, SIGKILL);
 }
 
-std::string ProgramProcess::Tail() {
+std::string ProgramProcess::Tail(int rank) {
   absl::MutexLock lock(&mu_);
-  if (tail_.empty()) return "; it printed nothing";
-  return absl::StrCat("; its last lines:\n  ", absl::StrJoin(tail_, "\n  "));
+  const std::deque<std::string>& tail = tails_[rank];
+  if (tail.empty()) return "; it printed nothing";
+  return absl::StrCat("; its last lines:\n  ", absl::StrJoin(tail, "\n  "));
 }
 
 RunSummary ProgramProcess::Summary(RunState state, const std::string& reason) const {
@@ -448,21 +598,89 @@ RunSummary ProgramProcess::Summary(RunState state, const std::string& reason) co
   return s;
 }
 
+void ProgramProcess::ReapRanks(TrainerObserver* observer) {
+  auto others_running = [this] {
+    return std::any_of(pids_.begin() + 1, pids_.end(), [](pid_t p) { return p > 0; });
+  };
+  const absl::Time now = absl::Now();
+  // The other ranks first: one whose failure ends rank 0 in the same instant is the cause.
+  for (int i = 1; i <= world_; ++i) {
+    const int rank = i % world_;
+    if (pids_[rank] <= 0) continue;
+    int status = 0;
+    if (waitpid(pids_[rank], &status, WNOHANG) != pids_[rank]) continue;
+    pids_[rank] = -1;
+    status_[rank] = status;
+    if (rank == 0) {
+      if (!others_running()) {
+        // Whatever it left behind in its group goes with it (and closes the pipe).
+        kill(-pid_, SIGKILL);
+        continue;
+      }
+      // The other ranks get grace_s to end by themselves. After a rank 0 that failed they cannot
+      // go on (their next collective waits for it): asked to stop now.
+      if (!ExitedZero(status) && kill_at_ == absl::InfiniteFuture()) kill(-pid_, SIGTERM);
+      others_kill_at_ = now + grace_;
+      continue;
+    }
+    const bool failed = !ExitedZero(status);
+    if (pids_[0] > 0) {
+      if (failed && stop_ == Stop::kNone) {
+        // Rank 0 would wait for it at its next collective: the attempt ends, naming it. An exit
+        // 2 or 3 is a verdict every rank reaches at the same step (a permanent failure, a
+        // divergence): rank 0 first gets grace_s to end on the same terms, and decide.
+        stop_ = Stop::kRankFailed;
+        failed_rank_ = rank;
+        const bool verdict =
+            WIFEXITED(status) && (WEXITSTATUS(status) == 2 || WEXITSTATUS(status) == 3);
+        Notice(observer, "rank",
+               absl::StrCat(
+                   "rank ", rank, " of ", world_, " ", ExitText(status), " while rank 0 ran: ",
+                   verdict ? "rank 0 has grace_s to end likewise" : "stopping the other ranks"));
+        terminate_at_ = verdict ? now + grace_ : now;
+      }
+      continue;
+    }
+    if (failed && stop_ == Stop::kNone && ExitedZero(status_[0])) {
+      Notice(observer, "rank",
+             absl::StrCat("rank ", rank, " of ", world_, " ", ExitText(status),
+                          " after rank 0 ended (rank 0's results stand)"));
+    }
+    if (!others_running()) kill(-pid_, SIGKILL);  // the last rank: whatever the ranks left goes
+  }
+  if (stop_ == Stop::kRankFailed && pids_[0] > 0 && now >= terminate_at_) Terminate();
+  if (pids_[0] <= 0 && now >= others_kill_at_ && others_running()) {
+    if (stop_ == Stop::kNone && ExitedZero(status_[0])) {
+      std::vector<int> left;
+      for (int rank = 1; rank < world_; ++rank) {
+        if (pids_[rank] > 0) left.push_back(rank);
+      }
+      Notice(observer, "rank",
+             absl::StrCat("rank", left.size() > 1 ? "s " : " ", absl::StrJoin(left, ", "),
+                          " still running ", absl::FormatDuration(grace_),
+                          " (grace_s) after rank 0 ended: killed"));
+    }
+    kill(-pid_, SIGKILL);
+    others_kill_at_ = absl::InfiniteFuture();
+  }
+}
+
 absl::StatusOr<RunSummary> ProgramProcess::Run(TrainerObserver* observer,
                                                const std::atomic<bool>* interrupt,
                                                const std::function<bool()>& should_stop,
                                                bool* permanent) {
   *permanent = false;
-  int status = 0;
-  bool exited = false;
   while (true) {
+    const bool running = std::any_of(pids_.begin(), pids_.end(), [](pid_t p) { return p > 0; });
     std::deque<ProgramEvent> batch;
     bool eof = false;
     {
       absl::MutexLock lock(&mu_);
-      if (events_.empty() && !eof_) cv_.WaitWithTimeout(&mu_, absl::Milliseconds(50));
+      if (events_.empty() && (open_outputs_ > 0 || running)) {
+        cv_.WaitWithTimeout(&mu_, absl::Milliseconds(50));
+      }
       batch.swap(events_);
-      eof = eof_;
+      eof = open_outputs_ == 0;
       if (!batch.empty()) cv_.SignalAll();  // room for the reader
     }
     for (const ProgramEvent& e : batch) Handle(e, observer);
@@ -476,28 +694,26 @@ absl::StatusOr<RunSummary> ProgramProcess::Run(TrainerObserver* observer,
       }
     }
     KillIfDue();
-    if (!exited) {
-      const pid_t r = waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        exited = true;
-        // Whatever it left behind in its group goes with it (and closes the pipe).
-        kill(-pid_, SIGKILL);
-      }
-    }
+    ReapRanks(observer);
+    const bool exited = std::all_of(pids_.begin(), pids_.end(), [](pid_t p) { return p <= 0; });
     if (exited && eof) {
       {
         absl::MutexLock lock(&mu_);
         if (!events_.empty()) continue;
       }
       if (stop_ != Stop::kRollback) break;
-      // A rollback: relaunched from the checkpoint before the spike, told which steps to skip.
-      reader_.join();
-      close(out_fd_);
-      out_fd_ = -1;
+      // A rollback: every rank relaunched from the checkpoint before the spike, told which steps
+      // to skip.
+      for (Output& out : out_) {
+        out.reader.join();
+        close(out.fd);
+        out.fd = -1;
+      }
       ++rollbacks_;
       stop_ = Stop::kNone;
       kill_at_ = absl::InfiniteFuture();
-      exited = false;
+      others_kill_at_ = absl::InfiniteFuture();
+      terminate_at_ = absl::InfiniteFuture();
       last_step_ = rollback_from_;
       const std::string skip = absl::StrCat(rollback_from_, "-", rollback_to_);
       observer->OnNotice(absl::StrCat("program: rolled back to the checkpoint of step ",
@@ -511,8 +727,16 @@ absl::StatusOr<RunSummary> ProgramProcess::Run(TrainerObserver* observer,
     }
   }
   pid_ = -1;
-  reader_.join();
+  for (Output& out : out_) {
+    if (out.reader.joinable()) out.reader.join();
+    if (out.fd >= 0) close(out.fd);
+    out.fd = -1;
+  }
+  return Ending(status_[0], permanent);
+}
 
+absl::StatusOr<RunSummary> ProgramProcess::Ending(int status, bool* permanent) {
+  *permanent = false;
   const std::string how = ExitText(status);
   const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   switch (stop_) {
@@ -523,6 +747,8 @@ absl::StatusOr<RunSummary> ProgramProcess::Run(TrainerObserver* observer,
     case Stop::kDiverged:
       return Summary(DIVERGED, diverged_);
     case Stop::kNone:
+    case Stop::kRollback:
+    case Stop::kRankFailed:
       break;
   }
   // A program read by nanogpt or regex patterns has no `end` line: an exit 0 after its last step
@@ -539,6 +765,15 @@ absl::StatusOr<RunSummary> ProgramProcess::Run(TrainerObserver* observer,
     return Summary(DIVERGED, absl::StrCat("the program exited with code 3 (diverged)",
                                           error_message_.empty() ? "" : ": ", error_message_));
   }
+  if (stop_ == Stop::kRankFailed && code != 2 && !error_permanent_) {
+    // Rank 0 was stopped because another rank failed: that rank is the reason, with its lines.
+    const int rank_status = status_[failed_rank_];
+    *permanent = WIFEXITED(rank_status) && WEXITSTATUS(rank_status) == 2;
+    return absl::Status(
+        *permanent ? absl::StatusCode::kFailedPrecondition : absl::StatusCode::kAborted,
+        absl::StrCat("rank ", failed_rank_, " of ", world_, " ", ExitText(rank_status),
+                     Tail(failed_rank_)));
+  }
   std::string why;
   if (!error_message_.empty()) {
     why = absl::StrCat("the program reported an error: ", error_message_, "; it ", how);
@@ -550,7 +785,7 @@ absl::StatusOr<RunSummary> ProgramProcess::Run(TrainerObserver* observer,
               : absl::StrCat("the program exited 0 at step ", last_step_, " of ",
                              a_.config.train().steps());
   } else {
-    why = absl::StrCat("the program ", how);
+    why = absl::StrCat("the program ", world_ > 1 ? "(rank 0) " : "", how);
   }
   *permanent = code == 0 || code == 2 || error_permanent_;
   return absl::Status(

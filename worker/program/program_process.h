@@ -18,9 +18,23 @@
 // A failure's reason ends with the last 20 lines of output. When the program's own process ends,
 // whatever it left in its group is killed, so a forked child cannot outlive its attempt.
 //
+// Several ranks (world_size N > 1, resources.devices): N processes of the same command, in one
+// process group (rank 0's), each with torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+// MASTER_ADDR and MASTER_PORT (a free loopback port, chosen afresh for every launch) and its own
+// CUDA_VISIBLE_DEVICES; a world of 1 gets none of these, as before (a program such as nanoGPT
+// takes RANK as the sign of a data-parallel run). Rank 0 alone is parsed and decides the ending;
+// every other rank's output goes to its own log (LOG with ".rank-R" before ".log", same cap) and
+// stays out of the failure's tail. A rank that exits non-zero or by a signal while rank 0 runs
+// stops the group (SIGTERM, SIGKILL after grace_s; after an exit 2 or 3, a verdict all ranks
+// reach together, only once rank 0 had grace_s to end likewise), and unless rank 0 then ends on
+// its own terms (`end`, diverged, a permanent failure) the attempt fails naming that rank, how it
+// ended and its last lines; an exit 2 is permanent, as rank 0's. Once rank 0 has exited the others
+// get grace_s to exit (SIGTERM first when rank 0 failed), then the group is killed. A rollback
+// relaunches all.
+//
 // Steps must increase within an attempt and stay within the run's length; a report that breaks
 // that, or cannot be read, is dropped with a notice (the first few of each kind), never stored.
-// No LibTorch, no gRPC. One thread uses a ProgramProcess (besides its own reader thread).
+// No LibTorch, no gRPC. One thread uses a ProgramProcess (besides its reader threads, one a rank).
 #ifndef ABLATE_WORKER_PROGRAM_PROGRAM_PROCESS_H_
 #define ABLATE_WORKER_PROGRAM_PROGRAM_PROCESS_H_
 
@@ -60,6 +74,10 @@ struct ProgramAttempt {
   int64_t stop_at_step = 0;      // a rung: ABLATE_STOP_AT_STEP
   std::string device;            // "cuda:N": CUDA_VISIBLE_DEVICES=N
   std::vector<std::string> env;  // NAME=VALUE set on top of the worker's environment
+  // Ranks (resources.devices), all on this machine, and each rank's device by rank (as `device`,
+  // which rank_devices[0] replaces; missing entries: `device`).
+  int world_size = 1;
+  std::vector<std::string> rank_devices;
 };
 
 class ProgramProcess {
@@ -80,43 +98,61 @@ class ProgramProcess {
                                  const std::function<bool()>& should_stop, bool* permanent);
 
   int64_t step() const { return last_step_; }
+  // Rank 0's process (the group's leader), and every rank's by rank; -1 once it was reaped.
   pid_t pid() const { return pid_; }
+  const std::vector<pid_t>& pids() const { return pids_; }
 
  private:
   explicit ProgramProcess(const ProgramAttempt& attempt);
 
-  // Starts the command (resumed from `resume_from` > 0; ABLATE_ROLLBACK=`rollback` when not
-  // empty) and its reader thread. *permanent as Start's.
+  // One rank's output: its log (kept for the attempt, across rollbacks) and this launch's pipe.
+  struct Output {
+    std::string log_path;
+    int log_fd = -1;
+    int64_t log_bytes = 0;
+    int fd = -1;  // the read end of the rank's stdout and stderr
+    std::thread reader;
+  };
+
+  // Starts the command's ranks (resumed from `resume_from` > 0; ABLATE_ROLLBACK=`rollback` when
+  // not empty) and their reader threads. *permanent as Start's.
   absl::Status Launch(int64_t resume_from, const std::string& rollback, bool* permanent);
-  void ReadOutput();  // the reader thread
-  void Line(absl::string_view line);  // one line: log, tail, parse
-  void WriteLog(absl::string_view bytes);
+  // Kills the group and reaps every rank still running, then joins the readers.
+  void KillAndReap();
+  void ReadOutput(int rank);                    // a reader thread
+  void Line(int rank, absl::string_view line);  // one line: tail, and rank 0's parsed
+  void WriteLog(Output* out, absl::string_view bytes);
+  // Reaps the ranks that exited (WNOHANG), the others before rank 0, and acts on each (Run).
+  void ReapRanks(TrainerObserver* observer);
   // What the run loop does with one event; false once the run must end (set *ending).
   void Handle(const ProgramEvent& e, TrainerObserver* observer);
   void Notice(TrainerObserver* observer, const std::string& kind, const std::string& line);
   // SIGTERM to the group now, SIGKILL once grace_s passed (KillIfDue).
   void Terminate();
   void KillIfDue();
-  // The tail of the output, for a failure's reason.
-  std::string Tail();
+  // The tail of rank `rank`'s output, for a failure's reason.
+  std::string Tail(int rank = 0);
+  // How the attempt ends, from how rank 0 ended (`status`) and what it reported.
+  absl::StatusOr<RunSummary> Ending(int status, bool* permanent);
   RunSummary Summary(RunState state, const std::string& reason) const;
 
   const ProgramAttempt a_;
   const absl::Duration grace_;
   OutputParser parser_;
-  pid_t pid_ = -1;
-  int out_fd_ = -1;
-  int log_fd_ = -1;
-  int64_t log_bytes_ = 0;
+  const int world_;
+  pid_t pid_ = -1;           // rank 0's, the process group's id while any rank may run
+  std::vector<pid_t> pids_;  // by rank, this launch's; -1 once reaped
+  std::vector<int> status_;  // by rank: how it ended (waitpid), once reaped
+  std::vector<Output> out_;  // by rank
   int64_t log_limit_ = 0;
-  std::thread reader_;
   absl::Time started_;
 
   absl::Mutex mu_;
   absl::CondVar cv_;
   std::deque<ProgramEvent> events_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::string> tail_ ABSL_GUARDED_BY(mu_);
-  bool eof_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::deque<std::string>> tails_ ABSL_GUARDED_BY(mu_);  // by rank
+  int open_outputs_ ABSL_GUARDED_BY(mu_) = 0;  // readers not at the end of their output yet
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;  // the destructor runs: no reader waits for room
 
   // The run loop's (one thread).
   int64_t last_step_ = 0;
@@ -131,7 +167,18 @@ class ProgramProcess {
   bool error_permanent_ = false;
   std::string error_message_;
   std::string diverged_;  // why the detectors stopped it
-  enum class Stop { kNone, kCancel, kInterrupt, kDiverged, kRollback } stop_ = Stop::kNone;
+  enum class Stop {
+    kNone,
+    kCancel,
+    kInterrupt,
+    kDiverged,
+    kRollback,
+    kRankFailed  // another rank failed while rank 0 ran (failed_rank_)
+  } stop_ = Stop::kNone;
+  int failed_rank_ = 0;  // kRankFailed: which rank (how it ended: status_)
+  absl::Time terminate_at_ = absl::InfiniteFuture();  // kRankFailed: when the group is stopped
+  // Once rank 0 exited (world > 1): when the other ranks are killed if still running.
+  absl::Time others_kill_at_ = absl::InfiniteFuture();
   // spike.policy ROLLBACK with capabilities [rollback]: relaunched from rollback_from_ (the last
   // checkpoint), skipping the batches up to rollback_to_; at most kMaxRollbacks times.
   int64_t rollbacks_ = 0;
