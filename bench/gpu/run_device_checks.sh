@@ -14,6 +14,11 @@
 #             gRPC, protobuf, SQLite, yaml-cpp and fmt from the prefix, run
 #   configure CMake against the device's LibTorch (torch.utils.cmake_prefix_path) and the prefix
 #   build     ninja -j$JOBS: ablate, ablate-worker, torch_compat_test, gpu_parity_test, bench_gpu
+#   program   a `program:` sweep of experiments/programs/gated_gpt.py (baseline vs G1, budget by
+#             count:) on the device's PyTorch through `ablate serve` and one `ablate-worker
+#             --device cuda:0`, then the baseline bare: its wall time under ablate against bare.
+#             Needs only ablate and ablate-worker: this build's (built even when another target
+#             fails), else carried ones (build/) whose libraries all load here
 #   compat    tests/gpu/torch_compat_test: the version shims on the device's LibTorch
 #   parity    tests/gpu/gpu_parity_test: every variant on CUDA (fp32 and bf16 autocast) vs the CPU
 #   sweep     `ablate serve` + two `ablate-worker --device cuda:0`: a three-variant sweep to
@@ -269,6 +274,94 @@ if passed configure; then
   done
 else
   skip build "configure failed"
+fi
+
+# ---- program: the example PyTorch program as a sweep, no LibTorch needed ------------------------
+step_program() {  # BIN_DIR
+  local bin=$1 dir=$WORK/program state=$WORK/program-state steps pdev dtype params
+  if [ "$MODE" = dry ]; then
+    steps=20; pdev=cpu; dtype=float32
+    params="n_layer: 2, n_head: 4, n_embd: 64, ffn_hidden: 256, block_size: 64, batch_size: 8, threads: 1"
+  else
+    steps=300; pdev=cuda; dtype=bfloat16
+    params="n_layer: 4, n_head: 8, n_embd: 256, ffn_hidden: 1024, block_size: 256, batch_size: 32"
+  fi
+  params="$params, max_iters: $steps, eval_every: $((steps / 2)), ckpt_every: $((steps / 2)), lr: 1.0e-3, device: $pdev, dtype: $dtype"
+  mkdir -p "$dir" "$state" || return 1
+  # The program runs on the device's own Python, none of the carried libraries on its path.
+  {
+    echo "sweep: gpu_program"
+    echo "program:"
+    echo "  dir: $ROOT/experiments/programs"
+    echo "  code: [\"gated_gpt.py\"]"
+    echo "  command: env -u LD_LIBRARY_PATH $PY gated_gpt.py {args}"
+    echo "  args: dashdash"
+    echo "  steps: max_iters"
+    echo "  seed: seed"
+    echo "  count: env -u LD_LIBRARY_PATH $PY gated_gpt.py --count"
+    echo "  capabilities: [pause, rollback]"
+    echo "base:"
+    echo "  params: {$params}"
+    echo "budget: {match: params.ffn_hidden, reference: baseline}"
+    echo "variants:"
+    echo "  - {name: baseline}"
+    echo "  - {name: g1, params: {gate: g1}}"
+    echo "seeds: [0]"
+    echo "resources: {device: $KIND}"
+  } > "$dir/program.yaml"
+  cat "$dir/program.yaml"
+  "$bin/ablate" serve --port 0 --dashboard-port 0 --state-dir "$state" >> "$WORK/program-serve.log" 2>&1 &
+  local serve=$! i
+  for i in $(seq 100); do [ -s "$state/address" ] && break; sleep 0.2; done
+  [ -s "$state/address" ] || { cat "$WORK/program-serve.log"; kill "$serve"; return 1; }
+  "$bin/ablate-worker" --coordinator "$(cat "$state/address")" --token-file "$state/worker-token" \
+    --device "$DEVICE" --name program-worker >> "$WORK/program-worker.log" 2>&1 &
+  local worker=$! t0 rc=0 swept ok under bare args
+  t0=$(date +%s)
+  "$bin/ablate" submit "$dir/program.yaml" --watch --state-dir "$state" || rc=1
+  swept=$(( $(date +%s) - t0 ))
+  { echo "## gpu_program: gated_gpt.py as a program on $DEVICE (${swept}s for the sweep)"; echo
+    "$bin/ablate" table gpu_program --state-dir "$state"; echo
+    "$bin/ablate" query "SELECT run_id, variant, state, steps_done, params_total, wall_s, tokens_per_s FROM run_summary WHERE sweep = 'gpu_program' ORDER BY run_id" --state-dir "$state"
+    echo; } | tee -a "$OUT/sweeps.md"
+  ok=$("$bin/ablate" query "SELECT state FROM run_summary WHERE sweep = 'gpu_program'" --state-dir "$state" | grep -c SUCCEEDED)
+  echo "gpu_program: $ok of 2 runs SUCCEEDED"
+  [ "$ok" = 2 ] || rc=1
+  # The baseline once more, bare: the same argv the worker gave it (its log's first lines name
+  # it), the helper on the path, timed from start to exit as the worker times a run.
+  under=$("$bin/ablate" query "SELECT wall_s FROM run_summary WHERE sweep = 'gpu_program' AND variant = 'baseline'" --state-dir "$state" --format csv | tail -1)
+  args=$(env -u LD_LIBRARY_PATH "$PY" - "$state" <<'PY'
+import json, sqlite3, sys
+db = sqlite3.connect(f"file:{sys.argv[1]}/ablate.db?mode=ro", uri=True)
+row = db.execute("SELECT c.config_json FROM run_configs c JOIN run_summary r USING (run_id) "
+                 "WHERE r.sweep = 'gpu_program' AND r.variant = 'baseline'").fetchone()
+for p in json.loads(row[0])["program"]["params"]:
+    v = json.loads(p["json"])
+    print(f"--{p['name']}={v!r}" if not isinstance(v, str) else f"--{p['name']}={v}")
+PY
+)
+  echo "bare: $PY gated_gpt.py" $args
+  t0=$(date +%s%N)
+  (cd experiments/programs && env -u LD_LIBRARY_PATH PYTHONPATH="$ROOT/python" \
+     ABLATE_CHECKPOINT_DIR="$dir/bare" ABLATE_DEFAULT_CORPUS="$ROOT/data/kjv.txt" \
+     "$PY" gated_gpt.py $args > "$WORK/program-bare.log" 2>&1) || { tail -20 "$WORK/program-bare.log"; rc=1; }
+  bare=$(( ($(date +%s%N) - t0) / 1000000 ))
+  awk -v u="$under" -v b="$bare" 'BEGIN { printf "baseline: %.2fs as a program run, %.2fs bare: ratio %.3f (target <= 1.05)\n", u, b / 1000, u / (b / 1000) }' | tee -a "$OUT/sweeps.md"
+  kill "$serve" "$worker" 2>/dev/null
+  return $rc
+}
+# This build's binaries, else carried ones (build/) whose every library loads here: a CPU
+# build's ablate-worker links Debian's LibTorch, which a device machine does not have.
+loads() { [ -x "$1" ] && ! ldd "$1" 2>&1 | grep -q "not found"; }
+PROGRAM_BIN=
+for b in "$BUILD" "$ROOT/build"; do
+  if loads "$b/ablate" && loads "$b/ablate-worker"; then PROGRAM_BIN=$b; break; fi
+done
+if [ -n "$PROGRAM_BIN" ]; then
+  log "program: ablate and ablate-worker from $PROGRAM_BIN"
+  run_step program 150 - step_program "$PROGRAM_BIN"
+else
+  skip program "no ablate and ablate-worker that load here: neither built nor carried (build/)"
 fi
 
 # ---- compat: the version shims on this LibTorch (the autocast API of 2.4+ here) ------------------
