@@ -64,6 +64,32 @@ class ProgramRunTest : public ::testing::Test {
     return spec;
   }
 
+  // Starts `ablate serve` on a free port in state_, with `flags` added: serve_ and address_.
+  void Serve(const std::vector<std::string>& flags) {
+    std::vector<std::string> args = {"serve", "--port", "0", "--state-dir", state_.string()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    serve_ = Spawn(ABLATE_BIN, args, dir_ / "serve.log");
+    ASSERT_GT(serve_, 0);
+    ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)))
+        << Slurp(dir_ / "serve.log");
+    address_ = Slurp(state_ / "address");
+    while (!address_.empty() && std::isspace(static_cast<unsigned char>(address_.back()))) {
+      address_.pop_back();
+    }
+  }
+
+  // An ablate-worker of that coordinator named `name`, its output in `log`, with `flags` added;
+  // it exits after `idle_exit` seconds without a job.
+  pid_t Worker(const std::string& name, const fs::path& log,
+               const std::vector<std::string>& flags = {}, const std::string& idle_exit = "4") {
+    std::vector<std::string> args = {"--coordinator", address_,
+                                     "--token-file",  (state_ / "worker-token").string(),
+                                     "--name",        name};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.insert(args.end(), {"--idle-exit", idle_exit, "--report-interval", "0.2"});
+    return Spawn(ABLATE_WORKER_BIN, args, log);
+  }
+
   int Ablate(std::vector<std::string> args, const std::string& log) {
     args.insert(args.end(), {"--state-dir", state_.string()});
     return WaitExit(Spawn(ABLATE_BIN, args, dir_ / log), std::chrono::seconds(60));
@@ -75,20 +101,12 @@ class ProgramRunTest : public ::testing::Test {
   }
 
   fs::path dir_, state_;
+  pid_t serve_ = -1;
+  std::string address_;
 };
 
 TEST_F(ProgramRunTest, ProgramsTrainResumeAndFailAsDocumented) {
-  const pid_t serve = Spawn(ABLATE_BIN,
-                            {"serve", "--port", "0", "--state-dir", state_.string(),
-                             "--retry-backoff", "0", "--max-attempts", "2"},
-                            dir_ / "serve.log");
-  ASSERT_GT(serve, 0);
-  ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)))
-      << Slurp(dir_ / "serve.log");
-  std::string address = Slurp(state_ / "address");
-  while (!address.empty() && std::isspace(static_cast<unsigned char>(address.back()))) {
-    address.pop_back();
-  }
+  ASSERT_NO_FATAL_FAILURE(Serve({"--retry-backoff", "0", "--max-attempts", "2"}));
   const fs::path spec =
       WriteSpec("prog", "/usr/bin/python3 line_fit.py",
                 {"good", "crash_once", "misreports", "never_reports", "permanent", "fork", "nan"});
@@ -107,11 +125,7 @@ TEST_F(ProgramRunTest, ProgramsTrainResumeAndFailAsDocumented) {
   // Expand shows what runs: program runs keyed to the program's code.
   ASSERT_EQ(Ablate({"status", "prog"}, "status.log"), 0) << Slurp(dir_ / "status.log");
 
-  const pid_t worker =
-      Spawn(ABLATE_WORKER_BIN,
-            {"--coordinator", address, "--token-file", (state_ / "worker-token").string(), "--name",
-             "w", "--idle-exit", "4", "--report-interval", "0.2"},
-            dir_ / "worker.log");
+  const pid_t worker = Worker("w", dir_ / "worker.log");
   ASSERT_GT(worker, 0);
   // The worker serves every run and leaves cleanly: no program took it down.
   EXPECT_EQ(WaitExit(worker, std::chrono::seconds(240)), 0) << Slurp(dir_ / "worker.log");
@@ -221,11 +235,7 @@ TEST_F(ProgramRunTest, ProgramsTrainResumeAndFailAsDocumented) {
   // One that ignores SIGTERM, cancelled while it runs: SIGKILLed after grace_s (5 s here).
   const fs::path stubborn = WriteSpec("stubborn", "/usr/bin/python3 line_fit.py", {"stubborn"});
   ASSERT_EQ(Ablate({"submit", stubborn.string()}, "submit5.log"), 0) << Slurp(dir_ / "submit5.log");
-  const pid_t again =
-      Spawn(ABLATE_WORKER_BIN,
-            {"--coordinator", address, "--token-file", (state_ / "worker-token").string(), "--name",
-             "w2", "--idle-exit", "4", "--report-interval", "0.2"},
-            dir_ / "worker2.log");
+  const pid_t again = Worker("w2", dir_ / "worker2.log");
   ASSERT_TRUE(WaitFor(
       [&] {
         return QueryInt(db,
@@ -246,25 +256,15 @@ TEST_F(ProgramRunTest, ProgramsTrainResumeAndFailAsDocumented) {
         << "a stubborn program outlived its attempt: " << cmdline;
   }
 
-  kill(serve, SIGTERM);
-  EXPECT_EQ(WaitExit(serve, std::chrono::seconds(30)), 0) << Slurp(dir_ / "serve.log");
+  kill(serve_, SIGTERM);
+  EXPECT_EQ(WaitExit(serve_, std::chrono::seconds(30)), 0) << Slurp(dir_ / "serve.log");
 }
 
 // ASHA over a program that cannot pause (no pause in capabilities): every run trains on past
 // the rung; one that arrives there worse than the top 1/3 of those before it is stopped while it
 // trains, and ends STOPPED with what it trained so far.
 TEST_F(ProgramRunTest, AshaWithoutPauseStopsLosersWhileTheyTrain) {
-  const pid_t serve = Spawn(ABLATE_BIN,
-                            {"serve", "--port", "0", "--state-dir", state_.string(),
-                             "--retry-backoff", "0"},
-                            dir_ / "serve.log");
-  ASSERT_GT(serve, 0);
-  ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)))
-      << Slurp(dir_ / "serve.log");
-  std::string address = Slurp(state_ / "address");
-  while (!address.empty() && std::isspace(static_cast<unsigned char>(address.back()))) {
-    address.pop_back();
-  }
+  ASSERT_NO_FATAL_FAILURE(Serve({"--retry-backoff", "0"}));
   // One worker slot: the trials train one after another, the best first (lr 0.05).
   const fs::path spec = WriteSpec(
       "asha", "/usr/bin/python3 line_fit.py", {"good"},
@@ -281,11 +281,7 @@ TEST_F(ProgramRunTest, AshaWithoutPauseStopsLosersWhileTheyTrain) {
   EXPECT_NE(Slurp(dir_ / "expand.log").find("the program cannot pause"), std::string::npos)
       << Slurp(dir_ / "expand.log");
   ASSERT_EQ(Ablate({"submit", spec.string()}, "submit.log"), 0) << Slurp(dir_ / "submit.log");
-  const pid_t worker =
-      Spawn(ABLATE_WORKER_BIN,
-            {"--coordinator", address, "--token-file", (state_ / "worker-token").string(), "--name",
-             "w", "--idle-exit", "4", "--report-interval", "0.2"},
-            dir_ / "worker.log");
+  const pid_t worker = Worker("w", dir_ / "worker.log");
   ASSERT_GT(worker, 0);
   EXPECT_EQ(WaitExit(worker, std::chrono::seconds(120)), 0) << Slurp(dir_ / "worker.log");
   const fs::path db = state_ / "ablate.db";
@@ -306,8 +302,8 @@ TEST_F(ProgramRunTest, AshaWithoutPauseStopsLosersWhileTheyTrain) {
     EXPECT_NE(run(lr, "val_loss"), "");  // keeps what it trained
   }
   EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM tune_decisions WHERE kind = 'stop'"), 2);
-  kill(serve, SIGTERM);
-  EXPECT_EQ(WaitExit(serve, std::chrono::seconds(30)), 0) << Slurp(dir_ / "serve.log");
+  kill(serve_, SIGTERM);
+  EXPECT_EQ(WaitExit(serve_, std::chrono::seconds(30)), 0) << Slurp(dir_ / "serve.log");
 }
 
 // karpathy/nanoGPT's train.py, unmodified, as a program (docs/program.md, "nanoGPT"): its
@@ -351,22 +347,10 @@ TEST_F(ProgramRunTest, NanoGptTrainsUnmodifiedAndResumesAfterAKill) {
                          "max_iters: 60, lr_decay_iters: 60, eval_interval: 20, eval_iters: 5, "
                          "log_interval: 1, dropout: 0.0, learning_rate: 1.0e-3}\n"
                          "variants:\n  - {name: h2}\n  - {name: h4, params: {n_head: 4}}\n";
-  const pid_t serve = Spawn(ABLATE_BIN,
-                            {"serve", "--port", "0", "--state-dir", state_.string(),
-                             "--retry-backoff", "0", "--lease-timeout", "4"},
-                            dir_ / "serve.log");
-  ASSERT_GT(serve, 0);
-  ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)));
-  std::string address = Slurp(state_ / "address");
-  while (!address.empty() && std::isspace(static_cast<unsigned char>(address.back()))) {
-    address.pop_back();
-  }
+  ASSERT_NO_FATAL_FAILURE(Serve({"--retry-backoff", "0", "--lease-timeout", "4"}));
   ASSERT_EQ(Ablate({"submit", spec.string()}, "submit.log"), 0) << Slurp(dir_ / "submit.log");
   auto start_worker = [&](const std::string& name) {
-    return Spawn(ABLATE_WORKER_BIN,
-                 {"--coordinator", address, "--token-file", (state_ / "worker-token").string(),
-                  "--name", name, "--idle-exit", "5", "--report-interval", "0.2"},
-                 dir_ / (name + ".log"));
+    return Worker(name, dir_ / (name + ".log"), {}, "5");
   };
   const fs::path db = state_ / "ablate.db";
   const pid_t first = start_worker("w1");
@@ -396,8 +380,8 @@ TEST_F(ProgramRunTest, NanoGptTrainsUnmodifiedAndResumesAfterAKill) {
   ASSERT_EQ(Ablate({"compare", "nanogpt"}, "compare.log"), 0) << Slurp(dir_ / "compare.log");
   EXPECT_NE(Slurp(dir_ / "compare.log").find("| h4 |"), std::string::npos)
       << Slurp(dir_ / "compare.log");
-  kill(serve, SIGTERM);
-  EXPECT_EQ(WaitExit(serve, std::chrono::seconds(30)), 0);
+  kill(serve_, SIGTERM);
+  EXPECT_EQ(WaitExit(serve_, std::chrono::seconds(30)), 0);
 }
 
 // The NAME=value lines tests/integration/programs/ranks.py writes for one rank.
@@ -428,17 +412,7 @@ bool Running(const std::string& pid, const std::string& needle) {
 TEST_F(ProgramRunTest, ProgramRanksGetTheTorchrunContractAndEndTogether) {
   fs::copy_file(fs::path(ABLATE_SOURCE_DIR) / "tests/integration/programs/ranks.py",
                 dir_ / "ranks.py");
-  const pid_t serve = Spawn(ABLATE_BIN,
-                            {"serve", "--port", "0", "--state-dir", state_.string(),
-                             "--retry-backoff", "0", "--max-attempts", "2"},
-                            dir_ / "serve.log");
-  ASSERT_GT(serve, 0);
-  ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)))
-      << Slurp(dir_ / "serve.log");
-  std::string address = Slurp(state_ / "address");
-  while (!address.empty() && std::isspace(static_cast<unsigned char>(address.back()))) {
-    address.pop_back();
-  }
+  ASSERT_NO_FATAL_FAILURE(Serve({"--retry-backoff", "0", "--max-attempts", "2"}));
   auto spec = [&](const std::string& name, int steps) {
     const fs::path path = dir_ / (name + ".yaml");
     std::ofstream(path) << "sweep: " << name
@@ -456,11 +430,7 @@ TEST_F(ProgramRunTest, ProgramRanksGetTheTorchrunContractAndEndTogether) {
   };
   ASSERT_EQ(Ablate({"submit", spec("ranks", 30).string()}, "submit.log"), 0)
       << Slurp(dir_ / "submit.log");
-  const pid_t worker =
-      Spawn(ABLATE_WORKER_BIN,
-            {"--coordinator", address, "--token-file", (state_ / "worker-token").string(), "--name",
-             "w", "--slots", "2", "--idle-exit", "4", "--report-interval", "0.2"},
-            dir_ / "worker.log");
+  const pid_t worker = Worker("w", dir_ / "worker.log", {"--slots", "2"});
   ASSERT_GT(worker, 0);
   EXPECT_EQ(WaitExit(worker, std::chrono::seconds(120)), 0) << Slurp(dir_ / "worker.log");
   const fs::path db = state_ / "ablate.db";
@@ -553,11 +523,7 @@ TEST_F(ProgramRunTest, ProgramRanksGetTheTorchrunContractAndEndTogether) {
       << Slurp(dir_ / "submit2.log");
   std::vector<pid_t> singles;
   for (const char* name : {"s1", "s2"}) {
-    singles.push_back(
-        Spawn(ABLATE_WORKER_BIN,
-              {"--coordinator", address, "--token-file", (state_ / "worker-token").string(),
-               "--name", name, "--idle-exit", "4", "--report-interval", "0.2"},
-              dir_ / (std::string(name) + ".log")));
+    singles.push_back(Worker(name, dir_ / (std::string(name) + ".log")));
   }
   for (size_t i = 0; i < singles.size(); ++i) {
     EXPECT_EQ(WaitExit(singles[i], std::chrono::seconds(120)), 0)
@@ -577,11 +543,7 @@ TEST_F(ProgramRunTest, ProgramRanksGetTheTorchrunContractAndEndTogether) {
                          "base:\n  params: {steps: 10, mode: good}\nvariants:\n  - {name: good}\n"
                          "resources: {device: cuda, devices: 2}\n";
   ASSERT_EQ(Ablate({"submit", gpus.string()}, "submit3.log"), 0) << Slurp(dir_ / "submit3.log");
-  const pid_t gpu_worker =
-      Spawn(ABLATE_WORKER_BIN,
-            {"--coordinator", address, "--token-file", (state_ / "worker-token").string(), "--name",
-             "g", "--device", "cuda:3,cuda:5", "--idle-exit", "4", "--report-interval", "0.2"},
-            dir_ / "gpu-worker.log");
+  const pid_t gpu_worker = Worker("g", dir_ / "gpu-worker.log", {"--device", "cuda:3,cuda:5"});
   EXPECT_EQ(WaitExit(gpu_worker, std::chrono::seconds(120)), 0) << Slurp(dir_ / "gpu-worker.log");
   const std::string gpu_id = QueryText(db, "SELECT run_id FROM run_summary WHERE sweep = 'gpus'");
   EXPECT_EQ(QueryText(db, "SELECT state FROM run_summary WHERE sweep = 'gpus'"), "SUCCEEDED")
@@ -590,8 +552,8 @@ TEST_F(ProgramRunTest, ProgramRanksGetTheTorchrunContractAndEndTogether) {
   EXPECT_EQ(RankEnv(gpu_dir / "env-attempt-1-rank-0.txt")["CUDA_VISIBLE_DEVICES"], "3");
   EXPECT_EQ(RankEnv(gpu_dir / "env-attempt-1-rank-1.txt")["CUDA_VISIBLE_DEVICES"], "5");
 
-  kill(serve, SIGTERM);
-  EXPECT_EQ(WaitExit(serve, std::chrono::seconds(30)), 0) << Slurp(dir_ / "serve.log");
+  kill(serve_, SIGTERM);
+  EXPECT_EQ(WaitExit(serve_, std::chrono::seconds(30)), 0) << Slurp(dir_ / "serve.log");
 }
 
 // experiments/programs/gated_gpt.py data-parallel through a real coordinator and worker: the
@@ -599,17 +561,7 @@ TEST_F(ProgramRunTest, ProgramRanksGetTheTorchrunContractAndEndTogether) {
 // SUCCEEDED with the same losses up to float summation order: every step's loss and the final
 // validation loss within a relative 1e-4 (measured: under 1e-6).
 TEST_F(ProgramRunTest, GatedGptTrainsOnTwoRanksAsOnOne) {
-  const pid_t serve = Spawn(ABLATE_BIN,
-                            {"serve", "--port", "0", "--state-dir", state_.string(),
-                             "--retry-backoff", "0", "--max-attempts", "1"},
-                            dir_ / "serve.log");
-  ASSERT_GT(serve, 0);
-  ASSERT_TRUE(WaitFor([&] { return fs::exists(state_ / "address"); }, std::chrono::seconds(30)))
-      << Slurp(dir_ / "serve.log");
-  std::string address = Slurp(state_ / "address");
-  while (!address.empty() && std::isspace(static_cast<unsigned char>(address.back()))) {
-    address.pop_back();
-  }
+  ASSERT_NO_FATAL_FAILURE(Serve({"--retry-backoff", "0", "--max-attempts", "1"}));
   for (int devices : {1, 2}) {
     const std::string name = "dp" + std::to_string(devices);
     const fs::path path = dir_ / (name + ".yaml");
@@ -626,11 +578,7 @@ TEST_F(ProgramRunTest, GatedGptTrainsOnTwoRanksAsOnOne) {
                         << devices << "}\n";
     ASSERT_EQ(Ablate({"submit", path.string()}, name + ".log"), 0) << Slurp(dir_ / (name + ".log"));
   }
-  const pid_t worker =
-      Spawn(ABLATE_WORKER_BIN,
-            {"--coordinator", address, "--token-file", (state_ / "worker-token").string(), "--name",
-             "w", "--slots", "2", "--idle-exit", "4", "--report-interval", "0.2"},
-            dir_ / "worker.log");
+  const pid_t worker = Worker("w", dir_ / "worker.log", {"--slots", "2"});
   ASSERT_GT(worker, 0);
   EXPECT_EQ(WaitExit(worker, std::chrono::seconds(120)), 0) << Slurp(dir_ / "worker.log");
   const fs::path db = state_ / "ablate.db";
@@ -657,8 +605,8 @@ TEST_F(ProgramRunTest, GatedGptTrainsOnTwoRanksAsOnOne) {
   // Rank 1 had a log of its own (and printed nothing: only rank 0 reports).
   EXPECT_TRUE(
       fs::exists(state_ / "checkpoints" / ("run-" + two) / "logs" / "attempt-1.rank-1.log"));
-  kill(serve, SIGTERM);
-  EXPECT_EQ(WaitExit(serve, std::chrono::seconds(30)), 0) << Slurp(dir_ / "serve.log");
+  kill(serve_, SIGTERM);
+  EXPECT_EQ(WaitExit(serve_, std::chrono::seconds(30)), 0) << Slurp(dir_ / "serve.log");
 }
 
 }  // namespace
