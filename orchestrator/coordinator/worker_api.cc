@@ -483,9 +483,10 @@ absl::StatusOr<ReportResponse> CoordinatorCore::Report(const ReportRequest& requ
     lease = scheduler_.GetLease(request.run_id());
   }
   if (lease.has_value() && lease->stop) response.set_directive(DIRECTIVE_STOP);
-  // A tuned run that trains through its rungs is decided on as its evaluations arrive.
-  if (lease.has_value() && lease->tuned && !lease->stop && !batch.evals.empty() &&
-      !response.duplicate()) {
+  // A tuned run that trains through its rungs is decided on as its evaluations arrive. One that
+  // pauses at a rung (stop_at_step) is decided when it pauses: no store read per report here.
+  if (lease.has_value() && lease->tuned && lease->stop_at_step == 0 && !lease->stop &&
+      !batch.evals.empty() && !response.duplicate()) {
     tuner_.TuneAfterEval(request.run_id());
     absl::MutexLock lock(&mu_);
     lease = scheduler_.GetLease(request.run_id());
