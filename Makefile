@@ -9,12 +9,13 @@ SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages ablate builds and runs with (`make deps`: what `make demo` and `make build`
 # install). nodejs brings the machine's Node.js; the build runs `npm ci` in dashboard/ (uPlot,
 # and playwright-core for the browser test, which drives Debian's chromium, never a downloaded
-# one). bible-kjv writes the default corpus (`make data`).
+# one). bible-kjv writes the default corpus (`make data`). libsentencepiece-dev: the tokenizers
+# of `ablate data prepare` (linked only into ablate-data, never beside gRPC's protobuf).
 PACKAGES := cmake ninja-build g++ pkg-config \
   libtorch-dev libopenblas0-openmp libgloo-dev \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libsqlite3-dev libssl-dev libre2-dev libfmt-dev libboost-dev libyaml-cpp-dev nlohmann-json3-dev \
-  libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev \
+  libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libsentencepiece-dev \
   bible-kjv nodejs
 # What only the tests need on top (`make deps-test`, run by `make test`):
 # - chromium: the dashboard's browser test;
@@ -27,16 +28,20 @@ PACKAGES := cmake ninja-build g++ pkg-config \
 #   (tests/python/docs_python_test.py; the gRPC stubs come from protobuf-compiler-grpc above);
 # - python3-scipy: the check of `ablate compare`'s statistics (tests/python/stats_scipy_test.py);
 # - python3-torch: the example program run as a program (experiments/programs/gated_gpt.py, its
-#   tests and docs/program.md's examples).
+#   tests and docs/program.md's examples);
+# - sentencepiece (spm_train, spm_encode): docs/data.md's examples of models made elsewhere and
+#   given to `ablate data prepare --tokenizer FILE`.
 TEST_PACKAGES := chromium slurmctld slurmd slurm-client munge clang libclang-rt-14-dev \
-  sqlite3 openssl python3-pandas python3-grpcio python3-protobuf python3-scipy python3-torch
-# Only for `make bench`: Debian's PyTorch (same kernels as our LibTorch) as the reference.
-BENCH_PACKAGES := python3-torch
+  sqlite3 openssl python3-pandas python3-grpcio python3-protobuf python3-scipy python3-torch \
+  sentencepiece
+# Only for `make bench`: Debian's PyTorch (same kernels as our LibTorch) as the reference, and
+# SentencePiece's own spm_encode (sentencepiece), the reference of bench/data_prepare_bench.py.
+BENCH_PACKAGES := python3-torch sentencepiece
 
 # `make install`: ablate, ablate-worker and the default corpus under PREFIX.
 PREFIX ?= /usr/local
 
-.PHONY: all deps deps-test deps-bench build build-bin data test demo bench clean install fuzz \
+.PHONY: all deps deps-test deps-bench build build-bin data data-bpe test demo bench clean install fuzz \
         fuzz-build fuzz-replay fuzz-corpus gpu-bundle gpu-rehearse check-thread-safety \
         check-threads
 
@@ -71,7 +76,7 @@ build: deps $(BUILD)/build.ninja
 # Only what `make demo` and `make install` run: the two binaries (the dashboard's web app is
 # built into `ablate`), not the tests and benchmarks `make build` compiles: about half of the
 # build's steps and CPU time.
-BIN_TARGETS := ablate ablate-worker
+BIN_TARGETS := ablate ablate-worker ablate-data
 build-bin: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS) --target $(BIN_TARGETS)
 
@@ -80,6 +85,12 @@ data: $(DATA_DIR)/kjv.txt
 $(DATA_DIR)/kjv.txt:
 	@mkdir -p $(DATA_DIR)
 	bible -f "Gen1:1-Rev22:21" > $@.tmp && mv $@.tmp $@
+
+# The KJV as a 2,048-entry BPE vocabulary, a verse per document (experiments/small/bpe_gate.yaml).
+data-bpe: $(DATA_DIR)/kjv-bpe2k/manifest.json
+$(DATA_DIR)/kjv-bpe2k/manifest.json: $(DATA_DIR)/kjv.txt | build-bin
+	$(BUILD)/ablate data prepare $< --docs line --tokenizer bpe --vocab-size 2048 \
+	  --out $(DATA_DIR)/kjv-bpe2k --force
 
 test: deps-test build data fuzz-replay check-thread-safety
 	cd $(BUILD) && ABLATE_DATA_DIR=$(CURDIR)/$(DATA_DIR) ctest --output-on-failure -j 2
@@ -177,6 +188,7 @@ fuzz-corpus: fuzz-build
 # $(THREADS_BUILD), not linked.
 THREADS_BUILD ?= build-threads
 THREAD_SAFETY_LIBS := ablate_store ablate_coordinator ablate_alerts ablate_dashboard ablate_agent ablate_program \
+                      ablate_data_tools \
                       ablate_model
 THREAD_SAFETY_PATTERN := ABSL_(GUARDED_BY|PT_GUARDED_BY|EXCLUSIVE_LOCKS_REQUIRED|LOCKS_EXCLUDED|ACQUIRED_BEFORE|ACQUIRED_AFTER)
 
@@ -264,16 +276,17 @@ bench: deps-bench build data
 	$(BUILD)/bench_scheduler
 	$(BUILD)/bench_query_isolation
 	$(BUILD)/bench_program $(if $(NANOGPT_DIR),--nanogpt $(NANOGPT_DIR))
+	/usr/bin/python3 bench/data_prepare_bench.py --build $(BUILD) --corpus $(DATA_DIR)/kjv.txt
 
 # The binaries and the default corpus, where `ablate up` and the workers find them from any
 # directory: PREFIX/bin/ablate, PREFIX/bin/ablate-worker, PREFIX/share/ablate/kjv.txt.
 install: build-bin data
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/ablate
-	install -m 0755 $(BUILD)/ablate $(BUILD)/ablate-worker $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(BUILD)/ablate $(BUILD)/ablate-worker $(BUILD)/ablate-data $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 $(DATA_DIR)/kjv.txt $(DESTDIR)$(PREFIX)/share/ablate/kjv.txt
 	install -d $(DESTDIR)$(PREFIX)/lib/ablate/python
 	install -m 0644 python/ablate_report.py $(DESTDIR)$(PREFIX)/lib/ablate/python/
-	@echo "install: ablate and ablate-worker in $(DESTDIR)$(PREFIX)/bin, the default corpus in \
+	@echo "install: ablate, ablate-worker and ablate-data in $(DESTDIR)$(PREFIX)/bin, the default corpus in \
 	$(DESTDIR)$(PREFIX)/share/ablate, the program helper (ablate_report.py) in \
 	$(DESTDIR)$(PREFIX)/lib/ablate/python (ablate-worker puts it on its programs' PYTHONPATH)"
 

@@ -293,6 +293,10 @@ absl::Status ValidateTrainConfig(const TrainConfig& t, const std::string& prefix
   if (!Precision_IsValid(t.precision())) p.Add("precision", "unknown value");
   const DataConfig& d = t.data();
   if (!TokenDtype_IsValid(d.token_dtype())) p.Add("data.token_dtype", "unknown value");
+  if (!DataFormat_IsValid(d.format())) p.Add("data.format", "unknown value");
+  if (d.has_eod_token() && d.eod_token() < 0) {
+    p.Add("data.eod_token", absl::StrCat("must be >= 0, got ", d.eod_token()));
+  }
   if (!(d.val_fraction() > 0 && d.val_fraction() < 1)) {
     p.Add("data.val_fraction", absl::StrCat("must be in (0, 1), got ", d.val_fraction()));
   }
@@ -374,6 +378,10 @@ absl::Status ValidateRunConfig(const RunConfig& r) {
         " attention maps per evaluation (", r.model().num_layers(),
         " layers x the heads and their mean); the limit is ", kMaxAttentionMaps,
         ": ask for fewer heads"));
+  }
+  if (const DataConfig& d = r.train().data(); d.has_eod_token() && d.eod_token() >= r.model().vocab_size()) {
+    problems.push_back(absl::StrCat("train.data.eod_token: ", d.eod_token(),
+                                    " is outside the vocabulary [0, ", r.model().vocab_size(), ")"));
   }
   if (r.train().data().format() == DATA_TEXT && r.model().vocab_size() < 256) {
     problems.push_back(absl::StrCat("model.vocab_size: byte-level text needs >= 256, got ",

@@ -13,11 +13,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "config/data_source.h"
 #include "config/model_config.h"
 #include "config/proto_yaml.h"
 #include "worker/train/collective.h"
 #include "worker/train/rank_processes.h"
 #include "worker/train/trainer.h"
+#include "yaml-cpp/yaml.h"
 
 namespace ablate {
 
@@ -199,6 +201,21 @@ int RunStandalone(const StandaloneOptions& o) {
   if (config_path.empty()) return Fail(absl::InvalidArgumentError("--config FILE is required"));
   absl::StatusOr<RunConfig> config = LoadRunConfigFile(config_path);
   if (!config.ok()) return Fail(config.status());
+  if (!resume && !config->train().data().path().empty()) {
+    // A prepared directory's manifest gives the vocabulary, width and end-of-document token, as
+    // a sweep's expansion does (no fingerprint: a run of its own has no key).
+    absl::StatusOr<DataSource> source =
+        ResolveDataSource(config->train().data(), config->train().data().path(), false);
+    if (!source.ok()) return Fail(source.status());
+    bool vocab_set = false;
+    try {
+      const YAML::Node root = YAML::LoadFile(config_path);
+      vocab_set = root.IsMap() && root["model"] && root["model"].IsMap() && root["model"]["vocab_size"];
+    } catch (const YAML::Exception&) {
+      // LoadRunConfigFile read it: not reached
+    }
+    if (absl::Status s = ApplyDataSource(*source, vocab_set, &*config); !s.ok()) return Fail(s);
+  }
   if (!o.device.empty()) config->mutable_train()->set_device(o.device);
   if (o.threads >= 0) config->mutable_train()->set_threads(o.threads);
   if (is_rank && config->train().device() == "cuda") {

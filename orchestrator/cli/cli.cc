@@ -12,6 +12,7 @@
 #include "common/version.h"
 #include "orchestrator/cli/client_commands.h"
 #include "orchestrator/cli/dashboard_command.h"
+#include "orchestrator/cli/data_command.h"
 #include "orchestrator/cli/expand_command.h"
 #include "orchestrator/cli/logs_command.h"
 #include "orchestrator/cli/program_command.h"
@@ -27,6 +28,10 @@ int RunAblateCli(int argc, const char* const* argv, std::ostream& out, std::ostr
                "ablate"};
   app.set_version_flag("--version", VersionText());
   app.require_subcommand(1);
+  if (argc >= 2 && std::string(argv[1]) == "data") {
+    // Replaced by ablate-data before anything of ours starts (data_command.h).
+    return RunCommandAction("ablate data", [&] { return ExecDataCommand(argc, argv); }, err);
+  }
   std::function<absl::Status()> action;
   AddExpandCommand(&app, &out, &err, &action);
   AddServeCommand(&app, &out, &action);
@@ -37,6 +42,7 @@ int RunAblateCli(int argc, const char* const* argv, std::ostream& out, std::ostr
   AddReportCommand(&app, &out, &action);
   AddLogsCommand(&app, &out, &action);
   AddProgramCommand(&app, &out, &action);
+  AddDataCommand(&app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "fmt/format.h"
@@ -79,10 +80,23 @@ std::string FormatExpandTable(const ExpandedSweep& sweep) {
   std::vector<bool> right(header.size(), false);
   right[0] = right[2] = true;  // index, seed, and total, activated, added
   for (size_t c = first_number; c < first_number + 3; ++c) right[c] = true;
+  // The data each run reads, once per distinct path: what its key was computed from.
+  std::string data;
+  std::set<std::string> seen;
+  for (const RunSpec& run : sweep.runs()) {
+    const DataConfig& d = run.config().train().data();
+    if (d.path().empty() || !seen.insert(d.path() + "\n" + d.val_path()).second) continue;
+    std::string format = absl::AsciiStrToLower(DataFormat_Name(d.format()).substr(5));
+    data += fmt::format("data {}{}: {}, vocabulary {}{}, fingerprint {}\n", d.path(),
+                        d.val_path().empty() ? "" : " + " + d.val_path(), format,
+                        FormatCount(run.config().model().vocab_size()),
+                        d.has_eod_token() ? fmt::format(", end of document {}", d.eod_token()) : "",
+                        d.fingerprint().empty() ? "-" : d.fingerprint());
+  }
   return fmt::format("sweep {}: {} runs of {} variants; reference {}; code {}\n", sweep.name(),
                      sweep.runs_size(), variants.size(), sweep.reference(),
                      sweep.build().empty() ? sweep.code_version() : sweep.build()) +
-         AlignedTable(header, rows, right, /*rule=*/false);
+         data + AlignedTable(header, rows, right, /*rule=*/false);
 }
 
 std::string FormatExpandCsv(const ExpandedSweep& sweep) {

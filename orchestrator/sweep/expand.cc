@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/version.h"
+#include "config/data_source.h"
 #include "config/memory_plan.h"
 #include "config/model_config.h"
 #include "config/param_count.h"
@@ -41,7 +42,7 @@ std::string RunKeyOfJson(const std::string& config_json, const std::string& code
 }
 
 std::string RunKey(const RunConfig& config, const std::string& code_version) {
-  return RunKeyOfJson(CanonicalJson(config), code_version);
+  return RunKeyOfJson(CanonicalJson(RunKeyView(config)), code_version);
 }
 
 namespace {
@@ -218,7 +219,8 @@ class Expander {
                                           run->code_version()));
           } else {
             run->set_code_version(code_version_);
-            run->set_run_key(RunKeyOfJson(json, code_version_));
+            // The data by its fingerprint, not its path (config/data_source.h).
+            run->set_run_key(RunKey(config, code_version_));
           }
           *run->mutable_config() = std::move(config);
           if (config_json_ != nullptr) config_json_->push_back(std::move(json));
@@ -396,7 +398,8 @@ class Expander {
     if (ok && c.has_program()) {
       ok = PrepareProgram(v, point, &c);
     } else if (ok) {
-      const absl::Status s = ValidateRunConfig(c);
+      absl::Status s = ApplyData(v, point, &c);
+      if (s.ok()) s = ValidateRunConfig(c);
       if (!s.ok()) {
         ReportInvalid(s, v, point);
         ok = false;
@@ -406,6 +409,37 @@ class Expander {
     p.ok = ok;
     p.pre = std::move(c);
     return p;
+  }
+
+  // What the run's data says (config/data_source.h): its fingerprint for the run key and, for a
+  // prepared directory, the vocabulary, token width and end-of-document token. Each distinct
+  // data config is resolved once per expansion.
+  absl::Status ApplyData(const VariantSpec& v, const AxisPoint& point, RunConfig* c) {
+    const DataConfig& data = c->train().data();
+    if (data.path().empty()) return absl::OkStatus();  // the default corpus, fixed by `make data`
+    const std::string key = absl::StrCat(data.path(), "\n", data.val_path(), "\n", data.format());
+    auto it = data_sources_.find(key);
+    if (it == data_sources_.end()) {
+      it = data_sources_.emplace(key, ResolveDataSource(data, data.path(), true)).first;
+    }
+    if (!it->second.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("train.data.path: ", it->second.status().message()));
+    }
+    return ApplyDataSource(*it->second, SetsVocabSize(v, point), c);
+  }
+
+  // Whether the spec itself sets model.vocab_size for `v` at `point` (in base:, an axis or the
+  // variant's overrides), against a prepared directory's manifest.
+  bool SetsVocabSize(const VariantSpec& v, const AxisPoint& point) const {
+    if (const YAML::Node model = YamlChild(spec_.base_node, "model"); model && YamlChild(model, "vocab_size")) {
+      return true;
+    }
+    for (const AxisAssignment& a : point) {
+      if (a.path == "model.vocab_size" || (a.path == "model" && a.value.IsMap() && YamlChild(a.value, "vocab_size"))) {
+        return true;
+      }
+    }
+    return v.model && YamlChild(v.model, "vocab_size");
   }
 
   // A program run's config after its overlays: checked, its length (train.steps) from its steps
@@ -679,6 +713,7 @@ class Expander {
   const int64_t device_memory_;                  // ExpandOptions::device_memory_bytes
   std::vector<std::string>* const config_json_;  // may be null
   std::map<std::string, size_t> index_;
+  std::map<std::string, absl::StatusOr<DataSource>> data_sources_;  // ApplyData's, by data config
   size_t reference_ = 0;
   std::vector<std::string> problems_;
   std::set<std::string> seen_;

@@ -50,8 +50,8 @@ struct ExpandOptions {
   ProgramCounter program_count;
 };
 
-// `config_json` (optional) receives each run's CanonicalJson(config), in run order: what its run
-// key hashes and what the store keeps (SweepRecord::config_json), so it is printed once.
+// `config_json` (optional) receives each run's CanonicalJson(config), in run order: what the store
+// keeps (SweepRecord::config_json), so it is printed once (its run key hashes RunKeyView's).
 absl::StatusOr<ExpandedSweep> ExpandSweep(const SweepSpec& spec, const ExpandOptions& options = {},
                                           std::vector<std::string>* config_json = nullptr);
 
@@ -83,7 +83,8 @@ absl::StatusOr<ExpandedSweep> ExpandSweepFile(const std::string& path,
                                               const ExpandOptions& options = {});
 
 // The run key of a complete config: the first 16 hex digits of
-// SHA-256(code_version + "\n" + CanonicalJson(config)).
+// SHA-256(code_version + "\n" + CanonicalJson(RunKeyView(config))): data by its fingerprint, not
+// its path (config/data_source.h).
 std::string RunKey(const RunConfig& config, const std::string& code_version);
 // The same from the config's CanonicalJson, as ExpandSweep prints it.
 std::string RunKeyOfJson(const std::string& config_json, const std::string& code_version);

@@ -1,5 +1,7 @@
-// Token data for training: byte-level text or nanoGPT token files, a deterministic
-// train/validation split, and batches that are pure functions of (data seed, batch index).
+// Token data for training (docs/data.md): byte-level text, nanoGPT token files, prepared
+// directories, llm.c shards and Megatron indexed datasets (config/data_source.h resolves which);
+// a deterministic train/validation split, documents where they are known, and batches that are
+// pure functions of (data seed, batch index).
 //
 // No LibTorch here: batches are written into caller-provided int64 buffers, so resuming or
 // rolling back a run needs no iterator state. Immutable after Load(); thread-safe to read.
@@ -33,9 +35,10 @@ class TokenArray {
   TokenArray() = default;
   // `bytes` as tokens of one byte each (byte-level text).
   static TokenArray OfBytes(std::string bytes);
-  // The file at `path` mapped, as tokens of `width` bytes (2: uint16, 4: uint32). Errors name the
-  // file: unreadable, or a size that is not a whole number of tokens.
-  static absl::StatusOr<TokenArray> Map(const std::string& path, int width);
+  // The file at `path` mapped, as tokens of `width` bytes (1, 2: uint16, 4: uint32) from byte
+  // `offset` on (an llm.c shard's header is skipped). Errors name the file: unreadable, or a size
+  // that is not a whole number of tokens.
+  static absl::StatusOr<TokenArray> Map(const std::string& path, int width, int64_t offset = 0);
 
   int64_t size() const { return size_; }
   int width() const { return width_; }
@@ -61,8 +64,9 @@ class TokenArray {
 class TokenData {
  public:
   // Loads config.path (or the default corpus). Errors name the file: unreadable, empty, tokens
-  // outside the vocabulary (the first one, by offset), or a split shorter than seq_len + 1
-  // tokens. nanoGPT token files are mapped, not read (TokenArray).
+  // outside the vocabulary (the first one, by offset), a split shorter than seq_len + 1 tokens,
+  // or a fingerprint (set by expansion) that the data no longer has: it changed after the sweep
+  // was submitted. Token files are mapped, not read (TokenArray).
   static absl::StatusOr<TokenData> Load(const DataConfig& config, int64_t vocab_size,
                                         int64_t seq_len);
 
@@ -71,7 +75,8 @@ class TokenData {
   // Writes batch `index` of `split`: inputs (batch_size x seq_len) and the next-token targets,
   // row-major int64. The same (data_seed, split, index) always gives the same batch. With a
   // bos_token every input row is [bos, c0, ..., c(seq_len-2)] and its targets [c0, ...,
-  // c(seq_len-1)]: the first target is the window's first corpus token.
+  // c(seq_len-1)]: the first target is the window's first corpus token. With doc_aligned, every
+  // window starts at a document start (windows run on into the next document: packed).
   void Batch(Split split, int64_t index, int64_t batch_size, int64_t* inputs,
              int64_t* targets) const;
   // The same at another window length (TrainConfig.eval_seq_lens); the split must hold at least
@@ -81,14 +86,30 @@ class TokenData {
 
   // `count` consecutive windows of `len` tokens cut from the start of `split`, back to back
   // (window w covers tokens [w len, (w + 1) len) and predicts each one's successor): the same
-  // text at every window length. The split must hold count * len + 1 tokens. With a bos_token,
-  // each input row starts with it as in Batch.
+  // text at every window length. The split must hold count * len + 1 tokens (windows do not cross
+  // from one file of a split to the next; past the last, they start over). With a bos_token, each
+  // input row starts with it as in Batch.
   void Consecutive(Split split, int64_t count, int64_t len, int64_t* inputs,
                    int64_t* targets) const;
 
-  int64_t train_tokens() const { return train_.size(); }
-  int64_t val_tokens() const { return val_.size(); }
+  int64_t train_tokens() const { return train_.tokens; }
+  int64_t val_tokens() const { return val_.tokens; }
+  // Documents known in each split (0 where they are not).
+  int64_t train_documents() const { return train_.documents; }
+  int64_t val_documents() const { return val_.documents; }
   const std::string& source() const { return source_; }
+
+  // One file of a split (or a part of one): its tokens and, where documents are known, the
+  // offsets where documents start (sorted, the first 0).
+  struct Segment {
+    TokenArray tokens;
+    std::vector<int64_t> starts;
+  };
+  struct SplitTokens {
+    std::vector<Segment> segments;
+    int64_t tokens = 0;
+    int64_t documents = 0;
+  };
 
  private:
   TokenData() = default;
@@ -97,7 +118,8 @@ class TokenData {
   void Window(const TokenArray& tokens, int64_t start, int64_t len, int64_t* in,
               int64_t* out) const;
 
-  TokenArray train_, val_;
+  SplitTokens train_, val_;
+  bool doc_aligned_ = false;
   uint64_t seed_ = 0;
   int64_t seq_len_ = 0;
   int32_t bos_ = -1;  // DataConfig.bos_token, -1 when unset
