@@ -271,6 +271,7 @@ BENCH_TRAIN_ARGS ?= --quick
 bench: deps-bench build data
 	$(BUILD)/bench_model_step
 	$(BUILD)/bench_gate_pass
+	$(BUILD)/bench_eval_cost
 	/usr/bin/python3 bench/train_throughput.py --build $(BUILD) $(BENCH_TRAIN_ARGS)
 	$(BUILD)/bench_store
 	$(BUILD)/bench_scheduler

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "config/eval_config.h"
 
 namespace ablate {
 
@@ -360,6 +361,7 @@ absl::Status ValidateRunConfig(const RunConfig& r) {
   for (const absl::Status& s : {ValidateModelConfig(r.model()), ValidateTrainConfig(r.train())}) {
     if (!s.ok()) problems.emplace_back(s.message());
   }
+  if (absl::Status s = ValidateEvalTasks(r); !s.ok()) problems.emplace_back(s.message());
   if (r.train().seq_len() > r.model().max_seq_len()) {
     problems.push_back(absl::StrCat("train.seq_len: ", r.train().seq_len(),
                                     " exceeds model.max_seq_len ", r.model().max_seq_len()));

@@ -318,7 +318,7 @@ export function pairedSection(cmp) {
       el('td', { class: 'num' }, p(r.p_value)), el('td', { class: 'num' }, p(r.p_adjusted)),
       el('td', { class: 'verdict', title: r.note || '' }, r.note ? `${r.verdict} (${r.note})` : r.verdict),
       el('td', { class: 'num' }, num(r.min_detectable))))));
-  const intro = `${cmp.heading} of each variant against ${cmp.reference}, paired by seed (${cmp.lower_is_better ? 'lower is better' : 'no better direction'}). ${level}% intervals of the difference; verdicts from the ${cmp.correction === 'holm' ? 'Holm-adjusted' : 'unadjusted'} p-values at alpha ${cmp.alpha}. "detectable": the smallest difference these seeds could tell from none with 80% power.`;
+  const intro = `${cmp.heading} of each variant against ${cmp.reference}, paired by seed (${cmp.lower_is_better ? 'lower is better' : cmp.higher_is_better ? 'higher is better' : 'no better direction'}). ${level}% intervals of the difference; verdicts from the ${cmp.correction === 'holm' ? 'Holm-adjusted' : 'unadjusted'} p-values at alpha ${cmp.alpha}. "detectable": the smallest difference these seeds could tell from none with 80% power.`;
   return { section: section('paired-section', `Against ${cmp.reference}`, intro, forestPlot(cmp), table), draw: () => {} };
 }
 

@@ -670,8 +670,15 @@ void AddTableCommand(CLI::App* app, std::ostream* out, std::function<absl::Statu
                   "the same at this many training FLOPs spent (6N + attention per token)")
       ->check(CLI::PositiveNumber)
       ->excludes(tokens_option);
+  auto evals = std::make_shared<std::vector<std::string>>();
+  cmd->add_option(
+         "--evals", *evals,
+         "columns of metrics reported by name (train.evals' passkey@1024, copying@64, ...; "
+         "a program's own), or `all`")
+      ->delimiter(',');
   SetClientAction(cmd, action, [=](CoordinatorClient& client) -> absl::Status {
     TableRequest request;
+    for (const std::string& name : *evals) request.add_evals(name);
     request.set_best(*best);
     request.set_stability(*stability);
     request.set_at_tokens(*at_tokens);

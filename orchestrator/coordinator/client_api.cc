@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -650,6 +651,34 @@ absl::StatusOr<QueryResponse> CoordinatorCore::Query(const QueryRequest& request
   return response;
 }
 
+namespace {
+
+// The metric columns `table --evals` asks for: the names given, or every name a row has for
+// "all". InvalidArgument naming one no run reports, with those they do.
+absl::StatusOr<std::vector<std::string>> TableEvals(const TableRequest& request,
+                                                    const ComparisonTable& table) {
+  std::set<std::string> reported;
+  for (const ComparisonRow& r : table.rows) {
+    for (const auto& [name, m] : r.metrics) reported.insert(name);
+  }
+  std::vector<std::string> evals;
+  for (const std::string& name : request.evals()) {
+    if (name == "all") {
+      evals.insert(evals.end(), reported.begin(), reported.end());
+    } else if (reported.count(name) > 0) {
+      evals.push_back(name);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table --evals: no run reports \"", name, "\"",
+          reported.empty() ? " (these runs report no metric by name: see docs/evals.md)"
+                           : absl::StrCat(" (they report ", absl::StrJoin(reported, ", "), ")")));
+    }
+  }
+  return evals;
+}
+
+}  // namespace
+
 absl::StatusOr<TableResponse> CoordinatorCore::Table(const TableRequest& request) {
   if (request.sweep().empty()) return absl::InvalidArgumentError("table: no sweep given");
   const std::string format = request.format().empty() ? "markdown" : request.format();
@@ -673,7 +702,10 @@ absl::StatusOr<TableResponse> CoordinatorCore::Table(const TableRequest& request
   selection.at_flops = request.at_flops();
   absl::StatusOr<ResultSet> results = store_->reader().ReadResults(selection);
   if (!results.ok()) return results.status();
-  const ComparisonTable table = ComparisonTableOf(*results);
+  ComparisonTable table = ComparisonTableOf(*results);
+  absl::StatusOr<std::vector<std::string>> evals = TableEvals(request, table);
+  if (!evals.ok()) return evals.status();
+  table.evals = *evals;
   TableResponse response;
   if (request.stability()) {
     if (results->sweeps.size() != 1) {
@@ -697,7 +729,8 @@ absl::StatusOr<TableResponse> CoordinatorCore::Table(const TableRequest& request
   if (request.best()) {
     absl::StatusOr<TuneInfo> tune = TuneOfResults(store_->reader(), *results, "table --best");
     if (!tune.ok()) return tune.status();
-    const ComparisonTable best = BestTable(BestOf(*results, *tune), *tune);
+    ComparisonTable best = BestTable(BestOf(*results, *tune), *tune);
+    best.evals = *evals;
     absl::StatusOr<std::string> formatted = FormatComparisonTable(best, format);
     if (!formatted.ok()) return formatted.status();
     if (format != "markdown") {  // one table per answer for machines

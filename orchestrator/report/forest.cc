@@ -59,10 +59,13 @@ ForestPlot DrawForestPlot(const Comparison& c) {
   ForestPlot plot;
   plot.caption = absl::StrCat(
       "Each variant's mean difference from ", c.reference, " in ", c.heading, " (",
-      c.lower_is_better ? "below zero is better" : "no better direction",
-      ") with its ", level, "% interval, paired by seed (Welch's interval where the seeds do "
-      "not pair). Dark points: a verdict at alpha ", c.alpha,
-      c.correction == "holm" ? " after Holm's correction" : "",
+      c.lower_is_better    ? "below zero is better"
+      : c.higher_is_better ? "above zero is better"
+                           : "no better direction",
+      ") with its ", level,
+      "% interval, paired by seed (Welch's interval where the seeds do "
+      "not pair). Dark points: a verdict at alpha ",
+      c.alpha, c.correction == "holm" ? " after Holm's correction" : "",
       "; grey: no detectable difference, or a diverged seed. Rows without an interval are left "
       "out.");
   chart.Caption(plot.caption);

@@ -29,7 +29,9 @@ void SetVerdict(const Comparison& c, CompareRow* row) {
     row->verdict = kTooFewSeeds;
   } else if (row->p_adjusted < c.alpha) {
     const bool lower = row->delta < 0;
-    row->verdict = c.lower_is_better ? (lower ? kBetter : kWorse) : (lower ? kLower : kHigher);
+    row->verdict = c.lower_is_better    ? (lower ? kBetter : kWorse)
+                   : c.higher_is_better ? (lower ? kWorse : kBetter)
+                                        : (lower ? kLower : kHigher);
   } else {
     row->verdict = kNoDifference;
   }
@@ -121,8 +123,10 @@ std::string Markdown(const Comparison& c) {
       "{} of each variant against {} in {}, paired by seed ({}). {}% intervals of the "
       "difference (variant − reference); verdicts from the {} p-values at alpha {}.\n\n",
       c.heading, c.reference, c.sweeps,
-      c.lower_is_better ? "lower is better" : "no better direction: lower or higher", level,
-      c.correction == "holm" ? "Holm-adjusted" : "unadjusted", c.alpha);
+      c.lower_is_better    ? "lower is better"
+      : c.higher_is_better ? "higher is better"
+                           : "no better direction: lower or higher",
+      level, c.correction == "holm" ? "Holm-adjusted" : "unadjusted", c.alpha);
   const bool best = !c.best_axis.empty();
   if (best) {
     absl::StrAppend(&out, "Each side at its own best ", c.best_axis,
@@ -239,6 +243,7 @@ std::string Json(const Comparison& c) {
                         {"alpha", c.alpha},
                         {"correction", c.correction},
                         {"lower_is_better", c.lower_is_better},
+                        {"higher_is_better", c.higher_is_better},
                         {"excluded", c.excluded},
                         {"rows", std::move(rows)}};
   if (!c.best_axis.empty()) out["best_axis"] = c.best_axis;

@@ -58,7 +58,8 @@ struct Comparison {
   std::string reference;
   double alpha = 0.05;
   std::string correction;
-  bool lower_is_better = true;   // false: the metric has no better direction (gate score)
+  bool lower_is_better = true;    // false: the metric has no better direction (gate score), or
+  bool higher_is_better = false;  // it is better higher (an accuracy: passkey@1024)
   std::vector<CompareRow> rows;  // in order of each variant's first run
   int64_t excluded = 0;          // runs left out for their tags
   std::string best_axis;         // `compare --best`: the tuned axis; "" otherwise

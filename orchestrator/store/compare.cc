@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -24,9 +25,15 @@ struct Metric {
   int64_t seq_len = 0;               // with `ppl`: PPL (else loss) at this evaluation length
   bool ppl = false;
   bool lower_is_better = true;
+  std::string named;              // or a metric by name (an eval task's, a program's)
+  bool higher_is_better = false;  // an accuracy
 
   double Of(const ResultRun& r) const {
     if (field != nullptr) return r.run.*field;
+    if (!named.empty()) {
+      auto it = r.metrics.find(named);
+      return it == r.metrics.end() ? kNaN : it->second;
+    }
     for (const RunLength& l : r.lengths) {
       if (l.seq_len == seq_len) return ppl ? l.val_ppl : l.val_loss;
     }
@@ -52,10 +59,28 @@ absl::StatusOr<Metric> ParseMetric(const std::string& name, const ResultSet& res
   if (it != summaries->end()) return it->second;
   absl::string_view rest = name;
   Metric m;
+  std::set<std::string> named;  // what the runs report by name
+  for (const ResultRun& r : results.runs) {
+    for (const auto& [n, v] : r.metrics) named.insert(n);
+  }
+  if (named.count(name) > 0) {
+    m.heading = name;
+    m.named = name;
+    m.lower_is_better = !IsAccuracyMetric(name);
+    m.higher_is_better = !m.lower_is_better;
+    return m;
+  }
   m.ppl = absl::ConsumePrefix(&rest, "ppl@");
   if (!m.ppl && !absl::ConsumePrefix(&rest, "loss@")) {
-    return absl::InvalidArgumentError(absl::StrCat("compare: unknown metric \"", name,
-                                                   "\" (expected one of ", kMetricNames, ")"));
+    std::vector<std::string> some(named.begin(), named.end());
+    if (some.size() > 8) some.resize(8);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compare: unknown metric \"", name, "\" (expected one of ", kMetricNames,
+        named.empty()
+            ? ", or a metric the runs report by name: these report none"
+            : absl::StrCat(", or one the runs report by name: ", absl::StrJoin(some, ", "),
+                           named.size() > some.size() ? ", ..." : ""),
+        ")"));
   }
   if (!absl::SimpleAtoi(rest, &m.seq_len) || m.seq_len <= 0) {
     return absl::InvalidArgumentError(
@@ -75,6 +100,16 @@ absl::StatusOr<Metric> ParseMetric(const std::string& name, const ResultSet& res
   m.heading = absl::StrCat(m.ppl ? "PPL@" : "loss@", m.seq_len);
   return m;
 }
+
+}  // namespace
+
+bool IsAccuracyMetric(absl::string_view name) {
+  const absl::string_view task = name.substr(0, name.find('@'));
+  return task == "passkey" || task == "passkey_exact" || task == "mqar" || task == "copying_acc" ||
+         absl::StrContains(task, "acc");
+}
+
+namespace {
 
 // The runs of one (variant, axes), by seed.
 struct Group {
@@ -144,6 +179,7 @@ absl::StatusOr<Comparison> CompareResults(const ResultSet& results, const Compar
   c.alpha = options.alpha;
   c.correction = options.correction;
   c.lower_is_better = metric->lower_is_better;
+  c.higher_is_better = metric->higher_is_better;
   c.excluded = results.excluded;
 
   std::vector<Group> groups;

@@ -131,6 +131,7 @@ std::string MarkdownComparison(const ComparisonTable& table,
   for (const auto& [len, yarn] : lengths) {
     header.push_back(absl::StrCat("PPL@", len, yarn ? " (YaRN)" : ""));
   }
+  for (const std::string& name : table.evals) header.push_back(name);
   if (has_costs) {
     for (const Column& c : kCostColumns) header.push_back(c.heading);
   }
@@ -160,6 +161,10 @@ std::string MarkdownComparison(const ComparisonTable& table,
     for (const auto& [len, yarn] : lengths) {
       const LengthStat* l = LengthOf(r, len);
       cells.push_back(l == nullptr ? "—" : MeanStdText(l->val_ppl.mean, l->val_ppl.std, 3));
+    }
+    for (const std::string& name : table.evals) {
+      auto m = r.metrics.find(name);
+      cells.push_back(m == r.metrics.end() ? "—" : MeanStdText(m->second.mean, m->second.std, 3));
     }
     if (has_costs) {
       for (const Column& c : kCostColumns) cells.push_back(CostText(c, r.*(c.field)));
@@ -198,6 +203,11 @@ std::string CsvComparison(const ComparisonTable& table, const std::map<int64_t, 
     header.push_back(absl::StrCat(c.name, "_mean"));
     header.push_back(absl::StrCat(c.name, "_std"));
   }
+  // The chosen metrics by name (`table --evals`) after everything else.
+  for (const std::string& name : table.evals) {
+    header.push_back(CsvField(absl::StrCat(name, "_mean")));
+    header.push_back(CsvField(absl::StrCat(name, "_std")));
+  }
   std::string out = absl::StrJoin(header, ",") + "\n";
   for (const ComparisonRow& r : table.rows) {
     std::vector<std::string> cells = {CsvField(table.sweep),  CsvField(r.variant),
@@ -221,6 +231,11 @@ std::string CsvComparison(const ComparisonTable& table, const std::map<int64_t, 
     for (const Column& c : kCostColumns) {
       cells.push_back(CsvNumber((r.*(c.field)).mean));
       cells.push_back(CsvNumber((r.*(c.field)).std));
+    }
+    for (const std::string& name : table.evals) {
+      auto m = r.metrics.find(name);
+      cells.push_back(CsvNumber(m == r.metrics.end() ? kNaN : m->second.mean));
+      cells.push_back(CsvNumber(m == r.metrics.end() ? kNaN : m->second.std));
     }
     absl::StrAppend(&out, absl::StrJoin(cells, ","), "\n");
   }
@@ -251,6 +266,9 @@ std::string JsonComparison(const ComparisonTable& table) {
     o["params_activated"] = NumberJson(r.params_activated);
     o["params_added"] = NumberJson(r.params_added);
     for (const Column& c : kCostColumns) o[c.name] = MeanStdObject(r.*(c.field));
+    nlohmann::json metrics = nlohmann::json::object();
+    for (const auto& [name, m] : r.metrics) metrics[name] = MeanStdObject(m);
+    o["metrics"] = std::move(metrics);
     nlohmann::json list = nlohmann::json::array();
     for (const LengthStat& l : r.lengths) {
       list.push_back({{"seq_len", l.seq_len},

@@ -284,11 +284,16 @@ struct ComparisonRow {
   // What its SUCCEEDED runs cost, mean ± std (NaN where no run reported it): the peak of tensor
   // memory, training seconds over all attempts, mean tokens/s and training FLOPs.
   MeanStd peak_memory_bytes, train_seconds, tokens_per_s, flops;
+  // The metrics its runs report by name (ResultRun::metrics), mean ± std over its SUCCEEDED runs.
+  std::map<std::string, MeanStd> metrics;
 };
 
 struct ComparisonTable {
   std::string sweep;
   std::vector<ComparisonRow> rows;  // in run order: by first run index of each group
+  // Which metrics by name the markdown and csv tables show as columns (`table --evals`), in
+  // order; json gives every row's all.
+  std::vector<std::string> evals;
 };
 
 // A run's loss and PPL at one evaluation length, at its last evaluation (the length_results view).
@@ -316,6 +321,9 @@ struct ResultSelection {
 struct ResultRun {
   RunInfo run;
   std::vector<RunLength> lengths;  // by seq_len; empty without TrainConfig.eval_seq_lens
+  // The metrics of its last evaluation reported by name (train.evals' TASK@SETTING, a program's
+  // own): view eval_results.
+  std::map<std::string, double> metrics;
 };
 
 // The runs of a selection. Runs of several sweeps are matched by variant, seed and axis point:

@@ -53,6 +53,7 @@ struct Group {
     Moments val_loss, val_ppl;
   };
   std::map<int64_t, Length> lengths;  // by seq_len
+  std::map<std::string, Moments> metrics;  // by name
 };
 
 void AddRun(const ResultRun& result, Group* g) {
@@ -79,6 +80,7 @@ void AddRun(const ResultRun& result, Group* g) {
   g->train_seconds.Add(r.wall_s);
   g->tokens_per_s.Add(r.tokens_per_s);
   g->flops.Add(r.flops);
+  for (const auto& [name, value] : result.metrics) g->metrics[name].Add(value);
   for (const RunLength& l : result.lengths) {
     Group::Length& length = g->lengths[l.seq_len];
     length.yarn = length.yarn || l.yarn;
@@ -104,6 +106,7 @@ ComparisonRow RowOf(const Group& g) {
   row.params_total = g.params_total / runs;
   row.params_activated = g.params_activated / runs;
   row.params_added = g.params_added / runs;
+  for (const auto& [name, m] : g.metrics) row.metrics[name] = m.Get();
   for (const auto& [seq_len, l] : g.lengths) {
     if (l.val_ppl.n() == 0 && l.val_loss.n() == 0) continue;
     LengthStat& stat = row.lengths.emplace_back();
@@ -194,14 +197,25 @@ absl::StatusOr<ResultSet> StoreReader::ReadResults(const ResultSelection& select
         !read.ok()) {
       return read;
     }
+    std::map<int64_t, std::map<std::string, double>> named;
+    if (absl::Status read = ForEachRow(
+            "SELECT run_id, name, value FROM eval_results WHERE sweep_id = ?1 AND value IS NOT "
+            "NULL",
+            [&](Stmt& q) { q.Bind(1, sweep.id); },
+            [&](const Stmt& s) { named[s.ColumnInt(0)][s.ColumnText(1)] = s.ColumnDouble(2); });
+        !read.ok()) {
+      return read;
+    }
     for (RunInfo& run : *runs) {
       if (excluded.count(run.id) > 0) {
         ++set.excluded;
         continue;
       }
-      ResultRun result{std::move(run), {}};
+      ResultRun result{std::move(run), {}, {}};
       auto l = lengths.find(result.run.id);
       if (l != lengths.end()) result.lengths = std::move(l->second);
+      auto n = named.find(result.run.id);
+      if (n != named.end()) result.metrics = std::move(n->second);
       auto [it, added] =
           held.try_emplace({result.run.variant, result.run.seed, result.run.axes}, set.runs.size());
       if (added) {
@@ -224,6 +238,7 @@ absl::StatusOr<ResultSet> StoreReader::ReadResults(const ResultSelection& select
 absl::Status StoreReader::AtBudget(const ResultSelection& selection, ResultRun* result) const {
   RunInfo& run = result->run;
   result->lengths.clear();
+  result->metrics.clear();
   for (double* v : {&run.val_loss, &run.val_ppl, &run.gate_score, &run.m_act, &run.f_attn}) {
     *v = kNaN;
   }
@@ -240,6 +255,17 @@ absl::Status StoreReader::AtBudget(const ResultSelection& selection, ResultRun* 
   const double budget = selection.at_tokens > 0 ? selection.at_tokens : selection.at_flops;
   if (!(per_step > 0)) return absl::OkStatus();
   const auto last_step = static_cast<int64_t>(std::min(9.0e18, std::floor(budget / per_step)));
+  // The metrics by name of the same evaluation (its last at or below the budget).
+  if (absl::Status read = ForEachRow(
+          "SELECT name, value FROM eval_values WHERE run_id = (SELECT coalesce(reused_from, id) "
+          "FROM runs WHERE id = ?1) AND value IS NOT NULL AND step = (SELECT max(step) FROM "
+          "eval_metrics WHERE run_id = (SELECT coalesce(reused_from, id) FROM runs WHERE id = ?1) "
+          "AND step > 0 AND step <= ?2)",
+          [&](Stmt& q) { q.Bind(1, run.id).Bind(2, last_step); },
+          [&](const Stmt& s) { result->metrics[s.ColumnText(0)] = s.ColumnDouble(1); });
+      !read.ok()) {
+    return read;
+  }
   return ForEachRow(
       absl::StrCat(
           "SELECT val_loss, val_ppl, gate_score, m_act, f_attn FROM eval_metrics WHERE "

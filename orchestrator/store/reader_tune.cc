@@ -57,16 +57,20 @@ absl::StatusOr<std::vector<std::string>> StoreReader::TuneGroups(int64_t sweep_i
 
 absl::StatusOr<std::vector<TuneGroupRun>> StoreReader::ReadTuneGroup(
     const TuneInfo& tune, const std::string& group, const std::vector<int64_t>& rungs) const {
-  if (!IsTuneMetric(tune.metric)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("store: tune metric \"", tune.metric, "\" is not an evaluation metric"));
-  }
+  // A column of runs and eval_metrics, spliced (checked against the list), or a metric by name
+  // (train.evals', a program's), bound as ?3 and read from eval_values.
+  const bool column = IsTuneMetric(tune.metric);
   absl::StatusOr<std::vector<TuneGroupRun>> runs = ReadRows<TuneGroupRun>(
-      absl::StrCat("SELECT t.run_id, t.value, r.seed, r.state, t.held, r.steps_done, r.steps_total, "
-                   "r.spike_score, r.", tune.metric,
-                   " FROM tune_runs t JOIN runs r ON r.id = t.run_id WHERE t.sweep_id = ?1 AND "
-                   "t.grp = ?2 ORDER BY r.run_index"),
-      [&](Stmt& q) { q.Bind(1, tune.sweep_id).Bind(2, group); },
+      absl::StrCat(
+          "SELECT t.run_id, t.value, r.seed, r.state, t.held, r.steps_done, r.steps_total, "
+          "r.spike_score, ",
+          column ? absl::StrCat("r.", tune.metric)
+                 : "(SELECT e.value FROM eval_values e WHERE e.run_id = "
+                   "coalesce(r.reused_from, r.id) AND e.name = ?3 ORDER BY e.step DESC "
+                   "LIMIT 1)",
+          " FROM tune_runs t JOIN runs r ON r.id = t.run_id WHERE t.sweep_id = ?1 AND "
+          "t.grp = ?2 AND ?3 = ?3 ORDER BY r.run_index"),
+      [&](Stmt& q) { q.Bind(1, tune.sweep_id).Bind(2, group).Bind(3, tune.metric); },
       [](const Stmt& s) {
         TuneGroupRun r;
         ReadColumns(s, 0, &r.run_id, &r.value);
@@ -86,17 +90,23 @@ absl::StatusOr<std::vector<TuneGroupRun>> StoreReader::ReadTuneGroup(
   // Trains through: each rung's value is the run's first evaluation at or after it (ascending
   // steps: the first one seen for a rung wins).
   absl::Status read = ForEachRow(
-      absl::StrCat("SELECT e.run_id, e.step, e.", tune.metric,
-                   " FROM tune_runs t JOIN eval_metrics e ON e.run_id = t.run_id "
-                   "WHERE t.sweep_id = ?1 AND t.grp = ?2 AND e.step BETWEEN ?3 AND ?4 "
-                   "ORDER BY e.run_id, e.step"),
-      [&](Stmt& q) { q.Bind(1, tune.sweep_id).Bind(2, group).Bind(3, first).Bind(4, last); },
+      column ? absl::StrCat("SELECT e.run_id, e.step, e.", tune.metric,
+                            " FROM tune_runs t JOIN eval_metrics e ON e.run_id = t.run_id "
+                            "WHERE t.sweep_id = ?1 AND t.grp = ?2 AND e.step BETWEEN ?3 AND ?4 "
+                            "AND ?5 = ?5 ORDER BY e.run_id, e.step")
+             : std::string("SELECT e.run_id, e.step, e.value FROM tune_runs t JOIN eval_values e "
+                           "ON e.run_id = t.run_id WHERE t.sweep_id = ?1 AND t.grp = ?2 AND "
+                           "e.step BETWEEN ?3 AND ?4 AND e.name = ?5 ORDER BY e.run_id, e.step"),
+      [&](Stmt& q) {
+        q.Bind(1, tune.sweep_id).Bind(2, group).Bind(3, first).Bind(4, last).Bind(5, tune.metric);
+      },
       [&](const Stmt& s) {
         const int64_t step = s.ColumnInt(1);
         auto it = by_id.find(s.ColumnInt(0));
         if (it == by_id.end()) return;
         for (int64_t rung : rungs) {
-          if (through ? rung <= step : rung == step) it->second->at.emplace(rung, s.ColumnDouble(2));
+          if (through ? rung <= step : rung == step)
+            it->second->at.emplace(rung, s.ColumnDouble(2));
         }
       });
   if (!read.ok()) return read;

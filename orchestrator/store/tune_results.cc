@@ -15,13 +15,15 @@
 namespace ablate {
 namespace {
 
-double MetricOf(const RunInfo& r, const std::string& metric) {
+double MetricOf(const ResultRun& result, const std::string& metric) {
+  const RunInfo& r = result.run;
   if (metric == "val_loss") return r.val_loss;
   if (metric == "val_ppl") return r.val_ppl;
   if (metric == "gate_score") return r.gate_score;
   if (metric == "m_act") return r.m_act;
   if (metric == "f_attn") return r.f_attn;
-  return kNaN;
+  auto named = result.metrics.find(metric);  // an eval metric by name (mqar@8)
+  return named == result.metrics.end() ? kNaN : named->second;
 }
 
 }  // namespace
@@ -61,7 +63,7 @@ BestResults BestOf(const ResultSet& results, const TuneInfo& tune) {
     if (runs.find(key) == runs.end()) order.push_back(key);
     runs[key].push_back({value, &r});
     Value& v = values[key][value];
-    const double m = MetricOf(r.run, tune.metric);
+    const double m = MetricOf(r, tune.metric);
     if (r.run.state == SUCCEEDED && std::isfinite(m)) {
       v.sum += m;
       ++v.n;

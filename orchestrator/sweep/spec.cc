@@ -24,8 +24,8 @@ namespace {
 
 const std::vector<std::string>& TopLevelKeys() {
   static const auto* keys = new std::vector<std::string>{
-      "sweep",  "description", "base",      "variants", "axes", "seeds",  "filters",
-      "budget", "spike",       "resources", "priority", "tune", "program"};
+      "sweep",  "description", "base",      "variants", "axes", "seeds",   "filters",
+      "budget", "spike",       "resources", "priority", "tune", "program", "evals"};
   return *keys;
 }
 
@@ -172,6 +172,12 @@ class Parser {
     }
     if (const YAML::Node spike = Child(root, "spike"); spike) {
       Absorb(OverlayYaml(spike, file_, "spike", spec_.base.mutable_train()->mutable_spike()));
+    }
+    if (const YAML::Node evals = Child(root, "evals"); evals) {
+      // The runs' train.evals (docs/evals.md): a variant's or an axis's train.evals replaces it.
+      YAML::Node wrapped;
+      wrapped["evals"] = evals;
+      Absorb(OverlayYaml(wrapped, file_, "", spec_.base.mutable_train()));
     }
     if (HasProblems()) return;
     const absl::Status s = ValidateRunConfig(spec_.base);

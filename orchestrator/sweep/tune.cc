@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/text_format.h"
+#include "config/eval_config.h"
 #include "config/proto_yaml.h"
 #include "google/protobuf/descriptor.h"
 
@@ -178,11 +179,20 @@ class TuneParser {
   void ParseMetric(TuneSpec* tune) {
     if (Child("metric")) {
       tune->metric = Scalar("metric");
-      if (!tune->metric.empty() && std::find(TuneMetrics().begin(), TuneMetrics().end(),
-                                             tune->metric) == TuneMetrics().end()) {
+      // A metric by name: one the base's evals produce (docs/evals.md), or, for a program,
+      // any name it reports (not known before it runs).
+      const std::vector<std::string> evals = EvalMetricNames(spec_.base);
+      const bool named = std::find(evals.begin(), evals.end(), tune->metric) != evals.end() ||
+                         (spec_.base.has_program() && IsMetricName(tune->metric));
+      if (!tune->metric.empty() && !named &&
+          std::find(TuneMetrics().begin(), TuneMetrics().end(), tune->metric) ==
+              TuneMetrics().end()) {
         Problem(LineOfKey("metric"), "tune.metric",
                 absl::StrCat("unknown metric \"", tune->metric, "\"; use ",
-                             absl::StrJoin(TuneMetrics(), ", ")));
+                             absl::StrJoin(TuneMetrics(), ", "),
+                             evals.empty() ? ", or a metric of the base's evals: (none)"
+                                           : absl::StrCat(", or a metric of the base's evals: ",
+                                                          absl::StrJoin(evals, ", "))));
       }
     }
     if (Child("mode")) {
@@ -435,6 +445,11 @@ class TuneParser {
 
 void ParseTuneBlock(const YAML::Node& node, SweepSpec* spec, SpecProblems* problems) {
   TuneParser(node, spec, problems).Parse();
+}
+
+bool IsMetricName(const std::string& name) {
+  return !name.empty() && name.size() <= 128 &&
+         name.find_first_of(" \t\n'\"`;") == std::string::npos;
 }
 
 const std::vector<std::string>& TuneMetrics() {

@@ -24,6 +24,9 @@ void ParseTuneBlock(const YAML::Node& node, SweepSpec* spec, SpecProblems* probl
 
 // The metrics a tune may rank by: columns of the store's eval_metrics.
 const std::vector<std::string>& TuneMetrics();
+// A metric reported by name a tune may rank by: 1-128 bytes, no whitespace, quote or `;` (it is
+// bound into SQL as a value, never spliced; the limit keeps names printable).
+bool IsMetricName(const std::string& name);
 
 // The plan of a tuned sweep's expansion: the block, the most runs and steps it can take and, for
 // asha, the steps synchronous successive halving would take (the expected figure: ASHA's early

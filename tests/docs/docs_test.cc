@@ -307,9 +307,8 @@ TEST_P(DocsTest, ExamplesRunAsShown) {
 
 INSTANTIATE_TEST_SUITE_P(Docs, DocsTest,
                          ::testing::Values("README.md", "docs/cli.md", "docs/spec.md",
-                                           "docs/schema.md", "docs/worker.md",
-                                           "docs/operations.md", "docs/program.md",
-                                           "docs/data.md"),
+                                           "docs/schema.md", "docs/worker.md", "docs/operations.md",
+                                           "docs/program.md", "docs/data.md", "docs/evals.md"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            for (char& c : name) {

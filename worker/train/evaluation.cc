@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "config/model_config.h"
 #include "worker/model/chunked_loss.h"
 #include "worker/model/torch_compat.h"
+#include "worker/train/eval_tasks.h"
 
 namespace ablate {
 
@@ -90,8 +93,9 @@ LengthEval EvaluateLength(TransformerImpl& model, const TokenData& data, const R
 
 }  // namespace
 
-EvalResult Evaluate(TransformerImpl& model, const TokenData& data, const RunConfig& config,
-                    torch::Device device, bool autocast, int64_t step) {
+absl::StatusOr<EvalResult> Evaluate(TransformerImpl& model, const TokenData& data,
+                                    const RunConfig& config, torch::Device device, bool autocast,
+                                    int64_t step) {
   const TrainConfig& t = config.train();
   torch::NoGradGuard no_grad;
   model.eval();
@@ -110,7 +114,17 @@ EvalResult Evaluate(TransformerImpl& model, const TokenData& data, const RunConf
   for (const int32_t len : t.eval_seq_lens()) {
     *r.add_lengths() = EvaluateLength(model, data, config, device, autocast, len);
   }
+  const LogitsFn logits = [&](const torch::Tensor& tokens, bool yarn) {
+    AutocastGuard autocast_guard(autocast);
+    model.UseYarn(yarn);
+    torch::Tensor out = model.forward(tokens).logits.to(torch::kFloat32);
+    model.UseYarn(false);
+    return out;
+  };
+  absl::StatusOr<std::map<std::string, double>> tasks = RunEvalTasks(logits, data, config, device);
   model.train();
+  if (!tasks.ok()) return tasks.status();
+  for (const auto& [name, value] : *tasks) (*r.mutable_metrics())[name] = value;
   return r;
 }
 

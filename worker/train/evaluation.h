@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "absl/status/statusor.h"
 #include "proto/ablate.pb.h"
 #include "worker/model/probes.h"
 #include "worker/model/transformer.h"
@@ -34,11 +35,14 @@ std::pair<torch::Tensor, torch::Tensor> GetBatch(const TokenData& data, const Tr
                                                  torch::Device device, int64_t seq_len = 0);
 
 // The evaluation of `model` at `step` (leaving it in training mode): the mean validation loss
-// over train.eval_batches batches with the model's probes and attention maps, and for each of
+// over train.eval_batches batches with the model's probes and attention maps, for each of
 // train.eval_seq_lens the loss over the same text (EvalLengthSpan tokens from the start of the
-// validation split) cut into windows of that length, with YaRN as model.yarn says.
-EvalResult Evaluate(TransformerImpl& model, const TokenData& data, const RunConfig& config,
-                    torch::Device device, bool autocast, int64_t step);
+// validation split) cut into windows of that length, with YaRN as model.yarn says, and the
+// metrics of the tasks of train.evals (eval_tasks.h) in EvalResult.metrics. An error is the
+// tasks' (RunEvalTasks): the run cannot report what it was asked to measure.
+absl::StatusOr<EvalResult> Evaluate(TransformerImpl& model, const TokenData& data,
+                                    const RunConfig& config, torch::Device device, bool autocast,
+                                    int64_t step);
 
 }  // namespace ablate
 

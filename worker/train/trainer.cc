@@ -20,6 +20,7 @@
 #include "worker/train/checkpoint.h"
 #include "worker/train/collective.h"
 #include "worker/train/data.h"
+#include "worker/train/eval_tasks.h"
 #include "worker/train/evaluation.h"
 #include "worker/train/optimizer.h"
 #include "worker/train/spike.h"
@@ -401,6 +402,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const RunConfig& config
   absl::StatusOr<TokenData> data =
       TokenData::Load(t.data(), config.model().vocab_size(), t.seq_len());
   if (!data.ok()) return data.status();
+  // What train.evals needs of the data (passkey: bytes), before training rather than at the
+  // first evaluation.
+  if (absl::Status evals = CheckEvalTasksData(*data, config); !evals.ok()) return evals;
   if (t.eval_seq_lens_size() > 0) {
     const int32_t longest = *std::max_element(t.eval_seq_lens().begin(), t.eval_seq_lens().end());
     const int64_t span = EvalLengthSpan(t);
@@ -527,7 +531,13 @@ absl::StatusOr<RunSummary> Trainer::Run(TrainerObserver* observer) {
       const bool last = step == t.steps();
       const bool pause = step == s.options.stop_at_step && !last;         // a rung
       if ((step % t.eval_every() == 0 || last || pause) && s.Writer()) {  // the other ranks wait
-        s.last_eval = Evaluate(*s.model, s.data, s.config, s.device, s.autocast, step);
+        absl::StatusOr<EvalResult> eval =
+            Evaluate(*s.model, s.data, s.config, s.device, s.autocast, step);
+        if (!eval.ok()) {
+          return absl::Status(eval.status().code(), absl::StrCat("evaluation at step ", step, ": ",
+                                                                 eval.status().message()));
+        }
+        s.last_eval = *std::move(eval);
         session.obs->OnEval(s.last_eval);
       }
       if ((t.checkpoint_every() > 0 && step % t.checkpoint_every() == 0) || last || pause) {

@@ -51,7 +51,8 @@ tune:
   // Takes jobs one at a time and ends each where it says: INTERRUPTED at its rung with the
   // rung's evaluation and a checkpoint, else SUCCEEDED at step 90. "k@stop" per job, in order;
   // stops after `max_jobs` jobs or when none is left.
-  std::vector<std::string> Drive(int64_t worker, int max_jobs, int64_t* steps) {
+  std::vector<std::string> Drive(int64_t worker, int max_jobs, int64_t* steps,
+                                 const std::string& named = "") {
     std::vector<std::string> log;
     for (int i = 0; i < max_jobs; ++i) {
       AcquireJobResponse r = TryAcquire(worker);
@@ -65,7 +66,14 @@ tune:
       FinishRequest f = MakeFinish(worker, job, stop > 0 ? INTERRUPTED : SUCCEEDED);
       f.mutable_summary()->set_steps_done(end);
       f.mutable_summary()->mutable_final_eval()->set_step(end);
-      f.mutable_summary()->mutable_final_eval()->set_val_loss(Loss(K(job), end));
+      if (named.empty()) {
+        f.mutable_summary()->mutable_final_eval()->set_val_loss(Loss(K(job), end));
+      } else {
+        // Ranked by a metric by name, better higher; val_loss says the opposite (best at k=1).
+        f.mutable_summary()->mutable_final_eval()->set_val_loss(K(job));
+        (*f.mutable_summary()->mutable_final_eval()->mutable_metrics())[named] =
+            10.0 - Loss(K(job), end);
+      }
       ReportRequest* last = f.mutable_final_report();
       last->set_seq(1);
       last->set_checkpoint_step(end);
@@ -87,6 +95,26 @@ tune:
     return out.formatted();
   }
 };
+
+// The same tune ranked by an eval metric (mqar@8, better higher, docs/evals.md): the tuner reads
+// it from eval_values at each rung and makes the same decisions.
+TEST_F(TuneTest, AshaRanksByAMetricOfTheEvals) {
+  std::string spec = absl::StrReplaceAll(AshaSpec(), {{"  reduction_factor: 3\n",
+                                                       "  reduction_factor: 3\n  metric: mqar@8\n"
+                                                       "  mode: max\n"}});
+  spec += "evals:\n  - {task: mqar, pairs: 8, samples: 4}\n";
+  SubmitResponse submitted = Submit(spec, "asha.yaml", false);
+  ASSERT_EQ(submitted.runs(), 9);
+  int64_t steps = 0;
+  const int64_t worker = RegisterWorker("w");
+  std::vector<std::string> log = Drive(worker, 30, &steps, "mqar@8");
+  EXPECT_EQ(absl::StrJoin(log, " "),
+            "1@10 2@10 3@10 3@30 4@10 4@30 5@10 5@30 5@0 6@10 7@10 8@10 9@10 6@30");
+  EXPECT_EQ(steps, 230);
+  EXPECT_EQ(Query("SELECT r.state, t.value FROM runs r JOIN tune_runs t ON t.run_id = r.id "
+                  "WHERE r.state = 'SUCCEEDED'"),
+            "state,value\nSUCCEEDED,0.0005\n");
+}
 
 TEST_F(TuneTest, AshaPromotesTheTopThirdAtEachRungAndStopsTheRestEvenAcrossARestart) {
   SubmitResponse submitted = Submit(AshaSpec(), "asha.yaml", false);

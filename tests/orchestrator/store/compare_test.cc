@@ -201,3 +201,50 @@ TEST(CompareTest, MetricsReferencesAndBadInput) {
 
 }  // namespace
 }  // namespace ablate
+
+namespace ablate {
+namespace {
+
+TEST(CompareTest, MetricsByNameWithTheirDirection) {
+  std::vector<ResultRun> runs;
+  for (int s = 0; s < 3; ++s) {
+    ResultRun b = MakeRun("baseline", s, SUCCEEDED, 3.0);
+    ResultRun g = MakeRun("g1", s, SUCCEEDED, 3.0);
+    b.metrics["passkey@256"] = 0.40 + 0.01 * s;  // an accuracy: higher is better
+    g.metrics["passkey@256"] = 0.60 + 0.02 * s;
+    b.metrics["copying@64"] = 2.0 + 0.01 * s;  // a loss: lower is better
+    g.metrics["copying@64"] = 2.5 + 0.02 * s;
+    runs.push_back(std::move(b));
+    runs.push_back(std::move(g));
+  }
+  CompareOptions passkey;
+  passkey.metric = "passkey@256";
+  absl::StatusOr<Comparison> c = CompareResults(Results(runs), passkey);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->heading, "passkey@256");
+  EXPECT_FALSE(c->lower_is_better);
+  EXPECT_TRUE(c->higher_is_better);
+  EXPECT_EQ(RowOf(*c, "g1").verdict, kBetter);
+  EXPECT_NE(FormatComparison(*c, "markdown")->find("higher is better"), std::string::npos);
+  EXPECT_NEAR(RowOf(*c, "g1").reference_mean, 0.41, 1e-9);
+
+  CompareOptions copying;
+  copying.metric = "copying@64";
+  c = CompareResults(Results(runs), copying);
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->lower_is_better);
+  EXPECT_EQ(RowOf(*c, "g1").verdict, kWorse);
+
+  // A name no run reports is refused, naming those they do.
+  CompareOptions bad;
+  bad.metric = "passkey@512";
+  absl::Status s = CompareResults(Results(runs), bad).status();
+  EXPECT_THAT(s.message(), HasSubstr("unknown metric \"passkey@512\""));
+  EXPECT_THAT(s.message(), HasSubstr("copying@64, passkey@256"));
+  EXPECT_TRUE(IsAccuracyMetric("mqar@16"));
+  EXPECT_TRUE(IsAccuracyMetric("val_acc"));
+  EXPECT_FALSE(IsAccuracyMetric("position_loss@0-64"));
+}
+
+}  // namespace
+}  // namespace ablate

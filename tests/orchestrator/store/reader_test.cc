@@ -162,6 +162,71 @@ TEST_F(StoreTest, ComparisonTableMatchesHandComputedMeanAndStd) {
   EXPECT_TRUE(absl::IsNotFound(store_->reader().GetComparisonTable("nope").status()));
 }
 
+// Metrics reported by name (train.evals' TASK@SETTING): each run's last value, mean ± std per
+// row, as table columns when chosen, and the values of a compute-matched evaluation.
+TEST_F(StoreTest, MetricsByNameAreAveragedPerRowAndShownWhenChosen) {
+  SweepIds ids = Submit("named", {"baseline", "g1"}, 2);  // runs: b0 g0 b1 g1
+  auto finish = [&](int64_t run_id, double early, double last) {
+    Start(run_id);
+    MetricBatch batch;
+    batch.run_id = run_id;
+    batch.attempt = 1;
+    batch.seq = 1;
+    EvalResult& e = batch.evals.emplace_back();
+    e.set_step(10);
+    e.set_val_loss(3.0);
+    (*e.mutable_metrics())["passkey@64"] = early;
+    ASSERT_TRUE(store_->ReportMetrics(batch).ok());
+    RunTransition t = testing::MakeTransition(run_id, {RUNNING}, SUCCEEDED);
+    t.has_summary = true;
+    t.summary.set_state(SUCCEEDED);
+    t.summary.set_steps_done(20);
+    EvalResult* f = t.summary.mutable_final_eval();
+    f->set_step(20);
+    f->set_val_loss(2.0);
+    (*f->mutable_metrics())["passkey@64"] = last;
+    ASSERT_TRUE(store_->TransitionRun(t).ok());
+  };
+  finish(ids.run_ids[0], 0.1, 0.50);
+  finish(ids.run_ids[2], 0.1, 0.70);  // baseline: 0.6 ± 0.1414
+  finish(ids.run_ids[1], 0.2, 0.90);
+  finish(ids.run_ids[3], 0.2, 0.80);
+  ASSERT_TRUE(store_->Flush().ok());
+
+  absl::StatusOr<ComparisonTable> table = store_->reader().GetComparisonTable("named");
+  ASSERT_TRUE(table.ok()) << table.status();
+  ASSERT_EQ(table->rows.size(), 2u);
+  EXPECT_NEAR(table->rows[0].metrics.at("passkey@64").mean, 0.6, 1e-12);
+  EXPECT_NEAR(table->rows[0].metrics.at("passkey@64").std, std::sqrt(0.02), 1e-12);
+  EXPECT_NEAR(table->rows[1].metrics.at("passkey@64").mean, 0.85, 1e-12);
+  // Not a column until chosen; then after the others, in markdown and csv.
+  EXPECT_EQ(FormatComparisonTable(*table, "markdown")->find("passkey@64"), std::string::npos);
+  table->evals = {"passkey@64"};
+  const std::string markdown = *FormatComparisonTable(*table, "markdown");
+  EXPECT_NE(markdown.find("| passkey@64 |"), std::string::npos) << markdown;
+  EXPECT_NE(markdown.find("| 0.600 ± 0.141 |"), std::string::npos) << markdown;
+  const std::string csv = *FormatComparisonTable(*table, "csv");
+  EXPECT_NE(csv.find("passkey@64_mean,passkey@64_std\n"), std::string::npos) << csv;
+  nlohmann::json j = nlohmann::json::parse(*FormatComparisonTable(*table, "json"));
+  EXPECT_NEAR(j["rows"][1]["metrics"]["passkey@64"]["mean"].get<double>(), 0.85, 1e-12);
+
+  // At a compute budget of 15 steps' tokens: the values of the evaluation at step 10.
+  absl::StatusOr<ResultSet> all = store_->reader().ReadResults({{"named"}, {}});
+  ASSERT_TRUE(all.ok());
+  const nlohmann::json config = nlohmann::json::parse(all->runs[0].run.config_json);
+  ResultSelection early{{"named"}, {}};
+  early.at_tokens = 15.0 * config["train"]["batch_size"].get<double>() *
+                    config["train"]["seq_len"].get<double>() *
+                    std::max(1.0, config["train"]["grad_accum"].get<double>());
+  absl::StatusOr<ResultSet> at = store_->reader().ReadResults(early);
+  ASSERT_TRUE(at.ok()) << at.status();
+  ASSERT_EQ(at->runs.size(), 4u);
+  for (const ResultRun& r : at->runs) {
+    ASSERT_EQ(r.metrics.count("passkey@64"), 1u) << r.run.id;
+    EXPECT_NEAR(r.metrics.at("passkey@64"), r.run.variant == "g1" ? 0.2 : 0.1, 1e-12);
+  }
+}
+
 // Several sweeps of one study make one set of runs, matched by variant, seed and axis point: a
 // run with a result stands over one without, and between two alike the later sweep's.
 TEST_F(StoreTest, SeveralSweepsMatchRunsByVariantSeedAndAxes) {

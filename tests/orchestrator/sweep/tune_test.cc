@@ -188,3 +188,41 @@ tune:
 
 }  // namespace
 }  // namespace ablate
+
+namespace ablate {
+namespace {
+
+// A tune may rank by a metric the base's evals produce (docs/evals.md); any other name is refused
+// naming those it may use. The top-level evals: reaches every run.
+TEST(TuneSpecTest, RanksByAMetricOfTheEvals) {
+  const std::string evals = "evals:\n  - {task: mqar, pairs: 8, samples: 4}\n";
+  const ExpandedSweep s = Expand(absl::StrCat("sweep: s", kBase, evals, R"(tune:
+  axis: train.optimizer.lr
+  values: [1e-3, 3e-3]
+  metric: mqar@8
+  mode: max
+)"));
+  ASSERT_EQ(s.runs_size(), 8);
+  EXPECT_EQ(s.tune().metric(), "mqar@8");
+  EXPECT_TRUE(s.tune().maximize());
+  for (const RunSpec& r : s.runs()) {
+    ASSERT_EQ(r.config().train().evals_size(), 1);
+    EXPECT_EQ(r.config().train().evals(0).task(), "mqar");
+  }
+  absl::StatusOr<SweepSpec> bad = ParseSweepSpecText(
+      absl::StrCat("sweep: s", kBase, evals,
+                   "tune:\n  axis: train.optimizer.lr\n  values: [1e-3]\n  metric: mqar@16\n"),
+      "s.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("unknown metric \"mqar@16\"; use val_loss, val_ppl, gate_score, m_act, "
+                        "f_attn, or a metric of the base's evals: mqar@8"));
+  // A bad evals: entry is a spec error naming its field.
+  bad = ParseSweepSpecText(absl::StrCat("sweep: s", kBase, "evals:\n  - {task: passkey}\n"),
+                           "s.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("train.evals[0]"));
+}
+
+}  // namespace
+}  // namespace ablate
