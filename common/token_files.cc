@@ -24,7 +24,9 @@ namespace {
 // Incremental SHA-256 (OpenSSL's EVP).
 class Sha256 {
  public:
-  Sha256() : ctx_(EVP_MD_CTX_new(), EVP_MD_CTX_free) { EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr); }
+  Sha256() : ctx_(EVP_MD_CTX_new(), EVP_MD_CTX_free) {
+    EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr);
+  }
   void Update(const void* data, size_t n) { EVP_DigestUpdate(ctx_.get(), data, n); }
   std::string Hex() {
     unsigned char digest[EVP_MAX_MD_SIZE];
@@ -103,7 +105,8 @@ json ManifestJson(const DataManifest& m) {
   }
   json j = {{"version", kManifestVersion},
             {"kind", m.kind},
-            {"tokenizer", {{"kind", m.tokenizer}, {"file", m.tokenizer_file}, {"sha256", m.tokenizer_sha256}}},
+            {"tokenizer",
+             {{"kind", m.tokenizer}, {"file", m.tokenizer_file}, {"sha256", m.tokenizer_sha256}}},
             {"vocab_size", m.vocab_size},
             {"token_dtype", m.token_bytes == 4 ? "uint32" : "uint16"},
             {"special_tokens", {{"eod", m.eod_token}, {"bos", m.bos_token}, {"unk", m.unk_token}}},
@@ -168,11 +171,13 @@ absl::StatusOr<DataManifest> ReadManifest(const std::string& dir) {
   }
   if (std::find(std::begin(TokenizerKinds), std::end(TokenizerKinds), m.tokenizer) ==
       std::end(TokenizerKinds)) {
-    return fail(absl::StrCat("tokenizer.kind \"", m.tokenizer, "\" is not bytes, bpe, unigram, model or none"));
+    return fail(absl::StrCat("tokenizer.kind \"", m.tokenizer,
+                             "\" is not bytes, bpe, unigram, model or none"));
   }
   std::string dtype;
   if (!Field(j, "kind", &m.kind, &error) || !Field(j, "vocab_size", &m.vocab_size, &error) ||
-      !Field(j, "token_dtype", &dtype, &error) || !Field(j, "ablate_version", &m.ablate_version, &error)) {
+      !Field(j, "token_dtype", &dtype, &error) ||
+      !Field(j, "ablate_version", &m.ablate_version, &error)) {
     return fail(error);
   }
   if (dtype != "uint16" && dtype != "uint32") {
@@ -184,20 +189,24 @@ absl::StatusOr<DataManifest> ReadManifest(const std::string& dir) {
   }
   const auto special = j.find("special_tokens");
   if (special == j.end() || !special->is_object()) return fail("no object \"special_tokens\"");
-  if (!Field(*special, "eod", &m.eod_token, &error) || !Field(*special, "bos", &m.bos_token, &error) ||
+  if (!Field(*special, "eod", &m.eod_token, &error) ||
+      !Field(*special, "bos", &m.bos_token, &error) ||
       !Field(*special, "unk", &m.unk_token, &error)) {
     return fail(absl::StrCat("special_tokens: ", error));
   }
-  for (const auto& [name, id] : {std::pair{"eod", m.eod_token}, {"bos", m.bos_token}, {"unk", m.unk_token}}) {
+  for (const auto& [name, id] :
+       {std::pair{"eod", m.eod_token}, {"bos", m.bos_token}, {"unk", m.unk_token}}) {
     if (id < -1 || id >= m.vocab_size) {
-      return fail(absl::StrCat("special_tokens.", name, " = ", id, " is outside the vocabulary [0, ",
-                               m.vocab_size, ")"));
+      return fail(absl::StrCat("special_tokens.", name, " = ", id,
+                               " is outside the vocabulary [0, ", m.vocab_size, ")"));
     }
   }
-  if (m.eod_token < 0) return fail("special_tokens.eod: a prepared directory has an end-of-document token");
+  if (m.eod_token < 0)
+    return fail("special_tokens.eod: a prepared directory has an end-of-document token");
   const auto splits = j.find("splits");
   if (splits == j.end() || !splits->is_object()) return fail("no object \"splits\"");
-  if (!ParseSplit(*splits, "train", &m.train, &error) || !ParseSplit(*splits, "val", &m.val, &error)) {
+  if (!ParseSplit(*splits, "train", &m.train, &error) ||
+      !ParseSplit(*splits, "val", &m.val, &error)) {
     return fail(absl::StrCat("splits.", error));
   }
   const auto inputs = j.find("inputs");
@@ -205,8 +214,10 @@ absl::StatusOr<DataManifest> ReadManifest(const std::string& dir) {
   for (const json& input : *inputs) {
     InputInfo info;
     if (!input.is_object() || !Field(input, "path", &info.path, &error) ||
-        !Field(input, "bytes", &info.bytes, &error) || !Field(input, "sha256", &info.sha256, &error)) {
-      return fail(absl::StrCat("inputs: ", input.is_object() ? error : "an entry is not an object"));
+        !Field(input, "bytes", &info.bytes, &error) ||
+        !Field(input, "sha256", &info.sha256, &error)) {
+      return fail(
+          absl::StrCat("inputs: ", input.is_object() ? error : "an entry is not an object"));
     }
     m.inputs.push_back(std::move(info));
   }
@@ -218,14 +229,15 @@ absl::StatusOr<DataManifest> ReadManifest(const std::string& dir) {
     const int64_t size = FileSize(file);
     if (size < 0) return absl::NotFoundError(absl::StrCat(file, ": missing (named by ", path, ")"));
     if (size != s->tokens * m.token_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          file, ": ", size, " bytes, but the manifest says ", s->tokens, " tokens of ", m.token_bytes,
-          " bytes (", s->tokens * m.token_bytes, "): the file was changed after it was prepared"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": ", size, " bytes, but the manifest says ", s->tokens, " tokens of ",
+                       m.token_bytes, " bytes (", s->tokens * m.token_bytes,
+                       "): the file was changed after it was prepared"));
     }
   }
   if (!m.tokenizer_file.empty() && FileSize((fs::path(dir) / m.tokenizer_file).string()) < 0) {
-    return absl::NotFoundError(
-        absl::StrCat((fs::path(dir) / m.tokenizer_file).string(), ": missing (named by ", path, ")"));
+    return absl::NotFoundError(absl::StrCat((fs::path(dir) / m.tokenizer_file).string(),
+                                            ": missing (named by ", path, ")"));
   }
   return m;
 }
@@ -241,13 +253,14 @@ absl::StatusOr<LlmcShard> ReadLlmcHeader(const std::string& path) {
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open for reading"));
   int32_t header[256];
   if (!in.read(reinterpret_cast<char*>(header), sizeof(header))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": ", std::max<int64_t>(FileSize(path), 0),
-        " bytes, shorter than an llm.c shard's header of 256 int32 (1024 bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", std::max<int64_t>(FileSize(path), 0),
+                     " bytes, shorter than an llm.c shard's header of 256 int32 (1024 bytes)"));
   }
   if (header[0] != kLlmcMagic) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": magic ", header[0], " at byte 0 is not llm.c's ",
-                                                   kLlmcMagic, ": not an llm.c / modded-nanogpt shard"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": magic ", header[0],
+                                                   " at byte 0 is not llm.c's ", kLlmcMagic,
+                                                   ": not an llm.c / modded-nanogpt shard"));
   }
   if (header[1] != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -258,9 +271,10 @@ absl::StatusOr<LlmcShard> ReadLlmcHeader(const std::string& path) {
   const int64_t size = FileSize(path);
   const int64_t expected = kLlmcHeaderBytes + shard.tokens * shard.token_bytes;
   if (shard.tokens < 0 || size != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": the header (byte 8) says ", shard.tokens, " tokens, so ", expected,
-        " bytes, but the file has ", size, size < expected ? " (a short body)" : " (trailing bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the header (byte 8) says ", shard.tokens, " tokens, so ", expected,
+                     " bytes, but the file has ", size,
+                     size < expected ? " (a short body)" : " (trailing bytes)"));
   }
   return shard;
 }
@@ -291,14 +305,21 @@ absl::StatusOr<MegatronIndex> ReadMegatronIndex(const std::string& prefix) {
   MegatronIndex index;
   index.dtype_code = code;
   switch (code) {
-    case 1: index.token_bytes = 1; break;  // uint8
-    case 4: index.token_bytes = 4; break;  // int32 (read as non-negative ids)
-    case 8: index.token_bytes = 2; break;  // uint16
+    case 1:
+      index.token_bytes = 1;
+      break;  // uint8
+    case 4:
+      index.token_bytes = 4;
+      break;  // int32 (read as non-negative ids)
+    case 8:
+      index.token_bytes = 2;
+      break;  // uint16
     default:
       return fail(17, absl::StrCat("dtype code ", static_cast<int>(code),
                                    " is not read (1 uint8, 4 int32 and 8 uint16 are)"));
   }
-  if (!in.read(reinterpret_cast<char*>(&sequences), 8) || !in.read(reinterpret_cast<char*>(&documents), 8)) {
+  if (!in.read(reinterpret_cast<char*>(&sequences), 8) ||
+      !in.read(reinterpret_cast<char*>(&documents), 8)) {
     return fail(18, "ends before its sequence and document counts");
   }
   const int64_t idx_size = FileSize(idx);
@@ -306,24 +327,30 @@ absl::StatusOr<MegatronIndex> ReadMegatronIndex(const std::string& prefix) {
   // Checked against the file's size before anything is allocated: a corrupt count must not ask
   // for terabytes.
   if (sequences > static_cast<uint64_t>(idx_size) || documents > static_cast<uint64_t>(idx_size) ||
-      kHead + static_cast<int64_t>(sequences) * 12 + static_cast<int64_t>(documents) * 8 > idx_size) {
+      kHead + static_cast<int64_t>(sequences) * 12 + static_cast<int64_t>(documents) * 8 >
+          idx_size) {
     return fail(18, absl::StrCat(sequences, " sequences and ", documents, " document entries need ",
-                                 kHead + static_cast<int64_t>(sequences) * 12 + static_cast<int64_t>(documents) * 8,
+                                 kHead + static_cast<int64_t>(sequences) * 12 +
+                                     static_cast<int64_t>(documents) * 8,
                                  " bytes; the index has ", idx_size));
   }
   index.lengths.resize(sequences);
   index.pointers.resize(sequences);
   index.documents.resize(documents);
-  in.read(reinterpret_cast<char*>(index.lengths.data()), static_cast<std::streamsize>(sequences * 4));
-  in.read(reinterpret_cast<char*>(index.pointers.data()), static_cast<std::streamsize>(sequences * 8));
-  in.read(reinterpret_cast<char*>(index.documents.data()), static_cast<std::streamsize>(documents * 8));
+  in.read(reinterpret_cast<char*>(index.lengths.data()),
+          static_cast<std::streamsize>(sequences * 4));
+  in.read(reinterpret_cast<char*>(index.pointers.data()),
+          static_cast<std::streamsize>(sequences * 8));
+  in.read(reinterpret_cast<char*>(index.documents.data()),
+          static_cast<std::streamsize>(documents * 8));
   if (!in) return fail(kHead, "ends before its arrays");
   index.bin_bytes = FileSize(bin);
   if (index.bin_bytes < 0) return absl::NotFoundError(absl::StrCat(bin, ": missing beside ", idx));
   int64_t next = 0;
   for (uint64_t s = 0; s < sequences; ++s) {
     const int64_t length_at = kHead + static_cast<int64_t>(s) * 4;
-    if (index.lengths[s] < 0) return fail(length_at, absl::StrCat("sequence ", s, " has length ", index.lengths[s]));
+    if (index.lengths[s] < 0)
+      return fail(length_at, absl::StrCat("sequence ", s, " has length ", index.lengths[s]));
     if (index.pointers[s] != next) {
       return fail(kHead + static_cast<int64_t>(sequences) * 4 + static_cast<int64_t>(s) * 8,
                   absl::StrCat("sequence ", s, " starts at byte ", index.pointers[s], " of ", bin,
@@ -332,15 +359,16 @@ absl::StatusOr<MegatronIndex> ReadMegatronIndex(const std::string& prefix) {
     next += static_cast<int64_t>(index.lengths[s]) * index.token_bytes;
   }
   if (next != index.bin_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        idx, " describes ", next, " bytes of tokens, but ", bin, " has ", index.bin_bytes,
-        ": the index and the data disagree"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(idx, " describes ", next, " bytes of tokens, but ", bin, " has ",
+                     index.bin_bytes, ": the index and the data disagree"));
   }
   const int64_t doc_at = kHead + static_cast<int64_t>(sequences) * 12;
   for (uint64_t d = 0; d < documents; ++d) {
     const int64_t v = index.documents[d];
     const int64_t prev = d == 0 ? -1 : index.documents[d - 1];
-    if (v < 0 || v > static_cast<int64_t>(sequences) || (d > 0 && v <= prev) || (d == 0 && v != 0)) {
+    if (v < 0 || v > static_cast<int64_t>(sequences) || (d > 0 && v <= prev) ||
+        (d == 0 && v != 0)) {
       return fail(doc_at + static_cast<int64_t>(d) * 8,
                   absl::StrCat("document index entry ", d, " = ", v,
                                " is not increasing from 0 within the ", sequences, " sequences"));
@@ -376,7 +404,9 @@ absl::StatusOr<std::vector<std::string>> ExpandDataGlob(const std::string& patte
       files.push_back((p.parent_path() / file).string());
     }
   }
-  if (ec) return absl::NotFoundError(absl::StrCat(pattern, ": cannot list ", dir.string(), ": ", ec.message()));
+  if (ec)
+    return absl::NotFoundError(
+        absl::StrCat(pattern, ": cannot list ", dir.string(), ": ", ec.message()));
   if (files.empty()) return absl::NotFoundError(absl::StrCat(pattern, ": no file matches"));
   std::sort(files.begin(), files.end());
   return files;

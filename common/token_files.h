@@ -23,15 +23,15 @@ inline constexpr int kManifestVersion = 1;
 // One split of a prepared directory: a flat file of little-endian tokens, each document followed
 // by the end-of-document token.
 struct SplitInfo {
-  std::string file;        // "train.bin", relative to the directory
+  std::string file;  // "train.bin", relative to the directory
   int64_t documents = 0;
   int64_t tokens = 0;
-  std::string sha256;      // of the file's bytes, hex
+  std::string sha256;  // of the file's bytes, hex
 };
 
 // One input of `ablate data prepare` (or the corpus a synthetic task drew on).
 struct InputInfo {
-  std::string path;    // as given
+  std::string path;  // as given
   int64_t bytes = 0;
   std::string sha256;  // of its bytes, hex
 };
@@ -42,11 +42,11 @@ struct DataManifest {
   // "bytes", "bpe", "unigram" (trained here), "model" (given), or "none" (a synthetic task's ids
   // that are not text: mqar).
   std::string tokenizer;
-  std::string tokenizer_file;     // relative to the directory; "" for bytes
-  std::string tokenizer_sha256;   // of that file; "" for bytes
+  std::string tokenizer_file;    // relative to the directory; "" for bytes
+  std::string tokenizer_sha256;  // of that file; "" for bytes
   int64_t vocab_size = 0;
-  int token_bytes = 2;            // 2 (uint16) or 4 (uint32): TokenBytesFor(vocab_size)
-  int64_t eod_token = -1;         // ends every document
+  int token_bytes = 2;     // 2 (uint16) or 4 (uint32): TokenBytesFor(vocab_size)
+  int64_t eod_token = -1;  // ends every document
   int64_t bos_token = -1;
   int64_t unk_token = -1;
   SplitInfo train, val;
@@ -54,7 +54,7 @@ struct DataManifest {
   // How the data was made: the command's settings (val_fraction, seed, ...) or a synthetic
   // task's parameters ({"task": "bigram-backcopy", ...}). Any JSON object.
   nlohmann::json params = nlohmann::json::object();
-  std::string ablate_version;     // BuildVersion() of the binary that wrote it
+  std::string ablate_version;  // BuildVersion() of the binary that wrote it
   // SHA-256 (hex) of the manifest's canonical JSON without this field: what keys runs on this
   // data, and what catches a manifest edited by hand. Set by WriteManifest and ReadManifest.
   std::string checksum;
@@ -79,7 +79,7 @@ bool IsPreparedDir(const std::string& dir);
 inline constexpr int32_t kLlmcMagic = 20240520;
 inline constexpr int64_t kLlmcHeaderBytes = 256 * 4;
 struct LlmcShard {
-  int64_t tokens = 0;      // from the header, checked against the file's size
+  int64_t tokens = 0;  // from the header, checked against the file's size
   int token_bytes = 2;
 };
 // True when the file starts with the llm.c magic (false when it cannot be read).
@@ -92,12 +92,12 @@ absl::StatusOr<LlmcShard> ReadLlmcHeader(const std::string& path);
 // sequence and document counts, then sequence lengths, byte pointers and the document index)
 // describing PREFIX.bin.
 struct MegatronIndex {
-  int dtype_code = 0;            // 1 uint8, 4 int32, 8 uint16 are read; others are refused
+  int dtype_code = 0;  // 1 uint8, 4 int32, 8 uint16 are read; others are refused
   int token_bytes = 0;
-  std::vector<int32_t> lengths;   // tokens per sequence
-  std::vector<int64_t> pointers;  // byte offset of each sequence in PREFIX.bin
-  std::vector<int64_t> documents; // the first sequence of each document, then the count
-  int64_t bin_bytes = 0;          // the size of PREFIX.bin
+  std::vector<int32_t> lengths;    // tokens per sequence
+  std::vector<int64_t> pointers;   // byte offset of each sequence in PREFIX.bin
+  std::vector<int64_t> documents;  // the first sequence of each document, then the count
+  int64_t bin_bytes = 0;           // the size of PREFIX.bin
 };
 // Errors name the file and the offset: a wrong header or version, a dtype not read, an index
 // shorter than its counts, sequences that are not contiguous or run past PREFIX.bin's end, a

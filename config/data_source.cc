@@ -33,9 +33,8 @@ absl::StatusOr<DataFormat> Detect(const std::string& path) {
   }
   if (!MegatronPrefixOf(path).empty()) return DATA_MEGATRON;
   if (fs::exists(path, ec)) return HasLlmcMagic(path) ? DATA_LLMC : DATA_TEXT;
-  return absl::NotFoundError(
-      absl::StrCat(path, ": no such file or directory (nor ", path, ".bin and ", path,
-                   ".idx of a Megatron dataset)"));
+  return absl::NotFoundError(absl::StrCat(path, ": no such file or directory (nor ", path,
+                                          ".bin and ", path, ".idx of a Megatron dataset)"));
 }
 
 absl::Status NoValPath(const DataConfig& config, const char* format) {
@@ -113,8 +112,9 @@ absl::StatusOr<DataSource> ResolveDataSource(const DataConfig& config, const std
       if (!config.val_path().empty()) {
         const std::string val = MegatronPrefixOf(config.val_path());
         if (val.empty()) {
-          return absl::NotFoundError(absl::StrCat("train.data.val_path: ", config.val_path(),
-                                                  ": a Megatron dataset needs PREFIX.bin and PREFIX.idx"));
+          return absl::NotFoundError(
+              absl::StrCat("train.data.val_path: ", config.val_path(),
+                           ": a Megatron dataset needs PREFIX.bin and PREFIX.idx"));
         }
         source.val = {val};
       }
@@ -155,10 +155,12 @@ absl::Status ApplyDataSource(const DataSource& source, bool vocab_size_set, RunC
     if (!vocab_size_set) {
       config->mutable_model()->set_vocab_size(static_cast<int32_t>(m.vocab_size));
     } else if (config->model().vocab_size() < m.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model.vocab_size: ", config->model().vocab_size(), " is smaller than the vocabulary of ",
-          source.path, " (", m.vocab_size, ", its manifest.json): leave vocab_size out to take the "
-          "manifest's, or give at least ", m.vocab_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.vocab_size: ", config->model().vocab_size(),
+                       " is smaller than the vocabulary of ", source.path, " (", m.vocab_size,
+                       ", its manifest.json): leave vocab_size out to take the "
+                       "manifest's, or give at least ",
+                       m.vocab_size));
     }
   }
   if (d->doc_aligned() && source.format != DATA_PREPARED && source.format != DATA_MEGATRON &&

@@ -381,9 +381,11 @@ absl::Status ValidateRunConfig(const RunConfig& r) {
         " layers x the heads and their mean); the limit is ", kMaxAttentionMaps,
         ": ask for fewer heads"));
   }
-  if (const DataConfig& d = r.train().data(); d.has_eod_token() && d.eod_token() >= r.model().vocab_size()) {
+  if (const DataConfig& d = r.train().data();
+      d.has_eod_token() && d.eod_token() >= r.model().vocab_size()) {
     problems.push_back(absl::StrCat("train.data.eod_token: ", d.eod_token(),
-                                    " is outside the vocabulary [0, ", r.model().vocab_size(), ")"));
+                                    " is outside the vocabulary [0, ", r.model().vocab_size(),
+                                    ")"));
   }
   if (r.train().data().format() == DATA_TEXT && r.model().vocab_size() < 256) {
     problems.push_back(absl::StrCat("model.vocab_size: byte-level text needs >= 256, got ",

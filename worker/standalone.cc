@@ -210,7 +210,8 @@ int RunStandalone(const StandaloneOptions& o) {
     bool vocab_set = false;
     try {
       const YAML::Node root = YAML::LoadFile(config_path);
-      vocab_set = root.IsMap() && root["model"] && root["model"].IsMap() && root["model"]["vocab_size"];
+      vocab_set =
+          root.IsMap() && root["model"] && root["model"].IsMap() && root["model"]["vocab_size"];
     } catch (const YAML::Exception&) {
       // LoadRunConfigFile read it: not reached
     }

@@ -30,7 +30,8 @@ int RunAblateCli(int argc, const char* const* argv, std::ostream& out, std::ostr
   app.require_subcommand(1);
   if (argc >= 2 && std::string(argv[1]) == "data") {
     // Replaced by ablate-data before anything of ours starts (data_command.h).
-    return RunCommandAction("ablate data", [&] { return ExecDataCommand(argc, argv); }, err);
+    return RunCommandAction(
+        "ablate data", [&] { return ExecDataCommand(argc, argv); }, err);
   }
   std::function<absl::Status()> action;
   AddExpandCommand(&app, &out, &err, &action);

@@ -40,7 +40,9 @@ void AddDataCommand(CLI::App* app, std::function<absl::Status()>* action) {
       "docs/data.md. Runs ablate-data.");
   cmd->prefix_command();  // everything after `data` is ablate-data's
   cmd->callback([action] {
-    *action = [] { return absl::InternalError("ablate data runs before the command line is parsed"); };
+    *action = [] {
+      return absl::InternalError("ablate data runs before the command line is parsed");
+    };
   });
 }
 

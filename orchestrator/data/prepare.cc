@@ -67,10 +67,14 @@ enum class DocMode { kFile, kLine, kBlank };
 
 const char* KindName(TokenizerKind kind) {
   switch (kind) {
-    case TokenizerKind::kBytes: return "bytes";
-    case TokenizerKind::kBpe: return "bpe";
-    case TokenizerKind::kUnigram: return "unigram";
-    case TokenizerKind::kModel: return "model";
+    case TokenizerKind::kBytes:
+      return "bytes";
+    case TokenizerKind::kBpe:
+      return "bpe";
+    case TokenizerKind::kUnigram:
+      return "unigram";
+    case TokenizerKind::kModel:
+      return "model";
   }
   return "";
 }
@@ -102,8 +106,8 @@ absl::StatusOr<std::vector<InputFile>> ListInputs(const std::vector<std::string>
         }
         if (it->is_regular_file(ec)) paths.push_back(it->path().string());
       }
-      if (ec) return absl::InvalidArgumentError(absl::StrCat("cannot list ", input, ": ",
-                                                             ec.message()));
+      if (ec)
+        return absl::InvalidArgumentError(absl::StrCat("cannot list ", input, ": ", ec.message()));
       std::sort(paths.begin(), paths.end());
     } else if (fs::is_regular_file(status)) {
       paths.push_back(input);
@@ -285,8 +289,8 @@ class Progress {
       eta = fmt::format("{}:{:02}", left / 60, left % 60);
     }
     fmt::print(stderr, "\r{:<9} [{}{}] {:.1f}/{:.1f} MB  {:.1f} MB/s  ETA {}\x1b[K", phase_,
-               std::string(filled, '#'), std::string(width - filled, '.'), mb, total_ / 1e6,
-               rate, eta);
+               std::string(filled, '#'), std::string(width - filled, '.'), mb, total_ / 1e6, rate,
+               eta);
     drawn_ = true;
   }
 
@@ -346,8 +350,8 @@ class LineReader {
   }
 
   bool ends_line() const { return ends_line_; }  // the last segment ended its line
-  int64_t line() const { return line_; }           // 1-based line of the last segment
-  int64_t offset() const { return offset_; }       // file offset of the last segment's first byte
+  int64_t line() const { return line_; }         // 1-based line of the last segment
+  int64_t offset() const { return offset_; }     // file offset of the last segment's first byte
   int64_t bytes_read() const { return bytes_read_; }
   const absl::Status& status() const { return status_; }
 
@@ -436,20 +440,23 @@ std::string_view StripNewline(std::string_view line) {
 class CorpusReader {
  public:
   CorpusReader(DocMode mode, std::string field, bool check_utf8, bool replace_utf8)
-      : mode_(mode), field_(std::move(field)), check_utf8_(check_utf8),
+      : mode_(mode),
+        field_(std::move(field)),
+        check_utf8_(check_utf8),
         replace_utf8_(replace_utf8) {}
 
   absl::Status Read(const InputFile& file, Sha256* hash, Progress* progress,
                     const PieceSink& sink) {
     LineReader reader(file.path, hash, progress);
     if (!reader.status().ok()) return reader.status();
-    absl::Status status = file.jsonl ? ReadJsonl(file, &reader, sink) : ReadText(file, &reader, sink);
+    absl::Status status =
+        file.jsonl ? ReadJsonl(file, &reader, sink) : ReadText(file, &reader, sink);
     if (!status.ok()) return status;
     if (!reader.status().ok()) return reader.status();
     if (reader.bytes_read() != file.bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          file.path, " changed while it was being prepared (", file.bytes, " bytes, then ",
-          reader.bytes_read(), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.path, " changed while it was being prepared (", file.bytes,
+                       " bytes, then ", reader.bytes_read(), ")"));
     }
     return absl::OkStatus();
   }
@@ -568,8 +575,8 @@ class CorpusReader {
           where, "no field \"", field_, "\" (--field names the field that holds the text)"));
     }
     if (!it->is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "field \"", field_, "\" is a ",
-                                                     it->type_name(), ", not a string"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "field \"", field_, "\" is a ", it->type_name(), ", not a string"));
     }
     const std::string& text = it->get_ref<const std::string&>();
     if (text.empty()) return absl::OkStatus();  // an empty document: nothing to train on
@@ -672,7 +679,7 @@ class EncodePool {
   struct Batch {
     std::vector<Piece> pieces;
     size_t bytes = 0;
-    std::string error;          // set by the worker before `done`
+    std::string error;  // set by the worker before `done`
     absl::Notification done;
   };
 
@@ -790,8 +797,8 @@ absl::StatusOr<DataManifest> Prepare(const PrepareOptions& options) {
         absl::StrCat("--invalid-utf8 ", options.invalid_utf8, ": expected refuse or replace"));
   }
   if (!(options.val_fraction >= 0 && options.val_fraction < 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--val-fraction ", options.val_fraction, ": expected a fraction in [0, 1)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--val-fraction ", options.val_fraction, ": expected a fraction in [0, 1)"));
   }
   if (train && options.vocab_size < 2) {
     return absl::InvalidArgumentError(
@@ -806,9 +813,10 @@ absl::StatusOr<DataManifest> Prepare(const PrepareOptions& options) {
         absl::StrCat("--threads ", options.threads, ": expected at least 1 (0: every core)"));
   }
   // SentencePiece's trainer takes at most 128 threads.
-  const int threads = std::min(
-      128, options.threads > 0 ? options.threads
-                               : std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  const int threads =
+      std::min(128, options.threads > 0
+                        ? options.threads
+                        : std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
   if (options.out.empty()) return absl::InvalidArgumentError("--out: no output directory given");
   if (options.inputs.empty()) return absl::InvalidArgumentError("no input given");
   std::error_code ec;
@@ -852,16 +860,17 @@ absl::StatusOr<DataManifest> Prepare(const PrepareOptions& options) {
         " files; empty files, blank lines and JSON Lines with an empty field are not documents)"));
   }
   if (documents < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        corpus, " holds 1 document; a prepared directory needs at least 2, one for each split "
-        "(--docs line or --docs blank splits a text file into several)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(corpus,
+                     " holds 1 document; a prepared directory needs at least 2, one for each split "
+                     "(--docs line or --docs blank splits a text file into several)"));
   }
   const int64_t val_documents =
       std::max<int64_t>(1, std::llround(static_cast<double>(documents) * options.val_fraction));
   if (val_documents >= documents) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--val-fraction ", options.val_fraction, " of ", documents,
-                     " documents leaves none for training"));
+    return absl::InvalidArgumentError(absl::StrCat("--val-fraction ", options.val_fraction, " of ",
+                                                   documents,
+                                                   " documents leaves none for training"));
   }
 
   // ---- The tokenizer.
@@ -894,16 +903,16 @@ absl::StatusOr<DataManifest> Prepare(const PrepareOptions& options) {
         {"num_threads", std::to_string(threads)},
     };
     std::string error;
-    model = TrainSentencePiece(args, sample.sentences(), static_cast<unsigned>(options.seed),
-                               &error);
+    model =
+        TrainSentencePiece(args, sample.sentences(), static_cast<unsigned>(options.seed), &error);
     sample.Release();
     if (model.empty()) {
       const std::string message = SentencePieceMessage(error);
       if (absl::StrContains(message, "Vocabulary size too high") ||
           absl::StrContains(message, "Vocabulary size is smaller than required_chars")) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--vocab-size ", options.vocab_size, " does not fit this corpus (",
-            sample.seen(), " sentences): SentencePiece: ", message));
+        return absl::InvalidArgumentError(absl::StrCat("--vocab-size ", options.vocab_size,
+                                                       " does not fit this corpus (", sample.seen(),
+                                                       " sentences): SentencePiece: ", message));
       }
       return absl::InvalidArgumentError(absl::StrCat("training the ", KindName(kind),
                                                      " tokenizer (--vocab-size ",
@@ -915,18 +924,19 @@ absl::StatusOr<DataManifest> Prepare(const PrepareOptions& options) {
     std::string error;
     spm = SentencePieceTokenizer::Load(model, &error);
     if (spm == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kind == TokenizerKind::kModel ? options.tokenizer : "the trained model",
-          ": not a SentencePiece model: ", error));
+      return absl::InvalidArgumentError(
+          absl::StrCat(kind == TokenizerKind::kModel ? options.tokenizer : "the trained model",
+                       ": not a SentencePiece model: ", error));
     }
     vocab_size = spm->vocab_size();
     eod = spm->eos_id();
     bos = spm->bos_id();
     unk = spm->unk_id();
     if (eod < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          options.tokenizer, ": the model has no end-of-sentence piece (eos_id -1), which ends "
-          "every document: train it with --eos_id set"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.tokenizer,
+                       ": the model has no end-of-sentence piece (eos_id -1), which ends "
+                       "every document: train it with --eos_id set"));
     }
   }
 
@@ -988,8 +998,8 @@ absl::StatusOr<DataManifest> Prepare(const PrepareOptions& options) {
       pending.pop_front();
       batch->done.WaitForNotification();
       if (!batch->error.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("SentencePiece could not encode: ",
-                                                       batch->error));
+        return absl::InvalidArgumentError(
+            absl::StrCat("SentencePiece could not encode: ", batch->error));
       }
       for (const EncodePool::Piece& piece : batch->pieces) {
         if (absl::Status s = writer.AppendTokens(piece.split, piece.ids); !s.ok()) return s;
@@ -1031,9 +1041,11 @@ absl::StatusOr<DataManifest> Prepare(const PrepareOptions& options) {
   }
   progress.Clear();
   if (document != documents) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the inputs changed while being prepared: ", document, " documents, where the first pass "
-        "counted ", documents));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the inputs changed while being prepared: ", document,
+                     " documents, where the first pass "
+                     "counted ",
+                     documents));
   }
 
   manifest.bos_token = bos;
@@ -1059,8 +1071,9 @@ void AddPrepareCommand(CLI::App* app) {
   auto options = std::make_shared<PrepareOptions>();
   auto quiet = std::make_shared<bool>(false);
   CLI::App* cmd = app->add_subcommand(
-      "prepare", "Turn raw text into prepared token data: train.bin, val.bin, the tokenizer and "
-                 "manifest.json in --out");
+      "prepare",
+      "Turn raw text into prepared token data: train.bin, val.bin, the tokenizer and "
+      "manifest.json in --out");
   cmd->add_option("inputs", options->inputs,
                   "Text files, .jsonl files (one JSON object a line) and directories of them "
                   "(recursive, sorted, hidden entries skipped)")
@@ -1109,14 +1122,14 @@ void AddPrepareCommand(CLI::App* app) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     int64_t bytes = 0;
     for (const InputInfo& input : manifest->inputs) bytes += input.bytes;
-    fmt::print("prepared {}: {} documents, {} tokens (train {} documents, {} tokens; val {} "
-               "documents, {} tokens); {} tokenizer, vocabulary {}; {:.1f} MB of text in {:.1f} s "
-               "({:.1f} MB/s)\n",
-               options->out, manifest->train.documents + manifest->val.documents,
-               manifest->train.tokens + manifest->val.tokens, manifest->train.documents,
-               manifest->train.tokens, manifest->val.documents, manifest->val.tokens,
-               manifest->tokenizer, manifest->vocab_size, bytes / 1e6, seconds,
-               seconds > 0 ? bytes / 1e6 / seconds : 0.0);
+    fmt::print(
+        "prepared {}: {} documents, {} tokens (train {} documents, {} tokens; val {} "
+        "documents, {} tokens); {} tokenizer, vocabulary {}; {:.1f} MB of text in {:.1f} s "
+        "({:.1f} MB/s)\n",
+        options->out, manifest->train.documents + manifest->val.documents,
+        manifest->train.tokens + manifest->val.tokens, manifest->train.documents,
+        manifest->train.tokens, manifest->val.documents, manifest->val.tokens, manifest->tokenizer,
+        manifest->vocab_size, bytes / 1e6, seconds, seconds > 0 ? bytes / 1e6 / seconds : 0.0);
   });
 }
 

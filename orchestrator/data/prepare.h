@@ -31,21 +31,21 @@ struct PrepareOptions {
   // Files and directories (searched recursively, sorted by path, hidden entries skipped). A
   // `.jsonl` file holds one JSON object per line; any other file is text.
   std::vector<std::string> inputs;
-  std::string out;                 // the prepared directory to create
+  std::string out;  // the prepared directory to create
   // "bytes" (ids 0-255, eod 256, bos 257), "bpe" or "unigram" (SentencePiece, trained here), or
   // the path of an existing SentencePiece .model file.
   std::string tokenizer = "bytes";
-  int64_t vocab_size = 8192;       // for bpe and unigram
-  std::string field = "text";      // the JSON Lines field holding a document
+  int64_t vocab_size = 8192;   // for bpe and unigram
+  std::string field = "text";  // the JSON Lines field holding a document
   // How a text file splits into documents: "file" (the whole file), "line" (each non-empty line),
   // "blank" (runs of lines separated by blank lines).
   std::string docs = "file";
-  double val_fraction = 0.05;      // of documents, at least one, to val.bin
-  uint64_t seed = 1234;            // the validation choice and the training sample
-  int64_t max_sentences = 300000;  // lines sampled to train bpe/unigram
-  int threads = 0;                 // encoding (and training) threads; 0: the machine's cores
+  double val_fraction = 0.05;           // of documents, at least one, to val.bin
+  uint64_t seed = 1234;                 // the validation choice and the training sample
+  int64_t max_sentences = 300000;       // lines sampled to train bpe/unigram
+  int threads = 0;                      // encoding (and training) threads; 0: the machine's cores
   std::string invalid_utf8 = "refuse";  // or "replace" (each bad sequence becomes U+FFFD)
-  bool force = false;              // replace an existing DIR (once the new one is complete)
+  bool force = false;                   // replace an existing DIR (once the new one is complete)
   // Progress on stderr: a bar when stderr is a terminal; none when false.
   bool progress = true;
 };

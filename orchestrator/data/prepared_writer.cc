@@ -15,9 +15,9 @@
 #include <openssl/evp.h>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 #include "common/version.h"
 
 namespace ablate {
@@ -60,8 +60,8 @@ struct PreparedWriter::SplitFile {
   std::vector<unsigned char> buffer;
   EVP_MD_CTX* sha = nullptr;
   int64_t documents = 0;
-  int64_t tokens = 0;            // the eod tokens included: what the file holds
-  int64_t open_doc_tokens = 0;   // tokens of the document not yet ended
+  int64_t tokens = 0;           // the eod tokens included: what the file holds
+  int64_t open_doc_tokens = 0;  // tokens of the document not yet ended
   bool doc_open = false;
 
   ~SplitFile() {
@@ -85,24 +85,19 @@ struct PreparedWriter::SplitFile {
   }
 };
 
-absl::StatusOr<std::unique_ptr<PreparedWriter>> PreparedWriter::Open(const std::string& out,
-                                                                     int64_t vocab_size,
-                                                                     int token_bytes,
-                                                                     int64_t eod_token,
-                                                                     bool replace) {
+absl::StatusOr<std::unique_ptr<PreparedWriter>> PreparedWriter::Open(
+    const std::string& out, int64_t vocab_size, int token_bytes, int64_t eod_token, bool replace) {
   if (token_bytes != 2 && token_bytes != 4) {
     return absl::InvalidArgumentError(
         absl::StrCat("token width ", token_bytes, " bytes: only 2 (uint16) and 4 (uint32) exist"));
   }
   if (vocab_size <= 0 || TokenBytesFor(vocab_size) > token_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a vocabulary of ", vocab_size,
-                                                   " ids does not fit ", token_bytes,
-                                                   "-byte tokens"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a vocabulary of ", vocab_size, " ids does not fit ", token_bytes, "-byte tokens"));
   }
   if (eod_token < 0 || eod_token >= vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat("end-of-document token ", eod_token,
-                                                   " is outside the vocabulary [0, ", vocab_size,
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "end-of-document token ", eod_token, " is outside the vocabulary [0, ", vocab_size, ")"));
   }
   // "DIR/" and "DIR" name the same directory; the partial sibling is built from the last name.
   fs::path out_path = fs::path(out).lexically_normal();
@@ -114,15 +109,14 @@ absl::StatusOr<std::unique_ptr<PreparedWriter>> PreparedWriter::Open(const std::
   }
   std::error_code ec;
   if (fs::exists(out_path, ec) && !replace) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "output directory ", out, " already exists (--force replaces it)"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("output directory ", out, " already exists (--force replaces it)"));
   }
   fs::path parent = out_path.parent_path();
   if (parent.empty()) parent = ".";
   fs::create_directories(parent, ec);
   if (ec) {
-    return absl::InternalError(
-        absl::StrCat("cannot create ", parent.string(), ": ", ec.message()));
+    return absl::InternalError(absl::StrCat("cannot create ", parent.string(), ": ", ec.message()));
   }
 
   // A writer killed before Commit() leaves its partial directory; remove those whose process is
@@ -131,8 +125,7 @@ absl::StatusOr<std::unique_ptr<PreparedWriter>> PreparedWriter::Open(const std::
   for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     int64_t pid = 0;
-    if (!absl::StartsWith(name, prefix) ||
-        !absl::SimpleAtoi(name.substr(prefix.size()), &pid)) {
+    if (!absl::StartsWith(name, prefix) || !absl::SimpleAtoi(name.substr(prefix.size()), &pid)) {
       continue;
     }
     if (pid == ::getpid() || ProcessIsGone(pid)) {
@@ -154,8 +147,8 @@ absl::StatusOr<std::unique_ptr<PreparedWriter>> PreparedWriter::Open(const std::
     return absl::InternalError(absl::StrCat("cannot create ", (parent / prefix).string(),
                                             std::to_string(::getpid()), ": ", why));
   }
-  for (auto [slot, name] : {std::pair{&writer->train_, "train.bin"},
-                            std::pair{&writer->val_, "val.bin"}}) {
+  for (auto [slot, name] :
+       {std::pair{&writer->train_, "train.bin"}, std::pair{&writer->val_, "val.bin"}}) {
     auto file = std::make_unique<SplitFile>();
     file->name = name;
     file->path = writer->partial_ + "/" + name;
@@ -187,9 +180,9 @@ absl::Status PreparedWriter::AppendTokens(Split split, const std::vector<int32_t
   if (committed_) return absl::FailedPreconditionError("the prepared directory is committed");
   for (const int32_t id : tokens) {
     if (id < 0 || id >= vocab_size_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "token id ", id, " of document ", file.documents, " (counted from 0) of ", file.name,
-          " is outside the vocabulary [0, ", vocab_size_, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", id, " of document ", file.documents, " (counted from 0) of ",
+                       file.name, " is outside the vocabulary [0, ", vocab_size_, ")"));
     }
   }
   file.doc_open = true;
@@ -231,9 +224,10 @@ absl::Status PreparedWriter::Commit(DataManifest* manifest) {
           absl::StrCat("the last document of ", file->name, " was not ended"));
     }
     if (file->documents == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          file->name, " would hold no document: a prepared directory needs at least one document "
-          "in each split"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(file->name,
+                       " would hold no document: a prepared directory needs at least one document "
+                       "in each split"));
     }
   }
   // Checked before anything is closed: a refused Commit() leaves the writer usable.

@@ -29,8 +29,8 @@ SentencePieceTokenizer::SentencePieceTokenizer()
     : processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {}
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 
-std::unique_ptr<SentencePieceTokenizer> SentencePieceTokenizer::Load(
-    const std::string& serialized, std::string* error) {
+std::unique_ptr<SentencePieceTokenizer> SentencePieceTokenizer::Load(const std::string& serialized,
+                                                                     std::string* error) {
   std::unique_ptr<SentencePieceTokenizer> tokenizer(new SentencePieceTokenizer());
   const sentencepiece::util::Status status =
       tokenizer->processor_->LoadFromSerializedProto(serialized);

@@ -423,7 +423,8 @@ class Expander {
       it = data_sources_.emplace(key, ResolveDataSource(data, data.path(), true)).first;
     }
     if (!it->second.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("train.data.path: ", it->second.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("train.data.path: ", it->second.status().message()));
     }
     return ApplyDataSource(*it->second, SetsVocabSize(v, point), c);
   }
@@ -431,11 +432,13 @@ class Expander {
   // Whether the spec itself sets model.vocab_size for `v` at `point` (in base:, an axis or the
   // variant's overrides), against a prepared directory's manifest.
   bool SetsVocabSize(const VariantSpec& v, const AxisPoint& point) const {
-    if (const YAML::Node model = YamlChild(spec_.base_node, "model"); model && YamlChild(model, "vocab_size")) {
+    if (const YAML::Node model = YamlChild(spec_.base_node, "model");
+        model && YamlChild(model, "vocab_size")) {
       return true;
     }
     for (const AxisAssignment& a : point) {
-      if (a.path == "model.vocab_size" || (a.path == "model" && a.value.IsMap() && YamlChild(a.value, "vocab_size"))) {
+      if (a.path == "model.vocab_size" ||
+          (a.path == "model" && a.value.IsMap() && YamlChild(a.value, "vocab_size"))) {
         return true;
       }
     }

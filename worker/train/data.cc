@@ -93,9 +93,10 @@ absl::StatusOr<TokenArray> TokenArray::Map(const std::string& path, int width, i
   const auto bytes = static_cast<int64_t>(st.st_size);
   if (offset > bytes || (bytes - offset) % width != 0) {
     ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", bytes - offset, " bytes",
-                                                   offset > 0 ? absl::StrCat(" after byte ", offset) : "",
-                                                   " is not a whole number of uint", width * 8, " tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", bytes - offset, " bytes",
+                     offset > 0 ? absl::StrCat(" after byte ", offset) : "",
+                     " is not a whole number of uint", width * 8, " tokens"));
   }
   TokenArray a;
   a.width_ = width;
@@ -197,10 +198,10 @@ void HoldOut(std::vector<Segment> all, double fraction, bool documents, SplitTok
 absl::Status CheckIds(const TokenArray& tokens, const std::string& file, int64_t header_bytes,
                       int64_t vocab_size, const std::string& hint) {
   if (const int64_t bad = tokens.FirstOutside(vocab_size); bad >= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file, ": token ", tokens[bad], " at token offset ", bad, " (byte ",
-        header_bytes + bad * tokens.width(), ") is outside the vocabulary (model.vocab_size = ",
-        vocab_size, ")", hint));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": token ", tokens[bad], " at token offset ", bad, " (byte ",
+                     header_bytes + bad * tokens.width(),
+                     ") is outside the vocabulary (model.vocab_size = ", vocab_size, ")", hint));
   }
   return absl::OkStatus();
 }
@@ -220,7 +221,8 @@ absl::StatusOr<Segment> MapMegatron(const std::string& prefix, int64_t vocab_siz
       segment.starts.push_back(index->pointers[first] / index->token_bytes);
     }
   }
-  if (segment.starts.empty() || segment.starts.front() != 0) segment.starts.insert(segment.starts.begin(), 0);
+  if (segment.starts.empty() || segment.starts.front() != 0)
+    segment.starts.insert(segment.starts.begin(), 0);
   return segment;
 }
 
@@ -267,13 +269,14 @@ absl::StatusOr<TokenData> TokenData::Load(const DataConfig& config, int64_t voca
         width = m.token_bytes;
         hint = "";
         if (vocab_size < m.vocab_size) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "model.vocab_size: ", vocab_size, " is smaller than the vocabulary of ",
-              path.string(), " (", m.vocab_size, ", its manifest.json)"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("model.vocab_size: ", vocab_size, " is smaller than the vocabulary of ",
+                           path.string(), " (", m.vocab_size, ", its manifest.json)"));
         }
         if (!config.has_eod_token()) eod = m.eod_token;
       }
-      for (const auto& [file, out] : {std::pair{source->train[0], &train}, {source->val[0], &val}}) {
+      for (const auto& [file, out] :
+           {std::pair{source->train[0], &train}, {source->val[0], &val}}) {
         absl::StatusOr<TokenArray> tokens = TokenArray::Map(file, width);
         if (!tokens.ok()) return tokens.status();
         if (absl::Status s = CheckIds(*tokens, file, 0, vocab_size, hint); !s.ok()) return s;
@@ -287,9 +290,11 @@ absl::StatusOr<TokenData> TokenData::Load(const DataConfig& config, int64_t voca
         for (const std::string& file : *files) {
           absl::StatusOr<LlmcShard> shard = ReadLlmcHeader(file);
           if (!shard.ok()) return shard.status();
-          absl::StatusOr<TokenArray> tokens = TokenArray::Map(file, shard->token_bytes, kLlmcHeaderBytes);
+          absl::StatusOr<TokenArray> tokens =
+              TokenArray::Map(file, shard->token_bytes, kLlmcHeaderBytes);
           if (!tokens.ok()) return tokens.status();
-          if (absl::Status s = CheckIds(*tokens, file, kLlmcHeaderBytes, vocab_size, ""); !s.ok()) return s;
+          if (absl::Status s = CheckIds(*tokens, file, kLlmcHeaderBytes, vocab_size, ""); !s.ok())
+            return s;
           out->push_back({*std::move(tokens), {}});
         }
       }
@@ -299,7 +304,8 @@ absl::StatusOr<TokenData> TokenData::Load(const DataConfig& config, int64_t voca
       break;
     }
     case DATA_MEGATRON: {
-      for (const auto& [prefixes, out] : {std::pair{&source->train, &train}, {&source->val, &val}}) {
+      for (const auto& [prefixes, out] :
+           {std::pair{&source->train, &train}, {&source->val, &val}}) {
         for (const std::string& prefix : *prefixes) {
           absl::StatusOr<Segment> segment = MapMegatron(prefix, vocab_size);
           if (!segment.ok()) return segment.status();
@@ -311,8 +317,8 @@ absl::StatusOr<TokenData> TokenData::Load(const DataConfig& config, int64_t voca
     }
     default: {  // DATA_TEXT
       if (vocab_size < 256) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "model.vocab_size: byte-level text needs >= 256, got ", vocab_size));
+        return absl::InvalidArgumentError(
+            absl::StrCat("model.vocab_size: byte-level text needs >= 256, got ", vocab_size));
       }
       std::string all;
       for (const std::string& f : source->train) {
@@ -441,8 +447,8 @@ void TokenData::Consecutive(Split split, int64_t count, int64_t len, int64_t* in
   int64_t at = 0;
   for (int64_t w = 0; w < count; ++w) {
     // On to the next file (or back to the first) when this one has no whole window left.
-    for (size_t tries = 0; at + len + 1 > tokens.segments[segment].tokens.size() &&
-                           tries <= tokens.segments.size();
+    for (size_t tries = 0;
+         at + len + 1 > tokens.segments[segment].tokens.size() && tries <= tokens.segments.size();
          ++tries) {
       segment = (segment + 1) % tokens.segments.size();
       at = 0;

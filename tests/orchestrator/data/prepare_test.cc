@@ -50,7 +50,8 @@ std::vector<std::vector<int32_t>> SplitDocuments(const fs::path& file, int token
   std::vector<std::vector<int32_t>> docs(1);
   for (size_t i = 0; i + token_bytes <= bytes.size(); i += token_bytes) {
     uint32_t v = 0;
-    for (int b = token_bytes - 1; b >= 0; --b) v = v << 8 | static_cast<unsigned char>(bytes[i + b]);
+    for (int b = token_bytes - 1; b >= 0; --b)
+      v = v << 8 | static_cast<unsigned char>(bytes[i + b]);
     if (v == eod) {
       docs.emplace_back();
     } else {
@@ -75,12 +76,12 @@ std::string BytesText(const std::vector<int32_t>& ids) {
 // double spaces): what a SentencePiece model must give back exactly.
 std::vector<std::string> GeneratedDocuments(int n, uint64_t seed) {
   std::vector<std::string> words = {
-      "the", "gate", "attention", "head", "sink", "token", "value", "query", "key", "model",
-      "café", "naïve", "日本語", "über", "loss", "42", "3.14", "(paper)", "end.", "a,b;c"};
+      "the",  "gate",  "attention", "head", "sink", "token", "value", "query",   "key",  "model",
+      "café", "naïve", "日本語",    "über", "loss", "42",    "3.14",  "(paper)", "end.", "a,b;c"};
   std::mt19937_64 rng(seed);
   // Enough distinct words that a unigram model finds 400 pieces worth keeping.
-  const std::vector<std::string> syllables = {"ka", "lo", "mi", "ne", "ru", "ta", "so", "vi",
-                                              "pe", "da", "gu", "ho"};
+  const std::vector<std::string> syllables = {"ka", "lo", "mi", "ne", "ru", "ta",
+                                              "so", "vi", "pe", "da", "gu", "ho"};
   for (int i = 0; i < 150; ++i) {
     std::string word;
     for (int s = 0; s < 2 + i % 3; ++s) word += syllables[(i * 7 + s * 5 + i / 12) % 12];
@@ -145,7 +146,8 @@ class PrepareTest : public ::testing::Test {
   // The documents of both splits, decoded (bytes tokenizer), in corpus order per split.
   std::pair<std::vector<std::string>, std::vector<std::string>> BytesSplits(const fs::path& out) {
     std::vector<std::string> train, val;
-    for (const auto& ids : SplitDocuments(out / "train.bin", 2, 256)) train.push_back(BytesText(ids));
+    for (const auto& ids : SplitDocuments(out / "train.bin", 2, 256))
+      train.push_back(BytesText(ids));
     for (const auto& ids : SplitDocuments(out / "val.bin", 2, 256)) val.push_back(BytesText(ids));
     return {train, val};
   }
@@ -302,8 +304,8 @@ TEST_F(PrepareTest, ValidationIsWholeDocumentsChosenByTheSeed) {
   EXPECT_EQ(a.size(), 4u);  // round(40 * 0.1)
   EXPECT_EQ(val_of(1234, 0.1, "b"), a);
   EXPECT_NE(val_of(99, 0.1, "c"), a);
-  EXPECT_EQ(val_of(1234, 0.0, "d").size(), 1u);   // at least one
-  EXPECT_EQ(val_of(1234, 0.01, "e").size(), 1u);  // round(0.4) = 0 -> 1
+  EXPECT_EQ(val_of(1234, 0.0, "d").size(), 1u);    // at least one
+  EXPECT_EQ(val_of(1234, 0.01, "e").size(), 1u);   // round(0.4) = 0 -> 1
   EXPECT_EQ(val_of(1234, 0.33, "f").size(), 13u);  // round(13.2)
 }
 
@@ -390,8 +392,8 @@ TEST_F(PrepareTest, InvalidUtf8IsRefusedWithFileLineAndOffset) {
   options.inputs = {(dir_ / "ok.txt").string(), (dir_ / "bad.txt").string()};
   options.tokenizer = "bpe";
   const std::string error = PrepareError(options);
-  EXPECT_THAT(error, HasSubstr(absl::StrCat((dir_ / "bad.txt").string(),
-                                            ":2: invalid UTF-8 at byte 17")));
+  EXPECT_THAT(error,
+              HasSubstr(absl::StrCat((dir_ / "bad.txt").string(), ":2: invalid UTF-8 at byte 17")));
 
   // The bytes tokenizer takes any byte.
   options.tokenizer = "bytes";
@@ -421,8 +423,9 @@ TEST_F(PrepareTest, InvalidUtf8ReplacedIsCountedInTheManifest) {
     for (const auto& ids : SplitDocuments(dir_ / "out" / split, 2, 2)) {
       std::string text;
       ASSERT_TRUE(tokenizer->Decode(ids, &text, &error));
-      found |= text.find(" \xef\xbf\xbd( and \xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd and "
-                         "\xef\xbf\xbd") != std::string::npos;
+      found |= text.find(
+                   " \xef\xbf\xbd( and \xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd and "
+                   "\xef\xbf\xbd") != std::string::npos;
     }
   }
   EXPECT_TRUE(found);

@@ -28,7 +28,8 @@ class DataKeyTest : public ::testing::Test {
   absl::StatusOr<ExpandedSweep> Expand(const std::string& data, const std::string& model = "") {
     const std::string text = absl::StrCat(
         "sweep: d\nbase:\n  model: {num_layers: 1, d_model: 32, num_heads: 2, num_kv_heads: 2, "
-        "head_dim: 16, ffn_dim: 64", model, "}\n  train: {steps: 10, seq_len: 16, data: ", data,
+        "head_dim: 16, ffn_dim: 64",
+        model, "}\n  train: {steps: 10, seq_len: 16, data: ", data,
         "}\nvariants: [baseline, g1_elementwise]\n");
     absl::StatusOr<SweepSpec> spec = ParseSweepSpecText(text, "s.yaml");
     if (!spec.ok()) return spec.status();
@@ -84,7 +85,8 @@ TEST_F(DataKeyTest, APreparedDirectorySetsVocabularyWidthAndEod) {
 TEST_F(DataKeyTest, RewrittenDataGivesNewKeysAndMovedDataKeepsThem) {
   WriteTokens(dir_ / "nano" / "train.bin", 0, 400);
   WriteTokens(dir_ / "nano" / "val.bin", 3, 100);
-  absl::StatusOr<ExpandedSweep> before = Expand(absl::StrCat("{path: ", (dir_ / "nano").string(), "}"));
+  absl::StatusOr<ExpandedSweep> before =
+      Expand(absl::StrCat("{path: ", (dir_ / "nano").string(), "}"));
   ASSERT_TRUE(before.ok()) << before.status();
 
   // Moved: the same bytes under another path keep every key.
@@ -133,7 +135,8 @@ TEST_F(DataKeyTest, DataThatIsNotThereOrHasNoDocumentsIsAnErrorAtExpansion) {
   s = Expand(absl::StrCat("{path: ", (dir_ / "nano").string(), ", doc_aligned: true}"));
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.status().message()), HasSubstr("eod_token"));
-  s = Expand(absl::StrCat("{path: ", (dir_ / "nano").string(), ", doc_aligned: true, eod_token: 0}"));
+  s = Expand(
+      absl::StrCat("{path: ", (dir_ / "nano").string(), ", doc_aligned: true, eod_token: 0}"));
   EXPECT_TRUE(s.ok()) << s.status();
 }
 

@@ -245,7 +245,7 @@ TEST_F(DataFormatsTest, APreparedDirectoryGivesItsVocabularyAndDocuments) {
   for (int64_t i = 0; i < 30; ++i) {
     std::vector<int64_t> x(8), y(8);
     data->Batch(TokenData::Split::kTrain, i, 1, x.data(), y.data());
-    EXPECT_EQ(x[0], 2);                    // the BOS
+    EXPECT_EQ(x[0], 2);                       // the BOS
     EXPECT_TRUE(firsts.count(y[0])) << y[0];  // then a document's first token
   }
   // A smaller model vocabulary than the manifest's is an error naming both.
@@ -262,7 +262,8 @@ TEST_F(DataFormatsTest, AManifestEditedByHandOrATruncatedSplitIsRefused) {
     std::ifstream in(dir / "manifest.json");
     text.assign(std::istreambuf_iterator<char>(in), {});
   }
-  const std::string edited = std::regex_replace(text, std::regex("\"vocab_size\": 64"), "\"vocab_size\": 65");
+  const std::string edited =
+      std::regex_replace(text, std::regex("\"vocab_size\": 64"), "\"vocab_size\": 65");
   ASSERT_NE(edited, text);
   std::ofstream(dir / "manifest.json") << edited;
   auto data = TokenData::Load(Config(dir), 128, 8);
