@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -21,26 +22,8 @@ using json = nlohmann::json;
 
 namespace {
 
-// Incremental SHA-256 (OpenSSL's EVP).
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new(), EVP_MD_CTX_free) {
-    EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr);
-  }
-  void Update(const void* data, size_t n) { EVP_DigestUpdate(ctx_.get(), data, n); }
-  std::string Hex() {
-    unsigned char digest[EVP_MAX_MD_SIZE];
-    unsigned int n = 0;
-    EVP_DigestFinal_ex(ctx_.get(), digest, &n);
-    return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), n));
-  }
-
- private:
-  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx_;
-};
-
 std::string Sha256Hex(const std::string& text) {
-  Sha256 h;
+  Sha256Stream h;
   h.Update(text.data(), text.size());
   return h.Hex();
 }
@@ -95,6 +78,30 @@ int64_t FileSize(const std::string& path) {
 }
 
 }  // namespace
+
+struct Sha256Stream::Context {
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx{EVP_MD_CTX_new(), EVP_MD_CTX_free};
+};
+
+Sha256Stream::Sha256Stream() : context_(std::make_unique<Context>()) {
+  if (context_->ctx == nullptr ||
+      EVP_DigestInit_ex(context_->ctx.get(), EVP_sha256(), nullptr) != 1) {
+    std::abort();  // OpenSSL without SHA-256: nothing here can be keyed or checked
+  }
+}
+
+Sha256Stream::~Sha256Stream() = default;
+
+void Sha256Stream::Update(const void* data, size_t n) {
+  EVP_DigestUpdate(context_->ctx.get(), data, n);
+}
+
+std::string Sha256Stream::Hex() {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_DigestFinal_ex(context_->ctx.get(), digest, &n);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), n));
+}
 
 int TokenBytesFor(int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
 
@@ -415,7 +422,7 @@ absl::StatusOr<std::vector<std::string>> ExpandDataGlob(const std::string& patte
 absl::StatusOr<std::string> FingerprintFiles(const std::vector<std::string>& files) {
   constexpr int64_t kBlock = 64 << 10;
   constexpr int kBlocks = 17;
-  Sha256 h;
+  Sha256Stream h;
   std::vector<char> buffer(kBlock);
   for (const std::string& file : files) {
     struct stat st {};
@@ -449,7 +456,7 @@ absl::StatusOr<std::string> FingerprintFiles(const std::vector<std::string>& fil
 absl::StatusOr<std::string> Sha256File(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open for reading"));
-  Sha256 h;
+  Sha256Stream h;
   std::vector<char> buffer(1 << 20);
   while (in) {
     in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));

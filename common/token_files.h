@@ -8,7 +8,9 @@
 #ifndef ABLATE_COMMON_TOKEN_FILES_H_
 #define ABLATE_COMMON_TOKEN_FILES_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -116,6 +118,23 @@ absl::StatusOr<std::vector<std::string>> ExpandDataGlob(const std::string& patte
 // last and 15 evenly between; every byte of a file up to 1.1 MB). Not its path: the same files
 // moved (mv keeps the time) keep it. 16 hex digits. Errors name an unreadable file.
 absl::StatusOr<std::string> FingerprintFiles(const std::vector<std::string>& files);
+
+// Incremental SHA-256 (OpenSSL's EVP), for the files written and read here: Update as the bytes
+// go by, Hex once at the end.
+class Sha256Stream {
+ public:
+  Sha256Stream();
+  ~Sha256Stream();
+  Sha256Stream(const Sha256Stream&) = delete;
+  Sha256Stream& operator=(const Sha256Stream&) = delete;
+  void Update(const void* data, size_t n);
+  // The digest in lower-case hex; the stream is spent.
+  std::string Hex();
+
+ private:
+  struct Context;
+  std::unique_ptr<Context> context_;
+};
 
 // SHA-256 of a file's bytes, hex (streamed). Errors name the file.
 absl::StatusOr<std::string> Sha256File(const std::string& path);

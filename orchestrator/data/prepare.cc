@@ -19,8 +19,6 @@
 #include <thread>
 #include <utility>
 
-#include <openssl/evp.h>
-
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -214,31 +212,6 @@ size_t Utf8Cut(std::string_view s, size_t at) {
   return std::max<size_t>(cut, 1);
 }
 
-// ---- Hashing -----------------------------------------------------------------------------------
-
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new(), EVP_MD_CTX_free) {
-    EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr);
-  }
-  void Update(const void* data, size_t n) { EVP_DigestUpdate(ctx_.get(), data, n); }
-  std::string Hex() {
-    unsigned char digest[EVP_MAX_MD_SIZE];
-    unsigned int n = 0;
-    EVP_DigestFinal_ex(ctx_.get(), digest, &n);
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string hex;
-    for (unsigned int i = 0; i < n; ++i) {
-      hex.push_back(kHex[digest[i] >> 4]);
-      hex.push_back(kHex[digest[i] & 15]);
-    }
-    return hex;
-  }
-
- private:
-  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx_;
-};
-
 // ---- Progress ----------------------------------------------------------------------------------
 
 // A one-line bar on stderr, redrawn at most 5 times a second: bytes done of total, MB/s, ETA.
@@ -309,7 +282,7 @@ class Progress {
 // of each segment, for errors. Feeds every byte read to `hash` (when set) and counts them.
 class LineReader {
  public:
-  LineReader(const std::string& path, Sha256* hash, Progress* progress)
+  LineReader(const std::string& path, Sha256Stream* hash, Progress* progress)
       : path_(path), hash_(hash), progress_(progress) {
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) {
@@ -393,7 +366,7 @@ class LineReader {
   }
 
   const std::string path_;
-  Sha256* const hash_;
+  Sha256Stream* const hash_;
   Progress* const progress_;
   int fd_ = -1;
   absl::Status status_;
@@ -445,7 +418,7 @@ class CorpusReader {
         check_utf8_(check_utf8),
         replace_utf8_(replace_utf8) {}
 
-  absl::Status Read(const InputFile& file, Sha256* hash, Progress* progress,
+  absl::Status Read(const InputFile& file, Sha256Stream* hash, Progress* progress,
                     const PieceSink& sink) {
     LineReader reader(file.path, hash, progress);
     if (!reader.status().ok()) return reader.status();
@@ -840,7 +813,7 @@ absl::StatusOr<DataManifest> Prepare(const PrepareOptions& options) {
   std::vector<InputInfo> inputs;
   progress.Start("reading");
   for (const InputFile& file : *files) {
-    Sha256 hash;
+    Sha256Stream hash;
     const absl::Status status =
         pass1.Read(file, &hash, &progress, [&](std::string_view text, bool last) {
           if (train) sample.AddText(text);
@@ -955,7 +928,7 @@ absl::StatusOr<DataManifest> Prepare(const PrepareOptions& options) {
     out.write(model.data(), static_cast<std::streamsize>(model.size()));
     out.close();
     if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
-    Sha256 hash;
+    Sha256Stream hash;
     hash.Update(model.data(), model.size());
     manifest.tokenizer_sha256 = hash.Hex();
   }

@@ -12,8 +12,6 @@
 #include <system_error>
 #include <utility>
 
-#include <openssl/evp.h>
-
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -58,7 +56,7 @@ struct PreparedWriter::SplitFile {
   std::string name;  // "train.bin", for the manifest and for errors
   int fd = -1;
   std::vector<unsigned char> buffer;
-  EVP_MD_CTX* sha = nullptr;
+  Sha256Stream sha;
   int64_t documents = 0;
   int64_t tokens = 0;           // the eod tokens included: what the file holds
   int64_t open_doc_tokens = 0;  // tokens of the document not yet ended
@@ -66,7 +64,6 @@ struct PreparedWriter::SplitFile {
 
   ~SplitFile() {
     if (fd >= 0) ::close(fd);
-    if (sha != nullptr) EVP_MD_CTX_free(sha);
   }
 
   absl::Status Flush() {
@@ -79,7 +76,7 @@ struct PreparedWriter::SplitFile {
       }
       done += static_cast<size_t>(n);
     }
-    EVP_DigestUpdate(sha, buffer.data(), buffer.size());
+    sha.Update(buffer.data(), buffer.size());
     buffer.clear();
     return absl::OkStatus();
   }
@@ -157,10 +154,6 @@ absl::StatusOr<std::unique_ptr<PreparedWriter>> PreparedWriter::Open(
       return absl::InternalError(absl::StrCat("cannot create ", file->path, ": ", ErrnoText()));
     }
     file->buffer.reserve(1 << 20);
-    file->sha = EVP_MD_CTX_new();
-    if (file->sha == nullptr || EVP_DigestInit_ex(file->sha, EVP_sha256(), nullptr) != 1) {
-      return absl::InternalError("OpenSSL could not start a SHA-256");
-    }
     *slot = std::move(file);
   }
   return writer;
@@ -240,18 +233,11 @@ absl::Status PreparedWriter::Commit(DataManifest* manifest) {
     file->fd = -1;
   }
   auto split_info = [](SplitFile& file) {
-    unsigned char digest[EVP_MAX_MD_SIZE];
-    unsigned int size = 0;
-    EVP_DigestFinal_ex(file.sha, digest, &size);
-    static constexpr char kHex[] = "0123456789abcdef";
     SplitInfo info;
     info.file = file.name;
     info.documents = file.documents;
     info.tokens = file.tokens;
-    for (unsigned int i = 0; i < size; ++i) {
-      info.sha256.push_back(kHex[digest[i] >> 4]);
-      info.sha256.push_back(kHex[digest[i] & 15]);
-    }
+    info.sha256 = file.sha.Hex();
     return info;
   };
   manifest->vocab_size = vocab_size_;
