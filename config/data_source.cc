@@ -174,10 +174,15 @@ absl::Status ApplyDataSource(const DataSource& source, bool vocab_size_set, RunC
 }
 
 RunConfig RunKeyView(const RunConfig& config) {
-  if (config.train().data().fingerprint().empty()) return config;
   RunConfig view = config;
-  view.mutable_train()->mutable_data()->clear_path();
-  view.mutable_train()->mutable_data()->clear_val_path();
+  if (!config.train().data().fingerprint().empty()) {
+    view.mutable_train()->mutable_data()->clear_path();
+    view.mutable_train()->mutable_data()->clear_val_path();
+  }
+  // A multiple-choice task by its contents, as the data.
+  for (EvalTask& task : *view.mutable_train()->mutable_evals()) {
+    if (!task.fingerprint().empty()) task.clear_file();
+  }
   return view;
 }
 

@@ -47,7 +47,8 @@ absl::StatusOr<DataSource> ResolveDataSource(const DataConfig& config, const std
 absl::Status ApplyDataSource(const DataSource& source, bool vocab_size_set, RunConfig* config);
 
 // The run key's view of a config: with data.fingerprint set, data.path and data.val_path
-// cleared (the same bytes elsewhere train the same run); otherwise the config itself.
+// cleared (the same bytes elsewhere train the same run), and the file of each evaluation task
+// with a fingerprint (multiple_choice) cleared likewise; otherwise the config itself.
 RunConfig RunKeyView(const RunConfig& config);
 
 }  // namespace ablate

@@ -5,8 +5,11 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "config/choice_task.h"
 #include "config/program_config.h"
 
 namespace ablate {
@@ -25,6 +28,8 @@ const std::vector<TaskFields>& KnownTasks() {
       {kPasskeyTask, {"lengths", "depths", "samples", "key_digits", "seed"}},
       {kCopyingTask, {"lengths", "samples", "seed"}},
       {kMqarTask, {"pairs", "queries", "samples", "seed"}},
+      {kMultikeyTask, {"lengths", "depths", "samples", "key_digits", "pairs", "seed"}},
+      {kMultipleChoiceTask, {"file", "samples"}},
   };
   return *tasks;
 }
@@ -47,11 +52,20 @@ std::vector<std::string> SetFields(const EvalTask& task) {
   if (task.queries() != 0) set.emplace_back("queries");
   if (task.key_digits() != 0) set.emplace_back("key_digits");
   if (task.seed() != 0) set.emplace_back("seed");
+  if (!task.file().empty()) set.emplace_back("file");
   return set;
 }
 
 // Which number a metric is, for its chance level.
-enum class MetricKind { kLoss, kCopyingAccuracy, kPasskeyDigit, kPasskeyExact, kMqarAccuracy };
+enum class MetricKind {
+  kLoss,
+  kCopyingAccuracy,
+  kPasskeyDigit,
+  kPasskeyExact,
+  kMqarAccuracy,
+  kChoiceAccuracy,
+  kChoiceLogprob
+};
 
 struct Metric {
   std::string name;
@@ -79,13 +93,20 @@ std::vector<Metric> Metrics(const RunConfig& config) {
         metrics.push_back({absl::StrCat("copying@", len), i, MetricKind::kLoss});
         metrics.push_back({absl::StrCat("copying_acc@", len), i, MetricKind::kCopyingAccuracy});
       }
-    } else if (t.task() == kPasskeyTask) {
+    } else if (t.task() == kPasskeyTask || t.task() == kMultikeyTask) {
       for (const int32_t len : t.lengths()) {
-        metrics.push_back({absl::StrCat("passkey@", len), i, MetricKind::kPasskeyDigit});
-        metrics.push_back({absl::StrCat("passkey_exact@", len), i, MetricKind::kPasskeyExact});
+        metrics.push_back({absl::StrCat(t.task(), "@", len), i, MetricKind::kPasskeyDigit});
+        metrics.push_back({absl::StrCat(t.task(), "_exact@", len), i, MetricKind::kPasskeyExact});
       }
     } else if (t.task() == kMqarTask) {
       metrics.push_back({absl::StrCat("mqar@", MqarPairs(t)), i, MetricKind::kMqarAccuracy});
+    } else if (t.task() == kMultipleChoiceTask && !t.name().empty()) {
+      // Named once its file is read (ApplyChoiceTasks): before that it has no metrics.
+      for (std::string& name : ChoiceMetricNames(t.name())) {
+        const bool logprob = absl::EndsWith(name, "@logprob");
+        metrics.push_back({std::move(name), i,
+                           logprob ? MetricKind::kChoiceLogprob : MetricKind::kChoiceAccuracy});
+      }
     }
   }
   return metrics;
@@ -178,14 +199,15 @@ void CheckCopying(const RunConfig& config, const EvalTask& t, TaskProblems* p) {
 
 void CheckPasskey(const RunConfig& config, const EvalTask& t, TaskProblems* p) {
   const DataConfig& d = config.train().data();
+  const bool multikey = t.task() == kMultikeyTask;
   if (config.model().vocab_size() < 256 || NeverBytes(d.format())) {
-    p->Add(
-        "task",
-        absl::StrCat("passkey needs byte-level data (text, or a prepared directory of bytes): the "
-                     "worker writes the key and the question as bytes and cannot tokenize for "
-                     "another vocabulary; this run has model.vocab_size ",
-                     config.model().vocab_size(), " and train.data.format ",
-                     DataFormat_Name(d.format())));
+    p->Add("task",
+           absl::StrCat(t.task(),
+                        " needs byte-level data (text, or a prepared directory of bytes): the "
+                        "worker writes the key and the question as bytes and cannot tokenize for "
+                        "another vocabulary; this run has model.vocab_size ",
+                        config.model().vocab_size(), " and train.data.format ",
+                        DataFormat_Name(d.format())));
   }
   CheckLengths(t, p);
   if (t.key_digits() < 0 || t.key_digits() > kMaxPasskeyDigits) {
@@ -199,21 +221,29 @@ void CheckPasskey(const RunConfig& config, const EvalTask& t, TaskProblems* p) {
              absl::StrCat("must be in [0, 1] (a fraction of the filler), got ", depth));
     }
   }
+  if (multikey && (t.pairs() < 0 || t.pairs() == 1 || t.pairs() > kMaxMultikeyKeys)) {
+    p->Add("pairs", absl::StrCat("multikey hides 2 to ", kMaxMultikeyKeys,
+                                 " keys (0: the default 4), got ", t.pairs()));
+  }
   const int digits = PasskeyDigits(t);
-  const int64_t fixed = PasskeyFixedTokens(digits, d.has_bos_token());
+  const int keys = MultikeyKeys(t);
+  const int64_t fixed = multikey ? MultikeyFixedTokens(digits, keys, d.has_bos_token())
+                                 : PasskeyFixedTokens(digits, d.has_bos_token());
   for (int j = 0; j < t.lengths_size(); ++j) {
     const int64_t len = t.lengths(j);
     if (len <= 0) continue;
     const std::string field = absl::StrCat("lengths[", j, "]");
     if (len > config.model().max_seq_len()) {
-      p->Add(field, absl::StrCat("a passkey sequence is exactly its length, ", len,
+      p->Add(field, absl::StrCat("a ", t.task(), " sequence is exactly its length, ", len,
                                  " tokens, which must fit model.max_seq_len ",
                                  config.model().max_seq_len()));
     }
     if (len < fixed) {
-      p->Add(field, absl::StrCat(len, " tokens cannot hold ", d.has_bos_token() ? "BOS, " : "",
-                                 "the key sentence, the question and a ", digits,
-                                 "-digit key: they take ", fixed, " tokens"));
+      p->Add(field,
+             absl::StrCat(len, " tokens cannot hold ", d.has_bos_token() ? "BOS, " : "",
+                          multikey ? absl::StrCat(keys, " key sentences") : "the key sentence",
+                          ", the question and a ", digits, "-digit key: they take ", fixed,
+                          " tokens"));
     }
   }
 }
@@ -249,6 +279,33 @@ void CheckMqar(const RunConfig& config, const EvalTask& t, TaskProblems* p) {
   }
 }
 
+void CheckMultipleChoice(const RunConfig& config, const EvalTask& t, TaskProblems* p) {
+  const DataConfig& d = config.train().data();
+  if (t.file().empty()) {
+    p->Add("file", "multiple_choice needs a task file (lm-evaluation-harness format)");
+  }
+  if (config.model().vocab_size() < 256 || NeverBytes(d.format())) {
+    p->Add("task",
+           absl::StrCat("multiple_choice needs byte-level data (text, or a prepared directory of "
+                        "bytes): the worker scores the task's texts as bytes and cannot tokenize "
+                        "them for another vocabulary; this run has model.vocab_size ",
+                        config.model().vocab_size(), " and train.data.format ",
+                        DataFormat_Name(d.format())));
+  }
+  const std::string& name = t.name();
+  if (!name.empty()) {
+    const bool plain = std::all_of(name.begin(), name.end(), [](char ch) {
+      return absl::ascii_isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-' ||
+             ch == '.';
+    });
+    if (!plain || name.size() > 100) {
+      p->Add("file", absl::StrCat("the task's name \"", name,
+                                  "\" names its metrics: 1 to 100 letters, digits, _ - or .; "
+                                  "rename its `task:`"));
+    }
+  }
+}
+
 }  // namespace
 
 int EvalSamples(const EvalTask& t) { return t.samples() > 0 ? t.samples() : kDefaultEvalSamples; }
@@ -259,6 +316,8 @@ std::vector<double> PasskeyDepths(const EvalTask& t) {
 }
 
 int PasskeyDigits(const EvalTask& t) { return t.key_digits() > 0 ? t.key_digits() : 5; }
+
+int MultikeyKeys(const EvalTask& t) { return t.pairs() > 0 ? t.pairs() : 4; }
 
 int MqarPairs(const EvalTask& t) { return t.pairs() > 0 ? t.pairs() : 8; }
 
@@ -334,6 +393,23 @@ std::string PasskeyKeySentence(const std::string& key) {
 
 std::string PasskeyQuestion() { return "\nWhat is the pass key? The pass key is "; }
 
+std::string MultikeySentence(const std::string& name, const std::string& key) {
+  return absl::StrCat("\nThe pass key of ", name, " is ", key, ". Remember it. ", key,
+                      " is the pass key of ", name, ".\n");
+}
+
+std::string MultikeyQuestion(const std::string& name) {
+  return absl::StrCat("\nWhat is the pass key of ", name, "? The pass key of ", name, " is ");
+}
+
+int64_t MultikeyFixedTokens(int digits, int keys, bool bos) {
+  const std::string key(static_cast<size_t>(std::max(digits, 0)), '0');
+  const std::string name(kMultikeyNameBytes, 'a');
+  return (bos ? 1 : 0) +
+         static_cast<int64_t>(keys) * static_cast<int64_t>(MultikeySentence(name, key).size()) +
+         static_cast<int64_t>(MultikeyQuestion(name).size() + key.size());
+}
+
 int64_t PasskeyFixedTokens(int digits, bool bos) {
   const std::string key(static_cast<size_t>(std::max(digits, 0)), '0');
   return (bos ? 1 : 0) + static_cast<int64_t>(PasskeyKeySentence(key).size() +
@@ -368,8 +444,9 @@ absl::Status ValidateEvalTasks(const RunConfig& config) {
     }
     if (t.task() == kPositionLossTask) CheckPositionLoss(config, t, &p);
     if (t.task() == kCopyingTask) CheckCopying(config, t, &p);
-    if (t.task() == kPasskeyTask) CheckPasskey(config, t, &p);
+    if (t.task() == kPasskeyTask || t.task() == kMultikeyTask) CheckPasskey(config, t, &p);
     if (t.task() == kMqarTask) CheckMqar(config, t, &p);
+    if (t.task() == kMultipleChoiceTask) CheckMultipleChoice(config, t, &p);
   }
   const std::vector<Metric> metrics = Metrics(config);
   std::map<std::string, int> first_task;  // metric name -> the first task producing it
@@ -411,7 +488,21 @@ std::optional<double> EvalChanceLevel(const std::string& metric, const RunConfig
         return 1.0 / (9.0 * std::pow(10.0, PasskeyDigits(config.train().evals(m.task)) - 1));
       case MetricKind::kMqarAccuracy:
         return 1.0 / static_cast<double>(std::max<int64_t>(1, MqarValueIds(config).size()));
+      case MetricKind::kChoiceAccuracy: {
+        const double chance = config.train().evals(m.task).chance();
+        if (chance > 0) return chance;
+        return std::nullopt;
+      }
+      case MetricKind::kChoiceLogprob:
+        return std::nullopt;
     }
+  }
+  return std::nullopt;
+}
+
+std::optional<bool> EvalMetricHigherIsBetter(const std::string& metric, const RunConfig& config) {
+  for (const Metric& m : Metrics(config)) {
+    if (m.name == metric) return m.kind != MetricKind::kLoss;
   }
   return std::nullopt;
 }

@@ -22,6 +22,8 @@ inline constexpr char kPositionLossTask[] = "position_loss";
 inline constexpr char kPasskeyTask[] = "passkey";
 inline constexpr char kCopyingTask[] = "copying";
 inline constexpr char kMqarTask[] = "mqar";
+inline constexpr char kMultikeyTask[] = "multikey";
+// multiple_choice: kMultipleChoiceTask, config/choice_task.h.
 
 // EvalTask.samples' range when set (0: kDefaultEvalSamples), and EvalTask.key_digits' (0: 5).
 inline constexpr int kDefaultEvalSamples = 16;
@@ -32,6 +34,7 @@ inline constexpr int kMaxPasskeyDigits = 20;
 int EvalSamples(const EvalTask& task);                    // samples, default 16
 std::vector<double> PasskeyDepths(const EvalTask& task);  // depths, default [0.5]
 int PasskeyDigits(const EvalTask& task);                  // key_digits, default 5
+int MultikeyKeys(const EvalTask& task);                   // multikey's pairs, default 4
 int MqarPairs(const EvalTask& task);                      // pairs, default 8
 // queries, default 8, or `pairs` when there are fewer pairs: a config that sets only
 // pairs: 4 means every key queried, not an error.
@@ -50,7 +53,10 @@ absl::Status ValidateEvalTasks(const RunConfig& config);
 //                  model.yarn.factor > 0;
 //   copying        copying@L, copying_acc@L per length;
 //   passkey        passkey@L, passkey_exact@L per length;
-//   mqar           mqar@PAIRS.
+//   multikey       multikey@L, multikey_exact@L per length;
+//   mqar           mqar@PAIRS;
+//   multiple_choice  NAME, NAME@acc_norm, NAME@logprob (ChoiceMetricNames) once its file is
+//                  read (EvalTask.name set: ApplyChoiceTasks); none before.
 std::vector<std::string> EvalMetricNames(const RunConfig& config);
 
 // The chance level of `metric`, one of EvalMetricNames(config); nullopt for any other name.
@@ -58,8 +64,14 @@ std::vector<std::string> EvalMetricNames(const RunConfig& config);
 // is: passkey@L 1/10 (a digit), passkey_exact@L 1 / (9 x 10^(digits-1)) (a key, whose first
 // digit is never 0), copying_acc@L 1 / (ids copying draws from), mqar@P 1 / (ids a value is
 // drawn from). For a loss (position_loss@, position_loss_yarn@, copying@): ln(model.vocab_size),
-// the cross-entropy of a model that spreads its mass uniformly over the vocabulary.
+// the cross-entropy of a model that spreads its mass uniformly over the vocabulary. A
+// multiple-choice accuracy (NAME, NAME@acc_norm): EvalTask.chance, the mean of 1 / choices; its
+// log-probability has none stated (nullopt): it depends on each answer's length.
 std::optional<double> EvalChanceLevel(const std::string& metric, const RunConfig& config);
+
+// Whether `metric`, one of EvalMetricNames(config), is better higher (accuracies and
+// log-probabilities) or lower (losses); nullopt for any other name.
+std::optional<bool> EvalMetricHigherIsBetter(const std::string& metric, const RunConfig& config);
 
 // A set of token ids: [lo, hi) without `excluded` (sorted, distinct, each inside [lo, hi)).
 struct TokenIdSet {
@@ -94,6 +106,17 @@ std::string PasskeyQuestion();
 // Tokens of a passkey sequence that are not filler, for byte-level data: [BOS], the key sentence,
 // the question and the key (3 x digits + the texts' bytes).
 int64_t PasskeyFixedTokens(int digits, bool bos);
+
+// multikey (RULER's multi-key needle in a haystack, arXiv 2404.06654): `keys` pass keys, each
+// named by kMultikeyNameBytes random lower-case letters, in the sentence
+// "\nThe pass key of NAME is K. Remember it. K is the pass key of NAME.\n"; the sequence ends
+// "\nWhat is the pass key of NAME? The pass key of NAME is " and the key of one of them.
+inline constexpr int kMultikeyNameBytes = 6;
+inline constexpr int kMaxMultikeyKeys = 64;
+std::string MultikeySentence(const std::string& name, const std::string& key);
+std::string MultikeyQuestion(const std::string& name);
+// Tokens of a multikey sequence that are not filler, for byte-level data.
+int64_t MultikeyFixedTokens(int digits, int keys, bool bos);
 
 }  // namespace ablate
 

@@ -30,6 +30,8 @@ inline constexpr size_t kMaxParamJsonBytes = 64 << 10;
 // An evaluation's metrics by name (EvalResult.metrics): the most of them, the longest name.
 inline constexpr int kMaxEvalMetrics = 64;
 inline constexpr size_t kMaxEvalMetricName = 128;
+// The most per-item scores one metric of an evaluation may carry (EvalResult.items).
+inline constexpr int kMaxEvalItems = 65536;
 // ProgramConfig.grace_s and max_log_bytes when the spec leaves them out.
 inline constexpr double kDefaultGraceSeconds = 60;
 inline constexpr int64_t kDefaultMaxLogBytes = int64_t{64} << 20;

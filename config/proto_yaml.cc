@@ -88,22 +88,11 @@ absl::StatusOr<YAML::Node> ParseYaml(const std::string& text, const std::string&
 
 namespace {
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::error_code error;
-  if (!std::filesystem::is_regular_file(path, error)) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot read file (no such file)"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  if (!in || in.bad()) return absl::NotFoundError(absl::StrCat(path, ": cannot read file"));
-  return buffer.str();
-}
 
 }  // namespace
 
 absl::StatusOr<YAML::Node> ParseYamlFile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFile(path);
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
   if (!text.ok()) return text.status();
   return ParseYaml(*text, path);
 }
@@ -629,7 +618,7 @@ absl::StatusOr<RunConfig> LoadRunConfigText(const std::string& text, const std::
 }
 
 absl::StatusOr<RunConfig> LoadRunConfigFile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFile(path);
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
   if (!text.ok()) return text.status();
   return LoadRunConfigText(*text, path);
 }
@@ -709,6 +698,18 @@ nlohmann::ordered_json PlainObject(const pb::Message& m) {
 
 std::string PlainJson(const pb::Message& message) {
   return PlainObject(message).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot read file (no such file)"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  if (!in || in.bad()) return absl::NotFoundError(absl::StrCat(path, ": cannot read file"));
+  return buffer.str();
 }
 
 }  // namespace ablate

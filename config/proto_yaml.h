@@ -50,6 +50,9 @@ absl::StatusOr<YAML::Node> ParseYaml(const std::string& text, const std::string&
 // Reads and parses a file; NotFound naming the path when it cannot be read.
 absl::StatusOr<YAML::Node> ParseYamlFile(const std::string& path);
 
+// A file's bytes. NotFound naming the path when it is not a regular file or cannot be read.
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
+
 // Overlays `node` (a mapping, or null for "nothing") onto *message. `path` is the dotted field
 // path of *message inside the document ("" at the top), used in error text; `file` names the
 // document. Every problem is reported, not only the first. On error *message may be partly

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "config/choice_task.h"
 #include "config/data_source.h"
 #include "config/model_config.h"
 #include "config/proto_yaml.h"
@@ -216,6 +217,10 @@ int RunStandalone(const StandaloneOptions& o) {
       // LoadRunConfigFile read it: not reached
     }
     if (absl::Status s = ApplyDataSource(*source, vocab_set, &*config); !s.ok()) return Fail(s);
+  }
+  // multiple_choice tasks: their names, fingerprints and chance levels, as expansion sets them.
+  if (!resume) {
+    if (absl::Status s = ApplyChoiceTasks(&*config); !s.ok()) return Fail(s);
   }
   if (!o.device.empty()) config->mutable_train()->set_device(o.device);
   if (o.threads >= 0) config->mutable_train()->set_threads(o.threads);

@@ -318,8 +318,33 @@ export function pairedSection(cmp) {
       el('td', { class: 'num' }, p(r.p_value)), el('td', { class: 'num' }, p(r.p_adjusted)),
       el('td', { class: 'verdict', title: r.note || '' }, r.note ? `${r.verdict} (${r.note})` : r.verdict),
       el('td', { class: 'num' }, num(r.min_detectable))))));
-  const intro = `${cmp.heading} of each variant against ${cmp.reference}, paired by seed (${cmp.lower_is_better ? 'lower is better' : cmp.higher_is_better ? 'higher is better' : 'no better direction'}). ${level}% intervals of the difference; verdicts from the ${cmp.correction === 'holm' ? 'Holm-adjusted' : 'unadjusted'} p-values at alpha ${cmp.alpha}. "detectable": the smallest difference these seeds could tell from none with 80% power.`;
-  return { section: section('paired-section', `Against ${cmp.reference}`, intro, forestPlot(cmp), table), draw: () => {} };
+  const chance = cmp.chance === null || cmp.chance === undefined ? '' : ` Chance level: ${num(cmp.chance)}.`;
+  const intro = `${cmp.heading} of each variant against ${cmp.reference}, paired by seed (${cmp.lower_is_better ? 'lower is better' : cmp.higher_is_better ? 'higher is better' : 'no better direction'}). ${level}% intervals of the difference; verdicts from the ${cmp.correction === 'holm' ? 'Holm-adjusted' : 'unadjusted'} p-values at alpha ${cmp.alpha}. "detectable": the smallest difference these seeds could tell from none with 80% power.${chance}`;
+  return { section: section('paired-section', `Against ${cmp.reference}`, intro, forestPlot(cmp), table, ...itemsTable(cmp, p)), draw: () => {} };
+}
+
+// The test over items of an evaluation task's accuracy (`ablate compare`'s second table): each
+// item scored by both runs of a seed, pooled over the paired seeds. Nothing when no row has items.
+function itemsTable(cmp, p) {
+  const rows = cmp.rows.filter((r) => r.items);
+  if (rows.length === 0) return [];
+  const level = Math.round(100 * (1 - cmp.alpha));
+  const withInterval = (mean, [lo, hi]) => (lo === null ? num(mean) : `${num(mean)} [${num(lo)}, ${num(hi)}]`);
+  const heads = ['variant', 'items', 'chance', cmp.reference, 'mean', 'Δ', `${level}% CI`, 'test', 'p', cmp.correction === 'holm' ? 'p (Holm)' : 'p', 'verdict'];
+  return [el('p', { class: 'muted' }, `Over items: each item scored by both runs of a seed, pooled over the paired seeds; McNemar's exact test where every score is 0 or 1 (with ${level}% Wilson intervals), else a paired bootstrap.`),
+    el('table', { id: 'paired-items' },
+      el('thead', {}, el('tr', {}, heads.map((h, i) => el('th', { class: i > 0 && i < 7 || i === 8 || i === 9 ? 'num' : '' }, h)))),
+      el('tbody', {}, rows.map((r) => el('tr', { class: `verdict-${r.items.verdict.replace(/ /g, '-')}` },
+        el('td', {}, r.axes ? `${r.variant} (${r.axes})` : r.variant),
+        el('td', { class: 'num' }, `${r.items.n} (${r.items.seeds} seeds)`),
+        el('td', { class: 'num' }, cmp.chance === null ? '—' : num(cmp.chance)),
+        el('td', { class: 'num' }, withInterval(r.items.reference_mean, r.items.reference_interval)),
+        el('td', { class: 'num' }, withInterval(r.items.variant_mean, r.items.variant_interval)),
+        el('td', { class: 'num' }, num(r.items.delta)),
+        el('td', { class: 'num' }, r.items.ci_low === null ? '—' : `[${num(r.items.ci_low)}, ${num(r.items.ci_high)}]`),
+        el('td', {}, r.items.test),
+        el('td', { class: 'num' }, p(r.items.p_value)), el('td', { class: 'num' }, p(r.items.p_adjusted)),
+        el('td', { class: 'verdict' }, r.items.verdict)))))];
 }
 
 // A tuned sweep (GET /api/sweeps/NAME/tune, `tune:` in its spec): each variant's metric against

@@ -756,6 +756,7 @@ absl::StatusOr<CompareResponse> CoordinatorCore::Compare(const CompareRequest& r
   ResultSelection selection;
   selection.sweeps.assign(request.sweeps().begin(), request.sweeps().end());
   selection.exclude_tags.assign(request.exclude_tags().begin(), request.exclude_tags().end());
+  selection.items_metric = request.metric();  // its per-item scores, for the test over items
   absl::StatusOr<ResultSet> results = store_->reader().ReadResults(selection);
   if (!results.ok()) return results.status();
   std::optional<BestResults> best;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "config/model_config.h"
@@ -103,6 +105,37 @@ absl::Status CheckEval(absl::string_view what, const std::string& at, const Eval
       return Refuse(what, absl::StrCat(at, ".metrics[", BoundedText(name, 40), "]"),
                     "is not a finite number");
     }
+  }
+  // Per-item scores: of metrics the evaluation reports, each once, bounded, finite.
+  if (e.items_size() > kMaxEvalMetrics) {
+    return Refuse(what, at + ".items",
+                  absl::StrCat("has ", e.items_size(), " entries; the limit is ", kMaxEvalMetrics));
+  }
+  std::set<std::string> itemized;
+  for (int i = 0; i < e.items_size(); ++i) {
+    const EvalItemScores& items = e.items(i);
+    const std::string field = absl::StrCat(at, ".items[", i, "]");
+    if (e.metrics().count(items.metric()) == 0) {
+      return Refuse(what, field + ".metric",
+                    absl::StrCat("names ", BoundedText(items.metric(), 40),
+                                 ", which is not one of the evaluation's metrics"));
+    }
+    if (!itemized.insert(items.metric()).second) {
+      return Refuse(what, field + ".metric",
+                    absl::StrCat("names ", BoundedText(items.metric(), 40), " a second time"));
+    }
+    if (items.values_size() > kMaxEvalItems) {
+      return Refuse(
+          what, field + ".values",
+          absl::StrCat("has ", items.values_size(), " items; the limit is ", kMaxEvalItems));
+    }
+    for (const float v : items.values()) {
+      if (!std::isfinite(v))
+        return Refuse(what, field + ".values", "holds a value that is not finite");
+    }
+  }
+  if (!(e.eval_seconds() >= 0 && e.eval_seconds() < 1e9)) {
+    return Refuse(what, at + ".eval_seconds", "must be a finite number of seconds >= 0");
   }
   if (e.lengths_size() > kMaxEvalSeqLens) {
     return Refuse(what, at + ".lengths",

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/run_logs.h"
+#include "config/eval_config.h"
 #include "config/param_count.h"
 #include "google/protobuf/util/json_util.h"
 #include "orchestrator/dashboard/internal.h"
@@ -434,7 +435,11 @@ Response DashboardServer::Impl::Table(const Request& r) {
 
 // ?metric=&reference=&alpha=&correction=, as `ablate compare`'s flags.
 Response DashboardServer::Impl::Compare(const Request& r) {
-  absl::StatusOr<ResultSet> results = reader->ReadResults(SelectionOf(r));
+  ResultSelection selection = SelectionOf(r);
+  if (auto metric = r.query.find("metric"); metric != r.query.end()) {
+    selection.items_metric = metric->second;  // its per-item scores, for the test over items
+  }
+  absl::StatusOr<ResultSet> results = reader->ReadResults(selection);
   if (!results.ok()) return FromStatus(results.status());
   CompareOptions options;
   const auto param = [&](const char* name, std::string* to) {
@@ -567,22 +572,36 @@ Response DashboardServer::Impl::RunEvals(int64_t id) {
   if (!run.ok()) return FromStatus(run.status());
   absl::StatusOr<std::vector<EvalResult>> evals = reader->EvalSeries(id, false);
   if (!evals.ok()) return FromStatus(evals.status());
+  // Each metric by name's chance level, where the run's config states one (docs/evals.md).
+  RunConfig config;
+  const bool has_config =
+      google::protobuf::util::JsonStringToMessage(run->config_json, &config).ok();
+  json chance = json::object();
   json list = json::array();
   for (const EvalResult& e : *evals) {
     json lengths = json::array();
     for (const LengthEval& l : e.lengths()) lengths.push_back(LengthEvalJson(l));
-    list.push_back(json{{"step", e.step()},
-                        {"val_loss", e.val_loss()},
-                        {"val_ppl", e.val_ppl()},
-                        {"gate_score", e.probes().has_gate_score_mean()
-                                           ? json(e.probes().gate_score_mean())
-                                           : json(nullptr)},
-                        {"m_act", e.probes().m_act()},
-                        {"f_attn", e.probes().f_attn()},
-                        {"tokens", e.probes().tokens()},
-                        {"lengths", std::move(lengths)}});
+    json metrics = json::object();
+    for (const auto& [name, value] : e.metrics()) {
+      metrics[name] = value;
+      if (!has_config || chance.contains(name)) continue;
+      const std::optional<double> level = EvalChanceLevel(name, config);
+      chance[name] = level.has_value() ? json(*level) : json(nullptr);
+    }
+    list.push_back(
+        json{{"step", e.step()},
+             {"val_loss", e.val_loss()},
+             {"val_ppl", e.val_ppl()},
+             {"gate_score", e.probes().has_gate_score_mean() ? json(e.probes().gate_score_mean())
+                                                             : json(nullptr)},
+             {"m_act", e.probes().m_act()},
+             {"f_attn", e.probes().f_attn()},
+             {"tokens", e.probes().tokens()},
+             {"lengths", std::move(lengths)},
+             {"metrics", std::move(metrics)},
+             {"eval_seconds", e.eval_seconds() > 0 ? json(e.eval_seconds()) : json(nullptr)}});
   }
-  return JsonResponse(200, json{{"run", id}, {"evals", list}});
+  return JsonResponse(200, json{{"run", id}, {"evals", list}, {"chance", chance}});
 }
 
 // The evaluation of run `id` that ?step= asks for (default: the latest) in `*step`, or the

@@ -359,6 +359,8 @@ json ComparisonTableJson(const ComparisonTable& t) {
   for (const ComparisonRow& r : t.rows) {
     json lengths = json::array();
     for (const LengthStat& l : r.lengths) lengths.push_back(LengthStatJson(l));
+    json metrics = json::object();  // by name: train.evals' tasks, a program's own
+    for (const auto& [name, m] : r.metrics) metrics[name] = MeanStdJson(m);
     json row = GroupSummaryJson(r, MeanStdJson);
     row.update(json{{"spike_score", MeanStdJson(r.spike_score)},
                     {"train_loss", MeanStdJson(r.train_loss)},
@@ -367,9 +369,11 @@ json ComparisonTableJson(const ComparisonTable& t) {
                     {"params_added", r.params_added},
                     {"peak_memory_bytes", MeanStdJson(r.peak_memory_bytes)},
                     {"train_seconds", MeanStdJson(r.train_seconds)},
+                    {"eval_seconds", MeanStdJson(r.eval_seconds)},
                     {"tokens_per_s", MeanStdJson(r.tokens_per_s)},
                     {"flops", MeanStdJson(r.flops)},
-                    {"lengths", std::move(lengths)}});
+                    {"lengths", std::move(lengths)},
+                    {"metrics", std::move(metrics)}});
     rows.push_back(std::move(row));
   }
   return json{{"sweep", t.sweep}, {"rows", rows}};

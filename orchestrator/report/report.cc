@@ -33,12 +33,19 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+// The most metrics by name a report compares (and shows as the table's columns): each is a read
+// of the sweep and a comparison; the rest stay in `ablate compare --metric`.
+constexpr size_t kMaxReportedEvalMetrics = 16;
+
 // ---- What a report is made of ------------------------------------------------------------------
 
 struct ReportData {
   ComparisonTable table;
   // Against the reference (val loss), when the sweep has one among its runs.
   std::optional<Comparison> comparison;
+  // Against the reference on each metric the runs report by name (train.evals' tasks, with
+  // their tests over items; a program's), at most kMaxReportedEvalMetrics of them.
+  std::vector<Comparison> eval_comparisons;
   SweepFigures figures;
   SweepSource source;
   std::vector<VariantInfo> variants;
@@ -74,6 +81,23 @@ absl::StatusOr<ReportData> ReadReportData(const StoreReader& reader, const Repor
   // A sweep whose reference has no runs (a spec without one) has no comparison to show.
   absl::StatusOr<Comparison> comparison = CompareResults(*results, CompareOptions{});
   if (comparison.ok()) d.comparison = *std::move(comparison);
+  // The metrics by name: columns of the table, and each compared with its items.
+  std::set<std::string> named;
+  for (const ResultRun& r : results->runs) {
+    for (const auto& [name, value] : r.metrics) named.insert(name);
+  }
+  for (const std::string& name : named) {
+    if (d.table.evals.size() >= kMaxReportedEvalMetrics) break;
+    d.table.evals.push_back(name);
+    ResultSelection with_items{{options.sweep}, options.exclude_tags};
+    with_items.items_metric = name;
+    absl::StatusOr<ResultSet> itemized = reader.ReadResults(with_items);
+    if (!itemized.ok()) return itemized.status();
+    CompareOptions by_name;
+    by_name.metric = name;
+    absl::StatusOr<Comparison> c = CompareResults(*itemized, by_name);
+    if (c.ok()) d.eval_comparisons.push_back(*std::move(c));
+  }
   FigureOptions figure_options = options.figures;
   figure_options.exclude_tags = options.exclude_tags;
   absl::StatusOr<SweepFigures> figures = ComputeSweepFigures(reader, d.table, figure_options);
@@ -159,6 +183,18 @@ std::string NoteTarget(const Annotation& a) {
 
 // ---- Tables (CSV) -------------------------------------------------------------------------------
 
+// tables/compare_NAME.csv for a metric by name, its characters outside [A-Za-z0-9._-] as '_'
+// ("passkey@1024" -> compare_passkey_1024.csv).
+std::string EvalCompareFile(const std::string& metric) {
+  std::string name = metric;
+  for (char& c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') {
+      c = '_';
+    }
+  }
+  return absl::StrCat("tables/compare_", name, ".csv");
+}
+
 std::map<std::string, std::string> Tables(const ReportData& d) {
   std::map<std::string, std::string> out;
   absl::StatusOr<std::string> comparison = FormatComparisonTable(d.table, "csv");
@@ -166,6 +202,10 @@ std::map<std::string, std::string> Tables(const ReportData& d) {
   if (d.comparison) {
     absl::StatusOr<std::string> paired = FormatComparison(*d.comparison, "csv");
     out["tables/compare.csv"] = paired.ok() ? *paired : "";
+  }
+  for (const Comparison& c : d.eval_comparisons) {
+    absl::StatusOr<std::string> paired = FormatComparison(c, "csv");
+    out[EvalCompareFile(c.metric)] = paired.ok() ? *paired : "";
   }
   if (d.best_table) {
     absl::StatusOr<std::string> best = FormatComparisonTable(*d.best_table, "csv");
@@ -318,6 +358,16 @@ std::string Markdown(const ReportData& d, const std::vector<ReportFigure>& figur
     absl::StrAppend(&md, "## Against the reference\n\n", paired.ok() ? *paired : "", "\n",
                     "As `ablate compare ", s.name, "`; every number in ",
                     "[tables/compare.csv](tables/compare.csv).\n\n");
+  }
+  if (!d.eval_comparisons.empty()) {
+    absl::StrAppend(&md, "## Evaluation tasks against the reference\n\n");
+    for (const Comparison& c : d.eval_comparisons) {
+      absl::StatusOr<std::string> paired = FormatComparison(c, "markdown");
+      const std::string file = EvalCompareFile(c.metric);
+      absl::StrAppend(&md, "### ", c.heading, "\n\n", paired.ok() ? *paired : "", "\n",
+                      "As `ablate compare ", s.name, " --metric ", c.metric, "`; every number in [",
+                      file, "](", file, ").\n\n");
+    }
   }
   if (!d.brackets.empty()) {
     absl::StatusOr<std::string> stability = FormatStability(d.brackets, "markdown");

@@ -49,6 +49,16 @@ struct CompareRow {
   std::string note;  // why there is no interval, or the diverged counts ("" when none)
   // `compare --best`: the tuned value each side is at ("0.004"; "" when neither trained).
   std::string value, reference_value;
+  // Over items (TestItems): an evaluation task's per-item scores of both sides at each paired
+  // seed, pooled. item_test "McNemar exact" (every score 0 or 1), "paired bootstrap" (else), or ""
+  // when the runs stored no items for the metric.
+  std::string item_test;
+  int64_t items = 0, item_seeds = 0;  // pooled items, and the seeds they came from
+  double item_reference_mean = kNaN, item_variant_mean = kNaN;
+  Interval item_reference_interval, item_variant_interval;  // Wilson; NaN unless 0/1 scores
+  double item_delta = kNaN, item_ci_low = kNaN, item_ci_high = kNaN;
+  double item_p = kNaN, item_p_adjusted = kNaN;
+  std::string item_verdict;
 };
 
 struct Comparison {
@@ -63,6 +73,9 @@ struct Comparison {
   std::vector<CompareRow> rows;  // in order of each variant's first run
   int64_t excluded = 0;          // runs left out for their tags
   std::string best_axis;         // `compare --best`: the tuned axis; "" otherwise
+  // The metric's chance level (an evaluation task's: config/eval_config.h EvalChanceLevel); NaN
+  // when it has none.
+  double chance = kNaN;
 };
 
 // The values one row compares: the metric at each seed where both sides SUCCEEDED with a value
@@ -77,6 +90,17 @@ struct RowSamples {
 // else Welch's with two values or more on each side, else no interval (the one pair's values, or
 // every value's mean, and their difference) with a note saying why.
 void TestRow(const RowSamples& samples, double alpha, CompareRow* row);
+
+// The resamples of TestItems' paired bootstrap, from seed 0.
+inline constexpr int kItemBootstrapResamples = 2000;
+
+// Sets row's item_* fields from the per-item scores of both sides, pooled over `seeds` paired
+// seeds (variant[i] and reference[i] the same item): the means, each side's Wilson interval and
+// McNemar's exact p when every score is 0 or 1, else the paired bootstrap's p; the interval of
+// the difference from the paired bootstrap either way (kItemBootstrapResamples). Nothing for no
+// items.
+void TestItems(const std::vector<double>& variant, const std::vector<double>& reference,
+               int64_t seeds, double alpha, CompareRow* row);
 
 // Adjusts the rows' p-values over the table (comparison->correction: "holm", else unadjusted) and
 // sets each row's verdict from its adjusted p at comparison->alpha.

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <random>
 
 namespace ablate {
 
@@ -164,6 +165,92 @@ std::vector<double> HolmAdjust(const std::vector<double>& p_values) {
     adjusted[order[k]] = running;
   }
   return adjusted;
+}
+
+double NormalQuantile(double p) {
+  if (!(p > 0 && p < 1)) return kNaN;
+  // Bisection on Phi(z) = erfc(-z / sqrt 2) / 2: 200 halvings of [-40, 40] reach the double's
+  // resolution, and need nothing beyond <cmath>.
+  double lo = -40, hi = 40;
+  for (int i = 0; i < 200 && hi - lo > 1e-15; ++i) {
+    const double mid = (lo + hi) / 2;
+    if (0.5 * std::erfc(-mid / std::sqrt(2.0)) < p) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return (lo + hi) / 2;
+}
+
+Interval WilsonInterval(double successes, int64_t n, double alpha) {
+  Interval out;
+  if (n <= 0) return out;
+  const double z = NormalQuantile(1 - alpha / 2);
+  const double nn = static_cast<double>(n);
+  const double phat = successes / nn;
+  const double z2 = z * z;
+  const double centre = (phat + z2 / (2 * nn)) / (1 + z2 / nn);
+  const double half = z / (1 + z2 / nn) * std::sqrt(phat * (1 - phat) / nn + z2 / (4 * nn * nn));
+  out.low = std::max(0.0, centre - half);
+  out.high = std::min(1.0, centre + half);
+  return out;
+}
+
+double McNemarExactP(int64_t b, int64_t c) {
+  const int64_t n = b + c;
+  if (n <= 0) return 1;
+  const int64_t k = std::min(b, c);
+  // log of sum_{i <= k} C(n, i) / 2^n, summed from the largest term down (log-sum-exp).
+  const auto log_term = [&](int64_t i) {
+    return std::lgamma(static_cast<double>(n) + 1) - std::lgamma(static_cast<double>(i) + 1) -
+           std::lgamma(static_cast<double>(n - i) + 1) - static_cast<double>(n) * std::log(2.0);
+  };
+  const double top = log_term(k);
+  double sum = 0;
+  for (int64_t i = k; i >= 0; --i) {
+    const double t = std::exp(log_term(i) - top);
+    sum += t;
+    if (t < 1e-18 * sum) break;  // the terms fall geometrically below k <= n / 2
+  }
+  return std::min(1.0, 2 * std::exp(top + std::log(sum)));
+}
+
+BootstrapTest PairedBootstrap(const std::vector<double>& differences, double alpha, int resamples,
+                              uint64_t seed) {
+  BootstrapTest out;
+  const size_t n = differences.size();
+  if (n == 0 || resamples < 1) return out;
+  out.delta = std::accumulate(differences.begin(), differences.end(), 0.0) / static_cast<double>(n);
+  std::mt19937_64 gen(seed);
+  // Uniform in [0, n): rejection of the low values that would bias x % n (the std distributions
+  // differ between standard libraries; this does not).
+  const uint64_t threshold = (0 - static_cast<uint64_t>(n)) % n;
+  const auto below_n = [&] {
+    for (;;) {
+      const uint64_t x = gen();
+      if (x >= threshold) return static_cast<size_t>(x % n);
+    }
+  };
+  std::vector<double> means(static_cast<size_t>(resamples));
+  int64_t as_far = 0;
+  for (double& m : means) {
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += differences[below_n()];
+    m = sum / static_cast<double>(n);
+    if (std::fabs(m - out.delta) >= std::fabs(out.delta)) ++as_far;
+  }
+  std::sort(means.begin(), means.end());
+  const auto at = [&](double q) {
+    const double pos = q * static_cast<double>(resamples - 1);
+    const auto i = static_cast<size_t>(std::floor(pos));
+    const size_t j = std::min(i + 1, means.size() - 1);
+    return means[i] + (pos - static_cast<double>(i)) * (means[j] - means[i]);
+  };
+  out.ci_low = at(alpha / 2);
+  out.ci_high = at(1 - alpha / 2);
+  out.p_value = static_cast<double>(1 + as_far) / static_cast<double>(1 + resamples);
+  return out;
 }
 
 }  // namespace ablate

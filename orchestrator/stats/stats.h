@@ -9,6 +9,7 @@
 #ifndef ABLATE_ORCHESTRATOR_STATS_STATS_H_
 #define ABLATE_ORCHESTRATOR_STATS_STATS_H_
 
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -60,6 +61,34 @@ DifferenceTest WelchTTest(const std::vector<double>& variant, const std::vector<
 // becomes max over j <= k of min(1, (m − j + 1) · p_(j)). NaN entries are left out of the family
 // (and stay NaN).
 std::vector<double> HolmAdjust(const std::vector<double>& p_values);
+
+// Tests over items (`ablate compare` on an evaluation task's accuracies: the same items scored by
+// two runs of a seed, pooled over seeds).
+
+// The standard normal quantile: the z with Phi(z) = p, for 0 < p < 1 (NaN otherwise).
+double NormalQuantile(double p);
+
+// The Wilson score interval (Wilson 1927) of a proportion: `successes` of `n` trials at level
+// 1 − alpha. NaN bounds for n = 0. Successes need not be whole (a tie shared 1/k counts 1/k).
+struct Interval {
+  double low = kNaN, high = kNaN;
+};
+Interval WilsonInterval(double successes, int64_t n, double alpha);
+
+// McNemar's exact test: the two-sided binomial p of `b` items the reference alone got right
+// against `c` the variant alone got right, under p = 1/2; 1 when b + c = 0.
+double McNemarExactP(int64_t b, int64_t c);
+
+// A paired bootstrap of the mean of `differences` (variant − reference per item): `resamples`
+// resamples of the items with replacement from a fixed `seed` (the same answer every time). The
+// interval is the percentile interval at 1 − alpha; the p-value two-sided, of the resampled
+// means centred on the observed one as far from it as the observed one is from 0:
+// (1 + count) / (1 + resamples). n = 0: NaN.
+struct BootstrapTest {
+  double delta = kNaN, ci_low = kNaN, ci_high = kNaN, p_value = kNaN;
+};
+BootstrapTest PairedBootstrap(const std::vector<double>& differences, double alpha, int resamples,
+                              uint64_t seed);
 
 }  // namespace ablate
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -13,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "config/eval_config.h"
+#include "google/protobuf/util/json_util.h"
 #include "orchestrator/stats/stats.h"
 
 namespace ablate {
@@ -41,6 +44,14 @@ struct Metric {
   }
 };
 
+std::optional<RunConfig> ConfigOf(const ResultRun& r) {
+  RunConfig config;
+  if (!google::protobuf::util::JsonStringToMessage(r.run.config_json, &config).ok()) {
+    return std::nullopt;
+  }
+  return config;
+}
+
 constexpr char kMetricNames[] =
     "val_loss, val_ppl, gate_score, m_act, f_attn, spike_score, train_loss, ppl@L, loss@L";
 
@@ -66,7 +77,17 @@ absl::StatusOr<Metric> ParseMetric(const std::string& name, const ResultSet& res
   if (named.count(name) > 0) {
     m.heading = name;
     m.named = name;
-    m.lower_is_better = !IsAccuracyMetric(name);
+    // An evaluation task's metric is known from the runs' config (a multiple-choice accuracy
+    // is named by its task alone); a program's by its name.
+    std::optional<bool> higher;
+    for (const ResultRun& r : results.runs) {
+      if (r.metrics.count(name) == 0) continue;
+      if (const std::optional<RunConfig> config = ConfigOf(r)) {
+        higher = EvalMetricHigherIsBetter(name, *config);
+      }
+      break;
+    }
+    m.lower_is_better = !higher.value_or(IsAccuracyMetric(name));
     m.higher_is_better = !m.lower_is_better;
     return m;
   }
@@ -155,6 +176,23 @@ CompareRow Row(const Group& variant, const Group* reference, const Metric& metri
     }
   }
   TestRow(samples, alpha, &row);
+  // The per-item scores of each pair whose runs scored the same items.
+  std::vector<double> variant_items, reference_items;
+  int64_t item_seeds = 0;
+  for (const auto& [seed, v] : variant.by_seed) {
+    auto r = reference->by_seed.find(seed);
+    if (r == reference->by_seed.end()) continue;
+    const ResultRun& a = *v;
+    const ResultRun& b = *r->second;
+    if (a.run.state != SUCCEEDED || b.run.state != SUCCEEDED || a.items.empty() ||
+        a.items.size() != b.items.size()) {
+      continue;
+    }
+    ++item_seeds;
+    variant_items.insert(variant_items.end(), a.items.begin(), a.items.end());
+    reference_items.insert(reference_items.end(), b.items.begin(), b.items.end());
+  }
+  TestItems(variant_items, reference_items, item_seeds, alpha, &row);
   return row;
 }
 
@@ -181,6 +219,15 @@ absl::StatusOr<Comparison> CompareResults(const ResultSet& results, const Compar
   c.lower_is_better = metric->lower_is_better;
   c.higher_is_better = metric->higher_is_better;
   c.excluded = results.excluded;
+  if (!metric->named.empty()) {
+    for (const ResultRun& r : results.runs) {
+      if (r.metrics.count(metric->named) == 0) continue;
+      if (const std::optional<RunConfig> config = ConfigOf(r)) {
+        c.chance = EvalChanceLevel(metric->named, *config).value_or(kNaN);
+      }
+      break;
+    }
+  }
 
   std::vector<Group> groups;
   std::map<std::pair<std::string, std::string>, size_t> index;  // (variant, axes) -> group

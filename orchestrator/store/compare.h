@@ -22,6 +22,8 @@ struct CompareOptions {
   double alpha = 0.05;              // the test's level, 0 < alpha < 0.5; intervals are 1 − alpha
   std::string correction = "holm";  // "holm" or "none"
 };
+// A metric of train.evals' tasks whose runs stored per-item scores (ResultSelection.items_metric
+// read them) is also tested over items (TestItems), and its chance level is stated.
 
 // Whether a metric reported by name is better higher: the eval tasks' accuracies (passkey@L,
 // passkey_exact@L, mqar@P, copying_acc@L) and any name whose part before '@' contains "acc".

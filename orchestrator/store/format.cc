@@ -74,6 +74,7 @@ constexpr Column kMetricColumns[] = {
 constexpr Column kCostColumns[] = {
     {"peak_memory_bytes", "memory", &ComparisonRow::peak_memory_bytes},
     {"train_seconds", "train time", &ComparisonRow::train_seconds},
+    {"eval_seconds", "eval time", &ComparisonRow::eval_seconds},
     {"tokens_per_s", "tokens/s", &ComparisonRow::tokens_per_s},
     {"flops", "FLOPs", &ComparisonRow::flops},
 };
@@ -90,7 +91,9 @@ bool HasCosts(const ComparisonTable& table) {
 std::string CostText(const Column& c, const MeanStd& m) {
   if (!std::isfinite(m.mean)) return "—";
   if (c.field == &ComparisonRow::peak_memory_bytes) return FormatBytes(m.mean);
-  if (c.field == &ComparisonRow::train_seconds) return FormatDuration(m.mean);
+  if (c.field == &ComparisonRow::train_seconds || c.field == &ComparisonRow::eval_seconds) {
+    return FormatDuration(m.mean);
+  }
   if (c.field == &ComparisonRow::tokens_per_s) return HumanCount(m.mean);
   return FormatFlops(m.mean);
 }

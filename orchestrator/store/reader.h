@@ -87,6 +87,7 @@ struct RunInfo {
          f_attn = kNaN, spike_score = kNaN;
   int64_t spike_steps = 0;
   double tokens_per_s = kNaN, wall_s = kNaN;  // mean tokens/s; training seconds, all attempts
+  double eval_s = kNaN;  // seconds its evaluations took (run_summary.eval_seconds); NaN: unknown
   // What it cost (RunSummary): its last attempt's peak of tensor memory (0 = unknown) and the
   // training FLOPs of every step it took (NaN = unknown).
   int64_t peak_memory_bytes = 0;
@@ -283,7 +284,7 @@ struct ComparisonRow {
   std::vector<LengthStat> lengths;  // by seq_len; empty without TrainConfig.eval_seq_lens
   // What its SUCCEEDED runs cost, mean ± std (NaN where no run reported it): the peak of tensor
   // memory, training seconds over all attempts, mean tokens/s and training FLOPs.
-  MeanStd peak_memory_bytes, train_seconds, tokens_per_s, flops;
+  MeanStd peak_memory_bytes, train_seconds, eval_seconds, tokens_per_s, flops;
   // The metrics its runs report by name (ResultRun::metrics), mean ± std over its SUCCEEDED runs.
   std::map<std::string, MeanStd> metrics;
 };
@@ -316,6 +317,9 @@ struct ResultSelection {
   // run with no evaluation that early has none (its lengths are left out either way).
   double at_tokens = 0;
   double at_flops = 0;
+  // A metric whose per-item scores to read (eval_items: ResultRun::items), for `ablate compare`'s
+  // test over items; "" reads none. Runs read at a compute budget have none.
+  std::string items_metric;
 };
 
 struct ResultRun {
@@ -324,6 +328,9 @@ struct ResultRun {
   // The metrics of its last evaluation reported by name (train.evals' TASK@SETTING, a program's
   // own): view eval_results.
   std::map<std::string, double> metrics;
+  // ResultSelection::items_metric's scores per item of the run's last evaluation that reported
+  // them, in item order; empty when it has none.
+  std::vector<double> items;
 };
 
 // The runs of a selection. Runs of several sweeps are matched by variant, seed and axis point:

@@ -220,6 +220,36 @@ absl::StatusOr<std::vector<EvalResult>> StoreReader::EvalSeries(int64_t run_id,
       !read.ok()) {
     return read;
   }
+  // The metrics by name (train.evals', a program's) and what each evaluation took.
+  at = 0;
+  if (absl::Status read = ForEachRow(
+          absl::StrCat("SELECT step, name, value FROM eval_values WHERE run_id = ", kSourceRun,
+                       " AND value IS NOT NULL ORDER BY step"),
+          [&](Stmt& q) { q.Bind(1, run_id); },
+          [&](const Stmt& s) {
+            const int64_t step = s.ColumnInt(0);
+            while (at < evals.size() && evals[at].step() < step) ++at;
+            if (at == evals.size() || evals[at].step() != step) return;
+            (*evals[at].mutable_metrics())[s.ColumnText(1)] = s.ColumnDouble(2);
+          });
+      !read.ok()) {
+    return read;
+  }
+  at = 0;
+  if (absl::Status read = ForEachRow(
+          absl::StrCat("SELECT step, eval_s FROM eval_metrics WHERE run_id = ", kSourceRun,
+                       " AND eval_s IS NOT NULL ORDER BY step"),
+          [&](Stmt& q) { q.Bind(1, run_id); },
+          [&](const Stmt& s) {
+            const int64_t step = s.ColumnInt(0);
+            while (at < evals.size() && evals[at].step() < step) ++at;
+            if (at < evals.size() && evals[at].step() == step) {
+              evals[at].set_eval_seconds(s.ColumnDouble(1));
+            }
+          });
+      !read.ok()) {
+    return read;
+  }
   if (!with_layers) return evals;
   size_t e = 0;
   if (absl::Status read = ForEachRow(

@@ -46,7 +46,7 @@ class Moments {
 struct Group {
   ComparisonRow row;
   Moments val_loss, val_ppl, gate_score, m_act, f_attn, spike_score, train_loss;
-  Moments peak_memory_bytes, train_seconds, tokens_per_s, flops;
+  Moments peak_memory_bytes, train_seconds, eval_seconds, tokens_per_s, flops;
   double params_total = 0, params_activated = 0, params_added = 0;
   struct Length {
     bool yarn = false;
@@ -78,6 +78,7 @@ void AddRun(const ResultRun& result, Group* g) {
   g->peak_memory_bytes.Add(r.peak_memory_bytes > 0 ? static_cast<double>(r.peak_memory_bytes)
                                                    : kNaN);
   g->train_seconds.Add(r.wall_s);
+  g->eval_seconds.Add(r.eval_s);
   g->tokens_per_s.Add(r.tokens_per_s);
   g->flops.Add(r.flops);
   for (const auto& [name, value] : result.metrics) g->metrics[name].Add(value);
@@ -100,6 +101,7 @@ ComparisonRow RowOf(const Group& g) {
   row.train_loss = g.train_loss.Get();
   row.peak_memory_bytes = g.peak_memory_bytes.Get();
   row.train_seconds = g.train_seconds.Get();
+  row.eval_seconds = g.eval_seconds.Get();
   row.tokens_per_s = g.tokens_per_s.Get();
   row.flops = g.flops.Get();
   const double runs = static_cast<double>(row.runs);
@@ -206,16 +208,30 @@ absl::StatusOr<ResultSet> StoreReader::ReadResults(const ResultSelection& select
         !read.ok()) {
       return read;
     }
+    std::map<int64_t, std::vector<double>> items;
+    if (!selection.items_metric.empty() && selection.at_tokens <= 0 && selection.at_flops <= 0) {
+      if (absl::Status read = ForEachRow(
+              "SELECT run_id, value FROM eval_item_results WHERE sweep_id = ?1 AND name = ?2 "
+              "ORDER BY run_id, item",
+              [&](Stmt& q) { q.Bind(1, sweep.id).Bind(2, selection.items_metric); },
+              [&](const Stmt& s) {
+                items[s.ColumnInt(0)].push_back(s.ColumnIsNull(1) ? kNaN : s.ColumnDouble(1));
+              });
+          !read.ok()) {
+        return read;
+      }
+    }
     for (RunInfo& run : *runs) {
       if (excluded.count(run.id) > 0) {
         ++set.excluded;
         continue;
       }
-      ResultRun result{std::move(run), {}, {}};
+      ResultRun result{std::move(run), {}, {}, {}};
       auto l = lengths.find(result.run.id);
       if (l != lengths.end()) result.lengths = std::move(l->second);
       auto n = named.find(result.run.id);
       if (n != named.end()) result.metrics = std::move(n->second);
+      if (auto i = items.find(result.run.id); i != items.end()) result.items = std::move(i->second);
       auto [it, added] =
           held.try_emplace({result.run.variant, result.run.seed, result.run.axes}, set.runs.size());
       if (added) {

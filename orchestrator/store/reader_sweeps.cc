@@ -46,7 +46,8 @@ constexpr char kRunColumns[] =
     "r.gate_score, r.m_act, r.f_attn, r.spike_score, r.spike_steps, r.tokens_per_s, r.wall_s, "
     "r.reason, r.reused_from, r.attempt_base, r.devices, s.code_version, "
     "tr.run_id IS NOT NULL, coalesce(tr.grp, ''), tr.value, coalesce(tr.stop_at_step, 0), "
-    "coalesce(tr.held, 0), r.peak_memory_bytes, r.flops "
+    "coalesce(tr.held, 0), r.peak_memory_bytes, r.flops, (SELECT sum(e.eval_s) FROM "
+    "eval_metrics e WHERE e.run_id = coalesce(r.reused_from, r.id)) "
     "FROM runs r JOIN sweeps s ON s.id = r.sweep_id JOIN variants v ON v.id = r.variant_id "
     "JOIN run_configs c ON c.run_id = r.id LEFT JOIN tune_runs tr ON tr.run_id = r.id";
 
@@ -73,6 +74,7 @@ RunInfo ReadRun(const Stmt& s) {
   ReadColumns(s, 39, &r.tuned, &r.tune_group, &r.tune_value, &r.stop_at_step, &r.held);
   r.peak_memory_bytes = s.ColumnIsNull(44) ? 0 : s.ColumnInt(44);
   r.flops = s.ColumnIsNull(45) ? kNaN : s.ColumnDouble(45);
+  r.eval_s = s.ColumnIsNull(46) ? kNaN : s.ColumnDouble(46);
   return r;
 }
 

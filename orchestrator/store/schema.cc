@@ -35,7 +35,9 @@ SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.run_index, r.seed, 
                     WHERE a.sweep_id = r.sweep_id AND a.kind = 'tag'
                       AND (a.run_id IS NULL OR a.run_id = r.id)
                     ORDER BY a.text) t), '') AS tags,
-       r.peak_memory_bytes, r.wall_s AS train_seconds, r.flops
+       r.peak_memory_bytes, r.wall_s AS train_seconds, r.flops,
+       (SELECT sum(e.eval_s) FROM eval_metrics e
+        WHERE e.run_id = coalesce(r.reused_from, r.id)) AS eval_seconds
 FROM runs r
 JOIN sweeps s ON s.id = r.sweep_id
 JOIN variants v ON v.id = r.variant_id
@@ -162,6 +164,14 @@ JOIN eval_values e
   ON e.run_id = coalesce(r.reused_from, r.id)
   AND e.step = (SELECT max(step) FROM eval_values
                 WHERE run_id = coalesce(r.reused_from, r.id) AND name = e.name)
+)sql"},
+    {"eval_item_results", R"sql(
+SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.seed, r.axes, r.state, i.name,
+       i.item, i.value, i.step, r.sweep_id, r.variant_id
+FROM runs r
+JOIN sweeps s ON s.id = r.sweep_id
+JOIN variants v ON v.id = r.variant_id
+JOIN eval_items i ON i.run_id = coalesce(r.reused_from, r.id)
 )sql"},
 };
 
@@ -722,6 +732,23 @@ CREATE TABLE eval_values (
 ) WITHOUT ROWID;
 )sql";
 
+// Version 15, evaluations per item and their cost (issue 57):
+// - eval_items: the per-item scores of a run's last evaluation that reported them
+//   (EvalResult.items: 1 or 0 per item answered, a log-probability per multiple-choice
+//   document), one row per (run, metric, item), for paired tests over items;
+// - eval_metrics.eval_s: the seconds an evaluation took; run_summary sums them (eval_seconds).
+constexpr char kSchemaV15[] = R"sql(
+ALTER TABLE eval_metrics ADD COLUMN eval_s REAL;
+CREATE TABLE eval_items (
+  run_id  INTEGER NOT NULL,
+  name    TEXT NOT NULL,
+  item    INTEGER NOT NULL,
+  step    INTEGER NOT NULL,
+  value   REAL,
+  PRIMARY KEY (run_id, name, item)
+) WITHOUT ROWID;
+)sql";
+
 // Version 10: STOPPED joins the runs state CHECK, the last of its chain of equalities.
 constexpr char kLastRunState[] = "state = 'INTERRUPTED')";
 
@@ -775,7 +802,8 @@ const std::vector<Migration>& StoreMigrations() {
                                  {kSchemaV11},
                                  {kSchemaV12},
                                  {kSchemaV13},
-                                 {kSchemaV14}};
+                                 {kSchemaV14},
+                                 {kSchemaV15}};
   return *migrations;
 }
 

@@ -85,16 +85,49 @@ void BindProbeMeans(Stmt& stmt, int first, const Probes& p) {
   }
 }
 
+// The per-item scores of `e`, each metric's replacing those of an earlier evaluation (an
+// evaluation of an earlier step arriving late, as a resumed attempt's replay, changes nothing).
+absl::Status UpsertEvalItems(StoreWriter& w, int64_t run_id, const EvalResult& e) {
+  for (const EvalItemScores& scores : e.items()) {
+    STORE_ASSIGN_OR_RETURN(
+        latest, w.Get("SELECT coalesce(max(step), -1) FROM eval_items WHERE run_id = ?1 AND "
+                      "name = ?2"));
+    latest->Bind(1, run_id).Bind(2, scores.metric());
+    STORE_ASSIGN_OR_RETURN(has_row, latest->Step());
+    const int64_t stored = has_row ? latest->ColumnInt(0) : -1;
+    latest->Reset();
+    if (stored > e.step()) continue;
+    STORE_ASSIGN_OR_RETURN(clear, w.Get("DELETE FROM eval_items WHERE run_id = ?1 AND name = ?2"));
+    clear->Bind(1, run_id).Bind(2, scores.metric());
+    STORE_RETURN_IF_ERROR(clear->Run());
+    STORE_ASSIGN_OR_RETURN(
+        insert, w.Get("INSERT INTO eval_items (run_id, name, item, step, value) VALUES (?1, ?2, "
+                      "?3, ?4, ?5)"));
+    for (int i = 0; i < scores.values_size(); ++i) {
+      insert->Bind(1, run_id).Bind(2, scores.metric()).Bind(3, int64_t{i}).Bind(4, e.step());
+      insert->Bind(5, static_cast<double>(scores.values(i)));
+      STORE_RETURN_IF_ERROR(insert->Run());
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status UpsertEval(StoreWriter& w, int64_t run_id, int32_t attempt, const EvalResult& e) {
   STORE_ASSIGN_OR_RETURN(
-      stmt,
-      w.Get("INSERT OR REPLACE INTO eval_metrics (run_id, step, attempt, val_loss, val_ppl, "
-            "gate_score, m_act, f_attn, tokens) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"));
+      stmt, w.Get("INSERT OR REPLACE INTO eval_metrics (run_id, step, attempt, val_loss, val_ppl, "
+                  "gate_score, m_act, f_attn, tokens, eval_s) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, "
+                  "?8, ?9, ?10)"));
   stmt->Bind(1, run_id).Bind(2, e.step()).Bind(3, attempt).Bind(4, e.val_loss());
   stmt->Bind(5, e.val_ppl());
   BindProbeMeans(*stmt, 6, e.probes());
   stmt->Bind(9, e.probes().tokens());
+  if (e.eval_seconds() > 0) {
+    stmt->Bind(10, e.eval_seconds());
+  } else {
+    stmt->BindNull(10);  // not measured (a program's evaluation, an older worker)
+  }
   STORE_RETURN_IF_ERROR(stmt->Run());
+  STORE_RETURN_IF_ERROR(UpsertEvalItems(w, run_id, e));
   STORE_RETURN_IF_ERROR(RunForEach(
       w, "INSERT OR REPLACE INTO eval_values (run_id, step, name, value) VALUES (?1, ?2, ?3, ?4)",
       e.metrics(), [&](Stmt& value, const auto& named) {

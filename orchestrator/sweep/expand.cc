@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/version.h"
+#include "config/choice_task.h"
 #include "config/data_source.h"
 #include "config/memory_plan.h"
 #include "config/model_config.h"
@@ -415,6 +416,7 @@ class Expander {
   // prepared directory, the vocabulary, token width and end-of-document token. Each distinct
   // data config is resolved once per expansion.
   absl::Status ApplyData(const VariantSpec& v, const AxisPoint& point, RunConfig* c) {
+    if (absl::Status s = ApplyChoiceFiles(c); !s.ok()) return s;
     const DataConfig& data = c->train().data();
     if (data.path().empty()) return absl::OkStatus();  // the default corpus, fixed by `make data`
     const std::string key = absl::StrCat(data.path(), "\n", data.val_path(), "\n", data.format());
@@ -427,6 +429,30 @@ class Expander {
           absl::StrCat("train.data.path: ", it->second.status().message()));
     }
     return ApplyDataSource(*it->second, SetsVocabSize(v, point), c);
+  }
+
+  // The multiple-choice tasks of train.evals (config/choice_task.h): each task's name,
+  // fingerprint and chance level, each distinct (file, samples) read once per expansion.
+  absl::Status ApplyChoiceFiles(RunConfig* c) {
+    for (int i = 0; i < c->train().evals_size(); ++i) {
+      EvalTask* task = c->mutable_train()->mutable_evals(i);
+      if (task->task() != kMultipleChoiceTask || task->file().empty()) continue;
+      const std::string key = absl::StrCat(task->file(), "\n", task->samples());
+      auto it = choice_tasks_.find(key);
+      if (it == choice_tasks_.end()) {
+        absl::StatusOr<ChoiceTask> loaded = LoadChoiceTask(task->file(), task->samples());
+        if (loaded.ok()) loaded->items.clear();  // what the config takes is kept, not the documents
+        it = choice_tasks_.emplace(key, std::move(loaded)).first;
+      }
+      if (!it->second.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("train.evals[", i, "].file: ", it->second.status().message()));
+      }
+      task->set_name(it->second->name);
+      task->set_fingerprint(it->second->fingerprint);
+      task->set_chance(it->second->chance);
+    }
+    return absl::OkStatus();
   }
 
   // Whether the spec itself sets model.vocab_size for `v` at `point` (in base:, an axis or the
@@ -717,6 +743,7 @@ class Expander {
   std::vector<std::string>* const config_json_;  // may be null
   std::map<std::string, size_t> index_;
   std::map<std::string, absl::StatusOr<DataSource>> data_sources_;  // ApplyData's, by data config
+  std::map<std::string, absl::StatusOr<ChoiceTask>> choice_tasks_;  // by (file, samples)
   size_t reference_ = 0;
   std::vector<std::string> problems_;
   std::set<std::string> seen_;

@@ -191,6 +191,29 @@ TEST(EvalConfigTest, PasskeyLengthsHoldTheTextsAndFitTheModel) {
                  "train.evals[0].lengths: passkey needs at least one length");
 }
 
+// multikey: `pairs` named keys (2 to 64, default 4), each sentence naming its key.
+TEST(EvalConfigTest, MultikeyHoldsItsKeysAndNamesItsMetrics) {
+  EXPECT_EQ(MultikeySentence("qxzvbn", "71432"),
+            "\nThe pass key of qxzvbn is 71432. Remember it. 71432 is the pass key of qxzvbn.\n");
+  EXPECT_EQ(MultikeyQuestion("qxzvbn"),
+            "\nWhat is the pass key of qxzvbn? The pass key of qxzvbn is ");
+  // 4 sentences of 80 bytes, the question's 59 and the key's 5.
+  EXPECT_EQ(MultikeyFixedTokens(5, 4, false), 4 * 80 + 59 + 5);
+  RunConfig c = WithEvals({Lengths("multikey", {512})});
+  c.mutable_model()->set_max_seq_len(512);
+  EXPECT_EQ(Problems(c), "");
+  EXPECT_EQ(EvalMetricNames(c), (std::vector<std::string>{"multikey@512", "multikey_exact@512"}));
+  EXPECT_DOUBLE_EQ(*EvalChanceLevel("multikey@512", c), 0.1);
+  EXPECT_REFUSED(WithEvals({Lengths("multikey", {256})}),
+                 "train.evals[0].lengths[0]: 256 tokens cannot hold 4 key sentences, the question "
+                 "and a 5-digit key: they take 384 tokens");
+  EvalTask one = Lengths("multikey", {512});
+  one.set_pairs(1);
+  c.mutable_train()->clear_evals();
+  *c.mutable_train()->add_evals() = one;
+  EXPECT_REFUSED(c, "train.evals[0].pairs: multikey hides 2 to 64 keys (0: the default 4), got 1");
+}
+
 TEST(EvalConfigTest, PasskeyDepthsAndDigitsAreInRange) {
   for (double bad : {-0.1, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
     EvalTask t = Lengths("passkey", {256});

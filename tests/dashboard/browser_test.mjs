@@ -286,6 +286,13 @@ async function livePhase() {
     && await page.locator('#attention canvas').count() === 0, `a run that stored no attention map says so: "${none}"`);
   await page.screenshot({ path: join(OUT, 'run.png'), fullPage: true });
 
+  // The evaluation tasks' metrics by name on the run page, with their evaluation times.
+  await page.goto(`${base}/#/run/1`);
+  await page.waitForSelector('#eval-tasks tbody tr');
+  const taskRows = await page.locator('#eval-tasks tbody tr td:first-child').allTextContents();
+  check(taskRows.includes('cloze_acc@40') && taskRows.includes('evaluation time'),
+    `the run page lists its evaluation tasks' metrics (${taskRows.join('; ')})`);
+
   await page.goto(`${base}/#/compare/${sim.sweep}`);
   await page.waitForSelector('#compare tbody tr');
   check(await page.locator('#compare tbody tr').count() === 3, 'the compare page has one row per variant');
@@ -297,6 +304,7 @@ async function livePhase() {
   await page.waitForFunction(() => document.querySelector('#paired-section h2 + p')?.textContent.startsWith('M-Act'));
   const metricIntro = await page.locator('#paired-section h2 + p').textContent();
   check(metricIntro.startsWith('M-Act of each variant'), `the compare page recomputes the paired comparison for another metric (${metricIntro.slice(0, 40)})`);
+
   await page.click('#compare th[data-key="variant"]');
   const firstVariant = await page.locator('#compare tbody tr td').first().textContent();
   check(firstVariant === 'baseline', `the compare table sorts by a clicked column (${firstVariant})`);
@@ -385,6 +393,13 @@ async function loadPhase() {
   const longest = await page.locator('#lengths-table tbody tr').first().locator('td').last().textContent();
   check(lengthRows === 4 && /^\d+\.\d+ ± \d+\.\d+$/.test(longest),
     `the length table: one row per variant, mean ± std (${lengthRows} rows, ${longest})`);
+  // An evaluation task's accuracy (the runs' metric by name): the test over its items, pooled
+  // over the paired seeds, below the seeds' test.
+  await page.selectOption('#paired-metric', 'cloze_acc@40');
+  await page.waitForSelector('#paired-items tbody tr');
+  const itemTests = await page.locator('#paired-items tbody tr').allTextContents();
+  check(itemTests.length === 3 && itemTests.every((t) => t.includes('McNemar exact')),
+    `the compare page tests an accuracy over its items (${itemTests.join('; ')})`);
   // Hovering the longest length reads a line's mean ± std there, marked YaRN.
   await page.locator('#lengths-chart .u-over').scrollIntoViewIfNeeded();
   const plot = await page.locator('#lengths-chart .u-over').boundingBox();

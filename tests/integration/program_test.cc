@@ -144,6 +144,17 @@ TEST_F(ProgramRunTest, ProgramsTrainResumeAndFailAsDocumented) {
   EXPECT_NE(QueryText(db, "SELECT value FROM eval_results WHERE run_id = " + good_id +
                               " AND name = 'slope_error'"),
             "");
+  // A metric under an evaluation task's name lands where train.evals' do: `table --evals`.
+  EXPECT_EQ(QueryText(db,
+                      "SELECT abs(p.value - 1.0 / (1.0 + s.value)) < 1e-9 FROM eval_results p "
+                      "JOIN eval_results s USING (run_id) WHERE p.name = 'passkey@64' AND "
+                      "s.name = 'slope_error' AND run_id = " +
+                          good_id),
+            "1");
+  ASSERT_EQ(Ablate({"table", "prog", "--evals", "passkey@64"}, "table_evals.log"), 0)
+      << Slurp(dir_ / "table_evals.log");
+  EXPECT_NE(Slurp(dir_ / "table_evals.log").find("| passkey@64 |"), std::string::npos)
+      << Slurp(dir_ / "table_evals.log");
   EXPECT_EQ(Of("good", "params_total"), "2");
   EXPECT_EQ(Of("good", "m_act IS NULL AND f_attn IS NULL"), "1");
   EXPECT_EQ(QueryInt(db, "SELECT count(*) FROM step_metrics WHERE run_id = " + good_id), 40);

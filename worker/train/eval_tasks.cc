@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "config/choice_task.h"
 #include "config/data_source.h"
 #include "config/eval_config.h"
 
@@ -17,11 +18,13 @@ namespace ablate {
 namespace {
 
 using Metrics = std::map<std::string, double>;
+using Items = std::map<std::string, std::vector<float>>;
 
 // Separates the random streams of the tasks that draw (EvalTask.seed is shared by default).
 constexpr uint32_t kCopyingStream = 1;
 constexpr uint32_t kPasskeyStream = 2;
 constexpr uint32_t kMqarStream = 3;
+constexpr uint32_t kMultikeyStream = 4;
 
 // Validation tokens read per window for the passkey filler: any length would do, as long as the
 // split holds one window and a token more (TokenData::Consecutive).
@@ -108,6 +111,14 @@ void Put(Metrics* out, std::string name, double value) {
   if (std::isfinite(value)) (*out)[std::move(name)] = value;
 }
 
+// Appends the values of `scores` (any shape, row-major) to the items of `name`.
+void AddItems(Items* items, const std::string& name, const torch::Tensor& scores) {
+  const torch::Tensor flat = scores.to(torch::kCPU, torch::kFloat32).contiguous().view(-1);
+  const float* begin = flat.data_ptr<float>();
+  std::vector<float>& into = (*items)[name];
+  into.insert(into.end(), begin, begin + flat.numel());
+}
+
 // ---- position_loss -----------------------------------------------------------------------------
 
 void PositionLoss(const LogitsFn& model, const TokenData& data, const RunConfig& config,
@@ -140,7 +151,7 @@ void PositionLoss(const LogitsFn& model, const TokenData& data, const RunConfig&
 // that a copy starts there: any model, however well it copies, is at chance on it.
 
 void Copying(const LogitsFn& model, const RunConfig& config, const EvalTask& task,
-             torch::Device device, Metrics* out) {
+             torch::Device device, Metrics* out, Items* items) {
   const TokenIdSet ids = CopyingTokenIds(config);
   const DataConfig& d = config.train().data();
   const int64_t bos = d.has_bos_token() ? 1 : 0;
@@ -169,7 +180,9 @@ void Copying(const LogitsFn& model, const RunConfig& config, const EvalTask& tas
               tokens.slice(0, first, first + logits.size(0)).slice(1, from + 1, to + 1).to(device);
           const torch::Tensor scored = logits.slice(1, from, to);
           loss += TokenLoss(scored, targets).to(torch::kFloat64).sum().item<double>();
-          hits += TieSharedHits(scored, targets).sum().item<double>();
+          const torch::Tensor row_hits = TieSharedHits(scored, targets);
+          hits += row_hits.sum().item<double>();
+          AddItems(items, absl::StrCat("copying_acc@", len), row_hits.mean(1));  // per string
         });
     const double scored = static_cast<double>(samples * (len - 1));
     Put(out, absl::StrCat("copying@", len), loss / scored);
@@ -196,10 +209,10 @@ absl::Status CheckByteLevel(int index, const EvalTask& task, const RunConfig& co
   if (source->manifest)
     absl::StrAppend(&what, " with tokenizer \"", source->manifest->tokenizer, "\"");
   return absl::InvalidArgumentError(absl::StrCat(
-      TaskName(index, task),
-      ": passkey needs byte-level data (text, or a prepared directory whose manifest.json has "
-      "tokenizer \"bytes\"), because the worker writes the key sentence and the question as bytes "
-      "and cannot tokenize them for a SentencePiece vocabulary; ",
+      TaskName(index, task), ": ", task.task(),
+      " needs byte-level data (text, or a prepared directory whose manifest.json has tokenizer "
+      "\"bytes\"), because the worker writes the task's texts as bytes and cannot tokenize them "
+      "for a SentencePiece vocabulary; ",
       path, " is ", what));
 }
 
@@ -252,17 +265,26 @@ std::vector<int64_t> ToTokens(const std::string& text) {
 // Greedy decoding stays on the key as long as every digit it picked was right, so for a causal
 // model the decoded key is the key exactly when every teacher-forced argmax is right: one forward
 // pass gives both, where decoding would take one per digit.
+//
+// multikey (RULER's multi-key needle in a haystack, arXiv 2404.06654) is the same with `pairs`
+// keys, each named: the key asked for at each depth, the others (distractors, with their own
+// names and keys) at positions drawn uniformly over the filler once per sample; the question
+// names the key it asks for. Scored as passkey: multikey@L, multikey_exact@L.
 absl::Status Passkey(const LogitsFn& model, const TokenData& data, const RunConfig& config,
-                     int index, const EvalTask& task, torch::Device device, Metrics* out) {
+                     int index, const EvalTask& task, torch::Device device, Metrics* out,
+                     Items* items) {
   const DataConfig& d = config.train().data();
   const int64_t bos = d.has_bos_token() ? 1 : 0;
   const int64_t samples = EvalSamples(task);
   const int digits = PasskeyDigits(task);
+  const bool multikey = task.task() == kMultikeyTask;
+  const int keys = multikey ? MultikeyKeys(task) : 1;
   const std::vector<double> depths = PasskeyDepths(task);
   const int64_t rows = samples * static_cast<int64_t>(depths.size());
   for (const int32_t len : task.lengths()) {
-    Rng rng(task.seed(), kPasskeyStream, static_cast<uint64_t>(len));
-    const int64_t n_filler = len - PasskeyFixedTokens(digits, bos != 0);
+    Rng rng(task.seed(), multikey ? kMultikeyStream : kPasskeyStream, static_cast<uint64_t>(len));
+    const int64_t n_filler = len - (multikey ? MultikeyFixedTokens(digits, keys, bos != 0)
+                                             : PasskeyFixedTokens(digits, bos != 0));
     absl::StatusOr<std::vector<int64_t>> filler = ValidationBytes(data, config, samples * n_filler);
     if (!filler.ok()) {
       return absl::Status(
@@ -272,22 +294,51 @@ absl::Status Passkey(const LogitsFn& model, const TokenData& data, const RunConf
     torch::Tensor tokens = torch::empty({rows, len}, torch::kLong);
     auto t = tokens.accessor<int64_t, 2>();
     for (int64_t s = 0; s < samples; ++s) {
-      std::string key(static_cast<size_t>(digits), '0');
-      key[0] = static_cast<char>('1' + rng.Below(9));  // no leading zero, as synth's keys
-      for (int i = 1; i < digits; ++i)
-        key[static_cast<size_t>(i)] = static_cast<char>('0' + rng.Below(10));
-      const std::vector<int64_t> sentence = ToTokens(PasskeyKeySentence(key));
-      const std::vector<int64_t> ending = ToTokens(PasskeyQuestion() + key);
+      const auto draw_key = [&] {
+        std::string key(static_cast<size_t>(digits), '0');
+        key[0] = static_cast<char>('1' + rng.Below(9));  // no leading zero, as synth's keys
+        for (int i = 1; i < digits; ++i)
+          key[static_cast<size_t>(i)] = static_cast<char>('0' + rng.Below(10));
+        return key;
+      };
+      const std::string key = draw_key();
+      std::vector<int64_t> sentence = ToTokens(PasskeyKeySentence(key));
+      std::vector<int64_t> ending = ToTokens(PasskeyQuestion() + key);
+      // multikey: the distractors' sentences at their positions in the filler.
+      std::vector<std::pair<int64_t, std::vector<int64_t>>> distractors;
+      if (multikey) {
+        std::vector<std::string> names;
+        while (static_cast<int>(names.size()) < keys) {
+          std::string name(kMultikeyNameBytes, 'a');
+          for (char& c : name) c = static_cast<char>('a' + rng.Below(26));
+          if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+        }
+        sentence = ToTokens(MultikeySentence(names[0], key));
+        ending = ToTokens(MultikeyQuestion(names[0]) + key);
+        for (int k = 1; k < keys; ++k) {
+          const auto at = static_cast<int64_t>(rng.Below(static_cast<uint64_t>(n_filler) + 1));
+          distractors.emplace_back(at, ToTokens(MultikeySentence(names[k], draw_key())));
+        }
+      }
       const auto begin = filler->begin() + s * n_filler;
       for (size_t k = 0; k < depths.size(); ++k) {
         const auto at =
             static_cast<int64_t>(std::floor(depths[k] * static_cast<double>(n_filler) + 0.5));
+        // Every sentence at its position in the filler, the key asked for first where two meet.
+        std::vector<std::pair<int64_t, const std::vector<int64_t>*>> needles = {{at, &sentence}};
+        for (const auto& [where, text] : distractors) needles.emplace_back(where, &text);
+        std::stable_sort(needles.begin(), needles.end(),
+                         [](const auto& a, const auto& b) { return a.first < b.first; });
         std::vector<int64_t> row;
         row.reserve(static_cast<size_t>(len));
         if (bos) row.push_back(d.bos_token());
-        row.insert(row.end(), begin, begin + at);
-        row.insert(row.end(), sentence.begin(), sentence.end());
-        row.insert(row.end(), begin + at, begin + n_filler);
+        int64_t done = 0;
+        for (const auto& [where, text] : needles) {
+          row.insert(row.end(), begin + done, begin + where);
+          row.insert(row.end(), text->begin(), text->end());
+          done = where;
+        }
+        row.insert(row.end(), begin + done, begin + n_filler);
         row.insert(row.end(), ending.begin(), ending.end());
         const int64_t r = static_cast<int64_t>(k) * samples + s;
         for (int64_t i = 0; i < len; ++i) t[r][i] = row[static_cast<size_t>(i)];
@@ -302,11 +353,15 @@ absl::Status Passkey(const LogitsFn& model, const TokenData& data, const RunConf
           const torch::Tensor targets =
               tokens.slice(0, first, first + logits.size(0)).slice(1, from + 1, to + 1).to(device);
           const torch::Tensor scored = logits.slice(1, from, to);
-          digit_hits += TieSharedHits(scored, targets).sum().item<double>();
-          exact += scored.argmax(-1).eq(targets).all(-1).sum().item<double>();
+          const torch::Tensor row_hits = TieSharedHits(scored, targets);
+          const torch::Tensor row_exact = scored.argmax(-1).eq(targets).all(-1);
+          digit_hits += row_hits.sum().item<double>();
+          exact += row_exact.sum().item<double>();
+          AddItems(items, absl::StrCat(task.task(), "@", len), row_hits.mean(1));  // per sequence
+          AddItems(items, absl::StrCat(task.task(), "_exact@", len), row_exact);
         });
-    Put(out, absl::StrCat("passkey@", len), digit_hits / static_cast<double>(rows * digits));
-    Put(out, absl::StrCat("passkey_exact@", len), exact / static_cast<double>(rows));
+    Put(out, absl::StrCat(task.task(), "@", len), digit_hits / static_cast<double>(rows * digits));
+    Put(out, absl::StrCat(task.task(), "_exact@", len), exact / static_cast<double>(rows));
   }
   return absl::OkStatus();
 }
@@ -320,7 +375,7 @@ absl::Status Passkey(const LogitsFn& model, const TokenData& data, const RunConf
 // recall, and a fixed layout keeps every item the same length.
 
 void Mqar(const LogitsFn& model, const RunConfig& config, const EvalTask& task,
-          torch::Device device, Metrics* out) {
+          torch::Device device, Metrics* out, Items* items) {
   const DataConfig& d = config.train().data();
   const int64_t bos = d.has_bos_token() ? 1 : 0;
   const int64_t samples = EvalSamples(task);
@@ -368,9 +423,163 @@ void Mqar(const LogitsFn& model, const RunConfig& config, const EvalTask& task,
       [&](int64_t first, const torch::Tensor& logits) {
         const torch::Tensor rows = tokens.slice(0, first, first + logits.size(0)).to(device);
         const torch::Tensor targets = rows.index_select(1, key_positions + 1);
-        hits += TieSharedHits(logits.index_select(1, key_positions), targets).sum().item<double>();
+        const torch::Tensor query_hits =
+            TieSharedHits(logits.index_select(1, key_positions), targets);
+        hits += query_hits.sum().item<double>();
+        AddItems(items, absl::StrCat("mqar@", pairs), query_hits);  // per query
       });
   Put(out, absl::StrCat("mqar@", pairs), hits / static_cast<double>(samples * queries));
+}
+
+// ---- multiple_choice ---------------------------------------------------------------------------
+//
+// lm-evaluation-harness's loglikelihood scoring: each choice's continuation (target_delimiter +
+// the choice) after [BOS] + the context, its tokens' log-probabilities summed; the context cut
+// from its start where the sequence would pass model.max_seq_len, as the harness truncates.
+// Scored per document: NAME, the choice of the highest sum is the right one; NAME@acc_norm, the
+// same with each sum divided by the choice's length in bytes; NAME@logprob, the right choice's
+// sum. A tie at the maximum is shared (1/k when the right one is among k), as TieSharedHits.
+
+// The task's items, its file read again and held to the fingerprint the run was keyed by.
+absl::StatusOr<ChoiceTask> LoadChoiceItems(int index, const EvalTask& task) {
+  absl::StatusOr<ChoiceTask> loaded = LoadChoiceTask(task.file(), task.samples());
+  if (!loaded.ok()) {
+    return absl::Status(loaded.status().code(),
+                        absl::StrCat(TaskName(index, task), ": ", loaded.status().message()));
+  }
+  if (loaded->items.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(TaskName(index, task), ": ", task.file(), " gives no documents to score"));
+  }
+  if (!task.fingerprint().empty() && loaded->fingerprint != task.fingerprint()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        TaskName(index, task), ": ", task.file(), " or its data changed since the run was keyed (",
+        "fingerprint ", task.fingerprint(), ", now ", loaded->fingerprint,
+        "): submit the sweep again to evaluate the new version"));
+  }
+  return loaded;
+}
+
+// A document's score among its choices' values: 1 when the right one is the unique maximum,
+// 1/k when it is one of k equal maxima, else 0.
+double ChoiceHit(const std::vector<double>& values, int gold) {
+  const double best = *std::max_element(values.begin(), values.end());
+  if (!(values[static_cast<size_t>(gold)] >= best)) return 0;
+  const auto ties = std::count(values.begin(), values.end(), best);
+  return 1.0 / static_cast<double>(ties);
+}
+
+absl::Status MultipleChoice(const LogitsFn& model, const RunConfig& config, int index,
+                            const EvalTask& task, torch::Device device, Metrics* out,
+                            Items* items) {
+  absl::StatusOr<ChoiceTask> loaded = LoadChoiceItems(index, task);
+  if (!loaded.ok()) return loaded.status();
+  const DataConfig& d = config.train().data();
+  const int64_t max_len = config.model().max_seq_len();
+  // One request per (document, choice): its tokens and where its continuation starts.
+  struct Request {
+    size_t item, choice;
+    std::vector<int64_t> tokens;
+    int64_t from = 0;  // the continuation's first token
+    double logprob = 0;
+  };
+  std::vector<Request> requests;
+  for (size_t i = 0; i < loaded->items.size(); ++i) {
+    const ChoiceItem& item = loaded->items[i];
+    const std::vector<int64_t> context = ToTokens(item.context);
+    for (size_t c = 0; c < item.choices.size(); ++c) {
+      const std::vector<int64_t> continuation =
+          ToTokens(loaded->target_delimiter + item.choices[c]);
+      if (static_cast<int64_t>(continuation.size()) + 1 > max_len) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(TaskName(index, task), ": document ", i, " of ", task.file(), ": choice ",
+                         c, " is ", continuation.size(),
+                         " tokens, which with one token of context must fit "
+                         "model.max_seq_len ",
+                         max_len));
+      }
+      Request r{i, c, {}, 0, 0};
+      if (d.has_bos_token()) r.tokens.push_back(d.bos_token());
+      r.tokens.insert(r.tokens.end(), context.begin(), context.end());
+      r.tokens.insert(r.tokens.end(), continuation.begin(), continuation.end());
+      const int64_t excess = static_cast<int64_t>(r.tokens.size()) - max_len;
+      if (excess > 0) r.tokens.erase(r.tokens.begin(), r.tokens.begin() + excess);
+      r.from = static_cast<int64_t>(r.tokens.size() - continuation.size());
+      requests.push_back(std::move(r));
+    }
+  }
+  // Batched by length (shortest first, each batch padded to its longest: the padding comes after
+  // every scored token, so a causal model's scores do not see it), and by YaRN.
+  std::vector<size_t> order(requests.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const auto yarn_of = [&](size_t r) {
+    return YarnAt(config.model(), static_cast<int64_t>(requests[r].tokens.size()));
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return std::make_pair(yarn_of(a), requests[a].tokens.size()) <
+           std::make_pair(yarn_of(b), requests[b].tokens.size());
+  });
+  const int64_t per_batch = std::max<int64_t>(1, config.train().batch_size());
+  for (size_t first = 0; first < order.size();) {
+    size_t end = first;
+    const bool yarn = yarn_of(order[first]);
+    while (end < order.size() && static_cast<int64_t>(end - first) < per_batch &&
+           yarn_of(order[end]) == yarn) {
+      ++end;
+    }
+    const int64_t len = static_cast<int64_t>(requests[order[end - 1]].tokens.size());
+    torch::Tensor tokens = torch::zeros({static_cast<int64_t>(end - first), len}, torch::kLong);
+    auto t = tokens.accessor<int64_t, 2>();
+    for (size_t k = first; k < end; ++k) {
+      const std::vector<int64_t>& row = requests[order[k]].tokens;
+      for (size_t j = 0; j < row.size(); ++j) t[static_cast<int64_t>(k - first)][j] = row[j];
+    }
+    ForEachCall(model, config, tokens, yarn, device,
+                [&](int64_t row0, const torch::Tensor& logits) {
+                  const torch::Tensor logp = torch::log_softmax(logits, -1).cpu();
+                  auto lp = logp.accessor<float, 3>();
+                  for (int64_t r = 0; r < logits.size(0); ++r) {
+                    Request& q = requests[order[first + static_cast<size_t>(row0 + r)]];
+                    double sum = 0;
+                    for (int64_t p = q.from; p < static_cast<int64_t>(q.tokens.size()); ++p) {
+                      sum += lp[r][p - 1][q.tokens[static_cast<size_t>(p)]];
+                    }
+                    q.logprob = sum;
+                  }
+                });
+    first = end;
+  }
+  std::vector<std::vector<double>> sums(loaded->items.size());
+  for (const Request& r : requests) {
+    std::vector<double>& s = sums[r.item];
+    if (s.size() <= r.choice) s.resize(r.choice + 1);
+    s[r.choice] = r.logprob;
+  }
+  const std::vector<std::string> names = ChoiceMetricNames(loaded->name);  // acc, norm, logprob
+  std::vector<float>& acc = (*items)[names[0]];
+  std::vector<float>& norm = (*items)[names[1]];
+  std::vector<float>& logprob = (*items)[names[2]];
+  double acc_sum = 0, norm_sum = 0, logprob_sum = 0;
+  for (size_t i = 0; i < loaded->items.size(); ++i) {
+    const ChoiceItem& item = loaded->items[i];
+    std::vector<double> normalised = sums[i];
+    for (size_t c = 0; c < normalised.size(); ++c) {
+      normalised[c] /= static_cast<double>(std::max<size_t>(1, item.choices[c].size()));
+    }
+    const double a = ChoiceHit(sums[i], item.gold), n = ChoiceHit(normalised, item.gold);
+    const double lp = sums[i][static_cast<size_t>(item.gold)];
+    acc.push_back(static_cast<float>(a));
+    norm.push_back(static_cast<float>(n));
+    logprob.push_back(static_cast<float>(lp));
+    acc_sum += a;
+    norm_sum += n;
+    logprob_sum += lp;
+  }
+  const auto count = static_cast<double>(std::max<size_t>(1, loaded->items.size()));
+  Put(out, names[0], acc_sum / count);
+  Put(out, names[1], norm_sum / count);
+  Put(out, names[2], logprob_sum / count);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -379,12 +588,18 @@ absl::Status CheckEvalTasksData(const TokenData& data, const RunConfig& config) 
   const TrainConfig& train = config.train();
   for (int i = 0; i < train.evals_size(); ++i) {
     const EvalTask& task = train.evals(i);
-    if (task.task() == kPasskeyTask) {
+    if (task.task() == kPasskeyTask || task.task() == kMultikeyTask) {
       if (absl::Status s = CheckByteLevel(i, task, config); !s.ok()) return s;
       if (data.val_tokens() < 2) {
         return absl::InvalidArgumentError(absl::StrCat(
             TaskName(i, task), ": the filler is read from the validation split, which holds ",
             data.val_tokens(), " tokens in ", data.source()));
+      }
+    }
+    if (task.task() == kMultipleChoiceTask) {
+      if (absl::Status s = CheckByteLevel(i, task, config); !s.ok()) return s;
+      if (absl::StatusOr<ChoiceTask> loaded = LoadChoiceItems(i, task); !loaded.ok()) {
+        return loaded.status();
       }
     }
     if (task.task() == kPositionLossTask && task.bins_size() > 0) {
@@ -402,10 +617,12 @@ absl::Status CheckEvalTasksData(const TokenData& data, const RunConfig& config) 
   return absl::OkStatus();
 }
 
-absl::StatusOr<Metrics> RunEvalTasks(const LogitsFn& model, const TokenData& data,
-                                     const RunConfig& config, torch::Device device) {
-  Metrics out;
-  if (config.train().evals_size() == 0) return out;
+absl::StatusOr<EvalTaskResults> RunEvalTasks(const LogitsFn& model, const TokenData& data,
+                                             const RunConfig& config, torch::Device device) {
+  EvalTaskResults results;
+  Metrics& out = results.metrics;
+  Items* items = &results.items;
+  if (config.train().evals_size() == 0) return results;
   if (absl::Status s = ValidateEvalTasks(config); !s.ok()) return s;
   if (absl::Status s = CheckEvalTasksData(data, config); !s.ok()) return s;
   torch::NoGradGuard no_grad;
@@ -414,14 +631,18 @@ absl::StatusOr<Metrics> RunEvalTasks(const LogitsFn& model, const TokenData& dat
     if (task.task() == kPositionLossTask) {
       PositionLoss(model, data, config, task, device, &out);
     } else if (task.task() == kCopyingTask) {
-      Copying(model, config, task, device, &out);
-    } else if (task.task() == kPasskeyTask) {
-      if (absl::Status s = Passkey(model, data, config, i, task, device, &out); !s.ok()) return s;
+      Copying(model, config, task, device, &out, items);
+    } else if (task.task() == kPasskeyTask || task.task() == kMultikeyTask) {
+      absl::Status s = Passkey(model, data, config, i, task, device, &out, items);
+      if (!s.ok()) return s;
     } else if (task.task() == kMqarTask) {
-      Mqar(model, config, task, device, &out);
+      Mqar(model, config, task, device, &out, items);
+    } else if (task.task() == kMultipleChoiceTask) {
+      absl::Status s = MultipleChoice(model, config, i, task, device, &out, items);
+      if (!s.ok()) return s;
     }
   }
-  return out;
+  return results;
 }
 
 }  // namespace ablate

@@ -11,6 +11,8 @@
 //                  teacher-forced accuracy of its digits and the exact match of greedy decoding.
 //   mqar           Arora et al. 2023, Zoology (arXiv 2312.04927): key-value pairs, then queried
 //                  keys; the accuracy of each queried value.
+//   multiple_choice  lm-evaluation-harness's loglikelihood scoring of the user's task file
+//                  (config/choice_task.h): acc, acc_norm and the right answer's log-probability.
 // Every item is a pure function of the config (EvalTask.seed and the validation text): the same
 // config and model give the same metrics at every evaluation and in every run.
 //
@@ -23,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -41,7 +44,9 @@ using LogitsFn = std::function<torch::Tensor(const torch::Tensor& tokens, bool y
 // bad combination fails before training: passkey needs byte-level data (text, or a prepared
 // directory whose manifest's tokenizer is "bytes"), since the worker cannot tokenize its texts
 // for a SentencePiece vocabulary; position_loss needs samples x the last edge + 1 validation
-// tokens. InvalidArgument naming the task and the setting otherwise.
+// tokens; multiple_choice needs byte-level data and its task file readable, unchanged since the
+// run was keyed (EvalTask.fingerprint). InvalidArgument (FailedPrecondition for a changed file)
+// naming the task and the setting otherwise.
 absl::Status CheckEvalTasksData(const TokenData& data, const RunConfig& config);
 
 // Runs every task of config.train().evals on `model` under torch::NoGradGuard, train.batch_size
@@ -50,10 +55,15 @@ absl::Status CheckEvalTasksData(const TokenData& data, const RunConfig& config);
 // finite: the coordinator stores finite values only, and a model that gives NaN shows it in its
 // validation loss already). Errors (InvalidArgument, naming the task and the setting): the config
 // fails ValidateEvalTasks, or CheckEvalTasksData.
-absl::StatusOr<std::map<std::string, double>> RunEvalTasks(const LogitsFn& model,
-                                                           const TokenData& data,
-                                                           const RunConfig& config,
-                                                           torch::Device device);
+struct EvalTaskResults {
+  std::map<std::string, double> metrics;
+  // Per-item scores of the accuracies and log-probabilities (EvalResult.items): passkey@L per
+  // sequence (the fraction of its digits), passkey_exact@L per sequence, copying_acc@L per
+  // string, mqar@P per query, a multiple-choice task's three per document.
+  std::map<std::string, std::vector<float>> items;
+};
+absl::StatusOr<EvalTaskResults> RunEvalTasks(const LogitsFn& model, const TokenData& data,
+                                             const RunConfig& config, torch::Device device);
 
 // The most logits (floats) one call of the model may return: 2^28, 1 GiB. A large vocabulary at a
 // long length gets fewer rows per call.

@@ -1,12 +1,14 @@
 #include "worker/train/evaluation.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <string>
 #include <utility>
 
 #include "config/model_config.h"
+#include "config/program_config.h"
 #include "worker/model/chunked_loss.h"
 #include "worker/model/torch_compat.h"
 #include "worker/train/eval_tasks.h"
@@ -97,6 +99,7 @@ absl::StatusOr<EvalResult> Evaluate(TransformerImpl& model, const TokenData& dat
                                     const RunConfig& config, torch::Device device, bool autocast,
                                     int64_t step) {
   const TrainConfig& t = config.train();
+  const auto started = std::chrono::steady_clock::now();
   torch::NoGradGuard no_grad;
   model.eval();
   ProbeRecorder recorder(config.model(), t.attention_map_heads());
@@ -121,10 +124,19 @@ absl::StatusOr<EvalResult> Evaluate(TransformerImpl& model, const TokenData& dat
     model.UseYarn(false);
     return out;
   };
-  absl::StatusOr<std::map<std::string, double>> tasks = RunEvalTasks(logits, data, config, device);
+  absl::StatusOr<EvalTaskResults> tasks = RunEvalTasks(logits, data, config, device);
   model.train();
   if (!tasks.ok()) return tasks.status();
-  for (const auto& [name, value] : *tasks) (*r.mutable_metrics())[name] = value;
+  for (const auto& [name, value] : tasks->metrics) (*r.mutable_metrics())[name] = value;
+  for (auto& [name, values] : tasks->items) {
+    // More items than the coordinator stores: the metric stands, without its paired test.
+    if (values.size() > static_cast<size_t>(kMaxEvalItems)) continue;
+    EvalItemScores* items = r.add_items();
+    items->set_metric(name);
+    items->mutable_values()->Assign(values.begin(), values.end());
+  }
+  r.set_eval_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   return r;
 }
 

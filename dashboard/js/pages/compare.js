@@ -35,11 +35,13 @@ export async function render(view, ctx, name, more = []) {
     pairedBox.replaceChildren(...(s ? [s.section] : []));
   };
   const lengths = new Set(table.rows.flatMap((r) => (r.lengths || []).map((l) => l.seq_len)));
+  // Metrics the runs report by name: train.evals' tasks (docs/evals.md), a program's own.
+  const named = [...new Set(table.rows.flatMap((r) => Object.keys(r.metrics || {})))].sort();
   const choice = el('select', { id: 'paired-metric', onchange: async (e) => {
     metric = e.target.value;
     paired = await api(`compare/${joined}`, { metric }).catch(() => null);
     drawPaired();
-  } }, [...METRICS, ...[...lengths].map((l) => `ppl@${l}`)].map((m) => el('option', { value: m }, m)));
+  } }, [...METRICS, ...[...lengths].map((l) => `ppl@${l}`), ...named].map((m) => el('option', { value: m }, m)));
   const tuneBox = el('div', { id: 'tune-box' });
   const drawTune = () => {
     const s = tuneSection(tune);

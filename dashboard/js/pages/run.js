@@ -108,6 +108,24 @@ function spikeTable(spikes) {
       el('td', {}, s.action + (s.rollback_to_step ? ` → ${s.rollback_to_step}` : ''))))));
 }
 
+// The metrics by name of each evaluation (train.evals' tasks, docs/evals.md; a program's own):
+// one row per metric with its chance level where the config states one, a column per evaluation
+// (the last six), and the seconds each evaluation took.
+function evalTaskTable(evals, chance) {
+  const names = [...new Set(evals.flatMap((e) => Object.keys(e.metrics || {})))].sort();
+  if (names.length === 0) return el('p', { class: 'muted', id: 'no-eval-tasks' }, 'No evaluation task (train.evals) and no metric by name.');
+  const shown = evals.slice(-6);
+  return el('table', { id: 'eval-tasks' },
+    el('thead', {}, el('tr', {}, el('th', {}, 'metric'), el('th', { class: 'num' }, 'chance'),
+      ...shown.map((e) => el('th', { class: 'num' }, `step ${e.step}`)))),
+    el('tbody', {},
+      ...names.map((n) => el('tr', {}, el('td', {}, n),
+        el('td', { class: 'num' }, chance[n] === null || chance[n] === undefined ? '—' : num(chance[n])),
+        ...shown.map((e) => el('td', { class: 'num' }, e.metrics && n in e.metrics ? num(e.metrics[n]) : '—')))),
+      el('tr', { class: 'muted' }, el('td', {}, 'evaluation time'), el('td', {}, ''),
+        ...shown.map((e) => el('td', { class: 'num' }, e.eval_seconds === null ? '—' : `${e.eval_seconds.toFixed(1)} s`)))));
+}
+
 export async function render(view, ctx, idText) {
   const id = Number(idText);
   let { run } = await api(`runs/${encodeURIComponent(idText)}`);
@@ -117,12 +135,14 @@ export async function render(view, ctx, idText) {
   const probeBox = el('div');
   const attentionBox = el('div', { id: 'attention' });
   const spikeBox = el('div');
+  const evalTaskBox = el('div', { id: 'eval-task-box' });
   const trainingControls = el('div', { class: 'controls' });
   // A program run (its config has a `program` block) has a log; the built-in model's runs none.
   const log = run.config && typeof run.config === 'object' && run.config.program ? logView(run, id) : null;
   view.replaceChildren(header,
     el('h2', {}, 'Training'), trainingControls, charts,
     ...(log ? [el('h2', {}, 'Log'), log.box] : []),
+    el('h2', {}, 'Evaluation tasks'), evalTaskBox,
     el('h2', {}, 'Probes per layer'), probeBox,
     el('h2', {}, 'Attention maps'), attentionBox,
     el('h2', {}, 'Spike events'), spikeBox,
@@ -130,7 +150,8 @@ export async function render(view, ctx, idText) {
 
   let xAxis = 'step';
   const load = () => Promise.all([api(`runs/${id}/metrics`, { points: 2000, x: xAxis }), api(`runs/${id}/evals`), api(`runs/${id}/spikes`)]);
-  let [metrics, { evals }, { spikes }] = await load();
+  let [metrics, { evals, chance }, { spikes }] = await load();
+  evalTaskBox.replaceChildren(evalTaskTable(evals, chance || {}));
   // The chosen x of a step: itself, its tokens or FLOPs (x_per_step), or the training seconds of
   // the nearest stored step at or before it (an evaluation's, a spike's); null when unknown.
   const xOf = (step) => {
@@ -287,7 +308,8 @@ export async function render(view, ctx, idText) {
     }
     if (`${run.state}|${run.steps_done}` === before) return;
     header.replaceChildren(...headerNodes(run));
-    [metrics, { evals }, { spikes }] = await load();
+    [metrics, { evals, chance }, { spikes }] = await load();
+    evalTaskBox.replaceChildren(evalTaskTable(evals, chance || {}));
     updateCharts();
     if (evals.length > 0 && !probeBox.contains(stepSelect)) {
       probeBox.replaceChildren(el('div', { class: 'controls' },

@@ -94,7 +94,9 @@ for step in range(start + 1, steps + 1):
     report.step(step, loss, grad_norm=math.hypot(gw, gb), lr=lr, tokens=len(data))
     if step % 10 == 0 or step == steps:
         report.eval(step, loss_and_grads(w, b)[0],
-                    metrics={"gate_score": 0.5, "slope_error": abs(w - 3)})
+                    metrics={"gate_score": 0.5, "slope_error": abs(w - 3),
+                             # an evaluation task's name: the same columns (docs/evals.md)
+                             "passkey@64": 1.0 / (1.0 + abs(w - 3))})
         with report.checkpoint(step) as d:
             with open(os.path.join(d, "weights.json"), "w") as f:
                 json.dump([w, b], f)

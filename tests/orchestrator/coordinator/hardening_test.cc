@@ -4,16 +4,18 @@
 #include <sqlite3.h>
 #include <sys/stat.h>
 
-#include <cstdint>
-#include <limits>
 #include <atomic>
+#include <cstdint>
+#include <functional>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/credentials.h"
-#include "orchestrator/coordinator/door.h"
+#include "config/program_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "orchestrator/coordinator/door.h"
 #include "tests/orchestrator/coordinator/coordinator_test_util.h"
 
 namespace ablate {
@@ -520,6 +522,50 @@ TEST(CredentialsTest, TheKeyedHmacIsHmacSha256FromEveryThread) {
   EXPECT_FALSE(LeaseSecretEquals(LeaseSecret(key, 1, 2, 4), secret));
   EXPECT_FALSE(LeaseSecretEquals(secret.substr(1), secret));
   EXPECT_FALSE(LeaseSecretEquals("", secret));
+}
+
+}  // namespace
+}  // namespace ablate
+
+namespace ablate {
+namespace {
+
+// Per-item scores (EvalResult.items) reach the store only for metrics the evaluation reports,
+// once each, bounded and finite; an evaluation's time is a finite count of seconds.
+TEST(DoorTest, EvalItemsAreCheckedAtTheDoor) {
+  const auto summary_with = [](const std::function<void(EvalResult*)>& edit) {
+    RunSummary s;
+    s.set_state(SUCCEEDED);
+    s.set_steps_done(10);
+    EvalResult* e = s.mutable_final_eval();
+    e->set_step(10);
+    (*e->mutable_metrics())["kjv_cloze"] = 0.5;
+    EvalItemScores* items = e->add_items();
+    items->set_metric("kjv_cloze");
+    items->add_values(1);
+    items->add_values(0);
+    e->set_eval_seconds(0.25);
+    edit(e);
+    return CheckSummaryAtDoor(s, 10);
+  };
+  EXPECT_TRUE(summary_with([](EvalResult*) {}).ok());
+  const absl::Status unknown =
+      summary_with([](EvalResult* e) { e->mutable_items(0)->set_metric("passkey@64"); });
+  EXPECT_THAT(std::string(unknown.message()),
+              ::testing::HasSubstr("items[0].metric names passkey@64, which is not one of the "
+                                   "evaluation's metrics"));
+  const absl::Status twice = summary_with([](EvalResult* e) { *e->add_items() = e->items(0); });
+  EXPECT_THAT(std::string(twice.message()), ::testing::HasSubstr("a second time"));
+  const absl::Status nan = summary_with([](EvalResult* e) {
+    e->mutable_items(0)->add_values(std::numeric_limits<float>::quiet_NaN());
+  });
+  EXPECT_THAT(std::string(nan.message()), ::testing::HasSubstr("not finite"));
+  const absl::Status many = summary_with([](EvalResult* e) {
+    e->mutable_items(0)->mutable_values()->Resize(kMaxEvalItems + 1, 1.0f);
+  });
+  EXPECT_THAT(std::string(many.message()), ::testing::HasSubstr("the limit is 65536"));
+  const absl::Status time = summary_with([](EvalResult* e) { e->set_eval_seconds(-1); });
+  EXPECT_THAT(std::string(time.message()), ::testing::HasSubstr("eval_seconds"));
 }
 
 }  // namespace

@@ -95,5 +95,55 @@ TEST(StatsTest, MeanAndSampleStdOfTheFiniteValues) {
   EXPECT_TRUE(std::isnan(MeanAndStd({}).mean));
 }
 
+// The tests over items against SciPy 1.10 (Debian 12's python3-scipy):
+// scipy.stats.binomtest(k, n).proportion_ci(method='wilson') and, for McNemar's exact test,
+// scipy.stats.binomtest(min(b, c), b + c, 0.5).pvalue.
+TEST(StatsTest, WilsonIntervalsAndMcNemarAgreeWithSciPy) {
+  EXPECT_NEAR(NormalQuantile(0.975), 1.959963984540054, 1e-12);
+  EXPECT_NEAR(NormalQuantile(0.5), 0, 1e-12);
+  EXPECT_TRUE(std::isnan(NormalQuantile(0)));
+  const struct {
+    double k;
+    int64_t n;
+    double low, high;
+  } wilson[] = {{7, 10, 0.39677814746114526, 0.892208732593699},
+                {0, 20, 0.0, 0.16112515805281935},
+                {45, 50, 0.7863976856252034, 0.9565242350681095}};
+  for (const auto& w : wilson) {
+    const Interval i = WilsonInterval(w.k, w.n, 0.05);
+    EXPECT_NEAR(i.low, w.low, 1e-12) << w.k << "/" << w.n;
+    EXPECT_NEAR(i.high, w.high, 1e-12) << w.k << "/" << w.n;
+  }
+  EXPECT_TRUE(std::isnan(WilsonInterval(0, 0, 0.05).low));
+  EXPECT_NEAR(McNemarExactP(3, 12), 0.03515625, 1e-15);
+  EXPECT_NEAR(McNemarExactP(12, 3), 0.03515625, 1e-15);
+  EXPECT_EQ(McNemarExactP(10, 10), 1.0);
+  EXPECT_NEAR(McNemarExactP(0, 5), 0.0625, 1e-15);
+  EXPECT_NEAR(McNemarExactP(40, 60), 0.05688793364098088, 1e-12);
+  EXPECT_EQ(McNemarExactP(0, 0), 1.0);
+}
+
+// The paired bootstrap: the same answer from the same seed, an interval around the mean
+// difference, a small p for a clear shift and 1 for none.
+TEST(StatsTest, PairedBootstrapIsSeededAndCentred) {
+  std::vector<double> shifted, none;
+  for (int i = 0; i < 200; ++i) {
+    shifted.push_back(0.1 + 0.05 * ((i % 7) - 3));
+    none.push_back((i % 2) == 0 ? 0.2 : -0.2);
+  }
+  const BootstrapTest a = PairedBootstrap(shifted, 0.05, 1000, 0);
+  const BootstrapTest b = PairedBootstrap(shifted, 0.05, 1000, 0);
+  EXPECT_EQ(a.ci_low, b.ci_low);
+  EXPECT_EQ(a.p_value, b.p_value);
+  EXPECT_NEAR(a.delta, 0.0985, 1e-12);  // 28 whole cycles of the 7 offsets, then -3..0
+  EXPECT_LT(a.ci_low, a.delta);
+  EXPECT_GT(a.ci_high, a.delta);
+  EXPECT_NEAR(a.p_value, 1.0 / 1001, 1e-12);
+  const BootstrapTest zero = PairedBootstrap(none, 0.05, 1000, 0);
+  EXPECT_EQ(zero.delta, 0);
+  EXPECT_EQ(zero.p_value, 1.0);
+  EXPECT_TRUE(std::isnan(PairedBootstrap({}, 0.05, 1000, 0).p_value));
+}
+
 }  // namespace
 }  // namespace ablate

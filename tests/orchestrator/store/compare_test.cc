@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -244,6 +245,88 @@ TEST(CompareTest, MetricsByNameWithTheirDirection) {
   EXPECT_TRUE(IsAccuracyMetric("mqar@16"));
   EXPECT_TRUE(IsAccuracyMetric("val_acc"));
   EXPECT_FALSE(IsAccuracyMetric("position_loss@0-64"));
+}
+
+// A multiple-choice task's accuracy, named by its task alone, is better higher by the runs'
+// config, which also states its chance level; the items of each seed are paired and pooled, and
+// McNemar's exact test counts the items one side alone got right.
+TEST(CompareTest, ItemsArePooledOverSeedsAndTestedPaired) {
+  RunConfig config;
+  EvalTask* task = config.mutable_train()->add_evals();
+  task->set_task("multiple_choice");
+  task->set_file("kjv_cloze.yaml");
+  task->set_name("kjv_cloze");
+  task->set_chance(0.25);
+  std::string config_json;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(config, &config_json).ok());
+  std::vector<ResultRun> runs;
+  for (int s = 0; s < 3; ++s) {
+    ResultRun b = MakeRun("baseline", s, SUCCEEDED, 3.0);
+    ResultRun g = MakeRun("g1", s, SUCCEEDED, 3.0);
+    b.run.config_json = g.run.config_json = config_json;
+    // 20 items a seed: the baseline gets the first 8 right, g1 the first 12 (and item 0 wrong).
+    for (int i = 0; i < 20; ++i) {
+      b.items.push_back(i < 8 ? 1 : 0);
+      g.items.push_back(i > 0 && i < 12 ? 1 : 0);
+    }
+    b.metrics["kjv_cloze"] = 0.4;
+    g.metrics["kjv_cloze"] = 0.55 + 0.001 * s;
+    runs.push_back(std::move(b));
+    runs.push_back(std::move(g));
+  }
+  // A seed whose runs scored other items (another count) is left out of the pool.
+  ResultRun b3 = MakeRun("baseline", 3, SUCCEEDED, 3.0), g3 = MakeRun("g1", 3, SUCCEEDED, 3.0);
+  b3.run.config_json = g3.run.config_json = config_json;
+  b3.items = {1, 0};
+  g3.items = {1};
+  b3.metrics["kjv_cloze"] = 0.4;
+  g3.metrics["kjv_cloze"] = 0.5;
+  runs.push_back(std::move(b3));
+  runs.push_back(std::move(g3));
+
+  CompareOptions options;
+  options.metric = "kjv_cloze";
+  absl::StatusOr<Comparison> c = CompareResults(Results(runs), options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->higher_is_better);  // by the config: the name says nothing of accuracy
+  EXPECT_DOUBLE_EQ(c->chance, 0.25);
+  const CompareRow& row = RowOf(*c, "g1");
+  EXPECT_EQ(row.item_test, "McNemar exact");
+  EXPECT_EQ(row.items, 60);
+  EXPECT_EQ(row.item_seeds, 3);
+  EXPECT_DOUBLE_EQ(row.item_reference_mean, 0.4);
+  EXPECT_DOUBLE_EQ(row.item_variant_mean, 0.55);
+  // Discordant: item 0 (baseline alone) x 3 seeds = 3; items 8-11 (g1 alone) x 3 = 12.
+  // scipy.stats.binomtest(3, 15, 0.5).pvalue = 0.03515625.
+  EXPECT_NEAR(row.item_p, 0.03515625, 1e-12);
+  EXPECT_DOUBLE_EQ(row.item_p_adjusted, row.item_p);  // one row: Holm changes nothing
+  EXPECT_EQ(row.item_verdict, kBetter);
+  // Wilson 95% of 24/60: scipy.stats.binomtest(24, 60).proportion_ci(method='wilson').
+  EXPECT_NEAR(row.item_reference_interval.low, 0.2856949053488255, 1e-9);
+  EXPECT_NEAR(row.item_reference_interval.high, 0.5263394650795924, 1e-9);
+  EXPECT_LT(row.item_ci_low, 0.15);
+  EXPECT_GT(row.item_ci_high, 0.15);
+  const std::string text = *FormatComparison(*c, "markdown");
+  EXPECT_THAT(text, HasSubstr("Chance level of kjv_cloze: 0.2500."));
+  EXPECT_THAT(text, HasSubstr("| g1 | 60 (3 seeds) | 0.2500 | 0.4000 [0.2857, 0.5263] |"));
+  EXPECT_THAT(text, HasSubstr("McNemar exact | 0.0352 |"));
+  const std::string csv = *FormatComparison(*c, "csv");
+  EXPECT_THAT(csv, HasSubstr(",chance,items,item_test,"));
+  EXPECT_THAT(csv, HasSubstr(",0.25,60,McNemar exact,0.4,0.55,"));
+  const nlohmann::json json = nlohmann::json::parse(*FormatComparison(*c, "json"));
+  EXPECT_EQ(json["chance"], 0.25);
+  EXPECT_EQ(json["rows"][0]["items"]["test"], "McNemar exact");
+  EXPECT_EQ(json["rows"][0]["items"]["n"], 60);
+
+  // Scores that are not 0 or 1 (a passkey's digit share) go to the paired bootstrap.
+  for (ResultRun& r : runs) {
+    for (double& v : r.items) v = r.run.variant == "g1" ? 0.5 * v + 0.25 : 0.5 * v;
+  }
+  c = CompareResults(Results(runs), options);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(RowOf(*c, "g1").item_test, "paired bootstrap");
+  EXPECT_TRUE(std::isnan(RowOf(*c, "g1").item_reference_interval.low));
+  EXPECT_LT(RowOf(*c, "g1").item_p, 0.01);
 }
 
 }  // namespace

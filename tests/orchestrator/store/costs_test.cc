@@ -106,7 +106,9 @@ TEST_F(CostsTest, ARunsCostIsStoredAndShownBesideItsMetrics) {
   EXPECT_DOUBLE_EQ(base.flops.mean, 300 * FlopsPerStep());
   // Both formats show the costs: what each must hold.
   const std::pair<const char*, std::vector<const char*>> kFormats[] = {
-      {"markdown", {"| memory | train time | tokens/s | FLOPs | params |", "| 200.0 MB | 30 s |"}},
+      {"markdown",
+       {"| memory | train time | eval time | tokens/s | FLOPs | params |",
+        "| 200.0 MB | 30 s | — |"}},
       {"csv",
        {",peak_memory_bytes_mean,peak_memory_bytes_std,train_seconds_mean,",
         ",200000000,141421356.23730952,30,0,"}},

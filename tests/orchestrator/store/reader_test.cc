@@ -175,7 +175,11 @@ TEST_F(StoreTest, MetricsByNameAreAveragedPerRowAndShownWhenChosen) {
     EvalResult& e = batch.evals.emplace_back();
     e.set_step(10);
     e.set_val_loss(3.0);
+    e.set_eval_seconds(1.5);
     (*e.mutable_metrics())["passkey@64"] = early;
+    EvalItemScores* items = e.add_items();
+    items->set_metric("passkey@64");
+    items->add_values(0);  // replaced by the final evaluation's
     ASSERT_TRUE(store_->ReportMetrics(batch).ok());
     RunTransition t = testing::MakeTransition(run_id, {RUNNING}, SUCCEEDED);
     t.has_summary = true;
@@ -184,7 +188,11 @@ TEST_F(StoreTest, MetricsByNameAreAveragedPerRowAndShownWhenChosen) {
     EvalResult* f = t.summary.mutable_final_eval();
     f->set_step(20);
     f->set_val_loss(2.0);
+    f->set_eval_seconds(2.0);
     (*f->mutable_metrics())["passkey@64"] = last;
+    EvalItemScores* final_items = f->add_items();
+    final_items->set_metric("passkey@64");
+    for (const float v : {1.0f, 0.0f, 1.0f}) final_items->add_values(v);
     ASSERT_TRUE(store_->TransitionRun(t).ok());
   };
   finish(ids.run_ids[0], 0.1, 0.50);
@@ -209,6 +217,24 @@ TEST_F(StoreTest, MetricsByNameAreAveragedPerRowAndShownWhenChosen) {
   EXPECT_NE(csv.find("passkey@64_mean,passkey@64_std\n"), std::string::npos) << csv;
   nlohmann::json j = nlohmann::json::parse(*FormatComparisonTable(*table, "json"));
   EXPECT_NEAR(j["rows"][1]["metrics"]["passkey@64"]["mean"].get<double>(), 0.85, 1e-12);
+
+  // Each run's evaluations took 1.5 + 2 s: the table's eval time.
+  EXPECT_NEAR(table->rows[0].eval_seconds.mean, 3.5, 1e-12);
+  EXPECT_NE(FormatComparisonTable(*table, "markdown")->find("| eval time |"), std::string::npos);
+  // The items of the last evaluation, in order, when asked for: the earlier one's are gone.
+  ResultSelection with_items{{"named"}, {}};
+  with_items.items_metric = "passkey@64";
+  absl::StatusOr<ResultSet> itemized = store_->reader().ReadResults(with_items);
+  ASSERT_TRUE(itemized.ok()) << itemized.status();
+  for (const ResultRun& r : itemized->runs) {
+    EXPECT_EQ(r.items, (std::vector<double>{1, 0, 1})) << r.run.id;
+  }
+  absl::StatusOr<QueryResult> rows = store_->reader().ReadOnlyQuery(
+      "SELECT count(*), sum(value), min(step) FROM eval_item_results WHERE sweep = 'named'");
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(std::get<int64_t>(rows->rows[0][0]), 12);
+  EXPECT_EQ(std::get<double>(rows->rows[0][1]), 8);
+  EXPECT_EQ(std::get<int64_t>(rows->rows[0][2]), 20);
 
   // At a compute budget of 15 steps' tokens: the values of the evaluation at step 10.
   absl::StatusOr<ResultSet> all = store_->reader().ReadResults({{"named"}, {}});

@@ -460,6 +460,9 @@ TEST(ShippedSpecsTest, AllExpand) {
     std::ofstream(prepared / split, std::ios::binary) << std::string(2000, '\x03');
   }
   ASSERT_TRUE(WriteManifest(prepared.string(), &m).ok());
+  // A spec's multiple-choice task (cloze_gate.yaml) is read at expansion too, relative to the
+  // working directory: the shipped one, through a link.
+  std::filesystem::create_directory_symlink(kSource + "/experiments", dir / "experiments");
   const std::filesystem::path cwd = std::filesystem::current_path();
   std::filesystem::current_path(dir);
   for (const std::string& file : ShippedSpecs()) {

@@ -17,7 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/token_files.h"
+#include "config/choice_task.h"
 #include "config/eval_config.h"
 #include "config/model_config.h"
 #include "tests/worker/corpus_fixture.h"
@@ -172,12 +174,26 @@ class EvalTasksTest : public testing::CorpusTest, public ::testing::WithParamInt
     return *std::move(data);
   }
   Metrics Run(const LogitsFn& model, const RunConfig& c) {
-    absl::StatusOr<Metrics> m = RunEvalTasks(model, Load(c), c, torch::kCPU);
-    EXPECT_TRUE(m.ok()) << m.status();
-    if (!m.ok()) return {};
-    EXPECT_EQ(m->size(), EvalMetricNames(c).size());
-    for (const std::string& name : EvalMetricNames(c)) EXPECT_EQ(m->count(name), 1u) << name;
-    return *std::move(m);
+    absl::StatusOr<EvalTaskResults> r = RunEvalTasks(model, Load(c), c, torch::kCPU);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return {};
+    const Metrics& m = r->metrics;
+    EXPECT_EQ(m.size(), EvalMetricNames(c).size());
+    for (const std::string& name : EvalMetricNames(c)) EXPECT_EQ(m.count(name), 1u) << name;
+    // Every accuracy (and log-probability) has its items, whose mean is the metric; the losses
+    // have none.
+    for (const std::string& name : EvalMetricNames(c)) {
+      const bool accuracy = EvalMetricHigherIsBetter(name, c).value_or(false);
+      EXPECT_EQ(r->items.count(name), accuracy ? 1u : 0u) << name;
+      if (!accuracy || r->items.count(name) == 0) continue;
+      const std::vector<float>& items = r->items.at(name);
+      EXPECT_FALSE(items.empty()) << name;
+      if (items.empty()) continue;
+      double sum = 0;
+      for (const float v : items) sum += v;
+      EXPECT_NEAR(sum / static_cast<double>(items.size()), m.at(name), 1e-5) << name;
+    }
+    return m;
   }
 
   static EvalTask Copying() {
@@ -194,6 +210,14 @@ class EvalTasksTest : public testing::CorpusTest, public ::testing::WithParamInt
     for (double d : {0.0, 0.3, 1.0}) t.add_depths(d);
     t.set_samples(4);
     t.set_key_digits(6);
+    return t;
+  }
+  static EvalTask Multikey() {
+    EvalTask t = Task("multikey");
+    t.add_lengths(512);
+    for (double d : {0.0, 0.5, 1.0}) t.add_depths(d);
+    t.set_samples(4);
+    t.set_pairs(4);
     return t;
   }
   static EvalTask Mqar(int pairs, int queries, int samples) {
@@ -230,6 +254,45 @@ TEST_P(EvalTasksTest, AnInductionOracleRetrievesEveryPassKeyAndEveryValue) {
   for (const char* name :
        {"passkey@128", "passkey_exact@128", "passkey@256", "passkey_exact@256", "mqar@16"}) {
     EXPECT_DOUBLE_EQ(m.at(name), 1.0) << name;
+  }
+}
+
+// Among four named keys, the induction oracle finds the one the question names (its name ends
+// the question as it ends that key's sentence), at every depth; a model that knows nothing is at
+// chance.
+TEST_P(EvalTasksTest, MultikeyRetrievesTheKeyAskedForAmongOthers) {
+  RunConfig c = Config({Multikey()});
+  c.mutable_model()->set_max_seq_len(512);  // four key sentences take 384 tokens
+  ASSERT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c);
+  const Metrics m = Run(Induction(vocab()), c);
+  EXPECT_DOUBLE_EQ(m.at("multikey@512"), 1.0);
+  EXPECT_DOUBLE_EQ(m.at("multikey_exact@512"), 1.0);
+  EXPECT_DOUBLE_EQ(*EvalChanceLevel("multikey_exact@512", c), 1.0 / 90000);
+  const Metrics flat = Run(Uniform(vocab()), c);
+  EXPECT_NEAR(flat.at("multikey@512"), 1.0 / vocab(), 1e-9);
+  // Each sequence: four sentences "The pass key of NAME is K.", distinct names, the question
+  // naming one of them, whose key ends the sequence.
+  Recording rec;
+  ASSERT_TRUE(RunEvalTasks(rec.Wrap(Uniform(vocab())), Load(c), c, torch::kCPU).ok());
+  const std::vector<std::vector<int64_t>> rows = rec.AllRows();
+  ASSERT_EQ(rows.size(), 12u);
+  for (const std::vector<int64_t>& row : rows) {
+    ASSERT_EQ(row.size(), 512u);
+    const std::string text = Text(row, bos() ? 1 : 0, row.size());
+    std::set<std::string> names;
+    for (size_t at = text.find("The pass key of "); at != std::string::npos;
+         at = text.find("The pass key of ", at + 1)) {
+      names.insert(text.substr(at + 16, 6));
+    }
+    const size_t question = text.rfind("\nWhat is the pass key of ");
+    ASSERT_NE(question, std::string::npos);
+    const std::string asked = text.substr(question + 25, 6);
+    // 4 sentences (each names its key twice: "of NAME is", "the pass key of NAME.") + the question.
+    EXPECT_EQ(names.size(), 4u) << text;
+    const std::string key = text.substr(text.size() - 5);
+    EXPECT_NE(text.find("The pass key of " + asked + " is " + key + ". Remember it."),
+              std::string::npos)
+        << text;
   }
 }
 
@@ -508,6 +571,120 @@ TEST_P(EvalTasksTest, ARunReportsTheTasksInItsEvaluations) {
     EXPECT_EQ(summary->final_eval().metrics().count(name), 1u) << name;
   }
 }
+
+// ---- multiple_choice ---------------------------------------------------------------------------
+
+// A task file in lm-evaluation-harness's format with `docs` as its JSON Lines data, in `dir`.
+std::string WriteChoiceTask(const fs::path& dir, const std::vector<std::string>& docs) {
+  fs::create_directories(dir);
+  {
+    std::ofstream data(dir / "docs.jsonl");
+    for (const std::string& d : docs) data << d << "\n";
+  }
+  std::ofstream(dir / "task.yaml") << "task: toy_choice\n"
+                                      "dataset_path: json\n"
+                                      "dataset_kwargs:\n"
+                                      "  data_files:\n"
+                                      "    test: docs.jsonl\n"
+                                      "test_split: test\n"
+                                      "output_type: multiple_choice\n"
+                                      "doc_to_text: \"Q: {{question}}\\nA:\"\n"
+                                      "doc_to_choice: \"{{choices}}\"\n"
+                                      "doc_to_target: label\n"
+                                      "metric_list:\n"
+                                      "  - metric: acc\n"
+                                      "  - metric: acc_norm\n";
+  return (dir / "task.yaml").string();
+}
+
+// A model sure of byte 'a' at every position (logit `sure`, the others 0).
+LogitsFn LikesA(int64_t vocab, float sure) {
+  return [=](const torch::Tensor& tokens, bool) {
+    torch::Tensor logits = torch::zeros({tokens.size(0), tokens.size(1), vocab});
+    logits.select(2, 'a').fill_(sure);
+    return logits;
+  };
+}
+
+class ChoiceEvalTest : public EvalTasksTest {
+ protected:
+  RunConfig ChoiceConfig(const std::vector<std::string>& docs, int samples = 0) {
+    EvalTask t = Task("multiple_choice");
+    t.set_file(WriteChoiceTask(fs::path(corpus_path()).parent_path() / "task", docs));
+    t.set_samples(samples);
+    RunConfig c = Config({t});
+    EXPECT_TRUE(ApplyChoiceTasks(&c).ok());
+    return c;
+  }
+};
+
+// The right answers are all a's, wherever they stand: a model that likes 'a' answers every
+// document, and the right answer's log-probability is the delimiter's and its bytes', exactly.
+TEST_P(ChoiceEvalTest, AModelThatKnowsTheAnswersScoresOneWithItsExactLogProbability) {
+  const RunConfig c = ChoiceConfig({
+      R"({"question": "first?", "choices": ["aaa", "bbb", "ccc"], "label": 0})",
+      R"({"question": "second?", "choices": ["bcb", "aaa", "ccb", "dda"], "label": 1})",
+      R"({"question": "third?", "choices": ["xyz", "aa"], "label": 1})",
+  });
+  ASSERT_EQ(EvalMetricNames(c),
+            (std::vector<std::string>{"toy_choice", "toy_choice@acc_norm", "toy_choice@logprob"}));
+  const float sure = 5;
+  const Metrics m = Run(LikesA(vocab(), sure), c);
+  EXPECT_DOUBLE_EQ(m.at("toy_choice"), 1.0);
+  EXPECT_DOUBLE_EQ(m.at("toy_choice@acc_norm"), 1.0);
+  const double z = std::exp(double{sure}) + static_cast<double>(vocab() - 1);
+  const double log_a = sure - std::log(z), log_other = -std::log(z);
+  // " aaa", " aaa", " aa": the delimiter, then the a's.
+  const double expected = (3 * log_other + (3 + 3 + 2) * log_a) / 3;
+  EXPECT_NEAR(m.at("toy_choice@logprob"), expected, 1e-4);
+}
+
+// A model that knows nothing scores the chance level on choices of equal length: the tie among
+// them is shared (1/k each), as the config's chance says.
+TEST_P(ChoiceEvalTest, AUniformModelScoresTheChanceLevel) {
+  const RunConfig c = ChoiceConfig({
+      R"({"question": "a", "choices": ["yes", "no!"], "label": 0})",
+      R"({"question": "b", "choices": ["one", "two", "six", "ten"], "label": 3})",
+  });
+  const Metrics m = Run(Uniform(vocab()), c);
+  const double chance = (1.0 / 2 + 1.0 / 4) / 2;
+  EXPECT_DOUBLE_EQ(c.train().evals(0).chance(), chance);
+  EXPECT_DOUBLE_EQ(*EvalChanceLevel("toy_choice", c), chance);
+  EXPECT_DOUBLE_EQ(m.at("toy_choice"), chance);
+  EXPECT_DOUBLE_EQ(m.at("toy_choice@acc_norm"), chance);
+  EXPECT_NEAR(m.at("toy_choice@logprob"), -4 * std::log(static_cast<double>(vocab())), 1e-4);
+}
+
+// A context longer than the model's window is cut from its start; the choices are scored whole.
+TEST_P(ChoiceEvalTest, ALongContextIsCutFromItsStart) {
+  const std::string question(600, 'q');
+  const RunConfig c = ChoiceConfig({
+      absl::StrCat(R"({"question": ")", question, R"(", "choices": ["ab", "aa"], "label": 1})"),
+  });
+  Recording rec;
+  absl::StatusOr<EvalTaskResults> r =
+      RunEvalTasks(rec.Wrap(LikesA(vocab(), 5)), Load(c), c, torch::kCPU);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->metrics.at("toy_choice"), 1.0);
+  for (const std::vector<int64_t>& row : rec.AllRows()) {
+    ASSERT_EQ(row.size(), 256u);
+    EXPECT_EQ(Text(row, 253, 256).substr(0, 1), " ");  // the continuation, whole, at the end
+    EXPECT_EQ(row[0], 'q');                            // the BOS went with the start
+  }
+}
+
+// The task file changed since the run was keyed: the worker refuses to score the new one.
+TEST_P(ChoiceEvalTest, AChangedTaskFileIsRefused) {
+  RunConfig c = ChoiceConfig({R"({"question": "a", "choices": ["x", "y"], "label": 0})"});
+  c.mutable_train()->mutable_evals(0)->set_fingerprint("0123456789abcdef");
+  const absl::StatusOr<EvalTaskResults> r = RunEvalTasks(Uniform(vocab()), Load(c), c, torch::kCPU);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("changed since the run was keyed"), std::string::npos)
+      << r.status();
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ChoiceEvalTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Bos" : "NoBos"; });
 
 class EvalDataTest : public testing::CorpusTest {
  protected:
