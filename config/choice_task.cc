@@ -1038,10 +1038,10 @@ const std::set<std::string>& IgnoredKeys() {
 const std::map<std::string, std::string>& RefusedKeys() {
   static const auto* const keys = new std::map<std::string, std::string>{
       {"process_docs",
-       "not supported: it runs Python over the documents; write the processed documents into "
+       "not supported: it runs Python over the documents — write the processed documents into "
        "the data files instead"},
       {"process_results",
-       "not supported: it runs Python over the scores; multiple_choice scores acc, acc_norm "
+       "not supported: it runs Python over the scores — multiple_choice scores acc, acc_norm "
        "and the log-probability itself"},
       {"filter_list",
        "not supported: filters post-process generated answers, and multiple_choice generates "
@@ -1120,7 +1120,7 @@ absl::StatusOr<Keys> FileKeys(const YAML::Node& root, const std::string& file) {
           file, line, name,
           absl::StrCat("unknown or unsupported key",
                        closest.empty() ? "" : absl::StrCat(" (did you mean ", closest, "?)"),
-                       "; config/choice_task.h lists the keys read"));
+                       " — config/choice_task.h lists the keys read"));
     }
     YAML::Node function;
     std::string function_path;
@@ -1128,7 +1128,7 @@ absl::StatusOr<Keys> FileKeys(const YAML::Node& root, const std::string& file) {
       const int at = YamlLine(function) > 0 ? YamlLine(function) : line;
       return Problem(file, at, function_path,
                      absl::StrCat("!function ", function.IsScalar() ? function.Scalar() : "",
-                                  ": Python functions are not supported; put the values into "
+                                  ": Python functions are not supported — put the values into "
                                   "the data file's documents, or use a {{ template }}"));
     }
     keys.emplace(name, Entry{file, line, it->second});
@@ -1273,9 +1273,10 @@ absl::StatusOr<std::vector<std::string>> DataFiles(const Keys& keys, const std::
       }
     }
     if (!found) {
-      return Problem(kwargs->file, line, field,
-                     absl::StrCat("no split '", split, "' (the ", split_key,
-                                  " evaluated); the splits given: ", absl::StrJoin(splits, ", ")));
+      return Problem(
+          kwargs->file, line, field,
+          absl::StrCat("no split '", split, "' (the ", split_key,
+                       " evaluated), and the splits given are: ", absl::StrJoin(splits, ", ")));
     }
     if (absl::Status s = names(chosen, &given); !s.ok()) return s;
   } else {
@@ -1417,7 +1418,7 @@ absl::StatusOr<Spec> CompileSpec(const Keys& keys, const std::string& task_file,
     if (spec.choice_list.size() < 2) {
       return Problem(*choice, "doc_to_choice",
                      absl::StrCat("lists ", spec.choice_list.size(),
-                                  " choice(s); multiple_choice needs at least 2"));
+                                  " choice(s) — multiple_choice needs at least 2"));
     }
   } else {
     absl::StatusOr<Template> t =
@@ -1525,7 +1526,7 @@ absl::StatusOr<ChoiceItem> MakeItem(const Spec& spec, const Json& doc, const Doc
   if (item.choices.size() < 2) {
     return DocProblem(place, "doc_to_choice",
                       absl::StrCat("gives ", item.choices.size(),
-                                   " choice(s); multiple_choice needs at least 2"));
+                                   " choice(s) — multiple_choice needs at least 2"));
   }
 
   int64_t gold = 0;
@@ -1697,7 +1698,7 @@ absl::StatusOr<ChoiceTask> LoadChoiceTask(const std::string& path, int limit) {
   if (!*split) {
     return Problem(path, kRootLine, "test_split",
                    "missing: the split evaluated is test_split, or validation_split when "
-                   "test_split is not set; neither is");
+                   "test_split is not set — neither is");
   }
   absl::StatusOr<std::vector<std::string>> files =
       DataFiles(keys, **split, split_key, path, kRootLine);

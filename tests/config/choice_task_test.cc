@@ -591,13 +591,13 @@ TEST_F(ChoiceTaskTest, RefusedKeysAndSettings) {
       {{{"doc_to_choice", "[\"only\"]"}},
        "",
        "doc_to_choice",
-       "doc_to_choice: lists 1 choice(s); multiple_choice needs at least 2"},
+       "doc_to_choice: lists 1 choice(s) — multiple_choice needs at least 2"},
       {{{"validation_split", ""}}, "", "", "test_split: missing"},
       {{{"dataset_kwargs", "{data_files: {train: piqa_train.jsonl, test: t.jsonl}}"}},
        "",
        "dataset_kwargs",
-       "dataset_kwargs.data_files: no split 'validation' (the validation_split evaluated); the "
-       "splits given: train, test"},
+       "dataset_kwargs.data_files: no split 'validation' (the validation_split evaluated), and "
+       "the splits given are: train, test"},
       {{{"dataset_kwargs", "{data_files: x.jsonl, trust_remote_code: true}"}},
        "",
        "dataset_kwargs",
@@ -616,6 +616,9 @@ TEST_F(ChoiceTaskTest, RefusedKeysAndSettings) {
     const int line = c.line_of.empty() ? 1 : LineOf(text, c.line_of);
     ASSERT_GT(line, 0) << i;
     EXPECT_HAS(Error(name), absl::StrCat(Path(name), ":", line, ": ", c.expected)) << "case " << i;
+    // One problem, one line: a spec's problems are joined with "; " (ValidateRunConfig) and
+    // split on it again where they are reported.
+    EXPECT_EQ(Error(name).find("; "), std::string::npos) << "case " << i << ": " << Error(name);
   }
   // The base task is valid: each case fails for its own reason.
   Write("base.yaml", PiqaLike());
