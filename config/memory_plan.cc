@@ -79,7 +79,9 @@ double LayerBytesPerToken(const ModelConfig& c, OpPath path, const Precisions& p
   const GateConfig& g = c.gate();
   const double gate_width = static_cast<double>(GateScoreWidth(c));
   if (c.attn_output_control() == CONTROL_HEAD_RMSNORM) bytes += norm(q, heads, a);
-  if (c.attn_output_control() == CONTROL_SILU) bytes += q * a;
+  if (c.attn_output_control() == CONTROL_SILU || c.attn_output_control() == CONTROL_FIXED_SCALE) {
+    bytes += q * a;
+  }
   if (g.position() == GATE_NONE) {
     bytes += q * a;  // W_O's input
   } else {

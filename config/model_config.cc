@@ -1,6 +1,7 @@
 #include "config/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -163,6 +164,15 @@ std::string DescribeGate(const GateConfig& g) {
   return s;
 }
 
+double OutputInitStd(const ModelConfig& c) {
+  if (c.init().output_std() != OUTPUT_STD_SCALED || c.num_layers() < 1) return c.init_std();
+  return c.init_std() / std::sqrt(2.0 * c.num_layers());
+}
+
+double AttnOutputScale(const ModelConfig& c) {
+  return c.attn_output_scale() != 0 ? c.attn_output_scale() : 0.5;
+}
+
 absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& prefix) {
   Problems p(prefix);
   if (c.vocab_size() < 2) p.Add("vocab_size", absl::StrCat("must be >= 2, got ", c.vocab_size()));
@@ -235,6 +245,19 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& prefix
        (g.scale() != 0 && g.scale() != 1))) {
     p.Add("gate.position", "is NONE but other gate fields are set; set a position (G1..G5)");
   }
+
+  if (!AttnOutputControl_IsValid(c.attn_output_control())) {
+    p.Add("attn_output_control", "unknown value");
+  }
+  if (c.attn_output_scale() != 0) {
+    if (c.attn_output_control() != CONTROL_FIXED_SCALE) {
+      p.Add("attn_output_scale", "is read only with attn_output_control FIXED_SCALE: leave it out");
+    } else if (!(c.attn_output_scale() > 0 && c.attn_output_scale() <= 1e6)) {
+      p.Add("attn_output_scale",
+            absl::StrCat("must be in (0, 1e6] (0: the default 0.5), got ", c.attn_output_scale()));
+    }
+  }
+  if (!OutputStd_IsValid(c.init().output_std())) p.Add("init.output_std", "unknown value");
 
   const SwitchHeadConfig& sh = c.switchhead();
   if (sh.target() != SWITCHHEAD_NONE) {

@@ -51,6 +51,12 @@ int AttentionMapsPerLayer(int map_heads, int num_heads);
 absl::Status CheckBatchSplits(const TrainConfig& train, int ranks,
                               const std::string& ranks_name = "ranks");
 
+// The initial std of the output projections (W_O, the FFN's and the experts' down projections):
+// init_std, or init_std / sqrt(2 num_layers) with init.output_std SCALED.
+double OutputInitStd(const ModelConfig& config);
+// What CONTROL_FIXED_SCALE multiplies the SDPA output by: attn_output_scale, 0 read as 0.5.
+double AttnOutputScale(const ModelConfig& config);
+
 // InvalidArgument naming the offending fields (e.g. "model.gate.granularity: HEADWISE is not
 // allowed at G5"), OK otherwise. `prefix` is prepended to field paths ("model.").
 absl::Status ValidateModelConfig(const ModelConfig& config, const std::string& prefix = "model.");

@@ -71,6 +71,11 @@ absl::Status SetSwitchHead(ModelConfig* c) {
   return absl::OkStatus();
 }
 
+absl::Status ScaledOutputInit(ModelConfig* c) {
+  c->mutable_init()->set_output_std(OUTPUT_STD_SCALED);
+  return absl::OkStatus();
+}
+
 absl::Status SandwichNorm(ModelConfig* c) {
   c->set_sandwich_norm(true);
   return absl::OkStatus();
@@ -97,7 +102,8 @@ const std::vector<VariantPreset>& AllVariantPresets() {
       {"baseline", "baseline", "no gate", Baseline},
       {"kv_heads_x2", "expansion", "parameter expansion: twice the KV heads", MoreKvHeads},
       {"q_heads_x1.5", "expansion", "parameter expansion: 1.5x the query heads", MoreQueryHeads},
-      {"experts_plus4", "expansion", "parameter expansion: 4 more experts, all 4 activated", MoreExperts},
+      {"experts_plus4", "expansion", "parameter expansion: 4 more experts, all 4 activated",
+       MoreExperts},
       {"g1_elementwise", "gate", "G1 (after SDPA) elementwise sigmoid", SetGate<kG1, kElem>},
       {"g2_elementwise", "gate", "G2 (after V) elementwise sigmoid", SetGate<GATE_G2, kElem>},
       {"g3_elementwise", "gate", "G3 (after K) elementwise sigmoid", SetGate<GATE_G3, kElem>},
@@ -133,6 +139,11 @@ const std::vector<VariantPreset>& AllVariantPresets() {
       {"switchhead_v_e1k1", "switchhead", "SwitchHead V, 1 expert, top-1 (a headwise V gate)",
        SetSwitchHead<SWITCHHEAD_V, 1, 1>},
       {"sandwich_norm", "dense", "baseline + sandwich norm", SandwichNorm},
+      // Controls that separate gating from scale (issue 58); not arms of the paper.
+      {"baseline_scaled_init", "control",
+       "baseline, W_O and W_down initialised at init_std/sqrt(2L) (Megatron-LM)", ScaledOutputInit},
+      {"fixed_scale", "control", "no gate; the SDPA output times 0.5, no parameters",
+       SetControl<CONTROL_FIXED_SCALE>},
       {"clamp_100", "clamp", "baseline, sublayer outputs clamped to +-100", OutputClamp<100>},
       {"clamp_300", "clamp", "baseline, sublayer outputs clamped to +-300", OutputClamp<300>},
   };

@@ -36,8 +36,8 @@ TEST(PresetsTest, NamesAreUniqueAndFindable) {
   }
   EXPECT_EQ(FindVariantPreset("no_such_variant"), nullptr);
   // The paper's variant matrix: baseline, 3 expansions, 11 gates, 3 controls, 2 sparsity controls,
-  // 5 SwitchHeads, sandwich norm, 2 clamps.
-  EXPECT_EQ(names.size(), 28u);
+  // 5 SwitchHeads, sandwich norm, 2 clamps; and 2 controls for scale that are not the paper's.
+  EXPECT_EQ(names.size(), 30u);
 }
 
 TEST(PresetsTest, ExpertsNeedAnMoeBase) {

@@ -1,5 +1,6 @@
 #include "worker/model/torch_compat.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -22,6 +23,10 @@
 namespace ablate::compat {
 
 const char* TorchVersion() { return TORCH_VERSION; }
+
+uint64_t DefaultCpuSeed() { return at::detail::getDefaultCPUGenerator().current_seed(); }
+
+at::Generator CpuGenerator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
 
 std::string FusedAttentionBlocker(const torch::Tensor& q, bool need_probs) {
   if (!q.is_cuda()) return "on the CPU";

@@ -51,6 +51,11 @@ namespace ablate::compat {
 // The LibTorch version compiled against, "1.13.0".
 const char* TorchVersion();
 
+// The seed of the default CPU generator (torch::manual_seed's), and a CPU generator of its own
+// seeded with `seed` (worker/model's per-parameter init streams).
+uint64_t DefaultCpuSeed();
+at::Generator CpuGenerator(uint64_t seed);
+
 // at::scaled_dot_product_attention with an explicit scale (LibTorch >= 2.1).
 inline constexpr bool kHasScaledDotProductAttention = ABLATE_TORCH_AT_LEAST(2, 1);
 

@@ -19,11 +19,46 @@ namespace {
 thread_local bool skip_init = false;
 thread_local MoEImpl::CheckpointPass checkpoint_pass = MoEImpl::CheckpointPass::kNone;
 
-// N(0, std) for every matrix (the paper's initialisation, docs/model.md).
+// A matrix InitNormal was asked to draw while a Transformer is built: drawn once the model is
+// whole, from a stream of its own (DrawByName).
+struct PendingInit {
+  torch::Tensor tensor;
+  double std;
+};
+thread_local std::vector<PendingInit>* pending_init = nullptr;
+
+// N(0, std) for every matrix (the paper's initialisation, docs/model.md): now, or inside a
+// Transformer's constructor once its parameters have names.
 void InitNormal(const torch::Tensor& t, double std) {
   if (skip_init) return;
+  if (pending_init != nullptr) {
+    pending_init->push_back({t, std});
+    return;
+  }
   torch::NoGradGuard no_grad;
   t.normal_(0.0, std);
+}
+
+// A matrix given another start after InitNormal (a zero-initialised gate): not drawn after all.
+void CancelInit(const torch::Tensor& t) {
+  if (pending_init == nullptr) return;
+  auto& p = *pending_init;
+  p.erase(
+      std::remove_if(p.begin(), p.end(), [&](const PendingInit& i) { return i.tensor.is_same(t); }),
+      p.end());
+}
+
+// A stream per parameter: splitmix64 of the seed mixed with the FNV-1a hash of the name, so that
+// "blocks.2.attn.q_proj.weight" starts the same in every model of a seed that has it (a baseline
+// and its gated variant pair on the same shared weights), whatever else the model holds.
+uint64_t StreamSeed(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const unsigned char c : name) h = (h ^ c) * 1099511628211ULL;
+  uint64_t z = seed ^ h;
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
 }
 
 }  // namespace
@@ -86,6 +121,7 @@ GateImpl::GateImpl(const ModelConfig& c) : gate_(c.gate()) {
     // input, so a gate added to a trained model (appendix A.7) can start from its function.
     if (gate_.init() == GATE_INIT_ZERO) {
       torch::NoGradGuard no_grad;
+      CancelInit(proj_->weight);
       proj_->weight.zero_();
     }
   }
@@ -147,7 +183,7 @@ torch::Tensor SwitchHeadProjectionImpl::forward(const torch::Tensor& x,
 AttentionImpl::AttentionImpl(const ModelConfig& c, int layer) : config_(c), layer_(layer) {
   const int64_t d = c.d_model(), q = c.num_heads(), kv = c.num_kv_heads(), dk = c.head_dim();
   q_proj_ = register_module("q_proj", Linear(d, q * dk, c.init_std()));
-  o_proj_ = register_module("o_proj", Linear(q * dk, d, c.init_std()));
+  o_proj_ = register_module("o_proj", Linear(q * dk, d, OutputInitStd(c)));
   const SwitchHeadConfig& sh = c.switchhead();
   if (sh.target() != SWITCHHEAD_NONE) {
     switch_router_ = register_module("switch_router", Linear(d, kv * sh.num_experts(), c.init_std()));
@@ -323,6 +359,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, ProbeRecorder* prob
   switch (config_.attn_output_control()) {
     case CONTROL_HEAD_RMSNORM: y = control_norm_(y); break;
     case CONTROL_SILU: y = F::silu(y); break;
+    case CONTROL_FIXED_SCALE:
+      y = y * AttnOutputScale(config_);
+      break;
     default: break;
   }
   if (pos == GATE_G1) y = gated(y);
@@ -339,10 +378,10 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, ProbeRecorder* prob
 
 // ---------------------------------------------------------------------------------------------
 
-SwiGLUImpl::SwiGLUImpl(int64_t d_model, int64_t width, double init_std) {
+SwiGLUImpl::SwiGLUImpl(int64_t d_model, int64_t width, double init_std, double down_std) {
   gate_ = register_module("gate", Linear(d_model, width, init_std));
   up_ = register_module("up", Linear(d_model, width, init_std));
-  down_ = register_module("down", Linear(width, d_model, init_std));
+  down_ = register_module("down", Linear(width, d_model, down_std));
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) { return down_(SiluMul(gate_(x), up_(x))); }
@@ -353,7 +392,8 @@ MoEImpl::MoEImpl(const ModelConfig& c) : moe_(c.moe()) {
   w_gate_ = register_parameter("w_gate", torch::empty({E, w, d}));
   w_up_ = register_parameter("w_up", torch::empty({E, w, d}));
   w_down_ = register_parameter("w_down", torch::empty({E, d, w}));
-  for (const torch::Tensor& w : {w_gate_, w_up_, w_down_}) InitNormal(w, c.init_std());
+  for (const torch::Tensor& w : {w_gate_, w_up_}) InitNormal(w, c.init_std());
+  InitNormal(w_down_, OutputInitStd(c));
 }
 
 MoEImpl::Routing MoEImpl::Route(const torch::Tensor& x2d) {
@@ -439,7 +479,7 @@ BlockImpl::BlockImpl(const ModelConfig& c, int layer) : config_(c), layer_(layer
   if (c.moe().num_experts() > 0) {
     moe_ = register_module("moe", MoE(c));
   } else {
-    ffn_ = register_module("ffn", SwiGLU(c.d_model(), c.ffn_dim(), c.init_std()));
+    ffn_ = register_module("ffn", SwiGLU(c.d_model(), c.ffn_dim(), c.init_std(), OutputInitStd(c)));
   }
   if (c.sandwich_norm()) {
     attn_post_norm_ = register_module("attn_post_norm", RMSNorm(c.d_model(), c.norm_eps()));
@@ -517,13 +557,33 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
 }  // namespace
 
 TransformerImpl::TransformerImpl(const ModelConfig& c) : config_(c) {
-  embedding_ = register_parameter("embedding", torch::empty({c.vocab_size(), c.d_model()}));
-  InitNormal(embedding_, c.init_std());
-  blocks_ = register_module("blocks", torch::nn::ModuleList());
-  for (int i = 0; i < c.num_layers(); ++i) blocks_->push_back(Block(c, i));
-  final_norm_ = register_module("final_norm", RMSNorm(c.d_model(), c.norm_eps()));
-  if (!c.tie_embeddings()) {
-    lm_head_ = register_module("lm_head", Linear(c.d_model(), c.vocab_size(), c.init_std()));
+  // The matrices are drawn once every parameter has its name: each from its own stream, seeded by
+  // the default generator's seed (torch::manual_seed: the run's) and its name.
+  std::vector<PendingInit> pending;
+  struct Defer {
+    std::vector<PendingInit>* outer;
+    explicit Defer(std::vector<PendingInit>* p) : outer(pending_init) { pending_init = p; }
+    ~Defer() { pending_init = outer; }
+  };
+  {
+    Defer defer(&pending);
+    embedding_ = register_parameter("embedding", torch::empty({c.vocab_size(), c.d_model()}));
+    InitNormal(embedding_, c.init_std());
+    blocks_ = register_module("blocks", torch::nn::ModuleList());
+    for (int i = 0; i < c.num_layers(); ++i) blocks_->push_back(Block(c, i));
+    final_norm_ = register_module("final_norm", RMSNorm(c.d_model(), c.norm_eps()));
+    if (!c.tie_embeddings()) {
+      lm_head_ = register_module("lm_head", Linear(c.d_model(), c.vocab_size(), c.init_std()));
+    }
+  }
+  if (pending.empty()) return;
+  const uint64_t seed = compat::DefaultCpuSeed();
+  torch::NoGradGuard no_grad;
+  for (const auto& p : named_parameters()) {
+    for (const PendingInit& init : pending) {
+      if (!init.tensor.is_same(p.value())) continue;
+      init.tensor.normal_(0.0, init.std, compat::CpuGenerator(StreamSeed(seed, p.key())));
+    }
   }
 }
 

@@ -171,7 +171,8 @@ double YarnScale(const YarnConfig& yarn);
 // down(silu(gate(x)) * up(x)).
 class SwiGLUImpl : public torch::nn::Module {
  public:
-  SwiGLUImpl(int64_t d_model, int64_t width, double init_std);
+  // The down projection starts at down_std (OutputInitStd), the others at init_std.
+  SwiGLUImpl(int64_t d_model, int64_t width, double init_std, double down_std);
   torch::Tensor forward(const torch::Tensor& x);
 
  private:

@@ -316,6 +316,112 @@ TEST(GateTest, InputIndependentStartsAtExactlyHalf) {
 // A gate added to a trained model (appendix A.7): zero-initialised, every score is sigmoid(0) =
 // 0.5 whatever the input, and with scale 2 the gated attention is exactly the ungated one, so
 // the loaded model's function is kept. The gate still learns: its weight gets a gradient.
+// The controls that separate gating from scale (issue 58). fixed_scale: the SDPA output times a
+// constant (0.5 by default), no parameter, so the attention branch is exactly the baseline's
+// halved for the same weights.
+TEST(ControlTest, FixedScaleMultipliesTheAttentionBranchWithNoParameters) {
+  torch::manual_seed(5);
+  const ModelConfig base = TinyDense();
+  const torch::Tensor x = torch::randn({2, 6, base.d_model()});
+  Attention plain(base, 0);
+  const torch::Tensor want = plain(x, nullptr);
+  for (const double scale : {0.0, 0.25}) {
+    ModelConfig c = base;
+    c.set_attn_output_control(CONTROL_FIXED_SCALE);
+    c.set_attn_output_scale(scale);
+    ASSERT_TRUE(ValidateModelConfig(c).ok()) << ValidateModelConfig(c);
+    EXPECT_EQ(CountParams(c).total(), CountParams(base).total());
+    Attention fixed(c, 0);
+    {
+      torch::NoGradGuard no_grad;
+      auto from = plain->named_parameters();
+      ASSERT_EQ(fixed->named_parameters().size(), from.size());
+      for (auto& p : fixed->named_parameters()) p.value().copy_(from[p.key()]);
+    }
+    EXPECT_TRUE(torch::allclose(fixed(x, nullptr), want * (scale == 0 ? 0.5 : scale), 1e-5, 1e-6))
+        << scale;
+  }
+  ModelConfig stray = base;
+  stray.set_attn_output_scale(0.5);
+  EXPECT_NE(std::string(ValidateModelConfig(stray).message())
+                .find("model.attn_output_scale: is read only with attn_output_control FIXED_SCALE"),
+            std::string::npos);
+  ModelConfig negative = base;
+  negative.set_attn_output_control(CONTROL_FIXED_SCALE);
+  negative.set_attn_output_scale(-1);
+  EXPECT_NE(std::string(ValidateModelConfig(negative).message())
+                .find("model.attn_output_scale: must be in (0, 1e6]"),
+            std::string::npos);
+}
+
+// init.output_std SCALED: W_O and the FFN's down projections (the experts' too) start at
+// init_std / sqrt(2L), Megatron-LM's output-layer init; every other matrix at init_std.
+TEST(ControlTest, ScaledOutputInitStartsTheOutputProjectionsSmaller) {
+  for (ModelConfig c : {TinyDense(), TinyMoe()}) {
+    c.set_d_model(128);
+    c.set_num_layers(8);
+    c.mutable_init()->set_output_std(OUTPUT_STD_SCALED);
+    ASSERT_TRUE(ValidateModelConfig(c).ok()) << ValidateModelConfig(c);
+    const double scaled = c.init_std() / std::sqrt(16.0);
+    EXPECT_DOUBLE_EQ(OutputInitStd(c), scaled);
+    torch::manual_seed(3);
+    Transformer model(c);
+    int outputs = 0, others = 0;
+    for (const auto& p : model->named_parameters()) {
+      const std::string& name = p.key();
+      if (p.value().dim() < 2 || name.find("embedding") != std::string::npos) continue;
+      const bool output = name.find("o_proj.weight") != std::string::npos ||
+                          name.find("down.weight") != std::string::npos ||
+                          name.find("w_down") != std::string::npos;
+      const double std = p.value().std().item<double>();
+      const double want = output ? scaled : c.init_std();
+      EXPECT_NEAR(std, want, 0.15 * want) << name;
+      ++(output ? outputs : others);
+    }
+    EXPECT_EQ(outputs, 2 * 8) << "W_O and the down projection of each of 8 layers";
+    EXPECT_GT(others, 0);
+  }
+  EXPECT_DOUBLE_EQ(OutputInitStd(TinyDense()), TinyDense().init_std());  // the default
+}
+
+// Each parameter's initial values depend on the seed and its name only (issue 58, "better
+// pairing"): a baseline and its gated variant of the same seed start from the same shared weights,
+// whatever the gate drew; another seed starts elsewhere; a zero-initialised gate stays zero.
+TEST(InitTest, SharedWeightsStartTheSameInEveryVariantOfASeed) {
+  for (const ModelConfig& base : {TinyDense(), TinyMoe()}) {
+    ModelConfig gated = base;
+    gated.mutable_gate()->set_position(GATE_G1);
+    ModelConfig zero = gated;
+    zero.mutable_gate()->set_init(GATE_INIT_ZERO);
+    torch::manual_seed(11);
+    Transformer plain(base);
+    torch::manual_seed(11);
+    Transformer g1(gated);
+    torch::manual_seed(11);
+    Transformer g1_zero(zero);
+    torch::manual_seed(12);
+    Transformer other(base);
+    auto gp = g1->named_parameters(), zp = g1_zero->named_parameters();
+    auto op = other->named_parameters();
+    int shared = 0;
+    for (const auto& p : plain->named_parameters()) {
+      ASSERT_TRUE(gp.contains(p.key())) << p.key();
+      EXPECT_TRUE(torch::equal(p.value(), gp[p.key()])) << p.key();
+      EXPECT_TRUE(torch::equal(p.value(), zp[p.key()])) << p.key();
+      if (p.value().dim() >= 2) {
+        EXPECT_FALSE(torch::equal(p.value(), op[p.key()])) << p.key();
+        ++shared;
+      }
+    }
+    EXPECT_GT(shared, 5);
+    for (const auto& p : zp) {
+      if (p.key().find("gate.proj") == std::string::npos) continue;
+      EXPECT_EQ(p.value().abs().max().item<double>(), 0) << p.key();
+      EXPECT_GT(gp[p.key()].abs().max().item<double>(), 0) << p.key();
+    }
+  }
+}
+
 TEST(GateTest, ZeroInitTimesTwoStartsAsTheIdentity) {
   torch::manual_seed(5);
   ModelConfig base = TinyDense();
