@@ -49,10 +49,15 @@ std::pair<torch::Tensor, torch::Tensor> CausalAttention(const torch::Tensor& q,
     kh = kh.repeat_interleave(H / KV, 1);
     vh = vh.repeat_interleave(H / KV, 1);
   }
-  // The softmax's statistics in fp32 whatever q's dtype (bf16: PRECISION_BF16).
+  // The scores (QK^T, the softmax's input) and the softmax in fp32 whatever q's dtype (bf16:
+  // PRECISION_BF16), as FlashAttention keeps them: scores rounded to bf16 (8 bits of mantissa)
+  // would move the attention a sink decides by. The products with V stay in q's dtype.
   const bool reduced = q.scalar_type() == torch::kBFloat16 || q.scalar_type() == torch::kHalf;
-  torch::Tensor probs = torch::softmax(torch::matmul(q, kh.transpose(-2, -1)) + mask, -1,
-                                       reduced ? torch::kFloat32 : q.scalar_type());
+  const torch::Tensor scores =
+      reduced ? torch::matmul(q.to(torch::kFloat32), kh.to(torch::kFloat32).transpose(-2, -1))
+              : torch::matmul(q, kh.transpose(-2, -1));
+  torch::Tensor probs =
+      torch::softmax(scores + mask.to(scores.scalar_type()), -1, scores.scalar_type());
   torch::Tensor out =
       torch::matmul(probs.to(vh.scalar_type()), vh).transpose(1, 2).contiguous();  // (B, T, H, dk)
   return {out, probs.detach()};

@@ -151,6 +151,30 @@ TEST(FusedOpsTest, MatchEagerSplitBetweenThreads) {
   }
 }
 
+// In bf16 (PRECISION_BF16) the reference attention takes its scores and softmax in fp32: its
+// probabilities are those of the fp32 scores of the same bf16 queries and keys, where scores
+// rounded to bf16 would be off by up to 2^-9 of their size.
+TEST(FusedOpsTest, Bf16AttentionScoresAreComputedInFp32) {
+  torch::manual_seed(9);
+  const int64_t B = 1, H = 2, T = 24, dk = 32;
+  const torch::Tensor mask =
+      torch::full({T, T}, -std::numeric_limits<double>::infinity(), torch::kFloat32).triu(1);
+  const torch::Tensor q = (torch::randn({B, H, T, dk}) * 3).to(torch::kBFloat16);
+  const torch::Tensor k = (torch::randn({B, H, T, dk}) * 3).to(torch::kBFloat16);
+  const torch::Tensor v = torch::randn({B, T, H, dk}).to(torch::kBFloat16);
+  auto [out, probs] = reference::CausalAttention(q, k, v, mask.to(torch::kBFloat16));
+  const torch::Tensor scores =
+      torch::matmul(q.to(torch::kFloat32), k.to(torch::kFloat32).transpose(-2, -1)) + mask;
+  const torch::Tensor want = torch::softmax(scores, -1);
+  EXPECT_EQ(probs.scalar_type(), torch::kFloat32);
+  EXPECT_LT((probs - want).abs().max().item<double>(), 1e-6);
+  // What bf16 scores give instead: visibly other probabilities.
+  const torch::Tensor rounded =
+      torch::softmax(torch::matmul(q, k.transpose(-2, -1)).to(torch::kFloat32) + mask, -1);
+  EXPECT_GT((rounded - want).abs().max().item<double>(), 1e-3);
+  EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
+}
+
 // The attention kernel (fp32, causal row blocks) against the eager reference run in fp64: lengths
 // below, at and across the kernel's 64-row blocks, with and without grouped-query heads.
 // Both ways of doing its products: BLAS's sgemm on raw pointers and ATen's (where LibTorch's BLAS
