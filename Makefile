@@ -41,7 +41,7 @@ BENCH_PACKAGES := python3-torch sentencepiece
 # `make install`: ablate, ablate-worker and the default corpus under PREFIX.
 PREFIX ?= /usr/local
 
-.PHONY: all deps deps-test deps-bench build build-bin data data-bpe test demo bench clean install fuzz \
+.PHONY: all deps deps-test deps-bench build build-bin data data-bpe data-bb test demo bench clean install fuzz \
         fuzz-build fuzz-replay fuzz-corpus gpu-bundle gpu-rehearse check-thread-safety \
         check-threads
 
@@ -91,6 +91,12 @@ data-bpe: $(DATA_DIR)/kjv-bpe2k/manifest.json
 $(DATA_DIR)/kjv-bpe2k/manifest.json: $(DATA_DIR)/kjv.txt | build-bin
 	$(BUILD)/ablate data prepare $< --docs line --tokenizer bpe --vocab-size 2048 \
 	  --out $(DATA_DIR)/kjv-bpe2k --force
+
+# Bigram-backcopy from the KJV's byte bigrams, 256-byte sequences (experiments/small/sink_bb.yaml).
+data-bb: $(DATA_DIR)/kjv-bb/manifest.json
+$(DATA_DIR)/kjv-bb/manifest.json: $(DATA_DIR)/kjv.txt | build-bin
+	$(BUILD)/ablate data synth bigram-backcopy --from $< --tokens 8000000 --seq-len 256 \
+	  --out $(DATA_DIR)/kjv-bb --force
 
 test: deps-test build data fuzz-replay check-thread-safety
 	cd $(BUILD) && ABLATE_DATA_DIR=$(CURDIR)/$(DATA_DIR) ctest --output-on-failure -j 2

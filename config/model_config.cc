@@ -169,6 +169,42 @@ double OutputInitStd(const ModelConfig& c) {
   return c.init_std() / std::sqrt(2.0 * c.num_layers());
 }
 
+absl::StatusOr<double> GateStartScore(const ModelConfig& c) {
+  const GateConfig& g = c.gate();
+  if (g.position() != GATE_G1 && g.position() != GATE_G2 && g.position() != GATE_G5) {
+    return absl::InvalidArgumentError(
+        "needs a gate at G1, G2 or G5 (model.gate.position), where W_O can take over its "
+        "starting scale; a gate on queries or keys changes the softmax instead");
+  }
+  if (g.mode() != GATE_MULTIPLICATIVE) {
+    return absl::InvalidArgumentError("needs a multiplicative gate (model.gate.mode)");
+  }
+  if (g.init() != GATE_INIT_ZERO && !g.input_independent()) {
+    return absl::InvalidArgumentError(
+        "needs a gate whose scores start at a constant: model.gate.init: zero (or an "
+        "input-independent gate)");
+  }
+  double act0 = 0;
+  switch (g.activation()) {
+    case GATE_SIGMOID:
+      act0 = 0.5;
+      break;
+    case GATE_NS_SIGMOID:
+      act0 = 0.75;
+      break;
+    default:
+      break;  // SiLU(0) = 0, identity(0) = 0
+  }
+  if (act0 == 0) {
+    return absl::InvalidArgumentError(
+        "needs a gate activation that is not 0 at 0 (sigmoid or ns_sigmoid): SiLU and identity "
+        "gates start every score at 0");
+  }
+  return act0 * (g.scale() != 0 ? g.scale() : 1.0);
+}
+
+double SinkEpsilon(const TrainConfig& t) { return t.sink_epsilon() != 0 ? t.sink_epsilon() : 0.3; }
+
 double AttnOutputScale(const ModelConfig& c) {
   return c.attn_output_scale() != 0 ? c.attn_output_scale() : 0.5;
 }
@@ -366,6 +402,10 @@ absl::Status ValidateTrainConfig(const TrainConfig& t, const std::string& prefix
           "needs shard_optimizer: true and activation_checkpointing: true (a block's gradients are "
           "reduced as its recomputed backward ends)");
   }
+  if (t.sink_epsilon() != 0 && !(t.sink_epsilon() > 0 && t.sink_epsilon() < 1)) {
+    p.Add("sink_epsilon",
+          absl::StrCat("must be in (0, 1) (a share of attention), got ", t.sink_epsilon()));
+  }
   if (t.attention_map_heads() < -1 || t.attention_map_heads() > kMaxNumHeads) {
     p.Add("attention_map_heads",
           absl::StrCat("must be -1 (every head), 0 (none) or a count of heads up to ", kMaxNumHeads,
@@ -403,6 +443,16 @@ absl::Status ValidateRunConfig(const RunConfig& r) {
         " attention maps per evaluation (", r.model().num_layers(),
         " layers x the heads and their mean); the limit is ", kMaxAttentionMaps,
         ": ask for fewer heads"));
+  }
+  if (r.train().init_from().preserve_function()) {
+    const InitFrom& from = r.train().init_from();
+    if (from.checkpoint().empty() && from.sweep().empty()) {
+      problems.push_back(
+          "train.init_from.preserve_function: needs a source (train.init_from.sweep or "
+          "checkpoint)");
+    } else if (absl::StatusOr<double> c = GateStartScore(r.model()); !c.ok()) {
+      problems.push_back(absl::StrCat("train.init_from.preserve_function: ", c.status().message()));
+    }
   }
   if (const DataConfig& d = r.train().data();
       d.has_eod_token() && d.eod_token() >= r.model().vocab_size()) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "proto/ablate.pb.h"
 
 namespace ablate {
@@ -56,6 +57,13 @@ absl::Status CheckBatchSplits(const TrainConfig& train, int ranks,
 double OutputInitStd(const ModelConfig& config);
 // What CONTROL_FIXED_SCALE multiplies the SDPA output by: attn_output_scale, 0 read as 0.5.
 double AttnOutputScale(const ModelConfig& config);
+// train.init_from.preserve_function: the constant c = scale act(0) every score of the model's
+// gate starts at, when the gate starts at a constant (GATE_INIT_ZERO or input-independent),
+// multiplies, and sits where the attention output is linear in what it gates (G1, G2, G5), so
+// that W_O / c keeps a loaded model's function; else InvalidArgument saying why.
+absl::StatusOr<double> GateStartScore(const ModelConfig& config);
+// The sink-rate threshold: train.sink_epsilon, 0 read as 0.3 (Gu et al. 2025).
+double SinkEpsilon(const TrainConfig& config);
 
 // InvalidArgument naming the offending fields (e.g. "model.gate.granularity: HEADWISE is not
 // allowed at G5"), OK otherwise. `prefix` is prepended to field paths ("model.").

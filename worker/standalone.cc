@@ -71,9 +71,13 @@ class ConsoleObserver : public TrainerObserver {
     const std::string gate = e.probes().has_gate_score_mean()
                                  ? absl::StrFormat("%.3f", e.probes().gate_score_mean())
                                  : "-";
-    std::printf("eval step %lld | val loss %.4f | ppl %.3f | gate %s | M-Act %.2f | F-Attn %.4f\n",
-                static_cast<long long>(e.step()), e.val_loss(), e.val_ppl(), gate.c_str(),
-                e.probes().m_act(), e.probes().f_attn());
+    const std::string sink = e.probes().has_sink_rate()
+                                 ? absl::StrFormat(" | sink rate %.3f", e.probes().sink_rate())
+                                 : "";
+    std::printf(
+        "eval step %lld | val loss %.4f | ppl %.3f | gate %s | M-Act %.2f | F-Attn %.4f%s\n",
+        static_cast<long long>(e.step()), e.val_loss(), e.val_ppl(), gate.c_str(),
+        e.probes().m_act(), e.probes().f_attn(), sink.c_str());
     for (const LengthEval& l : e.lengths()) {
       std::printf("  at %d tokens%s | val loss %.4f | ppl %.3f\n", l.seq_len(),
                   l.yarn() ? " (YaRN)" : "", l.val_loss(), l.val_ppl());

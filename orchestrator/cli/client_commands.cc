@@ -709,8 +709,8 @@ void AddCompareCommand(CLI::App* app, std::ostream* out, std::function<absl::Sta
   auto alpha = std::make_shared<double>(0.05);
   auto correction = std::make_shared<std::string>("holm");
   cmd->add_option("--metric,-m", *metric,
-                  "val_loss, val_ppl, gate_score, m_act, f_attn, spike_score, train_loss, "
-                  "ppl@L or loss@L (at evaluation length L)")
+                  "val_loss, val_ppl, gate_score, m_act, f_attn, sink_rate, spike_score, "
+                  "train_loss, ppl@L or loss@L (at evaluation length L), or a metric by name")
       ->capture_default_str();
   cmd->add_option("--reference,-r", *reference,
                   "the variant to compare against (default: the first sweep's reference)");

@@ -5,6 +5,7 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "config/model_config.h"
 #include "config/program_config.h"
@@ -25,6 +26,52 @@ absl::Status StepIn(absl::string_view what, absl::string_view field, int64_t ste
 absl::Status FiniteNonNegative(absl::string_view what, absl::string_view field, double v) {
   if (std::isfinite(v) && v >= 0) return absl::OkStatus();
   return Refuse(what, field, absl::StrCat("is ", v, "; it must be finite and >= 0"));
+}
+
+// A share of attention: finite and in [0, 1].
+absl::Status Share(absl::string_view what, const std::string& field, double v) {
+  if (std::isfinite(v) && v >= 0 && v <= 1) return absl::OkStatus();
+  return Refuse(what, field, absl::StrCat("is ", v, "; it must be a share of attention in [0, 1]"));
+}
+
+// Per-head attention shares (LayerProbes.first_token_attention_by_head and the sink window's).
+absl::Status CheckHeads(absl::string_view what, const std::string& field,
+                        const google::protobuf::RepeatedField<double>& heads) {
+  if (heads.size() > kMaxNumHeads) {
+    return Refuse(what, field,
+                  absl::StrCat("has ", heads.size(), " entries; the limit is ", kMaxNumHeads));
+  }
+  for (const double v : heads) {
+    if (absl::Status s = Share(what, field, v); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckClasses(absl::string_view what, const std::string& field,
+                          const google::protobuf::RepeatedPtrField<QueryClassProbes>& classes) {
+  if (classes.size() > kMaxQueryClasses) {
+    return Refuse(
+        what, field,
+        absl::StrCat("has ", classes.size(), " entries; the limit is ", kMaxQueryClasses));
+  }
+  for (int i = 0; i < classes.size(); ++i) {
+    const QueryClassProbes& c = classes[i];
+    const std::string at = absl::StrCat(field, "[", i, "]");
+    if (c.name().empty() || c.name().size() > kMaxQueryClassName ||
+        !std::all_of(c.name().begin(), c.name().end(),
+                     [](char ch) { return absl::ascii_isalnum(ch) || ch == '_'; })) {
+      return Refuse(what, at + ".name",
+                    absl::StrCat("must be 1 to ", kMaxQueryClassName, " letters, digits or '_'"));
+    }
+    if (c.queries() < 0) return Refuse(what, at + ".queries", "is negative");
+    if (absl::Status s = Share(what, at + ".first_token_attention", c.first_token_attention());
+        !s.ok())
+      return s;
+    if (c.has_gate_mean() && !std::isfinite(c.gate_mean())) {
+      return Refuse(what, at + ".gate_mean", "is not a finite number");
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckProbes(absl::string_view what, const std::string& at, const Probes& p) {
@@ -48,8 +95,22 @@ absl::Status CheckProbes(absl::string_view what, const std::string& at, const Pr
     if (!std::isfinite(h.lo()) || !std::isfinite(h.hi()) || h.lo() > h.hi()) {
       return Refuse(what, field, "has edges that are not finite and ordered (lo <= hi)");
     }
+    const LayerProbes& l = p.layers(i);
+    const std::string layer = absl::StrCat(at, ".probes.layers[", i, "]");
+    if (absl::Status s = CheckHeads(what, layer + ".first_token_attention_by_head",
+                                    l.first_token_attention_by_head());
+        !s.ok())
+      return s;
+    if (absl::Status s = CheckHeads(what, layer + ".sink_window_attention_by_head",
+                                    l.sink_window_attention_by_head());
+        !s.ok())
+      return s;
+    if (absl::Status s = CheckClasses(what, layer + ".classes", l.classes()); !s.ok()) return s;
   }
-  return absl::OkStatus();
+  if (p.has_sink_rate()) {
+    if (absl::Status s = Share(what, at + ".probes.sink_rate", p.sink_rate()); !s.ok()) return s;
+  }
+  return CheckClasses(what, at + ".probes.classes", p.classes());
 }
 
 // An evaluation's step, probes, lengths (TrainConfig.eval_seq_lens) and attention maps, against

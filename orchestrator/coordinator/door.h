@@ -22,6 +22,8 @@ namespace ablate {
 inline constexpr size_t kMaxTextBytes = 4096;  // reasons, errors, checkpoint paths
 inline constexpr int kMaxProbeLayers = 4096;
 inline constexpr int kMaxHistogramBins = 4096;
+inline constexpr int kMaxQueryClasses = 8;  // LayerProbes.classes, Probes.classes
+inline constexpr size_t kMaxQueryClassName = 32;
 inline constexpr int64_t kMaxReportedSeqLen = 1 << 24;  // an evaluation length
 inline constexpr int64_t kMaxReportedParams = int64_t{1} << 50;  // a reported parameter count
 inline constexpr size_t kMaxSignalBytes = 64;

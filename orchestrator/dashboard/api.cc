@@ -82,6 +82,7 @@ json RunJson(const RunInfo& r) {
               {"gate_score", r.gate_score},
               {"m_act", r.m_act},
               {"f_attn", r.f_attn},
+              {"sink_rate", r.sink_rate},
               {"spike_steps", r.spike_steps},
               {"spike_score", r.spike_score},
               {"tokens_per_s", r.tokens_per_s},
@@ -119,6 +120,10 @@ json LayerJson(const LayerProbes& p) {
          {"ffn_residual_max_abs", p.ffn_residual_max_abs()},
          {"m_act", p.ffn_residual_max_abs()},
          {"f_attn", p.first_token_attention()},
+         {"f_attn_by_head", std::vector<double>(p.first_token_attention_by_head().begin(),
+                                                p.first_token_attention_by_head().end())},
+         {"sink_window_by_head", std::vector<double>(p.sink_window_attention_by_head().begin(),
+                                                     p.sink_window_attention_by_head().end())},
          {"sparsity",
           {{"before_gate_1e2", p.sparsity().before_gate_1e2()},
            {"before_gate_1e3", p.sparsity().before_gate_1e3()},
@@ -136,6 +141,14 @@ json LayerJson(const LayerProbes& p) {
     j["gate"] = nullptr;
     j["gate_histogram"] = nullptr;
   }
+  json classes = json::array();
+  for (const QueryClassProbes& c : p.classes()) {
+    classes.push_back({{"name", c.name()},
+                       {"queries", c.queries()},
+                       {"f_attn", c.first_token_attention()},
+                       {"gate_mean", c.has_gate_mean() ? json(c.gate_mean()) : json(nullptr)}});
+  }
+  j["classes"] = std::move(classes);
   return j;
 }
 
@@ -588,18 +601,19 @@ Response DashboardServer::Impl::RunEvals(int64_t id) {
       const std::optional<double> level = EvalChanceLevel(name, config);
       chance[name] = level.has_value() ? json(*level) : json(nullptr);
     }
-    list.push_back(
-        json{{"step", e.step()},
-             {"val_loss", e.val_loss()},
-             {"val_ppl", e.val_ppl()},
-             {"gate_score", e.probes().has_gate_score_mean() ? json(e.probes().gate_score_mean())
-                                                             : json(nullptr)},
-             {"m_act", e.probes().m_act()},
-             {"f_attn", e.probes().f_attn()},
-             {"tokens", e.probes().tokens()},
-             {"lengths", std::move(lengths)},
-             {"metrics", std::move(metrics)},
-             {"eval_seconds", e.eval_seconds() > 0 ? json(e.eval_seconds()) : json(nullptr)}});
+    list.push_back(json{
+        {"step", e.step()},
+        {"val_loss", e.val_loss()},
+        {"val_ppl", e.val_ppl()},
+        {"gate_score",
+         e.probes().has_gate_score_mean() ? json(e.probes().gate_score_mean()) : json(nullptr)},
+        {"m_act", e.probes().m_act()},
+        {"f_attn", e.probes().f_attn()},
+        {"sink_rate", e.probes().has_sink_rate() ? json(e.probes().sink_rate()) : json(nullptr)},
+        {"tokens", e.probes().tokens()},
+        {"lengths", std::move(lengths)},
+        {"metrics", std::move(metrics)},
+        {"eval_seconds", e.eval_seconds() > 0 ? json(e.eval_seconds()) : json(nullptr)}});
   }
   return JsonResponse(200, json{{"run", id}, {"evals", list}, {"chance", chance}});
 }

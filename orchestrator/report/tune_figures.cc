@@ -23,6 +23,7 @@ double TunedMetric(const RunInfo& r, const std::string& metric) {
   if (metric == "gate_score") return r.gate_score;
   if (metric == "m_act") return r.m_act;
   if (metric == "f_attn") return r.f_attn;
+  if (metric == "sink_rate") return r.sink_rate;
   return r.val_loss;
 }
 

@@ -53,7 +53,8 @@ std::optional<RunConfig> ConfigOf(const ResultRun& r) {
 }
 
 constexpr char kMetricNames[] =
-    "val_loss, val_ppl, gate_score, m_act, f_attn, spike_score, train_loss, ppl@L, loss@L";
+    "val_loss, val_ppl, gate_score, m_act, f_attn, sink_rate, spike_score, train_loss, ppl@L, "
+    "loss@L";
 
 absl::StatusOr<Metric> ParseMetric(const std::string& name, const ResultSet& results) {
   static const auto* summaries = new std::map<std::string, Metric>{
@@ -63,6 +64,7 @@ absl::StatusOr<Metric> ParseMetric(const std::string& name, const ResultSet& res
       {"gate_score", {"gate score", &RunInfo::gate_score, 0, false, false}},
       {"m_act", {"M-Act", &RunInfo::m_act}},
       {"f_attn", {"F-Attn", &RunInfo::f_attn}},
+      {"sink_rate", {"sink rate", &RunInfo::sink_rate}},
       {"spike_score", {"spike score", &RunInfo::spike_score}},
       {"train_loss", {"train loss", &RunInfo::final_train_loss}},
   };
@@ -89,6 +91,9 @@ absl::StatusOr<Metric> ParseMetric(const std::string& name, const ResultSet& res
     }
     m.lower_is_better = !higher.value_or(IsAccuracyMetric(name));
     m.higher_is_better = !m.lower_is_better;
+    // A gate's mean value by query class (gate_score@trigger) describes the mechanism, as
+    // gate_score does: neither direction is better.
+    if (absl::StartsWith(name, "gate_score@")) m.lower_is_better = m.higher_is_better = false;
     return m;
   }
   m.ppl = absl::ConsumePrefix(&rest, "ppl@");

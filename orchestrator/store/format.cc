@@ -70,6 +70,15 @@ constexpr Column kMetricColumns[] = {
     {"train_loss", "train loss", &ComparisonRow::train_loss},
 };
 
+// The sink rate (Probes.sink_rate): in markdown after F-Attn where some row measured it, in csv
+// after the costs (a table of runs stored before it keeps its columns where they were).
+constexpr Column kSinkRateColumn = {"sink_rate", "sink rate", &ComparisonRow::sink_rate};
+
+bool HasSinkRate(const ComparisonTable& table) {
+  return std::any_of(table.rows.begin(), table.rows.end(),
+                     [](const ComparisonRow& r) { return std::isfinite(r.sink_rate.mean); });
+}
+
 // What runs cost (ComparisonRow), in the order the tables show them.
 constexpr Column kCostColumns[] = {
     {"peak_memory_bytes", "memory", &ComparisonRow::peak_memory_bytes},
@@ -124,12 +133,15 @@ std::string MarkdownComparison(const ComparisonTable& table,
   const bool has_stopped = std::any_of(table.rows.begin(), table.rows.end(),
                                        [](const ComparisonRow& r) { return r.stopped > 0; });
   const bool has_costs = HasCosts(table);
+  const bool has_sink_rate = HasSinkRate(table);
   std::vector<std::string> header = {"variant"};
   if (has_axes) header.push_back("axes");
   if (has_best) header.push_back("best value");
   header.push_back("n");
   for (const Column& c : kMetricColumns) {
     if (c.field != &ComparisonRow::train_loss) header.push_back(c.heading);
+    if (c.field == &ComparisonRow::f_attn && has_sink_rate)
+      header.push_back(kSinkRateColumn.heading);
   }
   for (const auto& [len, yarn] : lengths) {
     header.push_back(absl::StrCat("PPL@", len, yarn ? " (YaRN)" : ""));
@@ -160,6 +172,9 @@ std::string MarkdownComparison(const ComparisonTable& table,
       if (c.field == &ComparisonRow::train_loss) continue;
       const MeanStd& m = r.*(c.field);
       cells.push_back(MeanStdText(m.mean, m.std, decimals[i]));
+      if (c.field == &ComparisonRow::f_attn && has_sink_rate) {
+        cells.push_back(MeanStdText(r.sink_rate.mean, r.sink_rate.std, 3));
+      }
     }
     for (const auto& [len, yarn] : lengths) {
       const LengthStat* l = LengthOf(r, len);
@@ -206,6 +221,8 @@ std::string CsvComparison(const ComparisonTable& table, const std::map<int64_t, 
     header.push_back(absl::StrCat(c.name, "_mean"));
     header.push_back(absl::StrCat(c.name, "_std"));
   }
+  header.push_back("sink_rate_mean");
+  header.push_back("sink_rate_std");
   // The chosen metrics by name (`table --evals`) after everything else.
   for (const std::string& name : table.evals) {
     header.push_back(CsvField(absl::StrCat(name, "_mean")));
@@ -235,6 +252,8 @@ std::string CsvComparison(const ComparisonTable& table, const std::map<int64_t, 
       cells.push_back(CsvNumber((r.*(c.field)).mean));
       cells.push_back(CsvNumber((r.*(c.field)).std));
     }
+    cells.push_back(CsvNumber(r.sink_rate.mean));
+    cells.push_back(CsvNumber(r.sink_rate.std));
     for (const std::string& name : table.evals) {
       auto m = r.metrics.find(name);
       cells.push_back(CsvNumber(m == r.metrics.end() ? kNaN : m->second.mean));
@@ -265,6 +284,7 @@ std::string JsonComparison(const ComparisonTable& table) {
     o["stopped"] = r.stopped;
     if (!r.best.empty()) o["best"] = r.best;
     for (const Column& c : kMetricColumns) o[c.name] = MeanStdObject(r.*(c.field));
+    o[kSinkRateColumn.name] = MeanStdObject(r.sink_rate);
     o["params_total"] = NumberJson(r.params_total);
     o["params_activated"] = NumberJson(r.params_activated);
     o["params_added"] = NumberJson(r.params_added);

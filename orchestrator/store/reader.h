@@ -85,6 +85,7 @@ struct RunInfo {
   int64_t steps_total = 0, steps_done = 0;
   double final_train_loss = kNaN, val_loss = kNaN, val_ppl = kNaN, gate_score = kNaN, m_act = kNaN,
          f_attn = kNaN, spike_score = kNaN;
+  double sink_rate = kNaN;  // Probes.sink_rate of its last evaluation; NaN: not measured
   int64_t spike_steps = 0;
   double tokens_per_s = kNaN, wall_s = kNaN;  // mean tokens/s; training seconds, all attempts
   double eval_s = kNaN;  // seconds its evaluations took (run_summary.eval_seconds); NaN: unknown
@@ -279,7 +280,7 @@ struct ComparisonRow {
   // `table --best`: the value of the tuned axis this row is at, "train.optimizer.lr=0.004"
   // ("" otherwise).
   std::string best;
-  MeanStd val_loss, val_ppl, gate_score, m_act, f_attn, spike_score, train_loss;
+  MeanStd val_loss, val_ppl, gate_score, m_act, f_attn, spike_score, train_loss, sink_rate;
   double params_total = 0, params_activated = 0, params_added = 0;  // mean over the group's runs
   std::vector<LengthStat> lengths;  // by seq_len; empty without TrainConfig.eval_seq_lens
   // What its SUCCEEDED runs cost, mean ± std (NaN where no run reported it): the peak of tensor

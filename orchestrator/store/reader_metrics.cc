@@ -37,8 +37,18 @@ constexpr char kLayerColumns[] =
     "attn_out_max_abs, attn_residual_max_abs, ffn_out_max_abs, ffn_residual_max_abs, "
     "first_token_attention, sparsity_before_gate_1e2, sparsity_before_gate_1e3, "
     "sparsity_after_gate_1e2, sparsity_after_gate_1e3, sparsity_mean_scaled_1e2, "
-    "sparsity_mean_scaled_1e3, sdpa_mean_abs_before_gate, sdpa_mean_abs_after_gate "
+    "sparsity_mean_scaled_1e3, sdpa_mean_abs_before_gate, sdpa_mean_abs_after_gate, "
+    "first_token_by_head, sink_window_by_head, query_classes "
     "FROM eval_layer_probes";
+
+// A JSON array of numbers as stored (first_token_by_head, sink_window_by_head); "" or NULL: none.
+template <typename Add>
+void ReadNumbers(const std::string& text, Add add) {
+  if (text.empty()) return;
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_array()) return;
+  for (const auto& v : j) add(v.is_number() ? v.get<double>() : 0.0);
+}
 
 // An eval_metrics row: step, val_loss, val_ppl, gate_score, m_act, f_attn, tokens, from column
 // `first` on.
@@ -53,6 +63,7 @@ void ReadEval(const Stmt& s, int first, EvalResult* e) {
   if (!s.ColumnIsNull(first + 4)) e->mutable_probes()->set_m_act(s.ColumnDouble(first + 4));
   if (!s.ColumnIsNull(first + 5)) e->mutable_probes()->set_f_attn(s.ColumnDouble(first + 5));
   e->mutable_probes()->set_tokens(s.ColumnInt(first + 6));
+  if (!s.ColumnIsNull(first + 7)) e->mutable_probes()->set_sink_rate(s.ColumnDouble(first + 7));
 }
 
 LayerProbes ReadLayer(const Stmt& s) {
@@ -89,6 +100,23 @@ LayerProbes ReadLayer(const Stmt& s) {
   sp->set_mean_scaled_1e3(s.ColumnDouble(18));
   sp->set_mean_abs_before_gate(s.ColumnDouble(19));
   sp->set_mean_abs_after_gate(s.ColumnDouble(20));
+  ReadNumbers(s.ColumnText(21), [&](double v) { p.add_first_token_attention_by_head(v); });
+  ReadNumbers(s.ColumnText(22), [&](double v) { p.add_sink_window_attention_by_head(v); });
+  const std::string classes = s.ColumnText(23);
+  if (!classes.empty()) {
+    const nlohmann::json j = nlohmann::json::parse(classes, nullptr, /*allow_exceptions=*/false);
+    if (j.is_array()) {
+      for (const auto& c : j) {
+        if (!c.is_object()) continue;
+        QueryClassProbes* q = p.add_classes();
+        q->set_name(c.value("name", ""));
+        q->set_queries(c.value("queries", int64_t{0}));
+        q->set_first_token_attention(c.value("first_token_attention", 0.0));
+        if (c.contains("gate_mean") && c["gate_mean"].is_number())
+          q->set_gate_mean(c["gate_mean"].get<double>());
+      }
+    }
+  }
   return p;
 }
 
@@ -189,8 +217,8 @@ absl::StatusOr<std::vector<StepMetrics>> StoreReader::MetricSeries(
 absl::StatusOr<std::vector<EvalResult>> StoreReader::EvalSeries(int64_t run_id,
                                                                 bool with_layers) const {
   absl::StatusOr<std::vector<EvalResult>> read_evals = ReadRows<EvalResult>(
-      absl::StrCat("SELECT step, val_loss, val_ppl, gate_score, m_act, f_attn, tokens FROM "
-                   "eval_metrics WHERE run_id = ",
+      absl::StrCat("SELECT step, val_loss, val_ppl, gate_score, m_act, f_attn, tokens, sink_rate "
+                   "FROM eval_metrics WHERE run_id = ",
                    kSourceRun, " ORDER BY step"),
       [&](Stmt& q) { q.Bind(1, run_id); },
       [](const Stmt& s) {
@@ -384,7 +412,8 @@ absl::StatusOr<std::map<int64_t, EvalResult>> StoreReader::LatestEvals(int64_t s
   if (absl::Status read = ForEachRow(
           absl::StrCat(kLast,
                        "SELECT last.id, e.step, e.val_loss, e.val_ppl, e.gate_score, e.m_act, "
-                       "e.f_attn, e.tokens FROM last JOIN eval_metrics e ON e.run_id = last.src "
+                       "e.f_attn, e.tokens, e.sink_rate FROM last JOIN eval_metrics e ON e.run_id "
+                       "= last.src "
                        "AND e.step = last.step ORDER BY last.id"),
           [&](Stmt& q) { q.Bind(1, sweep_id); },
           [&](const Stmt& s) { ReadEval(s, 1, &evals[s.ColumnInt(0)]); });

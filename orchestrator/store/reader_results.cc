@@ -45,7 +45,7 @@ class Moments {
 // One (variant, axes) group of the table while its runs are read.
 struct Group {
   ComparisonRow row;
-  Moments val_loss, val_ppl, gate_score, m_act, f_attn, spike_score, train_loss;
+  Moments val_loss, val_ppl, gate_score, m_act, f_attn, spike_score, train_loss, sink_rate;
   Moments peak_memory_bytes, train_seconds, eval_seconds, tokens_per_s, flops;
   double params_total = 0, params_activated = 0, params_added = 0;
   struct Length {
@@ -73,6 +73,7 @@ void AddRun(const ResultRun& result, Group* g) {
   g->gate_score.Add(r.gate_score);
   g->m_act.Add(r.m_act);
   g->f_attn.Add(r.f_attn);
+  g->sink_rate.Add(r.sink_rate);
   g->spike_score.Add(r.spike_score);
   g->train_loss.Add(r.final_train_loss);
   g->peak_memory_bytes.Add(r.peak_memory_bytes > 0 ? static_cast<double>(r.peak_memory_bytes)
@@ -97,6 +98,7 @@ ComparisonRow RowOf(const Group& g) {
   row.gate_score = g.gate_score.Get();
   row.m_act = g.m_act.Get();
   row.f_attn = g.f_attn.Get();
+  row.sink_rate = g.sink_rate.Get();
   row.spike_score = g.spike_score.Get();
   row.train_loss = g.train_loss.Get();
   row.peak_memory_bytes = g.peak_memory_bytes.Get();
@@ -255,7 +257,8 @@ absl::Status StoreReader::AtBudget(const ResultSelection& selection, ResultRun* 
   RunInfo& run = result->run;
   result->lengths.clear();
   result->metrics.clear();
-  for (double* v : {&run.val_loss, &run.val_ppl, &run.gate_score, &run.m_act, &run.f_attn}) {
+  for (double* v :
+       {&run.val_loss, &run.val_ppl, &run.gate_score, &run.m_act, &run.f_attn, &run.sink_rate}) {
     *v = kNaN;
   }
   RunConfig config;
@@ -284,15 +287,14 @@ absl::Status StoreReader::AtBudget(const ResultSelection& selection, ResultRun* 
   }
   return ForEachRow(
       absl::StrCat(
-          "SELECT val_loss, val_ppl, gate_score, m_act, f_attn FROM eval_metrics WHERE "
-          "run_id = (SELECT coalesce(reused_from, id) FROM runs WHERE id = ?1) AND step > 0 AND "
-          "step <= ?2 ORDER BY step DESC LIMIT 1"),
+          "SELECT val_loss, val_ppl, gate_score, m_act, f_attn, sink_rate FROM eval_metrics "
+          "WHERE run_id = (SELECT coalesce(reused_from, id) FROM runs WHERE id = ?1) AND step > 0 "
+          "AND step <= ?2 ORDER BY step DESC LIMIT 1"),
       [&](Stmt& q) { q.Bind(1, run.id).Bind(2, last_step); },
       [&](const Stmt& s) {
-        for (int i = 0; i < 5; ++i) {
-          double* v[] = {&run.val_loss, &run.val_ppl, &run.gate_score, &run.m_act, &run.f_attn};
-          *v[i] = s.ColumnIsNull(i) ? kNaN : s.ColumnDouble(i);
-        }
+        double* v[] = {&run.val_loss, &run.val_ppl, &run.gate_score,
+                       &run.m_act,    &run.f_attn,  &run.sink_rate};
+        for (int i = 0; i < 6; ++i) *v[i] = s.ColumnIsNull(i) ? kNaN : s.ColumnDouble(i);
       });
 }
 

@@ -47,7 +47,7 @@ constexpr char kRunColumns[] =
     "r.reason, r.reused_from, r.attempt_base, r.devices, s.code_version, "
     "tr.run_id IS NOT NULL, coalesce(tr.grp, ''), tr.value, coalesce(tr.stop_at_step, 0), "
     "coalesce(tr.held, 0), r.peak_memory_bytes, r.flops, (SELECT sum(e.eval_s) FROM "
-    "eval_metrics e WHERE e.run_id = coalesce(r.reused_from, r.id)) "
+    "eval_metrics e WHERE e.run_id = coalesce(r.reused_from, r.id)), r.sink_rate "
     "FROM runs r JOIN sweeps s ON s.id = r.sweep_id JOIN variants v ON v.id = r.variant_id "
     "JOIN run_configs c ON c.run_id = r.id LEFT JOIN tune_runs tr ON tr.run_id = r.id";
 
@@ -75,6 +75,7 @@ RunInfo ReadRun(const Stmt& s) {
   r.peak_memory_bytes = s.ColumnIsNull(44) ? 0 : s.ColumnInt(44);
   r.flops = s.ColumnIsNull(45) ? kNaN : s.ColumnDouble(45);
   r.eval_s = s.ColumnIsNull(46) ? kNaN : s.ColumnDouble(46);
+  r.sink_rate = s.ColumnIsNull(47) ? kNaN : s.ColumnDouble(47);
   return r;
 }
 

@@ -24,7 +24,8 @@ namespace {
 // The metrics a tune ranks by are columns of both runs and eval_metrics; the name is checked
 // against this list before it goes into SQL.
 bool IsTuneMetric(const std::string& m) {
-  return m == "val_loss" || m == "val_ppl" || m == "gate_score" || m == "m_act" || m == "f_attn";
+  return m == "val_loss" || m == "val_ppl" || m == "gate_score" || m == "m_act" || m == "f_attn" ||
+         m == "sink_rate";
 }
 
 }  // namespace

@@ -37,7 +37,8 @@ SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.run_index, r.seed, 
                     ORDER BY a.text) t), '') AS tags,
        r.peak_memory_bytes, r.wall_s AS train_seconds, r.flops,
        (SELECT sum(e.eval_s) FROM eval_metrics e
-        WHERE e.run_id = coalesce(r.reused_from, r.id)) AS eval_seconds
+        WHERE e.run_id = coalesce(r.reused_from, r.id)) AS eval_seconds,
+       r.sink_rate
 FROM runs r
 JOIN sweeps s ON s.id = r.sweep_id
 JOIN variants v ON v.id = r.variant_id
@@ -72,7 +73,7 @@ mean AS (
   SELECT sweep_id, variant_id, axes,
          avg(val_loss) AS val_loss, avg(val_ppl) AS val_ppl, avg(gate_score) AS gate_score,
          avg(m_act) AS m_act, avg(f_attn) AS f_attn, avg(spike_score) AS spike_score,
-         avg(final_train_loss) AS train_loss
+         avg(final_train_loss) AS train_loss, avg(sink_rate) AS sink_rate
   FROM runs WHERE state = 'SUCCEEDED' GROUP BY sweep_id, variant_id, axes),
 dev AS (
   SELECT r.sweep_id, r.variant_id, r.axes,
@@ -82,7 +83,8 @@ dev AS (
          CASE WHEN count(r.m_act) > 1 THEN sqrt(sum((r.m_act - m.m_act) * (r.m_act - m.m_act)) / (count(r.m_act) - 1)) END AS m_act,
          CASE WHEN count(r.f_attn) > 1 THEN sqrt(sum((r.f_attn - m.f_attn) * (r.f_attn - m.f_attn)) / (count(r.f_attn) - 1)) END AS f_attn,
          CASE WHEN count(r.spike_score) > 1 THEN sqrt(sum((r.spike_score - m.spike_score) * (r.spike_score - m.spike_score)) / (count(r.spike_score) - 1)) END AS spike_score,
-         CASE WHEN count(r.final_train_loss) > 1 THEN sqrt(sum((r.final_train_loss - m.train_loss) * (r.final_train_loss - m.train_loss)) / (count(r.final_train_loss) - 1)) END AS train_loss
+         CASE WHEN count(r.final_train_loss) > 1 THEN sqrt(sum((r.final_train_loss - m.train_loss) * (r.final_train_loss - m.train_loss)) / (count(r.final_train_loss) - 1)) END AS train_loss,
+         CASE WHEN count(r.sink_rate) > 1 THEN sqrt(sum((r.sink_rate - m.sink_rate) * (r.sink_rate - m.sink_rate)) / (count(r.sink_rate) - 1)) END AS sink_rate
   FROM runs r JOIN mean m USING (sweep_id, variant_id, axes)
   WHERE r.state = 'SUCCEEDED' GROUP BY r.sweep_id, r.variant_id, r.axes)
 SELECT s.name AS sweep, v.name AS variant, g.axes, v.position, g.first_index, v.description,
@@ -95,7 +97,8 @@ SELECT s.name AS sweep, v.name AS variant, g.axes, v.position, g.first_index, v.
        m.spike_score AS spike_score_mean, d.spike_score AS spike_score_std,
        m.train_loss AS train_loss_mean, d.train_loss AS train_loss_std,
        g.params_total, g.params_activated, g.params_added,
-       g.sweep_id, g.variant_id
+       g.sweep_id, g.variant_id,
+       m.sink_rate AS sink_rate_mean, d.sink_rate AS sink_rate_std
 FROM grp g
 JOIN sweeps s ON s.id = g.sweep_id
 JOIN variants v ON v.id = g.variant_id
@@ -107,7 +110,7 @@ SELECT r.id AS run_id, s.name AS sweep, v.name AS variant, r.seed, r.axes, r.sta
        r.steps_done, r.steps_total,
        m.step, m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.aux_loss, m.skipped,
        e.step AS eval_step, e.val_loss, e.val_ppl, e.gate_score, e.m_act, e.f_attn,
-       r.reused_from
+       r.reused_from, e.sink_rate
 FROM runs r
 JOIN sweeps s ON s.id = r.sweep_id
 JOIN variants v ON v.id = r.variant_id
@@ -749,6 +752,17 @@ CREATE TABLE eval_items (
 ) WITHOUT ROWID;
 )sql";
 
+// Version 16, the attention sink as the literature measures it (issue 58): the sink rate of
+// Gu et al. (Probes.sink_rate) per evaluation and per run, and per layer the first-token
+// attention of each head, the sink-rate window's, and the split by query class, as JSON arrays.
+constexpr char kSchemaV16[] = R"sql(
+ALTER TABLE runs ADD COLUMN sink_rate REAL;
+ALTER TABLE eval_metrics ADD COLUMN sink_rate REAL;
+ALTER TABLE eval_layer_probes ADD COLUMN first_token_by_head TEXT;
+ALTER TABLE eval_layer_probes ADD COLUMN sink_window_by_head TEXT;
+ALTER TABLE eval_layer_probes ADD COLUMN query_classes TEXT;
+)sql";
+
 // Version 10: STOPPED joins the runs state CHECK, the last of its chain of equalities.
 constexpr char kLastRunState[] = "state = 'INTERRUPTED')";
 
@@ -803,7 +817,8 @@ const std::vector<Migration>& StoreMigrations() {
                                  {kSchemaV12},
                                  {kSchemaV13},
                                  {kSchemaV14},
-                                 {kSchemaV15}};
+                                 {kSchemaV15},
+                                 {kSchemaV16}};
   return *migrations;
 }
 

@@ -22,6 +22,7 @@ double MetricOf(const ResultRun& result, const std::string& metric) {
   if (metric == "gate_score") return r.gate_score;
   if (metric == "m_act") return r.m_act;
   if (metric == "f_attn") return r.f_attn;
+  if (metric == "sink_rate") return r.sink_rate;
   auto named = result.metrics.find(metric);  // an eval metric by name (mqar@8)
   return named == result.metrics.end() ? kNaN : named->second;
 }

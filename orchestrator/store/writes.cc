@@ -57,6 +57,36 @@ std::string HistogramJson(const LayerProbes& p) {
   return j.dump();
 }
 
+// A layer's per-head values as a JSON array; "" (stored NULL) when there are none.
+std::string NumbersJson(const google::protobuf::RepeatedField<double>& values) {
+  if (values.empty()) return "";
+  return nlohmann::json(std::vector<double>(values.begin(), values.end())).dump();
+}
+
+// A layer's split by query class as a JSON array of {name, queries, first_token_attention,
+// gate_mean}; "" when the data defines no classes.
+std::string QueryClassesJson(const LayerProbes& p) {
+  if (p.classes().empty()) return "";
+  nlohmann::json j = nlohmann::json::array();
+  for (const QueryClassProbes& c : p.classes()) {
+    nlohmann::json one = {{"name", c.name()},
+                          {"queries", c.queries()},
+                          {"first_token_attention", c.first_token_attention()}};
+    if (c.has_gate_mean()) one["gate_mean"] = c.gate_mean();
+    j.push_back(std::move(one));
+  }
+  return j.dump();
+}
+
+// Probes.sink_rate at `index`, NULL when not measured.
+void BindSinkRate(Stmt& stmt, int index, const Probes& p) {
+  if (p.has_sink_rate()) {
+    stmt.Bind(index, p.sink_rate());
+  } else {
+    stmt.BindNull(index);
+  }
+}
+
 // Runs the statement `sql` once per element of `rows`, after `bind(stmt, row)`; prepares
 // nothing when there are none.
 template <typename Rows, typename Bind>
@@ -115,8 +145,8 @@ absl::Status UpsertEvalItems(StoreWriter& w, int64_t run_id, const EvalResult& e
 absl::Status UpsertEval(StoreWriter& w, int64_t run_id, int32_t attempt, const EvalResult& e) {
   STORE_ASSIGN_OR_RETURN(
       stmt, w.Get("INSERT OR REPLACE INTO eval_metrics (run_id, step, attempt, val_loss, val_ppl, "
-                  "gate_score, m_act, f_attn, tokens, eval_s) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, "
-                  "?8, ?9, ?10)"));
+                  "gate_score, m_act, f_attn, tokens, eval_s, sink_rate) VALUES (?1, ?2, ?3, ?4, "
+                  "?5, ?6, ?7, ?8, ?9, ?10, ?11)"));
   stmt->Bind(1, run_id).Bind(2, e.step()).Bind(3, attempt).Bind(4, e.val_loss());
   stmt->Bind(5, e.val_ppl());
   BindProbeMeans(*stmt, 6, e.probes());
@@ -126,6 +156,7 @@ absl::Status UpsertEval(StoreWriter& w, int64_t run_id, int32_t attempt, const E
   } else {
     stmt->BindNull(10);  // not measured (a program's evaluation, an older worker)
   }
+  BindSinkRate(*stmt, 11, e.probes());
   STORE_RETURN_IF_ERROR(stmt->Run());
   STORE_RETURN_IF_ERROR(UpsertEvalItems(w, run_id, e));
   STORE_RETURN_IF_ERROR(RunForEach(
@@ -134,14 +165,16 @@ absl::Status UpsertEval(StoreWriter& w, int64_t run_id, int32_t attempt, const E
         value.Bind(1, run_id).Bind(2, e.step()).Bind(3, named.first).Bind(4, named.second);
       }));
   STORE_ASSIGN_OR_RETURN(
-      layer, w.Get("INSERT OR REPLACE INTO eval_layer_probes (run_id, step, layer, has_gate, "
-                   "gate_mean, gate_std, gate_min, gate_max, gate_histogram, attn_out_max_abs, "
-                   "attn_residual_max_abs, ffn_out_max_abs, ffn_residual_max_abs, "
-                   "first_token_attention, sparsity_before_gate_1e2, sparsity_before_gate_1e3, "
-                   "sparsity_after_gate_1e2, sparsity_after_gate_1e3, sparsity_mean_scaled_1e2, "
-                   "sparsity_mean_scaled_1e3, sdpa_mean_abs_before_gate, sdpa_mean_abs_after_gate) "
-                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, "
-                   "?17, ?18, ?19, ?20, ?21, ?22)"));
+      layer,
+      w.Get("INSERT OR REPLACE INTO eval_layer_probes (run_id, step, layer, has_gate, "
+            "gate_mean, gate_std, gate_min, gate_max, gate_histogram, attn_out_max_abs, "
+            "attn_residual_max_abs, ffn_out_max_abs, ffn_residual_max_abs, "
+            "first_token_attention, sparsity_before_gate_1e2, sparsity_before_gate_1e3, "
+            "sparsity_after_gate_1e2, sparsity_after_gate_1e3, sparsity_mean_scaled_1e2, "
+            "sparsity_mean_scaled_1e3, sdpa_mean_abs_before_gate, sdpa_mean_abs_after_gate, "
+            "first_token_by_head, sink_window_by_head, query_classes) "
+            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, "
+            "?17, ?18, ?19, ?20, ?21, ?22, NULLIF(?23, ''), NULLIF(?24, ''), NULLIF(?25, ''))"));
   for (const LayerProbes& p : e.probes().layers()) {
     layer->Bind(1, run_id).Bind(2, e.step()).Bind(3, p.layer()).Bind(4, p.has_gate() ? 1 : 0);
     if (p.has_gate()) {
@@ -156,6 +189,8 @@ absl::Status UpsertEval(StoreWriter& w, int64_t run_id, int32_t attempt, const E
     layer->Bind(17, sp.after_gate_1e2()).Bind(18, sp.after_gate_1e3());
     layer->Bind(19, sp.mean_scaled_1e2()).Bind(20, sp.mean_scaled_1e3());
     layer->Bind(21, sp.mean_abs_before_gate()).Bind(22, sp.mean_abs_after_gate());
+    layer->Bind(23, NumbersJson(p.first_token_attention_by_head()));
+    layer->Bind(24, NumbersJson(p.sink_window_attention_by_head())).Bind(25, QueryClassesJson(p));
     STORE_RETURN_IF_ERROR(layer->Run());
   }
   STORE_RETURN_IF_ERROR(RunForEach(
@@ -336,11 +371,11 @@ struct RunStatements {
         reuse,
         w.Get("UPDATE runs SET (state, reused_from, reason, started_at, finished_at, steps_done, "
               "final_train_loss, val_loss, val_ppl, gate_score, m_act, f_attn, spike_steps, "
-              "spike_score, tokens_per_s, wall_s, peak_memory_bytes, flops) = (SELECT "
+              "spike_score, tokens_per_s, wall_s, peak_memory_bytes, flops, sink_rate) = (SELECT "
               "'SUCCEEDED', s.id, 'reused run ' || s.id || ' (same run key ' || s.run_key || ')', "
               "?3, ?3, s.steps_done, s.final_train_loss, s.val_loss, s.val_ppl, s.gate_score, "
               "s.m_act, s.f_attn, s.spike_steps, s.spike_score, s.tokens_per_s, s.wall_s, "
-              "s.peak_memory_bytes, s.flops FROM runs s WHERE s.id = ?2) "
+              "s.peak_memory_bytes, s.flops, s.sink_rate FROM runs s WHERE s.id = ?2) "
               "WHERE id = ?1"));
     s.run = run;
     s.config = config;
@@ -502,7 +537,7 @@ absl::Status SetRunStateWithSummary(StoreWriter& w, const RunTransition& t, int3
                  "m_act = ?10, f_attn = ?11, spike_steps = ?12, spike_score = ?13, "
                  "tokens_per_s = ?14, wall_s = ?15, "
                  "reason = CASE WHEN ?16 = '' THEN ?3 ELSE ?16 END, "
-                 "peak_memory_bytes = ?17, flops = ?18 WHERE id = ?1"));
+                 "peak_memory_bytes = ?17, flops = ?18, sink_rate = ?19 WHERE id = ?1"));
   run->Bind(1, t.run_id).Bind(2, RunStateName(t.to)).Bind(3, t.reason);
   if (RunEnded(t.to)) run->Bind(4, now);
   run->Bind(5, s.steps_done()).Bind(6, s.final_train_loss());
@@ -510,6 +545,7 @@ absl::Status SetRunStateWithSummary(StoreWriter& w, const RunTransition& t, int3
     const EvalResult& e = s.final_eval();
     run->Bind(7, e.val_loss()).Bind(8, e.val_ppl());
     BindProbeMeans(*run, 9, e.probes());
+    BindSinkRate(*run, 19, e.probes());
   }
   run->Bind(12, s.spike_steps()).Bind(13, s.spike_score()).Bind(14, s.tokens_per_s());
   run->Bind(15, s.wall_s()).Bind(16, s.reason());

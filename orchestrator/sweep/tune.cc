@@ -453,8 +453,8 @@ bool IsMetricName(const std::string& name) {
 }
 
 const std::vector<std::string>& TuneMetrics() {
-  static const auto* metrics =
-      new std::vector<std::string>{"val_loss", "val_ppl", "gate_score", "m_act", "f_attn"};
+  static const auto* metrics = new std::vector<std::string>{"val_loss", "val_ppl", "gate_score",
+                                                            "m_act",    "f_attn",  "sink_rate"};
   return *metrics;
 }
 

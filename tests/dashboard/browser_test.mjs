@@ -239,6 +239,15 @@ async function livePhase() {
   await page.selectOption('#eval-step', '100');
   await page.waitForSelector('#attention[data-step="100"] #attention-maps canvas', { timeout: 5000 });
   check(await page.locator('#attention-maps canvas.heatmap').count() === 8, 'choosing an evaluation shows its maps (step 100)');
+  // First-token attention per layer and head, the sink heads (over ε in the window) in bold, and
+  // the split by query class.
+  check(await page.locator('#sink-heads tbody tr').count() === 4 && await page.locator('#sink-heads thead th').count() === 5,
+    'the per-head first-token attention: a row per layer, a column per head');
+  check(await page.locator('#sink-heads td.sink strong').count() === 3, 'the three sink heads are marked');
+  check(await page.locator('#query-classes tbody tr').count() === 8, 'F-Attn and gate score by query class, per layer');
+  // The run's sink rate is its final evaluation's: none yet while it trains.
+  const sinkRate = await page.locator('#run-sink-rate').textContent();
+  check(sinkRate === '—' || /^0\.\d{3} of heads \(ε 0\.3\)$/.test(sinkRate), `the run's sink rate: "${sinkRate}"`);
   check(await page.locator('#log').count() === 0, 'a run of the built-in model has no Log section');
 
   // A program run's page: the last lines of its log, as text (markup not interpreted, bytes that

@@ -11,11 +11,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -27,6 +29,31 @@ const char* TorchVersion() { return TORCH_VERSION; }
 uint64_t DefaultCpuSeed() { return at::detail::getDefaultCPUGenerator().current_seed(); }
 
 at::Generator CpuGenerator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
+
+absl::Status Bf16ProductVerdict(double product, const std::string& device) {
+  constexpr double kWant = 1024;
+  if (product == kWant) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "train.precision: bf16 is refused on ", device,
+      ": its bf16 matrix products accumulate in "
+      "bf16 (the start-up self-test ones(1, 1024) x ones(1024, 1) gave ",
+      product, ", not 1024: LibTorch ", TorchVersion(),
+      ", pytorch/pytorch#83863), so sums over a few "
+      "hundred terms lose their last bits. Train in fp32 on this device, or in bf16 on one that "
+      "passes (a CUDA device; a LibTorch whose CPU kernels accumulate in fp32)"));
+}
+
+absl::Status Bf16ProductSelfTest(const torch::Device& device) {
+  const char* skip = std::getenv("ABLATE_BF16_SELFTEST");
+  if (skip != nullptr && std::string(skip) == "skip") return absl::OkStatus();
+  torch::NoGradGuard no_grad;
+  const auto options = torch::TensorOptions().dtype(torch::kBFloat16).device(device);
+  const double product =
+      torch::matmul(torch::ones({1, 1024}, options), torch::ones({1024, 1}, options))
+          .to(torch::kCPU, torch::kFloat64)
+          .item<double>();
+  return Bf16ProductVerdict(product, device.str());
+}
 
 std::string FusedAttentionBlocker(const torch::Tensor& q, bool need_probs) {
   if (!q.is_cuda()) return "on the CPU";

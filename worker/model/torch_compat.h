@@ -17,6 +17,12 @@
 //       stats, in a CUDA build only (ABLATE_WITH_CUDA_ALLOCATOR, set by worker/model/CMakeLists.txt
 //       when Torch's config found c10_cuda: Debian's CPU package ships the header, not the
 //       library).
+//   Bf16ProductSelfTest
+//       LibTorch 1.13's CPU fallback for bf16 matrix products too small for oneDNN (gemv, dot,
+//       small gemm and bmm) accumulates in bf16 (pytorch/pytorch#83863, #95125): a sum of 1024
+//       ones stops at 256, where each +1 rounds away. Measured on this project's VM (with
+//       AVX-512 BF16): ones(1, 1024) x ones(1024, 1) = 256, (2 x 1024) x (1024 x 2) the same,
+//       from (8 x 1024) x (1024 x 8) on 1024. PRECISION_BF16 runs check it at start-up.
 //   SetCudaAutocast
 //       at::autocast::set_enabled(bool) / set_autocast_gpu_dtype() up to 2.3; from 2.4
 //       set_autocast_enabled(kCUDA, bool) / set_autocast_dtype(kCUDA, dtype). The old names are
@@ -40,6 +46,8 @@
 #include <torch/version.h>
 
 #include <string>
+
+#include "absl/status/status.h"
 
 // True when the LibTorch headers are version major.minor or later.
 #define ABLATE_TORCH_AT_LEAST(major, minor) \
@@ -73,6 +81,15 @@ std::string FusedAttentionBlocker(const torch::Tensor& q, bool need_probs);
 // Returns (B, T, H, dk). Throws c10::Error when FusedAttentionBlocker(q, false) is not empty.
 torch::Tensor FusedCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                                    const torch::Tensor& v);
+
+// The start-up self-test of PRECISION_BF16 (docs/training.md, "Mixed precision"): the product
+// of ones(1, 1024) and ones(1024, 1) in bf16 on `device` must be 1024. Where it is not, bf16
+// products there accumulate in bf16 and the run is refused: InvalidArgument naming the value.
+// ABLATE_BF16_SELFTEST=skip in the environment skips it (to test the bf16 code path on such a
+// CPU; its results are then not to be trusted).
+absl::Status Bf16ProductSelfTest(const torch::Device& device);
+// Its verdict on the product's value `product` on `device` (the refusal testable anywhere).
+absl::Status Bf16ProductVerdict(double product, const std::string& device);
 
 // CUDA autocast on (to `dtype`) or off, for the calling thread. Clears the autocast cast cache
 // when turning it off, as leaving an autocast region does. Only a thread-local switch: callable

@@ -84,6 +84,9 @@ bool SetMetric(const std::string& name, double value, EvalResult* eval) {
     p->set_m_act(value);
   } else if (name == "f_attn") {
     p->set_f_attn(value);
+  } else if (name == "sink_rate") {
+    if (!(value >= 0 && value <= 1)) return false;  // a share of heads, or dropped
+    p->set_sink_rate(value);
   } else if (name.empty() || name.size() > kMaxEvalMetricName || !std::isfinite(value) ||
              eval->metrics_size() >= kMaxEvalMetrics) {
     return false;

@@ -197,7 +197,7 @@ absl::Status CheckpointArchive::LoadNewestGood(
 }
 
 absl::StatusOr<std::string> InitFromCheckpoint(const std::string& path, torch::Device device,
-                                               TransformerImpl& model) {
+                                               TransformerImpl& model, double out_scale) {
   if (!fs::exists(path)) {
     return absl::NotFoundError(absl::StrCat("train.init_from.checkpoint: no file ", path));
   }
@@ -239,10 +239,38 @@ absl::StatusOr<std::string> InitFromCheckpoint(const std::string& path, torch::D
         absl::StrCat("train.init_from: this config has no ", absl::StrJoin(dropped, ", "), " of ",
                      path, " (continued training may add parameters, never drop trained ones)"));
   }
-  return absl::StrCat("initialised from ", path, ": ", used.size(), " parameter tensors loaded",
-                      fresh.empty() ? ""
-                                    : absl::StrCat("; fresh (this config adds them): ",
-                                                   absl::StrJoin(fresh, ", ")));
+  std::string scaled;
+  if (out_scale != 1.0) {  // preserve_function: W_O takes over the added gate's starting score
+    int gates = 0, outputs = 0;
+    for (auto& p : model.named_parameters()) {
+      if (p.key().find(".attn.gate.") != std::string::npos) {
+        if (used.count(p.key()) > 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "train.init_from.preserve_function: ", path, " already has the gate (", p.key(),
+              "): there is no added gate whose starting score W_O could take over"));
+        }
+        ++gates;
+      }
+    }
+    if (gates == 0) {
+      return absl::InvalidArgumentError(
+          "train.init_from.preserve_function: this config adds no attention gate");
+    }
+    for (auto& p : model.named_parameters()) {
+      if (absl::EndsWith(p.key(), ".attn.o_proj.weight") && used.count(p.key()) > 0) {
+        p.value().mul_(out_scale);
+        ++outputs;
+      }
+    }
+    scaled = absl::StrCat("; W_O of ", outputs, " layers multiplied by ", out_scale,
+                          " (train.init_from.preserve_function: the added gate starts at ",
+                          1.0 / out_scale, ")");
+  }
+  return absl::StrCat(
+      "initialised from ", path, ": ", used.size(), " parameter tensors loaded",
+      fresh.empty() ? ""
+                    : absl::StrCat("; fresh (this config adds them): ", absl::StrJoin(fresh, ", ")),
+      scaled);
 }
 
 }  // namespace ablate

@@ -94,9 +94,12 @@ class CheckpointArchive {
 // copied into `model` (freshly built) by name. A parameter the model has and the checkpoint
 // lacks keeps its fresh initialisation; returns the summary line naming those. A parameter the
 // checkpoint has and the model lacks, or a shape that differs, is InvalidArgument; a missing
-// file is NotFound, an unreadable one DataLoss.
+// file is NotFound, an unreadable one DataLoss. `out_scale` != 1 (train.init_from.
+// preserve_function: 1 / GateStartScore) multiplies each loaded W_O by it, and requires every
+// attention gate parameter to be fresh: the added gate's constant starting score is taken over by
+// W_O, so the loaded model's function is unchanged.
 absl::StatusOr<std::string> InitFromCheckpoint(const std::string& path, torch::Device device,
-                                               TransformerImpl& model);
+                                               TransformerImpl& model, double out_scale = 1.0);
 
 }  // namespace ablate
 

@@ -274,6 +274,13 @@ absl::StatusOr<TokenData> TokenData::Load(const DataConfig& config, int64_t voca
                            path.string(), " (", m.vocab_size, ", its manifest.json)"));
         }
         if (!config.has_eod_token()) eod = m.eod_token;
+        // Bigram-backcopy (`ablate data synth`) defines query classes: its trigger tokens.
+        if (m.params.value("task", "") == "bigram-backcopy" &&
+            m.params.contains("trigger_tokens") && m.params["trigger_tokens"].is_array()) {
+          for (const auto& t : m.params["trigger_tokens"]) {
+            if (t.is_number_integer()) data.triggers_.push_back(t.get<int32_t>());
+          }
+        }
       }
       for (const auto& [file, out] :
            {std::pair{source->train[0], &train}, {source->val[0], &val}}) {

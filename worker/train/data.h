@@ -98,6 +98,9 @@ class TokenData {
   int64_t train_documents() const { return train_.documents; }
   int64_t val_documents() const { return val_.documents; }
   const std::string& source() const { return source_; }
+  // The trigger tokens of bigram-backcopy data (its manifest's params.trigger_tokens): they split
+  // the probes' query positions into trigger and non_trigger classes. Empty for other data.
+  const std::vector<int32_t>& triggers() const { return triggers_; }
 
   // One file of a split (or a part of one): its tokens and, where documents are known, the
   // offsets where documents start (sorted, the first 0).
@@ -123,6 +126,7 @@ class TokenData {
   uint64_t seed_ = 0;
   int64_t seq_len_ = 0;
   int32_t bos_ = -1;  // DataConfig.bos_token, -1 when unset
+  std::vector<int32_t> triggers_;
   std::string source_;  // human-readable: the path(s) loaded
 };
 

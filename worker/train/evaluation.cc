@@ -93,6 +93,9 @@ LengthEval EvaluateLength(TransformerImpl& model, const TokenData& data, const R
   return l;
 }
 
+constexpr char kTriggerClass[] = "trigger";
+constexpr char kNonTriggerClass[] = "non_trigger";
+
 }  // namespace
 
 absl::StatusOr<EvalResult> Evaluate(TransformerImpl& model, const TokenData& data,
@@ -102,10 +105,19 @@ absl::StatusOr<EvalResult> Evaluate(TransformerImpl& model, const TokenData& dat
   const auto started = std::chrono::steady_clock::now();
   torch::NoGradGuard no_grad;
   model.eval();
-  ProbeRecorder recorder(config.model(), t.attention_map_heads());
+  ProbeRecorder recorder(config.model(), t.attention_map_heads(), SinkEpsilon(t));
+  torch::Tensor triggers;
+  if (!data.triggers().empty()) {
+    triggers = torch::tensor(std::vector<int64_t>(data.triggers().begin(), data.triggers().end()),
+                             torch::kLong);
+  }
   double loss_sum = 0;
   for (int64_t i = 0; i < t.eval_batches(); ++i) {
     auto [x, y] = GetBatch(data, t, TokenData::Split::kVal, i, device);
+    if (triggers.defined()) {  // class 1: the query's own token is a trigger
+      recorder.SetQueryClasses(torch::isin(x.cpu(), triggers).to(torch::kLong),
+                               {kNonTriggerClass, kTriggerClass});
+    }
     loss_sum += ModelLoss(model, x, y, t.loss_chunk_tokens(), autocast, &recorder).item<double>();
   }
   EvalResult r;
@@ -113,6 +125,11 @@ absl::StatusOr<EvalResult> Evaluate(TransformerImpl& model, const TokenData& dat
   r.set_val_loss(loss_sum / t.eval_batches());
   r.set_val_ppl(std::exp(r.val_loss()));
   *r.mutable_probes() = recorder.Finish();
+  // The split by query class as named metrics too: compare, table --evals and SQL reach them.
+  for (const QueryClassProbes& c : r.probes().classes()) {
+    (*r.mutable_metrics())["f_attn@" + c.name()] = c.first_token_attention();
+    if (c.has_gate_mean()) (*r.mutable_metrics())["gate_score@" + c.name()] = c.gate_mean();
+  }
   for (AttentionMap& m : recorder.TakeAttentionMaps()) *r.add_attention_maps() = std::move(m);
   for (const int32_t len : t.eval_seq_lens()) {
     *r.add_lengths() = EvaluateLength(model, data, config, device, autocast, len);

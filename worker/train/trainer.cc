@@ -118,7 +118,10 @@ struct Trainer::State {
       torch::manual_seed(t.seed());
       model = Transformer(config.model());
       model->to(device);
-      if (t.precision() == PRECISION_BF16) model->SetComputeDtype(torch::kBFloat16);
+      if (t.precision() == PRECISION_BF16) {
+        if (absl::Status s = compat::Bf16ProductSelfTest(device); !s.ok()) return s;
+        model->SetComputeDtype(torch::kBFloat16);
+      }
       model->SetActivationCheckpointing(t.activation_checkpointing());
       if (dist != nullptr) {  // the global-batch balance loss counts every rank's assignments
         Collective* c = dist.get();
@@ -145,8 +148,17 @@ struct Trainer::State {
     checkpoints->Forget();
     RebuildMonitor();
     if (!t.init_from().checkpoint().empty()) {
+      double out_scale = 1.0;
+      if (t.init_from().preserve_function()) {
+        absl::StatusOr<double> start = GateStartScore(config.model());
+        if (!start.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("train.init_from.preserve_function: ", start.status().message()));
+        }
+        out_scale = 1.0 / *start;
+      }
       absl::StatusOr<std::string> loaded =
-          InitFromCheckpoint(t.init_from().checkpoint(), device, *model);
+          InitFromCheckpoint(t.init_from().checkpoint(), device, *model, out_scale);
       if (!loaded.ok()) return loaded.status();
       init_from_summary = *std::move(loaded);
       return absl::OkStatus();

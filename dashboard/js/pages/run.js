@@ -12,6 +12,43 @@ import { el, num, count, time, stateBadge, tagList, noteItem } from '../format.j
 const REFRESH_MS = 3000;
 const LOG_LINES = 200;
 
+// The sink-rate threshold the run's probes used: train.sink_epsilon, 0 or absent read as 0.3.
+function sinkEpsilon(run) {
+  return (run.config && typeof run.config === 'object' && run.config.train?.sink_epsilon) || 0.3;
+}
+
+// First-token attention per layer and head (the paper's F-Attn averages the heads, which hides
+// one sink head): a table, the heads over ε in the sink-rate window marked.
+function sinkHeadTable(layers, epsilon) {
+  const heads = Math.max(0, ...layers.map((l) => (l.f_attn_by_head || []).length));
+  if (heads === 0) return null;
+  return el('div', { class: 'chart', id: 'sink-heads' },
+    el('h3', {}, 'First-token attention per head'),
+    el('p', { class: 'muted' }, `Each cell: attention on key 0, over query positions > 0 (in brackets: over positions 1-63, the sink-rate window). Bold: a sink head, over ε = ${epsilon} in the window.`),
+    el('table', {},
+      el('thead', {}, el('tr', {}, el('th', {}, 'layer'), ...Array.from({ length: heads }, (_, h) => el('th', {}, `head ${h}`)))),
+      el('tbody', {}, layers.map((l) => el('tr', {}, el('td', {}, String(l.layer)),
+        ...Array.from({ length: heads }, (_, h) => {
+          const all = l.f_attn_by_head?.[h];
+          const win = l.sink_window_by_head?.[h];
+          const text = all == null ? '—' : `${num(all, 3)}${win == null ? '' : ` (${num(win, 3)})`}`;
+          return el('td', { class: win != null && win > epsilon ? 'sink' : '' }, win != null && win > epsilon ? el('strong', {}, text) : text);
+        }))))));
+}
+
+// F-Attn and the gate score by query class, where the data defines classes (bigram-backcopy:
+// trigger and non_trigger queries).
+function queryClassTable(layers) {
+  const rows = layers.flatMap((l) => (l.classes || []).map((c) => ({ layer: l.layer, ...c })));
+  if (rows.length === 0) return null;
+  return el('div', { class: 'chart', id: 'query-classes' },
+    el('h3', {}, 'By query class'),
+    el('table', {},
+      el('thead', {}, el('tr', {}, ['layer', 'class', 'queries', 'F-Attn', 'gate score'].map((h) => el('th', {}, h)))),
+      el('tbody', {}, rows.map((r) => el('tr', {}, el('td', {}, String(r.layer)), el('td', {}, r.name),
+        el('td', {}, count(r.queries)), el('td', {}, num(r.f_attn, 3)), el('td', {}, r.gate_mean == null ? '—' : num(r.gate_mean, 3)))))));
+}
+
 function headerNodes(run) {
   return [
     el('h1', {}, `Run #${run.id}: ${run.variant} (seed ${run.seed}) `, stateBadge(run.state)),
@@ -23,6 +60,8 @@ function headerNodes(run) {
       el('dt', {}, 'params'), el('dd', {}, `${count(run.params_total)} total, ${count(run.params_activated)} activated, ${count(run.params_added, true)} added`),
       el('dt', {}, 'val loss / PPL'), el('dd', {}, `${num(run.val_loss)} / ${num(run.val_ppl, 2)}`),
       el('dt', {}, 'gate score, M-Act, F-Attn'), el('dd', {}, `${num(run.gate_score, 3)}, ${num(run.m_act, 1)}, ${num(run.f_attn, 3)}`),
+      el('dt', {}, 'sink rate'), el('dd', { id: 'run-sink-rate' }, run.sink_rate == null ? '—'
+        : `${num(run.sink_rate, 3)} of heads (ε ${sinkEpsilon(run)})`),
       el('dt', {}, 'spike score'), el('dd', {}, `${num(run.spike_score)} (${run.spike_steps} steps)`),
       el('dt', {}, 'attempts'), el('dd', {}, `${run.attempts}${run.reason ? ` — ${run.reason}` : ''}`),
       el('dt', {}, 'started / finished'), el('dd', {}, `${time(run.started_at)} / ${time(run.finished_at)}`),
@@ -219,6 +258,9 @@ export async function render(view, ctx, idText) {
     const names = layers.map((l) => String(l.layer));
     barChart(box(), { title: 'M-Act: max |hidden state| per layer', labels: names, values: layers.map((l) => l.m_act), xLabel: 'layer', yLabel: 'M-Act' });
     barChart(box(), { title: 'F-Attn: attention on the first token per layer', labels: names, values: layers.map((l) => l.f_attn), xLabel: 'layer', yLabel: 'F-Attn', color: '#8e44ad' });
+    for (const table of [sinkHeadTable(layers, sinkEpsilon(run)), queryClassTable(layers)]) {
+      if (table) probeCharts.append(table);
+    }
     const gated = layers.filter((l) => l.gate_histogram);
     const chosen = layerSelect.value === 'all' ? gated : gated.filter((l) => String(l.layer) === layerSelect.value);
     if (chosen.length === 0) {

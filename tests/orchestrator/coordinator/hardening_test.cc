@@ -123,6 +123,22 @@ TEST_F(HardeningTest, AHostileReportIsRefusedAtTheDoorAndNothingIsStored) {
       {"an attention map of a million positions",
        [](ReportRequest* r) { r->add_evals()->add_attention_maps()->set_size(1'000'000); },
        "evals[0].attention_maps[0].size is 1000000; it must be in [1, 64]"},
+      {"a first-token attention per head that is not a share",
+       [](ReportRequest* r) {
+         r->add_evals()->mutable_probes()->add_layers()->add_first_token_attention_by_head(7.5);
+       },
+       "evals[0].probes.layers[0].first_token_attention_by_head is 7.5; it must be a share of "
+       "attention in [0, 1]"},
+      {"a sink rate of NaN",
+       [](ReportRequest* r) {
+         r->add_evals()->mutable_probes()->set_sink_rate(std::numeric_limits<double>::quiet_NaN());
+       },
+       "evals[0].probes.sink_rate is nan"},
+      {"a query class with markup for a name",
+       [](ReportRequest* r) {
+         r->add_evals()->mutable_probes()->add_classes()->set_name("<b>trigger</b>");
+       },
+       "evals[0].probes.classes[0].name must be 1 to 32 letters, digits or '_'"},
       {"a negative evaluation length",
        [](ReportRequest* r) { r->add_evals()->add_lengths()->set_seq_len(-1); },
        "evals[0].lengths[0].seq_len is -1"},

@@ -60,6 +60,24 @@ inline EvalResult Eval(int64_t step, int layers, bool gated) {
     lp->set_has_gate(gated);
     lp->set_ffn_residual_max_abs(10.0 * (l + 1));
     lp->set_first_token_attention(0.1 * (l + 1));
+    // Four heads, head 0 the sink head: its mean is the layer's, its window over ε = 0.3 in
+    // layers 1-3 (a sink rate of 3 / 16); bigram-backcopy's query classes.
+    for (const double share : {2.5, 0.5, 0.5, 0.5}) {
+      lp->add_first_token_attention_by_head(0.1 * (l + 1) * share);
+      lp->add_sink_window_attention_by_head(std::min(1.0, 0.1 * (l + 1) * share + 0.05));
+    }
+    QueryClassProbes* other = lp->add_classes();
+    other->set_name("non_trigger");
+    other->set_queries(3000);
+    other->set_first_token_attention(0.12 * (l + 1));
+    QueryClassProbes* trigger = lp->add_classes();
+    trigger->set_name("trigger");
+    trigger->set_queries(1000);
+    trigger->set_first_token_attention(0.04 * (l + 1));
+    if (gated) {
+      other->set_gate_mean(0.1);
+      trigger->set_gate_mean(0.5);
+    }
     if (gated) {
       lp->set_gate_mean(0.2);
       lp->set_gate_std(0.1);
@@ -74,6 +92,15 @@ inline EvalResult Eval(int64_t step, int layers, bool gated) {
   p->set_gate_score_mean(gated ? 0.2 : 0);
   p->set_m_act(10.0 * (layers + 1) / 2.0);
   p->set_f_attn(0.1 * (layers + 1) / 2.0);
+  p->set_sink_epsilon(0.3);
+  int sinks = 0, heads = 0;
+  for (const LayerProbes& l : p->layers()) {
+    for (const double w : l.sink_window_attention_by_head()) {
+      sinks += w > 0.3 ? 1 : 0;
+      ++heads;
+    }
+  }
+  p->set_sink_rate(static_cast<double>(sinks) / heads);
   return e;
 }
 

@@ -180,6 +180,28 @@ TEST(CompareTest, MetricsReferencesAndBadInput) {
   EXPECT_FALSE(c->lower_is_better);
   EXPECT_EQ(c->rows[0].verdict, kLower);
 
+  // The sink rate is compared as F-Attn is: lower is better. A gate score by query class
+  // (gate_score@trigger), as the gate score, has no better direction.
+  for (ResultRun& r : runs) {
+    r.run.sink_rate = r.run.variant == "g1" ? 0.0 + 0.01 * r.run.seed : 0.5 + 0.01 * r.run.seed;
+    r.metrics["gate_score@trigger"] = r.run.variant == "g1" ? 0.2 + 0.01 * r.run.seed : 0.5;
+  }
+  CompareOptions sink;
+  sink.metric = "sink_rate";
+  sink.correction = "none";
+  c = CompareResults(Results(runs), sink);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->lower_is_better);
+  EXPECT_EQ(RowOf(*c, "g1").verdict, kBetter);
+  EXPECT_NEAR(RowOf(*c, "g1").delta, -0.5, 1e-12);
+  CompareOptions by_class;
+  by_class.metric = "gate_score@trigger";
+  by_class.correction = "none";
+  c = CompareResults(Results(runs), by_class);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->lower_is_better);
+  EXPECT_EQ(RowOf(*c, "g1").verdict, kLower);
+
   const auto error = [&](CompareOptions o) { return CompareResults(Results(runs), o).status(); };
   CompareOptions bad;
   bad.metric = "accuracy";

@@ -92,6 +92,76 @@ void ExpectRowCounts(const ComparisonRow& row, const std::string& variant, int r
   EXPECT_EQ(row.diverged, diverged);
 }
 
+// The sink rate (issue 58) is a run column as F-Attn is: in the table (markdown after F-Attn,
+// csv after the costs), in SQL (run_summary, variant_table), and per layer the first-token
+// attention of each head and the split by query class, stored as JSON and read back.
+TEST_F(StoreTest, TheSinkRateAndPerHeadProbesAreStoredAndShown) {
+  SweepIds ids = Submit("sink", {"baseline", "g1"}, 2);  // runs: b0 g0 b1 g1
+  const double rates[] = {0.5, 0.0, 0.25, 0.0};
+  for (int i = 0; i < 4; ++i) {
+    const int64_t id = ids.run_ids[i];
+    Start(id);
+    RunTransition t = testing::MakeTransition(id, {RUNNING}, SUCCEEDED);
+    t.has_summary = true;
+    t.summary.set_state(SUCCEEDED);
+    t.summary.set_steps_done(1000);
+    EvalResult* e = t.summary.mutable_final_eval();
+    e->set_step(1000);
+    e->set_val_loss(3.0);
+    e->set_val_ppl(std::exp(3.0));
+    Probes* p = e->mutable_probes();
+    p->set_f_attn(0.2);
+    p->set_sink_rate(rates[i]);
+    p->set_sink_epsilon(0.3);
+    LayerProbes* l = p->add_layers();
+    l->set_layer(0);
+    l->set_first_token_attention(0.2);
+    for (const double h : {0.35, 0.05}) l->add_first_token_attention_by_head(h);
+    for (const double h : {0.4, 0.1}) l->add_sink_window_attention_by_head(h);
+    QueryClassProbes* c = l->add_classes();
+    c->set_name("trigger");
+    c->set_queries(10);
+    c->set_first_token_attention(0.1);
+    c->set_gate_mean(0.6);
+    ASSERT_TRUE(store_->TransitionRun(t).ok());
+  }
+  absl::StatusOr<ComparisonTable> table = store_->reader().GetComparisonTable("sink");
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_NEAR(table->rows[0].sink_rate.mean, 0.375, 1e-12);
+  EXPECT_NEAR(table->rows[0].sink_rate.std, std::sqrt(0.03125), 1e-12);
+  EXPECT_EQ(table->rows[1].sink_rate.mean, 0.0);
+  EXPECT_THAT(*FormatComparisonTable(*table, "markdown"),
+              ::testing::HasSubstr("| F-Attn | sink rate | spike score |"));
+  EXPECT_THAT(*FormatComparisonTable(*table, "csv"),
+              ::testing::HasSubstr(",sink_rate_mean,sink_rate_std"));
+  const auto value = [&](const std::string& sql) {
+    absl::StatusOr<QueryResult> r = store_->reader().ReadOnlyQuery(sql);
+    EXPECT_TRUE(r.ok()) << sql << ": " << r.status();
+    return r.ok() && !r->rows.empty() ? std::get<double>(r->rows[0][0]) : kNaN;
+  };
+  EXPECT_EQ(value("SELECT sink_rate FROM run_summary ORDER BY run_id LIMIT 1"), 0.5);
+  EXPECT_EQ(value("SELECT sink_rate_mean FROM variant_table WHERE variant = 'baseline'"), 0.375);
+  EXPECT_EQ(value("SELECT json_extract(first_token_by_head, '$[0]') FROM eval_layer_probes "
+                  "ORDER BY run_id LIMIT 1"),
+            0.35);
+  absl::StatusOr<std::vector<EvalResult>> series =
+      store_->reader().EvalSeries(ids.run_ids[0], /*with_layers=*/true);
+  ASSERT_TRUE(series.ok()) << series.status();
+  ASSERT_EQ(series->size(), 1u);
+  const EvalResult& e = series->front();
+  EXPECT_EQ(e.probes().sink_rate(), 0.5);
+  ASSERT_EQ(e.probes().layers_size(), 1);
+  const LayerProbes& l = e.probes().layers(0);
+  EXPECT_THAT(std::vector<double>(l.first_token_attention_by_head().begin(),
+                                  l.first_token_attention_by_head().end()),
+              ::testing::ElementsAre(0.35, 0.05));
+  EXPECT_EQ(l.sink_window_attention_by_head_size(), 2);
+  ASSERT_EQ(l.classes_size(), 1);
+  EXPECT_EQ(l.classes(0).name(), "trigger");
+  EXPECT_EQ(l.classes(0).queries(), 10);
+  EXPECT_EQ(l.classes(0).gate_mean(), 0.6);
+}
+
 TEST_F(StoreTest, ComparisonTableMatchesHandComputedMeanAndStd) {
   SweepIds ids = Submit("table", {"baseline", "g1"}, 3);  // runs: b0 g0 b1 g1 b2 g2
   const double base_loss[] = {3.0, 3.1, 3.2};             // mean 3.1, std 0.1

@@ -2,9 +2,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
+
 #include "worker/model/fused_ops.h"
+#include "worker/model/torch_compat.h"
 
 namespace ablate {
 namespace {
@@ -154,6 +158,30 @@ TEST(FusedOpsTest, MatchEagerSplitBetweenThreads) {
 // In bf16 (PRECISION_BF16) the reference attention takes its scores and softmax in fp32: its
 // probabilities are those of the fp32 scores of the same bf16 queries and keys, where scores
 // rounded to bf16 would be off by up to 2^-9 of their size.
+// The BF16 start-up self-test (compat::Bf16ProductSelfTest). Its refusal, forced with the value
+// LibTorch 1.13's CPU fallback gives (a sum of 1024 ones in bf16 stops at 256), names the field,
+// the value and the way out; on this machine's kernels its verdict is the product's own value;
+// ABLATE_BF16_SELFTEST=skip skips it.
+TEST(FusedOpsTest, Bf16SelfTestRefusesProductsThatAccumulateInBf16) {
+  EXPECT_TRUE(compat::Bf16ProductVerdict(1024, "cpu").ok());
+  const absl::Status refused = compat::Bf16ProductVerdict(256, "cpu");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  for (const char* words : {"train.precision: bf16 is refused on cpu", "gave 256, not 1024",
+                            "Train in fp32 on this device"}) {
+    EXPECT_NE(refused.message().find(words), std::string::npos) << refused;
+  }
+  ::unsetenv("ABLATE_BF16_SELFTEST");
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
+  const double product =
+      torch::matmul(torch::ones({1, 1024}, bf16), torch::ones({1024, 1}, bf16)).item<double>();
+  const absl::Status here = compat::Bf16ProductSelfTest(torch::kCPU);
+  EXPECT_EQ(here.ok(), product == 1024) << "product " << product << ": " << here;
+  if (!here.ok()) EXPECT_NE(here.message().find(absl::StrCat("gave ", product)), std::string::npos);
+  ::setenv("ABLATE_BF16_SELFTEST", "skip", 1);
+  EXPECT_TRUE(compat::Bf16ProductSelfTest(torch::kCPU).ok());
+  ::unsetenv("ABLATE_BF16_SELFTEST");
+}
+
 TEST(FusedOpsTest, Bf16AttentionScoresAreComputedInFp32) {
   torch::manual_seed(9);
   const int64_t B = 1, H = 2, T = 24, dk = 32;

@@ -142,5 +142,88 @@ TEST(ProbesTest, AccumulatesAcrossBatches) {
   }
 }
 
+// Per head, the sink window and the sink rate on hand-built attention (B 1, H 2, T 80): head 0
+// puts 0.5 on key 0 in the first 64 positions and nothing after, head 1 0.1 everywhere. Query 0
+// never counts. Two query blocks (0..39, 40..79) give what one block gives.
+TEST(ProbesTest, FirstTokenAttentionPerHeadAndTheSinkRate) {
+  ModelConfig c = TinyDense();
+  c.set_num_layers(1);
+  const int64_t T = 80;
+  torch::Tensor p = torch::full({1, 2, T}, 0.1, torch::kFloat64);
+  p.index_put_({0, 0, torch::indexing::Slice(0, 64)}, 0.5);
+  p.index_put_({0, 0, torch::indexing::Slice(64, T)}, 0.0);
+  ProbeRecorder whole(c), blocks(c), strict(c, 0, 0.6);
+  whole.FirstTokenAttention(0, p, 0);
+  blocks.FirstTokenAttention(0, p.slice(2, 0, 40), 0);
+  blocks.FirstTokenAttention(0, p.slice(2, 40, T), 40);
+  strict.FirstTokenAttention(0, p, 0);
+  for (const Probes& probes : {whole.Finish(), blocks.Finish()}) {
+    const LayerProbes& l = probes.layers(0);
+    ASSERT_EQ(l.first_token_attention_by_head_size(), 2);
+    EXPECT_NEAR(l.first_token_attention_by_head(0), 63 * 0.5 / (T - 1), 1e-12);
+    EXPECT_NEAR(l.first_token_attention_by_head(1), 0.1, 1e-12);
+    ASSERT_EQ(l.sink_window_attention_by_head_size(), 2);
+    EXPECT_NEAR(l.sink_window_attention_by_head(0), 0.5, 1e-12);
+    EXPECT_NEAR(l.sink_window_attention_by_head(1), 0.1, 1e-12);
+    // The paper's F-Attn is the mean over heads.
+    EXPECT_NEAR(l.first_token_attention(), (63 * 0.5 / (T - 1) + 0.1) / 2, 1e-12);
+    EXPECT_DOUBLE_EQ(probes.sink_epsilon(), 0.3);
+    ASSERT_TRUE(probes.has_sink_rate());
+    EXPECT_DOUBLE_EQ(probes.sink_rate(), 0.5);  // head 0 of 2 is over 0.3
+    EXPECT_EQ(probes.classes_size(), 0);        // no classes were set
+  }
+  EXPECT_DOUBLE_EQ(strict.Finish().sink_rate(), 0.0);  // at ε = 0.6 neither head is a sink
+}
+
+// Uniform attention through the model: every head the same, the window's mean its own.
+TEST(ProbesTest, UniformAttentionIsTheSameInEveryHead) {
+  torch::manual_seed(1);
+  Transformer model(TinyDense());
+  ZeroParams(model, "q_proj.weight");
+  const Probes p = RunProbes(model, torch::randint(0, 64, {3, 12}, torch::kLong));
+  for (const LayerProbes& l : p.layers()) {
+    ASSERT_EQ(l.first_token_attention_by_head_size(), 4);
+    for (double h : l.first_token_attention_by_head()) {
+      EXPECT_NEAR(h, l.first_token_attention(), 1e-6);
+    }
+    // T = 12 < 64: the window is the whole sequence.
+    for (double h : l.sink_window_attention_by_head())
+      EXPECT_NEAR(h, l.first_token_attention(), 1e-6);
+  }
+  EXPECT_DOUBLE_EQ(p.sink_rate(), 0.0);  // a mean of 1/(t+1) over t = 1..11 is 0.21 < 0.3
+}
+
+// By query class: attention on key 0 and gate scores of each class's positions > 0; a position
+// of class -1 is in none.
+TEST(ProbesTest, QueryClassesSplitFirstTokenAttentionAndGateScores) {
+  ModelConfig c = TinyDense();
+  c.set_num_layers(1);
+  ProbeRecorder r(c);
+  // Positions 0..5 of one row: classes a, b, a, b, none, a.
+  r.SetQueryClasses(torch::tensor({{0, 1, 0, 1, -1, 0}}, torch::kLong), {"a", "b"});
+  const torch::Tensor p =
+      torch::tensor({{{1.0, 0.2, 0.3, 0.4, 0.9, 0.5}, {1.0, 0.4, 0.5, 0.6, 0.9, 0.7}}},
+                    torch::kFloat64);  // (1, 2 heads, 6)
+  r.FirstTokenAttention(0, p, 0);
+  // Scores (1, 6, 2 heads, 2 elements): position t scores 0.1 t.
+  const torch::Tensor scores =
+      (torch::arange(6, torch::kFloat64) * 0.1).view({1, 6, 1, 1}).expand({1, 6, 2, 2});
+  r.GateScores(0, scores);
+  const Probes out = r.Finish();
+  const LayerProbes& l = out.layers(0);
+  ASSERT_EQ(l.classes_size(), 2);
+  EXPECT_EQ(l.classes(0).name(), "a");
+  EXPECT_EQ(l.classes(0).queries(), 2);  // positions 2 and 5 (0 never counts)
+  EXPECT_NEAR(l.classes(0).first_token_attention(), (0.3 + 0.5 + 0.5 + 0.7) / 4, 1e-12);
+  EXPECT_NEAR(l.classes(0).gate_mean(), (0.2 + 0.5) / 2, 1e-12);
+  EXPECT_EQ(l.classes(1).name(), "b");
+  EXPECT_EQ(l.classes(1).queries(), 2);  // positions 1 and 3
+  EXPECT_NEAR(l.classes(1).first_token_attention(), (0.2 + 0.4 + 0.4 + 0.6) / 4, 1e-12);
+  EXPECT_NEAR(l.classes(1).gate_mean(), (0.1 + 0.3) / 2, 1e-12);
+  ASSERT_EQ(out.classes_size(), 2);  // over the one layer: the same
+  EXPECT_NEAR(out.classes(0).first_token_attention(), l.classes(0).first_token_attention(), 1e-12);
+  EXPECT_NEAR(out.classes(1).gate_mean(), l.classes(1).gate_mean(), 1e-12);
+}
+
 }  // namespace
 }  // namespace ablate

@@ -95,12 +95,15 @@ TEST(AblateReportTest, NanAndInfStrings) {
 TEST(AblateReportTest, MetricsLandInProbes) {
   OutputParser p(Report(PROGRAM_REPORT_ABLATE));
   ProgramEvent e = One(p, R"(@ablate {"t":"eval","step":500,"val_loss":2.1,"metrics":)"
-                          R"({"m_act":12.5,"f_attn":0.04,"gate_score":0.3,"my_metric":9,"x":"y"}})");
+                          R"({"m_act":12.5,"f_attn":0.04,"gate_score":0.3,"my_metric":9,"x":"y",)"
+                          R"("sink_rate":0.25}})");
   ASSERT_EQ(e.kind, Kind::kEval) << e.message;
   ASSERT_TRUE(e.eval.probes().has_gate_score_mean());
   EXPECT_DOUBLE_EQ(e.eval.probes().gate_score_mean(), 0.3);
   EXPECT_DOUBLE_EQ(e.eval.probes().m_act(), 12.5);
   EXPECT_DOUBLE_EQ(e.eval.probes().f_attn(), 0.04);
+  EXPECT_DOUBLE_EQ(e.eval.probes().sink_rate(), 0.25);
+  EXPECT_EQ(e.eval.metrics().count("sink_rate"), 0u);
   EXPECT_EQ(e.eval.probes().layers_size(), 0);
   EXPECT_EQ(e.eval.probes().tokens(), 0);
 
@@ -109,6 +112,7 @@ TEST(AblateReportTest, MetricsLandInProbes) {
   EXPECT_FALSE(e.eval.probes().has_gate_score_mean());
   EXPECT_EQ(e.eval.probes().m_act(), 0);
   EXPECT_EQ(e.eval.probes().f_attn(), 0);
+  EXPECT_FALSE(e.eval.probes().has_sink_rate());
 }
 
 TEST(AblateReportTest, UnreadableReportsAreInvalidWithAMessage) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "config/model_config.h"
 #include "tests/test_dir.h"
 #include "tests/worker/tiny_run_config.h"
 #include "worker/model/transformer.h"
@@ -251,6 +252,74 @@ TEST_F(CheckpointTest, InitFromCopiesWeightsByNameAndNamesTheFreshOnes) {
   std::ofstream(dir_ / "garbage.pt") << "not a checkpoint";
   EXPECT_TRUE(absl::IsDataLoss(
       InitFromCheckpoint((dir_ / "garbage.pt").string(), torch::kCPU, *same.model).status()));
+}
+
+// train.init_from.preserve_function (the paper's appendix A.7, identity arm): a zero-initialised
+// sigmoid gate (every score 0.5) added to a trained ungated model, with W_O doubled as it loads,
+// computes exactly what the source did; the gate stays in (0, 1). Configs whose gate does not
+// start at a constant where W_O can take it over are refused by name; so is a source that
+// already has the gate.
+TEST_F(CheckpointTest, PreserveFunctionDoublesWOAndKeepsTheLoadedModelsOutputs) {
+  RunConfig ungated = config_;
+  ungated.mutable_model()->clear_gate();
+  TinyState source(ungated);
+  source.TrainOneStep();
+  CheckpointArchive archive(dir_.string());
+  ASSERT_TRUE(archive.Save(true, *source.model, *source.optimizer, SomeProgress(1), 0).ok());
+
+  RunConfig added = config_;  // G1 elementwise sigmoid
+  added.mutable_model()->mutable_gate()->set_init(GATE_INIT_ZERO);
+  added.mutable_train()->mutable_init_from()->set_checkpoint(archive.Path());
+  added.mutable_train()->mutable_init_from()->set_preserve_function(true);
+  ASSERT_TRUE(ValidateRunConfig(added).ok()) << ValidateRunConfig(added);
+  ASSERT_EQ(*GateStartScore(added.model()), 0.5);
+  TinyState gated(added, /*seed=*/3);
+  absl::StatusOr<std::string> summary =
+      InitFromCheckpoint(archive.Path(), torch::kCPU, *gated.model, 2.0);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_THAT(*summary, HasSubstr("W_O of 2 layers multiplied by 2"));
+  auto params = gated.model->named_parameters();
+  auto sources = source.model->named_parameters();
+  EXPECT_TRUE(torch::equal(params["blocks.0.attn.o_proj.weight"],
+                           2 * sources["blocks.0.attn.o_proj.weight"]));
+  torch::NoGradGuard no_grad;
+  source.model->eval();
+  gated.model->eval();
+  const torch::Tensor x = torch::randint(0, 256, {2, 16}, torch::kLong);
+  const torch::Tensor want = source.model->forward(x).logits;
+  const torch::Tensor got = gated.model->forward(x).logits;
+  EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-5)) << (got - want).abs().max().item<double>();
+
+  // Without preserve_function the zero-init gate halves the attention output: not the same.
+  TinyState plain(added, /*seed=*/3);
+  ASSERT_TRUE(InitFromCheckpoint(archive.Path(), torch::kCPU, *plain.model).ok());
+  plain.model->eval();
+  EXPECT_FALSE(torch::allclose(plain.model->forward(x).logits, want, 1e-5, 1e-5));
+
+  // A source that already has the gate: nothing is added.
+  CheckpointArchive gated_archive((dir_ / "gated").string());
+  ASSERT_TRUE(gated_archive.Save(true, *gated.model, *gated.optimizer, SomeProgress(1), 0).ok());
+  TinyState again(added);
+  summary = InitFromCheckpoint(gated_archive.Path(), torch::kCPU, *again.model, 2.0);
+  EXPECT_TRUE(absl::IsInvalidArgument(summary.status())) << summary.status();
+  EXPECT_THAT(std::string(summary.status().message()), HasSubstr("already has the gate"));
+
+  // Refused at validation: a gate whose scores do not start at a constant, a gate on keys, SiLU.
+  RunConfig normal = added;
+  normal.mutable_model()->mutable_gate()->set_init(GATE_INIT_NORMAL);
+  EXPECT_THAT(std::string(ValidateRunConfig(normal).message()),
+              HasSubstr("train.init_from.preserve_function: needs a gate whose scores start at a "
+                        "constant"));
+  RunConfig keys = added;
+  keys.mutable_model()->mutable_gate()->set_position(GATE_G3);
+  EXPECT_THAT(std::string(ValidateRunConfig(keys).message()),
+              HasSubstr("train.init_from.preserve_function: needs a gate at G1, G2 or G5"));
+  RunConfig silu = added;
+  silu.mutable_model()->mutable_gate()->set_activation(GATE_SILU);
+  EXPECT_THAT(std::string(ValidateRunConfig(silu).message()), HasSubstr("not 0 at 0"));
+  RunConfig ns = added;
+  ns.mutable_model()->mutable_gate()->set_activation(GATE_NS_SIGMOID);
+  EXPECT_EQ(*GateStartScore(ns.model()), 0.75);
 }
 
 TEST_F(CheckpointTest, OnlyTheShardedStatesOfTheTwoNewestCheckpointsAreKept) {

@@ -702,8 +702,10 @@ class EvalDataTest : public testing::CorpusTest {
   }
   // A prepared directory (manifest.json) of `tokenizer`: the corpus's bytes, one document per
   // line, each ended by EOD 256; BOS 257; the last 50 lines in val.bin.
-  fs::path WritePrepared(const std::string& name, const std::string& tokenizer) {
+  fs::path WritePrepared(const std::string& name, const std::string& tokenizer,
+                         nlohmann::json params = nlohmann::json::object()) {
     DataManifest m;
+    m.params = std::move(params);
     m.tokenizer = tokenizer;
     m.vocab_size = 258;
     m.eod_token = 256;
@@ -799,6 +801,62 @@ TEST_F(EvalDataTest, PositionLossNeedsItsWindowsInTheValidationSplit) {
                              "256 = 16384 tokens)"),
             std::string::npos)
       << s;
+}
+
+// Bigram-backcopy data (its manifest's trigger tokens) splits the probes by query class: every
+// query position > 0 is a trigger or not, counted as the data has them, the layer's F-Attn is
+// the classes' mean weighted by their queries, and the split is reported by name too.
+TEST_F(EvalDataTest, BigramBackcopyDataSplitsTheProbesByQueryClass) {
+  const nlohmann::json params = {{"task", "bigram-backcopy"}, {"trigger_tokens", {32, 101}}};
+  RunConfig c = testing::TinyRunConfig(WritePrepared("bb", "bytes", params), 2);
+  c.mutable_model()->set_vocab_size(258);  // TinyRunConfig's model has a G1 gate
+  c.mutable_train()->set_eval_batches(2);
+  ASSERT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c);
+  absl::StatusOr<TokenData> data = TokenData::Load(c.train().data(), 258, c.train().seq_len());
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->triggers(), (std::vector<int32_t>{32, 101}));
+  int64_t triggers = 0, others = 0;
+  for (int64_t i = 0; i < c.train().eval_batches(); ++i) {
+    const torch::Tensor x =
+        GetBatch(*data, c.train(), TokenData::Split::kVal, i, torch::kCPU).first.slice(1, 1);
+    const int64_t t = ((x == 32) | (x == 101)).sum().item<int64_t>();
+    triggers += t;
+    others += x.numel() - t;
+  }
+  ASSERT_GT(triggers, 0);
+  torch::manual_seed(1);
+  Transformer model(c.model());
+  absl::StatusOr<EvalResult> r = Evaluate(*model, *data, c, torch::kCPU, false, 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (const LayerProbes& l : r->probes().layers()) {
+    ASSERT_EQ(l.classes_size(), 2);
+    EXPECT_EQ(l.classes(0).name(), "non_trigger");
+    EXPECT_EQ(l.classes(0).queries(), others);
+    EXPECT_EQ(l.classes(1).name(), "trigger");
+    EXPECT_EQ(l.classes(1).queries(), triggers);
+    const double weighted = (l.classes(0).first_token_attention() * others +
+                             l.classes(1).first_token_attention() * triggers) /
+                            static_cast<double>(others + triggers);
+    EXPECT_NEAR(l.first_token_attention(), weighted, 1e-9);
+    EXPECT_TRUE(l.classes(1).has_gate_mean());
+    EXPECT_EQ(l.first_token_attention_by_head_size(), c.model().num_heads());
+  }
+  EXPECT_DOUBLE_EQ(r->metrics().at("f_attn@trigger"),
+                   r->probes().classes(1).first_token_attention());
+  EXPECT_DOUBLE_EQ(r->metrics().at("gate_score@non_trigger"), r->probes().classes(0).gate_mean());
+  EXPECT_EQ(r->metrics().count("f_attn@non_trigger"), 1u);
+  EXPECT_TRUE(r->probes().has_sink_rate());
+
+  // Other data defines no classes.
+  RunConfig plain = c;
+  plain.mutable_train()->mutable_data()->set_path(WritePrepared("plain", "bytes").string());
+  absl::StatusOr<TokenData> plain_data =
+      TokenData::Load(plain.train().data(), 258, plain.train().seq_len());
+  ASSERT_TRUE(plain_data.ok()) << plain_data.status();
+  absl::StatusOr<EvalResult> p = Evaluate(*model, *plain_data, plain, torch::kCPU, false, 2);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->probes().classes_size(), 0);
+  EXPECT_EQ(p->metrics().count("f_attn@trigger"), 0u);
 }
 
 TEST_F(EvalDataTest, AnInvalidConfigIsRefusedWithItsProblems) {
