@@ -460,6 +460,23 @@ TEST(ShippedSpecsTest, AllExpand) {
     std::ofstream(prepared / split, std::ios::binary) << std::string(2000, '\x03');
   }
   ASSERT_TRUE(WriteManifest(prepared.string(), &m).ok());
+  // sink_bb.yaml: data/kjv-bb, which `make data-bb` writes (bigram-backcopy bytes: vocabulary
+  // 258, its triggers in the manifest).
+  const std::filesystem::path bb = dir / "data" / "kjv-bb";
+  std::filesystem::create_directories(bb);
+  DataManifest b;
+  b.kind = "synthetic";
+  b.tokenizer = "bytes";
+  b.vocab_size = 258;
+  b.eod_token = 256;
+  b.bos_token = 257;
+  b.params = {{"task", "bigram-backcopy"}, {"trigger_tokens", {32, 101, 116}}};
+  b.train = {"train.bin", 1, 1000, ""};
+  b.val = {"val.bin", 1, 1000, ""};
+  for (const char* split : {"train.bin", "val.bin"}) {
+    std::ofstream(bb / split, std::ios::binary) << std::string(2000, '\x03');
+  }
+  ASSERT_TRUE(WriteManifest(bb.string(), &b).ok());
   // A spec's multiple-choice task (cloze_gate.yaml) is read at expansion too, relative to the
   // working directory: the shipped one, through a link.
   std::filesystem::create_directory_symlink(kSource + "/experiments", dir / "experiments");
