@@ -216,7 +216,7 @@ TEST(TuneSpecTest, RanksByAMetricOfTheEvals) {
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()),
               HasSubstr("unknown metric \"mqar@16\"; use val_loss, val_ppl, gate_score, m_act, "
-                        "f_attn, or a metric of the base's evals: mqar@8"));
+                        "f_attn, sink_rate, or a metric of the base's evals: mqar@8"));
   // A bad evals: entry is a spec error naming its field.
   bad = ParseSweepSpecText(absl::StrCat("sweep: s", kBase, "evals:\n  - {task: passkey}\n"),
                            "s.yaml");
